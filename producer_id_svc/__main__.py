@@ -1,0 +1,5 @@
+import sys
+
+from producer_id_svc.server import main
+
+sys.exit(main())

@@ -1,0 +1,48 @@
+"""The gRPC face of producer_id_svc: decode, allocate, answer."""
+
+from __future__ import annotations
+
+import sys
+
+from producer_id_svc.allocator import BlockAllocator
+from producer_id_svc.core import BLOCK_SIZE_DEFAULT, check_requester_id
+from producer_id_svc.store import ProducerIdBlockStore
+from services import server
+from services.config import Setting, positive_int
+from services.errors import ErrorCode, TxlogError
+from services.stubs.txlog.v1 import producer_id_pb2, producer_id_pb2_grpc
+
+KIND = "producer_id_svc"
+SERVICE_NAME = producer_id_pb2.DESCRIPTOR.services_by_name["ProducerIdService"].full_name
+
+SETTINGS = (
+    Setting("listen", "0.0.0.0:7100", "host:port the gRPC server binds"),
+    Setting("producer_id_block_size", BLOCK_SIZE_DEFAULT, "producer ids per block", positive_int),
+)
+
+
+class ProducerIdServicer(producer_id_pb2_grpc.ProducerIdServiceServicer):
+    def __init__(self, allocator: BlockAllocator):
+        self.allocator = allocator
+
+    @server.rpc_handler
+    async def AllocateProducerIds(self, request, context):
+        if not request.HasField("requester_id"):
+            raise TxlogError(ErrorCode.Value("INVALID_REQUEST"), "requester_id is required")
+        block = await self.allocator.allocate(check_requester_id(request.requester_id))
+        return producer_id_pb2.AllocateProducerIdsResponse(first_producer_id=block.block_start, count=block.size)
+
+
+async def build(runtime: server.ServiceRuntime) -> ProducerIdServicer:
+    store = ProducerIdBlockStore(runtime.zookeeper, runtime.config.zookeeper_root)
+    servicer = ProducerIdServicer(BlockAllocator(store, runtime.config.producer_id_block_size))
+    runtime.add_servicer(producer_id_pb2_grpc.add_ProducerIdServiceServicer_to_server, servicer, SERVICE_NAME)
+    return servicer
+
+
+def main(argv=None) -> int:
+    return server.run(KIND, "txlog producer id service", SETTINGS, build, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,295 @@
+"""A local txlog cluster of real processes: ZooKeeper (Debian's package) and the
+services, each in its own process group, with their data and logs in one folder.
+
+``txlog cluster up|down|kill|start|status`` drive it, and the test fixtures use
+the same class, so the faults tests inject (kill -9, restart with the same data
+and address) are the ones users can inject.
+
+``DIR/cluster.json`` holds, for each process by name (``zookeeper``,
+``producer_id_svc-0``, ...), its kind, address, pid, command and log file, plus
+``zookeeper`` (the connection string) and ``bootstrap`` (the comma-separated
+partition_svc addresses clients start from).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+ZOOKEEPER_JARS = ("/usr/share/java/zookeeper.jar", "/usr/share/java/slf4j-simple.jar")
+ZOOKEEPER_ROOT = "/txlog"
+STATE_FILE = "cluster.json"
+READY_TIMEOUT_S = 60.0
+STOP_GRACE_S = 10.0
+
+
+class ClusterError(RuntimeError):
+    pass
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie (exited, not yet reaped by its parent) is not alive
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def zookeeper_ruok(address: str, timeout_s: float = 1.0) -> bool:
+    host, port = address.rsplit(":", 1)
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s) as sock:
+            sock.sendall(b"ruok")
+            return sock.recv(4) == b"imok"
+    except OSError:
+        return False
+
+
+def health_serving(address: str, timeout_s: float = 1.0) -> bool:
+    with grpc.insecure_channel(address) as channel:
+        try:
+            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout_s)
+        except grpc.RpcError:
+            return False
+        return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+@dataclass
+class ProcessInfo:
+    name: str
+    kind: str
+    address: str
+    command: list[str]
+    log: str
+    pid: int = 0
+
+
+@dataclass
+class ClusterState:
+    dir: str
+    zookeeper: str
+    zookeeper_root: str = ZOOKEEPER_ROOT
+    bootstrap: str = ""
+    services: dict[str, ProcessInfo] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> ClusterState:
+        raw = json.loads(text)
+        raw["services"] = {name: ProcessInfo(**info) for name, info in raw["services"].items()}
+        return cls(**raw)
+
+
+class LocalCluster:
+    """The processes of one local cluster, described by ``DIR/cluster.json``."""
+
+    def __init__(self, directory: str | Path, *, env: dict[str, str] | None = None):
+        self.dir = Path(directory).resolve()
+        self.env = {**os.environ, **(env or {})}
+        self._children: dict[int, subprocess.Popen] = {}
+        self.state: ClusterState | None = None
+        if (self.dir / STATE_FILE).exists():
+            self.state = ClusterState.from_json((self.dir / STATE_FILE).read_text())
+
+    # --- describing the processes -------------------------------------------------
+
+    def _zookeeper_process(self, port: int) -> ProcessInfo:
+        conf = self.dir / "zookeeper" / "conf"
+        data = self.dir / "zookeeper" / "data"
+        conf.mkdir(parents=True, exist_ok=True)
+        data.mkdir(parents=True, exist_ok=True)
+        (conf / "zoo.cfg").write_text(
+            f"dataDir={data}\nclientPort={port}\nclientPortAddress=127.0.0.1\n"
+            "tickTime=500\ninitLimit=10\nsyncLimit=5\nmaxSessionTimeout=60000\n"
+            "admin.enableServer=false\n4lw.commands.whitelist=*\n"
+        )
+        java = shutil.which("java")
+        missing = [jar for jar in ZOOKEEPER_JARS if not os.path.exists(jar)]
+        if java is None or missing:
+            raise ClusterError(
+                f"ZooKeeper needs java and {', '.join(ZOOKEEPER_JARS)} "
+                f"(missing: {missing or 'java'}); install the Debian package: apt-get install -y zookeeper"
+            )
+        classpath = ":".join([str(conf), *ZOOKEEPER_JARS])
+        command = [java, "-Xmx512m", "-cp", classpath, "org.apache.zookeeper.server.ZooKeeperServerMain", str(conf / "zoo.cfg")]
+        return ProcessInfo("zookeeper", "zookeeper", f"127.0.0.1:{port}", command, str(self.dir / "logs" / "zookeeper.log"))
+
+    def _service_process(self, kind: str, node_id: int, port: int, extra: list[str] | None = None) -> ProcessInfo:
+        name = f"{kind}-{node_id}"
+        address = f"127.0.0.1:{port}"
+        command = [
+            sys.executable, "-m", kind,
+            "--listen", address,
+            "--node-id", str(node_id),
+            "--zookeeper", self.state.zookeeper,
+            "--zookeeper-root", self.state.zookeeper_root,
+            *(extra or []),
+        ]
+        return ProcessInfo(name, kind, address, command, str(self.dir / "logs" / f"{name}.log"))
+
+    # --- lifecycle ------------------------------------------------------------------
+
+    def up(self, *, producer_id_svcs: int = 1) -> ClusterState:
+        """Starts ZooKeeper and the services; returns when every one is healthy."""
+        if self.state is not None and any(pid_alive(p.pid) for p in self.state.services.values()):
+            raise ClusterError(f"a cluster is already running from {self.dir}; run `txlog cluster down --dir {self.dir}` first")
+        (self.dir / "logs").mkdir(parents=True, exist_ok=True)
+        zk_port = free_port()
+        self.state = ClusterState(dir=str(self.dir), zookeeper=f"127.0.0.1:{zk_port}")
+        zookeeper = self._zookeeper_process(zk_port)
+        self.state.services[zookeeper.name] = zookeeper
+        try:
+            self._launch(zookeeper)
+            self._save()
+            self.wait_ready(zookeeper.name)
+            for node_id in range(producer_id_svcs):
+                self.add_service("producer_id_svc", node_id)
+        except BaseException:
+            self.down()
+            raise
+        return self.state
+
+    def add_service(self, kind: str, node_id: int, extra_args: list[str] | None = None, *, wait: bool = True) -> ProcessInfo:
+        """Starts one more service process (``kind`` is its package: producer_id_svc, ...)."""
+        info = self._service_process(kind, node_id, free_port(), extra_args)
+        if info.name in self.state.services:
+            raise ClusterError(f"{info.name} exists already")
+        self.state.services[info.name] = info
+        self._launch(info)
+        self._save()
+        if wait:
+            self.wait_ready(info.name)
+        return info
+
+    def _launch(self, info: ProcessInfo) -> None:
+        with open(info.log, "ab") as log_file:
+            child = subprocess.Popen(
+                info.command,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=self.dir,
+                env=self.env,
+                start_new_session=True,  # outlives `txlog cluster up`; signals reach only it
+            )
+        self._children[child.pid] = child
+        info.pid = child.pid
+
+    def wait_ready(self, name: str, timeout_s: float = READY_TIMEOUT_S) -> None:
+        info = self.state.services[name]
+        deadline = time.monotonic() + timeout_s
+        probe = zookeeper_ruok if info.kind == "zookeeper" else health_serving
+        while time.monotonic() < deadline:
+            if not pid_alive(info.pid):
+                raise ClusterError(f"{name} exited during start-up; see {info.log}:\n{tail(info.log)}")
+            if probe(info.address):
+                return
+            time.sleep(0.1)
+        raise ClusterError(f"{name} was not ready within {timeout_s:.0f} s; see {info.log}:\n{tail(info.log)}")
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        """Sends ``sig`` (default SIGKILL) to one process and, for a fatal
+        signal, waits until it is gone."""
+        info = self._info(name)
+        if not pid_alive(info.pid):
+            return
+        os.kill(info.pid, sig)
+        if sig in (signal.SIGKILL, signal.SIGTERM):
+            self._wait_exit(info.pid, STOP_GRACE_S if sig == signal.SIGTERM else 10.0)
+
+    def start(self, name: str, *, wait: bool = True) -> None:
+        """Starts one process again with the same command, data and address."""
+        info = self._info(name)
+        if pid_alive(info.pid):
+            raise ClusterError(f"{name} is still running (pid {info.pid})")
+        self._launch(info)
+        self._save()
+        if wait:
+            self.wait_ready(name)
+
+    def down(self, grace_s: float = STOP_GRACE_S) -> None:
+        """SIGTERM to every process (services before ZooKeeper), SIGKILL after the grace period."""
+        if self.state is None:
+            return
+        ordered = sorted(self.state.services.values(), key=lambda p: p.kind == "zookeeper")
+        for info in ordered:
+            if info.kind == "zookeeper":
+                for other in ordered:
+                    if other.kind != "zookeeper":
+                        self._wait_exit(other.pid, grace_s)
+            if pid_alive(info.pid):
+                os.kill(info.pid, signal.SIGTERM)
+        for info in ordered:
+            self._wait_exit(info.pid, grace_s)
+
+    def _wait_exit(self, pid: int, grace_s: float) -> None:
+        deadline = time.monotonic() + grace_s
+        while pid_alive(pid) and time.monotonic() < deadline:
+            self._reap(pid)
+            time.sleep(0.05)
+        if pid_alive(pid):
+            os.kill(pid, signal.SIGKILL)
+            while pid_alive(pid):
+                self._reap(pid)
+                time.sleep(0.05)
+        self._reap(pid)
+
+    def _reap(self, pid: int) -> None:
+        child = self._children.get(pid)
+        if child is not None and child.poll() is not None:
+            self._children.pop(pid, None)
+
+    def status(self) -> dict[str, dict]:
+        return {
+            name: {"kind": info.kind, "address": info.address, "pid": info.pid, "alive": pid_alive(info.pid)}
+            for name, info in self.state.services.items()
+        }
+
+    def _info(self, name: str) -> ProcessInfo:
+        if self.state is None:
+            raise ClusterError(f"no cluster in {self.dir} (no {STATE_FILE}); run `txlog cluster up --dir {self.dir}`")
+        if name not in self.state.services:
+            raise ClusterError(f"no process named {name!r}; known: {', '.join(self.state.services)}")
+        return self.state.services[name]
+
+    def _save(self) -> None:
+        path = self.dir / STATE_FILE
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(self.state.to_json())
+        os.replace(tmp, path)
+
+    def address(self, name: str) -> str:
+        return self._info(name).address
+
+
+def tail(path: str, lines: int = 20) -> str:
+    try:
+        with open(path, "rb") as f:
+            return b"".join(f.readlines()[-lines:]).decode(errors="replace")
+    except OSError:
+        return "(no log)"

@@ -1,0 +1,46 @@
+"""Retrying as a policy object: exponential back-off with jitter, a cap on the
+delay, a cap on attempts and a deadline; clock, sleep and randomness are
+injected so tests run without waiting."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RetryPolicy:
+    attempts_max: int = 10
+    backoff_initial_ms: float = 20.0
+    backoff_max_ms: float = 1000.0
+    backoff_multiplier: float = 2.0
+    jitter: float = 0.2  # each delay is scaled by a random factor in [1 - jitter, 1 + jitter]
+    deadline_ms: float | None = None
+    clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+    rng: random.Random = field(default_factory=random.Random)
+
+    def delay_ms(self, attempt: int) -> float:
+        """Delay before retry number ``attempt`` (1 = the first retry)."""
+        base = min(self.backoff_max_ms, self.backoff_initial_ms * self.backoff_multiplier ** (attempt - 1))
+        return base * self.rng.uniform(1 - self.jitter, 1 + self.jitter)
+
+    async def run(self, operation: Callable[[], Awaitable], retriable: Callable[[BaseException], bool]):
+        """Runs ``operation`` until it succeeds, fails with a non-retriable error,
+        or attempts or the deadline run out (then the last error is raised)."""
+        started = self.clock()
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                return await operation()
+            except Exception as exc:
+                if not retriable(exc) or attempt >= self.attempts_max:
+                    raise
+                delay = self.delay_ms(attempt)
+                if self.deadline_ms is not None and (self.clock() - started) * 1000 + delay > self.deadline_ms:
+                    raise
+                await self.sleep(delay / 1000)

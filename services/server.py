@@ -1,0 +1,191 @@
+"""The runtime every txlog service runs in.
+
+It gives a service: configuration (services.config), JSON logs, a tracer
+provider whose server interceptor continues callers' traces, a ``grpc.aio``
+server with grpc.health.v1 and server reflection, a ZooKeeper session with this
+instance registered as an ephemeral node, and graceful shutdown.
+
+State Transitions (health of every service this runtime hosts)
+----------------------------------------------------------------
+``NOT_SERVING -> SERVING``: the server started and the ZooKeeper session is connected.
+``SERVING -> NOT_SERVING``: the ZooKeeper session is suspended or lost (clients
+go to another instance; kazoo reconnects and the status goes back to SERVING).
+``* -> NOT_SERVING`` (final): SIGTERM or SIGINT. Then new calls are refused,
+in-flight calls get up to ``shutdown_grace_s`` to finish, the registration is
+removed, and the process exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import signal
+import socket
+from collections.abc import Awaitable, Callable, Sequence
+from types import SimpleNamespace
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from opentelemetry.sdk.trace.export import SpanExporter
+
+from services import config as config_mod
+from services import errors, logs, telemetry, zk
+from services.errors import ErrorCode, TxlogError
+from services.logs import fields
+
+log = logging.getLogger(__name__)
+
+SERVER_SETTINGS: tuple[config_mod.Setting, ...] = (
+    config_mod.Setting("grpc_max_message_bytes", 64 * 1024 * 1024, "largest gRPC message accepted or sent, bytes", config_mod.positive_int),
+)
+
+
+def rpc_handler(method):
+    """Wraps a servicer method: a TxlogError becomes the call's status with our
+    details; anything unexpected is logged with its stack and answered
+    UNKNOWN_SERVER_ERROR with a one-line message (never a stack trace)."""
+
+    @functools.wraps(method)
+    async def wrapper(self, request, context):
+        try:
+            return await method(self, request, context)
+        except TxlogError as exc:
+            await errors.abort(context, exc)
+        except (asyncio.CancelledError, grpc.aio.AbortError):
+            raise
+        except Exception as exc:
+            log.exception("unexpected failure in %s", method.__name__)
+            await errors.abort(
+                context,
+                TxlogError(ErrorCode.Value("UNKNOWN_SERVER_ERROR"), f"{type(exc).__name__} in {method.__name__}"),
+            )
+
+    return wrapper
+
+
+def advertised(listen: str, port: int, advertised_address: str) -> str:
+    if advertised_address:
+        return advertised_address
+    host = listen.rsplit(":", 1)[0]
+    if host in ("0.0.0.0", "[::]", ""):
+        host = socket.gethostname()
+    return f"{host}:{port}"
+
+
+class ServiceRuntime:
+    """Hosts the gRPC servicers of one service process."""
+
+    def __init__(self, kind: str, cfg: SimpleNamespace, *, span_exporter: SpanExporter | None = None):
+        self.kind = kind
+        self.config = cfg
+        self.tracer_provider = telemetry.tracer_provider(kind, cfg.otel_exporter, cfg.otel_endpoint, span_exporter)
+        max_bytes = getattr(cfg, "grpc_max_message_bytes", SERVER_SETTINGS[0].default)
+        self.server = grpc.aio.server(
+            interceptors=telemetry.server_interceptors(self.tracer_provider),
+            options=[
+                ("grpc.max_receive_message_length", max_bytes),
+                ("grpc.max_send_message_length", max_bytes),
+                ("grpc.so_reuseport", 0),
+            ],
+        )
+        self.health = health.aio.HealthServicer()
+        self.service_names: list[str] = []
+        self.zookeeper = None
+        self.registry: zk.ServiceRegistry | None = None
+        self.port = 0
+        self.address = ""
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping = False
+        self._stopped = asyncio.Event()
+
+    def add_servicer(self, add_to_server: Callable, servicer, service_full_name: str) -> None:
+        add_to_server(servicer, self.server)
+        self.service_names.append(service_full_name)
+
+    def connect_zookeeper(self) -> None:
+        self.zookeeper = zk.connect(self.config.zookeeper, self.config.zookeeper_session_timeout_s)
+        self.registry = zk.ServiceRegistry(self.zookeeper, self.config.zookeeper_root)
+
+    async def start(self) -> int:
+        """Binds, starts serving, registers in ZooKeeper; returns the bound port."""
+        self._loop = asyncio.get_running_loop()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        reflection.enable_server_reflection(
+            [*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], self.server
+        )
+        self.port = self.server.add_insecure_port(self.config.listen)
+        if self.port == 0:
+            raise RuntimeError(f"cannot listen on {self.config.listen}")
+        self.address = advertised(self.config.listen, self.port, self.config.advertised_address)
+        await self.server.start()
+        if self.zookeeper is None:
+            self.connect_zookeeper()
+        self.registry.register(self.kind, self.config.node_id, self.address)
+        zk.add_state_listener(self.zookeeper, self._on_zookeeper_state)
+        await self.set_serving(self.zookeeper.connected)
+        log.info("serving", extra=fields(address=self.address, services=self.service_names))
+        return self.port
+
+    async def set_serving(self, serving: bool) -> None:
+        if self._stopping:
+            return
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        for name in ("", *self.service_names):
+            await self.health.set(name, status)
+
+    def _on_zookeeper_state(self, connected: bool) -> None:
+        if self._loop is None or self._loop.is_closed():
+            return
+        log.warning("ZooKeeper session %s", "connected" if connected else "not connected")
+        self._loop.call_soon_threadsafe(lambda: self._loop.create_task(self.set_serving(connected)))
+
+    async def stop(self, grace_s: float | None = None) -> None:
+        if self._stopping:
+            await self._stopped.wait()
+            return
+        self._stopping = True
+        grace_s = self.config.shutdown_grace_s if grace_s is None else grace_s
+        log.info("shutting down", extra=fields(grace_s=grace_s))
+        await self.health.enter_graceful_shutdown()
+        if self.registry is not None:
+            self.registry.deregister_all()
+        await self.server.stop(grace_s)
+        if self.zookeeper is not None:
+            self.zookeeper.stop()
+            self.zookeeper.close()
+        self.tracer_provider.shutdown()
+        self._stopped.set()
+        log.info("stopped")
+
+    async def serve_until_signal(self) -> None:
+        loop = asyncio.get_running_loop()
+        stop_requested = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop_requested.set)
+        await stop_requested.wait()
+        await self.stop()
+
+
+def run(
+    kind: str,
+    description: str,
+    settings: Sequence[config_mod.Setting],
+    build: Callable[[ServiceRuntime], Awaitable[None]],
+    argv: Sequence[str] | None = None,
+) -> int:
+    """The main of a service: load config, build its servicers, serve until
+    SIGTERM, exit 0."""
+    cfg = config_mod.load(description, [*config_mod.COMMON_SETTINGS, *SERVER_SETTINGS, *settings], argv)
+    logs.configure(kind, cfg.log_level)
+
+    async def main() -> None:
+        runtime = ServiceRuntime(kind, cfg)
+        runtime.connect_zookeeper()
+        await build(runtime)
+        await runtime.start()
+        await runtime.serve_until_signal()
+
+    asyncio.run(main())
+    return 0

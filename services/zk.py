@@ -1,0 +1,154 @@
+"""ZooKeeper access for the services: one kazoo client per process, awaited from
+asyncio, and the registry of live services.
+
+Layout under the root (default ``/txlog``)::
+
+    services/<kind>/<node_id>    ephemeral, JSON {"address", "pid", "node_id"}
+    latest_producer_id_block     producer_id_svc's block node
+
+Error Handling
+--------------
+kazoo reconnects by itself (unlimited connection retries). While the session is
+suspended or lost, calls fail at once with ZOOKEEPER_UNAVAILABLE (retriable)
+instead of waiting, so clients back off and retry; ephemeral registrations are
+written again when a new session is established.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import posixpath
+from collections.abc import Callable
+
+from kazoo.client import KazooClient, KazooState
+from kazoo.exceptions import ConnectionClosedError, ConnectionLoss, NodeExistsError, NoNodeError, SessionExpiredError
+from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.retry import KazooRetry
+
+from services.errors import ErrorCode, TxlogError
+from services.logs import fields
+
+log = logging.getLogger(__name__)
+
+# Failures that mean "ZooKeeper is out of reach right now", as opposed to answers.
+CONNECTION_ERRORS = (ConnectionLoss, SessionExpiredError, ConnectionClosedError, KazooTimeoutError)
+
+
+def unavailable(detail: str) -> TxlogError:
+    return TxlogError(ErrorCode.Value("ZOOKEEPER_UNAVAILABLE"), f"ZooKeeper is unreachable ({detail}); retry shortly")
+
+
+def connect(hosts: str, session_timeout_s: float = 10.0, start_timeout_s: float = 30.0) -> KazooClient:
+    """A started client that reconnects forever after a loss."""
+    client = KazooClient(
+        hosts=hosts,
+        timeout=session_timeout_s,
+        connection_retry=KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_delay=2.0),
+        command_retry=KazooRetry(max_tries=0),
+    )
+    client.start(timeout=start_timeout_s)
+    return client
+
+
+async def call(client: KazooClient, method: str, *args, **kwargs):
+    """Awaits ``client.<method>_async(*args)``; connection problems become
+    ZOOKEEPER_UNAVAILABLE, other kazoo exceptions (NoNode, BadVersion...) pass through."""
+    if client.state != KazooState.CONNECTED:
+        raise unavailable(f"session {client.state.lower()}")
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+
+    def done(result):
+        def settle():
+            if future.done():
+                return
+            try:
+                future.set_result(result.get_nowait())
+            except BaseException as exc:  # handed to the awaiting coroutine
+                future.set_exception(exc)
+
+        loop.call_soon_threadsafe(settle)
+
+    try:
+        getattr(client, method + "_async")(*args, **kwargs).rawlink(done)
+        return await future
+    except CONNECTION_ERRORS as exc:
+        raise unavailable(type(exc).__name__) from exc
+
+
+class ServiceRegistry:
+    """Registers this instance as an ephemeral node and lists live instances."""
+
+    def __init__(self, client: KazooClient, root: str):
+        self.client = client
+        self.root = root
+        self._registered: dict[str, bytes] = {}
+        client.add_listener(self._on_state)
+
+    def path(self, kind: str, node_id: int | None = None) -> str:
+        base = posixpath.join(self.root, "services", kind)
+        return base if node_id is None else posixpath.join(base, str(node_id))
+
+    def register(self, kind: str, node_id: int, address: str) -> None:
+        path = self.path(kind, node_id)
+        data = json.dumps({"address": address, "pid": os.getpid(), "node_id": node_id}).encode()
+        self._registered[path] = data
+        self._write(path, data)
+
+    def deregister_all(self) -> None:
+        for path in list(self._registered):
+            self._registered.pop(path)
+            try:
+                self.client.delete(path)
+            except (NoNodeError, *CONNECTION_ERRORS):
+                pass
+
+    def live(self, kind: str) -> dict[int, str]:
+        """node_id -> address of the live instances of a kind."""
+        base = self.path(kind)
+        try:
+            children = self.client.get_children(base)
+        except NoNodeError:
+            return {}
+        instances = {}
+        for child in children:
+            try:
+                data, _ = self.client.get(posixpath.join(base, child))
+            except NoNodeError:
+                continue
+            info = json.loads(data)
+            instances[int(info["node_id"])] = info["address"]
+        return instances
+
+    def _write(self, path: str, data: bytes) -> None:
+        self.client.ensure_path(posixpath.dirname(path))
+        try:
+            self.client.create(path, data, ephemeral=True)
+        except NodeExistsError:
+            # Our previous session's node may linger until that session expires;
+            # replacing it is safe because node ids are unique per kind.
+            self.client.delete(path)
+            self.client.create(path, data, ephemeral=True)
+        log.info("registered in ZooKeeper", extra=fields(path=path))
+
+    def _on_state(self, state: str) -> None:
+        # Ephemeral nodes vanish with a lost session; write them again once a new
+        # session exists. The listener runs on kazoo's thread, which must not block.
+        if state == KazooState.CONNECTED and self._registered:
+            self.client.handler.spawn(self._reregister)
+
+    def _reregister(self) -> None:
+        for path, data in list(self._registered.items()):
+            try:
+                if self.client.exists(path) is None:
+                    self._write(path, data)
+            except CONNECTION_ERRORS:
+                return
+
+
+def add_state_listener(client: KazooClient, on_change: Callable[[bool], None]) -> None:
+    """Calls ``on_change(connected)`` (from kazoo's thread) on every session change."""
+    client.add_listener(lambda state: on_change(state == KazooState.CONNECTED))
