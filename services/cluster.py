@@ -222,6 +222,22 @@ class LocalCluster:
         if sig in (signal.SIGKILL, signal.SIGTERM):
             self._wait_exit(info.pid, STOP_GRACE_S if sig == signal.SIGTERM else 10.0)
 
+    def stop(self, name: str, grace_s: float = STOP_GRACE_S) -> int | None:
+        """SIGTERM to one process, SIGKILL after the grace period; its exit status
+        when it is a child of this process (None otherwise)."""
+        info = self._info(name)
+        child = self._children.get(info.pid)
+        if pid_alive(info.pid):
+            os.kill(info.pid, signal.SIGTERM)
+        if child is not None:
+            try:
+                return child.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                return child.wait()
+        self._wait_exit(info.pid, grace_s)
+        return None
+
     def start(self, name: str, *, wait: bool = True) -> None:
         """Starts one process again with the same command, data and address."""
         info = self._info(name)

@@ -55,6 +55,13 @@ def _positive(kind: Callable[[str], Any]) -> Callable[[str], Any]:
     return parse
 
 
+def non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError(f"must be >= 0, got {text!r}")
+    return value
+
+
 boolean = _bool
 positive_int = _positive(int)
 positive_float = _positive(float)
@@ -64,7 +71,7 @@ COMMON_SETTINGS: tuple[Setting, ...] = (
     Setting("zookeeper", "127.0.0.1:2181", "ZooKeeper connection string (host:port[,host:port...])"),
     Setting("zookeeper_root", "/txlog", "ZooKeeper path under which all txlog metadata lives"),
     Setting("zookeeper_session_timeout_s", 10.0, "ZooKeeper session timeout, seconds", positive_float),
-    Setting("node_id", 0, "this instance's node id, unique per service kind (>= 0)", int),
+    Setting("node_id", 0, "this instance's node id, unique per service kind (>= 0)", non_negative_int),
     Setting(
         "advertised_address",
         "",

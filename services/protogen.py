@@ -33,8 +33,8 @@ def proto_files(proto_root: Path = PROTO_ROOT) -> list[Path]:
 
 def generate(out_dir: Path, proto_root: Path = PROTO_ROOT) -> list[Path]:
     """Writes the stubs of every .proto under proto_root into out_dir; returns the files."""
-    from grpc_tools import protoc
     import grpc_tools
+    from grpc_tools import protoc
 
     well_known = Path(grpc_tools.__file__).parent / "_proto"
     with tempfile.TemporaryDirectory() as raw:

@@ -92,7 +92,7 @@ class ServiceRuntime:
         )
         self.health = health.aio.HealthServicer()
         self.service_names: list[str] = []
-        self.zookeeper = None
+        self._zookeeper = None
         self.registry: zk.ServiceRegistry | None = None
         self.port = 0
         self.address = ""
@@ -104,9 +104,13 @@ class ServiceRuntime:
         add_to_server(servicer, self.server)
         self.service_names.append(service_full_name)
 
-    def connect_zookeeper(self) -> None:
-        self.zookeeper = zk.connect(self.config.zookeeper, self.config.zookeeper_session_timeout_s)
-        self.registry = zk.ServiceRegistry(self.zookeeper, self.config.zookeeper_root)
+    @property
+    def zookeeper(self):
+        """This process's ZooKeeper session, connected on first use."""
+        if self._zookeeper is None:
+            self._zookeeper = zk.connect(self.config.zookeeper, self.config.zookeeper_session_timeout_s)
+            self.registry = zk.ServiceRegistry(self._zookeeper, self.config.zookeeper_root)
+        return self._zookeeper
 
     async def start(self) -> int:
         """Binds, starts serving, registers in ZooKeeper; returns the bound port."""
@@ -120,10 +124,8 @@ class ServiceRuntime:
             raise RuntimeError(f"cannot listen on {self.config.listen}")
         self.address = advertised(self.config.listen, self.port, self.config.advertised_address)
         await self.server.start()
-        if self.zookeeper is None:
-            self.connect_zookeeper()
-        self.registry.register(self.kind, self.config.node_id, self.address)
         zk.add_state_listener(self.zookeeper, self._on_zookeeper_state)
+        self.registry.register(self.kind, self.config.node_id, self.address)
         await self.set_serving(self.zookeeper.connected)
         log.info("serving", extra=fields(address=self.address, services=self.service_names))
         return self.port
@@ -136,7 +138,7 @@ class ServiceRuntime:
             await self.health.set(name, status)
 
     def _on_zookeeper_state(self, connected: bool) -> None:
-        if self._loop is None or self._loop.is_closed():
+        if self._stopping or self._loop is None or self._loop.is_closed():
             return
         log.warning("ZooKeeper session %s", "connected" if connected else "not connected")
         self._loop.call_soon_threadsafe(lambda: self._loop.create_task(self.set_serving(connected)))
@@ -152,9 +154,9 @@ class ServiceRuntime:
         if self.registry is not None:
             self.registry.deregister_all()
         await self.server.stop(grace_s)
-        if self.zookeeper is not None:
-            self.zookeeper.stop()
-            self.zookeeper.close()
+        if self._zookeeper is not None:
+            self._zookeeper.stop()
+            self._zookeeper.close()
         self.tracer_provider.shutdown()
         self._stopped.set()
         log.info("stopped")
@@ -182,7 +184,6 @@ def run(
 
     async def main() -> None:
         runtime = ServiceRuntime(kind, cfg)
-        runtime.connect_zookeeper()
         await build(runtime)
         await runtime.start()
         await runtime.serve_until_signal()

@@ -11,6 +11,7 @@ import json
 import sys
 
 from opentelemetry.instrumentation.grpc import aio_client_interceptors, aio_server_interceptor
+from opentelemetry.instrumentation.grpc.filters import any_of, negate, service_name
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import (
@@ -53,8 +54,15 @@ def tracer_provider(service: str, exporter: str = "none", endpoint: str = "", sp
     return provider
 
 
+# Health checks are not traced: probes every few seconds would drown the traces,
+# and the aio interceptor breaks Health.Watch, a streaming handler written with
+# context.write rather than as an async generator.
+UNTRACED_SERVICES = ("grpc.health.v1.Health",)
+
+
 def server_interceptors(provider: TracerProvider) -> list:
-    return [aio_server_interceptor(tracer_provider=provider)]
+    traced = negate(any_of(*[service_name(name) for name in UNTRACED_SERVICES]))
+    return [aio_server_interceptor(tracer_provider=provider, filter_=traced)]
 
 
 def client_interceptors(provider: TracerProvider | None) -> list:

@@ -1,0 +1,20 @@
+# txlog's commands. `make run` and `make test` set everything up first.
+.PHONY: setup run test protos lint bench
+
+setup:
+	scripts/setup.sh
+
+run: setup
+	scripts/main-job.sh
+
+test:
+	scripts/test.sh
+
+protos: setup
+	.venv/bin/python -m services.protogen
+
+lint: setup
+	.venv/bin/ruff check .
+
+bench: setup
+	.venv/bin/python bench/producer_ids.py

@@ -1,0 +1,56 @@
+"""`txlog cluster up|kill|start|down` as a user runs them."""
+
+import json
+import subprocess
+import sys
+
+from services.cluster import health_serving, pid_alive, zookeeper_ruok
+
+
+def txlog(*args, check=True):
+    result = subprocess.run([sys.executable, "-m", "services.cli", *args], capture_output=True, text=True, timeout=120)
+    if check:
+        assert result.returncode == 0, result.stderr
+    return result
+
+
+def test_cluster_up_kill_start_down(tmp_path):
+    directory = str(tmp_path / "c")
+    try:
+        txlog("cluster", "up", "--dir", directory)
+        state = json.loads((tmp_path / "c" / "cluster.json").read_text())
+        assert set(state["services"]) == {"zookeeper", "producer_id_svc-0"}
+        assert state["zookeeper"] == state["services"]["zookeeper"]["address"]
+        zk_address = state["zookeeper"]
+        pid_address = state["services"]["producer_id_svc-0"]["address"]
+        assert zookeeper_ruok(zk_address) and health_serving(pid_address)
+
+        blocks = [json.loads(line) for line in txlog("producer-ids", "allocate", "--dir", directory, "--count", "2").stdout.splitlines()]
+        assert blocks == [{"first_producer_id": 0, "count": 1000}, {"first_producer_id": 1000, "count": 1000}]
+
+        old_pid = state["services"]["producer_id_svc-0"]["pid"]
+        txlog("cluster", "kill", "--dir", directory, "producer_id_svc-0")
+        assert not pid_alive(old_pid)
+        txlog("cluster", "start", "--dir", directory, "producer_id_svc-0")
+        state = json.loads((tmp_path / "c" / "cluster.json").read_text())
+        assert state["services"]["producer_id_svc-0"]["address"] == pid_address
+        assert state["services"]["producer_id_svc-0"]["pid"] != old_pid
+        assert health_serving(pid_address)
+        again = json.loads(txlog("producer-ids", "allocate", "--dir", directory).stdout)
+        assert again["first_producer_id"] == 2000
+
+        failed = txlog("cluster", "kill", "--dir", directory, "nosuch", check=False)
+        assert failed.returncode == 1 and "no process named 'nosuch'" in failed.stderr
+        failed = txlog("producer-ids", "allocate", "--dir", directory, "--requester-id", "-5", check=False)
+        assert failed.returncode == 1 and "INVALID_REQUEST" in failed.stderr
+    finally:
+        txlog("cluster", "down", "--dir", directory, check=False)
+    pids = [info["pid"] for info in json.loads((tmp_path / "c" / "cluster.json").read_text())["services"].values()]
+    assert not any(pid_alive(pid) for pid in pids)
+    status = json.loads(txlog("cluster", "status", "--dir", directory).stdout)
+    assert not any(entry["alive"] for entry in status.values())
+
+
+def test_cluster_down_without_a_cluster_is_a_clear_no_op(tmp_path):
+    result = txlog("cluster", "kill", "--dir", str(tmp_path), "zookeeper", check=False)
+    assert result.returncode == 1 and "no cluster in" in result.stderr
