@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from services.errors import ErrorCode, TxlogError
 
 BLOCK_SIZE_DEFAULT = 1000
-BLOCK_SIZE_MAX = 1_000_000
+IDS_PER_WRITE_MAX = 1 << 40  # one write may reserve the blocks of many waiting requests
 PRODUCER_ID_MAX = 2**63 - 1
 REQUESTER_ID_MAX = 2**31 - 1
 NODE_FORMAT_VERSION = 1
@@ -72,8 +72,8 @@ def check_requester_id(requester_id: int) -> int:
 
 def next_block(latest: ProducerIdBlock | None, requester_id: int, block_size: int) -> ProducerIdBlock:
     """The block after ``latest`` (the first block when there is none)."""
-    if not 1 <= block_size <= BLOCK_SIZE_MAX:
-        raise ValueError(f"block size must be 1..{BLOCK_SIZE_MAX}, got {block_size}")
+    if not 1 <= block_size <= IDS_PER_WRITE_MAX:
+        raise ValueError(f"block size must be 1..{IDS_PER_WRITE_MAX}, got {block_size}")
     start = 0 if latest is None else latest.block_end + 1
     end = start + block_size - 1
     if end > PRODUCER_ID_MAX:

@@ -8,7 +8,7 @@ from producer_id_svc.allocator import BlockAllocator
 from producer_id_svc.core import BLOCK_SIZE_DEFAULT, check_requester_id
 from producer_id_svc.store import ProducerIdBlockStore
 from services import server
-from services.config import Setting, positive_int
+from services.config import Setting, boolean, positive_int
 from services.errors import ErrorCode, TxlogError
 from services.stubs.txlog.v1 import producer_id_pb2, producer_id_pb2_grpc
 
@@ -18,6 +18,12 @@ SERVICE_NAME = producer_id_pb2.DESCRIPTOR.services_by_name["ProducerIdService"].
 SETTINGS = (
     Setting("listen", "0.0.0.0:7100", "host:port the gRPC server binds"),
     Setting("producer_id_block_size", BLOCK_SIZE_DEFAULT, "producer ids per block", positive_int),
+    Setting(
+        "producer_id_prefetch",
+        True,
+        "reserve the next block in the background after each answer (a crash then skips at most one block)",
+        boolean,
+    ),
 )
 
 
@@ -35,7 +41,9 @@ class ProducerIdServicer(producer_id_pb2_grpc.ProducerIdServiceServicer):
 
 async def build(runtime: server.ServiceRuntime) -> ProducerIdServicer:
     store = ProducerIdBlockStore(runtime.zookeeper, runtime.config.zookeeper_root)
-    servicer = ProducerIdServicer(BlockAllocator(store, runtime.config.producer_id_block_size))
+    servicer = ProducerIdServicer(BlockAllocator(
+        store, runtime.config.producer_id_block_size, prefetch=runtime.config.producer_id_prefetch
+    ))
     runtime.add_servicer(producer_id_pb2_grpc.add_ProducerIdServiceServicer_to_server, servicer, SERVICE_NAME)
     return servicer
 

@@ -79,7 +79,13 @@ COMMON_SETTINGS: tuple[Setting, ...] = (
         "or this machine's host name when listening on 0.0.0.0, with the bound port)",
     ),
     Setting("log_level", "INFO", "log level", str, ("DEBUG", "INFO", "WARNING", "ERROR")),
-    Setting("otel_exporter", "none", "where traces go", str, ("none", "console", "otlp")),
+    Setting(
+        "otel_exporter",
+        "none",
+        "where traces go: console (JSON lines on stderr), otlp, or none (no spans are recorded)",
+        str,
+        ("none", "console", "otlp"),
+    ),
     Setting("otel_endpoint", "http://127.0.0.1:4317", "OTLP/gRPC endpoint when otel_exporter=otlp"),
     Setting("shutdown_grace_s", 10.0, "on SIGTERM, how long in-flight calls may take to finish", positive_float),
 )

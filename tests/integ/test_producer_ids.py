@@ -79,8 +79,10 @@ def test_eight_concurrent_allocator_processes_get_every_id_exactly_once(cluster)
     blocks = [block for worker in workers for block in finish(worker)]
     assert len(blocks) == 1600
     assert_disjoint_full_blocks(blocks)
-    # no ids were lost between blocks either: without faults the blocks tile [0, 1.6M)
-    assert sorted(first for first, _ in blocks) == list(range(0, 1600 * 1000, 1000))
+    # without faults the only ids not handed out are the blocks each instance reserved ahead
+    starts = set(first for first, _ in blocks)
+    skipped = set(range(0, max(starts) + 1000, 1000)) - starts
+    assert len(skipped) <= 4, skipped
 
 
 def test_zookeeper_restarted_mid_allocation_resumes_without_repeating_a_block(cluster):
@@ -151,7 +153,8 @@ def test_blocks_continue_after_the_service_is_killed_and_restarted(cluster):
     cluster.kill(service.name)
     cluster.start(service.name)
     after = call(service.address, requester_id=1).first_producer_id
-    assert first == [0, 1000, 2000] and after == 3000
+    assert first == [0, 1000, 2000]
+    assert after in (3000, 4000)  # 3000 if the block reserved ahead was not yet written when killed
 
 
 def test_allocation_through_the_async_channel_helper(cluster):
@@ -169,4 +172,15 @@ def test_allocation_through_the_async_channel_helper(cluster):
 
     blocks = asyncio.run(run())
     assert_disjoint_full_blocks(blocks)
-    assert node_version(cluster)[1] == 19  # exactly one ZooKeeper write per block (create, then 19 sets)
+    writes = node_version(cluster)[1] + 1  # the create, then one set per version
+    assert writes <= 21  # at most one write per block, plus the block reserved ahead
+
+
+def test_sequential_allocations_write_once_per_block(cluster):
+    service = cluster.add_service("producer_id_svc", 0)
+    blocks = [[r.first_producer_id, r.count] for r in (call(service.address, requester_id=3) for _ in range(30))]
+    assert_disjoint_full_blocks(blocks)
+    time.sleep(0.5)  # let the reservation ahead land
+    data, version = node_version(cluster)
+    assert version + 1 == 31  # 30 blocks answered + 1 reserved ahead
+    assert ProducerIdBlock.decode(data).block_start == 30000

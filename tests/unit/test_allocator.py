@@ -31,14 +31,15 @@ class VersionedNode:
     async def create(self, block):
         if self.version is not None:
             raise VersionConflict(self.path)
-        return self._apply(block)
+        return await self._apply(block)
 
     async def write(self, block, expected_version):
         if expected_version != self.version:
             raise VersionConflict(self.path)
-        return self._apply(block)
+        return await self._apply(block)
 
-    def _apply(self, block):
+    async def _apply(self, block):
+        await asyncio.sleep(0)  # a real write suspends the caller; others may queue meanwhile
         self.writes += 1
         self.block, self.version = block, (0 if self.version is None else self.version + 1)
         if self.fail_next_write_after_applying:
@@ -56,7 +57,7 @@ def _no_wait_policy(attempts_max=50):
 
 def test_uncontended_allocation_is_one_write_per_block_after_the_first_read():
     node = VersionedNode()
-    allocator = BlockAllocator(node, 1000, _no_wait_policy())
+    allocator = BlockAllocator(node, 1000, _no_wait_policy(), prefetch=False)
 
     async def run():
         return [await allocator.allocate(1) for _ in range(10)]
@@ -68,7 +69,7 @@ def test_uncontended_allocation_is_one_write_per_block_after_the_first_read():
 
 def test_another_writer_in_between_causes_one_reread_and_no_overlap():
     node = VersionedNode()
-    allocator = BlockAllocator(node, 1000, _no_wait_policy())
+    allocator = BlockAllocator(node, 1000, _no_wait_policy(), prefetch=False)
 
     async def run():
         first = await allocator.allocate(1)
@@ -84,7 +85,7 @@ def test_another_writer_in_between_causes_one_reread_and_no_overlap():
 
 def test_after_an_unknown_outcome_the_next_allocation_rereads_and_skips_the_block():
     node = VersionedNode()
-    allocator = BlockAllocator(node, 1000, _no_wait_policy())
+    allocator = BlockAllocator(node, 1000, _no_wait_policy(), prefetch=False)
 
     async def run():
         await allocator.allocate(1)
@@ -99,14 +100,28 @@ def test_after_an_unknown_outcome_the_next_allocation_rereads_and_skips_the_bloc
 
 def test_concurrent_allocations_in_one_process_never_conflict():
     node = VersionedNode()
-    allocator = BlockAllocator(node, 10, _no_wait_policy())
+    allocator = BlockAllocator(node, 10, _no_wait_policy(), prefetch=False)
 
     async def run():
         return await asyncio.gather(*[allocator.allocate(1) for _ in range(50)])
 
     blocks = asyncio.run(run())
     assert sorted(b.block_start for b in blocks) == list(range(0, 500, 10))
+    assert all(b.size == 10 for b in blocks)
     assert allocator.version_conflicts == 0
+
+
+def test_requests_waiting_on_a_write_share_the_next_write():
+    node = VersionedNode()
+    allocator = BlockAllocator(node, 10, _no_wait_policy(), prefetch=False)
+
+    async def run():
+        return await asyncio.gather(*[allocator.allocate(i) for i in range(50)])
+
+    blocks = asyncio.run(run())
+    assert node.writes == 2  # the first request alone, then the 49 that queued behind it
+    assert node.block == ProducerIdBlock(1, 10, 499)  # the node records the range and its first requester
+    assert [(b.requester_id, b.block_start) for b in blocks] == [(i, 10 * i) for i in range(50)]
 
 
 def test_endless_conflicts_give_a_retriable_error():
@@ -117,7 +132,40 @@ def test_endless_conflicts_give_a_retriable_error():
         async def create(self, block):
             raise VersionConflict(self.path)
 
-    allocator = BlockAllocator(AlwaysConflicting(), 1000, _no_wait_policy(attempts_max=5))
+    allocator = BlockAllocator(AlwaysConflicting(), 1000, _no_wait_policy(attempts_max=5), prefetch=False)
     with pytest.raises(TxlogError) as info:
         asyncio.run(allocator.allocate(1))
     assert info.value.retriable and "5 conflicting writes" in info.value.message
+
+
+def test_prefetch_answers_from_a_block_reserved_ahead_one_write_per_block():
+    node = VersionedNode()
+    allocator = BlockAllocator(node, 1000, _no_wait_policy())
+
+    async def run():
+        blocks = []
+        for requester_id in range(10):
+            blocks.append(await allocator.allocate(requester_id))
+            await asyncio.sleep(0)  # let the reservation ahead run, as a caller's round trip would
+            await asyncio.sleep(0)
+        return blocks
+
+    blocks = asyncio.run(run())
+    assert [(b.requester_id, b.block_start) for b in blocks] == [(i, 1000 * i) for i in range(10)]
+    assert node.writes == 11  # one block per answer, plus the one reserved ahead
+    assert node.block.block_start == 10000
+
+
+def test_a_failed_reservation_ahead_is_not_an_error_for_anyone():
+    node = VersionedNode()
+    allocator = BlockAllocator(node, 1000, _no_wait_policy())
+
+    async def run():
+        first = await allocator.allocate(1)
+        node.fail_next_write_after_applying = True  # the reservation ahead loses its answer
+        for _ in range(3):
+            await asyncio.sleep(0)
+        return first, await allocator.allocate(1)
+
+    first, second = asyncio.run(run())
+    assert (first.block_start, second.block_start) == (0, 2000)  # 1000..1999 skipped, never repeated
