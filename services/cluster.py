@@ -32,6 +32,7 @@ ZOOKEEPER_ROOT = "/txlog"
 STATE_FILE = "cluster.json"
 READY_TIMEOUT_S = 60.0
 STOP_GRACE_S = 10.0
+DATA_DIR_KINDS = ("partition_svc",)  # services that keep data: each gets DIR/<name> as --data-dir
 
 
 class ClusterError(RuntimeError):
@@ -154,8 +155,12 @@ class LocalCluster:
 
     # --- lifecycle ------------------------------------------------------------------
 
-    def up(self, *, producer_id_svcs: int = 1) -> ClusterState:
-        """Starts ZooKeeper and the services; returns when every one is healthy."""
+    def up(
+        self, *, producer_id_svcs: int = 1, partition_svcs: int = 2, service_args: dict[str, list[str]] | None = None
+    ) -> ClusterState:
+        """Starts ZooKeeper and the services; returns when every one is healthy.
+        ``service_args`` adds flags per kind, e.g. {"partition_svc": ["--fsync", "false"]}."""
+        service_args = service_args or {}
         if self.state is not None and any(pid_alive(p.pid) for p in self.state.services.values()):
             raise ClusterError(f"a cluster is already running from {self.dir}; run `txlog cluster down --dir {self.dir}` first")
         (self.dir / "logs").mkdir(parents=True, exist_ok=True)
@@ -168,7 +173,9 @@ class LocalCluster:
             self._save()
             self.wait_ready(zookeeper.name)
             for node_id in range(producer_id_svcs):
-                self.add_service("producer_id_svc", node_id)
+                self.add_service("producer_id_svc", node_id, service_args.get("producer_id_svc"))
+            for node_id in range(partition_svcs):
+                self.add_service("partition_svc", node_id, service_args.get("partition_svc"))
         except BaseException:
             self.down()
             raise
@@ -176,10 +183,13 @@ class LocalCluster:
 
     def add_service(self, kind: str, node_id: int, extra_args: list[str] | None = None, *, wait: bool = True) -> ProcessInfo:
         """Starts one more service process (``kind`` is its package: producer_id_svc, ...)."""
+        if kind in DATA_DIR_KINDS:
+            extra_args = ["--data-dir", str(self.dir / f"{kind}-{node_id}"), *(extra_args or [])]
         info = self._service_process(kind, node_id, free_port(), extra_args)
         if info.name in self.state.services:
             raise ClusterError(f"{info.name} exists already")
         self.state.services[info.name] = info
+        self.state.bootstrap = ",".join(p.address for p in self.state.services.values() if p.kind == "partition_svc")
         self._launch(info)
         self._save()
         if wait:

@@ -102,6 +102,12 @@ class ServiceRuntime:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = False
         self._stopped = asyncio.Event()
+        self._on_stop: list[Callable[[], Awaitable[None]]] = []
+
+    def on_stop(self, callback: Callable[[], Awaitable[None]]) -> None:
+        """Runs ``callback`` after the server has stopped taking and finishing
+        calls, before the process exits (flush and close stores here)."""
+        self._on_stop.append(callback)
 
     def add_servicer(self, add_to_server: Callable, servicer, service_full_name: str) -> None:
         add_to_server(servicer, self.server)
@@ -157,6 +163,8 @@ class ServiceRuntime:
         if self.registry is not None:
             self.registry.deregister_all()
         await self.server.stop(grace_s)
+        for callback in self._on_stop:
+            await callback()
         if self._zookeeper is not None:
             self._zookeeper.stop()
             self._zookeeper.close()

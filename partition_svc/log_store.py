@@ -1,0 +1,198 @@
+"""The RocksDB store of one partition_svc instance (one database, rocksdict).
+
+Key layout (``pkey`` = topic UTF-8, NUL, partition as 4-byte big-endian):
+
+    L pkey offset(8B BE)       a record batch, keyed by its base offset: a fixed
+                               header (BATCH_HEADER) then the RecordBatch protobuf
+    M pkey                     partition metadata, JSON: log_start_offset, next_offset, size_bytes
+    P pkey producer_id(8B BE)  the producer's state (producer_state.ProducerStateEntry)
+    G group NUL topic NUL partition(4B BE)
+                               a consumer group's committed offset, JSON (the
+                               compacted view of __consumer_offsets)
+
+Guarantees: writes go through :class:`GroupCommitWriter`, one WriteBatch at a
+time in submission order, each synced to disk (unless sync is off) before its
+submitters are told; so the batch, the partition metadata and the producer
+states of an append are durable together or not at all, in log order, and a
+restart (even after kill -9) finds them consistent: there is no log tail to
+replay to rebuild producer state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from rocksdict import Options, Rdict, WriteBatch, WriteOptions
+
+log = logging.getLogger(__name__)
+
+# last_offset, max_timestamp_ms, producer_id, producer_epoch, flags, record_count
+BATCH_HEADER = struct.Struct(">qqqhBI")
+FLAG_TRANSACTIONAL = 1
+FLAG_CONTROL = 2
+FLAG_COMMIT = 4
+
+
+def partition_key(topic: str, partition: int) -> bytes:
+    return topic.encode() + b"\x00" + partition.to_bytes(4, "big")
+
+
+def log_key(pkey: bytes, offset: int) -> bytes:
+    return b"L" + pkey + offset.to_bytes(8, "big")
+
+
+def meta_key(pkey: bytes) -> bytes:
+    return b"M" + pkey
+
+
+def producer_key(pkey: bytes, producer_id: int) -> bytes:
+    return b"P" + pkey + producer_id.to_bytes(8, "big")
+
+
+def group_offset_key(group_id: str, topic: str, partition: int) -> bytes:
+    return b"G" + group_id.encode() + b"\x00" + topic.encode() + b"\x00" + partition.to_bytes(4, "big")
+
+
+def group_prefix(group_id: str) -> bytes:
+    return b"G" + group_id.encode() + b"\x00"
+
+
+@dataclass(frozen=True)
+class StoredBatchHeader:
+    base_offset: int
+    last_offset: int
+    max_timestamp_ms: int
+    producer_id: int
+    producer_epoch: int
+    flags: int
+    record_count: int
+    stored_bytes: int
+
+    @property
+    def is_transactional(self) -> bool:
+        return bool(self.flags & FLAG_TRANSACTIONAL)
+
+    @property
+    def is_control(self) -> bool:
+        return bool(self.flags & FLAG_CONTROL)
+
+
+def encode_batch(last_offset, max_timestamp_ms, producer_id, producer_epoch, flags, record_count, payload: bytes) -> bytes:
+    return BATCH_HEADER.pack(last_offset, max_timestamp_ms, producer_id, producer_epoch, flags, record_count) + payload
+
+
+def decode_header(base_offset: int, value: bytes) -> StoredBatchHeader:
+    return StoredBatchHeader(base_offset, *BATCH_HEADER.unpack_from(value), len(value))
+
+
+def payload_of(value: bytes) -> bytes:
+    return value[BATCH_HEADER.size:]
+
+
+class LogStore:
+    def __init__(self, path: str, *, sync: bool = True):
+        os.makedirs(path, exist_ok=True)
+        options = Options(raw_mode=True)
+        options.create_if_missing(True)
+        self.db = Rdict(path, options)
+        self.sync = sync
+
+    def close(self) -> None:
+        self.db.close()
+
+    def get(self, key: bytes) -> bytes | None:
+        return self.db.get(key)
+
+    def items(self, prefix: bytes, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
+        for key, value in self.db.items(from_key=start or prefix):
+            if not key.startswith(prefix):
+                return
+            yield key, value
+
+    def batch_at_or_before(self, pkey: bytes, offset: int) -> tuple[int, bytes] | None:
+        """The batch whose base offset is the greatest at or below ``offset``."""
+        prefix = b"L" + pkey
+        for key, value in self.db.items(from_key=log_key(pkey, offset), backwards=True):
+            if key.startswith(prefix):
+                return int.from_bytes(key[-8:], "big"), value
+            return None
+        return None
+
+    def batches(self, pkey: bytes, from_offset: int) -> Iterator[tuple[int, bytes]]:
+        prefix = b"L" + pkey
+        for key, value in self.items(prefix, log_key(pkey, from_offset)):
+            yield int.from_bytes(key[-8:], "big"), value
+
+    def partitions(self) -> Iterator[tuple[bytes, dict]]:
+        """Every partition with metadata, as (pkey, metadata)."""
+        for key, value in self.items(b"M"):
+            yield key[1:], json.loads(value)
+
+    def producers(self, pkey: bytes) -> Iterator[bytes]:
+        for _, value in self.items(b"P" + pkey):
+            yield value
+
+    def write(self, changes: list[tuple[bytes, bytes | None]]) -> None:
+        """Applies changes in order, atomically; a value of None deletes the key."""
+        batch = WriteBatch(raw_mode=True)
+        for key, value in changes:
+            if value is None:
+                batch.delete(key)
+            else:
+                batch.put(key, value)
+        options = WriteOptions()
+        options.sync = self.sync
+        self.db.write(batch, options)
+
+
+class GroupCommitWriter:
+    """Writes submitted changes in submission order, many submissions per
+    WriteBatch and per sync, off the event loop.
+
+    A failed write leaves the in-memory state ahead of the disk, which no
+    request may ever observe: the process stops at once (kill -9 semantics), and
+    a restart recovers from what is durable.
+    """
+
+    def __init__(self, store: LogStore, *, changes_per_write_max: int = 10_000):
+        self.store = store
+        self.changes_per_write_max = changes_per_write_max
+        self._pending: list[tuple[list, asyncio.Future]] = []
+        self._flusher: asyncio.Task | None = None
+        self.writes = 0
+
+    def submit(self, changes: list[tuple[bytes, bytes | None]]) -> asyncio.Future:
+        """Queues changes (value None: delete); the future completes when they are durable."""
+        future = asyncio.get_running_loop().create_future()
+        self._pending.append((changes, future))
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.ensure_future(self._flush())
+        return future
+
+    async def drain(self) -> None:
+        while self._flusher is not None and not self._flusher.done():
+            await asyncio.shield(self._flusher)
+
+    async def _flush(self) -> None:
+        while self._pending:
+            group, changes = [], []
+            while self._pending and len(changes) < self.changes_per_write_max:
+                item = self._pending.pop(0)
+                group.append(item)
+                changes.extend(item[0])
+            try:
+                await asyncio.to_thread(self.store.write, changes)
+            except BaseException:
+                log.critical("a RocksDB write failed; stopping the process so it restarts from what is durable", exc_info=True)
+                logging.shutdown()
+                os._exit(70)
+            self.writes += 1
+            for _, future in group:
+                if not future.done():
+                    future.set_result(None)

@@ -1,0 +1,256 @@
+"""One partition this instance leads: its offsets, producer states and log.
+
+Invariants:
+- Offsets are assigned in order at append time; ``high_watermark`` only moves
+  over appends that are durable, in order, so a reader never sees a record that
+  a crash could take back, nor a gap.
+- The last stable offset (LSO) is the first offset of the oldest open
+  transaction, else the high watermark; no read_committed read goes past it,
+  and retention never deletes past it.
+- A batch is checked against its producer's state before it gets offsets; a
+  rejected batch changes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import deque
+from collections.abc import Callable
+
+from partition_svc import log_store, producer_state
+from partition_svc.log_store import LogStore, StoredBatchHeader
+from partition_svc.producer_state import Append, Duplicate, ProducerStateEntry, Reject
+from services.stubs.txlog.v1 import common_pb2
+
+
+class Partition:
+    def __init__(self, topic: str, index: int, configs: dict[str, str], store: LogStore):
+        self.topic = topic
+        self.index = index
+        self.configs = configs
+        self.store = store
+        self.pkey = log_store.partition_key(topic, index)
+        self.log_start_offset = 0
+        self.next_offset = 0
+        self.high_watermark = 0
+        self.size_bytes = 0
+        self.producers: dict[int, ProducerStateEntry] = {}
+        self._in_flight: deque[tuple[int, asyncio.Future]] = deque()  # (end offset, durable) in offset order
+        self._data_arrived = asyncio.Event()
+        self._recover()
+
+    # --- recovery -----------------------------------------------------------------
+
+    def _recover(self) -> None:
+        raw = self.store.get(log_store.meta_key(self.pkey))
+        if raw is not None:
+            meta = json.loads(raw)
+            self.log_start_offset = meta["log_start_offset"]
+            self.next_offset = meta["next_offset"]
+            self.size_bytes = meta["size_bytes"]
+        self.high_watermark = self.next_offset
+        for value in self.store.producers(self.pkey):
+            entry = ProducerStateEntry.from_json(value)
+            self.producers[entry.producer_id] = entry
+
+    def metadata_change(self) -> tuple[bytes, bytes]:
+        meta = {"log_start_offset": self.log_start_offset, "next_offset": self.next_offset, "size_bytes": self.size_bytes}
+        return log_store.meta_key(self.pkey), json.dumps(meta).encode()
+
+    # --- offsets ------------------------------------------------------------------
+
+    @property
+    def last_stable_offset(self) -> int:
+        open_starts = [e.current_txn_first_offset for e in self.producers.values() if e.current_txn_first_offset >= 0]
+        return min([self.high_watermark, *open_starts])
+
+    @property
+    def record_bytes_max(self) -> int:
+        return int(self.configs["max.record.bytes"])
+
+    # --- appending ----------------------------------------------------------------
+
+    def check(self, batch: common_pb2.RecordBatch) -> Append | Duplicate | Reject:
+        if batch.producer_id < 0:
+            return producer_state.APPEND
+        return producer_state.check_batch(
+            self.producers.get(batch.producer_id),
+            batch.producer_id,
+            batch.producer_epoch,
+            batch.base_sequence,
+            len(batch.records),
+            batch.is_transactional,
+        )
+
+    def append(self, batch: common_pb2.RecordBatch, now_ms: int) -> tuple[int, list[tuple[bytes, bytes]], Callable[[], None]]:
+        """Gives the batch its offsets and updates the in-memory state. Returns
+        the base offset, the changes to persist, and the callback to run once
+        they are durable. Only for a batch whose check() was Append."""
+        base = self.next_offset
+        count = len(batch.records)
+        batch.base_offset = base
+        max_timestamp_ms = 0
+        for i, record in enumerate(batch.records):
+            record.offset = base + i
+            if record.timestamp_ms == 0:
+                record.timestamp_ms = now_ms
+            if record.timestamp_ms > max_timestamp_ms:
+                max_timestamp_ms = record.timestamp_ms
+        flags = log_store.FLAG_TRANSACTIONAL if batch.is_transactional else 0
+        value = log_store.encode_batch(
+            base + count - 1, max_timestamp_ms, batch.producer_id, batch.producer_epoch, flags, count, batch.SerializeToString()
+        )
+        self.next_offset = base + count
+        self.size_bytes += len(value)
+        changes = [(log_store.log_key(self.pkey, base), value)]
+        if batch.producer_id >= 0:
+            entry = producer_state.after_append(
+                self.producers.get(batch.producer_id),
+                batch.producer_id,
+                batch.producer_epoch,
+                batch.base_sequence,
+                count,
+                base,
+                max_timestamp_ms,
+                batch.is_transactional,
+            )
+            self.producers[batch.producer_id] = entry
+            changes.append((log_store.producer_key(self.pkey, batch.producer_id), entry.to_json()))
+        changes.append(self.metadata_change())
+        durable = asyncio.get_running_loop().create_future()
+        self._in_flight.append((self.next_offset, durable))
+        return base, changes, lambda: self._mark_durable(durable)
+
+    def _mark_durable(self, durable: asyncio.Future) -> None:
+        durable.set_result(None)
+        advanced = False
+        while self._in_flight and self._in_flight[0][1].done():
+            self.high_watermark = self._in_flight.popleft()[0]
+            advanced = True
+        if advanced:
+            self._data_arrived.set()
+            self._data_arrived = asyncio.Event()
+
+    async def wait_durable(self, offset: int) -> None:
+        """Returns once ``offset`` is below the high watermark."""
+        while self.high_watermark <= offset:
+            await self._data_arrived.wait()
+
+    def data_arrived(self) -> asyncio.Event:
+        return self._data_arrived
+
+    # --- reading ------------------------------------------------------------------
+
+    def read(self, fetch_offset: int, upper_offset: int, bytes_max: int, records_max: int, into) -> int:
+        """Adds the batches from ``fetch_offset`` below ``upper_offset`` to the
+        repeated field ``into`` (at least one batch, then up to ``bytes_max``
+        bytes and ``records_max`` records); records before fetch_offset are
+        trimmed from the first batch. Returns the offset to fetch next."""
+        if fetch_offset >= upper_offset:
+            return fetch_offset
+        start = self.store.batch_at_or_before(self.pkey, fetch_offset)
+        start_offset = start[0] if start is not None and start[0] >= self.log_start_offset else fetch_offset
+        next_offset = fetch_offset
+        taken_bytes = taken_records = 0
+        for base_offset, value in self.store.batches(self.pkey, start_offset):
+            if base_offset >= upper_offset:
+                break
+            header = log_store.decode_header(base_offset, value)
+            if header.last_offset < fetch_offset:
+                continue
+            if header.last_offset >= upper_offset:
+                break  # a batch straddling the upper bound cannot happen; stop rather than expose it
+            if taken_records and (taken_bytes + header.stored_bytes > bytes_max or taken_records + header.record_count > records_max):
+                break
+            next_offset = header.last_offset + 1
+            if header.is_control:
+                continue
+            batch = into.add()
+            batch.MergeFromString(log_store.payload_of(value))
+            if base_offset < fetch_offset:
+                del batch.records[: fetch_offset - base_offset]
+            taken_bytes += header.stored_bytes
+            taken_records += len(batch.records)
+        return next_offset
+
+    def headers(self, from_offset: int = 0):
+        for base_offset, value in self.store.batches(self.pkey, max(from_offset, self.log_start_offset)):
+            yield log_store.decode_header(base_offset, value)
+
+    def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int]:
+        """(offset, timestamp) of the first record at or after ``timestamp_ms``, or (-1, -1)."""
+        for header in self.headers():
+            if header.base_offset >= self.high_watermark:
+                break
+            if header.max_timestamp_ms < timestamp_ms or header.is_control:
+                continue
+            batch = common_pb2.RecordBatch.FromString(log_store.payload_of(self.store.get(log_store.log_key(self.pkey, header.base_offset))))
+            for record in batch.records:
+                if record.timestamp_ms >= timestamp_ms:
+                    return record.offset, record.timestamp_ms
+        return -1, -1
+
+    # --- retention ----------------------------------------------------------------
+
+    def retention_changes(self, now_ms: int) -> list[tuple[bytes, bytes | None]]:
+        """Deletes whole batches from the log start while they are older than
+        retention.ms or the log is larger than retention.bytes, never at or past
+        the LSO; applies the new log start in memory and returns the changes."""
+        retention_ms = int(self.configs["retention.ms"])
+        retention_bytes = int(self.configs["retention.bytes"])
+        if retention_ms < 0 and retention_bytes < 0:
+            return []
+        lso = self.last_stable_offset
+        doomed: list[StoredBatchHeader] = []
+        size = self.size_bytes
+        for header in self.headers():
+            expired = retention_ms >= 0 and header.max_timestamp_ms < now_ms - retention_ms
+            oversized = retention_bytes >= 0 and size > retention_bytes
+            if header.last_offset >= lso or not (expired or oversized):
+                break
+            doomed.append(header)
+            size -= header.stored_bytes
+        if not doomed:
+            return []
+        self.log_start_offset = doomed[-1].last_offset + 1
+        self.size_bytes = size
+        changes: list[tuple[bytes, bytes | None]] = [(log_store.log_key(self.pkey, h.base_offset), None) for h in doomed]
+        changes.append(self.metadata_change())
+        return changes
+
+
+    def compaction_changes(self) -> list[tuple[bytes, bytes | None]]:
+        """For cleanup.policy=compact: deletes every batch below the LSO all of
+        whose records have a newer record with the same key (the newest record
+        of every key stays); applies it in memory and returns the changes."""
+        if self.configs.get("cleanup.policy") != "compact":
+            return []
+        lso = self.last_stable_offset
+        latest: dict[bytes, int] = {}
+        batches: list[tuple[StoredBatchHeader, list[tuple[bytes, int]]]] = []
+        for base_offset, value in self.store.batches(self.pkey, self.log_start_offset):
+            header = log_store.decode_header(base_offset, value)
+            if header.last_offset >= lso:
+                break
+            records = [(r.key, r.offset) for r in common_pb2.RecordBatch.FromString(log_store.payload_of(value)).records]
+            batches.append((header, records))
+            for key, offset in records:
+                latest[key] = offset
+        doomed = [h for h, records in batches if all(latest[key] > offset for key, offset in records)]
+        if not doomed:
+            return []
+        gone = {h.base_offset for h in doomed}
+        self.size_bytes -= sum(h.stored_bytes for h in doomed)
+        for header, _ in batches:
+            if header.base_offset not in gone:
+                break
+            self.log_start_offset = header.last_offset + 1
+        changes: list[tuple[bytes, bytes | None]] = [(log_store.log_key(self.pkey, h.base_offset), None) for h in doomed]
+        changes.append(self.metadata_change())
+        return changes
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)

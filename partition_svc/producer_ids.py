@@ -1,0 +1,79 @@
+"""Producer ids for idempotent (non-transactional) producers.
+
+As any Kafka broker does, any partition_svc answers ``InitProducerId`` without a
+transactional id: it hands out ids from a block it took from producer_id_svc,
+taking a new block when one is used up (one AllocateProducerIds per 1000
+producers). Transactional ids belong to their coordinator: NOT_COORDINATOR.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+
+from services import errors
+from services.channels import open_channel
+from services.errors import ErrorCode, TxlogError
+from services.server import rpc_handler
+from services.stubs.txlog.v1 import coordinator_pb2, coordinator_pb2_grpc, producer_id_pb2, producer_id_pb2_grpc
+from services.zk import ServiceRegistry
+
+PRODUCER_EPOCH_MAX = 32767
+
+
+class ProducerIdSource:
+    def __init__(self, registry: ServiceRegistry, requester_id: int):
+        self.registry = registry
+        self.requester_id = requester_id
+        self._next = 0
+        self._end = 0  # exclusive
+        self._lock = asyncio.Lock()
+
+    async def next_id(self) -> int:
+        async with self._lock:
+            if self._next >= self._end:
+                first, count = await self._allocate_block()
+                self._next, self._end = first, first + count
+            producer_id = self._next
+            self._next += 1
+            return producer_id
+
+    async def _allocate_block(self) -> tuple[int, int]:
+        live = await asyncio.to_thread(self.registry.live, "producer_id_svc")
+        if not live:
+            raise TxlogError(ErrorCode.Value("COORDINATOR_NOT_AVAILABLE"), "no producer_id_svc is running; retry")
+        last_error = None
+        for address in live.values():
+            async with open_channel(address, timeout_s=5) as channel:
+                stub = producer_id_pb2_grpc.ProducerIdServiceStub(channel)
+                try:
+                    reply = await stub.AllocateProducerIds(
+                        producer_id_pb2.AllocateProducerIdsRequest(requester_id=self.requester_id)
+                    )
+                    return reply.first_producer_id, reply.count
+                except grpc.RpcError as exc:
+                    last_error = errors.from_rpc_error(exc)
+        raise TxlogError(ErrorCode.Value("COORDINATOR_NOT_AVAILABLE"), f"producer_id_svc failed: {last_error}; retry")
+
+
+class IdempotentProducerInitServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
+    """Only InitProducerId without a transactional id; the other
+    CoordinatorService methods answer UNIMPLEMENTED here."""
+
+    def __init__(self, source: ProducerIdSource):
+        self.source = source
+
+    @rpc_handler
+    async def InitProducerId(self, request, context):
+        if request.transactional_id:
+            raise TxlogError(
+                ErrorCode.Value("NOT_COORDINATOR"),
+                "a transactional InitProducerId goes to the coordinator of the id (FindCoordinator / Metadata)",
+            )
+        if request.producer_id >= 0 and 0 <= request.producer_epoch < PRODUCER_EPOCH_MAX:
+            # KIP-360: an idempotent producer bumps its epoch after an unknown outcome.
+            return coordinator_pb2.InitProducerIdResponse(producer_id=request.producer_id, producer_epoch=request.producer_epoch + 1)
+        if request.producer_id < -1 or request.producer_epoch < -1 or request.producer_epoch > PRODUCER_EPOCH_MAX:
+            raise TxlogError(ErrorCode.Value("INVALID_REQUEST"), "producer_id and producer_epoch must be -1 or valid values")
+        return coordinator_pb2.InitProducerIdResponse(producer_id=await self.source.next_id(), producer_epoch=0)

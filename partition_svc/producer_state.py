@@ -1,0 +1,187 @@
+"""Per (producer id, partition) state and the idempotent-append rules: pure, no I/O.
+
+The leader keeps, for each producer that wrote to a partition, its epoch and the
+sequence ranges and offsets of its last 5 batches. A batch is checked against it
+before it gets offsets; the rules, in order (DESIGN.md, "Idempotent produce"):
+
+1. Same epoch and a sequence range equal to one of the 5 cached: a duplicate.
+   Answer success with the original offsets; append nothing.
+2. Epoch lower than known: PRODUCER_FENCED (transactional) or INVALID_PRODUCER_EPOCH.
+3. Epoch higher than known: the sequence must be 0, else OUT_OF_ORDER_SEQUENCE.
+   Unknown producer with a sequence other than 0: UNKNOWN_PRODUCER_ID.
+4. Same epoch: the sequence must be last + 1 (int32, wrapping to 0 after
+   2^31 - 1), else OUT_OF_ORDER_SEQUENCE; a sequence behind the last one that is
+   not cached is a duplicate older than the cache: DUPLICATE_SEQUENCE, not appended.
+
+Outcomes are values (Append, Duplicate, Reject), never exceptions.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+
+from services.errors import ErrorCode
+
+SEQUENCE_MODULUS = 2**31
+DUPLICATE_CACHE_BATCHES = 5
+NO_SEQUENCE = -1
+NO_OFFSET = -1
+
+
+def last_sequence_of(base_sequence: int, record_count: int) -> int:
+    return (base_sequence + record_count - 1) % SEQUENCE_MODULUS
+
+
+def _is_behind(sequence: int, expected: int) -> bool:
+    """True when ``sequence`` lies before ``expected`` in the wrapping int32 space."""
+    return (sequence - expected) % SEQUENCE_MODULUS >= SEQUENCE_MODULUS // 2
+
+
+@dataclass(frozen=True)
+class BatchMetadata:
+    first_sequence: int
+    last_sequence: int
+    base_offset: int
+    last_offset: int
+    timestamp_ms: int
+
+
+@dataclass(frozen=True)
+class ProducerStateEntry:
+    producer_id: int
+    producer_epoch: int
+    batches: tuple[BatchMetadata, ...] = ()  # oldest first, at most DUPLICATE_CACHE_BATCHES
+    last_timestamp_ms: int = -1
+    coordinator_epoch: int = -1
+    current_txn_first_offset: int = NO_OFFSET
+
+    @property
+    def last_sequence(self) -> int:
+        return self.batches[-1].last_sequence if self.batches else NO_SEQUENCE
+
+    def to_json(self) -> bytes:
+        return json.dumps(
+            {
+                "pid": self.producer_id,
+                "epoch": self.producer_epoch,
+                "batches": [[b.first_sequence, b.last_sequence, b.base_offset, b.last_offset, b.timestamp_ms] for b in self.batches],
+                "ts": self.last_timestamp_ms,
+                "coord_epoch": self.coordinator_epoch,
+                "txn_first": self.current_txn_first_offset,
+            },
+            separators=(",", ":"),
+        ).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> ProducerStateEntry:
+        raw = json.loads(data)
+        return cls(
+            producer_id=raw["pid"],
+            producer_epoch=raw["epoch"],
+            batches=tuple(BatchMetadata(*b) for b in raw["batches"]),
+            last_timestamp_ms=raw["ts"],
+            coordinator_epoch=raw["coord_epoch"],
+            current_txn_first_offset=raw["txn_first"],
+        )
+
+
+@dataclass(frozen=True)
+class Append:
+    """The batch is new: append it."""
+
+
+@dataclass(frozen=True)
+class Duplicate:
+    """The batch is one of the cached five: answer its original offsets."""
+
+    base_offset: int
+    last_offset: int
+
+
+@dataclass(frozen=True)
+class Reject:
+    code: int
+    message: str = field(default="")
+
+
+APPEND = Append()
+
+
+def check_batch(
+    entry: ProducerStateEntry | None,
+    producer_id: int,
+    producer_epoch: int,
+    base_sequence: int,
+    record_count: int,
+    is_transactional: bool,
+) -> Append | Duplicate | Reject:
+    last_sequence = last_sequence_of(base_sequence, record_count)
+    if entry is None:
+        if base_sequence != 0:
+            return Reject(
+                ErrorCode.Value("UNKNOWN_PRODUCER_ID"),
+                f"producer {producer_id} has no state on this partition and its batch starts at sequence "
+                f"{base_sequence}, not 0 (its state expired or was never here)",
+            )
+        return APPEND
+    if producer_epoch == entry.producer_epoch:
+        for cached in entry.batches:
+            if cached.first_sequence == base_sequence and cached.last_sequence == last_sequence:
+                return Duplicate(cached.base_offset, cached.last_offset)
+    if producer_epoch < entry.producer_epoch:
+        code = "PRODUCER_FENCED" if is_transactional else "INVALID_PRODUCER_EPOCH"
+        return Reject(
+            ErrorCode.Value(code),
+            f"producer {producer_id} epoch {producer_epoch} is older than epoch {entry.producer_epoch} "
+            "already seen on this partition",
+        )
+    if producer_epoch > entry.producer_epoch:
+        if base_sequence != 0:
+            return Reject(
+                ErrorCode.Value("OUT_OF_ORDER_SEQUENCE"),
+                f"producer {producer_id}: first batch of epoch {producer_epoch} must start at sequence 0, "
+                f"not {base_sequence}",
+            )
+        return APPEND
+    expected = (entry.last_sequence + 1) % SEQUENCE_MODULUS
+    if base_sequence == expected:
+        return APPEND
+    if entry.batches and _is_behind(base_sequence, expected):
+        return Reject(
+            ErrorCode.Value("DUPLICATE_SEQUENCE"),
+            f"producer {producer_id} epoch {producer_epoch}: sequence {base_sequence} was appended before "
+            f"(the last is {entry.last_sequence}) and is older than the {DUPLICATE_CACHE_BATCHES} cached batches",
+        )
+    return Reject(
+        ErrorCode.Value("OUT_OF_ORDER_SEQUENCE"),
+        f"producer {producer_id} epoch {producer_epoch}: expected sequence {expected}, got {base_sequence}",
+    )
+
+
+def after_append(
+    entry: ProducerStateEntry | None,
+    producer_id: int,
+    producer_epoch: int,
+    base_sequence: int,
+    record_count: int,
+    base_offset: int,
+    timestamp_ms: int,
+    is_transactional: bool,
+) -> ProducerStateEntry:
+    """The state once a batch that passed ``check_batch`` is appended."""
+    batch = BatchMetadata(
+        base_sequence, last_sequence_of(base_sequence, record_count), base_offset, base_offset + record_count - 1, timestamp_ms
+    )
+    if entry is None or producer_epoch != entry.producer_epoch:
+        previous = entry or ProducerStateEntry(producer_id, producer_epoch)
+        entry = replace(previous, producer_epoch=producer_epoch, batches=())
+    txn_first = entry.current_txn_first_offset
+    if is_transactional and txn_first == NO_OFFSET:
+        txn_first = base_offset
+    return replace(
+        entry,
+        batches=(*entry.batches, batch)[-DUPLICATE_CACHE_BATCHES:],
+        last_timestamp_ms=timestamp_ms,
+        current_txn_first_offset=txn_first,
+    )

@@ -1,0 +1,471 @@
+"""The gRPC face of partition_svc: one handler per RPC, thin: decode, check,
+call the partition, persist through the writer, answer.
+
+Error Handling
+--------------
+A problem with the request as a whole (bad acks, no partitions, a partition
+named twice, a group this instance does not coordinate) is the call's status
+and nothing is applied. A problem with one partition (unknown, led elsewhere, a
+bad batch, a sequence error) is that partition's ``error``; the others proceed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import sys
+import time
+
+from partition_svc import log_store, validation
+from partition_svc.log_store import GroupCommitWriter, LogStore
+from partition_svc.partition import Partition, now_ms
+from partition_svc.producer_ids import IdempotentProducerInitServicer, ProducerIdSource
+from partition_svc.producer_state import Duplicate, Reject
+from partition_svc.topics import CONSUMER_OFFSETS, INTERNAL_PREFIX, TopicInfo, TopicRegistry, assign_round_robin
+from services import server
+from services.config import Setting, boolean, positive_int
+from services.errors import ErrorCode, TxlogError
+from services.hashing import partition_for_id
+from services.logs import fields
+from services.stubs.txlog.v1 import (
+    common_pb2,
+    coordinator_pb2,
+    coordinator_pb2_grpc,
+    errors_pb2,
+    partition_pb2,
+    partition_pb2_grpc,
+)
+
+KIND = "partition_svc"
+SERVICE_NAME = partition_pb2.DESCRIPTOR.services_by_name["PartitionService"].full_name
+log = logging.getLogger(__name__)
+
+SETTINGS = (
+    Setting("listen", "0.0.0.0:7300", "host:port the gRPC server binds"),
+    Setting("data_dir", "./data/partition_svc", "folder of this instance's RocksDB"),
+    Setting("fsync", True, "sync every write to disk before acknowledging it", boolean),
+    Setting("partitions_per_topic_max", 1000, "largest partition count of a topic", positive_int),
+    Setting("offsets_topic_partitions", 8, "partition count of __consumer_offsets, set when it is first created", positive_int),
+    Setting("records_per_batch_max", 100_000, "most records in one produced batch", positive_int),
+    Setting("batch_bytes_max", 16 * 1024 * 1024, "largest produced batch, bytes", positive_int),
+    Setting("record_bytes_max", 8 * 1024 * 1024, "largest max.record.bytes a topic may set, bytes", positive_int),
+    Setting("partitions_per_request_max", 10_000, "most partitions named in one request", positive_int),
+    Setting("fetch_wait_ms_max", 30_000, "longest long-poll a Fetch may ask for, ms (longer asks are cut)", positive_int),
+    Setting("retention_check_interval_ms", 30_000, "how often retention and compaction run, ms", positive_int),
+    Setting("live_nodes_cache_ms", 1_000, "how long the list of live instances is reused, ms", positive_int),
+)
+
+NONE = ErrorCode.Value("NONE")
+
+
+def error(code: str, message: str) -> errors_pb2.Error:
+    return errors_pb2.Error(code=ErrorCode.Value(code), message=message)
+
+
+def error_of(exc: TxlogError) -> errors_pb2.Error:
+    return errors_pb2.Error(code=exc.code, message=exc.message)
+
+
+def request_error(message: str) -> TxlogError:
+    return TxlogError(ErrorCode.Value("INVALID_REQUEST"), message)
+
+
+class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
+    def __init__(self, runtime: server.ServiceRuntime, store: LogStore):
+        self.runtime = runtime
+        self.config = runtime.config
+        self.node_id = runtime.config.node_id
+        self.store = store
+        self.writer = GroupCommitWriter(store)
+        self.topics = TopicRegistry(runtime.zookeeper, runtime.config.zookeeper_root)
+        self.partitions: dict[tuple[str, int], Partition] = {}
+        self.limits = validation.BatchLimits(runtime.config.records_per_batch_max, runtime.config.batch_bytes_max)
+        self._live_nodes: tuple[float, dict[int, str]] = (0.0, {})
+
+    # --- where partitions live ------------------------------------------------------
+
+    async def live_nodes(self) -> dict[int, str]:
+        fetched_at, nodes = self._live_nodes
+        if time.monotonic() - fetched_at > self.config.live_nodes_cache_ms / 1000:
+            nodes = await asyncio.to_thread(self.runtime.registry.live, KIND)
+            self._live_nodes = (time.monotonic(), nodes)
+        return nodes
+
+    async def hosted(self, topic: str, index: int) -> Partition:
+        """The partition, if this instance leads it; else a TxlogError saying where to go."""
+        partition = self.partitions.get((topic, index))
+        if partition is not None:
+            return partition
+        info = await self.topics.get(topic) if validation.NAME_RE.match(topic or "-") else None
+        if info is None or not 0 <= index < info.partition_count:
+            raise TxlogError(ErrorCode.Value("UNKNOWN_TOPIC_OR_PARTITION"), f"{topic[:300]!r} partition {index} does not exist")
+        leader = info.assignment[index]
+        if leader != self.node_id:
+            raise TxlogError(
+                ErrorCode.Value("NOT_LEADER"),
+                f"{topic} partition {index} is led by node {leader}, not node {self.node_id}; refresh metadata",
+            )
+        partition = self.partitions.get((topic, index))
+        if partition is None:
+            partition = Partition(topic, index, info.configs, self.store)
+            self.partitions[(topic, index)] = partition
+        return partition
+
+    async def recover(self) -> None:
+        """Opens every partition this instance has data for."""
+        for pkey, _ in list(self.store.partitions()):
+            topic, index = pkey[:-5].decode(), int.from_bytes(pkey[-4:], "big")
+            try:
+                await self.hosted(topic, index)
+            except TxlogError as exc:
+                log.warning("partition data not led here any more", extra=fields(topic=topic, partition=index, error=str(exc)))
+        log.info("recovered partitions", extra=fields(count=len(self.partitions)))
+
+    async def create_topic(self, name: str, partition_count: int, configs: dict, internal: bool = False) -> TopicInfo:
+        live = await self.live_nodes()
+        if not live:
+            raise TxlogError(ErrorCode.Value("LEADER_NOT_AVAILABLE"), "no partition_svc instance is live to host partitions")
+        info = TopicInfo(name, partition_count, configs, assign_round_robin(name, partition_count, list(live)), (0,) * partition_count, internal)
+        return await self.topics.create(info)
+
+    async def offsets_topic(self) -> TopicInfo:
+        info = await self.topics.get(CONSUMER_OFFSETS)
+        if info is None:
+            configs = validation.topic_configs({"cleanup.policy": "compact"}, self.config.record_bytes_max)
+            info = await self.create_topic(CONSUMER_OFFSETS, self.config.offsets_topic_partitions, configs, internal=True)
+        return info
+
+    async def group_partition(self, group_id: str) -> Partition:
+        """The __consumer_offsets partition of a group, if this instance is its coordinator."""
+        info = await self.offsets_topic()
+        index = partition_for_id(group_id, info.partition_count)
+        try:
+            return await self.hosted(CONSUMER_OFFSETS, index)
+        except TxlogError as exc:
+            raise TxlogError(
+                ErrorCode.Value("NOT_COORDINATOR"),
+                f"group {group_id!r} is coordinated by the leader of {CONSUMER_OFFSETS} partition {index}: {exc.message}",
+            ) from None
+
+    def check_partition_count(self, count: int) -> None:
+        if count == 0:
+            raise request_error("the request names no partition")
+        if count > self.config.partitions_per_request_max:
+            raise request_error(f"the request names {count} partitions, more than {self.config.partitions_per_request_max}")
+
+    # --- Metadata, CreateTopics ------------------------------------------------------
+
+    @server.rpc_handler
+    async def Metadata(self, request, context):
+        live = await self.live_nodes()
+        reply = partition_pb2.MetadataResponse(
+            brokers=[partition_pb2.NodeInfo(node_id=n, address=a) for n, a in sorted(live.items())]
+        )
+        names = await self.topics.names() if request.all_topics else list(dict.fromkeys(request.topics))
+        for name in names:
+            topic = reply.topics.add(name=name)
+            info = await self.topics.get(name) if validation.NAME_RE.match(name or "-") else None
+            if info is None:
+                topic.error.CopyFrom(error("UNKNOWN_TOPIC_OR_PARTITION", f"topic {name[:300]!r} does not exist"))
+                continue
+            topic.is_internal = info.internal
+            topic.configs.update(info.configs)
+            for index, (leader, epoch) in enumerate(zip(info.assignment, info.leader_epochs, strict=True)):
+                entry = topic.partitions.add(partition=index, leader_id=leader, leader_epoch=epoch)
+                if leader in live:
+                    entry.leader_address = live[leader]
+                else:
+                    entry.error.CopyFrom(error("LEADER_NOT_AVAILABLE", f"node {leader} leading partition {index} is not live"))
+        for transactional_id in request.transactional_ids:
+            reply.transaction_coordinators.add(
+                key=transactional_id,
+                error=error("COORDINATOR_NOT_AVAILABLE", "no transaction coordinator runs in this cluster"),
+            )
+        if request.group_ids:
+            info = await self.offsets_topic()
+            for group_id in request.group_ids:
+                entry = reply.group_coordinators.add(key=group_id)
+                try:
+                    validation.check_group_id(group_id)
+                except TxlogError as exc:
+                    entry.error.CopyFrom(error_of(exc))
+                    continue
+                leader = info.assignment[partition_for_id(group_id, info.partition_count)]
+                entry.node_id = leader
+                if leader in live:
+                    entry.address = live[leader]
+                else:
+                    entry.error.CopyFrom(error("COORDINATOR_NOT_AVAILABLE", f"node {leader}, the group's coordinator, is not live"))
+        return reply
+
+    @server.rpc_handler
+    async def CreateTopics(self, request, context):
+        if not request.topics:
+            raise request_error("the request names no topic")
+        reply = partition_pb2.CreateTopicsResponse()
+        for wanted in request.topics:
+            result = reply.results.add(name=wanted.name, partition_count=wanted.partition_count)
+            try:
+                validation.check_topic_name(wanted.name)
+                if wanted.name.startswith(INTERNAL_PREFIX):
+                    raise TxlogError(ErrorCode.Value("INVALID_TOPIC"), f"names starting with {INTERNAL_PREFIX!r} are internal")
+                validation.check_partition_count(wanted.partition_count, self.config.partitions_per_topic_max)
+                configs = validation.topic_configs(dict(wanted.configs), self.config.record_bytes_max)
+                if request.validate_only:
+                    continue
+                info = await self.create_topic(wanted.name, wanted.partition_count, configs)
+                if info.partition_count != wanted.partition_count:
+                    raise TxlogError(
+                        ErrorCode.Value("TOPIC_ALREADY_EXISTS"),
+                        f"topic {wanted.name!r} exists with {info.partition_count} partitions, not {wanted.partition_count}",
+                    )
+            except TxlogError as exc:
+                result.error.CopyFrom(error_of(exc))
+        return reply
+
+    # --- Produce ------------------------------------------------------------------------
+
+    @server.rpc_handler
+    async def Produce(self, request, context):
+        if request.acks not in (-1, 0, 1):
+            raise request_error(f"acks must be -1 (all), 0 or 1, got {request.acks}")
+        self.check_partition_count(len(request.batches))
+        named = {(b.topic, b.partition) for b in request.batches}
+        if len(named) != len(request.batches):
+            raise request_error("the request names a partition twice; put its records in one batch")
+        reply = partition_pb2.ProduceResponse()
+        changes: list = []
+        on_durable: list = []
+        duplicates: list = []
+        now = now_ms()
+        for item in request.batches:
+            result = reply.results.add(topic=item.topic, partition=item.partition)
+            try:
+                partition = await self.hosted(item.topic, item.partition)
+                validation.check_batch(item.batch, self.limits, partition.record_bytes_max)
+                if item.batch.is_transactional:
+                    raise TxlogError(ErrorCode.Value("INVALID_TXN_STATE"), "transactional batches need a transaction coordinator, which this cluster does not run yet")
+                outcome = partition.check(item.batch)
+                if isinstance(outcome, Reject):
+                    raise TxlogError(outcome.code, outcome.message)
+                if isinstance(outcome, Duplicate):
+                    result.base_offset = outcome.base_offset
+                    duplicates.append(partition.wait_durable(outcome.last_offset))
+                else:
+                    base, partition_changes, durable = partition.append(item.batch, now)
+                    result.base_offset = base
+                    changes.extend(partition_changes)
+                    on_durable.append(durable)
+                result.log_start_offset = partition.log_start_offset
+                result.log_append_time_ms = now
+            except TxlogError as exc:
+                result.error.CopyFrom(error_of(exc))
+        if changes:
+            written = self.writer.submit(changes)
+            written.add_done_callback(lambda _: [callback() for callback in on_durable])
+            if request.acks != 0:
+                await written
+        if duplicates and request.acks != 0:
+            await asyncio.gather(*duplicates)
+        return reply
+
+    # --- Fetch, ListOffsets --------------------------------------------------------------
+
+    @server.rpc_handler
+    async def Fetch(self, request, context):
+        if request.isolation_level not in (common_pb2.READ_UNCOMMITTED, common_pb2.READ_COMMITTED):
+            raise request_error(f"unknown isolation_level {request.isolation_level}")
+        if request.max_wait_ms < 0 or request.max_bytes < 0 or request.max_records < 0 or request.min_bytes < 0:
+            raise request_error("max_wait_ms, min_bytes, max_bytes and max_records must not be negative")
+        self.check_partition_count(len(request.partitions))
+        wait_s = min(request.max_wait_ms, self.config.fetch_wait_ms_max) / 1000
+        deadline = time.monotonic() + wait_s
+        while True:
+            reply, waits, returned_bytes = await self._fetch_once(request)
+            remaining = deadline - time.monotonic()
+            if returned_bytes > max(request.min_bytes - 1, 0) or not waits or remaining <= 0:
+                return reply
+            await asyncio.wait([asyncio.ensure_future(w.wait()) for w in waits], timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+
+    async def _fetch_once(self, request):
+        reply = partition_pb2.FetchResponse()
+        bytes_left = request.max_bytes or self.config.batch_bytes_max * 4
+        records_left = request.max_records or 2**31
+        waits, returned_bytes = [], 0
+        for wanted in request.partitions:
+            result = reply.results.add(topic=wanted.topic, partition=wanted.partition, next_fetch_offset=wanted.fetch_offset)
+            try:
+                partition = await self.hosted(wanted.topic, wanted.partition)
+            except TxlogError as exc:
+                result.error.CopyFrom(error_of(exc))
+                continue
+            hw, lso = partition.high_watermark, partition.last_stable_offset
+            result.high_watermark, result.last_stable_offset, result.log_start_offset = hw, lso, partition.log_start_offset
+            if not partition.log_start_offset <= wanted.fetch_offset <= hw:
+                result.error.CopyFrom(
+                    error(
+                        "OFFSET_OUT_OF_RANGE",
+                        f"offset {wanted.fetch_offset} is outside [{partition.log_start_offset}, {hw}] of {wanted.topic}-{wanted.partition}",
+                    )
+                )
+                continue
+            upper = lso if request.isolation_level == common_pb2.READ_COMMITTED else hw
+            partition_bytes = min(wanted.partition_max_bytes or bytes_left, bytes_left)
+            result.next_fetch_offset = partition.read(wanted.fetch_offset, upper, partition_bytes, records_left, result.batches)
+            taken = sum(b.ByteSize() for b in result.batches)
+            returned_bytes += taken
+            bytes_left = max(bytes_left - taken, 1)
+            records_left = max(records_left - sum(len(b.records) for b in result.batches), 1)
+            if not result.batches:
+                waits.append(partition.data_arrived())
+        return reply, waits, returned_bytes
+
+    @server.rpc_handler
+    async def ListOffsets(self, request, context):
+        self.check_partition_count(len(request.partitions))
+        reply = partition_pb2.ListOffsetsResponse()
+        for wanted in request.partitions:
+            result = reply.results.add(topic=wanted.topic, partition=wanted.partition, offset=-1, timestamp_ms=-1)
+            try:
+                partition = await self.hosted(wanted.topic, wanted.partition)
+                if wanted.spec == partition_pb2.OFFSET_SPEC_EARLIEST:
+                    result.offset = partition.log_start_offset
+                elif wanted.spec == partition_pb2.OFFSET_SPEC_LATEST:
+                    result.offset = partition.high_watermark
+                elif wanted.spec == partition_pb2.OFFSET_SPEC_LAST_STABLE:
+                    result.offset = partition.last_stable_offset
+                elif wanted.spec == partition_pb2.OFFSET_SPEC_TIMESTAMP:
+                    if wanted.timestamp_ms < 0:
+                        raise request_error(f"timestamp_ms must not be negative, got {wanted.timestamp_ms}")
+                    result.offset, result.timestamp_ms = partition.offset_for_timestamp(wanted.timestamp_ms)
+                else:
+                    raise request_error(f"unknown offset spec {wanted.spec}")
+            except TxlogError as exc:
+                result.error.CopyFrom(error_of(exc))
+        return reply
+
+    # --- consumer-group offsets ------------------------------------------------------
+
+    @server.rpc_handler
+    async def OffsetCommit(self, request, context):
+        validation.check_group_id(request.group_id)
+        self.check_partition_count(len(request.offsets))
+        offsets_partition = await self.group_partition(request.group_id)
+        reply = partition_pb2.OffsetCommitResponse()
+        batch = common_pb2.RecordBatch(producer_id=-1, producer_epoch=-1, base_sequence=-1)
+        view_changes = []
+        now = now_ms()
+        for wanted in request.offsets:
+            result = reply.results.add(partition=common_pb2.TopicPartition(topic=wanted.topic, partition=wanted.partition))
+            try:
+                validation.check_topic_name(wanted.topic)
+                info = await self.topics.get(wanted.topic)
+                if info is None or not 0 <= wanted.partition < info.partition_count:
+                    raise TxlogError(ErrorCode.Value("UNKNOWN_TOPIC_OR_PARTITION"), f"{wanted.topic} partition {wanted.partition} does not exist")
+                if wanted.offset < 0:
+                    raise TxlogError(ErrorCode.Value("INVALID_OFFSET"), f"offset must not be negative, got {wanted.offset}")
+                if len(wanted.metadata.encode()) > validation.OFFSET_METADATA_BYTES_MAX:
+                    raise request_error(f"offset metadata is larger than {validation.OFFSET_METADATA_BYTES_MAX} bytes")
+            except TxlogError as exc:
+                result.error.CopyFrom(error_of(exc))
+                continue
+            key = log_store.group_offset_key(request.group_id, wanted.topic, wanted.partition)
+            value = json.dumps({"offset": wanted.offset, "metadata": wanted.metadata, "commit_ms": now}).encode()
+            batch.records.add(key=key, value=value)
+            view_changes.append((key, value))
+        if view_changes:
+            _, changes, durable = offsets_partition.append(batch, now)
+            written = self.writer.submit(changes + view_changes)
+            written.add_done_callback(lambda _: durable())
+            await written
+        return reply
+
+    @server.rpc_handler
+    async def OffsetFetch(self, request, context):
+        validation.check_group_id(request.group_id)
+        await self.group_partition(request.group_id)
+        reply = partition_pb2.OffsetFetchResponse()
+        if request.partitions:
+            for wanted in request.partitions:
+                raw = self.store.get(log_store.group_offset_key(request.group_id, wanted.topic, wanted.partition))
+                committed = json.loads(raw) if raw else {"offset": -1, "metadata": ""}
+                reply.offsets.add(topic=wanted.topic, partition=wanted.partition, offset=committed["offset"], metadata=committed["metadata"])
+        else:
+            prefix = log_store.group_prefix(request.group_id)
+            for key, raw in self.store.items(prefix):
+                topic, index = key[len(prefix):-5].decode(), int.from_bytes(key[-4:], "big")
+                committed = json.loads(raw)
+                reply.offsets.add(topic=topic, partition=index, offset=committed["offset"], metadata=committed["metadata"])
+        return reply
+
+    # --- DescribeProducers -----------------------------------------------------------
+
+    @server.rpc_handler
+    async def DescribeProducers(self, request, context):
+        self.check_partition_count(len(request.partitions))
+        reply = partition_pb2.DescribeProducersResponse()
+        for wanted in request.partitions:
+            result = reply.results.add(topic=wanted.topic, partition=wanted.partition)
+            try:
+                partition = await self.hosted(wanted.topic, wanted.partition)
+            except TxlogError as exc:
+                result.error.CopyFrom(error_of(exc))
+                continue
+            for entry in sorted(partition.producers.values(), key=lambda e: e.producer_id):
+                result.producers.add(
+                    producer_id=entry.producer_id,
+                    producer_epoch=entry.producer_epoch,
+                    last_sequence=entry.last_sequence,
+                    last_timestamp_ms=entry.last_timestamp_ms,
+                    coordinator_epoch=entry.coordinator_epoch,
+                    current_txn_start_offset=entry.current_txn_first_offset,
+                )
+        return reply
+
+    # --- background work -------------------------------------------------------------
+
+    async def enforce_retention_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.retention_check_interval_ms / 1000)
+            try:
+                await self.enforce_retention()
+            except Exception:
+                log.exception("retention pass failed")
+
+    async def enforce_retention(self) -> None:
+        now = now_ms()
+        for partition in list(self.partitions.values()):
+            changes = partition.retention_changes(now) + partition.compaction_changes()
+            if changes:
+                await self.writer.submit(changes)
+                log.info("retention", extra=fields(topic=partition.topic, partition=partition.index, log_start_offset=partition.log_start_offset))
+
+
+async def build(runtime: server.ServiceRuntime) -> PartitionServicer:
+    cfg = runtime.config
+    store = LogStore(os.path.join(cfg.data_dir, f"node-{cfg.node_id}"), sync=cfg.fsync)
+    servicer = PartitionServicer(runtime, store)
+    await servicer.recover()
+    runtime.add_servicer(partition_pb2_grpc.add_PartitionServiceServicer_to_server, servicer, SERVICE_NAME)
+    init = IdempotentProducerInitServicer(ProducerIdSource(runtime.registry, requester_id=cfg.node_id))
+    coordinator_name = coordinator_pb2.DESCRIPTOR.services_by_name["CoordinatorService"].full_name
+    runtime.add_servicer(coordinator_pb2_grpc.add_CoordinatorServiceServicer_to_server, init, coordinator_name)
+    retention = asyncio.ensure_future(servicer.enforce_retention_forever())
+
+    async def close() -> None:
+        retention.cancel()
+        await servicer.writer.drain()
+        store.close()
+
+    runtime.on_stop(close)
+    return servicer
+
+
+def main(argv=None) -> int:
+    return server.run(KIND, "txlog partition service", SETTINGS, build, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

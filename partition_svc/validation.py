@@ -1,0 +1,122 @@
+"""Checks of names, topic configurations and produced batches: pure, and run
+before anything is changed, so bad input never alters stored data."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from services.errors import ErrorCode, TxlogError
+from services.stubs.txlog.v1 import common_pb2
+
+NAME_RE = re.compile(r"^[a-zA-Z0-9._-]+$")
+TOPIC_NAME_CHARS_MAX = 249
+GROUP_ID_CHARS_MAX = 255
+PRODUCER_EPOCH_MAX = 32767
+SEQUENCE_MAX = 2**31 - 1
+TIMESTAMP_MS_MAX = 2**53
+HEADERS_PER_RECORD_MAX = 1000
+OFFSET_METADATA_BYTES_MAX = 4096
+
+# Topic configuration keys, their defaults and checks (Kafka's names).
+TOPIC_CONFIG_DEFAULTS = {
+    "retention.ms": "-1",  # -1: keep forever
+    "retention.bytes": "-1",  # -1: no size limit
+    "max.record.bytes": str(1024 * 1024),
+    "cleanup.policy": "delete",
+}
+
+
+def invalid(message: str, code: str = "INVALID_REQUEST") -> TxlogError:
+    return TxlogError(ErrorCode.Value(code), message)
+
+
+def check_topic_name(name: str) -> str:
+    if not name or len(name) > TOPIC_NAME_CHARS_MAX or not NAME_RE.match(name) or name in (".", ".."):
+        raise invalid(
+            f"topic name {name[:300]!r} is invalid: 1 to {TOPIC_NAME_CHARS_MAX} characters of [a-zA-Z0-9._-], "
+            "not '.' or '..'",
+            "INVALID_TOPIC",
+        )
+    return name
+
+
+def check_group_id(group_id: str) -> str:
+    if not group_id or len(group_id) > GROUP_ID_CHARS_MAX or not NAME_RE.match(group_id):
+        raise invalid(
+            f"group id {group_id[:300]!r} is invalid: 1 to {GROUP_ID_CHARS_MAX} characters of [a-zA-Z0-9._-]",
+            "INVALID_GROUP_ID",
+        )
+    return group_id
+
+
+def check_partition_count(count: int, count_max: int) -> int:
+    if not 1 <= count <= count_max:
+        raise invalid(f"partition count must be 1..{count_max}, got {count}", "INVALID_PARTITIONS")
+    return count
+
+
+def _int_config(key: str, value: str, low: int, high: int) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise invalid(f"topic config {key}={value[:100]!r} is not an integer", "INVALID_CONFIG") from None
+    if not low <= number <= high:
+        raise invalid(f"topic config {key}={number} is out of range {low}..{high}", "INVALID_CONFIG")
+    return number
+
+
+def topic_configs(configs: dict[str, str], record_bytes_max: int) -> dict[str, str]:
+    """The full configuration of a new topic: defaults overlaid with ``configs``, checked."""
+    unknown = sorted(set(configs) - set(TOPIC_CONFIG_DEFAULTS))
+    if unknown:
+        raise invalid(f"unknown topic config {unknown[0][:100]!r}; known: {sorted(TOPIC_CONFIG_DEFAULTS)}", "INVALID_CONFIG")
+    merged = {**TOPIC_CONFIG_DEFAULTS, **configs}
+    _int_config("retention.ms", merged["retention.ms"], -1, 2**62)
+    _int_config("retention.bytes", merged["retention.bytes"], -1, 2**62)
+    _int_config("max.record.bytes", merged["max.record.bytes"], 1, record_bytes_max)
+    if merged["cleanup.policy"] not in ("delete", "compact"):
+        raise invalid(f"topic config cleanup.policy must be delete or compact, not {merged['cleanup.policy'][:100]!r}", "INVALID_CONFIG")
+    return merged
+
+
+@dataclass(frozen=True)
+class BatchLimits:
+    records_per_batch_max: int
+    batch_bytes_max: int
+
+
+def record_bytes(record: common_pb2.Record) -> int:
+    return len(record.key) + len(record.value) + sum(len(h.key) + len(h.value) for h in record.headers)
+
+
+def check_batch(batch: common_pb2.RecordBatch, limits: BatchLimits, record_bytes_max: int) -> None:
+    """Raises a TxlogError naming what is wrong with a produced batch."""
+    count = len(batch.records)
+    if count == 0:
+        raise invalid("a batch needs at least one record")
+    if count > limits.records_per_batch_max:
+        raise invalid(f"a batch holds {count} records, more than the limit {limits.records_per_batch_max}", "BATCH_TOO_LARGE")
+    size = batch.ByteSize()
+    if size > limits.batch_bytes_max:
+        raise invalid(f"a batch of {size} bytes is larger than the limit {limits.batch_bytes_max}", "BATCH_TOO_LARGE")
+    if batch.control_type != common_pb2.CONTROL_TYPE_DATA or batch.coordinator_epoch != 0:
+        raise invalid("producers may not send control batches (control_type and coordinator_epoch are the leader's)")
+    if batch.producer_id == -1:
+        if batch.producer_epoch != -1 or batch.base_sequence != -1 or batch.is_transactional:
+            raise invalid("a batch without a producer id (-1) needs producer_epoch -1, base_sequence -1 and no transaction")
+    elif batch.producer_id < 0:
+        raise invalid(f"producer_id must be -1 or >= 0, got {batch.producer_id}")
+    else:
+        if not 0 <= batch.producer_epoch <= PRODUCER_EPOCH_MAX:
+            raise invalid(f"producer_epoch must be 0..{PRODUCER_EPOCH_MAX}, got {batch.producer_epoch}")
+        if not 0 <= batch.base_sequence <= SEQUENCE_MAX:
+            raise invalid(f"base_sequence must be 0..{SEQUENCE_MAX}, got {batch.base_sequence}")
+    for index, record in enumerate(batch.records):
+        if not 0 <= record.timestamp_ms <= TIMESTAMP_MS_MAX:
+            raise invalid(f"record {index}: timestamp_ms {record.timestamp_ms} is out of range 0..2^53", "INVALID_TIMESTAMP")
+        if len(record.headers) > HEADERS_PER_RECORD_MAX:
+            raise invalid(f"record {index} has {len(record.headers)} headers, more than {HEADERS_PER_RECORD_MAX}", "INVALID_RECORD")
+        size = record_bytes(record)
+        if size > record_bytes_max:
+            raise invalid(f"record {index} is {size} bytes, larger than max.record.bytes {record_bytes_max}", "RECORD_TOO_LARGE")

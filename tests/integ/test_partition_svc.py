@@ -1,0 +1,317 @@
+"""partition_svc through raw gRPC: idempotence rules, recovery after kill -9,
+bad input, placement, long polls, offsets, retention and compaction."""
+
+import threading
+import time
+
+import grpc
+import pytest
+from raw import Raw, batch, plain_batch
+
+from services.stubs.txlog.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc, partition_pb2
+
+LATEST, EARLIEST, LSO, BY_TIME = (
+    partition_pb2.OFFSET_SPEC_LATEST,
+    partition_pb2.OFFSET_SPEC_EARLIEST,
+    partition_pb2.OFFSET_SPEC_LAST_STABLE,
+    partition_pb2.OFFSET_SPEC_TIMESTAMP,
+)
+
+
+@pytest.fixture
+def raw(txlog_cluster):
+    client = Raw(txlog_cluster)
+    yield client
+    client.close()
+
+
+def error_name(result):
+    from services.errors import ErrorCode
+
+    return ErrorCode.Name(result.error.code)
+
+
+def values(records):
+    return [r.value.decode() for r in records]
+
+
+def test_sequence_rules_over_raw_grpc(raw):
+    raw.create_topic("seq", 1)
+    pid = raw.producer_id()
+    first = raw.produce("seq", 0, batch(pid, 0, ["a", "b"]))
+    assert error_name(first) == "NONE" and first.base_offset == 0
+    again = raw.produce("seq", 0, batch(pid, 0, ["a", "b"]))  # duplicate: original offsets, nothing appended
+    assert error_name(again) == "NONE" and again.base_offset == 0
+    assert error_name(raw.produce("seq", 0, batch(pid, 5, ["gap"]))) == "OUT_OF_ORDER_SEQUENCE"
+    assert error_name(raw.produce("seq", 0, batch(raw.producer_id(), 3, ["x"]))) == "UNKNOWN_PRODUCER_ID"
+    for i in range(1, 7):  # 6 more batches push the first out of the 5-batch cache
+        assert error_name(raw.produce("seq", 0, batch(pid, 2 * i, ["c", "d"]))) == "NONE"
+    assert error_name(raw.produce("seq", 0, batch(pid, 0, ["a", "b"]))) == "DUPLICATE_SEQUENCE"
+    cached = raw.produce("seq", 0, batch(pid, 12, ["c", "d"]))
+    assert error_name(cached) == "NONE" and cached.base_offset == 12
+    assert error_name(raw.produce("seq", 0, batch(pid, 0, ["e"], epoch=1))) == "NONE"  # new epoch from 0
+    assert error_name(raw.produce("seq", 0, batch(pid, 14, ["late"], epoch=0))) == "INVALID_PRODUCER_EPOCH"
+    assert error_name(raw.produce("seq", 0, batch(pid, 7, ["x"], epoch=2))) == "OUT_OF_ORDER_SEQUENCE"
+    assert error_name(raw.produce("seq", 0, plain_batch(["p1", "p2"]))) == "NONE"  # no producer id: accepted
+    assert values(raw.read_all("seq", 0)) == ["a", "b"] + ["c", "d"] * 6 + ["e", "p1", "p2"]
+    assert [r.offset for r in raw.read_all("seq", 0)] == list(range(17))
+    state = {p.producer_id: p for p in raw.producers("seq", 0).producers}[pid]
+    assert (state.producer_epoch, state.last_sequence, state.current_txn_start_offset) == (1, 0, -1)
+
+
+def test_kill_9_mid_stream_loses_nothing_acknowledged_and_appends_no_duplicate(raw, txlog_cluster):
+    raw.create_topic("crash", 1)
+    pid = raw.producer_id()
+    leader_name = next(n for n, p in txlog_cluster.state.services.items() if p.address == raw.leaders("crash")[0])
+    acked, stop = [], threading.Event()
+
+    def produce_until_stopped():
+        # one batch at a time; an unanswered batch is retried with the same sequence until it is answered
+        sequence = 0
+        while not stop.is_set() or sequence < len(acked) * 10:
+            try:
+                result = raw.produce("crash", 0, batch(pid, sequence, [f"{sequence + i}" for i in range(10)]), stub=raw.stub(raw.leaders("crash")[0]))
+            except grpc.RpcError:
+                time.sleep(0.05)
+                continue
+            assert error_name(result) == "NONE", result
+            acked.append(result.base_offset)
+            sequence += 10
+            if stop.is_set():
+                return
+
+    worker = threading.Thread(target=produce_until_stopped)
+    worker.start()
+    time.sleep(1.0)
+    txlog_cluster.kill(leader_name)
+    acked_before_restart = len(acked)
+    txlog_cluster.start(leader_name)
+    time.sleep(0.5)
+    stop.set()
+    worker.join(timeout=60)
+    assert acked_before_restart > 0
+    records = raw.read_all("crash", 0)
+    assert values(records) == [str(i) for i in range(len(records))]  # in order, no duplicate, no gap
+    assert len(records) == len(acked) * 10  # every acknowledged batch is there exactly once
+    assert acked == list(range(0, len(acked) * 10, 10))
+    state = {p.producer_id: p for p in raw.producers("crash", 0).producers}[pid]
+    assert state.last_sequence == len(records) - 1  # producer state recovered
+    # a retry of the last batch after the restart is still recognised as a duplicate
+    last = raw.produce("crash", 0, batch(pid, len(records) - 10, [str(i) for i in range(len(records) - 10, len(records))]))
+    assert error_name(last) == "NONE" and last.base_offset == len(records) - 10
+    assert len(raw.read_all("crash", 0)) == len(records)
+
+
+def test_bad_produce_input_gets_clear_errors_and_stores_nothing(raw):
+    raw.create_topic("bad", 1)
+    stub = raw.leader("bad", 0)
+    pid = raw.producer_id()
+
+    def produce(**request):
+        return stub.Produce(partition_pb2.ProduceRequest(**request), timeout=10)
+
+    one = [partition_pb2.PartitionBatch(topic="bad", partition=0, batch=batch(pid, 0, ["x"]))]
+    for request, mentions in [
+        ({"acks": 5, "batches": one}, "acks"),
+        ({"acks": -1, "batches": []}, "no partition"),
+        ({"acks": -1, "batches": one * 2}, "twice"),
+    ]:
+        with pytest.raises(grpc.RpcError) as info:
+            produce(**request)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and mentions in info.value.details()
+
+    cases = {
+        ("nosuch", 0, "x"): "UNKNOWN_TOPIC_OR_PARTITION",
+        ("bad", 7, "x"): "UNKNOWN_TOPIC_OR_PARTITION",
+        ("bad", -1, "x"): "UNKNOWN_TOPIC_OR_PARTITION",
+        ("bad name!", 0, "x"): "UNKNOWN_TOPIC_OR_PARTITION",
+    }
+    for (topic, partition, value), expected in cases.items():
+        result = produce(acks=-1, batches=[partition_pb2.PartitionBatch(topic=topic, partition=partition, batch=batch(pid, 0, [value]))]).results[0]
+        assert error_name(result) == expected and result.error.message
+    bad_batches = [
+        (batch(pid, 0, []), "INVALID_REQUEST"),
+        (batch(pid, 0, [b"v" * (1024 * 1024 + 1)]), "RECORD_TOO_LARGE"),
+        (batch(pid, 0, ["x"], control_type=common_pb2.CONTROL_TYPE_ABORT), "INVALID_REQUEST"),
+        (batch(pid, -3, ["x"]), "INVALID_REQUEST"),
+        (batch(pid, 0, ["x"], epoch=99999), "INVALID_REQUEST"),
+        (batch(pid, 0, ["x"], is_transactional=True), "INVALID_TXN_STATE"),
+        (common_pb2.RecordBatch(producer_id=pid, producer_epoch=0, base_sequence=0, records=[common_pb2.Record(timestamp_ms=-5)]), "INVALID_TIMESTAMP"),
+    ]
+    for bad, expected in bad_batches:
+        result = raw.produce("bad", 0, bad, stub=stub)
+        assert error_name(result) == expected, (bad, result)
+    assert raw.list_offset("bad", 0, LATEST).offset == 0
+    assert raw.producers("bad", 0).producers == []
+    # the same producer can still start cleanly: nothing of the rejected batches stuck
+    assert error_name(raw.produce("bad", 0, batch(pid, 0, ["ok"]), stub=stub)) == "NONE"
+    assert values(raw.read_all("bad", 0)) == ["ok"]
+
+
+def test_bad_fetch_and_topic_input(raw):
+    raw.create_topic("f", 1)
+    raw.produce("f", 0, plain_batch(["a"]))
+    result = raw.fetch("f", 0, -1)
+    assert error_name(result) == "OFFSET_OUT_OF_RANGE" and "-1" in result.error.message
+    assert error_name(raw.fetch("f", 0, 5)) == "OFFSET_OUT_OF_RANGE"
+    with pytest.raises(grpc.RpcError) as info:
+        raw.fetch("f", 0, 0, max_wait_ms=-1)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(grpc.RpcError) as info:
+        raw.fetch("f", 0, 0, isolation=7)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    stub = raw.stub(raw.bootstrap[0])
+    reply = stub.CreateTopics(
+        partition_pb2.CreateTopicsRequest(
+            topics=[
+                partition_pb2.CreatableTopic(name="ok-topic", partition_count=0),
+                partition_pb2.CreatableTopic(name="bad/name", partition_count=1),
+                partition_pb2.CreatableTopic(name="__mine", partition_count=1),
+                partition_pb2.CreatableTopic(name="f", partition_count=3),
+                partition_pb2.CreatableTopic(name="f", partition_count=1),
+                partition_pb2.CreatableTopic(name="cfg", partition_count=1, configs={"retention.ms": "x"}),
+            ]
+        ),
+        timeout=10,
+    )
+    assert [error_name(r) for r in reply.results] == [
+        "INVALID_PARTITIONS", "INVALID_TOPIC", "INVALID_TOPIC", "TOPIC_ALREADY_EXISTS", "NONE", "INVALID_CONFIG"
+    ]
+    names = [t.name for t in stub.Metadata(partition_pb2.MetadataRequest(all_topics=True), timeout=10).topics]
+    assert "ok-topic" not in names and "cfg" not in names and "f" in names
+
+
+def test_partitions_spread_over_both_instances_and_others_answer_not_leader(raw, txlog_cluster):
+    raw.create_topic("spread", 6)
+    leaders = raw.leaders("spread")
+    assert set(leaders.values()) == set(raw.bootstrap)
+    for address in raw.bootstrap:  # every instance answers the same metadata
+        assert {p.partition: p.leader_address for p in raw.stub(address).Metadata(partition_pb2.MetadataRequest(topics=["spread"]), timeout=10).topics[0].partitions} == leaders
+    other = next(a for a in raw.bootstrap if a != leaders[0])
+    result = raw.produce("spread", 0, plain_batch(["x"]), stub=raw.stub(other))
+    assert error_name(result) == "NOT_LEADER" and "refresh metadata" in result.error.message
+
+
+def test_fetch_long_poll_returns_when_data_arrives(raw):
+    raw.create_topic("poll", 1)
+    timer = threading.Timer(0.3, lambda: raw.produce("poll", 0, plain_batch(["late"])))
+    timer.start()
+    result = raw.fetch("poll", 0, 0, max_wait_ms=20_000)
+    timer.join()
+    assert values(r for b in result.batches for r in b.records) == ["late"]
+    empty = raw.fetch("poll", 0, 1, max_wait_ms=50)
+    assert list(empty.batches) == [] and empty.high_watermark == 1
+
+
+def test_fetch_limits_and_trimming(raw):
+    raw.create_topic("limits", 1)
+    for i in range(5):
+        raw.produce("limits", 0, plain_batch([f"{i}-{j}" for j in range(4)]))
+    result = raw.fetch("limits", 0, 6, max_records=1)
+    got = [r for b in result.batches for r in b.records]
+    assert [r.offset for r in got] == [6, 7]  # at least one whole batch, trimmed before offset 6
+    assert result.next_fetch_offset == 8
+    assert [r.offset for r in raw.read_all("limits", 0, start=13)] == [13, 14, 15, 16, 17, 18, 19]
+
+
+def test_list_offsets(raw):
+    raw.create_topic("lo", 1)
+    base = int(time.time() * 1000)
+    for i in range(3):
+        raw.produce("lo", 0, common_pb2.RecordBatch(producer_id=-1, producer_epoch=-1, base_sequence=-1,
+                                                     records=[common_pb2.Record(value=b"v", timestamp_ms=base + 1000 * i)]))
+    assert raw.list_offset("lo", 0, EARLIEST).offset == 0
+    assert raw.list_offset("lo", 0, LATEST).offset == 3
+    assert raw.list_offset("lo", 0, LSO).offset == 3
+    at = raw.list_offset("lo", 0, BY_TIME, base + 500)
+    assert (at.offset, at.timestamp_ms) == (1, base + 1000)
+    assert raw.list_offset("lo", 0, BY_TIME, base + 10_000).offset == -1
+
+
+def test_consumer_group_offsets_compacted_and_recovered(raw, txlog_cluster):
+    raw.create_topic("src", 2)
+    metadata = raw.stub(raw.bootstrap[0]).Metadata(partition_pb2.MetadataRequest(group_ids=["g1"]), timeout=10)
+    coordinator = metadata.group_coordinators[0].address
+    other = next(a for a in raw.bootstrap if a != coordinator)
+    commit = partition_pb2.OffsetCommitRequest(group_id="g1", offsets=[partition_pb2.PartitionOffset(topic="src", partition=0, offset=1)])
+    with pytest.raises(grpc.RpcError) as info:
+        raw.stub(other).OffsetCommit(commit, timeout=10)
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE and "NOT_COORDINATOR" in info.value.details()
+    for offset in range(1, 41):
+        reply = raw.stub(coordinator).OffsetCommit(
+            partition_pb2.OffsetCommitRequest(
+                group_id="g1",
+                offsets=[partition_pb2.PartitionOffset(topic="src", partition=p, offset=offset * 10 + p, metadata=f"m{p}") for p in (0, 1)],
+            ),
+            timeout=10,
+        )
+        assert [error_name(r) for r in reply.results] == ["NONE", "NONE"]
+    bad = raw.stub(coordinator).OffsetCommit(
+        partition_pb2.OffsetCommitRequest(group_id="g1", offsets=[
+            partition_pb2.PartitionOffset(topic="src", partition=0, offset=-4),
+            partition_pb2.PartitionOffset(topic="nosuch", partition=0, offset=4),
+            partition_pb2.PartitionOffset(topic="src", partition=9, offset=4),
+        ]), timeout=10)
+    assert [error_name(r) for r in bad.results] == ["INVALID_OFFSET", "UNKNOWN_TOPIC_OR_PARTITION", "UNKNOWN_TOPIC_OR_PARTITION"]
+
+    def fetched():
+        reply = raw.stub(coordinator).OffsetFetch(partition_pb2.OffsetFetchRequest(group_id="g1"), timeout=10)
+        return {(o.topic, o.partition): (o.offset, o.metadata) for o in reply.offsets}
+
+    assert fetched() == {("src", 0): (400, "m0"), ("src", 1): (401, "m1")}
+    missing = raw.stub(coordinator).OffsetFetch(
+        partition_pb2.OffsetFetchRequest(group_id="g1", partitions=[common_pb2.TopicPartition(topic="src", partition=1), common_pb2.TopicPartition(topic="other", partition=0)]),
+        timeout=10,
+    )
+    assert [(o.offset) for o in missing.offsets] == [401, -1]
+
+    offsets_partition = next(
+        p for p in range(8) if raw.leaders("__consumer_offsets")[p] == coordinator
+        and raw.list_offset("__consumer_offsets", p, LATEST).offset == 80
+    )
+    deadline = time.monotonic() + 10
+    while raw.list_offset("__consumer_offsets", offsets_partition, EARLIEST).offset < 78 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert raw.list_offset("__consumer_offsets", offsets_partition, EARLIEST).offset == 78  # compacted to the newest commit
+
+    name = next(n for n, p in txlog_cluster.state.services.items() if p.address == coordinator)
+    txlog_cluster.kill(name)
+    txlog_cluster.start(name)
+    assert fetched() == {("src", 0): (400, "m0"), ("src", 1): (401, "m1")}
+
+
+def test_retention_by_size_and_by_time_deletes_whole_batches_from_the_start(raw):
+    raw.create_topic("sized", 1, **{"retention.bytes": "2000"})
+    for i in range(20):
+        raw.produce("sized", 0, plain_batch([f"{i}".encode() * 50]))
+    deadline = time.monotonic() + 10
+    while raw.list_offset("sized", 0, EARLIEST).offset == 0 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    start = raw.list_offset("sized", 0, EARLIEST).offset
+    assert 0 < start < 20
+    assert raw.list_offset("sized", 0, LATEST).offset == 20
+    assert error_name(raw.fetch("sized", 0, start - 1)) == "OFFSET_OUT_OF_RANGE"
+    assert [r.offset for r in raw.read_all("sized", 0, start)] == list(range(start, 20))
+
+    raw.create_topic("timed", 1, **{"retention.ms": "60000"})
+    old = int(time.time() * 1000) - 120_000
+    raw.produce("timed", 0, common_pb2.RecordBatch(producer_id=-1, producer_epoch=-1, base_sequence=-1, records=[common_pb2.Record(value=b"old", timestamp_ms=old)]))
+    raw.produce("timed", 0, plain_batch(["new"]))
+    deadline = time.monotonic() + 10
+    while raw.list_offset("timed", 0, EARLIEST).offset == 0 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert raw.list_offset("timed", 0, EARLIEST).offset == 1
+    assert values(raw.read_all("timed", 0, 1)) == ["new"]
+
+
+def test_init_producer_id_for_idempotent_producers(raw):
+    ids = [raw.producer_id() for _ in range(5)]
+    assert len(set(ids)) == 5
+    stub = coordinator_pb2_grpc.CoordinatorServiceStub(grpc.insecure_channel(raw.bootstrap[1]))
+    other = stub.InitProducerId(coordinator_pb2.InitProducerIdRequest(producer_id=-1, producer_epoch=-1), timeout=10)
+    assert other.producer_id not in ids
+    bumped = stub.InitProducerId(coordinator_pb2.InitProducerIdRequest(producer_id=ids[0], producer_epoch=3), timeout=10)
+    assert (bumped.producer_id, bumped.producer_epoch) == (ids[0], 4)
+    with pytest.raises(grpc.RpcError) as info:
+        stub.InitProducerId(coordinator_pb2.InitProducerIdRequest(transactional_id="t", producer_id=-1, producer_epoch=-1), timeout=10)
+    assert "NOT_COORDINATOR" in info.value.details()
