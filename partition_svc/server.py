@@ -32,14 +32,12 @@ from services.logs import fields
 from services.stubs.txlog.v1 import (
     common_pb2,
     coordinator_pb2,
-    coordinator_pb2_grpc,
     errors_pb2,
     partition_pb2,
     partition_pb2_grpc,
 )
 
 KIND = "partition_svc"
-SERVICE_NAME = partition_pb2.DESCRIPTOR.services_by_name["PartitionService"].full_name
 log = logging.getLogger(__name__)
 
 SETTINGS = (
@@ -448,10 +446,9 @@ async def build(runtime: server.ServiceRuntime) -> PartitionServicer:
     store = LogStore(os.path.join(cfg.data_dir, f"node-{cfg.node_id}"), sync=cfg.fsync)
     servicer = PartitionServicer(runtime, store)
     await servicer.recover()
-    runtime.add_servicer(partition_pb2_grpc.add_PartitionServiceServicer_to_server, servicer, SERVICE_NAME)
+    runtime.add_servicer(servicer, partition_pb2.DESCRIPTOR.services_by_name["PartitionService"])
     init = IdempotentProducerInitServicer(ProducerIdSource(runtime.registry, requester_id=cfg.node_id))
-    coordinator_name = coordinator_pb2.DESCRIPTOR.services_by_name["CoordinatorService"].full_name
-    runtime.add_servicer(coordinator_pb2_grpc.add_CoordinatorServiceServicer_to_server, init, coordinator_name)
+    runtime.add_servicer(init, coordinator_pb2.DESCRIPTOR.services_by_name["CoordinatorService"])
     retention = asyncio.ensure_future(servicer.enforce_retention_forever())
 
     async def close() -> None:

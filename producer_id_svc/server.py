@@ -13,7 +13,7 @@ from services.errors import ErrorCode, TxlogError
 from services.stubs.txlog.v1 import producer_id_pb2, producer_id_pb2_grpc
 
 KIND = "producer_id_svc"
-SERVICE_NAME = producer_id_pb2.DESCRIPTOR.services_by_name["ProducerIdService"].full_name
+SERVICE = producer_id_pb2.DESCRIPTOR.services_by_name["ProducerIdService"]
 
 SETTINGS = (
     Setting("listen", "0.0.0.0:7100", "host:port the gRPC server binds"),
@@ -44,7 +44,7 @@ async def build(runtime: server.ServiceRuntime) -> ProducerIdServicer:
     servicer = ProducerIdServicer(BlockAllocator(
         store, runtime.config.producer_id_block_size, prefetch=runtime.config.producer_id_prefetch
     ))
-    runtime.add_servicer(producer_id_pb2_grpc.add_ProducerIdServiceServicer_to_server, servicer, SERVICE_NAME)
+    runtime.add_servicer(servicer, SERVICE)
     return servicer
 
 

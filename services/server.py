@@ -26,6 +26,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from types import SimpleNamespace
 
 import grpc
+from google.protobuf import message_factory
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from opentelemetry.sdk.trace.export import SpanExporter
@@ -42,6 +43,59 @@ SERVER_SETTINGS: tuple[config_mod.Setting, ...] = (
 )
 
 
+class MalformedRequest:
+    """What a request that does not parse as its message type becomes; handlers
+    wrapped by :func:`rpc_handler` answer it INVALID_REQUEST."""
+
+    def __init__(self, type_name: str, reason: Exception):
+        self.type_name = type_name
+        self.reason = reason
+
+    def error(self) -> TxlogError:
+        return TxlogError(
+            ErrorCode.Value("INVALID_REQUEST"), f"the request is not a valid {self.type_name} message: {self.reason}"
+        )
+
+
+def _parser(message_class):
+    def parse(data: bytes):
+        try:
+            return message_class.FromString(data)
+        except Exception as exc:  # DecodeError: corrupt wire format, invalid UTF-8 in a string
+            return MalformedRequest(message_class.DESCRIPTOR.full_name, exc)
+
+    return parse
+
+
+def _serialize(response) -> bytes:
+    return response if isinstance(response, bytes) else response.SerializeToString()
+
+
+def _unimplemented(service: str, method: str):
+    async def handler(request, context):
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{service}.{method} is not implemented by this server yet")
+
+    return handler
+
+
+def generic_handler(servicer, service_descriptor) -> grpc.GenericRpcHandler:
+    """The handlers of a (unary) service: requests that fail to parse reach the
+    handler as MalformedRequest instead of failing inside gRPC with a bare
+    UNKNOWN, and methods the servicer does not define (a coroutine) answer
+    UNIMPLEMENTED with our details."""
+    handlers = {}
+    for method in service_descriptor.methods:
+        implementation = getattr(servicer, method.name, None)
+        if not asyncio.iscoroutinefunction(implementation):
+            implementation = _unimplemented(service_descriptor.full_name, method.name)
+        handlers[method.name] = grpc.unary_unary_rpc_method_handler(
+            implementation,
+            request_deserializer=_parser(message_factory.GetMessageClass(method.input_type)),
+            response_serializer=_serialize,
+        )
+    return grpc.method_handlers_generic_handler(service_descriptor.full_name, handlers)
+
+
 def rpc_handler(method):
     """Wraps a servicer method: a TxlogError becomes the call's status with our
     details; anything unexpected is logged with its stack and answered
@@ -50,6 +104,8 @@ def rpc_handler(method):
     @functools.wraps(method)
     async def wrapper(self, request, context):
         try:
+            if isinstance(request, MalformedRequest):
+                raise request.error()
             return await method(self, request, context)
         except TxlogError as exc:
             await errors.abort(context, exc)
@@ -109,9 +165,11 @@ class ServiceRuntime:
         calls, before the process exits (flush and close stores here)."""
         self._on_stop.append(callback)
 
-    def add_servicer(self, add_to_server: Callable, servicer, service_full_name: str) -> None:
-        add_to_server(servicer, self.server)
-        self.service_names.append(service_full_name)
+    def add_servicer(self, servicer, service_descriptor) -> None:
+        """Serves ``servicer``'s coroutine methods for the service ``service_descriptor``
+        (e.g. ``partition_pb2.DESCRIPTOR.services_by_name["PartitionService"]``)."""
+        self.server.add_generic_rpc_handlers((generic_handler(servicer, service_descriptor),))
+        self.service_names.append(service_descriptor.full_name)
 
     @property
     def zookeeper(self):

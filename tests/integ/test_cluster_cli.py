@@ -19,8 +19,10 @@ def test_cluster_up_kill_start_down(tmp_path):
     try:
         txlog("cluster", "up", "--dir", directory)
         state = json.loads((tmp_path / "c" / "cluster.json").read_text())
-        assert set(state["services"]) == {"zookeeper", "producer_id_svc-0"}
+        assert set(state["services"]) == {"zookeeper", "producer_id_svc-0", "partition_svc-0", "partition_svc-1"}
         assert state["zookeeper"] == state["services"]["zookeeper"]["address"]
+        assert state["bootstrap"].split(",") == [state["services"][f"partition_svc-{i}"]["address"] for i in (0, 1)]
+        assert all(health_serving(address) for address in state["bootstrap"].split(","))
         zk_address = state["zookeeper"]
         pid_address = state["services"]["producer_id_svc-0"]["address"]
         assert zookeeper_ruok(zk_address) and health_serving(pid_address)

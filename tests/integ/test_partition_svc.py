@@ -315,3 +315,16 @@ def test_init_producer_id_for_idempotent_producers(raw):
     with pytest.raises(grpc.RpcError) as info:
         stub.InitProducerId(coordinator_pb2.InitProducerIdRequest(transactional_id="t", producer_id=-1, producer_epoch=-1), timeout=10)
     assert "NOT_COORDINATOR" in info.value.details()
+
+
+def test_rpcs_of_later_issues_answer_unimplemented_and_bad_utf8_is_invalid(raw):
+    stub = raw.stub(raw.bootstrap[0])
+    with pytest.raises(grpc.RpcError) as info:
+        stub.WriteTxnMarkers(partition_pb2.WriteTxnMarkersRequest(), timeout=10)
+    assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED and "WriteTxnMarkers" in info.value.details()
+    channel = grpc.insecure_channel(raw.bootstrap[0])
+    produce = channel.unary_unary("/txlog.v1.PartitionService/Produce", request_serializer=lambda b: b, response_deserializer=lambda b: b)
+    with pytest.raises(grpc.RpcError) as info:
+        produce(b"\x0a\x02\xff\xfe", timeout=10)  # transactional_id holding invalid UTF-8
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "UTF-8" in info.value.details()
+    channel.close()

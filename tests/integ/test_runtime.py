@@ -78,7 +78,7 @@ def test_shutdown_drains_in_flight_calls_and_refuses_new_ones(cluster):
     async def run():
         runtime = ServiceRuntime("slow_svc", runtime_config(cluster))
         servicer = SlowServicer()
-        runtime.add_servicer(producer_id_pb2_grpc.add_ProducerIdServiceServicer_to_server, servicer, "txlog.v1.ProducerIdService")
+        runtime.add_servicer(servicer, producer_id_server.SERVICE)
         port = await runtime.start()
         async with open_channel(f"127.0.0.1:{port}") as channel:
             stub = producer_id_pb2_grpc.ProducerIdServiceStub(channel)
@@ -104,7 +104,7 @@ def test_shutdown_grace_period_bounds_the_wait(cluster):
     async def run():
         runtime = ServiceRuntime("slow_svc", runtime_config(cluster))
         servicer = SlowServicer()
-        runtime.add_servicer(producer_id_pb2_grpc.add_ProducerIdServiceServicer_to_server, servicer, "txlog.v1.ProducerIdService")
+        runtime.add_servicer(servicer, producer_id_server.SERVICE)
         port = await runtime.start()
         async with open_channel(f"127.0.0.1:{port}") as channel:
             in_flight = asyncio.ensure_future(producer_id_pb2_grpc.ProducerIdServiceStub(channel).AllocateProducerIds(REQUEST))
@@ -206,3 +206,21 @@ def test_advertised_address_defaults_to_listen_host_and_bound_port():
     assert advertised("127.0.0.1:0", 4242, "") == "127.0.0.1:4242"
     assert advertised("0.0.0.0:7100", 7100, "") != "0.0.0.0:7100"
     assert advertised("0.0.0.0:7100", 7100, "pid-0.pid:7100") == "pid-0.pid:7100"
+
+
+def test_garbage_request_bytes_are_invalid_argument_with_our_code(cluster):
+    from test_producer_ids import error_info
+
+    service = cluster.add_service("producer_id_svc", 0)
+    with grpc.insecure_channel(service.address) as channel:
+        raw = channel.unary_unary(
+            "/txlog.v1.ProducerIdService/AllocateProducerIds",
+            request_serializer=lambda b: b,
+            response_deserializer=lambda b: b,
+        )
+        for garbage in (b"\xff\xff\xff\x07", b"\x08"):
+            with pytest.raises(grpc.RpcError) as info:
+                raw(garbage, timeout=5)
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "not a valid txlog.v1.AllocateProducerIdsRequest" in info.value.details()
+            assert error_info(info.value).reason == "INVALID_REQUEST"
