@@ -50,6 +50,9 @@ class Partition:
             self.log_start_offset = meta["log_start_offset"]
             self.next_offset = meta["next_offset"]
             self.size_bytes = meta["size_bytes"]
+        last = self.store.batch_at_or_before(self.pkey, 2**63 - 1)
+        if last is not None:  # the log itself is the authority on where it ends
+            self.next_offset = max(self.next_offset, log_store.decode_header(*last).last_offset + 1)
         self.high_watermark = self.next_offset
         for value in self.store.producers(self.pkey):
             entry = ProducerStateEntry.from_json(value)

@@ -234,10 +234,12 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
         if len(named) != len(request.batches):
             raise request_error("the request names a partition twice; put its records in one batch")
         reply = partition_pb2.ProduceResponse()
-        changes: list = []
-        on_durable: list = []
-        duplicates: list = []
-        now = now_ms()
+        # First every lookup (which may await ZooKeeper), then every check and
+        # append with no await until the changes are submitted: the writer must
+        # receive changes in the order the in-memory state took them, or a later
+        # append's metadata or producer state could be overwritten on disk by an
+        # earlier one's.
+        resolved: list[tuple[object, Partition | None]] = []
         for item in request.batches:
             result = reply.results.add(topic=item.topic, partition=item.partition)
             try:
@@ -245,21 +247,31 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
                 validation.check_batch(item.batch, self.limits, partition.record_bytes_max)
                 if item.batch.is_transactional:
                     raise TxlogError(ErrorCode.Value("INVALID_TXN_STATE"), "transactional batches need a transaction coordinator, which this cluster does not run yet")
-                outcome = partition.check(item.batch)
-                if isinstance(outcome, Reject):
-                    raise TxlogError(outcome.code, outcome.message)
-                if isinstance(outcome, Duplicate):
-                    result.base_offset = outcome.base_offset
-                    duplicates.append(partition.wait_durable(outcome.last_offset))
-                else:
-                    base, partition_changes, durable = partition.append(item.batch, now)
-                    result.base_offset = base
-                    changes.extend(partition_changes)
-                    on_durable.append(durable)
-                result.log_start_offset = partition.log_start_offset
-                result.log_append_time_ms = now
+                resolved.append((result, partition))
             except TxlogError as exc:
                 result.error.CopyFrom(error_of(exc))
+                resolved.append((result, None))
+        changes: list = []
+        on_durable: list = []
+        duplicates: list = []
+        now = now_ms()
+        for item, (result, partition) in zip(request.batches, resolved, strict=True):
+            if partition is None:
+                continue
+            outcome = partition.check(item.batch)
+            if isinstance(outcome, Reject):
+                result.error.CopyFrom(errors_pb2.Error(code=outcome.code, message=outcome.message))
+                continue
+            if isinstance(outcome, Duplicate):
+                result.base_offset = outcome.base_offset
+                duplicates.append(partition.wait_durable(outcome.last_offset))
+            else:
+                base, partition_changes, durable = partition.append(item.batch, now)
+                result.base_offset = base
+                changes.extend(partition_changes)
+                on_durable.append(durable)
+            result.log_start_offset = partition.log_start_offset
+            result.log_append_time_ms = now
         if changes:
             written = self.writer.submit(changes)
             written.add_done_callback(lambda _: [callback() for callback in on_durable])
