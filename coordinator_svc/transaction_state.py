@@ -1,0 +1,225 @@
+"""The coordinator's transaction state machine: pure, no I/O, time passed in.
+
+State Transitions
+-----------------
+Each state lists, in :data:`VALID_PREVIOUS_STATES`, the states it may be entered
+from; :func:`prepare_transition` refuses any other move with IllegalStateError.
+
+    EMPTY                 <- EMPTY, COMPLETE_COMMIT, COMPLETE_ABORT
+        InitProducerId: a producer registered (new id, or epoch bumped).
+    ONGOING               <- EMPTY, ONGOING, COMPLETE_COMMIT, COMPLETE_ABORT
+        AddPartitionsToTxn / AddOffsetsToTxn: the transaction started or grew.
+    PREPARE_COMMIT        <- ONGOING
+        EndTxn(commit): the outcome is decided; markers go out.
+    PREPARE_ABORT         <- ONGOING, PREPARE_EPOCH_FENCE
+        EndTxn(abort), the transaction timed out, or a fence completes.
+    COMPLETE_COMMIT       <- PREPARE_COMMIT
+        every partition acknowledged its COMMIT marker.
+    COMPLETE_ABORT        <- PREPARE_ABORT
+        every partition acknowledged its ABORT marker.
+    DEAD                  <- EMPTY, COMPLETE_COMMIT, COMPLETE_ABORT
+        the id was idle past its expiration; its record is removed.
+    PREPARE_EPOCH_FENCE   <- ONGOING
+        InitProducerId from a new incarnation while a transaction is open: the
+        open transaction is aborted with a bumped epoch (pending-only: it is never
+        written; the PREPARE_ABORT that follows is).
+
+Transitions are two-phase: :func:`prepare_transition` checks the edge, sets
+``pending_state`` and returns the immutable record to write to the transaction
+log; once the record is durable, :func:`complete_transition` applies it; if the
+write fails, :func:`abandon_transition` clears the pending state. While a
+transition is pending, other requests for the id get CONCURRENT_TRANSACTIONS.
+
+Epochs follow Kafka's Transactions V2: EndTxn (and every coordinator abort) bumps
+the producer epoch, so nothing sent by transaction N can affect transaction N+1.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import dataclass, field, replace
+
+PRODUCER_EPOCH_MAX = 32767
+NO_PRODUCER_ID = -1
+NO_EPOCH = -1
+
+
+class IllegalStateError(RuntimeError):
+    """A transition the state machine does not have: a bug, never a client error."""
+
+
+class TransactionState(enum.Enum):
+    EMPTY = "Empty"
+    ONGOING = "Ongoing"
+    PREPARE_COMMIT = "PrepareCommit"
+    PREPARE_ABORT = "PrepareAbort"
+    COMPLETE_COMMIT = "CompleteCommit"
+    COMPLETE_ABORT = "CompleteAbort"
+    DEAD = "Dead"
+    PREPARE_EPOCH_FENCE = "PrepareEpochFence"
+
+    @property
+    def valid_previous_states(self) -> frozenset[TransactionState]:
+        return VALID_PREVIOUS_STATES[self]
+
+    @property
+    def is_complete(self) -> bool:
+        return self in (TransactionState.EMPTY, TransactionState.COMPLETE_COMMIT, TransactionState.COMPLETE_ABORT)
+
+    @property
+    def is_preparing(self) -> bool:
+        return self in (TransactionState.PREPARE_COMMIT, TransactionState.PREPARE_ABORT)
+
+
+S = TransactionState
+VALID_PREVIOUS_STATES: dict[TransactionState, frozenset[TransactionState]] = {
+    S.EMPTY: frozenset({S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT}),
+    S.ONGOING: frozenset({S.EMPTY, S.ONGOING, S.COMPLETE_COMMIT, S.COMPLETE_ABORT}),
+    S.PREPARE_COMMIT: frozenset({S.ONGOING}),
+    S.PREPARE_ABORT: frozenset({S.ONGOING, S.PREPARE_EPOCH_FENCE}),
+    S.COMPLETE_COMMIT: frozenset({S.PREPARE_COMMIT}),
+    S.COMPLETE_ABORT: frozenset({S.PREPARE_ABORT}),
+    S.DEAD: frozenset({S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT}),
+    S.PREPARE_EPOCH_FENCE: frozenset({S.ONGOING}),
+}
+PENDING_ONLY_STATES = frozenset({S.PREPARE_EPOCH_FENCE})
+
+Partition = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class TransactionRecord:
+    """What the transaction log holds for an id: everything needed to resume it."""
+
+    transactional_id: str
+    producer_id: int
+    previous_producer_id: int
+    producer_epoch: int
+    last_producer_epoch: int  # the epoch before the last bump, to recognise a retried EndTxn
+    txn_timeout_ms: int
+    state: TransactionState
+    partitions: frozenset[Partition]
+    txn_start_ms: int
+    last_update_ms: int
+
+    def encode(self) -> bytes:
+        return json.dumps(
+            {
+                "version": 1,
+                "pid": self.producer_id,
+                "prev_pid": self.previous_producer_id,
+                "epoch": self.producer_epoch,
+                "last_epoch": self.last_producer_epoch,
+                "timeout_ms": self.txn_timeout_ms,
+                "state": self.state.value,
+                "partitions": sorted([t, p] for t, p in self.partitions),
+                "start_ms": self.txn_start_ms,
+                "update_ms": self.last_update_ms,
+            },
+            separators=(",", ":"),
+        ).encode()
+
+    @classmethod
+    def decode(cls, transactional_id: str, data: bytes) -> TransactionRecord:
+        raw = json.loads(data)
+        return cls(
+            transactional_id=transactional_id,
+            producer_id=raw["pid"],
+            previous_producer_id=raw["prev_pid"],
+            producer_epoch=raw["epoch"],
+            last_producer_epoch=raw["last_epoch"],
+            txn_timeout_ms=raw["timeout_ms"],
+            state=TransactionState(raw["state"]),
+            partitions=frozenset((t, p) for t, p in raw["partitions"]),
+            txn_start_ms=raw["start_ms"],
+            last_update_ms=raw["update_ms"],
+        )
+
+
+@dataclass
+class TransactionMetadata:
+    """The coordinator's in-memory view of one transactional id."""
+
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    txn_timeout_ms: int
+    state: TransactionState = S.EMPTY
+    previous_producer_id: int = NO_PRODUCER_ID
+    last_producer_epoch: int = NO_EPOCH
+    partitions: frozenset[Partition] = field(default_factory=frozenset)
+    txn_start_ms: int = -1
+    last_update_ms: int = -1
+    pending_state: TransactionState | None = None
+
+    def record(self) -> TransactionRecord:
+        return TransactionRecord(
+            self.transactional_id,
+            self.producer_id,
+            self.previous_producer_id,
+            self.producer_epoch,
+            self.last_producer_epoch,
+            self.txn_timeout_ms,
+            self.state,
+            self.partitions,
+            self.txn_start_ms,
+            self.last_update_ms,
+        )
+
+    @classmethod
+    def from_record(cls, record: TransactionRecord) -> TransactionMetadata:
+        return cls(
+            transactional_id=record.transactional_id,
+            producer_id=record.producer_id,
+            producer_epoch=record.producer_epoch,
+            txn_timeout_ms=record.txn_timeout_ms,
+            state=record.state,
+            previous_producer_id=record.previous_producer_id,
+            last_producer_epoch=record.last_producer_epoch,
+            partitions=record.partitions,
+            txn_start_ms=record.txn_start_ms,
+            last_update_ms=record.last_update_ms,
+        )
+
+
+def prepare_transition(meta: TransactionMetadata, to_state: TransactionState, **changes) -> TransactionRecord:
+    """Checks the edge, marks it pending and returns the record to write.
+    ``changes`` are TransactionRecord fields that differ from the current ones."""
+    if meta.pending_state is not None:
+        raise IllegalStateError(f"{meta.transactional_id}: {meta.pending_state.value} is pending already")
+    if meta.state not in to_state.valid_previous_states:
+        raise IllegalStateError(f"{meta.transactional_id}: illegal transition {meta.state.value} -> {to_state.value}")
+    meta.pending_state = to_state
+    return replace(meta.record(), state=to_state, **changes)
+
+
+def complete_transition(meta: TransactionMetadata, record: TransactionRecord) -> None:
+    """Applies a prepared transition once its record is durable."""
+    if meta.pending_state is not record.state:
+        raise IllegalStateError(
+            f"{meta.transactional_id}: completing {record.state.value} but {meta.pending_state} is pending"
+        )
+    meta.state = record.state
+    meta.producer_id = record.producer_id
+    meta.previous_producer_id = record.previous_producer_id
+    meta.producer_epoch = record.producer_epoch
+    meta.last_producer_epoch = record.last_producer_epoch
+    meta.txn_timeout_ms = record.txn_timeout_ms
+    meta.partitions = record.partitions
+    meta.txn_start_ms = record.txn_start_ms
+    meta.last_update_ms = record.last_update_ms
+    meta.pending_state = None
+
+
+def abandon_transition(meta: TransactionMetadata) -> None:
+    """Clears a pending transition whose record could not be written."""
+    meta.pending_state = None
+
+
+def bumped_epoch(producer_id: int, producer_epoch: int) -> tuple[int, int] | None:
+    """The epoch after ``producer_epoch`` for the same producer id, or None when it
+    is exhausted (the caller then takes a new producer id at epoch 0)."""
+    if producer_epoch + 1 > PRODUCER_EPOCH_MAX - 1:  # keep MAX free, as Kafka does, for the last bump's markers
+        return None
+    return producer_id, producer_epoch + 1

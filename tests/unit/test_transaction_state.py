@@ -1,0 +1,83 @@
+"""The coordinator's state machine: every legal and illegal edge, two-phase transitions."""
+
+import itertools
+
+import pytest
+
+from coordinator_svc.transaction_state import (
+    PRODUCER_EPOCH_MAX,
+    VALID_PREVIOUS_STATES,
+    IllegalStateError,
+    TransactionMetadata,
+    TransactionRecord,
+    TransactionState,
+    abandon_transition,
+    bumped_epoch,
+    complete_transition,
+    prepare_transition,
+)
+
+S = TransactionState
+ALL_EDGES = list(itertools.product(S, S))
+
+
+def meta_in(state):
+    return TransactionMetadata("tid", producer_id=7, producer_epoch=3, txn_timeout_ms=60_000, state=state)
+
+
+@pytest.mark.parametrize("source, target", [(a, b) for a, b in ALL_EDGES if a in VALID_PREVIOUS_STATES[b]])
+def test_every_legal_transition_prepares_then_completes(source, target):
+    meta = meta_in(source)
+    record = prepare_transition(meta, target, producer_epoch=4)
+    assert meta.state is source and meta.pending_state is target  # nothing applied before the write
+    complete_transition(meta, record)
+    assert (meta.state, meta.producer_epoch, meta.pending_state) == (target, 4, None)
+
+
+@pytest.mark.parametrize("source, target", [(a, b) for a, b in ALL_EDGES if a not in VALID_PREVIOUS_STATES[b]])
+def test_every_illegal_transition_raises_and_changes_nothing(source, target):
+    meta = meta_in(source)
+    with pytest.raises(IllegalStateError):
+        prepare_transition(meta, target)
+    assert meta.state is source and meta.pending_state is None
+
+
+def test_a_second_transition_while_one_is_pending_is_refused():
+    meta = meta_in(S.ONGOING)
+    prepare_transition(meta, S.PREPARE_COMMIT)
+    with pytest.raises(IllegalStateError):
+        prepare_transition(meta, S.PREPARE_ABORT)
+
+
+def test_an_abandoned_transition_leaves_the_state_as_it_was():
+    meta = meta_in(S.ONGOING)
+    prepare_transition(meta, S.PREPARE_COMMIT, producer_epoch=4)
+    abandon_transition(meta)
+    assert (meta.state, meta.producer_epoch, meta.pending_state) == (S.ONGOING, 3, None)
+    prepare_transition(meta, S.PREPARE_ABORT)  # free again
+
+
+def test_completing_a_record_that_is_not_pending_is_a_bug():
+    meta = meta_in(S.ONGOING)
+    record = prepare_transition(meta, S.PREPARE_COMMIT)
+    other = meta_in(S.ONGOING)
+    with pytest.raises(IllegalStateError):
+        complete_transition(other, record)
+
+
+def test_records_round_trip_through_the_log_format():
+    meta = meta_in(S.ONGOING)
+    record = prepare_transition(meta, S.PREPARE_COMMIT, partitions=frozenset({("a", 0), ("b", 3)}), txn_start_ms=5)
+    assert TransactionRecord.decode("tid", record.encode()) == record
+    assert TransactionMetadata.from_record(record).record() == record
+
+
+def test_epochs_bump_until_exhausted():
+    assert bumped_epoch(7, 3) == (7, 4)
+    assert bumped_epoch(7, PRODUCER_EPOCH_MAX - 2) == (7, PRODUCER_EPOCH_MAX - 1)
+    assert bumped_epoch(7, PRODUCER_EPOCH_MAX - 1) is None
+
+
+def test_complete_states_are_exactly_the_ones_a_new_transaction_may_start_from():
+    starts = {s for s in S if s.is_complete}
+    assert starts == VALID_PREVIOUS_STATES[S.ONGOING] - {S.ONGOING}
