@@ -7,6 +7,18 @@
     txlog cluster status --dir DIR       what runs, as JSON
     txlog producer-ids allocate (--dir DIR | --address HOST:PORT) [--requester-id N] [--count K]
 
+Client commands (each takes --bootstrap HOST:PORT[,...] or --dir DIR, which reads
+the bootstrap addresses from DIR/cluster.json):
+
+    txlog topics create NAME --partitions N [--config k=v ...]
+    txlog topics list
+    txlog topics describe NAME
+    txlog produce TOPIC [--key-separator SEP] [--partition P]        lines from stdin
+    txlog consume TOPIC [--from-beginning] [--group G] [--max-records N] [--to-end]
+                        [--timeout-ms MS] [--isolation read_committed|read_uncommitted]
+                        [--partition P] [--print-key] [--key-separator SEP]
+    txlog producers describe TOPIC [--partition P]
+
 Errors are printed as one line ``error: CODE: message`` and exit with status 1
 (2 for a usage error).
 """
@@ -22,6 +34,7 @@ import grpc
 
 from services import errors
 from services.channels import open_channel
+from services.client import console
 from services.cluster import ClusterError, LocalCluster
 from services.stubs.txlog.v1 import producer_id_pb2, producer_id_pb2_grpc
 
@@ -73,6 +86,108 @@ def _producer_ids(args) -> int:
     return 0
 
 
+def _bootstrap(args) -> str:
+    if args.bootstrap:
+        return args.bootstrap
+    cluster = LocalCluster(args.dir)
+    if cluster.state is None:
+        raise ClusterError(f"no cluster in {cluster.dir} (no cluster.json); run `txlog cluster up --dir {args.dir}`")
+    if not cluster.state.bootstrap:
+        raise ClusterError(f"the cluster in {cluster.dir} runs no partition_svc (cluster.json has no bootstrap)")
+    return cluster.state.bootstrap
+
+
+def _topics(args) -> int:
+    bootstrap = _bootstrap(args)
+    if args.action == "create":
+        console.topics_create(bootstrap, args.name, args.partitions, console.parse_configs(args.config), sys.stdout,
+                              timeout_s=args.timeout_s)
+    elif args.action == "list":
+        console.topics_list(bootstrap, sys.stdout, timeout_s=args.timeout_s)
+    elif args.action == "describe":
+        console.topics_describe(bootstrap, args.name, sys.stdout, timeout_s=args.timeout_s)
+    return 0
+
+
+def _produce(args) -> int:
+    console.produce(_bootstrap(args), args.topic, args.key_separator, args.partition, sys.stdin.buffer, sys.stderr,
+                    timeout_s=args.timeout_s, acks=args.acks, linger_ms=args.linger_ms,
+                    enable_idempotence=args.acks == "all")
+    return 0
+
+
+def _consume(args) -> int:
+    console.consume(
+        _bootstrap(args), args.topic, from_beginning=args.from_beginning, group=args.group,
+        max_records=args.max_records, isolation=args.isolation, partition=args.partition, to_end=args.to_end,
+        timeout_ms=args.timeout_ms, print_key=args.print_key, key_separator=args.key_separator,
+        out=sys.stdout.buffer, err=sys.stderr, timeout_s=args.timeout_s,
+    )
+    return 0
+
+
+def _producers(args) -> int:
+    console.producers_describe(_bootstrap(args), args.topic, args.partition, sys.stdout, timeout_s=args.timeout_s)
+    return 0
+
+
+def _add_bootstrap(sub: argparse.ArgumentParser) -> None:
+    where = sub.add_mutually_exclusive_group(required=True)
+    where.add_argument("--bootstrap", help="comma-separated partition_svc addresses host:port")
+    where.add_argument("--dir", help="a local cluster's folder (reads the bootstrap from DIR/cluster.json)")
+    sub.add_argument("--timeout-s", type=float, default=console.TIMEOUT_S_DEFAULT,
+                     help="how long to wait for servers that do not answer (default: %(default)s)")
+
+
+def _add_client_commands(commands) -> None:
+    topics = commands.add_parser("topics", help="create, list and describe topics")
+    topic_actions = topics.add_subparsers(dest="action", required=True)
+    create = topic_actions.add_parser("create", help="create a topic (no error if it exists with the same count)")
+    create.add_argument("name")
+    create.add_argument("--partitions", type=int, required=True, help="partition count")
+    create.add_argument("--config", action="append", metavar="KEY=VALUE",
+                        help="a topic config (retention.ms, retention.bytes, max.record.bytes, cleanup.policy)")
+    describe = topic_actions.add_parser("describe", help="partitions, leaders and configs as JSON")
+    describe.add_argument("name")
+    listing = topic_actions.add_parser("list", help="topic names, one per line")
+    for sub in (create, describe, listing):
+        _add_bootstrap(sub)
+    topics.set_defaults(run=_topics)
+
+    produce = commands.add_parser("produce", help="send stdin's lines as records")
+    produce.add_argument("topic")
+    produce.add_argument("--key-separator", help="each line is KEY<SEP>VALUE")
+    produce.add_argument("--partition", type=int, help="send every record to this partition")
+    produce.add_argument("--acks", choices=("all", "1", "0"), default="all",
+                         help="all (default: idempotent), 1 or 0 (not idempotent)")
+    produce.add_argument("--linger-ms", type=float, default=5.0)
+    _add_bootstrap(produce)
+    produce.set_defaults(run=_produce)
+
+    consume = commands.add_parser("consume", help="print records to stdout, one per line")
+    consume.add_argument("topic")
+    consume.add_argument("--from-beginning", action="store_true",
+                         help="start at the log start when there is no committed offset (default: the end)")
+    consume.add_argument("--group", help="consumer group: start from its committed offsets, commit on exit")
+    consume.add_argument("--max-records", type=int, help="stop after this many records")
+    consume.add_argument("--to-end", action="store_true", help="stop at the end offsets seen at start")
+    consume.add_argument("--timeout-ms", type=float, help="stop after this long without a record")
+    consume.add_argument("--isolation", choices=("read_committed", "read_uncommitted"), default="read_committed")
+    consume.add_argument("--partition", type=int, help="read only this partition")
+    consume.add_argument("--print-key", action="store_true", help="print KEY<SEP>VALUE")
+    consume.add_argument("--key-separator", default="\t", help="separator for --print-key (default: tab)")
+    _add_bootstrap(consume)
+    consume.set_defaults(run=_consume)
+
+    producers = commands.add_parser("producers", help="producer states of partitions")
+    producer_actions = producers.add_subparsers(dest="action", required=True)
+    describe_producers = producer_actions.add_parser("describe", help="JSON lines, one per (partition, producer)")
+    describe_producers.add_argument("topic")
+    describe_producers.add_argument("--partition", type=int)
+    _add_bootstrap(describe_producers)
+    producers.set_defaults(run=_producers)
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="txlog", description="txlog: a transactional, partitioned message log")
     commands = top.add_subparsers(dest="command", required=True)
@@ -98,6 +213,7 @@ def parser() -> argparse.ArgumentParser:
     allocate.add_argument("--requester-id", type=int, default=0)
     allocate.add_argument("--count", type=int, default=1, help="how many blocks")
     pids.set_defaults(run=_producer_ids)
+    _add_client_commands(commands)
     return top
 
 
@@ -110,6 +226,12 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except grpc.RpcError as exc:
         print(f"error: {errors.from_rpc_error(exc)}", file=sys.stderr)
+        return 1
+    except errors.TxlogError as exc:  # the client SDK's errors: CODE: message
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except (ValueError, TypeError) as exc:  # settings the SDK refused
+        print(f"error: INVALID_REQUEST: {exc}", file=sys.stderr)
         return 1
 
 

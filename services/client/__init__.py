@@ -1,0 +1,78 @@
+"""txlog's client SDK: Producer, Consumer and Admin, shaped like Kafka's.
+
+Each client object is synchronous for its callers (Spark executors call it
+from plain Python) and runs its network I/O on one asyncio event loop in a
+background daemon thread of its own, over grpc.aio channels. Results of
+asynchronous operations (``Producer.send``) are ``concurrent.futures.Future``.
+
+    from services.client import Admin, Consumer, Producer
+
+    with Admin("127.0.0.1:7001") as admin:
+        admin.create_topics([("events", 6)])
+    with Producer("127.0.0.1:7001") as producer:        # idempotent by default
+        producer.send("events", b"hello", key=b"user-1").result()
+    with Consumer("127.0.0.1:7001", group_id="g") as consumer:
+        consumer.assign([("events", p) for p in range(6)])
+        records = consumer.poll(timeout_s=1.0)
+        consumer.commit()
+
+Modules: ``producer`` (facade), ``accumulator`` (batching), ``sender`` (I/O
+loop), ``sequences`` (idempotence state machine), ``partitioner``,
+``consumer`` / ``fetcher`` / ``group`` (reading and committed offsets),
+``admin``, ``metadata`` (cluster metadata cache), ``transport`` (gRPC
+channels, test-only fault injection), ``requests`` (retry drivers),
+``errors`` (exceptions and the one error-sorting table), ``config``,
+``structs`` (value types), ``testing`` (an in-memory fake cluster for unit tests).
+"""
+
+from services.client.admin import Admin
+from services.client.consumer import Consumer
+from services.client.errors import (
+    AbortableError,
+    BufferExhaustedError,
+    ClientClosedError,
+    ClientError,
+    ClientTimeoutError,
+    DeliveryTimeoutError,
+    FatalError,
+    IoThreadCallError,
+    NoOffsetForPartitionError,
+    RecordTooLargeError,
+    RetriableError,
+)
+from services.client.partitioner import DefaultPartitioner
+from services.client.producer import Producer
+from services.client.structs import (
+    ConsumerRecord,
+    OffsetAndTimestamp,
+    ProducerDescription,
+    RecordMetadata,
+    TopicDescription,
+    TopicPartition,
+)
+from services.client.transport import FaultInjection
+
+__all__ = [
+    "AbortableError",
+    "Admin",
+    "BufferExhaustedError",
+    "ClientClosedError",
+    "ClientError",
+    "ClientTimeoutError",
+    "Consumer",
+    "ConsumerRecord",
+    "DefaultPartitioner",
+    "DeliveryTimeoutError",
+    "FatalError",
+    "FaultInjection",
+    "IoThreadCallError",
+    "NoOffsetForPartitionError",
+    "OffsetAndTimestamp",
+    "Producer",
+    "ProducerDescription",
+    "RecordMetadata",
+    "RecordTooLargeError",
+    "RetriableError",
+    "TopicDescription",
+    "TopicPartition",
+]

@@ -1,0 +1,262 @@
+"""What the ``txlog`` CLI's client commands do (``topics``, ``produce``,
+``consume``, ``producers``): Kafka's console tools on top of the SDK.
+
+* ``produce`` reads records from stdin, one per line (the newline is not part
+  of the value); with ``--key-separator SEP`` each line is ``KEY SEP VALUE``
+  and a line without SEP is an error, as in Kafka's console producer. It
+  returns once every record is acknowledged, and fails on the first record
+  that could not be.
+* ``consume`` writes one record per line to stdout (``--print-key`` prefixes
+  the key and the separator; a null value prints as ``null``). It stops after
+  ``--max-records``, at the end offsets seen at start (``--to-end``), after
+  ``--timeout-ms`` without records, or on Ctrl-C. When it reads a known range
+  (``--max-records`` or ``--to-end``) and stderr is a terminal, a progress bar
+  is drawn on stderr. With ``--group`` it starts from the group's committed
+  offsets and commits its positions when it stops.
+* Every command waits at most ``--timeout-s`` (default 30 s) for servers that
+  do not answer, then fails with the last error.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import BinaryIO, TextIO
+
+from services.client.admin import Admin
+from services.client.consumer import Consumer
+from services.client.errors import ClientError
+from services.client.producer import Producer
+from services.client.structs import TopicPartition
+from services.errors import ErrorCode
+
+LINE_BYTES_MAX = 16 * 1024 * 1024
+TIMEOUT_S_DEFAULT = 30.0  # how long a command waits for unreachable servers
+PROGRESS_WIDTH_CHARS = 40
+PROGRESS_INTERVAL_S = 0.1
+
+
+def invalid(message: str) -> ClientError:
+    return ClientError(ErrorCode.Value("INVALID_REQUEST"), message)
+
+
+def parse_configs(items: list[str] | None) -> dict[str, str]:
+    configs = {}
+    for item in items or ():
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise invalid(f"--config takes key=value, not {item!r}")
+        configs[key] = value
+    return configs
+
+
+# --- topics ---------------------------------------------------------------------------------
+
+
+def _admin(bootstrap: str, timeout_s: float) -> Admin:
+    return Admin(bootstrap, default_api_timeout_ms=timeout_s * 1000)
+
+
+def topics_create(bootstrap: str, name: str, partitions: int, configs: dict[str, str], out: TextIO, *,
+                  timeout_s: float = TIMEOUT_S_DEFAULT) -> None:
+    with _admin(bootstrap, timeout_s) as admin:
+        created = admin.create_topics([(name, partitions)], configs)
+    out.write(f"topic {name} has {created[name]} partition(s)\n")
+
+
+def topics_list(bootstrap: str, out: TextIO, *, timeout_s: float = TIMEOUT_S_DEFAULT) -> None:
+    with _admin(bootstrap, timeout_s) as admin:
+        for name in admin.list_topics():
+            out.write(name + "\n")
+
+
+def topics_describe(bootstrap: str, name: str, out: TextIO, *, timeout_s: float = TIMEOUT_S_DEFAULT) -> None:
+    with _admin(bootstrap, timeout_s) as admin:
+        (topic,) = admin.describe_topics([name])
+    out.write(json.dumps({
+        "name": topic.name,
+        "is_internal": topic.is_internal,
+        "configs": topic.configs,
+        "partitions": [
+            {"partition": p.partition, "leader_id": p.leader_id, "leader_address": p.leader_address,
+             "leader_epoch": p.leader_epoch, "error": p.error}
+            for p in topic.partitions
+        ],
+    }, indent=2) + "\n")
+
+
+def producers_describe(bootstrap: str, topic: str, partition: int | None, out: TextIO, *,
+                       timeout_s: float = TIMEOUT_S_DEFAULT) -> None:
+    with _admin(bootstrap, timeout_s) as admin:
+        (info,) = admin.describe_topics([topic])
+        tps = [TopicPartition(topic, p.partition) for p in info.partitions
+               if partition is None or p.partition == partition]
+        if not tps:
+            raise ClientError(ErrorCode.Value("UNKNOWN_TOPIC_OR_PARTITION"),
+                              f"topic {topic!r} has no partition {partition}")
+        states = admin.describe_producers(tps)
+    for tp in tps:
+        for producer in states[tp]:
+            out.write(json.dumps({"topic": tp.topic, "partition": tp.partition, **producer._asdict()}) + "\n")
+
+
+# --- produce ------------------------------------------------------------------------------------
+
+
+def produce(bootstrap: str, topic: str, key_separator: str | None, partition: int | None,
+            stdin: BinaryIO, err: TextIO, *, timeout_s: float = TIMEOUT_S_DEFAULT, **producer_options) -> int:
+    separator = key_separator.encode() if key_separator is not None else None
+    sent = 0
+    with _admin(bootstrap, timeout_s) as admin:  # fail at once on a missing topic (a Producer would wait for it)
+        admin.describe_topics([topic])
+    with Producer(bootstrap, max_block_ms=timeout_s * 1000, **producer_options) as producer:
+        futures = []
+        for number, line in enumerate(iter(lambda: stdin.readline(LINE_BYTES_MAX + 1), b""), start=1):
+            if len(line) > LINE_BYTES_MAX:
+                raise invalid(f"line {number} is longer than {LINE_BYTES_MAX} bytes")
+            line = line[:-1] if line.endswith(b"\n") else line
+            key = None
+            if separator is not None:
+                key, found, line = line.partition(separator)
+                if not found:
+                    raise invalid(f"line {number} has no key separator {key_separator!r}")
+            futures.append(producer.send(topic, value=line, key=key, partition=partition))
+            if len(futures) >= 10_000:  # bound memory: settle what is out
+                sent += _settle(futures)
+        producer.flush()
+        sent += _settle(futures)
+    err.write(f"produced {sent} record(s) to {topic}\n")
+    return sent
+
+
+def _settle(futures: list) -> int:
+    count = len(futures)
+    for future in futures:
+        future.result()  # raises the first failure
+    futures.clear()
+    return count
+
+
+# --- consume --------------------------------------------------------------------------------------
+
+
+class Progress:
+    """A one-line progress bar on a terminal (nothing when not a terminal)."""
+
+    def __init__(self, stream: TextIO, total: int):
+        self.stream = stream
+        self.total = max(total, 0)
+        self.enabled = self.total > 0 and hasattr(stream, "isatty") and stream.isatty()
+        self._last_draw_s = 0.0
+
+    def update(self, done: int, *, force: bool = False) -> None:
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if not force and now - self._last_draw_s < PROGRESS_INTERVAL_S:
+            return
+        self._last_draw_s = now
+        fraction = min(done / self.total, 1.0)
+        filled = int(fraction * PROGRESS_WIDTH_CHARS)
+        bar = "#" * filled + "." * (PROGRESS_WIDTH_CHARS - filled)
+        self.stream.write(f"\r[{bar}] {done}/{self.total} records {fraction:6.1%}")
+        self.stream.flush()
+
+    def finish(self, done: int) -> None:
+        if self.enabled:
+            self.update(done, force=True)
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def consume(
+    bootstrap: str,
+    topic: str,
+    *,
+    from_beginning: bool,
+    group: str | None,
+    max_records: int | None,
+    isolation: str,
+    partition: int | None,
+    to_end: bool,
+    timeout_ms: float | None,
+    print_key: bool,
+    key_separator: str,
+    out: BinaryIO,
+    err: TextIO,
+    timeout_s: float = TIMEOUT_S_DEFAULT,
+) -> int:
+    if max_records is not None and max_records < 0:
+        raise invalid(f"--max-records must be >= 0, not {max_records}")
+    reset = "earliest" if from_beginning else "latest"
+    consumed = 0
+    with Consumer(bootstrap, group_id=group, isolation_level=isolation, auto_offset_reset=reset,
+                  max_poll_records=min(500, max_records or 500), default_api_timeout_ms=timeout_s * 1000) as consumer:
+        partitions = consumer.partitions_for(topic)
+        if partition is not None:
+            if partition not in partitions:
+                raise ClientError(ErrorCode.Value("UNKNOWN_TOPIC_OR_PARTITION"),
+                                  f"topic {topic!r} has no partition {partition}")
+            partitions = [partition]
+        tps = [TopicPartition(topic, p) for p in partitions]
+        consumer.assign(tps)
+        if from_beginning and group is None:
+            consumer.seek_to_beginning()
+        remaining: dict[TopicPartition, int] = {}
+        total = max_records or 0
+        if to_end:
+            ends = consumer.end_offsets(tps)
+            remaining = {tp: ends[tp] for tp in tps if consumer.position(tp) < ends[tp]}
+            span = sum(ends[tp] - consumer.position(tp) for tp in remaining)
+            total = min(total, span) if max_records is not None else span
+        progress = Progress(err, total if (max_records is not None or to_end) else 0)
+        separator = key_separator.encode()
+        last_record_s = time.monotonic()
+        try:
+            while True:
+                if max_records is not None and consumed >= max_records:
+                    break
+                if to_end and not remaining:
+                    break
+                records = consumer.poll(timeout_s=0.5)
+                if not records:
+                    if timeout_ms is not None and (time.monotonic() - last_record_s) * 1000 >= timeout_ms:
+                        break
+                    continue
+                last_record_s = time.monotonic()
+                for index, record in enumerate(records):
+                    if max_records is not None and consumed >= max_records:
+                        _rewind(consumer, records[index:])  # positions (and the commit) stop at what was printed
+                        break
+                    value = b"null" if record.value is None else record.value
+                    if print_key:
+                        key = b"null" if record.key is None else record.key
+                        out.write(key + separator + value + b"\n")
+                    else:
+                        out.write(value + b"\n")
+                    consumed += 1
+                    tp = TopicPartition(record.topic, record.partition)
+                    if tp in remaining and record.offset + 1 >= remaining[tp]:
+                        del remaining[tp]
+                if to_end:
+                    for tp in list(remaining):  # markers or aborted records at the end move the position
+                        if consumer.position(tp) >= remaining[tp]:
+                            del remaining[tp]
+                out.flush()
+                progress.update(consumed)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            progress.finish(consumed)
+        if group is not None:
+            consumer.commit()
+    return consumed
+
+
+def _rewind(consumer: Consumer, unprinted: list) -> None:
+    first: dict[TopicPartition, int] = {}
+    for record in unprinted:
+        tp = TopicPartition(record.topic, record.partition)
+        first[tp] = min(first.get(tp, record.offset), record.offset)
+    for tp, offset in first.items():
+        consumer.seek(tp, offset)

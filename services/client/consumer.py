@@ -1,0 +1,294 @@
+"""The Consumer: Kafka's consumer API for manually assigned partitions,
+synchronous for its callers, backed by one event loop thread per Consumer.
+
+Guarantees
+----------
+* ``poll`` returns records of the assigned partitions in offset order per
+  partition, at most ``max_poll_records`` per call; with ``read_committed``
+  (the default) only committed transactional records and non-transactional
+  ones, never at or above the last stable offset (the leader filters).
+* Start positions: the group's committed offsets when ``group_id`` is set and
+  the group has one for the partition; else ``auto_offset_reset``
+  ("earliest", "latest" -- the last stable offset under read_committed --, or
+  "none": NoOffsetForPartitionError). A position that falls out of the log's
+  range is reset the same way.
+* ``commit`` stores offsets at the group's coordinator and returns once all are
+  stored; by default it commits the current positions (the offset of the next
+  record each partition would return).
+* With ``enable_auto_commit`` the positions are committed every
+  ``auto_commit_interval_ms`` from inside ``poll``, and on ``close``.
+
+There is no group membership protocol (no ``subscribe``): partitions are
+assigned by the application (as Spark does), and a group is only a name for
+committed offsets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable, Sequence
+
+from services.client._loop import LoopThread
+from services.client.config import ConsumerConfig
+from services.client.errors import ClientClosedError, ClientError, NoOffsetForPartitionError
+from services.client.fetcher import Fetcher, list_offsets
+from services.client.group import GroupOffsets
+from services.client.metadata import Metadata
+from services.client.requests import retry_policy
+from services.client.structs import ConsumerRecord, TopicPartition, as_tp
+from services.client.transport import Transport
+from services.errors import ErrorCode
+from services.stubs.txlog.v1 import partition_pb2
+
+ASSIGNED_PARTITIONS_MAX = 100_000
+
+
+class Consumer:
+    """Reads records from assigned partitions. Not thread-safe: use it from one
+    thread at a time (as Kafka's consumer)."""
+
+    def __init__(
+        self,
+        bootstrap: str | Sequence[str],
+        *,
+        group_id: str | None = None,
+        isolation_level: str = "read_committed",
+        auto_offset_reset: str = "earliest",
+        enable_auto_commit: bool = False,
+        auto_commit_interval_ms: float = 5000,
+        max_poll_records: int = 500,
+        fetch_max_bytes: int = 50 * 1024 * 1024,
+        max_partition_fetch_bytes: int = 1024 * 1024,
+        fetch_max_wait_ms: float = 500,
+        request_timeout_ms: float = 30_000,
+        retry_backoff_ms: float = 100,
+        default_api_timeout_ms: float = 60_000,
+        metadata_max_age_ms: float = 300_000,
+        transport=None,
+        tracer_provider=None,
+    ):
+        self.config = ConsumerConfig(
+            group_id=group_id, isolation_level=isolation_level, auto_offset_reset=auto_offset_reset,
+            enable_auto_commit=enable_auto_commit, auto_commit_interval_ms=auto_commit_interval_ms,
+            max_poll_records=max_poll_records, fetch_max_bytes=fetch_max_bytes,
+            max_partition_fetch_bytes=max_partition_fetch_bytes, fetch_max_wait_ms=fetch_max_wait_ms,
+            request_timeout_ms=request_timeout_ms, retry_backoff_ms=retry_backoff_ms,
+            default_api_timeout_ms=default_api_timeout_ms, metadata_max_age_ms=metadata_max_age_ms,
+        )
+        self._transport = transport or Transport(request_timeout_ms=int(request_timeout_ms),
+                                                 tracer_provider=tracer_provider)
+        self._metadata = Metadata(self._transport, bootstrap, refresh_backoff_ms=retry_backoff_ms,
+                                  max_age_ms=metadata_max_age_ms)
+        self._fetcher = Fetcher(self._metadata, self._transport, self.config)
+        self._group = None if group_id is None else GroupOffsets(
+            self._metadata, self._transport, group_id, request_timeout_ms=request_timeout_ms)
+        self._last_auto_commit_s = time.monotonic()
+        self._closed = False
+        self._loop = LoopThread("txlog-consumer")
+
+    # --- assignment and positions -------------------------------------------------------------
+
+    def assign(self, partitions: Iterable) -> None:
+        """Replaces the assignment with ``partitions`` ((topic, partition) pairs)."""
+        self._check_open()
+        tps = list(dict.fromkeys(as_tp(p) for p in partitions))
+        if len(tps) > ASSIGNED_PARTITIONS_MAX:
+            raise ValueError(f"at most {ASSIGNED_PARTITIONS_MAX} partitions per consumer, not {len(tps)}")
+        self._loop.run(self._assign(tps), what="assign")
+
+    async def _assign(self, tps: list[TopicPartition]) -> None:
+        self._fetcher.assign(tps)
+
+    def assignment(self) -> set[TopicPartition]:
+        return set(self._fetcher.states)
+
+    def seek(self, partition, offset: int) -> None:
+        """The next poll returns ``partition``'s records from ``offset`` on."""
+        self._check_open()
+        if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+            raise ValueError(f"offset must be an int >= 0, not {offset!r}")
+        tp = as_tp(partition)
+        self._loop.run(self._call(self._fetcher.seek, tp, offset), what="seek")
+
+    def seek_to_beginning(self, *partitions) -> None:
+        """Moves to the log start offset (no argument: every assigned partition)."""
+        self._reset(partitions, "earliest")
+
+    def seek_to_end(self, *partitions) -> None:
+        """Moves to the end: the last stable offset under read_committed, else the
+        high watermark (no argument: every assigned partition)."""
+        self._reset(partitions, "latest")
+
+    def _reset(self, partitions, strategy: str) -> None:
+        self._check_open()
+        tps = [as_tp(p) for p in partitions] or list(self._fetcher.states)
+        for tp in tps:
+            self._loop.run(self._call(self._fetcher.request_reset, tp, strategy), what="seek")
+
+    @staticmethod
+    async def _call(function, *args):
+        return function(*args)
+
+    def position(self, partition, timeout_s: float | None = None) -> int:
+        """The offset of the next record ``poll`` returns for ``partition``."""
+        self._check_open()
+        tp = as_tp(partition)
+        timeout_ms = self._timeout_ms(timeout_s)
+        return self._loop.run(self._position(tp, timeout_ms), timeout_s=timeout_ms / 1000 + 5, what="position")
+
+    async def _position(self, tp: TopicPartition, timeout_ms: float) -> int:
+        state = self._fetcher._state(tp)
+        if state.position is None:
+            await self._ensure_positions(timeout_ms)
+        return state.position
+
+    async def _ensure_positions(self, timeout_ms: float) -> None:
+        missing = self._fetcher.missing_positions()
+        if missing and self._group is not None:
+            committed = await self._group.fetch(missing, policy=self._policy(timeout_ms),
+                                                require_stable=self.config.isolation_level == "read_committed")
+            for tp in missing:
+                if committed.get(tp) is not None:
+                    self._fetcher.seek(tp, committed[tp])
+            missing = self._fetcher.missing_positions()
+        for tp in missing:
+            if self.config.auto_offset_reset == "none":
+                raise NoOffsetForPartitionError(
+                    f"no committed offset for {tp.topic}-{tp.partition} (group {self.config.group_id!r}) "
+                    "and auto_offset_reset is 'none'; seek() to a position first")
+            self._fetcher.request_reset(tp, self.config.auto_offset_reset)
+        await self._fetcher.reset_positions(timeout_ms)
+
+    def _policy(self, timeout_ms: float):
+        return retry_policy(deadline_ms=timeout_ms, backoff_ms=self.config.retry_backoff_ms)
+
+    def _timeout_ms(self, timeout_s: float | None) -> float:
+        return self.config.default_api_timeout_ms if timeout_s is None else timeout_s * 1000
+
+    # --- polling ------------------------------------------------------------------------------------
+
+    def poll(self, timeout_s: float = 1.0) -> list[ConsumerRecord]:
+        """Records fetched within ``timeout_s`` (an empty list when none came)."""
+        self._check_open()
+        if not self._fetcher.states:
+            raise ClientError(ErrorCode.Value("INVALID_REQUEST"), "poll() without assigned partitions; assign() first")
+        if timeout_s < 0:
+            raise ValueError(f"timeout_s must be >= 0, not {timeout_s}")
+        if self.config.enable_auto_commit and \
+                (time.monotonic() - self._last_auto_commit_s) * 1000 >= self.config.auto_commit_interval_ms:
+            self.commit()
+        timeout_ms = timeout_s * 1000
+        return self._loop.run(self._poll(timeout_ms),
+                              timeout_s=timeout_s + self.config.request_timeout_ms / 1000 + 5, what="poll")
+
+    async def _poll(self, timeout_ms: float) -> list[ConsumerRecord]:
+        deadline_s = time.monotonic() + timeout_ms / 1000
+        while True:
+            records = self._fetcher.drain(self.config.max_poll_records)
+            if records:
+                return records
+            remaining_ms = (deadline_s - time.monotonic()) * 1000
+            try:
+                await self._ensure_positions(max(remaining_ms, 1.0))
+            except ClientError as exc:  # positions are looked up again on the next round or poll
+                if not exc.retriable:
+                    raise
+                if time.monotonic() >= deadline_s:
+                    return []
+                await asyncio.sleep(min(self.config.retry_backoff_ms / 1000, max(0.0, deadline_s - time.monotonic())))
+                continue
+            remaining_ms = (deadline_s - time.monotonic()) * 1000
+            await self._fetcher.fetch_once(max(0.0, min(self.config.fetch_max_wait_ms, remaining_ms)))
+            records = self._fetcher.drain(self.config.max_poll_records)
+            if records or time.monotonic() >= deadline_s:
+                return records
+
+    # --- offsets --------------------------------------------------------------------------------------
+
+    def commit(self, offsets: dict | None = None, timeout_s: float | None = None) -> None:
+        """Commits ``offsets`` ({(topic, partition): next offset to consume}) for the
+        group; by default the current positions of the assigned partitions."""
+        self._check_open()
+        group = self._require_group()
+        timeout_ms = self._timeout_ms(timeout_s)
+        if offsets is None:
+            to_commit = {tp: s.position for tp, s in self._fetcher.states.items() if s.position is not None}
+        else:
+            to_commit = {as_tp(tp): offset for tp, offset in offsets.items()}
+        if to_commit:
+            self._loop.run(group.commit(to_commit, policy=self._policy(timeout_ms)),
+                           timeout_s=timeout_ms / 1000 + 5, what="commit")
+        self._last_auto_commit_s = time.monotonic()
+
+    def committed(self, partition, timeout_s: float | None = None) -> int | None:
+        """The group's committed offset for ``partition``, or None."""
+        self._check_open()
+        group = self._require_group()
+        tp = as_tp(partition)
+        timeout_ms = self._timeout_ms(timeout_s)
+        committed = self._loop.run(group.fetch([tp], policy=self._policy(timeout_ms), require_stable=False),
+                                   timeout_s=timeout_ms / 1000 + 5, what="committed")
+        return committed.get(tp)
+
+    def beginning_offsets(self, partitions: Iterable, timeout_s: float | None = None) -> dict[TopicPartition, int]:
+        return self._list_offsets(partitions, partition_pb2.OFFSET_SPEC_EARLIEST, timeout_s)
+
+    def end_offsets(self, partitions: Iterable, timeout_s: float | None = None) -> dict[TopicPartition, int]:
+        """The end of each partition as this consumer sees it: the last stable
+        offset under read_committed, else the high watermark."""
+        spec = partition_pb2.OFFSET_SPEC_LAST_STABLE if self.config.isolation_level == "read_committed" \
+            else partition_pb2.OFFSET_SPEC_LATEST
+        return self._list_offsets(partitions, spec, timeout_s)
+
+    def _list_offsets(self, partitions: Iterable, spec: int, timeout_s: float | None) -> dict[TopicPartition, int]:
+        self._check_open()
+        tps = [as_tp(p) for p in partitions]
+        timeout_ms = self._timeout_ms(timeout_s)
+        answers = self._loop.run(
+            list_offsets(self._metadata, self._transport, dict.fromkeys(tps, spec), {}, timeout_ms=timeout_ms,
+                         backoff_ms=self.config.retry_backoff_ms, request_timeout_ms=self.config.request_timeout_ms),
+            timeout_s=timeout_ms / 1000 + 5, what="list offsets")
+        return {tp: offset for tp, (offset, _) in answers.items()}
+
+    def partitions_for(self, topic: str, timeout_s: float | None = None) -> list[int]:
+        """The partitions of ``topic`` (UNKNOWN_TOPIC_OR_PARTITION if it does not exist)."""
+        self._check_open()
+        timeout_ms = self._timeout_ms(timeout_s)
+        info = self._loop.run(self._metadata.wait_for_topic(topic, timeout_ms, wait_for_creation=False),
+                              timeout_s=timeout_ms / 1000 + 5,
+                              what=f"waiting for topic {topic!r}")
+        return [p.partition for p in info.partitions]
+
+    def _require_group(self) -> GroupOffsets:
+        if self._group is None:
+            raise ClientError(ErrorCode.Value("INVALID_GROUP_ID"), "this consumer has no group_id; pass group_id=...")
+        return self._group
+
+    # --- closing ------------------------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClientClosedError("the consumer is closed")
+
+    def close(self, timeout_s: float | None = None) -> None:
+        """Commits the positions (with ``enable_auto_commit``), then closes. Idempotent."""
+        if self._closed:
+            return
+        try:
+            if self.config.enable_auto_commit:
+                self.commit(timeout_s=timeout_s)
+        finally:
+            self._closed = True
+            try:
+                self._loop.run(self._transport.close(), timeout_s=5, what="closing connections")
+            finally:
+                self._loop.stop()
+
+    def __enter__(self) -> Consumer:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+

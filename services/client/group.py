@@ -1,0 +1,88 @@
+"""Committed offsets of a consumer group, kept by the group's coordinator (the
+partition_svc leading the group's ``__consumer_offsets`` partition).
+
+Guarantees
+----------
+* Requests go to the coordinator named by Metadata ``group_coordinators``; a
+  NOT_COORDINATOR (or COORDINATOR_NOT_AVAILABLE) answer makes the client look
+  the coordinator up again and retry, within the retry policy.
+* A commit is all or nothing from the caller's view: it returns when every
+  offset was accepted and raises otherwise (committing the same offsets again
+  is harmless, so a retried commit is safe).
+* ``fetch`` answers None for a partition without a committed offset.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from services.client.errors import error_for, from_proto
+from services.client.metadata import Metadata
+from services.client.requests import with_retries
+from services.client.structs import TopicPartition
+from services.errors import ErrorCode
+from services.retry import RetryPolicy
+from services.stubs.txlog.v1 import common_pb2, partition_pb2
+
+NONE = ErrorCode.Value("NONE")
+OFFSETS_PER_COMMIT_MAX = 100_000
+
+
+class GroupOffsets:
+    def __init__(self, metadata: Metadata, transport, group_id: str, *, request_timeout_ms: float):
+        self._metadata = metadata
+        self._transport = transport
+        self.group_id = group_id
+        self._request_timeout_ms = request_timeout_ms
+
+    async def _call(self, rpc: str, request):
+        address = await self._metadata.group_coordinator(self.group_id)
+        return await self._transport.call(address, rpc, request, timeout_ms=self._request_timeout_ms)
+
+    async def commit(self, offsets: dict[TopicPartition, int], *, policy: RetryPolicy, metadata_text: str = "") -> None:
+        if len(offsets) > OFFSETS_PER_COMMIT_MAX:
+            raise error_for(ErrorCode.Value("INVALID_REQUEST"),
+                            f"at most {OFFSETS_PER_COMMIT_MAX} offsets per commit, not {len(offsets)}")
+        for tp, offset in offsets.items():
+            if not isinstance(offset, int) or offset < 0:
+                raise error_for(ErrorCode.Value("INVALID_OFFSET"), f"offset of {tp} must be an int >= 0, not {offset!r}")
+        request = partition_pb2.OffsetCommitRequest(
+            group_id=self.group_id,
+            offsets=[partition_pb2.PartitionOffset(topic=tp.topic, partition=tp.partition, offset=offset,
+                                                   metadata=metadata_text)
+                     for tp, offset in sorted(offsets.items())],
+        )
+
+        async def attempt() -> None:
+            response = await self._call("OffsetCommit", request)
+            self._raise_first(response.results)
+
+        await with_retries(attempt, metadata=self._metadata, policy=policy, group_id=self.group_id)
+
+    async def fetch(self, tps: Iterable[TopicPartition] | None, *, policy: RetryPolicy,
+                    require_stable: bool = True) -> dict[TopicPartition, int | None]:
+        """Committed offsets of ``tps`` (None: every partition the group has offsets for)."""
+        wanted = None if tps is None else sorted(set(tps))
+        request = partition_pb2.OffsetFetchRequest(
+            group_id=self.group_id,
+            partitions=[common_pb2.TopicPartition(topic=tp.topic, partition=tp.partition) for tp in wanted or ()],
+            require_stable=require_stable,
+        )
+
+        async def attempt() -> dict[TopicPartition, int | None]:
+            response = await self._call("OffsetFetch", request)
+            committed: dict[TopicPartition, int | None] = {}
+            for item in response.offsets:
+                if item.error.code != NONE:
+                    raise from_proto(item.error)
+                committed[TopicPartition(item.topic, item.partition)] = item.offset if item.offset >= 0 else None
+            for tp in wanted or ():
+                committed.setdefault(tp, None)
+            return committed
+
+        return await with_retries(attempt, metadata=self._metadata, policy=policy, group_id=self.group_id)
+
+    def _raise_first(self, results) -> None:
+        for result in results:
+            if result.error.code != NONE:
+                raise from_proto(result.error)

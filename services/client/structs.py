@@ -1,0 +1,145 @@
+"""The SDK's value types: what users pass in and get back (immutable), and
+the conversions from user input (str/bytes keys, values, headers) to records.
+
+Keys and values are bytes on the wire. ``str`` is accepted and encoded as
+UTF-8 for convenience; ``None`` means null. Header values likewise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from services.stubs.txlog.v1 import common_pb2
+
+
+class TopicPartition(NamedTuple):
+    """One partition of one topic; a plain ``(topic, partition)`` tuple works too."""
+
+    topic: str
+    partition: int
+
+
+def as_tp(value) -> TopicPartition:
+    """A TopicPartition from a TopicPartition or a ``(topic, partition)`` pair."""
+    if isinstance(value, TopicPartition):
+        return value
+    topic, partition = value
+    if not isinstance(topic, str) or not isinstance(partition, int) or isinstance(partition, bool):
+        raise TypeError(f"a topic partition is (topic: str, partition: int), not {value!r}")
+    return TopicPartition(topic, partition)
+
+
+class RecordMetadata(NamedTuple):
+    """Where a produced record landed.
+
+    ``offset`` is -1 when the producer cannot know it: with ``acks=0``, and when
+    the leader answered DUPLICATE_SEQUENCE (the record was appended by an earlier
+    attempt, longer ago than the leader's duplicate cache keeps offsets for).
+    ``timestamp_ms`` is the record's own timestamp, or the leader's append time
+    when the record was sent without one (-1 when unknown)."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp_ms: int
+
+
+class ConsumerRecord(NamedTuple):
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes | None]]
+    timestamp_ms: int
+
+
+class OffsetAndTimestamp(NamedTuple):
+    """An offset answered by ListOffsets; ``offset`` -1 for a timestamp after
+    every record; ``timestamp_ms`` -1 unless looked up by timestamp."""
+
+    offset: int
+    timestamp_ms: int
+
+
+@dataclass(frozen=True)
+class PartitionDescription:
+    partition: int
+    leader_id: int
+    leader_address: str
+    leader_epoch: int
+    error: str = "NONE"
+
+
+@dataclass(frozen=True)
+class TopicDescription:
+    name: str
+    partitions: tuple[PartitionDescription, ...]
+    is_internal: bool = False
+    configs: dict[str, str] = field(default_factory=dict)
+
+
+class ProducerDescription(NamedTuple):
+    """One producer a partition leader knows (DescribeProducers)."""
+
+    producer_id: int
+    producer_epoch: int
+    last_sequence: int
+    last_timestamp_ms: int
+    coordinator_epoch: int
+    current_txn_start_offset: int
+
+
+def to_bytes(value, what: str) -> bytes | None:
+    if value is None or isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    if isinstance(value, (bytearray, memoryview)):
+        return bytes(value)
+    raise TypeError(f"{what} must be bytes, str or None, not {type(value).__name__}")
+
+
+def build_record(
+    key, value, headers: Iterable[tuple[str, object]] | None, timestamp_ms: int | None
+) -> common_pb2.Record:
+    """The wire record for one ``send()``; raises TypeError/ValueError on bad input."""
+    record = common_pb2.Record()
+    key_bytes = to_bytes(key, "key")
+    value_bytes = to_bytes(value, "value")
+    if key_bytes is not None:
+        record.key = key_bytes
+    if value_bytes is not None:
+        record.value = value_bytes
+    if timestamp_ms is not None:
+        if not isinstance(timestamp_ms, int) or timestamp_ms <= 0:
+            raise ValueError(f"timestamp_ms must be a positive int (ms since the epoch), not {timestamp_ms!r}")
+        record.timestamp_ms = timestamp_ms
+    for header in headers or ():
+        name, header_value = header
+        if not isinstance(name, str):
+            raise TypeError(f"a header name must be str, not {type(name).__name__}")
+        entry = record.headers.add(key=name)
+        header_bytes = to_bytes(header_value, f"header {name!r}")
+        if header_bytes is not None:
+            entry.value = header_bytes
+    return record
+
+
+def record_payload_bytes(record: common_pb2.Record) -> int:
+    """What a topic's ``max.record.bytes`` counts: key, value and headers."""
+    return len(record.key) + len(record.value) + sum(len(h.key) + len(h.value) for h in record.headers)
+
+
+def consumer_record(topic: str, partition: int, record: common_pb2.Record) -> ConsumerRecord:
+    return ConsumerRecord(
+        topic=topic,
+        partition=partition,
+        offset=record.offset,
+        key=record.key if record.HasField("key") else None,
+        value=record.value if record.HasField("value") else None,
+        headers=[(h.key, h.value if h.HasField("value") else None) for h in record.headers],
+        timestamp_ms=record.timestamp_ms,
+    )

@@ -1,0 +1,150 @@
+"""The SDK's only door to the network: one grpc.aio channel per server address,
+opened lazily inside the client's event loop, and a call function that turns
+every failure into a :class:`~services.client.errors.ClientError`.
+
+Guarantees
+----------
+* Every call has a deadline (``timeout_ms``, else the transport's
+  ``request_timeout_ms``).
+* A failed call raises a ClientError (never a raw ``grpc.RpcError``), sorted by
+  :func:`services.client.errors.action_for` upstream.
+* Test-only fault injection (:class:`FaultInjection`) is off unless a client is
+  given one. It acts on the client side only, so what it simulates is exactly
+  what a real network does to a unary call: the request never arrives, or the
+  server handles it and its answer is lost.
+
+Request handlers depend only on :meth:`Transport.call` and :meth:`Transport.close`,
+so unit tests replace the transport with an in-memory fake server.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from dataclasses import dataclass, field
+
+import grpc
+
+from services.channels import open_channel
+from services.client.errors import ClientError, error_for, from_exception
+from services.errors import ErrorCode
+from services.stubs.txlog.v1 import coordinator_pb2_grpc, partition_pb2_grpc
+
+REQUEST_TIMEOUT_MS_DEFAULT = 30_000
+MAX_MESSAGE_BYTES_DEFAULT = 64 * 1024 * 1024
+
+# rpc name -> which service's stub serves it
+_COORDINATOR_RPCS = frozenset(
+    {"FindCoordinator", "InitProducerId", "AddPartitionsToTxn", "AddOffsetsToTxn", "EndTxn",
+     "ListTransactions", "DescribeTransactions", "AbortTransaction"}
+)
+_PARTITION_RPCS = frozenset(
+    {"Metadata", "CreateTopics", "Produce", "Fetch", "ListOffsets", "WriteTxnMarkers", "OffsetCommit",
+     "TxnOffsetCommit", "OffsetFetch", "DescribeProducers"}
+)
+
+
+@dataclass
+class FaultInjection:
+    """Test-only faults on the client's calls; never set it in production.
+
+    For each call of an rpc in ``rpcs``: with ``drop_request_probability`` the
+    request is not sent (the call fails as UNAVAILABLE would: the server never
+    saw it); else the call is made and, with ``drop_response_probability``, the
+    server's answer is thrown away after the server handled it -- appended, for
+    a Produce -- and the call fails as a lost answer does (REQUEST_TIMED_OUT).
+    Draws come from ``rng``; give it a seed to replay a run. ``requests_dropped``
+    and ``responses_dropped`` count what was done, so a test can assert that
+    faults really happened."""
+
+    drop_request_probability: float = 0.0
+    drop_response_probability: float = 0.0
+    rng: random.Random = field(default_factory=lambda: random.Random(0))
+    rpcs: frozenset[str] = frozenset({"Produce"})
+    requests_dropped: int = 0
+    responses_dropped: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def __post_init__(self):
+        for name in ("drop_request_probability", "drop_response_probability"):
+            value = getattr(self, name)
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"{name} must be within [0, 1], not {value}")
+
+    def before_call(self, rpc: str, address: str) -> None:
+        if rpc not in self.rpcs:
+            return
+        with self._lock:
+            drop = self.rng.random() < self.drop_request_probability
+            if drop:
+                self.requests_dropped += 1
+        if drop:
+            raise error_for(ErrorCode.Value("LEADER_NOT_AVAILABLE"),
+                            f"fault injection: the {rpc} request to {address} was dropped before sending")
+
+    def after_call(self, rpc: str, address: str) -> None:
+        if rpc not in self.rpcs:
+            return
+        with self._lock:
+            drop = self.rng.random() < self.drop_response_probability
+            if drop:
+                self.responses_dropped += 1
+        if drop:
+            raise error_for(ErrorCode.Value("REQUEST_TIMED_OUT"),
+                            f"fault injection: the answer of {address} to {rpc} was dropped after the server handled it")
+
+
+class Transport:
+    """Channels to txlog servers by address; use only inside one event loop."""
+
+    def __init__(
+        self,
+        *,
+        request_timeout_ms: int = REQUEST_TIMEOUT_MS_DEFAULT,
+        fault_injection: FaultInjection | None = None,
+        tracer_provider=None,
+        max_message_bytes: int = MAX_MESSAGE_BYTES_DEFAULT,
+    ):
+        self.request_timeout_ms = request_timeout_ms
+        self.fault_injection = fault_injection
+        self._tracer_provider = tracer_provider
+        self._max_message_bytes = max_message_bytes
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._partition_stubs: dict[str, partition_pb2_grpc.PartitionServiceStub] = {}
+        self._coordinator_stubs: dict[str, coordinator_pb2_grpc.CoordinatorServiceStub] = {}
+        self._closed = False
+
+    def _stub(self, address: str, rpc: str):
+        if self._closed:
+            raise ClientError(ErrorCode.Value("INVALID_REQUEST"), "the client is closed")
+        if address not in self._channels:
+            channel = open_channel(address, timeout_s=self.request_timeout_ms / 1000,
+                                   tracer_provider=self._tracer_provider, max_message_bytes=self._max_message_bytes)
+            self._channels[address] = channel
+            self._partition_stubs[address] = partition_pb2_grpc.PartitionServiceStub(channel)
+            self._coordinator_stubs[address] = coordinator_pb2_grpc.CoordinatorServiceStub(channel)
+        if rpc in _PARTITION_RPCS:
+            return getattr(self._partition_stubs[address], rpc)
+        if rpc in _COORDINATOR_RPCS:
+            return getattr(self._coordinator_stubs[address], rpc)
+        raise ValueError(f"unknown rpc {rpc!r}")
+
+    async def call(self, address: str, rpc: str, request, *, timeout_ms: float | None = None):
+        """Calls ``rpc`` at ``address``; raises ClientError on any failure."""
+        method = self._stub(address, rpc)
+        timeout_s = (timeout_ms if timeout_ms is not None else self.request_timeout_ms) / 1000
+        if self.fault_injection is not None:
+            self.fault_injection.before_call(rpc, address)
+        try:
+            response = await method(request, timeout=timeout_s)
+        except grpc.RpcError as exc:
+            raise from_exception(exc) from None
+        if self.fault_injection is not None:
+            self.fault_injection.after_call(rpc, address)
+        return response
+
+    async def close(self) -> None:
+        self._closed = True
+        channels, self._channels = list(self._channels.values()), {}
+        for channel in channels:
+            await channel.close()

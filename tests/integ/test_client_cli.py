@@ -1,0 +1,81 @@
+"""`txlog topics|produce|consume|producers` as a user runs them, against a real
+local cluster (`--dir` reads its bootstrap addresses from cluster.json)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from services.cluster import LocalCluster
+
+
+@pytest.fixture(scope="module")
+def cluster_dir(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("cli") / "cluster"
+    cluster = LocalCluster(directory)
+    cluster.up(partition_svcs=2)
+    yield str(directory)
+    cluster.down(grace_s=5)
+
+
+def txlog(*args, stdin=None, check=True):
+    result = subprocess.run([sys.executable, "-m", "services.cli", *args], input=stdin, capture_output=True,
+                            timeout=120)
+    if check:
+        assert result.returncode == 0, result.stderr.decode()
+    return result
+
+
+def test_cli_produce_consume_round_trip(cluster_dir):
+    where = ("--dir", cluster_dir)
+    assert b"topic lines has 3 partition(s)" in txlog("topics", "create", "lines", "--partitions", "3",
+                                                      "--config", "retention.ms=3600000", *where).stdout
+    txlog("topics", "create", "lines", "--partitions", "3", *where)  # the same again: not an error
+    assert "lines" in txlog("topics", "list", *where).stdout.decode().split()
+    described = json.loads(txlog("topics", "describe", "lines", *where).stdout)
+    assert [p["partition"] for p in described["partitions"]] == [0, 1, 2]
+    assert described["configs"]["retention.ms"] == "3600000"
+
+    lines = [f"key{i % 5}:value {i}" for i in range(100)]
+    produced = txlog("produce", "lines", "--key-separator", ":", *where, stdin="\n".join(lines).encode() + b"\n")
+    assert b"produced 100 record(s) to lines" in produced.stderr
+
+    out = txlog("consume", "lines", "--from-beginning", "--to-end", "--print-key", "--key-separator", ":",
+                *where).stdout.decode().splitlines()
+    assert sorted(out) == sorted(lines)
+    for key in {line.split(":")[0] for line in lines}:  # one key, one partition: send order kept
+        assert [line for line in out if line.startswith(key + ":")] == [line for line in lines if line.startswith(key + ":")]
+
+    first = txlog("consume", "lines", "--from-beginning", "--group", "cli", "--max-records", "30", *where)
+    rest = txlog("consume", "lines", "--group", "cli", "--to-end", *where)
+    assert len(first.stdout.splitlines()) == 30 and len(rest.stdout.splitlines()) == 70
+    assert sorted(first.stdout.splitlines() + rest.stdout.splitlines()) == sorted(
+        line.split(":", 1)[1].encode() for line in lines)
+
+    producers = [json.loads(line) for line in txlog("producers", "describe", "lines", *where).stdout.splitlines()]
+    assert producers and {p["topic"] for p in producers} == {"lines"}
+    assert all(p["producer_epoch"] == 0 and p["last_sequence"] >= 0 for p in producers)
+    only = txlog("producers", "describe", "lines", "--partition", "1", *where).stdout.splitlines()
+    assert {json.loads(line)["partition"] for line in only} == {1}
+
+
+def test_cli_errors_are_one_line_with_the_code(cluster_dir):
+    where = ("--dir", cluster_dir)
+    txlog("topics", "create", "errs", "--partitions", "2", *where)
+    cases = [
+        (("topics", "create", "errs", "--partitions", "3", *where), "error: TOPIC_ALREADY_EXISTS: "),
+        (("topics", "create", "bad name", "--partitions", "1", *where), "error: INVALID_TOPIC: "),
+        (("topics", "create", "t2", "--partitions", "1", "--config", "nonsense", *where), "error: INVALID_REQUEST: "),
+        (("topics", "describe", "missing", *where), "error: UNKNOWN_TOPIC_OR_PARTITION: "),
+        (("consume", "missing", "--to-end", *where), "error: UNKNOWN_TOPIC_OR_PARTITION: "),
+        (("produce", "missing", *where), "error: UNKNOWN_TOPIC_OR_PARTITION: "),
+        (("topics", "list", "--bootstrap", "127.0.0.1:1", "--timeout-s", "1"), "error: LEADER_NOT_AVAILABLE: "),
+    ]
+    for args, expected in cases:
+        result = txlog(*args, stdin=b"", check=False)
+        stderr = result.stderr.decode()
+        assert result.returncode == 1, (args, stderr)
+        assert stderr.startswith(expected) and stderr.count("\n") == 1, (args, stderr)
+    bad_line = txlog("produce", "errs", "--key-separator", ":", *where, stdin=b"no separator\n", check=False)
+    assert bad_line.returncode == 1 and b"error: INVALID_REQUEST: line 1 has no key separator" in bad_line.stderr

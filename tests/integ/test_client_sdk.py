@@ -1,0 +1,178 @@
+"""The client SDK against a real cluster: ZooKeeper, producer_id_svc and two
+partition_svc processes started by LocalCluster (as `txlog cluster up` does).
+Fault runs print their seed; rerun with it to replay the same drops."""
+
+import random
+import time
+from collections import defaultdict
+
+import pytest
+
+from services.client import Admin, Consumer, FaultInjection, Producer
+from services.client.structs import TopicPartition
+from services.cluster import LocalCluster
+from services.hashing import partition_for_key
+
+
+@pytest.fixture(scope="module")
+def local_cluster(tmp_path_factory):
+    cluster = LocalCluster(tmp_path_factory.mktemp("client") / "cluster")
+    cluster.up(partition_svcs=2)
+    yield cluster
+    cluster.down(grace_s=5)
+
+
+@pytest.fixture(scope="module")
+def bootstrap(local_cluster):
+    return local_cluster.state.bootstrap
+
+
+def _create(bootstrap, name, partitions):
+    with Admin(bootstrap) as admin:
+        assert admin.create_topics([(name, partitions)]) == {name: partitions}
+
+
+def _consume_all(bootstrap, topic, partitions, expected, **kwargs):
+    records = []
+    with Consumer(bootstrap, fetch_max_wait_ms=100, **kwargs) as consumer:
+        consumer.assign([(topic, p) for p in range(partitions)])
+        deadline = time.monotonic() + 60
+        while len(records) < expected and time.monotonic() < deadline:
+            records += consumer.poll(timeout_s=1)
+        records += consumer.poll(timeout_s=0.2)  # nothing more should come
+    return records
+
+
+def test_produce_consume_round_trip(bootstrap):
+    _create(bootstrap, "roundtrip", 3)
+    with Producer(bootstrap) as producer:
+        futures = [producer.send("roundtrip", f"value-{i}", key=f"key-{i}", headers=[("n", str(i))],
+                                 timestamp_ms=1_700_000_000_000 + i) for i in range(300)]
+        producer.flush(timeout_s=30)
+        sent = [f.result(timeout=0) for f in futures]
+    records = _consume_all(bootstrap, "roundtrip", 3, 300)
+    assert len(records) == 300
+    by_value = {r.value: r for r in records}
+    for i, metadata in enumerate(sent):
+        record = by_value[f"value-{i}".encode()]
+        assert (record.partition, record.offset) == (metadata.partition, metadata.offset)
+        assert record.key == f"key-{i}".encode() and record.headers == [("n", str(i).encode())]
+        assert record.timestamp_ms == metadata.timestamp_ms == 1_700_000_000_000 + i
+
+
+def test_keyed_records_land_by_key_on_six_partitions_over_two_instances(bootstrap):
+    _create(bootstrap, "keyed", 6)
+    with Admin(bootstrap) as admin:
+        (topic,) = admin.describe_topics(["keyed"])
+    assert len({p.leader_address for p in topic.partitions}) == 2
+    keys = [f"customer-{i}".encode() for i in range(60)]
+    with Producer(bootstrap) as producer:
+        futures = [(key, producer.send("keyed", b"v", key=key)) for key in keys for _ in range(3)]
+        producer.flush(timeout_s=30)
+        for key, future in futures:
+            assert future.result(timeout=0).partition == partition_for_key(key, 6)
+    records = _consume_all(bootstrap, "keyed", 6, len(futures))
+    assert len(records) == len(futures)
+    assert {r.partition for r in records} == set(range(6))
+    for record in records:
+        assert record.partition == partition_for_key(record.key, 6)
+
+
+@pytest.mark.parametrize("seed", [7, 2024])
+def test_every_record_is_appended_exactly_once_in_order_under_dropped_answers(bootstrap, seed):
+    print(f"seed={seed}")
+    topic = f"exactly-once-{seed}"
+    _create(bootstrap, topic, 4)
+    faults = FaultInjection(drop_response_probability=0.25, drop_request_probability=0.05, rng=random.Random(seed))
+    sent_by_partition = defaultdict(list)
+    with Producer(bootstrap, fault_injection=faults, linger_ms=2, batch_size_bytes=2000,
+                  retry_backoff_ms=5, retry_backoff_max_ms=50) as producer:
+        futures = [(f"{i}".encode(), producer.send(topic, f"{i}", key=f"k{i % 17}")) for i in range(4000)]
+        producer.flush(timeout_s=120)
+        for value, future in futures:
+            metadata = future.result(timeout=0)
+            sent_by_partition[metadata.partition].append((value, metadata.offset))
+        assert producer.stats.batches_resent > 0
+    assert faults.responses_dropped > 0, "the test injected no fault"
+    records = _consume_all(bootstrap, topic, 4, 4000)
+    assert len(records) == 4000, "a record is missing or duplicated"
+    read_by_partition = defaultdict(list)
+    for record in records:
+        read_by_partition[record.partition].append((record.value, record.offset))
+    for partition, sent in sent_by_partition.items():
+        read = read_by_partition[partition]
+        assert [value for value, _ in read] == [value for value, _ in sent], f"partition {partition} out of order"
+        assert [offset for _, offset in read] == list(range(len(read)))
+        for (_, sent_offset), (_, read_offset) in zip(sent, read, strict=True):
+            assert sent_offset in (read_offset, -1)
+
+
+def test_consumer_group_commit_and_committed(bootstrap):
+    _create(bootstrap, "grouped", 2)
+    with Producer(bootstrap) as producer:
+        for i in range(20):
+            producer.send("grouped", f"{i}", partition=i % 2)
+        producer.flush(timeout_s=30)
+    tp0, tp1 = TopicPartition("grouped", 0), TopicPartition("grouped", 1)
+    with Consumer(bootstrap, group_id="readers") as consumer:
+        consumer.assign([tp0, tp1])
+        assert consumer.committed(tp0) is None
+        consumer.commit({tp0: 4})
+        assert consumer.committed(tp0) == 4 and consumer.committed(tp1) is None
+    with Consumer(bootstrap, group_id="readers", max_poll_records=100, fetch_max_wait_ms=100) as consumer:
+        consumer.assign([tp0, tp1])
+        assert consumer.position(tp0) == 4  # the committed offset
+        assert consumer.position(tp1) == 0  # none committed: auto_offset_reset earliest
+        records = []
+        while len(records) < 16:
+            records += consumer.poll(timeout_s=1)
+        assert sorted(r.offset for r in records if r.partition == 0) == list(range(4, 10))
+        consumer.commit()
+        assert consumer.committed(tp0) == 10 and consumer.committed(tp1) == 10
+    with Consumer(bootstrap, group_id="readers", auto_offset_reset="none") as consumer:
+        consumer.assign([tp0])
+        assert consumer.position(tp0) == 10
+
+
+def test_admin_lists_offsets_and_describes_producers(bootstrap):
+    _create(bootstrap, "admin-view", 1)
+    tp = TopicPartition("admin-view", 0)
+    with Producer(bootstrap) as producer:
+        for i in range(5):
+            producer.send("admin-view", f"{i}", timestamp_ms=1_000 * (i + 1))
+        producer.flush(timeout_s=30)
+        producer_id = producer.producer_id
+    with Admin(bootstrap) as admin:
+        offsets = admin.list_offsets({tp: "earliest", ("admin-view", 0): "latest"})
+        assert offsets[tp].offset == 5
+        assert admin.list_offsets({tp: "earliest"})[tp].offset == 0
+        assert admin.list_offsets({tp: 3_000})[tp] == (2, 3_000)
+        (state,) = admin.describe_producers([tp])[tp]
+        assert (state.producer_id, state.producer_epoch, state.last_sequence) == (producer_id, 0, 4)
+        assert "admin-view" in admin.list_topics()
+        with pytest.raises(Exception) as caught:
+            admin.describe_topics(["no-such-topic"])
+        assert caught.value.name == "UNKNOWN_TOPIC_OR_PARTITION"
+        with pytest.raises(Exception) as caught:
+            admin.create_topics([("admin-view", 2)])
+        assert caught.value.name == "TOPIC_ALREADY_EXISTS"
+
+
+def test_producer_survives_a_partition_leader_restart_exactly_once(local_cluster, bootstrap):
+    _create(bootstrap, "restart", 2)
+    name = next(n for n, p in local_cluster.state.services.items() if p.kind == "partition_svc")
+    with Producer(bootstrap, linger_ms=2, retry_backoff_ms=20, request_timeout_ms=5_000) as producer:
+        futures = [producer.send("restart", f"{i}", partition=i % 2) for i in range(200)]
+        producer.flush(timeout_s=30)
+        local_cluster.kill(name)
+        futures += [producer.send("restart", f"{i}", partition=i % 2) for i in range(200, 400)]
+        time.sleep(0.5)
+        local_cluster.start(name)
+        producer.flush(timeout_s=60)
+        for future in futures:
+            future.result(timeout=0)
+    records = _consume_all(bootstrap, "restart", 2, 400)
+    assert len(records) == 400
+    for partition in (0, 1):
+        values = [int(r.value) for r in records if r.partition == partition]
+        assert values == list(range(partition, 400, 2))
