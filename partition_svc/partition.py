@@ -146,11 +146,13 @@ class Partition:
 
     # --- reading ------------------------------------------------------------------
 
-    def read(self, fetch_offset: int, upper_offset: int, bytes_max: int, records_max: int, into) -> int:
+    def read(self, fetch_offset: int, upper_offset: int, bytes_max: int, records_max: int, into, *, take_first: bool) -> int:
         """Adds the batches from ``fetch_offset`` below ``upper_offset`` to the
-        repeated field ``into`` (at least one batch, then up to ``bytes_max``
-        bytes and ``records_max`` records); records before fetch_offset are
-        trimmed from the first batch. Returns the offset to fetch next."""
+        repeated field ``into``, up to ``bytes_max`` bytes and ``records_max``
+        records, except that with ``take_first`` the first batch is taken
+        whatever its size (so a consumer always makes progress); records before
+        fetch_offset are trimmed from the first batch. Returns the offset to
+        fetch next."""
         if fetch_offset >= upper_offset:
             return fetch_offset
         start = self.store.batch_at_or_before(self.pkey, fetch_offset)
@@ -165,7 +167,8 @@ class Partition:
                 continue
             if header.last_offset >= upper_offset:
                 break  # a batch straddling the upper bound cannot happen; stop rather than expose it
-            if taken_records and (taken_bytes + header.stored_bytes > bytes_max or taken_records + header.record_count > records_max):
+            over = taken_bytes + header.stored_bytes > bytes_max or taken_records + header.record_count > records_max
+            if over and (taken_records or not take_first):
                 break
             next_offset = header.last_offset + 1
             if header.is_control:

@@ -323,11 +323,13 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
                 continue
             upper = lso if request.isolation_level == common_pb2.READ_COMMITTED else hw
             partition_bytes = min(wanted.partition_max_bytes or bytes_left, bytes_left)
-            result.next_fetch_offset = partition.read(wanted.fetch_offset, upper, partition_bytes, records_left, result.batches)
+            result.next_fetch_offset = partition.read(
+                wanted.fetch_offset, upper, partition_bytes, records_left, result.batches, take_first=returned_bytes == 0
+            )
             taken = sum(b.ByteSize() for b in result.batches)
             returned_bytes += taken
-            bytes_left = max(bytes_left - taken, 1)
-            records_left = max(records_left - sum(len(b.records) for b in result.batches), 1)
+            bytes_left = max(bytes_left - taken, 0)
+            records_left = max(records_left - sum(len(b.records) for b in result.batches), 0)
             if not result.batches:
                 waits.append(partition.data_arrived())
         return reply, waits, returned_bytes

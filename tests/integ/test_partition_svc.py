@@ -328,3 +328,25 @@ def test_rpcs_of_later_issues_answer_unimplemented_and_bad_utf8_is_invalid(raw):
         produce(b"\x0a\x02\xff\xfe", timeout=10)  # transactional_id holding invalid UTF-8
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "UTF-8" in info.value.details()
     channel.close()
+
+
+def test_fetch_record_and_byte_limits_hold_across_partitions(raw):
+    raw.create_topic("multi", 3)  # round-robin over two instances: partitions 0 and 2 share a leader
+    leaders = raw.leaders("multi")
+    assert leaders[0] == leaders[2]
+    for partition in (0, 2):
+        for i in range(3):
+            raw.produce("multi", partition, plain_batch([f"{i}-{j}" for j in range(5)]))
+
+    def fetch(**limits):
+        reply = raw.stub(leaders[0]).Fetch(partition_pb2.FetchRequest(partitions=[
+            partition_pb2.FetchPartition(topic="multi", partition=0, fetch_offset=0),
+            partition_pb2.FetchPartition(topic="multi", partition=2, fetch_offset=0),
+        ], **limits), timeout=10)
+        return [sum(len(b.records) for b in r.batches) for r in reply.results], [r.next_fetch_offset for r in reply.results]
+
+    assert fetch(max_records=7) == ([5, 0], [5, 0])  # the first batch always; another would pass 7 records
+    assert fetch(max_records=3) == ([5, 0], [5, 0])  # the first batch even when it alone is over the limit
+    assert fetch(max_records=10) == ([10, 0], [10, 0])
+    assert fetch(max_records=20) == ([15, 5], [15, 5])
+    assert fetch(max_bytes=1) == ([5, 0], [5, 0])
