@@ -74,12 +74,16 @@ class SlowServicer(producer_id_pb2_grpc.ProducerIdServiceServicer):
         return producer_id_pb2.AllocateProducerIdsResponse(first_producer_id=42, count=1)
 
 
+async def start_slow_runtime(cluster):
+    runtime = ServiceRuntime("slow_svc", runtime_config(cluster))
+    servicer = SlowServicer()
+    runtime.add_servicer(servicer, producer_id_server.SERVICE)
+    return runtime, servicer, await runtime.start()
+
+
 def test_shutdown_drains_in_flight_calls_and_refuses_new_ones(cluster):
     async def run():
-        runtime = ServiceRuntime("slow_svc", runtime_config(cluster))
-        servicer = SlowServicer()
-        runtime.add_servicer(servicer, producer_id_server.SERVICE)
-        port = await runtime.start()
+        runtime, servicer, port = await start_slow_runtime(cluster)
         async with open_channel(f"127.0.0.1:{port}") as channel:
             stub = producer_id_pb2_grpc.ProducerIdServiceStub(channel)
             watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(), timeout=10)
@@ -102,10 +106,7 @@ def test_shutdown_drains_in_flight_calls_and_refuses_new_ones(cluster):
 
 def test_shutdown_grace_period_bounds_the_wait(cluster):
     async def run():
-        runtime = ServiceRuntime("slow_svc", runtime_config(cluster))
-        servicer = SlowServicer()
-        runtime.add_servicer(servicer, producer_id_server.SERVICE)
-        port = await runtime.start()
+        runtime, servicer, port = await start_slow_runtime(cluster)
         async with open_channel(f"127.0.0.1:{port}") as channel:
             in_flight = asyncio.ensure_future(producer_id_pb2_grpc.ProducerIdServiceStub(channel).AllocateProducerIds(REQUEST))
             await servicer.started.wait()
