@@ -19,7 +19,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from partition_svc import log_store, producer_state
+from partition_svc import log_store, producer_state, validation
 from partition_svc.log_store import LogStore, StoredBatchHeader
 from partition_svc.producer_state import Append, Duplicate, ProducerStateEntry, Reject
 from services.stubs.txlog.v1 import common_pb2
@@ -87,24 +87,32 @@ class Partition:
             batch.is_transactional,
         )
 
-    def append(self, batch: common_pb2.RecordBatch, now_ms: int) -> tuple[int, list[tuple[bytes, bytes]], Callable[[], None]]:
-        """Gives the batch its offsets and updates the in-memory state. Returns
-        the base offset, the changes to persist, and the callback to run once
-        they are durable. Only for a batch whose check() was Append."""
+    def append(
+        self, batch: common_pb2.RecordBatch, now_ms: int, limits: validation.BatchLimits
+    ) -> tuple[int, list[tuple[bytes, bytes]], Callable[[], None]]:
+        """Checks the batch's records while giving them offsets, then updates the
+        in-memory state. Returns the base offset, the changes to persist, and the
+        callback to run once they are durable. Only for a batch whose check()
+        was Append; raises TxlogError, with nothing changed, for a bad record."""
         base = self.next_offset
         count = len(batch.records)
         batch.base_offset = base
         max_timestamp_ms = 0
         for i, record in enumerate(batch.records):
             record.offset = base + i
-            if record.timestamp_ms == 0:
-                record.timestamp_ms = now_ms
-            if record.timestamp_ms > max_timestamp_ms:
-                max_timestamp_ms = record.timestamp_ms
+            timestamp_ms = record.timestamp_ms
+            if timestamp_ms == 0:
+                record.timestamp_ms = timestamp_ms = now_ms
+            elif not 0 < timestamp_ms <= validation.TIMESTAMP_MS_MAX:
+                validation.check_record(i, record)
+            if len(record.headers) > validation.HEADERS_PER_RECORD_MAX:
+                validation.check_record(i, record)
+            if timestamp_ms > max_timestamp_ms:
+                max_timestamp_ms = timestamp_ms
+        payload = batch.SerializeToString()
+        validation.check_sizes(batch, len(payload), limits, self.record_bytes_max)
         flags = log_store.FLAG_TRANSACTIONAL if batch.is_transactional else 0
-        value = log_store.encode_batch(
-            base + count - 1, max_timestamp_ms, batch.producer_id, batch.producer_epoch, flags, count, batch.SerializeToString()
-        )
+        value = log_store.encode_batch(base + count - 1, max_timestamp_ms, batch.producer_id, batch.producer_epoch, flags, count, payload)
         self.next_offset = base + count
         self.size_bytes += len(value)
         changes = [(log_store.log_key(self.pkey, base), value)]
@@ -146,15 +154,17 @@ class Partition:
 
     # --- reading ------------------------------------------------------------------
 
-    def read(self, fetch_offset: int, upper_offset: int, bytes_max: int, records_max: int, into, *, take_first: bool) -> int:
-        """Adds the batches from ``fetch_offset`` below ``upper_offset`` to the
-        repeated field ``into``, up to ``bytes_max`` bytes and ``records_max``
-        records, except that with ``take_first`` the first batch is taken
-        whatever its size (so a consumer always makes progress); records before
-        fetch_offset are trimmed from the first batch. Returns the offset to
-        fetch next."""
+    def read(
+        self, fetch_offset: int, upper_offset: int, bytes_max: int, records_max: int, *, take_first: bool
+    ) -> tuple[list[bytes], int, int]:
+        """The serialized RecordBatches from ``fetch_offset`` below ``upper_offset``,
+        up to ``bytes_max`` bytes and ``records_max`` records, except that with
+        ``take_first`` the first batch is taken whatever its size (so a consumer
+        always makes progress); records before fetch_offset are trimmed from the
+        first batch. Returns (payloads, offset to fetch next, record count)."""
+        payloads: list[bytes] = []
         if fetch_offset >= upper_offset:
-            return fetch_offset
+            return payloads, fetch_offset, 0
         start = self.store.batch_at_or_before(self.pkey, fetch_offset)
         start_offset = start[0] if start is not None and start[0] >= self.log_start_offset else fetch_offset
         next_offset = fetch_offset
@@ -167,19 +177,22 @@ class Partition:
                 continue
             if header.last_offset >= upper_offset:
                 break  # a batch straddling the upper bound cannot happen; stop rather than expose it
-            over = taken_bytes + header.stored_bytes > bytes_max or taken_records + header.record_count > records_max
+            count = header.last_offset + 1 - max(base_offset, fetch_offset)
+            over = taken_bytes + header.stored_bytes > bytes_max or taken_records + count > records_max
             if over and (taken_records or not take_first):
                 break
             next_offset = header.last_offset + 1
             if header.is_control:
                 continue
-            batch = into.add()
-            batch.MergeFromString(log_store.payload_of(value))
+            payload = log_store.payload_of(value)
             if base_offset < fetch_offset:
+                batch = common_pb2.RecordBatch.FromString(payload)
                 del batch.records[: fetch_offset - base_offset]
+                payload = batch.SerializeToString()
+            payloads.append(payload)
             taken_bytes += header.stored_bytes
-            taken_records += len(batch.records)
-        return next_offset
+            taken_records += count
+        return payloads, next_offset, taken_records
 
     def headers(self, from_offset: int = 0):
         for base_offset, value in self.store.batches(self.pkey, max(from_offset, self.log_start_offset)):

@@ -18,7 +18,7 @@ import os
 import sys
 import time
 
-from partition_svc import log_store, validation
+from partition_svc import log_store, validation, wire
 from partition_svc.log_store import GroupCommitWriter, LogStore
 from partition_svc.partition import Partition, now_ms
 from partition_svc.producer_ids import IdempotentProducerInitServicer, ProducerIdSource
@@ -244,7 +244,7 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
             result = reply.results.add(topic=item.topic, partition=item.partition)
             try:
                 partition = await self.hosted(item.topic, item.partition)
-                validation.check_batch(item.batch, self.limits, partition.record_bytes_max)
+                validation.check_batch(item.batch, self.limits)
                 if item.batch.is_transactional:
                     raise TxlogError(ErrorCode.Value("INVALID_TXN_STATE"), "transactional batches need a transaction coordinator, which this cluster does not run yet")
                 resolved.append((result, partition))
@@ -266,7 +266,11 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
                 result.base_offset = outcome.base_offset
                 duplicates.append(partition.wait_durable(outcome.last_offset))
             else:
-                base, partition_changes, durable = partition.append(item.batch, now)
+                try:
+                    base, partition_changes, durable = partition.append(item.batch, now, self.limits)
+                except TxlogError as exc:
+                    result.error.CopyFrom(error_of(exc))
+                    continue
                 result.base_offset = base
                 changes.extend(partition_changes)
                 on_durable.append(durable)
@@ -299,40 +303,47 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
                 return reply
             await asyncio.wait([asyncio.ensure_future(w.wait()) for w in waits], timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
 
-    async def _fetch_once(self, request):
-        reply = partition_pb2.FetchResponse()
+    async def _fetch_once(self, request) -> tuple[bytes, list[asyncio.Event], int]:
+        """One pass over the partitions: the encoded response, the events to
+        wait on for partitions that had nothing, and the bytes returned."""
+        encoded_results = []
         bytes_left = request.max_bytes or self.config.batch_bytes_max * 4
         records_left = request.max_records or 2**31
         waits, returned_bytes = [], 0
         for wanted in request.partitions:
-            result = reply.results.add(topic=wanted.topic, partition=wanted.partition, next_fetch_offset=wanted.fetch_offset)
+            result = partition_pb2.FetchPartitionResult(topic=wanted.topic, partition=wanted.partition, next_fetch_offset=wanted.fetch_offset)
+            payloads: list[bytes] = []
+            records = 0
             try:
                 partition = await self.hosted(wanted.topic, wanted.partition)
+                payloads, records = self._read(
+                    partition, wanted, request.isolation_level, result, bytes_left, records_left, returned_bytes == 0
+                )
             except TxlogError as exc:
                 result.error.CopyFrom(error_of(exc))
-                continue
-            hw, lso = partition.high_watermark, partition.last_stable_offset
-            result.high_watermark, result.last_stable_offset, result.log_start_offset = hw, lso, partition.log_start_offset
-            if not partition.log_start_offset <= wanted.fetch_offset <= hw:
-                result.error.CopyFrom(
-                    error(
-                        "OFFSET_OUT_OF_RANGE",
-                        f"offset {wanted.fetch_offset} is outside [{partition.log_start_offset}, {hw}] of {wanted.topic}-{wanted.partition}",
-                    )
-                )
-                continue
-            upper = lso if request.isolation_level == common_pb2.READ_COMMITTED else hw
-            partition_bytes = min(wanted.partition_max_bytes or bytes_left, bytes_left)
-            result.next_fetch_offset = partition.read(
-                wanted.fetch_offset, upper, partition_bytes, records_left, result.batches, take_first=returned_bytes == 0
-            )
-            taken = sum(b.ByteSize() for b in result.batches)
+            taken = sum(len(p) for p in payloads)
             returned_bytes += taken
             bytes_left = max(bytes_left - taken, 0)
-            records_left = max(records_left - sum(len(b.records) for b in result.batches), 0)
-            if not result.batches:
+            records_left = max(records_left - records, 0)
+            if not payloads and not result.HasField("error"):
                 waits.append(partition.data_arrived())
-        return reply, waits, returned_bytes
+            encoded_results.append(wire.partition_result(result, payloads))
+        return wire.fetch_response(encoded_results), waits, returned_bytes
+
+    def _read(self, partition, wanted, isolation_level, result, bytes_left, records_left, take_first) -> tuple[list[bytes], int]:
+        hw, lso = partition.high_watermark, partition.last_stable_offset
+        result.high_watermark, result.last_stable_offset, result.log_start_offset = hw, lso, partition.log_start_offset
+        if not partition.log_start_offset <= wanted.fetch_offset <= hw:
+            raise TxlogError(
+                ErrorCode.Value("OFFSET_OUT_OF_RANGE"),
+                f"offset {wanted.fetch_offset} is outside [{partition.log_start_offset}, {hw}] of {wanted.topic}-{wanted.partition}",
+            )
+        upper = lso if isolation_level == common_pb2.READ_COMMITTED else hw
+        partition_bytes = min(wanted.partition_max_bytes or bytes_left, bytes_left)
+        payloads, result.next_fetch_offset, records = partition.read(
+            wanted.fetch_offset, upper, partition_bytes, records_left, take_first=take_first
+        )
+        return payloads, records
 
     @server.rpc_handler
     async def ListOffsets(self, request, context):
@@ -388,7 +399,7 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
             batch.records.add(key=key, value=value)
             view_changes.append((key, value))
         if view_changes:
-            _, changes, durable = offsets_partition.append(batch, now)
+            _, changes, durable = offsets_partition.append(batch, now, self.limits)
             written = self.writer.submit(changes + view_changes)
             written.add_done_callback(lambda _: durable())
             await written

@@ -90,16 +90,15 @@ def record_bytes(record: common_pb2.Record) -> int:
     return len(record.key) + len(record.value) + sum(len(h.key) + len(h.value) for h in record.headers)
 
 
-def check_batch(batch: common_pb2.RecordBatch, limits: BatchLimits, record_bytes_max: int) -> None:
-    """Raises a TxlogError naming what is wrong with a produced batch."""
+def check_batch(batch: common_pb2.RecordBatch, limits: BatchLimits) -> None:
+    """Raises a TxlogError naming what is wrong with a produced batch's frame
+    (its records are checked as the leader gives them offsets:
+    :func:`check_record` and :func:`check_sizes`)."""
     count = len(batch.records)
     if count == 0:
         raise invalid("a batch needs at least one record")
     if count > limits.records_per_batch_max:
         raise invalid(f"a batch holds {count} records, more than the limit {limits.records_per_batch_max}", "BATCH_TOO_LARGE")
-    size = batch.ByteSize()
-    if size > limits.batch_bytes_max:
-        raise invalid(f"a batch of {size} bytes is larger than the limit {limits.batch_bytes_max}", "BATCH_TOO_LARGE")
     if batch.control_type != common_pb2.CONTROL_TYPE_DATA or batch.coordinator_epoch != 0:
         raise invalid("producers may not send control batches (control_type and coordinator_epoch are the leader's)")
     if batch.producer_id == -1:
@@ -112,11 +111,22 @@ def check_batch(batch: common_pb2.RecordBatch, limits: BatchLimits, record_bytes
             raise invalid(f"producer_epoch must be 0..{PRODUCER_EPOCH_MAX}, got {batch.producer_epoch}")
         if not 0 <= batch.base_sequence <= SEQUENCE_MAX:
             raise invalid(f"base_sequence must be 0..{SEQUENCE_MAX}, got {batch.base_sequence}")
+
+
+def check_record(index: int, record: common_pb2.Record) -> None:
+    if not 0 <= record.timestamp_ms <= TIMESTAMP_MS_MAX:
+        raise invalid(f"record {index}: timestamp_ms {record.timestamp_ms} is out of range 0..2^53", "INVALID_TIMESTAMP")
+    if len(record.headers) > HEADERS_PER_RECORD_MAX:
+        raise invalid(f"record {index} has {len(record.headers)} headers, more than {HEADERS_PER_RECORD_MAX}", "INVALID_RECORD")
+
+
+def check_sizes(batch: common_pb2.RecordBatch, batch_bytes: int, limits: BatchLimits, record_bytes_max: int) -> None:
+    """``batch_bytes``: the batch's serialized size, which bounds every record's."""
+    if batch_bytes > limits.batch_bytes_max:
+        raise invalid(f"a batch of {batch_bytes} bytes is larger than the limit {limits.batch_bytes_max}", "BATCH_TOO_LARGE")
+    if batch_bytes <= record_bytes_max:
+        return  # no record can be larger than the batch holding it
     for index, record in enumerate(batch.records):
-        if not 0 <= record.timestamp_ms <= TIMESTAMP_MS_MAX:
-            raise invalid(f"record {index}: timestamp_ms {record.timestamp_ms} is out of range 0..2^53", "INVALID_TIMESTAMP")
-        if len(record.headers) > HEADERS_PER_RECORD_MAX:
-            raise invalid(f"record {index} has {len(record.headers)} headers, more than {HEADERS_PER_RECORD_MAX}", "INVALID_RECORD")
         size = record_bytes(record)
         if size > record_bytes_max:
             raise invalid(f"record {index} is {size} bytes, larger than max.record.bytes {record_bytes_max}", "RECORD_TOO_LARGE")

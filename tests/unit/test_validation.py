@@ -54,22 +54,39 @@ def batch(**fields):
     [
         ({"records": []}, "INVALID_REQUEST"),
         ({"records": [common_pb2.Record(value=b"v")] * 101}, "BATCH_TOO_LARGE"),
-        ({"records": [common_pb2.Record(value=b"v" * 5000)] * 3}, "BATCH_TOO_LARGE"),
-        ({"records": [common_pb2.Record(value=b"v" * 2000)]}, "RECORD_TOO_LARGE"),
         ({"control_type": common_pb2.CONTROL_TYPE_COMMIT}, "INVALID_REQUEST"),
         ({"producer_id": -1}, "INVALID_REQUEST"),
         ({"producer_id": -7}, "INVALID_REQUEST"),
         ({"producer_epoch": 40000}, "INVALID_REQUEST"),
         ({"producer_epoch": -1}, "INVALID_REQUEST"),
         ({"base_sequence": -5}, "INVALID_REQUEST"),
-        ({"records": [common_pb2.Record(value=b"v", timestamp_ms=-1)]}, "INVALID_TIMESTAMP"),
-        ({"records": [common_pb2.Record(value=b"v", headers=[common_pb2.Header(key="h")] * 1001)]}, "INVALID_RECORD"),
     ],
 )
-def test_bad_batches(fields, expected):
-    assert code(validation.check_batch, batch(**fields), LIMITS, 1000) == expected
+def test_bad_batch_frames(fields, expected):
+    assert code(validation.check_batch, batch(**fields), LIMITS) == expected
+
+
+@pytest.mark.parametrize(
+    "record, expected",
+    [
+        (common_pb2.Record(value=b"v", timestamp_ms=-1), "INVALID_TIMESTAMP"),
+        (common_pb2.Record(value=b"v", timestamp_ms=2**60), "INVALID_TIMESTAMP"),
+        (common_pb2.Record(value=b"v", headers=[common_pb2.Header(key="h")] * 1001), "INVALID_RECORD"),
+    ],
+)
+def test_bad_records(record, expected):
+    assert code(validation.check_record, 3, record) == expected
+
+
+def test_sizes_of_batches_and_records():
+    big = batch(records=[common_pb2.Record(value=b"v" * 5000)] * 3)
+    assert code(validation.check_sizes, big, big.ByteSize(), LIMITS, 100_000) == "BATCH_TOO_LARGE"
+    one = batch(records=[common_pb2.Record(value=b"v" * 2000)])
+    assert code(validation.check_sizes, one, one.ByteSize(), LIMITS, 1000) == "RECORD_TOO_LARGE"
+    two = batch(records=[common_pb2.Record(value=b"v" * 600)] * 2)
+    validation.check_sizes(two, two.ByteSize(), LIMITS, 1000)  # the batch is larger than a record may be; each record is not
 
 
 def test_good_batches():
-    validation.check_batch(batch(), LIMITS, 1000)
-    validation.check_batch(batch(producer_id=-1, producer_epoch=-1, base_sequence=-1), LIMITS, 1000)
+    validation.check_batch(batch(), LIMITS)
+    validation.check_batch(batch(producer_id=-1, producer_epoch=-1, base_sequence=-1), LIMITS)
