@@ -18,3 +18,4 @@ lint: setup
 
 bench: setup
 	.venv/bin/python bench/producer_ids.py
+	.venv/bin/python bench/produce_fetch.py
