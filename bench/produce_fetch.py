@@ -67,7 +67,6 @@ import asyncio
 import json
 import os
 import shutil
-import statistics
 import struct
 import subprocess
 import sys
@@ -76,20 +75,22 @@ import time
 import traceback
 from collections import deque
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:  # `python bench/produce_fetch.py` puts only bench/ on the path
-    sys.path.insert(0, str(REPO))
+BENCH = Path(__file__).resolve().parent
+for folder in (BENCH.parent, BENCH):  # the repo for its packages, bench/ for measure.py, from any cwd
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
 
 import grpc  # noqa: E402
+from measure import MB, Phase, latency_summary, mean_of, progress  # noqa: E402
+
+from partition_svc.wire import field_tag, varint  # noqa: E402
 
 KEY_BYTES = 8
 VALUE_BYTES = 1024
 RECORD_BYTES = KEY_BYTES + VALUE_BYTES  # payload bytes a record: what MB/s counts
 DISTINCT_VALUES = 1000  # random values, so no layer gets to compress repeats
-MB = 1_000_000
 RATIO_TARGET = 0.5
 RSS_TARGET_BYTES = 300 * MB
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -107,10 +108,6 @@ TOPIC_MEMORY = "bench-memory"
 GRPC_BASELINE_BYTES_FACTOR = 4  # the streams move 4x the bytes of a produce run: at ~1 GB/s, ~2 s a mode, steadier
 MEMORY_PARTITIONS_PER_REQUEST = 4  # like the four-partition run: ~4 MB requests
 ECHO_SERVICE = "bench.Echo"
-
-
-def progress(message: str) -> None:
-    print(f"[bench] {message}", file=sys.stderr, flush=True)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -137,19 +134,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-# --- measuring wall and CPU time, memory ---------------------------------------------
-
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-
-def cpu_seconds(pid: int) -> float | None:
-    """User + system CPU time of a process (all its threads); None where /proc is missing."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+# --- measuring memory -----------------------------------------------------------------
 
 
 def memory_status(pid: int) -> dict[str, int | None]:
@@ -170,55 +155,6 @@ def in_mb(status: dict[str, int | None]) -> dict[str, float | None]:
     return {f"{name}_mb": None if value is None else round(value / MB, 1) for name, value in status.items()}
 
 
-@dataclass
-class Phase:
-    """Wall time and per-process CPU time of one timed phase."""
-
-    pids: dict[str, int]
-    seconds: float = 0.0
-    cpu: dict[str, float | None] = field(default_factory=dict)
-    _started: float = 0.0
-    _cpu_before: dict[str, float | None] = field(default_factory=dict)
-
-    def __enter__(self) -> Phase:
-        self._cpu_before = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
-        self._started = time.perf_counter()
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.seconds = time.perf_counter() - self._started
-        for name, pid in self.pids.items():
-            before, after = self._cpu_before[name], cpu_seconds(pid)
-            self.cpu[name] = None if before is None or after is None else after - before
-
-    def rates(self, records: int, payload_bytes: int | None = None) -> dict:
-        payload_bytes = records * RECORD_BYTES if payload_bytes is None else payload_bytes
-        mb = payload_bytes / MB
-        return {
-            "records": records,
-            "seconds": round(self.seconds, 4),
-            "records_per_s": round(records / self.seconds, 1),
-            "mb_per_s": round(mb / self.seconds, 2),
-            "cpu_seconds": {name: None if spent is None else round(spent, 3) for name, spent in self.cpu.items()},
-            "cpu_utilisation": {name: None if spent is None else round(spent / self.seconds, 3) for name, spent in self.cpu.items()},
-            "cpu_ms_per_mb": {name: None if spent is None else round(spent / mb * 1000, 3) for name, spent in self.cpu.items()},
-        }
-
-
-def latency_summary(latencies: list[float]) -> dict:
-    ordered = sorted(latencies)
-    return {
-        "mean": round(statistics.fmean(ordered) * 1000, 3),
-        "p50": round(ordered[len(ordered) // 2] * 1000, 3),
-        "p99": round(ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] * 1000, 3),
-        "max": round(ordered[-1] * 1000, 3),
-    }
-
-
-def mean_of(before: dict, after: dict, key: str = "mb_per_s") -> float:
-    return round((before[key] + after[key]) / 2, 2)
-
-
 # --- the bytes -------------------------------------------------------------------------
 
 VALUES = [os.urandom(VALUE_BYTES) for _ in range(DISTINCT_VALUES)]
@@ -232,19 +168,9 @@ def record_value(index: int) -> bytes:
     return VALUES[index % DISTINCT_VALUES]
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        bits, value = value & 0x7F, value >> 7
-        if value:
-            out.append(bits | 0x80)
-        else:
-            out.append(bits)
-            return bytes(out)
-
-
-def _length_delimited(field_number: int, data: bytes) -> bytes:
-    return _varint(field_number << 3 | 2) + _varint(len(data)) + data
+def _length_delimited(tag: bytes, data: bytes) -> bytes:
+    """One length-delimited field: ``tag`` from partition_svc.wire.field_tag, then the length and the bytes."""
+    return tag + varint(len(data)) + data
 
 
 class RequestBuilder:
@@ -255,10 +181,6 @@ class RequestBuilder:
     concatenation of two encodings as their merge; the first request is checked
     against one built field by field."""
 
-    # field numbers in protos/txlog/v1/partition.proto
-    PRODUCE_REQUEST_BATCHES = 4
-    PARTITION_BATCH_BATCH = 4
-
     def __init__(self, producer_id: int, producer_epoch: int, batch_records: int):
         from services.stubs.txlog.v1 import common_pb2, partition_pb2
 
@@ -267,6 +189,8 @@ class RequestBuilder:
         self.records = [common_pb2.Record(key=record_key(i), value=record_value(i)) for i in range(batch_records)]
         self.records_blob = common_pb2.RecordBatch(records=self.records).SerializeToString()
         self.head = partition_pb2.ProduceRequest(acks=-1).SerializeToString()
+        self.batches_tag = field_tag(partition_pb2.ProduceRequest, "batches")
+        self.batch_tag = field_tag(partition_pb2.PartitionBatch, "batch")
         self._checked = False
 
     def batch_bytes(self, base_sequence: int) -> bytes:
@@ -280,8 +204,8 @@ class RequestBuilder:
         parts = [self.head]
         for partition, base_sequence in sequences:
             item = self.partition_pb2.PartitionBatch(topic=topic, partition=partition).SerializeToString()
-            item += _length_delimited(self.PARTITION_BATCH_BATCH, self.batch_bytes(base_sequence))
-            parts.append(_length_delimited(self.PRODUCE_REQUEST_BATCHES, item))
+            item += _length_delimited(self.batch_tag, self.batch_bytes(base_sequence))
+            parts.append(_length_delimited(self.batches_tag, item))
         body = b"".join(parts)
         if not self._checked:
             self._check(topic, sequences, body)
@@ -363,7 +287,7 @@ def measure_raw_rocksdb(path: str, records: int, batch_records: int, warmup_batc
     finally:
         db.close()
         shutil.rmtree(path, ignore_errors=True)
-    return {"batches": batches, "records_per_batch": batch_records, **phase.rates(batches * batch_records)}
+    return {"batches": batches, "records_per_batch": batch_records, **phase.rates(batches * batch_records, RECORD_BYTES)}
 
 
 # --- baseline: raw gRPC streams (server in a separate process) -------------------------------
@@ -493,7 +417,7 @@ async def measure_raw_grpc(address: str, records: int, batch_records: int, warmu
                 "messages": count,
                 "message_bytes": size,
                 "bytes_returned": received,
-                **phase.rates(count * batch_records, count * size),
+                **phase.rates(count * batch_records, RECORD_BYTES),
             }
     return results
 
@@ -587,7 +511,7 @@ async def timed_produce(
         "resends": sent["resends"],
         "resend_reasons": sent["resend_reasons"],
         "request_latency_ms": sent["latency_ms"],
-        **phase.rates(sent["records"]),
+        **phase.rates(sent["records"], RECORD_BYTES),
     }
 
 
@@ -632,7 +556,7 @@ async def fetch_all(channel: grpc.aio.Channel, topic: str, end_offset: int, max_
         "fetch_calls": calls,
         "records_per_call": round(records / calls, 1),
         "fetch_latency_ms": latency_summary(latencies),
-        **phase.rates(records),
+        **phase.rates(records, RECORD_BYTES),
     }
 
 
@@ -688,7 +612,7 @@ def measure_client_producer(bootstrap: str, args: argparse.Namespace, pids: dict
             for i in range(args.records):
                 producer.send(TOPIC_CLIENT, key=keys[i % args.batch_records], value=values[i % args.batch_records])
             producer.flush()
-        return {"api": "Producer(bootstrap).send(topic, key=, value=) loop + flush()", **phase.rates(args.records)}
+        return {"api": "Producer(bootstrap).send(topic, key=, value=) loop + flush()", **phase.rates(args.records, RECORD_BYTES)}
     except Exception as exc:  # the SDK is being written: report what happened, keep the other figures
         return {
             "records_per_s": None,
@@ -734,7 +658,7 @@ async def memory_workload(address: str, pid: int, args: argparse.Namespace) -> d
         "batches_per_request": MEMORY_PARTITIONS_PER_REQUEST,
         "in_flight_max": args.in_flight,
         "resends": sent["resends"],
-        "produce": phase.rates(sent["records"]),
+        "produce": phase.rates(sent["records"], RECORD_BYTES),
         "partition_svc_started": in_mb(started),
         "partition_svc_after_create_topic": in_mb(after_create),
         "partition_svc_after_produce": in_mb(after_produce),

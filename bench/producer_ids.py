@@ -40,18 +40,19 @@ import itertools
 import json
 import os
 import posixpath
-import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:  # `python bench/producer_ids.py` puts only bench/ on the path
-    sys.path.insert(0, str(REPO))
+BENCH = Path(__file__).resolve().parent
+for folder in (BENCH.parent, BENCH):  # the repo for its packages, bench/ for measure.py, from any cwd
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
 
 from kazoo.client import KazooClient  # noqa: E402
+from measure import Phase, latency_summary, mean_of, progress  # noqa: E402
 
 from producer_id_svc.store import NODE_NAME  # noqa: E402
 from services import zk  # noqa: E402
@@ -71,10 +72,6 @@ WRITES_PER_BLOCK_TARGET = 1
 RATIO_TARGET = 0.5
 
 
-def progress(message: str) -> None:
-    print(f"[bench] {message}", file=sys.stderr, flush=True)
-
-
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--blocks", type=int, default=2000, help="timed writes / blocks per run (default 2000)")
@@ -86,46 +83,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.blocks < 1 or args.warmup < 0 or args.concurrency < 1:
         parser.error("--blocks and --concurrency must be >= 1, --warmup >= 0")
     return args
-
-
-# --- measuring wall and CPU time --------------------------------------------------
-
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-
-def cpu_seconds(pid: int) -> float | None:
-    """User + system CPU time of a process (all its threads); None where /proc is missing."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-
-
-@dataclass
-class Phase:
-    """Wall time and per-process CPU time of one timed phase."""
-
-    pids: dict[str, int]
-    seconds: float = 0.0
-    cpu: dict[str, float | None] = field(default_factory=dict)
-    _started: float = 0.0
-    _cpu_before: dict[str, float | None] = field(default_factory=dict)
-
-    def __enter__(self) -> Phase:
-        self._cpu_before = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
-        self._started = time.perf_counter()
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.seconds = time.perf_counter() - self._started
-        for name, pid in self.pids.items():
-            before, after = self._cpu_before[name], cpu_seconds(pid)
-            self.cpu[name] = None if before is None or after is None else after - before
-
-    def cpu_ms_per_op(self, ops: int) -> dict[str, float | None]:
-        return {name: None if spent is None else round(spent / ops * 1000, 3) for name, spent in self.cpu.items()}
 
 
 # --- baseline: raw conditional writes ---------------------------------------------
@@ -163,7 +120,7 @@ def measure_raw_writes(client: KazooClient, root: str, writes: int, warmup: int,
 
 def baseline(before: dict, after: dict) -> dict:
     return {
-        "writes_per_s": round((before["writes_per_s"] + after["writes_per_s"]) / 2, 1),
+        "writes_per_s": mean_of(before, after, "writes_per_s", ndigits=1),
         "before_service_runs": before,
         "after_service_runs": after,
     }
@@ -211,11 +168,6 @@ def blocks_disjoint_and_contiguous(allocations: list[Allocation]) -> bool:
     return all(a.first_producer_id + a.count == b.first_producer_id for a, b in itertools.pairwise(ordered))
 
 
-def percentile_ms(latencies: list[float], fraction: float) -> float:
-    ordered = sorted(latencies)
-    return round(ordered[min(len(ordered) - 1, int(fraction * len(ordered)))] * 1000, 3)
-
-
 def summarize_run(allocations: list[Allocation], phase: Phase, writes: int) -> dict:
     blocks = len(allocations)
     ids = sum(a.count for a in allocations)
@@ -226,12 +178,7 @@ def summarize_run(allocations: list[Allocation], phase: Phase, writes: int) -> d
         "blocks_per_s": round(blocks / phase.seconds, 1),
         "ids_per_block": ids // blocks,
         "producer_ids_per_s": round(ids / phase.seconds, 1),
-        "latency_ms": {
-            "mean": round(statistics.fmean(latencies) * 1000, 3),
-            "p50": percentile_ms(latencies, 0.50),
-            "p99": percentile_ms(latencies, 0.99),
-            "max": round(max(latencies) * 1000, 3),
-        },
+        "latency_ms": latency_summary(latencies),
         "cpu_ms_per_block": phase.cpu_ms_per_op(blocks),
         "zookeeper_writes": writes,
         "zookeeper_writes_per_block": round(writes / blocks, 4),
