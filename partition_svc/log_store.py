@@ -6,6 +6,12 @@ Key layout (``pkey`` = topic UTF-8, NUL, partition as 4-byte big-endian):
                                header (BATCH_HEADER) then the RecordBatch protobuf
     M pkey                     partition metadata, JSON: log_start_offset, next_offset, size_bytes
     P pkey producer_id(8B BE)  the producer's state (producer_state.ProducerStateEntry)
+    A pkey producer_id(8B) first_offset(8B)
+                               an aborted transaction: JSON {"first", "last"} (the
+                               aborted-transaction index read_committed filters with)
+    X pkey producer_id(8B) G-key
+                               a consumer offset committed in the producer's open
+                               transaction, waiting for its marker (TxnOffsetCommit)
     G group NUL topic NUL partition(4B BE)
                                a consumer group's committed offset, JSON (the
                                compacted view of __consumer_offsets)
@@ -54,6 +60,14 @@ def meta_key(pkey: bytes) -> bytes:
 
 def producer_key(pkey: bytes, producer_id: int) -> bytes:
     return b"P" + pkey + producer_id.to_bytes(8, "big")
+
+
+def aborted_key(pkey: bytes, producer_id: int, first_offset: int) -> bytes:
+    return b"A" + pkey + producer_id.to_bytes(8, "big") + first_offset.to_bytes(8, "big")
+
+
+def pending_offset_key(pkey: bytes, producer_id: int, group_key: bytes) -> bytes:
+    return b"X" + pkey + producer_id.to_bytes(8, "big") + group_key
 
 
 def group_offset_key(group_id: str, topic: str, partition: int) -> bytes:

@@ -9,6 +9,10 @@ Invariants:
   and retention never deletes past it.
 - A batch is checked against its producer's state before it gets offsets; a
   rejected batch changes nothing.
+- A COMMIT or ABORT marker closes its producer's open transaction, resets its
+  sequences at the marker's (bumped) epoch, and records the coordinator epoch:
+  a marker with an older coordinator epoch is refused. An aborted transaction
+  enters the aborted index, and read_committed reads skip its batches.
 """
 
 from __future__ import annotations
@@ -18,10 +22,12 @@ import json
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 
 from partition_svc import log_store, producer_state, validation
 from partition_svc.log_store import LogStore, StoredBatchHeader
 from partition_svc.producer_state import Append, Duplicate, ProducerStateEntry, Reject
+from services.errors import ErrorCode
 from services.stubs.txlog.v1 import common_pb2
 
 
@@ -39,6 +45,8 @@ class Partition:
         self.producers: dict[int, ProducerStateEntry] = {}
         self._in_flight: deque[tuple[int, asyncio.Future]] = deque()  # (end offset, durable) in offset order
         self._data_arrived = asyncio.Event()
+        self.aborted: dict[int, list[tuple[int, int]]] = {}  # producer id -> [(first, last offset)]
+        self.pending_offsets: dict[int, dict[bytes, bytes]] = {}  # producer id -> {G key: value}
         self._recover()
 
     # --- recovery -----------------------------------------------------------------
@@ -57,6 +65,14 @@ class Partition:
         for value in self.store.producers(self.pkey):
             entry = ProducerStateEntry.from_json(value)
             self.producers[entry.producer_id] = entry
+        prefix = b"A" + self.pkey
+        for key, value in self.store.items(prefix):
+            span = json.loads(value)
+            self.aborted.setdefault(int.from_bytes(key[len(prefix):len(prefix) + 8], "big"), []).append((span["first"], span["last"]))
+        prefix = b"X" + self.pkey
+        for key, value in self.store.items(prefix):
+            producer_id = int.from_bytes(key[len(prefix):len(prefix) + 8], "big")
+            self.pending_offsets.setdefault(producer_id, {})[key[len(prefix) + 8:]] = value
 
     def metadata_change(self) -> tuple[bytes, bytes]:
         meta = {"log_start_offset": self.log_start_offset, "next_offset": self.next_offset, "size_bytes": self.size_bytes}
@@ -130,9 +146,128 @@ class Partition:
             self.producers[batch.producer_id] = entry
             changes.append((log_store.producer_key(self.pkey, batch.producer_id), entry.to_json()))
         changes.append(self.metadata_change())
+        return base, changes, self._durable_callback()
+
+    def _durable_callback(self) -> Callable[[], None]:
         durable = asyncio.get_running_loop().create_future()
         self._in_flight.append((self.next_offset, durable))
-        return base, changes, lambda: self._mark_durable(durable)
+        return lambda: self._mark_durable(durable)
+
+    def _append_internal(self, batch: common_pb2.RecordBatch, flags: int, now_ms: int) -> tuple[int, bytes]:
+        """Gives a batch the leader writes itself (markers, offsets) its offsets."""
+        base = self.next_offset
+        batch.base_offset = base
+        for i, record in enumerate(batch.records):
+            record.offset = base + i
+            record.timestamp_ms = record.timestamp_ms or now_ms
+        count = len(batch.records)
+        value = log_store.encode_batch(base + count - 1, now_ms, batch.producer_id, batch.producer_epoch, flags, count, batch.SerializeToString())
+        self.next_offset = base + count
+        self.size_bytes += len(value)
+        return base, value
+
+    # --- transactions -----------------------------------------------------------------
+
+    def check_marker(self, producer_id: int, producer_epoch: int, coordinator_epoch: int) -> Reject | None:
+        entry = self.producers.get(producer_id)
+        if entry is None:
+            return None
+        if coordinator_epoch < entry.coordinator_epoch:
+            return Reject(
+                ErrorCode.Value("TRANSACTION_COORDINATOR_FENCED"),
+                f"marker for producer {producer_id} carries coordinator epoch {coordinator_epoch}, older than "
+                f"{entry.coordinator_epoch} seen on {self.topic}-{self.index}",
+            )
+        if producer_epoch < entry.producer_epoch:
+            return Reject(
+                ErrorCode.Value("INVALID_PRODUCER_EPOCH"),
+                f"marker for producer {producer_id} epoch {producer_epoch} is older than epoch {entry.producer_epoch}",
+            )
+        return None
+
+    def append_marker(
+        self, producer_id: int, producer_epoch: int, coordinator_epoch: int, committed: bool, now_ms: int
+    ) -> tuple[list[tuple[bytes, bytes | None]], Callable[[], None]] | None:
+        """Writes a COMMIT/ABORT control batch closing the producer's transaction.
+        None when it has nothing to do: the same marker was applied already (a
+        coordinator retrying after a crash). Only after check_marker passed."""
+        entry = self.producers.get(producer_id)
+        open_first = entry.current_txn_first_offset if entry is not None else producer_state.NO_OFFSET
+        pending = self.pending_offsets.get(producer_id)
+        if entry is not None and open_first < 0 and not pending and entry.producer_epoch == producer_epoch:
+            return None
+        control = common_pb2.CONTROL_TYPE_COMMIT if committed else common_pb2.CONTROL_TYPE_ABORT
+        marker = common_pb2.RecordBatch(
+            producer_id=producer_id,
+            producer_epoch=producer_epoch,
+            base_sequence=-1,
+            is_transactional=True,
+            control_type=control,
+            coordinator_epoch=coordinator_epoch,
+            records=[common_pb2.Record(timestamp_ms=now_ms)],
+        )
+        flags = log_store.FLAG_TRANSACTIONAL | log_store.FLAG_CONTROL | (log_store.FLAG_COMMIT if committed else 0)
+        offset, value = self._append_internal(marker, flags, now_ms)
+        changes: list[tuple[bytes, bytes | None]] = [(log_store.log_key(self.pkey, offset), value)]
+        if not committed and open_first >= 0:
+            self.aborted.setdefault(producer_id, []).append((open_first, offset))
+            changes.append((log_store.aborted_key(self.pkey, producer_id, open_first), json.dumps({"first": open_first, "last": offset}).encode()))
+        for group_key, offset_value in (pending or {}).items():
+            changes.append((log_store.pending_offset_key(self.pkey, producer_id, group_key), None))
+            if committed:
+                changes.append((group_key, offset_value))
+        self.pending_offsets.pop(producer_id, None)
+        previous = entry or ProducerStateEntry(producer_id, producer_epoch)
+        entry = replace(
+            previous,
+            producer_epoch=producer_epoch,
+            batches=(),
+            last_timestamp_ms=now_ms,
+            coordinator_epoch=coordinator_epoch,
+            current_txn_first_offset=producer_state.NO_OFFSET,
+        )
+        self.producers[producer_id] = entry
+        changes.append((log_store.producer_key(self.pkey, producer_id), entry.to_json()))
+        changes.append(self.metadata_change())
+        return changes, self._durable_callback()
+
+    def append_txn_offsets(
+        self, producer_id: int, producer_epoch: int, offsets: list[tuple[bytes, bytes]], now_ms: int
+    ) -> tuple[list[tuple[bytes, bytes | None]], Callable[[], None]] | Reject:
+        """Appends consumer offsets committed in the producer's transaction (this
+        is a __consumer_offsets partition); they take effect with its COMMIT marker."""
+        entry = self.producers.get(producer_id)
+        if entry is not None and producer_epoch < entry.producer_epoch:
+            return Reject(
+                ErrorCode.Value("PRODUCER_FENCED"),
+                f"producer {producer_id} epoch {producer_epoch} is older than epoch {entry.producer_epoch}",
+            )
+        batch = common_pb2.RecordBatch(
+            producer_id=producer_id,
+            producer_epoch=producer_epoch,
+            base_sequence=-1,
+            is_transactional=True,
+            records=[common_pb2.Record(key=key, value=value) for key, value in offsets],
+        )
+        base, value = self._append_internal(batch, log_store.FLAG_TRANSACTIONAL, now_ms)
+        previous = entry or ProducerStateEntry(producer_id, producer_epoch)
+        if previous.producer_epoch != producer_epoch:
+            previous = replace(previous, producer_epoch=producer_epoch, batches=())
+        first = previous.current_txn_first_offset if previous.current_txn_first_offset >= 0 else base
+        entry = replace(previous, last_timestamp_ms=now_ms, current_txn_first_offset=first)
+        self.producers[producer_id] = entry
+        self.pending_offsets.setdefault(producer_id, {}).update(offsets)
+        changes: list[tuple[bytes, bytes | None]] = [(log_store.log_key(self.pkey, base), value)]
+        changes += [(log_store.pending_offset_key(self.pkey, producer_id, key), v) for key, v in offsets]
+        changes.append((log_store.producer_key(self.pkey, producer_id), entry.to_json()))
+        changes.append(self.metadata_change())
+        return changes, self._durable_callback()
+
+    def has_pending_offsets(self, group_key_prefix: bytes) -> bool:
+        return any(key.startswith(group_key_prefix) for offsets in self.pending_offsets.values() for key in offsets)
+
+    def is_aborted(self, producer_id: int, offset: int) -> bool:
+        return any(first <= offset <= last for first, last in self.aborted.get(producer_id, ()))
 
     def _mark_durable(self, durable: asyncio.Future) -> None:
         durable.set_result(None)
@@ -155,13 +290,14 @@ class Partition:
     # --- reading ------------------------------------------------------------------
 
     def read(
-        self, fetch_offset: int, upper_offset: int, bytes_max: int, records_max: int, *, take_first: bool
+        self, fetch_offset: int, upper_offset: int, bytes_max: int, records_max: int, *, take_first: bool, committed: bool = False
     ) -> tuple[list[bytes], int, int]:
         """The serialized RecordBatches from ``fetch_offset`` below ``upper_offset``,
         up to ``bytes_max`` bytes and ``records_max`` records, except that with
         ``take_first`` the first batch is taken whatever its size (so a consumer
         always makes progress); records before fetch_offset are trimmed from the
-        first batch. Returns (payloads, offset to fetch next, record count)."""
+        first batch; with ``committed``, batches of aborted transactions are
+        skipped. Returns (payloads, offset to fetch next, record count)."""
         payloads: list[bytes] = []
         if fetch_offset >= upper_offset:
             return payloads, fetch_offset, 0
@@ -182,7 +318,7 @@ class Partition:
             if over and (taken_records or not take_first):
                 break
             next_offset = header.last_offset + 1
-            if header.is_control:
+            if header.is_control or (committed and header.is_transactional and self.is_aborted(header.producer_id, base_offset)):
                 continue
             payload = log_store.payload_of(value)
             if base_offset < fetch_offset:
@@ -236,7 +372,19 @@ class Partition:
         self.log_start_offset = doomed[-1].last_offset + 1
         self.size_bytes = size
         changes: list[tuple[bytes, bytes | None]] = [(log_store.log_key(self.pkey, h.base_offset), None) for h in doomed]
+        changes += self._forget_aborted_below(self.log_start_offset)
         changes.append(self.metadata_change())
+        return changes
+
+    def _forget_aborted_below(self, offset: int) -> list[tuple[bytes, None]]:
+        changes = []
+        for producer_id, spans in list(self.aborted.items()):
+            kept = [(first, last) for first, last in spans if last >= offset]
+            changes += [(log_store.aborted_key(self.pkey, producer_id, first), None) for first, last in spans if last < offset]
+            if kept:
+                self.aborted[producer_id] = kept
+            else:
+                del self.aborted[producer_id]
         return changes
 
 

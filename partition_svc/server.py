@@ -17,6 +17,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 
 from partition_svc import log_store, validation, wire
 from partition_svc.log_store import GroupCommitWriter, LogStore
@@ -24,7 +25,8 @@ from partition_svc.partition import Partition, now_ms
 from partition_svc.producer_ids import IdempotentProducerInitServicer, ProducerIdSource
 from partition_svc.producer_state import Duplicate, Reject
 from partition_svc.topics import CONSUMER_OFFSETS, INTERNAL_PREFIX, TopicInfo, TopicRegistry, assign_round_robin
-from services import server
+from partition_svc.txn_verification import TransactionVerifier
+from services import coordinators, server
 from services.config import Setting, boolean, positive_int
 from services.errors import ErrorCode, TxlogError
 from services.hashing import partition_for_id
@@ -56,6 +58,8 @@ SETTINGS = (
 )
 
 NONE = ErrorCode.Value("NONE")
+# Internal topics, created by the services that own them (names starting "__" are refused otherwise).
+INTERNAL_TOPICS = (CONSUMER_OFFSETS, coordinators.TRANSACTION_STATE_TOPIC)
 
 
 def error(code: str, message: str) -> errors_pb2.Error:
@@ -70,6 +74,11 @@ def request_error(message: str) -> TxlogError:
     return TxlogError(ErrorCode.Value("INVALID_REQUEST"), message)
 
 
+def check_producer(producer_id: int, producer_epoch: int) -> None:
+    if producer_id < 0 or not 0 <= producer_epoch <= validation.PRODUCER_EPOCH_MAX:
+        raise request_error(f"producer_id must be >= 0 and producer_epoch 0..{validation.PRODUCER_EPOCH_MAX}, got {producer_id}/{producer_epoch}")
+
+
 class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
     def __init__(self, runtime: server.ServiceRuntime, store: LogStore):
         self.runtime = runtime
@@ -80,16 +89,31 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
         self.topics = TopicRegistry(runtime.zookeeper, runtime.config.zookeeper_root)
         self.partitions: dict[tuple[str, int], Partition] = {}
         self.limits = validation.BatchLimits(runtime.config.records_per_batch_max, runtime.config.batch_bytes_max)
-        self._live_nodes: tuple[float, dict[int, str]] = (0.0, {})
+        self._live_nodes: dict[str, tuple[float, dict[int, str]]] = {}
+        self.verifier = TransactionVerifier(self.transaction_coordinator)
 
     # --- where partitions live ------------------------------------------------------
 
-    async def live_nodes(self) -> dict[int, str]:
-        fetched_at, nodes = self._live_nodes
+    async def live_nodes(self, kind: str = KIND) -> dict[int, str]:
+        fetched_at, nodes = self._live_nodes.get(kind, (0.0, {}))
         if time.monotonic() - fetched_at > self.config.live_nodes_cache_ms / 1000:
-            nodes = await asyncio.to_thread(self.runtime.registry.live, KIND)
-            self._live_nodes = (time.monotonic(), nodes)
+            nodes = await asyncio.to_thread(self.runtime.registry.live, kind)
+            self._live_nodes[kind] = (time.monotonic(), nodes)
         return nodes
+
+    async def transaction_coordinator(self, transactional_id: str) -> str:
+        """The address of the coordinator of a transactional id."""
+        info = await self.topics.get(coordinators.TRANSACTION_STATE_TOPIC)
+        if info is None:
+            raise TxlogError(ErrorCode.Value("COORDINATOR_NOT_AVAILABLE"), "no transaction coordinator has started yet")
+        index = partition_for_id(transactional_id, info.partition_count)
+        owner = await coordinators.read_owner(self.runtime.zookeeper, self.config.zookeeper_root, index)
+        if owner is None:
+            raise TxlogError(ErrorCode.Value("COORDINATOR_NOT_AVAILABLE"), f"{coordinators.TRANSACTION_STATE_TOPIC} partition {index} has no owner yet")
+        address = (await self.live_nodes(coordinators.COORDINATOR_KIND)).get(owner[0].node_id)
+        if address is None:
+            raise TxlogError(ErrorCode.Value("COORDINATOR_NOT_AVAILABLE"), f"coordinator {owner[0].node_id} is not live")
+        return address
 
     async def hosted(self, topic: str, index: int) -> Partition:
         """The partition, if this instance leads it; else a TxlogError saying where to go."""
@@ -177,10 +201,11 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
                 else:
                     entry.error.CopyFrom(error("LEADER_NOT_AVAILABLE", f"node {leader} leading partition {index} is not live"))
         for transactional_id in request.transactional_ids:
-            reply.transaction_coordinators.add(
-                key=transactional_id,
-                error=error("COORDINATOR_NOT_AVAILABLE", "no transaction coordinator runs in this cluster"),
-            )
+            entry = reply.transaction_coordinators.add(key=transactional_id)
+            try:
+                entry.address = await self.transaction_coordinator(transactional_id)
+            except TxlogError as exc:
+                entry.error.CopyFrom(error_of(exc))
         if request.group_ids:
             info = await self.offsets_topic()
             for group_id in request.group_ids:
@@ -207,13 +232,15 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
             result = reply.results.add(name=wanted.name, partition_count=wanted.partition_count)
             try:
                 validation.check_topic_name(wanted.name)
-                if wanted.name.startswith(INTERNAL_PREFIX):
+                internal = wanted.name.startswith(INTERNAL_PREFIX)
+                if internal and wanted.name not in INTERNAL_TOPICS:
                     raise TxlogError(ErrorCode.Value("INVALID_TOPIC"), f"names starting with {INTERNAL_PREFIX!r} are internal")
                 validation.check_partition_count(wanted.partition_count, self.config.partitions_per_topic_max)
-                configs = validation.topic_configs(dict(wanted.configs), self.config.record_bytes_max)
+                configs = dict(wanted.configs, **({"cleanup.policy": "compact"} if internal else {}))
+                configs = validation.topic_configs(configs, self.config.record_bytes_max)
                 if request.validate_only:
                     continue
-                info = await self.create_topic(wanted.name, wanted.partition_count, configs)
+                info = await self.create_topic(wanted.name, wanted.partition_count, configs, internal=internal)
                 if info.partition_count != wanted.partition_count:
                     raise TxlogError(
                         ErrorCode.Value("TOPIC_ALREADY_EXISTS"),
@@ -246,7 +273,7 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
                 partition = await self.hosted(item.topic, item.partition)
                 validation.check_batch(item.batch, self.limits)
                 if item.batch.is_transactional:
-                    raise TxlogError(ErrorCode.Value("INVALID_TXN_STATE"), "transactional batches need a transaction coordinator, which this cluster does not run yet")
+                    await self.verify_transactional(request.transactional_id, item.batch, partition)
                 resolved.append((result, partition))
             except TxlogError as exc:
                 result.error.CopyFrom(error_of(exc))
@@ -284,6 +311,20 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
         if duplicates and request.acks != 0:
             await asyncio.gather(*duplicates)
         return reply
+
+    async def verify_transactional(self, transactional_id: str, batch, partition: Partition) -> None:
+        """Raises unless the partition is in the producer's open transaction."""
+        if not transactional_id:
+            raise request_error("transactional batches need the request's transactional_id")
+        entry = partition.producers.get(batch.producer_id)
+        if entry is not None and entry.producer_epoch == batch.producer_epoch and entry.current_txn_first_offset >= 0:
+            return  # its transaction is open here already: verified with its first batch
+        refused = await self.verifier.verify(
+            transactional_id, batch.producer_id, batch.producer_epoch, [(partition.topic, partition.index)]
+        )
+        if refused:
+            reason = next(iter(refused.values()))
+            raise TxlogError(reason.code, f"the coordinator does not have {partition.topic}-{partition.index} in this transaction: {reason.message}")
 
     # --- Fetch, ListOffsets --------------------------------------------------------------
 
@@ -341,7 +382,8 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
         upper = lso if isolation_level == common_pb2.READ_COMMITTED else hw
         partition_bytes = min(wanted.partition_max_bytes or bytes_left, bytes_left)
         payloads, result.next_fetch_offset, records = partition.read(
-            wanted.fetch_offset, upper, partition_bytes, records_left, take_first=take_first
+            wanted.fetch_offset, upper, partition_bytes, records_left, take_first=take_first,
+            committed=isolation_level == common_pb2.READ_COMMITTED,
         )
         return payloads, records
 
@@ -371,17 +413,13 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
 
     # --- consumer-group offsets ------------------------------------------------------
 
-    @server.rpc_handler
-    async def OffsetCommit(self, request, context):
-        validation.check_group_id(request.group_id)
-        self.check_partition_count(len(request.offsets))
-        offsets_partition = await self.group_partition(request.group_id)
-        reply = partition_pb2.OffsetCommitResponse()
-        batch = common_pb2.RecordBatch(producer_id=-1, producer_epoch=-1, base_sequence=-1)
-        view_changes = []
+    async def offset_records(self, group_id: str, offsets, results) -> list[tuple[bytes, bytes]]:
+        """The (key, value) records of the valid offsets to commit; each invalid
+        one gets its error in ``results`` (a repeated PartitionResult)."""
+        records = []
         now = now_ms()
-        for wanted in request.offsets:
-            result = reply.results.add(partition=common_pb2.TopicPartition(topic=wanted.topic, partition=wanted.partition))
+        for wanted in offsets:
+            result = results.add(partition=common_pb2.TopicPartition(topic=wanted.topic, partition=wanted.partition))
             try:
                 validation.check_topic_name(wanted.topic)
                 info = await self.topics.get(wanted.topic)
@@ -394,21 +432,57 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
             except TxlogError as exc:
                 result.error.CopyFrom(error_of(exc))
                 continue
-            key = log_store.group_offset_key(request.group_id, wanted.topic, wanted.partition)
-            value = json.dumps({"offset": wanted.offset, "metadata": wanted.metadata, "commit_ms": now}).encode()
-            batch.records.add(key=key, value=value)
-            view_changes.append((key, value))
-        if view_changes:
-            _, changes, durable = offsets_partition.append(batch, now, self.limits)
-            written = self.writer.submit(changes + view_changes)
-            written.add_done_callback(lambda _: durable())
-            await written
+            key = log_store.group_offset_key(group_id, wanted.topic, wanted.partition)
+            records.append((key, json.dumps({"offset": wanted.offset, "metadata": wanted.metadata, "commit_ms": now}).encode()))
+        return records
+
+    async def persist(self, changes: list, durable: Callable[[], None]) -> None:
+        written = self.writer.submit(changes)
+        written.add_done_callback(lambda _: durable())
+        await written
+
+    @server.rpc_handler
+    async def OffsetCommit(self, request, context):
+        validation.check_group_id(request.group_id)
+        self.check_partition_count(len(request.offsets))
+        offsets_partition = await self.group_partition(request.group_id)
+        reply = partition_pb2.OffsetCommitResponse()
+        records = await self.offset_records(request.group_id, request.offsets, reply.results)
+        if records:
+            batch = common_pb2.RecordBatch(
+                producer_id=-1, producer_epoch=-1, base_sequence=-1, records=[common_pb2.Record(key=k, value=v) for k, v in records]
+            )
+            _, changes, durable = offsets_partition.append(batch, now_ms(), self.limits)
+            await self.persist(changes + records, durable)  # the log, then the view read by OffsetFetch
+        return reply
+
+    @server.rpc_handler
+    async def TxnOffsetCommit(self, request, context):
+        validation.check_group_id(request.group_id)
+        self.check_partition_count(len(request.offsets))
+        check_producer(request.producer_id, request.producer_epoch)
+        offsets_partition = await self.group_partition(request.group_id)
+        batch = common_pb2.RecordBatch(producer_id=request.producer_id, producer_epoch=request.producer_epoch)
+        await self.verify_transactional(request.transactional_id, batch, offsets_partition)
+        reply = partition_pb2.TxnOffsetCommitResponse()
+        records = await self.offset_records(request.group_id, request.offsets, reply.results)
+        if records:
+            outcome = offsets_partition.append_txn_offsets(request.producer_id, request.producer_epoch, records, now_ms())
+            if isinstance(outcome, Reject):
+                raise TxlogError(outcome.code, outcome.message)
+            await self.persist(*outcome)
         return reply
 
     @server.rpc_handler
     async def OffsetFetch(self, request, context):
         validation.check_group_id(request.group_id)
-        await self.group_partition(request.group_id)
+        offsets_partition = await self.group_partition(request.group_id)
+        prefix = log_store.group_prefix(request.group_id)
+        if request.require_stable and offsets_partition.has_pending_offsets(prefix):
+            raise TxlogError(
+                ErrorCode.Value("UNSTABLE_OFFSET_COMMIT"),
+                f"group {request.group_id!r} has offsets pending in an open transaction; retry once it ends",
+            )
         reply = partition_pb2.OffsetFetchResponse()
         if request.partitions:
             for wanted in request.partitions:
@@ -416,11 +490,45 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
                 committed = json.loads(raw) if raw else {"offset": -1, "metadata": ""}
                 reply.offsets.add(topic=wanted.topic, partition=wanted.partition, offset=committed["offset"], metadata=committed["metadata"])
         else:
-            prefix = log_store.group_prefix(request.group_id)
             for key, raw in self.store.items(prefix):
                 topic, index = key[len(prefix):-5].decode(), int.from_bytes(key[-4:], "big")
                 committed = json.loads(raw)
                 reply.offsets.add(topic=topic, partition=index, offset=committed["offset"], metadata=committed["metadata"])
+        return reply
+
+    # --- WriteTxnMarkers ---------------------------------------------------------------
+
+    @server.rpc_handler
+    async def WriteTxnMarkers(self, request, context):
+        if not request.markers:
+            raise request_error("the request holds no marker")
+        self.check_partition_count(sum(len(m.partitions) for m in request.markers))
+        for marker in request.markers:
+            check_producer(marker.producer_id, marker.producer_epoch)
+            if marker.coordinator_epoch < 0:
+                raise request_error(f"coordinator_epoch must not be negative, got {marker.coordinator_epoch}")
+        reply = partition_pb2.WriteTxnMarkersResponse()
+        targets = []
+        for marker in request.markers:
+            marker_result = reply.markers.add(producer_id=marker.producer_id)
+            for tp in marker.partitions:
+                result = marker_result.results.add(partition=tp)
+                try:
+                    targets.append((marker, result, await self.hosted(tp.topic, tp.partition)))
+                except TxlogError as exc:
+                    result.error.CopyFrom(error_of(exc))
+        changes, callbacks, now = [], [], now_ms()
+        for marker, result, partition in targets:  # no await from here to the submit (see Produce)
+            refused = partition.check_marker(marker.producer_id, marker.producer_epoch, marker.coordinator_epoch)
+            if refused is not None:
+                result.error.CopyFrom(errors_pb2.Error(code=refused.code, message=refused.message))
+                continue
+            written = partition.append_marker(marker.producer_id, marker.producer_epoch, marker.coordinator_epoch, marker.committed, now)
+            if written is not None:
+                changes.extend(written[0])
+                callbacks.append(written[1])
+        if changes:
+            await self.persist(changes, lambda: [callback() for callback in callbacks])
         return reply
 
     # --- DescribeProducers -----------------------------------------------------------
@@ -479,6 +587,7 @@ async def build(runtime: server.ServiceRuntime) -> PartitionServicer:
     async def close() -> None:
         retention.cancel()
         await servicer.writer.drain()
+        await servicer.verifier.close()
         store.close()
 
     runtime.on_stop(close)

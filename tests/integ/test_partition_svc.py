@@ -135,12 +135,15 @@ def test_bad_produce_input_gets_clear_errors_and_stores_nothing(raw):
         (batch(pid, 0, ["x"], control_type=common_pb2.CONTROL_TYPE_ABORT), "INVALID_REQUEST"),
         (batch(pid, -3, ["x"]), "INVALID_REQUEST"),
         (batch(pid, 0, ["x"], epoch=99999), "INVALID_REQUEST"),
-        (batch(pid, 0, ["x"], is_transactional=True), "INVALID_TXN_STATE"),
+        (batch(pid, 0, ["x"], is_transactional=True), "INVALID_REQUEST"),  # no transactional_id in the request
         (common_pb2.RecordBatch(producer_id=pid, producer_epoch=0, base_sequence=0, records=[common_pb2.Record(timestamp_ms=-5)]), "INVALID_TIMESTAMP"),
     ]
     for bad, expected in bad_batches:
         result = raw.produce("bad", 0, bad, stub=stub)
         assert error_name(result) == expected, (bad, result)
+    no_coordinator = stub.Produce(partition_pb2.ProduceRequest(acks=-1, transactional_id="tx", batches=[
+        partition_pb2.PartitionBatch(topic="bad", partition=0, batch=batch(pid, 0, ["x"], is_transactional=True))]), timeout=10)
+    assert error_name(no_coordinator.results[0]) == "COORDINATOR_NOT_AVAILABLE"  # no coordinator can vouch for it
     assert raw.list_offset("bad", 0, LATEST).offset == 0
     assert raw.producers("bad", 0).producers == []
     # the same producer can still start cleanly: nothing of the rejected batches stuck
@@ -317,12 +320,11 @@ def test_init_producer_id_for_idempotent_producers(raw):
     assert "NOT_COORDINATOR" in info.value.details()
 
 
-def test_rpcs_of_later_issues_answer_unimplemented_and_bad_utf8_is_invalid(raw):
-    stub = raw.stub(raw.bootstrap[0])
-    with pytest.raises(grpc.RpcError) as info:
-        stub.WriteTxnMarkers(partition_pb2.WriteTxnMarkersRequest(), timeout=10)
-    assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED and "WriteTxnMarkers" in info.value.details()
+def test_coordinator_rpcs_other_than_init_answer_unimplemented_and_bad_utf8_is_invalid(raw):
     channel = grpc.insecure_channel(raw.bootstrap[0])
+    with pytest.raises(grpc.RpcError) as info:
+        coordinator_pb2_grpc.CoordinatorServiceStub(channel).EndTxn(coordinator_pb2.EndTxnRequest(), timeout=10)
+    assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED and "EndTxn" in info.value.details()
     produce = channel.unary_unary("/txlog.v1.PartitionService/Produce", request_serializer=lambda b: b, response_deserializer=lambda b: b)
     with pytest.raises(grpc.RpcError) as info:
         produce(b"\x0a\x02\xff\xfe", timeout=10)  # transactional_id holding invalid UTF-8

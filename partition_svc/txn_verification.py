@@ -1,0 +1,75 @@
+"""Checks with the transaction coordinator that a partition is part of a
+producer's open transaction before the leader accepts its first transactional
+batch there (Kafka's KIP-890 server-side defence against hanging transactions).
+
+A positive answer is cached per (producer id, epoch, partition): every later
+batch of that transaction on that partition is accepted without asking again;
+with Transactions V2 the epoch changes at every transaction, so the cache never
+answers for a transaction it was not asked about.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+
+import grpc
+
+from services import errors
+from services.channels import open_channel
+from services.errors import ErrorCode, TxlogError
+from services.stubs.txlog.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc, errors_pb2
+
+NONE = ErrorCode.Value("NONE")
+VERIFIED_ENTRIES_MAX = 100_000
+
+
+class TransactionVerifier:
+    def __init__(self, coordinator_address: Callable[[str], Awaitable[str]]):
+        self.coordinator_address = coordinator_address
+        self._verified: OrderedDict[tuple[int, int, str, int], None] = OrderedDict()
+        self._channels: dict[str, grpc.aio.Channel] = {}
+
+    async def verify(
+        self, transactional_id: str, producer_id: int, producer_epoch: int, partitions: list[tuple[str, int]]
+    ) -> dict[tuple[str, int], errors_pb2.Error]:
+        """The partitions that may NOT take the producer's transactional batches, with why."""
+        unknown = [tp for tp in partitions if (producer_id, producer_epoch, *tp) not in self._verified]
+        if not unknown:
+            return {}
+        try:
+            address = await self.coordinator_address(transactional_id)
+            channel = self._channels.get(address)
+            if channel is None:
+                channel = self._channels[address] = open_channel(address, timeout_s=10)
+            reply = await coordinator_pb2_grpc.CoordinatorServiceStub(channel).AddPartitionsToTxn(
+                coordinator_pb2.AddPartitionsToTxnRequest(
+                    transactional_id=transactional_id,
+                    producer_id=producer_id,
+                    producer_epoch=producer_epoch,
+                    partitions=[common_pb2.TopicPartition(topic=t, partition=p) for t, p in unknown],
+                    verify_only=True,
+                )
+            )
+        except TxlogError as exc:
+            return {tp: exc.to_proto() for tp in unknown}
+        except grpc.RpcError as exc:
+            error = errors.from_rpc_error(exc)
+            return {tp: errors_pb2.Error(code=error.code, message=f"verifying with the coordinator: {error.message}") for tp in unknown}
+        refused = {}
+        for result in reply.results:
+            tp = (result.partition.topic, result.partition.partition)
+            if result.error.code == NONE:
+                self._remember((producer_id, producer_epoch, *tp))
+            else:
+                refused[tp] = result.error
+        return refused
+
+    def _remember(self, key: tuple[int, int, str, int]) -> None:
+        self._verified[key] = None
+        while len(self._verified) > VERIFIED_ENTRIES_MAX:
+            self._verified.popitem(last=False)
+
+    async def close(self) -> None:
+        for channel in self._channels.values():
+            await channel.close()

@@ -1,0 +1,59 @@
+"""Where transaction coordinators are: shared by coordinator_svc (which owns
+partitions of ``__transaction_state``) and partition_svc (which answers
+Metadata and verifies transactional batches with the coordinator).
+
+A transactional id belongs to partition ``murmur2(id) % N`` of the internal
+topic ``__transaction_state`` (N fixed when the topic is created). Each
+partition has one owner, recorded in ZooKeeper at
+``<root>/transaction_state/owners/<partition>`` as JSON ``{"node_id",
+"coordinator_epoch", "log_producer_id"}``; the coordinator epoch grows at every
+change of owner, and partition leaders refuse markers carrying an older one.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+from dataclasses import dataclass
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoNodeError
+
+from services import zk
+
+TRANSACTION_STATE_TOPIC = "__transaction_state"
+COORDINATOR_KIND = "coordinator_svc"
+
+
+@dataclass(frozen=True)
+class PartitionOwner:
+    node_id: int
+    coordinator_epoch: int
+    log_producer_id: int
+
+    def encode(self) -> bytes:
+        return json.dumps(
+            {"node_id": self.node_id, "coordinator_epoch": self.coordinator_epoch, "log_producer_id": self.log_producer_id}
+        ).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> PartitionOwner:
+        raw = json.loads(data)
+        return cls(raw["node_id"], raw["coordinator_epoch"], raw["log_producer_id"])
+
+
+def owners_path(root: str) -> str:
+    return posixpath.join(root, "transaction_state", "owners")
+
+
+def owner_path(root: str, partition: int) -> str:
+    return posixpath.join(owners_path(root), str(partition))
+
+
+async def read_owner(client: KazooClient, root: str, partition: int) -> tuple[PartitionOwner, int] | None:
+    """The owner of a __transaction_state partition and the node's version, or None."""
+    try:
+        data, stat = await zk.call(client, "get", owner_path(root, partition))
+    except NoNodeError:
+        return None
+    return PartitionOwner.decode(data), stat.version

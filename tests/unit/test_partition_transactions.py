@@ -1,0 +1,175 @@
+"""A partition's transactional bookkeeping on a real RocksDB: markers, the LSO,
+the aborted index, read_committed reads, offsets pending in a transaction, and
+all of it after reopening the store."""
+
+import asyncio
+
+import pytest
+
+from partition_svc import log_store, validation
+from partition_svc.log_store import GroupCommitWriter, LogStore
+from partition_svc.partition import Partition
+from partition_svc.producer_state import APPEND, Reject
+from services.errors import ErrorCode
+from services.stubs.txlog.v1 import common_pb2
+
+CONFIGS = validation.topic_configs({}, 1 << 20)
+LIMITS = validation.BatchLimits(10_000, 1 << 24)
+NOW = 1_700_000_000_000
+
+
+def batch(pid, epoch, seq, values, transactional=True):
+    return common_pb2.RecordBatch(
+        producer_id=pid, producer_epoch=epoch, base_sequence=seq, is_transactional=transactional,
+        records=[common_pb2.Record(value=v.encode()) for v in values],
+    )
+
+
+class Harness:
+    def __init__(self, path):
+        self.path = path
+        self.store = LogStore(path)
+        self.writer = GroupCommitWriter(self.store)
+        self.partition = Partition("t", 0, CONFIGS, self.store)
+
+    async def produce(self, b):
+        assert self.partition.check(b) == APPEND
+        base, changes, durable = self.partition.append(b, NOW, LIMITS)
+        await self.writer.submit(changes)
+        durable()
+        return base
+
+    async def marker(self, pid, epoch, committed, coordinator_epoch=0):
+        refused = self.partition.check_marker(pid, epoch, coordinator_epoch)
+        if refused is not None:
+            return refused
+        written = self.partition.append_marker(pid, epoch, coordinator_epoch, committed, NOW)
+        if written is None:
+            return None
+        await self.writer.submit(written[0])
+        written[1]()
+        return "written"
+
+    def read(self, committed):
+        payloads, _, _ = self.partition.read(0, self.partition.last_stable_offset if committed else self.partition.high_watermark,
+                                             1 << 30, 1 << 30, take_first=True, committed=committed)
+        return [r.value.decode() for p in payloads for r in common_pb2.RecordBatch.FromString(p).records]
+
+    def reopen(self):
+        self.store.close()
+        self.__init__(self.path)
+
+
+def run(coroutine):
+    return asyncio.run(coroutine)
+
+
+def test_commit_and_abort_markers_drive_the_lso_and_read_committed(tmp_path):
+    async def scenario():
+        h = Harness(str(tmp_path / "db"))
+        await h.produce(batch(-1, -1, -1, ["plain"], transactional=False))
+        await h.produce(batch(1, 0, 0, ["a1", "a2"]))           # txn A, offsets 1-2
+        await h.produce(batch(2, 0, 0, ["b1"]))                 # txn B, offset 3
+        assert h.partition.last_stable_offset == 1               # A is open
+        assert h.read(committed=True) == ["plain"]
+        assert await h.marker(2, 1, committed=True) == "written"  # B commits (epoch bumped, V2)
+        assert h.partition.last_stable_offset == 1               # A still holds the LSO
+        assert h.read(committed=True) == ["plain"]
+        assert await h.marker(1, 1, committed=False) == "written"  # A aborts
+        assert h.partition.last_stable_offset == h.partition.high_watermark == 6
+        assert h.read(committed=True) == ["plain", "b1"]
+        assert h.read(committed=False) == ["plain", "a1", "a2", "b1"]  # markers never returned
+        return h
+
+    h = run(scenario())
+    h.reopen()
+    assert h.partition.aborted == {1: [(1, 5)]}
+    assert h.partition.last_stable_offset == 6
+    assert h.read(committed=True) == ["plain", "b1"]
+    assert h.partition.producers[1].producer_epoch == 1 and h.partition.producers[1].coordinator_epoch == 0
+
+
+def test_a_marker_from_an_older_coordinator_epoch_is_fenced(tmp_path):
+    async def scenario():
+        h = Harness(str(tmp_path / "db"))
+        await h.produce(batch(1, 0, 0, ["x"]))
+        assert await h.marker(1, 1, committed=False, coordinator_epoch=5) == "written"
+        await h.produce(batch(1, 1, 0, ["y"]))
+        refused = await h.marker(1, 2, committed=True, coordinator_epoch=4)
+        assert isinstance(refused, Reject) and refused.code == ErrorCode.Value("TRANSACTION_COORDINATOR_FENCED")
+        assert h.partition.last_stable_offset == 2  # the transaction is still open
+        return h
+
+    run(scenario())
+
+
+def test_a_retried_marker_is_applied_once_and_late_batches_of_the_old_epoch_are_fenced(tmp_path):
+    async def scenario():
+        h = Harness(str(tmp_path / "db"))
+        await h.produce(batch(1, 0, 0, ["x"]))
+        assert await h.marker(1, 1, committed=True) == "written"
+        hw = h.partition.high_watermark
+        assert await h.marker(1, 1, committed=True) is None  # the coordinator retried after a crash
+        assert h.partition.high_watermark == hw
+        late = h.partition.check(batch(1, 0, 1, ["late"]))
+        assert isinstance(late, Reject) and late.code == ErrorCode.Value("PRODUCER_FENCED")
+        assert h.partition.check(batch(1, 1, 0, ["next txn"])) == APPEND  # the next transaction starts at 0
+        stale = await h.marker(1, 0, committed=False)
+        assert isinstance(stale, Reject) and stale.code == ErrorCode.Value("INVALID_PRODUCER_EPOCH")
+
+    run(scenario())
+
+
+def test_offsets_committed_in_a_transaction_apply_only_with_its_commit(tmp_path):
+    group_key = log_store.group_offset_key("g", "src", 0)
+
+    async def scenario():
+        h = Harness(str(tmp_path / "db"))
+        written = h.partition.append_txn_offsets(7, 0, [(group_key, b'{"offset": 10}')], NOW)
+        await h.writer.submit(written[0])
+        written[1]()
+        assert h.partition.has_pending_offsets(log_store.group_prefix("g"))
+        assert h.store.get(group_key) is None
+        assert h.partition.last_stable_offset == 0
+        return h
+
+    h = run(scenario())
+    h.reopen()  # pending offsets survive a restart
+    assert h.partition.has_pending_offsets(log_store.group_prefix("g"))
+
+    async def commit():
+        assert await h.marker(7, 1, committed=True) == "written"
+
+    run(commit())
+    assert h.store.get(group_key) == b'{"offset": 10}'
+    assert not h.partition.has_pending_offsets(log_store.group_prefix("g"))
+
+    async def aborted_then_fenced():
+        written = h.partition.append_txn_offsets(7, 1, [(group_key, b'{"offset": 20}')], NOW)
+        await h.writer.submit(written[0])
+        written[1]()
+        assert await h.marker(7, 2, committed=False) == "written"
+        stale = h.partition.append_txn_offsets(7, 1, [(group_key, b'{"offset": 30}')], NOW)
+        assert isinstance(stale, Reject) and stale.code == ErrorCode.Value("PRODUCER_FENCED")
+
+    run(aborted_then_fenced())
+    assert h.store.get(group_key) == b'{"offset": 10}'
+
+
+@pytest.mark.parametrize("committed", [True, False])
+def test_retention_keeps_the_aborted_index_only_for_the_log_it_covers(tmp_path, committed):
+    async def scenario():
+        h = Harness(str(tmp_path / "db"))
+        await h.produce(batch(1, 0, 0, ["x"]))
+        await h.marker(1, 1, committed=committed)
+        await h.produce(batch(-1, -1, -1, ["later"], transactional=False))
+        h.partition.configs = dict(CONFIGS, **{"retention.bytes": "0"})
+        changes = h.partition.retention_changes(NOW)
+        await h.writer.submit(changes)
+        return h
+
+    h = run(scenario())
+    assert h.partition.log_start_offset == 3  # everything below the LSO (the high watermark) went
+    assert h.partition.aborted == {}
+    h.reopen()
+    assert h.partition.aborted == {} and h.partition.log_start_offset == 3
