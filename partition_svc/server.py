@@ -22,7 +22,6 @@ from collections.abc import Callable
 from partition_svc import log_store, validation, wire
 from partition_svc.log_store import GroupCommitWriter, LogStore
 from partition_svc.partition import Partition, now_ms
-from partition_svc.producer_ids import IdempotentProducerInitServicer, ProducerIdSource
 from partition_svc.producer_state import Duplicate, Reject
 from partition_svc.topics import CONSUMER_OFFSETS, INTERNAL_PREFIX, TopicInfo, TopicRegistry, assign_round_robin
 from partition_svc.txn_verification import TransactionVerifier
@@ -31,6 +30,7 @@ from services.config import Setting, boolean, positive_int
 from services.errors import ErrorCode, TxlogError
 from services.hashing import partition_for_id
 from services.logs import fields
+from services.producer_ids import IdempotentProducerInitServicer, ProducerIdSource
 from services.stubs.txlog.v1 import (
     common_pb2,
     coordinator_pb2,

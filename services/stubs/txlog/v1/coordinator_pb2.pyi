@@ -135,14 +135,16 @@ class EndTxnResponse(_message.Message):
     def __init__(self, producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ...) -> None: ...
 
 class ListTransactionsRequest(_message.Message):
-    __slots__ = ("state_filters", "producer_id_filters", "duration_filter_ms")
+    __slots__ = ("state_filters", "producer_id_filters", "duration_filter_ms", "local_only")
     STATE_FILTERS_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_ID_FILTERS_FIELD_NUMBER: _ClassVar[int]
     DURATION_FILTER_MS_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_ONLY_FIELD_NUMBER: _ClassVar[int]
     state_filters: _containers.RepeatedScalarFieldContainer[TransactionState]
     producer_id_filters: _containers.RepeatedScalarFieldContainer[int]
     duration_filter_ms: int
-    def __init__(self, state_filters: _Optional[_Iterable[_Union[TransactionState, str]]] = ..., producer_id_filters: _Optional[_Iterable[int]] = ..., duration_filter_ms: _Optional[int] = ...) -> None: ...
+    local_only: bool
+    def __init__(self, state_filters: _Optional[_Iterable[_Union[TransactionState, str]]] = ..., producer_id_filters: _Optional[_Iterable[int]] = ..., duration_filter_ms: _Optional[int] = ..., local_only: _Optional[bool] = ...) -> None: ...
 
 class TransactionListing(_message.Message):
     __slots__ = ("transactional_id", "producer_id", "state")

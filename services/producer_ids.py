@@ -1,9 +1,11 @@
-"""Producer ids for idempotent (non-transactional) producers.
+"""Producer ids handed out by services from blocks of producer_id_svc.
 
-As any Kafka broker does, any partition_svc answers ``InitProducerId`` without a
-transactional id: it hands out ids from a block it took from producer_id_svc,
-taking a new block when one is used up (one AllocateProducerIds per 1000
-producers). Transactional ids belong to their coordinator: NOT_COORDINATOR.
+:class:`ProducerIdSource` takes a block from producer_id_svc and hands its ids
+out one by one, taking a new block when one is used up (one
+AllocateProducerIds per 1000 producers); coordinator_svc and partition_svc use
+it. :class:`IdempotentProducerInitServicer` is how, as any Kafka broker does,
+any partition_svc answers ``InitProducerId`` without a transactional id;
+transactional ids belong to their coordinator: NOT_COORDINATOR.
 """
 
 from __future__ import annotations
