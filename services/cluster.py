@@ -156,7 +156,12 @@ class LocalCluster:
     # --- lifecycle ------------------------------------------------------------------
 
     def up(
-        self, *, producer_id_svcs: int = 1, partition_svcs: int = 2, service_args: dict[str, list[str]] | None = None
+        self,
+        *,
+        producer_id_svcs: int = 1,
+        partition_svcs: int = 2,
+        coordinator_svcs: int = 2,
+        service_args: dict[str, list[str]] | None = None,
     ) -> ClusterState:
         """Starts ZooKeeper and the services; returns when every one is healthy.
         ``service_args`` adds flags per kind, e.g. {"partition_svc": ["--fsync", "false"]}."""
@@ -176,6 +181,8 @@ class LocalCluster:
                 self.add_service("producer_id_svc", node_id, service_args.get("producer_id_svc"))
             for node_id in range(partition_svcs):
                 self.add_service("partition_svc", node_id, service_args.get("partition_svc"))
+            for node_id in range(coordinator_svcs):
+                self.add_service("coordinator_svc", node_id, service_args.get("coordinator_svc"))
         except BaseException:
             self.down()
             raise

@@ -152,7 +152,7 @@ class ServiceRuntime:
         self.health = health.aio.HealthServicer()
         self.service_names: list[str] = []
         self._zookeeper = None
-        self.registry: zk.ServiceRegistry | None = None
+        self._registry: zk.ServiceRegistry | None = None
         self.port = 0
         self.address = ""
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -176,8 +176,14 @@ class ServiceRuntime:
         """This process's ZooKeeper session, connected on first use."""
         if self._zookeeper is None:
             self._zookeeper = zk.connect(self.config.zookeeper, self.config.zookeeper_session_timeout_s)
-            self.registry = zk.ServiceRegistry(self._zookeeper, self.config.zookeeper_root)
+            self._registry = zk.ServiceRegistry(self._zookeeper, self.config.zookeeper_root)
         return self._zookeeper
+
+    @property
+    def registry(self) -> zk.ServiceRegistry:
+        """The registry of live services, on this process's ZooKeeper session."""
+        self.zookeeper  # noqa: B018  (connects on first use)
+        return self._registry
 
     async def start(self) -> int:
         """Binds, starts serving, registers in ZooKeeper; returns the bound port."""
@@ -218,8 +224,8 @@ class ServiceRuntime:
         grace_s = self.config.shutdown_grace_s if grace_s is None else grace_s
         log.info("shutting down", extra=fields(grace_s=grace_s))
         await self.health.enter_graceful_shutdown()
-        if self.registry is not None:
-            self.registry.deregister_all()
+        if self._registry is not None:
+            self._registry.deregister_all()
         await self.server.stop(grace_s)
         for callback in self._on_stop:
             await callback()

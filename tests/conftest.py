@@ -12,15 +12,24 @@ from services.cluster import LocalCluster
 def cluster(tmp_path):
     """A ZooKeeper of its own (no services yet); add them with ``add_service``."""
     local = LocalCluster(tmp_path / "cluster")
-    local.up(producer_id_svcs=0, partition_svcs=0)
+    local.up(producer_id_svcs=0, partition_svcs=0, coordinator_svcs=0)
     yield local
     local.down(grace_s=5)
 
 
 @pytest.fixture
 def txlog_cluster(tmp_path):
-    """ZooKeeper, one producer_id_svc and two partition_svc; retention runs every 200 ms."""
+    """ZooKeeper, one producer_id_svc and two partition_svc (no coordinator); retention runs every 200 ms."""
     local = LocalCluster(tmp_path / "cluster")
-    local.up(producer_id_svcs=1, partition_svcs=2, service_args={"partition_svc": ["--retention-check-interval-ms", "200"]})
+    local.up(producer_id_svcs=1, partition_svcs=2, coordinator_svcs=0, service_args={"partition_svc": ["--retention-check-interval-ms", "200"]})
+    yield local
+    local.down(grace_s=5)
+
+
+@pytest.fixture
+def txn_cluster(tmp_path):
+    """The full cluster: ZooKeeper, producer_id_svc, two partition_svc, two coordinator_svc."""
+    local = LocalCluster(tmp_path / "cluster")
+    local.up(service_args={"coordinator_svc": ["--transaction-check-interval-ms", "200", "--ownership-check-interval-ms", "300"]})
     yield local
     local.down(grace_s=5)

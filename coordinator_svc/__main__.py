@@ -1,0 +1,5 @@
+import sys
+
+from coordinator_svc.server import main
+
+sys.exit(main())

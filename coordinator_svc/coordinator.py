@@ -1,0 +1,450 @@
+"""The transaction coordinator: one ``handle_*`` per request, the ownership of
+``__transaction_state`` partitions, completion of decided transactions, and
+the timers.
+
+Guarantees
+----------
+- Write, then apply: every transition is first written to the transaction log
+  (durable on its partition leader) and only then applied in memory; while it
+  is in flight the id answers CONCURRENT_TRANSACTIONS.
+- Once PrepareCommit/PrepareAbort is durable the outcome is decided: this
+  coordinator, or the next owner of the partition after a crash, sends the
+  markers until every partition acknowledged, then writes Complete*.
+- Epochs (Transactions V2): EndTxn and every coordinator-initiated abort bump
+  the producer epoch; nothing sent with an older epoch can join, commit or abort
+  a later transaction.
+- Ownership: each __transaction_state partition is served by the coordinator
+  that ZooKeeper names its owner, with a coordinator epoch that grows at every
+  change of owner. The new owner first writes a fence record with its epoch, so
+  a deposed owner can neither write the log nor (partition leaders compare
+  coordinator epochs) write markers.
+
+Error Handling
+--------------
+Client mistakes are TxlogErrors with the code Kafka would answer (PRODUCER_FENCED,
+INVALID_PRODUCER_ID_MAPPING, INVALID_TXN_STATE, ...). A transaction-log write that
+fails leaves memory as it was and marks the partition for reloading
+(NOT_COORDINATOR to the client, which retries at the new owner).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from kazoo.exceptions import BadVersionError, NodeExistsError
+
+from coordinator_svc import transaction_state as ts
+from coordinator_svc.markers import MarkerSender
+from coordinator_svc.partitions import PartitionClient
+from coordinator_svc.transaction_state import TransactionMetadata, TransactionState
+from coordinator_svc.txn_log import FENCE_KEY, TransactionLogPartition
+from services import coordinators, zk
+from services.errors import ErrorCode, TxlogError
+from services.hashing import partition_for_id
+from services.logs import fields
+from services.producer_ids import ProducerIdSource
+from services.stubs.txlog.v1 import partition_pb2
+
+log = logging.getLogger(__name__)
+S = TransactionState
+TRANSACTIONAL_ID_RE = re.compile(r"^[a-zA-Z0-9._:-]{1,255}$")
+CONSUMER_OFFSETS = "__consumer_offsets"
+
+
+def error(code: str, message: str) -> TxlogError:
+    return TxlogError(ErrorCode.Value(code), message)
+
+
+@dataclass
+class LoadedPartition:
+    index: int
+    owner: coordinators.PartitionOwner
+    log: TransactionLogPartition
+    transactions: dict[str, TransactionMetadata] = field(default_factory=dict)
+    loaded: bool = False
+    tasks: set = field(default_factory=set)
+
+
+@dataclass(frozen=True)
+class CoordinatorConfig:
+    node_id: int
+    zookeeper_root: str
+    transaction_state_partitions: int
+    transaction_timeout_ms_max: int
+    transactional_id_expiration_ms: int
+
+
+class TransactionCoordinator:
+    def __init__(
+        self,
+        config: CoordinatorConfig,
+        zookeeper,
+        registry,
+        client: PartitionClient,
+        producer_ids: ProducerIdSource,
+        clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+    ):
+        self.config = config
+        self.zookeeper = zookeeper
+        self.registry = registry
+        self.client = client
+        self.markers = MarkerSender(client)
+        self.producer_ids = producer_ids
+        self.clock_ms = clock_ms
+        self.partitions: dict[int, LoadedPartition] = {}
+        self.partition_count: int | None = None
+
+    # --- ownership of __transaction_state partitions ------------------------------------
+
+    async def ensure_log_topic(self) -> int:
+        if self.partition_count is None:
+            count = await self.client.partition_count(coordinators.TRANSACTION_STATE_TOPIC)
+            if count is None:
+                reply = await self.client.call(
+                    "CreateTopics",
+                    partition_pb2.CreateTopicsRequest(
+                        topics=[partition_pb2.CreatableTopic(name=coordinators.TRANSACTION_STATE_TOPIC, partition_count=self.config.transaction_state_partitions)]
+                    ),
+                )
+                if reply.results[0].error.code not in (0, ErrorCode.Value("TOPIC_ALREADY_EXISTS")):
+                    raise TxlogError(reply.results[0].error.code, reply.results[0].error.message)
+                await self.client.refresh([coordinators.TRANSACTION_STATE_TOPIC])
+                count = await self.client.partition_count(coordinators.TRANSACTION_STATE_TOPIC)
+            self.partition_count = count
+        return self.partition_count
+
+    async def balance(self) -> None:
+        """Takes over the partitions this node should own; lets go of the ones it lost."""
+        count = await self.ensure_log_topic()
+        live = sorted(await asyncio.to_thread(self.registry.live, coordinators.COORDINATOR_KIND))
+        if self.config.node_id not in live:
+            return
+        for index in range(count):
+            current = await coordinators.read_owner(self.zookeeper, self.config.zookeeper_root, index)
+            loaded = self.partitions.get(index)
+            if current is not None and loaded is not None and current[0].coordinator_epoch != loaded.owner.coordinator_epoch:
+                self.unload(index, f"now owned by node {current[0].node_id} at epoch {current[0].coordinator_epoch}")
+                loaded = None
+            if loaded is not None and loaded.log.broken:
+                self.unload(index, loaded.log.broken)
+                loaded = None
+            desired = live[index % len(live)]
+            owner_alive = current is not None and current[0].node_id in live
+            mine_to_take = desired == self.config.node_id and (current is None or current[0].node_id != self.config.node_id or loaded is None)
+            orphan = current is not None and not owner_alive and desired == self.config.node_id
+            if loaded is None and (mine_to_take or orphan):
+                await self.take_over(index, current)
+
+    async def take_over(self, index: int, current) -> None:
+        if current is None:
+            owner = coordinators.PartitionOwner(self.config.node_id, 0, await self.producer_ids.next_id())
+            try:
+                await zk.call(self.zookeeper, "create", coordinators.owner_path(self.config.zookeeper_root, index), owner.encode(), makepath=True)
+            except NodeExistsError:
+                return  # someone else was faster; the next round looks again
+        else:
+            previous, version = current
+            owner = coordinators.PartitionOwner(self.config.node_id, previous.coordinator_epoch + 1, previous.log_producer_id)
+            try:
+                await zk.call(self.zookeeper, "set", coordinators.owner_path(self.config.zookeeper_root, index), owner.encode(), version=version)
+            except BadVersionError:
+                return
+        log.info("taking over transaction log partition", extra=fields(partition=index, coordinator_epoch=owner.coordinator_epoch))
+        loaded = LoadedPartition(index, owner, TransactionLogPartition(self.client, index, owner.log_producer_id, owner.coordinator_epoch))
+        self.partitions[index] = loaded
+        try:
+            await loaded.log.append(FENCE_KEY, str(owner.coordinator_epoch).encode())  # fences the previous owner's writes
+            records = await loaded.log.read_all()
+        except TxlogError as exc:
+            self.unload(index, f"loading failed: {exc}")
+            return
+        for tid, record in records.items():
+            if record is not None:
+                loaded.transactions[tid] = TransactionMetadata.from_record(record)
+        loaded.loaded = True
+        log.info("loaded transaction log partition", extra=fields(partition=index, transactional_ids=len(loaded.transactions)))
+        for meta in loaded.transactions.values():
+            if meta.state.is_preparing:  # decided before the previous owner stopped: finish it
+                self._spawn(loaded, self._complete(loaded, meta))
+
+    def unload(self, index: int, reason: str) -> None:
+        loaded = self.partitions.pop(index, None)
+        if loaded is not None:
+            log.warning("no longer serving transaction log partition", extra=fields(partition=index, reason=reason))
+            for task in loaded.tasks:
+                task.cancel()
+
+    def _spawn(self, loaded: LoadedPartition, coroutine) -> None:
+        task = asyncio.ensure_future(coroutine)
+        loaded.tasks.add(task)
+        task.add_done_callback(loaded.tasks.discard)
+
+    # --- finding the state of an id ----------------------------------------------------
+
+    def partition_of(self, transactional_id: str) -> int:
+        if self.partition_count is None:
+            raise error("COORDINATOR_NOT_AVAILABLE", "the transaction log is not set up yet; retry")
+        return partition_for_id(transactional_id, self.partition_count)
+
+    def loaded_partition(self, transactional_id: str) -> LoadedPartition:
+        index = self.partition_of(transactional_id)
+        loaded = self.partitions.get(index)
+        if loaded is None:
+            raise error("NOT_COORDINATOR", f"this coordinator (node {self.config.node_id}) does not own transaction log partition {index}")
+        if not loaded.loaded:
+            raise error("COORDINATOR_LOAD_IN_PROGRESS", f"transaction log partition {index} is still loading; retry")
+        if loaded.log.broken:
+            raise error("NOT_COORDINATOR", f"transaction log partition {index} is being reloaded")
+        return loaded
+
+    @staticmethod
+    def check_transactional_id(transactional_id: str) -> None:
+        if not TRANSACTIONAL_ID_RE.match(transactional_id):
+            raise TxlogError(
+                ErrorCode.Value("INVALID_TRANSACTIONAL_ID"),
+                f"transactional id {transactional_id[:300]!r} is invalid: 1 to 255 characters of [a-zA-Z0-9._:-]",
+            )
+
+    def _existing(self, loaded: LoadedPartition, transactional_id: str, producer_id: int) -> TransactionMetadata:
+        meta = loaded.transactions.get(transactional_id)
+        if meta is None or meta.state is S.DEAD:
+            raise error("INVALID_PRODUCER_ID_MAPPING", f"transactional id {transactional_id!r} is unknown: call InitProducerId first")
+        if producer_id != meta.producer_id:
+            raise error(
+                "INVALID_PRODUCER_ID_MAPPING",
+                f"producer id {producer_id} is not the one of transactional id {transactional_id!r} ({meta.producer_id})",
+            )
+        if meta.pending_state is not None:
+            raise error("CONCURRENT_TRANSACTIONS", f"a {meta.pending_state.value} of {transactional_id!r} is in flight; retry")
+        return meta
+
+    @staticmethod
+    def _check_epoch(meta: TransactionMetadata, producer_epoch: int) -> None:
+        if producer_epoch < meta.producer_epoch:
+            raise error(
+                "PRODUCER_FENCED",
+                f"producer epoch {producer_epoch} of {meta.transactional_id!r} was fenced by epoch {meta.producer_epoch}: "
+                "a newer producer with this transactional id exists, or the transaction was aborted; close this producer",
+            )
+        if producer_epoch > meta.producer_epoch:
+            raise error("INVALID_PRODUCER_EPOCH", f"producer epoch {producer_epoch} is newer than {meta.producer_epoch}, which the coordinator knows")
+
+    async def _transition(self, loaded: LoadedPartition, meta: TransactionMetadata, to_state: TransactionState, **changes) -> None:
+        """Write, then apply."""
+        record = ts.prepare_transition(meta, to_state, last_update_ms=self.clock_ms(), **changes)
+        try:
+            await loaded.log.write(record)
+        except BaseException:
+            ts.abandon_transition(meta)
+            raise
+        ts.complete_transition(meta, record)
+
+    # --- InitProducerId --------------------------------------------------------------------
+
+    async def handle_init_producer_id(self, transactional_id: str, timeout_ms: int, producer_id: int, producer_epoch: int) -> tuple[int, int]:
+        if not transactional_id:
+            return await self.producer_ids.next_id(), 0
+        self.check_transactional_id(transactional_id)
+        if not 1 <= timeout_ms <= self.config.transaction_timeout_ms_max:
+            raise error("INVALID_TRANSACTION_TIMEOUT", f"transaction_timeout_ms must be 1..{self.config.transaction_timeout_ms_max}, got {timeout_ms}")
+        loaded = self.loaded_partition(transactional_id)
+        meta = loaded.transactions.get(transactional_id)
+        if meta is None or meta.state is S.DEAD:
+            meta = TransactionMetadata(transactional_id, await self.producer_ids.next_id(), 0, timeout_ms)
+            loaded.transactions[transactional_id] = meta
+            meta.pending_state = None
+            record = ts.TransactionRecord(transactional_id, meta.producer_id, ts.NO_PRODUCER_ID, 0, ts.NO_EPOCH, timeout_ms, S.EMPTY, frozenset(), -1, self.clock_ms())
+            try:
+                meta.pending_state = S.EMPTY
+                await loaded.log.write(record)
+            except BaseException:
+                loaded.transactions.pop(transactional_id, None)
+                raise
+            ts.complete_transition(meta, record)
+            return meta.producer_id, meta.producer_epoch
+        if meta.pending_state is not None:
+            raise error("CONCURRENT_TRANSACTIONS", f"a {meta.pending_state.value} of {transactional_id!r} is in flight; retry")
+        if producer_id >= 0:  # KIP-360: a producer that knows its id and epoch asks for a bump
+            if producer_id != meta.producer_id or producer_epoch != meta.producer_epoch:
+                raise error(
+                    "PRODUCER_FENCED",
+                    f"producer {producer_id} epoch {producer_epoch} is not the current one of {transactional_id!r}; close this producer",
+                )
+        if meta.state is S.ONGOING:
+            await self._fence_and_abort(loaded, meta)
+            raise error("CONCURRENT_TRANSACTIONS", f"aborting the open transaction of a previous producer with id {transactional_id!r}; retry")
+        if meta.state.is_preparing:
+            raise error("CONCURRENT_TRANSACTIONS", f"the last transaction of {transactional_id!r} is completing; retry")
+        bumped = ts.bumped_epoch(meta.producer_id, meta.producer_epoch)
+        if bumped is None:
+            new_id, new_epoch, previous = await self.producer_ids.next_id(), 0, meta.producer_id
+        else:
+            (new_id, new_epoch), previous = bumped, meta.previous_producer_id
+        await self._transition(
+            loaded, meta, S.EMPTY, producer_id=new_id, producer_epoch=new_epoch, previous_producer_id=previous,
+            last_producer_epoch=ts.NO_EPOCH, txn_timeout_ms=timeout_ms, partitions=frozenset(), txn_start_ms=-1,
+        )
+        return new_id, new_epoch
+
+    async def _fence_and_abort(self, loaded: LoadedPartition, meta: TransactionMetadata) -> None:
+        """Aborts an Ongoing transaction with the epoch bumped, so its producer is fenced."""
+        ts.prepare_transition(meta, S.PREPARE_EPOCH_FENCE)
+        ts.abandon_transition(meta)  # the fence is pending-only: the PrepareAbort below is what is written
+        await self._begin_completion(loaded, meta, committed=False)
+
+    # --- AddPartitionsToTxn, AddOffsetsToTxn -------------------------------------------
+
+    async def handle_add_partitions(self, transactional_id, producer_id, producer_epoch, partitions, verify_only) -> dict:
+        """{(topic, partition): None (ok) or a TxlogError}."""
+        self.check_transactional_id(transactional_id)
+        loaded = self.loaded_partition(transactional_id)
+        if verify_only:
+            meta = loaded.transactions.get(transactional_id)
+            ok = meta is not None and meta.producer_id == producer_id and meta.producer_epoch == producer_epoch and meta.state is S.ONGOING
+            return {
+                tp: None if ok and tp in meta.partitions else error("INVALID_TXN_STATE", f"{tp[0]}-{tp[1]} is not in an open transaction of producer {producer_id} epoch {producer_epoch}")
+                for tp in partitions
+            }
+        meta = self._existing(loaded, transactional_id, producer_id)
+        self._check_epoch(meta, producer_epoch)
+        if meta.state.is_preparing:
+            raise error("CONCURRENT_TRANSACTIONS", f"the last transaction of {transactional_id!r} is completing; retry")
+        unknown = await self._unknown_partitions(partitions)
+        wanted = frozenset(tp for tp in partitions if tp not in unknown)
+        if wanted and not (meta.state is S.ONGOING and wanted <= meta.partitions):
+            start = meta.txn_start_ms if meta.state is S.ONGOING else self.clock_ms()
+            await self._transition(loaded, meta, S.ONGOING, partitions=meta.partitions | wanted, txn_start_ms=start)
+        return {tp: unknown.get(tp) for tp in partitions}
+
+    async def _unknown_partitions(self, partitions) -> dict:
+        unknown = {}
+        topics = sorted({t for t, _ in partitions})
+        await self.client.refresh(topics)
+        for topic, index in partitions:
+            count = await self.client.partition_count(topic)
+            if count is None or not 0 <= index < count:
+                unknown[(topic, index)] = error("UNKNOWN_TOPIC_OR_PARTITION", f"{topic}-{index} does not exist")
+        return unknown
+
+    async def handle_add_offsets(self, transactional_id, producer_id, producer_epoch, group_id) -> None:
+        if not re.match(r"^[a-zA-Z0-9._-]{1,255}$", group_id):
+            raise error("INVALID_GROUP_ID", f"group id {group_id[:300]!r} is invalid")
+        reply = await self.client.call("Metadata", partition_pb2.MetadataRequest(group_ids=[group_id], topics=[CONSUMER_OFFSETS]))
+        count = len(reply.topics[0].partitions)
+        if not count:
+            raise error("COORDINATOR_NOT_AVAILABLE", f"{CONSUMER_OFFSETS} is not available yet; retry")
+        partition = (CONSUMER_OFFSETS, partition_for_id(group_id, count))
+        results = await self.handle_add_partitions(transactional_id, producer_id, producer_epoch, [partition], False)
+        if results[partition] is not None:
+            raise results[partition]
+
+    # --- EndTxn ------------------------------------------------------------------------------
+
+    async def handle_end_txn(self, transactional_id, producer_id, producer_epoch, committed) -> tuple[int, int]:
+        self.check_transactional_id(transactional_id)
+        loaded = self.loaded_partition(transactional_id)
+        meta = self._existing(loaded, transactional_id, producer_id)
+        outcome_commit = {S.PREPARE_COMMIT, S.COMPLETE_COMMIT}
+        outcome_abort = {S.PREPARE_ABORT, S.COMPLETE_ABORT}
+        retry = producer_epoch == meta.last_producer_epoch and producer_epoch + 1 == meta.producer_epoch
+        if retry and meta.state in outcome_commit | outcome_abort:
+            # A retried EndTxn whose first attempt was applied (Transactions V2 table).
+            if (meta.state in outcome_commit) == committed:
+                return meta.producer_id, meta.producer_epoch
+            if committed:  # the coordinator aborted it (timeout): the commit never happened
+                raise error("PRODUCER_FENCED", f"the transaction of {transactional_id!r} was aborted by the coordinator (timeout or fence); close this producer")
+            raise error("INVALID_TXN_STATE", f"the transaction of {transactional_id!r} committed already; it cannot be aborted")
+        self._check_epoch(meta, producer_epoch)
+        if meta.state.is_preparing:
+            raise error("CONCURRENT_TRANSACTIONS", f"the last transaction of {transactional_id!r} is completing; retry")
+        if meta.state is not S.ONGOING:
+            return meta.producer_id, meta.producer_epoch  # nothing was added: nothing to end
+        await self._begin_completion(loaded, meta, committed)
+        return meta.producer_id, meta.producer_epoch
+
+    async def _begin_completion(self, loaded: LoadedPartition, meta: TransactionMetadata, committed: bool) -> None:
+        """Writes the decision (Prepare*, epoch bumped), then completes it in the background."""
+        bumped = ts.bumped_epoch(meta.producer_id, meta.producer_epoch)
+        epoch = bumped[1] if bumped is not None else meta.producer_epoch  # exhausted: markers at the last epoch; the next init takes a new id
+        await self._transition(
+            loaded, meta, S.PREPARE_COMMIT if committed else S.PREPARE_ABORT,
+            producer_epoch=epoch, last_producer_epoch=meta.producer_epoch,
+        )
+        self._spawn(loaded, self._complete(loaded, meta))
+
+    async def _complete(self, loaded: LoadedPartition, meta: TransactionMetadata) -> None:
+        committed = meta.state is S.PREPARE_COMMIT
+        try:
+            await self.markers.write(
+                meta.transactional_id, meta.producer_id, meta.producer_epoch, committed, loaded.owner.coordinator_epoch, meta.partitions
+            )
+            await self._transition(loaded, meta, S.COMPLETE_COMMIT if committed else S.COMPLETE_ABORT, partitions=frozenset(), txn_start_ms=-1)
+        except TxlogError as exc:
+            if exc.code == ErrorCode.Value("TRANSACTION_COORDINATOR_FENCED"):
+                loaded.log.broken = f"fenced while writing markers: {exc.message}"
+            log.warning("could not complete a transaction; the partition's next load will", extra=fields(transactional_id=meta.transactional_id, error=str(exc)))
+
+    # --- timers ----------------------------------------------------------------------------
+
+    async def abort_timed_out(self) -> None:
+        now = self.clock_ms()
+        for loaded in list(self.partitions.values()):
+            if not loaded.loaded or loaded.log.broken:
+                continue
+            for meta in list(loaded.transactions.values()):
+                if meta.pending_state is not None:
+                    continue
+                if meta.state is S.ONGOING and meta.txn_start_ms + meta.txn_timeout_ms < now:
+                    log.info("aborting a timed-out transaction", extra=fields(transactional_id=meta.transactional_id))
+                    try:
+                        await self._begin_completion(loaded, meta, committed=False)
+                    except TxlogError as exc:
+                        log.warning("timeout abort failed", extra=fields(transactional_id=meta.transactional_id, error=str(exc)))
+                elif meta.state.is_complete and meta.last_update_ms + self.config.transactional_id_expiration_ms < now:
+                    try:
+                        ts.prepare_transition(meta, S.DEAD)
+                        await loaded.log.append(meta.transactional_id.encode(), None)
+                        loaded.transactions.pop(meta.transactional_id, None)
+                        log.info("transactional id expired", extra=fields(transactional_id=meta.transactional_id))
+                    except TxlogError:
+                        ts.abandon_transition(meta)
+
+    # --- admin -------------------------------------------------------------------------------
+
+    def list_local(self, states: set, producer_ids: set, duration_ms: int) -> list[TransactionMetadata]:
+        now = self.clock_ms()
+        found = []
+        for loaded in self.partitions.values():
+            for meta in loaded.transactions.values():
+                if states and meta.state not in states:
+                    continue
+                if producer_ids and meta.producer_id not in producer_ids:
+                    continue
+                if duration_ms and not (meta.state is S.ONGOING and now - meta.txn_start_ms > duration_ms):
+                    continue
+                found.append(meta)
+        return sorted(found, key=lambda m: m.transactional_id)
+
+    def describe(self, transactional_id: str) -> TransactionMetadata:
+        self.check_transactional_id(transactional_id)
+        meta = self.loaded_partition(transactional_id).transactions.get(transactional_id)
+        if meta is None:
+            raise error("TRANSACTIONAL_ID_NOT_FOUND", f"transactional id {transactional_id!r} is unknown")
+        return meta
+
+    async def owner_address(self, transactional_id: str) -> tuple[int, str, int, int]:
+        """(node id, address, partition, coordinator epoch) of the id's coordinator."""
+        index = self.partition_of(transactional_id)
+        current = await coordinators.read_owner(self.zookeeper, self.config.zookeeper_root, index)
+        if current is None:
+            raise error("COORDINATOR_NOT_AVAILABLE", f"transaction log partition {index} has no owner yet; retry")
+        live = await asyncio.to_thread(self.registry.live, coordinators.COORDINATOR_KIND)
+        address = live.get(current[0].node_id)
+        if address is None:
+            raise error("COORDINATOR_NOT_AVAILABLE", f"coordinator {current[0].node_id} is not live; retry")
+        return current[0].node_id, address, index, current[0].coordinator_epoch

@@ -1,0 +1,212 @@
+"""The gRPC face of coordinator_svc: one thin handler per RPC."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+
+import grpc
+
+from coordinator_svc.coordinator import CoordinatorConfig, TransactionCoordinator, error
+from coordinator_svc.partitions import PartitionClient
+from coordinator_svc.transaction_state import TransactionMetadata, TransactionState
+from services import coordinators, errors, server
+from services.channels import open_channel
+from services.config import Setting, positive_int
+from services.errors import TxlogError
+from services.producer_ids import ProducerIdSource
+from services.stubs.txlog.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc, partition_pb2
+
+KIND = coordinators.COORDINATOR_KIND
+SERVICE = coordinator_pb2.DESCRIPTOR.services_by_name["CoordinatorService"]
+log = logging.getLogger(__name__)
+
+SETTINGS = (
+    Setting("listen", "0.0.0.0:7200", "host:port the gRPC server binds"),
+    Setting("transaction_state_partitions", 8, "partition count of __transaction_state, set when it is first created", positive_int),
+    Setting("transaction_timeout_ms_max", 900_000, "largest transaction timeout a producer may ask for, ms", positive_int),
+    Setting("transactional_id_expiration_ms", 7 * 24 * 3600 * 1000, "idle transactional ids are removed after this long, ms", positive_int),
+    Setting("transaction_check_interval_ms", 1_000, "how often timed-out transactions are aborted and idle ids expired, ms", positive_int),
+    Setting("ownership_check_interval_ms", 1_000, "how often partition ownership is checked against the live coordinators, ms", positive_int),
+)
+
+STATE_TO_PROTO = {state: coordinator_pb2.TransactionState.Value("TRANSACTION_STATE_" + state.name) for state in TransactionState}
+STATE_FROM_PROTO = {number: state for state, number in STATE_TO_PROTO.items()}
+
+
+def topic_partitions(partitions) -> list[tuple[str, int]]:
+    return [(tp.topic, tp.partition) for tp in partitions]
+
+
+def describe(meta: TransactionMetadata) -> coordinator_pb2.TransactionDescription:
+    return coordinator_pb2.TransactionDescription(
+        transactional_id=meta.transactional_id,
+        state=STATE_TO_PROTO[meta.state],
+        producer_id=meta.producer_id,
+        producer_epoch=meta.producer_epoch,
+        transaction_timeout_ms=meta.txn_timeout_ms,
+        transaction_start_time_ms=meta.txn_start_ms if meta.state is TransactionState.ONGOING or meta.state.is_preparing else -1,
+        partitions=[common_pb2.TopicPartition(topic=t, partition=p) for t, p in sorted(meta.partitions)],
+    )
+
+
+class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
+    def __init__(self, coordinator: TransactionCoordinator, runtime: server.ServiceRuntime):
+        self.coordinator = coordinator
+        self.runtime = runtime
+
+    @server.rpc_handler
+    async def FindCoordinator(self, request, context):
+        if request.key_type == coordinator_pb2.COORDINATOR_KEY_TYPE_TRANSACTION:
+            TransactionCoordinator.check_transactional_id(request.key)
+            await self.coordinator.ensure_log_topic()
+            node_id, address, partition, epoch = await self.coordinator.owner_address(request.key)
+            return coordinator_pb2.FindCoordinatorResponse(coordinator_id=node_id, address=address, partition=partition, coordinator_epoch=epoch)
+        if request.key_type == coordinator_pb2.COORDINATOR_KEY_TYPE_GROUP:
+            reply = await self.coordinator.client.call("Metadata", partition_pb2.MetadataRequest(group_ids=[request.key]))
+            found = reply.group_coordinators[0]
+            errors.check(found.error)
+            return coordinator_pb2.FindCoordinatorResponse(coordinator_id=found.node_id, address=found.address)
+        raise error("INVALID_REQUEST", f"unknown key_type {request.key_type}")
+
+    @server.rpc_handler
+    async def InitProducerId(self, request, context):
+        producer_id, epoch = await self.coordinator.handle_init_producer_id(
+            request.transactional_id, request.transaction_timeout_ms, request.producer_id, request.producer_epoch
+        )
+        return coordinator_pb2.InitProducerIdResponse(producer_id=producer_id, producer_epoch=epoch)
+
+    @server.rpc_handler
+    async def AddPartitionsToTxn(self, request, context):
+        if not request.partitions:
+            raise error("INVALID_REQUEST", "the request names no partition")
+        results = await self.coordinator.handle_add_partitions(
+            request.transactional_id, request.producer_id, request.producer_epoch, topic_partitions(request.partitions), request.verify_only
+        )
+        reply = coordinator_pb2.AddPartitionsToTxnResponse()
+        for (topic, partition), problem in results.items():
+            result = reply.results.add(partition=common_pb2.TopicPartition(topic=topic, partition=partition))
+            if problem is not None:
+                result.error.CopyFrom(problem.to_proto())
+        return reply
+
+    @server.rpc_handler
+    async def AddOffsetsToTxn(self, request, context):
+        await self.coordinator.handle_add_offsets(request.transactional_id, request.producer_id, request.producer_epoch, request.group_id)
+        return coordinator_pb2.AddOffsetsToTxnResponse()
+
+    @server.rpc_handler
+    async def EndTxn(self, request, context):
+        producer_id, epoch = await self.coordinator.handle_end_txn(
+            request.transactional_id, request.producer_id, request.producer_epoch, request.committed
+        )
+        return coordinator_pb2.EndTxnResponse(producer_id=producer_id, producer_epoch=epoch)
+
+    @server.rpc_handler
+    async def ListTransactions(self, request, context):
+        unknown = [s for s in request.state_filters if s not in STATE_FROM_PROTO]
+        if unknown or request.duration_filter_ms < 0:
+            raise error("INVALID_REQUEST", "state_filters hold an unknown state" if unknown else "duration_filter_ms must not be negative")
+        found = self.coordinator.list_local(
+            {STATE_FROM_PROTO[s] for s in request.state_filters}, set(request.producer_id_filters), request.duration_filter_ms
+        )
+        reply = coordinator_pb2.ListTransactionsResponse(
+            transactions=[
+                coordinator_pb2.TransactionListing(transactional_id=m.transactional_id, producer_id=m.producer_id, state=STATE_TO_PROTO[m.state])
+                for m in found
+            ]
+        )
+        if not request.local_only:
+            live = await asyncio.to_thread(self.runtime.registry.live, KIND)
+            local = request.__class__()
+            local.CopyFrom(request)
+            local.local_only = True
+            for node_id, address in sorted(live.items()):
+                if node_id == self.runtime.config.node_id:
+                    continue
+                async with open_channel(address, timeout_s=10) as channel:
+                    try:
+                        other = await coordinator_pb2_grpc.CoordinatorServiceStub(channel).ListTransactions(local)
+                    except grpc.RpcError as exc:
+                        raise error("COORDINATOR_NOT_AVAILABLE", f"coordinator {node_id} did not answer: {errors.from_rpc_error(exc)}") from None
+                reply.transactions.extend(other.transactions)
+        return reply
+
+    @server.rpc_handler
+    async def DescribeTransactions(self, request, context):
+        reply = coordinator_pb2.DescribeTransactionsResponse()
+        for transactional_id in request.transactional_ids:
+            try:
+                reply.transactions.append(describe(self.coordinator.describe(transactional_id)))
+            except TxlogError as exc:
+                reply.transactions.add(transactional_id=transactional_id, error=exc.to_proto())
+        return reply
+
+    @server.rpc_handler
+    async def AbortTransaction(self, request, context):
+        tp = (request.partition.topic, request.partition.partition)
+        if request.producer_id < 0 or not 0 <= request.producer_epoch <= 32767 or request.coordinator_epoch < 0:
+            raise error("INVALID_REQUEST", "producer_id, producer_epoch and coordinator_epoch must be valid (see DescribeProducers)")
+        leader = await self.coordinator.client.leader(*tp)
+        reply = await self.coordinator.client.stub(leader).WriteTxnMarkers(
+            partition_pb2.WriteTxnMarkersRequest(
+                markers=[
+                    partition_pb2.TxnMarker(
+                        producer_id=request.producer_id,
+                        producer_epoch=request.producer_epoch,
+                        committed=False,
+                        coordinator_epoch=request.coordinator_epoch,
+                        partitions=[request.partition],
+                    )
+                ]
+            )
+        )
+        errors.check(reply.markers[0].results[0].error)
+        log.info("aborted a hanging transaction", extra={"fields": {"topic": tp[0], "partition": tp[1], "producer_id": request.producer_id}})
+        return coordinator_pb2.AbortTransactionResponse()
+
+
+async def run_every(interval_ms: int, step, what: str) -> None:
+    while True:
+        try:
+            await step()
+        except TxlogError as exc:
+            log.warning("%s: %s", what, exc)
+        except Exception:
+            log.exception("%s failed", what)
+        await asyncio.sleep(interval_ms / 1000)
+
+
+async def build(runtime: server.ServiceRuntime) -> CoordinatorServicer:
+    cfg = runtime.config
+    client = PartitionClient(runtime.registry)
+    coordinator = TransactionCoordinator(
+        CoordinatorConfig(cfg.node_id, cfg.zookeeper_root, cfg.transaction_state_partitions, cfg.transaction_timeout_ms_max, cfg.transactional_id_expiration_ms),
+        runtime.zookeeper,
+        runtime.registry,
+        client,
+        ProducerIdSource(runtime.registry, requester_id=cfg.node_id),
+    )
+    servicer = CoordinatorServicer(coordinator, runtime)
+    runtime.add_servicer(servicer, SERVICE)
+    loops = [
+        asyncio.ensure_future(run_every(cfg.ownership_check_interval_ms, coordinator.balance, "balancing transaction log partitions")),
+        asyncio.ensure_future(run_every(cfg.transaction_check_interval_ms, coordinator.abort_timed_out, "aborting timed-out transactions")),
+    ]
+
+    async def close() -> None:
+        for loop in loops:
+            loop.cancel()
+        await client.close()
+
+    runtime.on_stop(close)
+    return servicer
+
+
+def main(argv=None) -> int:
+    return server.run(KIND, "txlog transaction coordinator", SETTINGS, build, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

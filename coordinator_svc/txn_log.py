@@ -1,0 +1,135 @@
+"""One partition of the transaction log, ``__transaction_state``, stored on
+partition_svc like any topic (keyed by transactional id, compacted).
+
+The owning coordinator writes it as an idempotent producer whose producer id is
+the partition's ``log_producer_id`` and whose producer epoch is its coordinator
+epoch. So the partition leader itself fences a deposed coordinator: once the new
+owner has written with a higher epoch, every write of the old one is refused
+(INVALID_PRODUCER_EPOCH), and a retried write is never appended twice.
+
+Writes are batched: records submitted while a write is in flight go out
+together in the next one (one Produce, one sync on the leader). A write whose
+outcome stays unknown or that is fenced marks the partition broken: the
+coordinator stops serving it and loads it again (with a new epoch), so its
+memory never disagrees with the log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from coordinator_svc.partitions import PartitionClient
+from coordinator_svc.transaction_state import TransactionRecord
+from services.coordinators import TRANSACTION_STATE_TOPIC
+from services.errors import ErrorCode, TxlogError, spec_of
+from services.logs import fields
+from services.retry import RetryPolicy
+from services.stubs.txlog.v1 import common_pb2, partition_pb2
+
+log = logging.getLogger(__name__)
+RECORDS_PER_WRITE_MAX = 500
+NONE = ErrorCode.Value("NONE")
+ALREADY_WRITTEN = ErrorCode.Value("DUPLICATE_SEQUENCE")
+FENCED = {ErrorCode.Value(c) for c in ("INVALID_PRODUCER_EPOCH", "PRODUCER_FENCED", "OUT_OF_ORDER_SEQUENCE", "UNKNOWN_PRODUCER_ID")}
+FENCE_KEY = b""  # the record that opens an owner's epoch; ignored when loading
+
+
+class TransactionLogPartition:
+    def __init__(self, client: PartitionClient, partition: int, producer_id: int, producer_epoch: int, write_deadline_ms: float = 30_000):
+        self.client = client
+        self.partition = partition
+        self.producer_id = producer_id
+        self.producer_epoch = producer_epoch
+        self.next_sequence = 0
+        self.broken: str | None = None
+        self.retry = RetryPolicy(attempts_max=1_000, backoff_initial_ms=20, backoff_max_ms=500, deadline_ms=write_deadline_ms)
+        self._pending: list[tuple[bytes, bytes | None, asyncio.Future]] = []
+        self._flusher: asyncio.Task | None = None
+
+    async def append(self, key: bytes, value: bytes | None) -> None:
+        """Returns once the record is durable in the log; raises NOT_COORDINATOR otherwise."""
+        if self.broken:
+            raise TxlogError(ErrorCode.Value("NOT_COORDINATOR"), f"transaction log partition {self.partition} is being reloaded: {self.broken}")
+        future = asyncio.get_running_loop().create_future()
+        self._pending.append((key, value, future))
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.ensure_future(self._flush())
+        await future
+
+    async def write(self, record: TransactionRecord) -> None:
+        await self.append(record.transactional_id.encode(), record.encode())
+
+    async def _flush(self) -> None:
+        while self._pending:
+            group = self._pending[:RECORDS_PER_WRITE_MAX]
+            del self._pending[: len(group)]
+            batch = common_pb2.RecordBatch(
+                producer_id=self.producer_id,
+                producer_epoch=self.producer_epoch,
+                base_sequence=self.next_sequence,
+                records=[common_pb2.Record(key=k) if v is None else common_pb2.Record(key=k, value=v) for k, v, _ in group],
+            )
+            try:
+                await self.retry.run(lambda b=batch: self._send(b), lambda exc: isinstance(exc, TxlogError) and exc.retriable)
+                self.next_sequence = (self.next_sequence + len(group)) % 2**31
+                outcome = None
+            except TxlogError as exc:
+                self.broken = f"{exc.name}: {exc.message}"
+                log.warning("transaction log write failed; partition will be reloaded", extra=fields(partition=self.partition, error=str(exc)))
+                outcome = TxlogError(ErrorCode.Value("NOT_COORDINATOR"), f"transaction log partition {self.partition} lost its writer: {exc.message}")
+            for _, _, future in group:
+                if not future.done():
+                    future.set_result(None) if outcome is None else future.set_exception(outcome)
+            if outcome is not None:
+                for _, _, future in self._pending:
+                    future.set_exception(outcome)
+                self._pending.clear()
+
+    async def _send(self, batch: common_pb2.RecordBatch) -> None:
+        leader = await self.client.leader(TRANSACTION_STATE_TOPIC, self.partition)
+        request = partition_pb2.ProduceRequest(
+            acks=-1, batches=[partition_pb2.PartitionBatch(topic=TRANSACTION_STATE_TOPIC, partition=self.partition, batch=batch)]
+        )
+        try:
+            reply = await self.client.stub(leader).Produce(request)
+        except Exception as exc:
+            self.client.forget_leader(TRANSACTION_STATE_TOPIC, self.partition)
+            raise TxlogError(ErrorCode.Value("REQUEST_TIMED_OUT"), f"writing the transaction log at {leader}: {exc}") from None
+        error = reply.results[0].error
+        if error.code in (NONE, ALREADY_WRITTEN):
+            return
+        if spec_of(error.code).retriable:
+            self.client.forget_leader(TRANSACTION_STATE_TOPIC, self.partition)
+        if error.code in FENCED:  # never retried: another owner writes this partition now
+            raise TxlogError(ErrorCode.Value("TRANSACTION_COORDINATOR_FENCED"), error.message)
+        raise TxlogError(error.code, error.message)
+
+    async def read_all(self) -> dict[str, TransactionRecord | None]:
+        """Every transactional id's latest record (None: removed), read from the log start to its end."""
+        records: dict[str, TransactionRecord | None] = {}
+        offset = 0
+        while True:
+            leader = await self.client.leader(TRANSACTION_STATE_TOPIC, self.partition)
+            reply = await self.client.stub(leader).Fetch(
+                partition_pb2.FetchRequest(
+                    isolation_level=common_pb2.READ_UNCOMMITTED,
+                    partitions=[partition_pb2.FetchPartition(topic=TRANSACTION_STATE_TOPIC, partition=self.partition, fetch_offset=offset)],
+                )
+            )
+            result = reply.results[0]
+            if result.error.code == ErrorCode.Value("OFFSET_OUT_OF_RANGE") and offset < result.log_start_offset:
+                offset = result.log_start_offset
+                continue
+            if result.error.code != NONE:
+                self.client.forget_leader(TRANSACTION_STATE_TOPIC, self.partition)
+                raise TxlogError(result.error.code, f"loading transaction log partition {self.partition}: {result.error.message}")
+            for batch in result.batches:
+                for record in batch.records:
+                    if record.key == FENCE_KEY:
+                        continue
+                    tid = record.key.decode()
+                    records[tid] = TransactionRecord.decode(tid, record.value) if record.HasField("value") else None
+            if result.next_fetch_offset >= result.high_watermark:
+                return records
+            offset = result.next_fetch_offset
