@@ -363,7 +363,9 @@ class TransactionCoordinator:
         if meta.state.is_preparing:
             raise error("CONCURRENT_TRANSACTIONS", f"the last transaction of {transactional_id!r} is completing; retry")
         if meta.state is not S.ONGOING:
-            return meta.producer_id, meta.producer_epoch  # nothing was added: nothing to end
+            if committed:
+                raise error("INVALID_TXN_STATE", f"{transactional_id!r} has no open transaction to commit (nothing was added to it)")
+            return meta.producer_id, meta.producer_epoch  # aborting nothing changes nothing
         await self._begin_completion(loaded, meta, committed)
         return meta.producer_id, meta.producer_epoch
 

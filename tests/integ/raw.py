@@ -21,6 +21,15 @@ class Raw:
     def bootstrap(self) -> list[str]:
         return self.cluster.state.bootstrap.split(",")
 
+    def metadata(self, request: partition_pb2.MetadataRequest) -> partition_pb2.MetadataResponse:
+        """Metadata from the first instance that answers (some may be down in fault tests)."""
+        for address in self.bootstrap:
+            try:
+                return self.stub(address).Metadata(request, timeout=10)
+            except grpc.RpcError as exc:
+                failure = exc
+        raise failure
+
     def create_topic(self, name, partitions, **configs):
         reply = self.stub(self.bootstrap[0]).CreateTopics(
             partition_pb2.CreateTopicsRequest(topics=[partition_pb2.CreatableTopic(name=name, partition_count=partitions, configs=configs)]),
@@ -30,7 +39,7 @@ class Raw:
         return reply
 
     def leaders(self, topic) -> dict[int, str]:
-        reply = self.stub(self.bootstrap[0]).Metadata(partition_pb2.MetadataRequest(topics=[topic]), timeout=10)
+        reply = self.metadata(partition_pb2.MetadataRequest(topics=[topic]))
         return {p.partition: p.leader_address for p in reply.topics[0].partitions}
 
     def leader(self, topic, partition):

@@ -1,0 +1,197 @@
+"""Transactions end to end through the real services (raw gRPC steps): atomic
+commits, aborts, the LSO, fencing, timeouts, coordinator failover, bad input."""
+
+import time
+
+import grpc
+import pytest
+from raw import Raw, plain_batch
+from txn_raw import TxnProducer, retrying
+
+from coordinator_svc.server import STATE_TO_PROTO
+from coordinator_svc.transaction_state import TransactionState
+from services import errors
+from services.hashing import partition_for_id
+from services.stubs.txlog.v1 import common_pb2, coordinator_pb2, partition_pb2
+
+COMMITTED, UNCOMMITTED = common_pb2.READ_COMMITTED, common_pb2.READ_UNCOMMITTED
+
+
+@pytest.fixture
+def raw(txn_cluster):
+    client = Raw(txn_cluster)
+    yield client
+    client.close()
+
+
+def values(raw, topic, partition, isolation):
+    result = raw.fetch(topic, partition, 0, isolation=isolation)
+    assert result.error.code == 0, result.error
+    return [r.value.decode() for b in result.batches for r in b.records]
+
+
+def code_name(result):
+    return errors.ErrorCode.Name(result.error.code)
+
+
+def wait_until(predicate, timeout_s=15, what="condition"):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if predicate():
+                return
+        except grpc.RpcError:
+            pass  # a restarted service may refuse connections for a moment
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def rpc_error_name(call):
+    with pytest.raises(grpc.RpcError) as info:
+        call()
+    return errors.from_rpc_error(info.value).name
+
+
+def test_commit_is_atomic_across_two_instances_and_abort_leaves_nothing_committed(raw):
+    raw.create_topic("atomic", 2)
+    leaders = raw.leaders("atomic")
+    assert leaders[0] != leaders[1]  # the transaction spans both partition_svc instances
+    producer = TxnProducer(raw, "atomic-tx").init()
+    producer.add(("atomic", 0), ("atomic", 1))
+    for p in (0, 1):
+        assert code_name(producer.send("atomic", p, f"c{p}")) == "NONE"
+    assert values(raw, "atomic", 0, COMMITTED) == [] and values(raw, "atomic", 1, COMMITTED) == []
+    epoch = producer.producer_epoch
+    assert producer.end(committed=True).producer_epoch == epoch + 1  # Transactions V2: every EndTxn bumps the epoch
+    wait_until(lambda: values(raw, "atomic", 0, COMMITTED) == ["c0"] and values(raw, "atomic", 1, COMMITTED) == ["c1"], what="commit")
+
+    producer.add(("atomic", 0), ("atomic", 1))
+    for p in (0, 1):
+        assert code_name(producer.send("atomic", p, f"a{p}")) == "NONE"
+    producer.end(committed=False)
+    wait_until(lambda: producer.describe().state == STATE_TO_PROTO[TransactionState.COMPLETE_ABORT], what="abort")
+    for p in (0, 1):
+        assert values(raw, "atomic", p, COMMITTED) == [f"c{p}"]
+        assert values(raw, "atomic", p, UNCOMMITTED) == [f"c{p}", f"a{p}"]  # markers are never returned
+        assert raw.list_offset("atomic", p, partition_pb2.OFFSET_SPEC_LAST_STABLE).offset == 4  # 2 records + 2 markers
+
+
+def test_an_open_transaction_holds_the_lso_over_later_commits(raw):
+    raw.create_topic("lso", 1)
+    first, second = TxnProducer(raw, "lso-first").init(), TxnProducer(raw, "lso-second").init()
+    first.add(("lso", 0))
+    assert code_name(first.send("lso", 0, "first")) == "NONE"
+    second.add(("lso", 0))
+    assert code_name(second.send("lso", 0, "second")) == "NONE"
+    second.end(committed=True)
+    wait_until(lambda: second.describe().state == STATE_TO_PROTO[TransactionState.COMPLETE_COMMIT], what="second commit")
+    assert raw.list_offset("lso", 0, partition_pb2.OFFSET_SPEC_LAST_STABLE).offset == 0
+    assert values(raw, "lso", 0, COMMITTED) == []  # the later commit waits behind the open transaction
+    first.end(committed=True)
+    wait_until(lambda: values(raw, "lso", 0, COMMITTED) == ["first", "second"], what="both visible")
+
+
+def test_a_new_producer_fences_the_zombie_and_aborts_its_transaction(raw):
+    raw.create_topic("zombie", 1)
+    zombie = TxnProducer(raw, "shared-id").init()
+    zombie.add(("zombie", 0))
+    assert code_name(zombie.send("zombie", 0, "zombie-1")) == "NONE"
+    successor = TxnProducer(raw, "shared-id").init()  # retries CONCURRENT_TRANSACTIONS while the old one is aborted
+    assert successor.producer_id == zombie.producer_id and successor.producer_epoch > zombie.producer_epoch
+    assert code_name(zombie.send("zombie", 0, "zombie-2")) == "PRODUCER_FENCED"
+    assert rpc_error_name(lambda: zombie.end(committed=True)) == "PRODUCER_FENCED"
+    successor.add(("zombie", 0))
+    assert code_name(successor.send("zombie", 0, "successor")) == "NONE"
+    successor.end(committed=True)
+    wait_until(lambda: values(raw, "zombie", 0, COMMITTED) == ["successor"], what="successor's commit")
+    assert values(raw, "zombie", 0, UNCOMMITTED) == ["zombie-1", "successor"]
+
+
+def test_a_timed_out_transaction_is_aborted_and_its_late_commit_changes_nothing(raw):
+    raw.create_topic("slow", 1)
+    producer = TxnProducer(raw, "slow-tx", timeout_ms=1000).init()
+    producer.add(("slow", 0))
+    assert code_name(producer.send("slow", 0, "too-late")) == "NONE"
+    wait_until(lambda: producer.describe().state == STATE_TO_PROTO[TransactionState.COMPLETE_ABORT], what="timeout abort")
+    assert raw.list_offset("slow", 0, partition_pb2.OFFSET_SPEC_LAST_STABLE).offset == 2
+    # the next incarnation begins a transaction; then the paused producer's EndTxn arrives (KAFKA-17754)
+    successor = TxnProducer(raw, "slow-tx").init()
+    successor.add(("slow", 0))
+    assert code_name(successor.send("slow", 0, "next")) == "NONE"
+    assert rpc_error_name(lambda: producer.end(committed=True)) == "PRODUCER_FENCED"
+    assert code_name(producer.send("slow", 0, "zombie")) == "PRODUCER_FENCED"
+    assert successor.describe().state == STATE_TO_PROTO[TransactionState.ONGOING]
+    successor.end(committed=True)
+    wait_until(lambda: values(raw, "slow", 0, COMMITTED) == ["next"], what="successor's commit")
+
+
+def test_another_coordinator_completes_a_commit_decided_before_a_crash(raw, txn_cluster):
+    raw.create_topic("failover", 1)
+    data_leader = raw.leaders("failover")[0]
+    state_leaders = raw.leaders("__transaction_state")
+    # a transactional id whose log partition lives on the other partition_svc, so the data leader can be down
+    tid = next(f"fo-{i}" for i in range(1000) if state_leaders[partition_for_id(f"fo-{i}", len(state_leaders))] != data_leader)
+    producer = TxnProducer(raw, tid).init()
+    producer.add(("failover", 0))
+    assert code_name(producer.send("failover", 0, "decided")) == "NONE"
+    names = {p.address: n for n, p in txn_cluster.state.services.items()}
+    metadata = raw.metadata(partition_pb2.MetadataRequest(transactional_ids=[tid]))
+    coordinator_name = names[metadata.transaction_coordinators[0].address]
+    data_leader_name = names[data_leader]
+    txn_cluster.kill(data_leader_name)  # the markers cannot land yet
+    producer.end(committed=True)  # PrepareCommit is durable; the answer comes before the markers
+    txn_cluster.kill(coordinator_name)  # the coordinator dies with the markers unsent
+    txn_cluster.start(data_leader_name)
+    wait_until(lambda: values(raw, "failover", 0, COMMITTED) == ["decided"], timeout_s=40, what="the other coordinator's markers")
+    assert producer.describe().state == STATE_TO_PROTO[TransactionState.COMPLETE_COMMIT]
+    txn_cluster.start(coordinator_name)
+
+
+def test_offsets_in_a_transaction_become_visible_with_its_commit(raw):
+    raw.create_topic("in", 1)
+    producer = TxnProducer(raw, "ctp").init()
+    coordinator = producer.coordinator()
+    retrying(lambda: coordinator.AddOffsetsToTxn(coordinator_pb2.AddOffsetsToTxnRequest(
+        transactional_id="ctp", producer_id=producer.producer_id, producer_epoch=producer.producer_epoch, group_id="grp"), timeout=10))
+    group_coordinator = raw.stub(raw.stub(raw.bootstrap[0]).Metadata(partition_pb2.MetadataRequest(group_ids=["grp"]), timeout=10).group_coordinators[0].address)
+    reply = group_coordinator.TxnOffsetCommit(partition_pb2.TxnOffsetCommitRequest(
+        transactional_id="ctp", group_id="grp", producer_id=producer.producer_id, producer_epoch=producer.producer_epoch,
+        offsets=[partition_pb2.PartitionOffset(topic="in", partition=0, offset=7)]), timeout=10)
+    assert [r.error.code for r in reply.results] == [0]
+
+    def committed(require_stable=False):
+        return group_coordinator.OffsetFetch(partition_pb2.OffsetFetchRequest(
+            group_id="grp", partitions=[common_pb2.TopicPartition(topic="in", partition=0)], require_stable=require_stable), timeout=10).offsets[0].offset
+
+    assert committed() == -1
+    assert rpc_error_name(lambda: committed(require_stable=True)) == "UNSTABLE_OFFSET_COMMIT"
+    producer.end(committed=True)
+    wait_until(lambda: committed(require_stable=True) == 7, what="offsets committed with the transaction")
+
+
+def test_bad_transactional_requests_get_clear_errors_and_change_nothing(raw):
+    raw.create_topic("strict", 2)
+    producer = TxnProducer(raw, "strict-tx").init()
+    coordinator = producer.coordinator()
+
+    def init(**fields):
+        request = dict(transactional_id="strict-tx", transaction_timeout_ms=1000, producer_id=-1, producer_epoch=-1)
+        return lambda: coordinator.InitProducerId(coordinator_pb2.InitProducerIdRequest(**{**request, **fields}), timeout=10)
+
+    assert rpc_error_name(init(transaction_timeout_ms=10**9)) == "INVALID_TRANSACTION_TIMEOUT"
+    assert rpc_error_name(init(transaction_timeout_ms=0)) == "INVALID_TRANSACTION_TIMEOUT"
+    assert rpc_error_name(init(transactional_id="bad id!")) == "INVALID_TRANSACTIONAL_ID"
+    assert rpc_error_name(lambda: producer.end(committed=True)) == "INVALID_TXN_STATE"  # commit without a transaction
+    # a send to a partition never added to the transaction: refused by the leader after asking the coordinator
+    producer.add(("strict", 0))
+    assert code_name(producer.send("strict", 1, "unregistered")) == "INVALID_TXN_STATE"
+    assert values(raw, "strict", 1, UNCOMMITTED) == []
+    wrong_epoch = TxnProducer(raw, "strict-tx")
+    wrong_epoch.producer_id, wrong_epoch.producer_epoch = producer.producer_id, producer.producer_epoch + 5
+    assert rpc_error_name(lambda: wrong_epoch.add(("strict", 0))) == "INVALID_PRODUCER_EPOCH"
+    unknown = TxnProducer(raw, "never-initialised")
+    unknown.producer_id, unknown.producer_epoch = 123456, 0
+    assert rpc_error_name(lambda: unknown.end(committed=True)) == "INVALID_PRODUCER_ID_MAPPING"
+    assert producer.describe().state == STATE_TO_PROTO[TransactionState.ONGOING]
+    assert raw.produce("strict", 1, plain_batch(["plain"])).error.code == 0
+    producer.end(committed=False)
