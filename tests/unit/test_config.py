@@ -50,10 +50,11 @@ def test_markdown_table_lists_every_setting():
 def test_readme_documents_every_setting_of_every_service():
     from pathlib import Path
 
+    from coordinator_svc.server import SETTINGS as COORDINATOR_SETTINGS
     from partition_svc.server import SETTINGS as PARTITION_SETTINGS
     from producer_id_svc.server import SETTINGS as PRODUCER_ID_SETTINGS
     from services.server import SERVER_SETTINGS
 
     readme = (Path(__file__).parents[2] / "README.md").read_text()
-    for setting in (*COMMON_SETTINGS, *SERVER_SETTINGS, *PRODUCER_ID_SETTINGS, *PARTITION_SETTINGS):
+    for setting in (*COMMON_SETTINGS, *SERVER_SETTINGS, *PRODUCER_ID_SETTINGS, *PARTITION_SETTINGS, *COORDINATOR_SETTINGS):
         assert f"`{setting.flag}` | `{setting.env}`" in readme, setting.name
