@@ -322,20 +322,24 @@ class TransactionCoordinator:
         return {tp: unknown.get(tp) for tp in partitions}
 
     async def _unknown_partitions(self, partitions) -> dict:
-        unknown = {}
-        topics = sorted({t for t, _ in partitions})
-        await self.client.refresh(topics)
-        for topic, index in partitions:
-            count = await self.client.partition_count(topic)
-            if count is None or not 0 <= index < count:
-                unknown[(topic, index)] = error("UNKNOWN_TOPIC_OR_PARTITION", f"{topic}-{index} does not exist")
-        return unknown
+        """The partitions that do not exist; metadata is asked again only on a miss."""
+        def missing(counts):
+            return {(t, i) for t, i in partitions if counts.get(t) is None or not 0 <= i < counts[t]}
+
+        counts = {t: await self.client.partition_count(t) for t in {t for t, _ in partitions}}
+        if missing(counts):
+            await self.client.refresh(sorted(counts))
+            counts = {t: await self.client.partition_count(t) for t in counts}
+        return {tp: error("UNKNOWN_TOPIC_OR_PARTITION", f"{tp[0]}-{tp[1]} does not exist") for tp in missing(counts)}
 
     async def handle_add_offsets(self, transactional_id, producer_id, producer_epoch, group_id) -> None:
         if not re.match(r"^[a-zA-Z0-9._-]{1,255}$", group_id):
             raise error("INVALID_GROUP_ID", f"group id {group_id[:300]!r} is invalid")
-        reply = await self.client.call("Metadata", partition_pb2.MetadataRequest(group_ids=[group_id], topics=[CONSUMER_OFFSETS]))
-        count = len(reply.topics[0].partitions)
+        count = await self.client.partition_count(CONSUMER_OFFSETS)
+        if count is None:  # asking for a group's coordinator creates the topic
+            await self.client.call("Metadata", partition_pb2.MetadataRequest(group_ids=[group_id]))
+            await self.client.refresh([CONSUMER_OFFSETS])
+            count = await self.client.partition_count(CONSUMER_OFFSETS)
         if not count:
             raise error("COORDINATOR_NOT_AVAILABLE", f"{CONSUMER_OFFSETS} is not available yet; retry")
         partition = (CONSUMER_OFFSETS, partition_for_id(group_id, count))
@@ -348,10 +352,12 @@ class TransactionCoordinator:
     async def handle_end_txn(self, transactional_id, producer_id, producer_epoch, committed) -> tuple[int, int]:
         self.check_transactional_id(transactional_id)
         loaded = self.loaded_partition(transactional_id)
-        meta = self._existing(loaded, transactional_id, producer_id)
+        meta = loaded.transactions.get(transactional_id)
+        retry = meta is not None and meta.pending_state is None and ts.is_retried_end(meta, producer_id, producer_epoch)
+        if not retry:
+            meta = self._existing(loaded, transactional_id, producer_id)
         outcome_commit = {S.PREPARE_COMMIT, S.COMPLETE_COMMIT}
         outcome_abort = {S.PREPARE_ABORT, S.COMPLETE_ABORT}
-        retry = producer_epoch == meta.last_producer_epoch and producer_epoch + 1 == meta.producer_epoch
         if retry and meta.state in outcome_commit | outcome_abort:
             # A retried EndTxn whose first attempt was applied (Transactions V2 table).
             if (meta.state in outcome_commit) == committed:
@@ -359,6 +365,8 @@ class TransactionCoordinator:
             if committed:  # the coordinator aborted it (timeout): the commit never happened
                 raise error("PRODUCER_FENCED", f"the transaction of {transactional_id!r} was aborted by the coordinator (timeout or fence); close this producer")
             raise error("INVALID_TXN_STATE", f"the transaction of {transactional_id!r} committed already; it cannot be aborted")
+        if retry:  # the retry of an EndTxn whose transaction is long over: the id moved on
+            meta = self._existing(loaded, transactional_id, producer_id)
         self._check_epoch(meta, producer_epoch)
         if meta.state.is_preparing:
             raise error("CONCURRENT_TRANSACTIONS", f"the last transaction of {transactional_id!r} is completing; retry")
@@ -372,18 +380,21 @@ class TransactionCoordinator:
     async def _begin_completion(self, loaded: LoadedPartition, meta: TransactionMetadata, committed: bool) -> None:
         """Writes the decision (Prepare*, epoch bumped), then completes it in the background."""
         bumped = ts.bumped_epoch(meta.producer_id, meta.producer_epoch)
-        epoch = bumped[1] if bumped is not None else meta.producer_epoch  # exhausted: markers at the last epoch; the next init takes a new id
+        if bumped is not None:
+            changes = {"producer_epoch": bumped[1]}
+        else:  # epoch exhausted: the producer goes on with a new id; the markers carry the old one (ts.marker_producer)
+            changes = {"producer_id": await self.producer_ids.next_id(), "producer_epoch": 0, "previous_producer_id": meta.producer_id}
         await self._transition(
-            loaded, meta, S.PREPARE_COMMIT if committed else S.PREPARE_ABORT,
-            producer_epoch=epoch, last_producer_epoch=meta.producer_epoch,
+            loaded, meta, S.PREPARE_COMMIT if committed else S.PREPARE_ABORT, last_producer_epoch=meta.producer_epoch, **changes
         )
         self._spawn(loaded, self._complete(loaded, meta))
 
     async def _complete(self, loaded: LoadedPartition, meta: TransactionMetadata) -> None:
         committed = meta.state is S.PREPARE_COMMIT
+        producer_id, producer_epoch = ts.marker_producer(meta)
         try:
             await self.markers.write(
-                meta.transactional_id, meta.producer_id, meta.producer_epoch, committed, loaded.owner.coordinator_epoch, meta.partitions
+                meta.transactional_id, producer_id, producer_epoch, committed, loaded.owner.coordinator_epoch, meta.partitions
             )
             await self._transition(loaded, meta, S.COMPLETE_COMMIT if committed else S.COMPLETE_ABORT, partitions=frozenset(), txn_start_ms=-1)
         except TxlogError as exc:

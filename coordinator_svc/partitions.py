@@ -75,6 +75,7 @@ class PartitionClient:
         self._leaders.pop((topic, partition), None)
 
     async def partition_count(self, topic: str) -> int | None:
+        """The topic's partition count (partition counts never change), None if it does not exist."""
         if topic not in self._partition_counts:
             await self.refresh([topic])
         return self._partition_counts.get(topic)

@@ -223,3 +223,22 @@ def bumped_epoch(producer_id: int, producer_epoch: int) -> tuple[int, int] | Non
     if producer_epoch + 1 > PRODUCER_EPOCH_MAX - 1:  # keep MAX free, as Kafka does, for the last bump's markers
         return None
     return producer_id, producer_epoch + 1
+
+
+def marker_producer(meta: TransactionMetadata) -> tuple[int, int]:
+    """The producer id and epoch the markers of a decided transaction carry: its
+    own, bumped; or, when the epoch was exhausted and the decision handed the
+    producer a new id (at epoch 0), the old id at the last epoch."""
+    if meta.previous_producer_id != NO_PRODUCER_ID and meta.producer_epoch == 0 and meta.last_producer_epoch >= PRODUCER_EPOCH_MAX - 1:
+        return meta.previous_producer_id, PRODUCER_EPOCH_MAX
+    return meta.producer_id, meta.producer_epoch
+
+
+def is_retried_end(meta: TransactionMetadata, producer_id: int, producer_epoch: int) -> bool:
+    """True when an EndTxn with this id and epoch is a retry of the one that
+    decided the current (or last) transaction."""
+    if producer_epoch != meta.last_producer_epoch:
+        return False
+    if producer_id == meta.producer_id and producer_epoch + 1 == meta.producer_epoch:
+        return True
+    return producer_id == meta.previous_producer_id and marker_producer(meta)[0] == producer_id

@@ -81,3 +81,18 @@ def test_epochs_bump_until_exhausted():
 def test_complete_states_are_exactly_the_ones_a_new_transaction_may_start_from():
     starts = {s for s in S if s.is_complete}
     assert starts == VALID_PREVIOUS_STATES[S.ONGOING] - {S.ONGOING}
+
+
+def test_markers_carry_the_bumped_epoch_or_the_old_id_at_the_last_epoch_after_exhaustion():
+    from coordinator_svc.transaction_state import is_retried_end, marker_producer
+
+    normal = TransactionMetadata("tid", producer_id=7, producer_epoch=4, txn_timeout_ms=1, state=S.PREPARE_COMMIT, last_producer_epoch=3)
+    assert marker_producer(normal) == (7, 4)
+    assert is_retried_end(normal, 7, 3) and not is_retried_end(normal, 7, 4) and not is_retried_end(normal, 8, 3)
+    exhausted = TransactionMetadata(
+        "tid", producer_id=9, producer_epoch=0, txn_timeout_ms=1, state=S.PREPARE_COMMIT,
+        previous_producer_id=7, last_producer_epoch=PRODUCER_EPOCH_MAX - 1,
+    )
+    assert marker_producer(exhausted) == (7, PRODUCER_EPOCH_MAX)
+    assert is_retried_end(exhausted, 7, PRODUCER_EPOCH_MAX - 1)
+    assert not is_retried_end(exhausted, 9, PRODUCER_EPOCH_MAX - 1)
