@@ -195,3 +195,34 @@ def test_bad_transactional_requests_get_clear_errors_and_change_nothing(raw):
     assert producer.describe().state == STATE_TO_PROTO[TransactionState.ONGOING]
     assert raw.produce("strict", 1, plain_batch(["plain"])).error.code == 0
     producer.end(committed=False)
+
+
+def test_a_hanging_transaction_the_coordinator_forgot_is_found_and_aborted(raw, txn_cluster):
+    raw.create_topic("hang", 1)
+    producer = TxnProducer(raw, "hanging-tx").init()
+    producer.add(("hang", 0))
+    assert code_name(producer.send("hang", 0, "stuck")) == "NONE"
+    # delete the coordinator's record of the id (a tombstone in its log partition), then let it reload
+    state_partition = partition_for_id("hanging-tx", len(raw.leaders("__transaction_state")))
+    tombstone = common_pb2.RecordBatch(producer_id=-1, producer_epoch=-1, base_sequence=-1, records=[common_pb2.Record(key=b"hanging-tx")])
+    assert raw.produce("__transaction_state", state_partition, tombstone).error.code == 0
+    names = {p.address: n for n, p in txn_cluster.state.services.items()}
+    coordinator = names[raw.metadata(partition_pb2.MetadataRequest(transactional_ids=["hanging-tx"])).transaction_coordinators[0].address]
+    txn_cluster.kill(coordinator)
+    txn_cluster.start(coordinator)
+    wait_until(lambda: producer.describe().error.code == errors.ErrorCode.Value("TRANSACTIONAL_ID_NOT_FOUND"), timeout_s=30, what="reload")
+
+    # hanging: the partition has an open transaction that no coordinator knows
+    described = raw.producers("hang", 0)
+    hanging = [p for p in described.producers if p.current_txn_start_offset >= 0]
+    assert [(p.producer_id, p.current_txn_start_offset) for p in hanging] == [(producer.producer_id, 0)]
+    listed = producer.coordinator().ListTransactions(coordinator_pb2.ListTransactionsRequest(producer_id_filters=[producer.producer_id]), timeout=10)
+    assert list(listed.transactions) == []
+    assert raw.list_offset("hang", 0, partition_pb2.OFFSET_SPEC_LAST_STABLE).offset == 0  # it holds the LSO forever
+
+    producer.coordinator().AbortTransaction(coordinator_pb2.AbortTransactionRequest(
+        partition=common_pb2.TopicPartition(topic="hang", partition=0), producer_id=hanging[0].producer_id,
+        producer_epoch=hanging[0].producer_epoch, coordinator_epoch=max(hanging[0].coordinator_epoch, 0)), timeout=10)
+    assert raw.list_offset("hang", 0, partition_pb2.OFFSET_SPEC_LAST_STABLE).offset == 2
+    assert values(raw, "hang", 0, COMMITTED) == [] and values(raw, "hang", 0, UNCOMMITTED) == ["stuck"]
+    assert [p.current_txn_start_offset for p in raw.producers("hang", 0).producers] == [-1]
