@@ -68,6 +68,7 @@ class LoadedPartition:
     transactions: dict[str, TransactionMetadata] = field(default_factory=dict)
     loaded: bool = False
     tasks: set = field(default_factory=set)
+    confirmed_s: float = 0.0  # monotonic time ZooKeeper last confirmed this owner and epoch
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,7 @@ class CoordinatorConfig:
     transaction_state_partitions: int
     transaction_timeout_ms_max: int
     transactional_id_expiration_ms: int
+    ownership_lease_ms: int = 3_000
 
 
 class TransactionCoordinator:
@@ -98,6 +100,11 @@ class TransactionCoordinator:
         self.clock_ms = clock_ms
         self.partitions: dict[int, LoadedPartition] = {}
         self.partition_count: int | None = None
+        # A partition is served only while ZooKeeper confirmed its ownership this
+        # recently: a coordinator that was paused (or cut off from ZooKeeper) stops
+        # answering from state another owner may have changed since. Shorter than
+        # the ZooKeeper session timeout, after which another owner can take over.
+        self.lease_s = config.ownership_lease_ms / 1000
 
     # --- ownership of __transaction_state partitions ------------------------------------
 
@@ -119,26 +126,30 @@ class TransactionCoordinator:
         return self.partition_count
 
     async def balance(self) -> None:
-        """Takes over the partitions this node should own; lets go of the ones it lost."""
+        """Confirms the partitions this node serves (renewing their leases), lets
+        go of the ones it lost, then takes over the ones it should own."""
         count = await self.ensure_log_topic()
         live = sorted(await asyncio.to_thread(self.registry.live, coordinators.COORDINATOR_KIND))
         if self.config.node_id not in live:
             return
-        for index in range(count):
-            current = await coordinators.read_owner(self.zookeeper, self.config.zookeeper_root, index)
+        owners = [await coordinators.read_owner(self.zookeeper, self.config.zookeeper_root, index) for index in range(count)]
+        confirmed_s = time.monotonic()
+        to_take = []
+        for index, current in enumerate(owners):
             loaded = self.partitions.get(index)
-            if current is not None and loaded is not None and current[0].coordinator_epoch != loaded.owner.coordinator_epoch:
-                self.unload(index, f"now owned by node {current[0].node_id} at epoch {current[0].coordinator_epoch}")
+            if loaded is not None and (current is None or current[0].coordinator_epoch != loaded.owner.coordinator_epoch):
+                self.unload(index, "now owned by another coordinator" if current is None else f"now owned by node {current[0].node_id} at epoch {current[0].coordinator_epoch}")
                 loaded = None
             if loaded is not None and loaded.log.broken:
                 self.unload(index, loaded.log.broken)
                 loaded = None
-            desired = live[index % len(live)]
-            owner_alive = current is not None and current[0].node_id in live
-            mine_to_take = desired == self.config.node_id and (current is None or current[0].node_id != self.config.node_id or loaded is None)
-            orphan = current is not None and not owner_alive and desired == self.config.node_id
-            if loaded is None and (mine_to_take or orphan):
-                await self.take_over(index, current)
+            if loaded is not None:
+                loaded.confirmed_s = confirmed_s
+                continue
+            if live[index % len(live)] == self.config.node_id:  # partition p goes to the p-th live coordinator
+                to_take.append((index, current))
+        for index, current in to_take:
+            await self.take_over(index, current)
 
     async def take_over(self, index: int, current) -> None:
         if current is None:
@@ -155,7 +166,7 @@ class TransactionCoordinator:
             except BadVersionError:
                 return
         log.info("taking over transaction log partition", extra=fields(partition=index, coordinator_epoch=owner.coordinator_epoch))
-        loaded = LoadedPartition(index, owner, TransactionLogPartition(self.client, index, owner.log_producer_id, owner.coordinator_epoch))
+        loaded = LoadedPartition(index, owner, TransactionLogPartition(self.client, index, owner.log_producer_id, owner.coordinator_epoch), confirmed_s=time.monotonic())
         self.partitions[index] = loaded
         try:
             await loaded.log.append(FENCE_KEY, str(owner.coordinator_epoch).encode())  # fences the previous owner's writes
@@ -200,6 +211,8 @@ class TransactionCoordinator:
             raise error("COORDINATOR_LOAD_IN_PROGRESS", f"transaction log partition {index} is still loading; retry")
         if loaded.log.broken:
             raise error("NOT_COORDINATOR", f"transaction log partition {index} is being reloaded")
+        if time.monotonic() - loaded.confirmed_s > self.lease_s:
+            raise error("NOT_COORDINATOR", f"ownership of transaction log partition {index} is not confirmed by ZooKeeper; retry")
         return loaded
 
     @staticmethod
@@ -270,7 +283,8 @@ class TransactionCoordinator:
         if meta.pending_state is not None:
             raise error("CONCURRENT_TRANSACTIONS", f"a {meta.pending_state.value} of {transactional_id!r} is in flight; retry")
         if producer_id >= 0:  # KIP-360: a producer that knows its id and epoch asks for a bump
-            if producer_id != meta.producer_id or producer_epoch != meta.producer_epoch:
+            # (its last epoch too: the fence of its open transaction may have bumped it already)
+            if producer_id != meta.producer_id or producer_epoch not in (meta.producer_epoch, meta.last_producer_epoch):
                 raise error(
                     "PRODUCER_FENCED",
                     f"producer {producer_id} epoch {producer_epoch} is not the current one of {transactional_id!r}; close this producer",
@@ -305,6 +319,8 @@ class TransactionCoordinator:
         loaded = self.loaded_partition(transactional_id)
         if verify_only:
             meta = loaded.transactions.get(transactional_id)
+            if meta is not None and meta.producer_id == producer_id:
+                self._check_epoch(meta, producer_epoch)  # a zombie is fenced, not merely refused
             ok = meta is not None and meta.producer_id == producer_id and meta.producer_epoch == producer_epoch and meta.state is S.ONGOING
             return {
                 tp: None if ok and tp in meta.partitions else error("INVALID_TXN_STATE", f"{tp[0]}-{tp[1]} is not in an open transaction of producer {producer_id} epoch {producer_epoch}")
@@ -397,10 +413,11 @@ class TransactionCoordinator:
                 meta.transactional_id, producer_id, producer_epoch, committed, loaded.owner.coordinator_epoch, meta.partitions
             )
             await self._transition(loaded, meta, S.COMPLETE_COMMIT if committed else S.COMPLETE_ABORT, partitions=frozenset(), txn_start_ms=-1)
-        except TxlogError as exc:
-            if exc.code == ErrorCode.Value("TRANSACTION_COORDINATOR_FENCED"):
-                loaded.log.broken = f"fenced while writing markers: {exc.message}"
-            log.warning("could not complete a transaction; the partition's next load will", extra=fields(transactional_id=meta.transactional_id, error=str(exc)))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a decided transaction must be finished: reload the partition, which finishes it
+            loaded.log.broken = f"completing {meta.transactional_id!r} failed: {exc}"
+            log.warning("could not complete a transaction; reloading its partition", extra=fields(transactional_id=meta.transactional_id, error=str(exc)))
 
     # --- timers ----------------------------------------------------------------------------
 
@@ -432,6 +449,9 @@ class TransactionCoordinator:
     def list_local(self, states: set, producer_ids: set, duration_ms: int) -> list[TransactionMetadata]:
         now = self.clock_ms()
         found = []
+        loading = sorted(i for i, p in self.partitions.items() if not p.loaded)
+        if loading:
+            raise error("COORDINATOR_LOAD_IN_PROGRESS", f"transaction log partitions {loading} are still loading; retry")
         for loaded in self.partitions.values():
             for meta in loaded.transactions.values():
                 if states and meta.state not in states:

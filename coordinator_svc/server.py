@@ -182,7 +182,11 @@ async def build(runtime: server.ServiceRuntime) -> CoordinatorServicer:
     cfg = runtime.config
     client = PartitionClient(runtime.registry)
     coordinator = TransactionCoordinator(
-        CoordinatorConfig(cfg.node_id, cfg.zookeeper_root, cfg.transaction_state_partitions, cfg.transaction_timeout_ms_max, cfg.transactional_id_expiration_ms),
+        CoordinatorConfig(
+            cfg.node_id, cfg.zookeeper_root, cfg.transaction_state_partitions, cfg.transaction_timeout_ms_max,
+            cfg.transactional_id_expiration_ms,
+            ownership_lease_ms=min(3 * cfg.ownership_check_interval_ms + 1000, int(cfg.zookeeper_session_timeout_s * 1000 / 2)),
+        ),
         runtime.zookeeper,
         runtime.registry,
         client,

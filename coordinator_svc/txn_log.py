@@ -74,10 +74,12 @@ class TransactionLogPartition:
                 await self.retry.run(lambda b=batch: self._send(b), lambda exc: isinstance(exc, TxlogError) and exc.retriable)
                 self.next_sequence = (self.next_sequence + len(group)) % 2**31
                 outcome = None
-            except TxlogError as exc:
-                self.broken = f"{exc.name}: {exc.message}"
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # outcome unknown: stop writing; the partition is reloaded
+                self.broken = str(exc)
                 log.warning("transaction log write failed; partition will be reloaded", extra=fields(partition=self.partition, error=str(exc)))
-                outcome = TxlogError(ErrorCode.Value("NOT_COORDINATOR"), f"transaction log partition {self.partition} lost its writer: {exc.message}")
+                outcome = TxlogError(ErrorCode.Value("NOT_COORDINATOR"), f"transaction log partition {self.partition} lost its writer: {exc}")
             for _, _, future in group:
                 if not future.done():
                     future.set_result(None) if outcome is None else future.set_exception(outcome)

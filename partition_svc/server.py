@@ -319,6 +319,8 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
         entry = partition.producers.get(batch.producer_id)
         if entry is not None and entry.producer_epoch == batch.producer_epoch and entry.current_txn_first_offset >= 0:
             return  # its transaction is open here already: verified with its first batch
+        if entry is not None and batch.producer_epoch < entry.producer_epoch:
+            return  # a zombie: the producer-state check fences it (PRODUCER_FENCED), no need to ask
         refused = await self.verifier.verify(
             transactional_id, batch.producer_id, batch.producer_epoch, [(partition.topic, partition.index)]
         )

@@ -113,12 +113,16 @@ class ServiceRegistry:
             children = self.client.get_children(base)
         except NoNodeError:
             return {}
+        except CONNECTION_ERRORS as exc:
+            raise unavailable(type(exc).__name__) from exc
         instances = {}
         for child in children:
             try:
                 data, _ = self.client.get(posixpath.join(base, child))
             except NoNodeError:
                 continue
+            except CONNECTION_ERRORS as exc:
+                raise unavailable(type(exc).__name__) from exc
             info = json.loads(data)
             instances[int(info["node_id"])] = info["address"]
         return instances

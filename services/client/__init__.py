@@ -11,13 +11,20 @@ asynchronous operations (``Producer.send``) are ``concurrent.futures.Future``.
         admin.create_topics([("events", 6)])
     with Producer("127.0.0.1:7001") as producer:        # idempotent by default
         producer.send("events", b"hello", key=b"user-1").result()
+    with Producer("127.0.0.1:7001", transactional_id="etl-0") as producer:
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.send("events", b"all or nothing")
+        producer.commit_transaction()
     with Consumer("127.0.0.1:7001", group_id="g") as consumer:
         consumer.assign([("events", p) for p in range(6)])
         records = consumer.poll(timeout_s=1.0)
         consumer.commit()
 
 Modules: ``producer`` (facade), ``accumulator`` (batching), ``sender`` (I/O
-loop), ``sequences`` (idempotence state machine), ``partitioner``,
+loop), ``sequences`` (idempotence state machine), ``transactions`` (the
+transactional producer's state machine), ``txn_requests`` (coordinator
+requests), ``partitioner``,
 ``consumer`` / ``fetcher`` / ``group`` (reading and committed offsets),
 ``admin``, ``metadata`` (cluster metadata cache), ``transport`` (gRPC
 channels, test-only fault injection), ``requests`` (retry drivers),
@@ -33,23 +40,34 @@ from services.client.errors import (
     ClientClosedError,
     ClientError,
     ClientTimeoutError,
+    ConcurrentTransactionsError,
     DeliveryTimeoutError,
     FatalError,
+    InvalidTxnStateError,
     IoThreadCallError,
     NoOffsetForPartitionError,
+    ProducerFencedError,
     RecordTooLargeError,
     RetriableError,
+    TransactionAbortableError,
+    TransactionAbortedError,
+    TransactionStateError,
+    TransactionTimedOutError,
 )
 from services.client.partitioner import DefaultPartitioner
 from services.client.producer import Producer
 from services.client.structs import (
     ConsumerRecord,
+    HangingTransaction,
     OffsetAndTimestamp,
     ProducerDescription,
     RecordMetadata,
     TopicDescription,
     TopicPartition,
+    TransactionDescription,
+    TransactionListing,
 )
+from services.client.transactions import TxnState
 from services.client.transport import FaultInjection
 
 __all__ = [
@@ -59,20 +77,31 @@ __all__ = [
     "ClientClosedError",
     "ClientError",
     "ClientTimeoutError",
+    "ConcurrentTransactionsError",
     "Consumer",
     "ConsumerRecord",
     "DefaultPartitioner",
     "DeliveryTimeoutError",
     "FatalError",
     "FaultInjection",
+    "HangingTransaction",
+    "InvalidTxnStateError",
     "IoThreadCallError",
     "NoOffsetForPartitionError",
     "OffsetAndTimestamp",
     "Producer",
     "ProducerDescription",
+    "ProducerFencedError",
     "RecordMetadata",
     "RecordTooLargeError",
     "RetriableError",
     "TopicDescription",
     "TopicPartition",
+    "TransactionAbortableError",
+    "TransactionAbortedError",
+    "TransactionDescription",
+    "TransactionListing",
+    "TransactionStateError",
+    "TransactionTimedOutError",
+    "TxnState",
 ]

@@ -1,5 +1,5 @@
-"""The Admin client: topics, offsets and producer states, synchronous for its
-callers (one event loop thread per Admin).
+"""The Admin client: topics, offsets, producer states and transactions,
+synchronous for its callers (one event loop thread per Admin).
 
 Guarantees
 ----------
@@ -10,6 +10,14 @@ Guarantees
 * Every call retries retriable errors (unreachable servers, leader moves,
   ZooKeeper hiccups) within its timeout, by the SDK's one error table, and
   raises the first error that is not retriable as a ClientError.
+* Transaction tools (Kafka's ``kafka-transactions.sh``): ``list_transactions``
+  asks one coordinator, which gathers the listings of every live coordinator;
+  ``describe_transactions`` asks each id's own coordinator;
+  ``abort_transaction`` has any coordinator write an ABORT marker for a hanging
+  transaction; ``find_hanging`` finds the open transactions of partitions that
+  no coordinator will end (see its docstring). Coordinator errors are sorted by
+  ``errors.txn_action_for`` (a moved or unavailable coordinator is looked up
+  again, with another key for "any coordinator").
 """
 
 from __future__ import annotations
@@ -19,24 +27,59 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 
 from services.client._loop import LoopThread
-from services.client.errors import ClientClosedError, ClientError, error_for, from_proto
+from services.client.errors import ClientClosedError, ClientError, TxnAction, error_for, from_proto, txn_action_for
 from services.client.fetcher import list_offsets
 from services.client.metadata import Metadata, TopicInfo
 from services.client.requests import call_leaders, retry_policy, with_retries
 from services.client.structs import (
+    HangingTransaction,
     OffsetAndTimestamp,
     PartitionDescription,
     ProducerDescription,
     TopicDescription,
     TopicPartition,
+    TransactionDescription,
+    TransactionListing,
     as_tp,
 )
 from services.client.transport import Transport
 from services.errors import ErrorCode
-from services.stubs.txlog.v1 import common_pb2, partition_pb2
+from services.stubs.txlog.v1 import common_pb2, coordinator_pb2, partition_pb2
 
 NONE = ErrorCode.Value("NONE")
 TOPICS_PER_CALL_MAX = 10_000
+TRANSACTIONAL_IDS_PER_CALL_MAX = 10_000
+MAX_TRANSACTION_TIMEOUT_MS_DEFAULT = 15 * 60 * 1000  # the coordinators' default maximum
+ADMIN_KEY = "txlog-admin"  # a transactional id whose coordinator is asked for cluster-wide answers
+TRANSACTION_STATE_TOPIC = "__transaction_state"
+# Coordinator state names (as Kafka prints them) <-> the protocol's enum.
+TRANSACTION_STATES = {
+    "Empty": coordinator_pb2.TRANSACTION_STATE_EMPTY,
+    "Ongoing": coordinator_pb2.TRANSACTION_STATE_ONGOING,
+    "PrepareCommit": coordinator_pb2.TRANSACTION_STATE_PREPARE_COMMIT,
+    "PrepareAbort": coordinator_pb2.TRANSACTION_STATE_PREPARE_ABORT,
+    "CompleteCommit": coordinator_pb2.TRANSACTION_STATE_COMPLETE_COMMIT,
+    "CompleteAbort": coordinator_pb2.TRANSACTION_STATE_COMPLETE_ABORT,
+    "Dead": coordinator_pb2.TRANSACTION_STATE_DEAD,
+    "PrepareEpochFence": coordinator_pb2.TRANSACTION_STATE_PREPARE_EPOCH_FENCE,
+}
+STATE_NAMES = {number: name for name, number in TRANSACTION_STATES.items()}
+OPEN_STATES = frozenset({"Ongoing", "PrepareCommit", "PrepareAbort", "PrepareEpochFence"})
+
+
+def state_number(name: str) -> int:
+    """A state given as ``Ongoing``, ``ONGOING``, ``ongoing`` or ``prepare_commit``."""
+    wanted = name.replace("_", "").replace("-", "").lower()
+    for known, number in TRANSACTION_STATES.items():
+        if known.lower() == wanted:
+            return number
+    raise ValueError(f"unknown transaction state {name!r}; one of {', '.join(TRANSACTION_STATES)}")
+
+
+def state_name(number: int) -> str:
+    return STATE_NAMES.get(number, f"Unknown({number})")
+
+
 OFFSET_SPECS = {
     "earliest": partition_pb2.OFFSET_SPEC_EARLIEST,
     "latest": partition_pb2.OFFSET_SPEC_LATEST,
@@ -244,6 +287,198 @@ class Admin:
                          policy=self._policy(timeout_ms), timeout_ms=self._request_timeout_ms),
             timeout_ms, "describe_producers")
         return {tp: answers[tp] for tp in tps}
+
+    # --- transactions ---------------------------------------------------------------------------------
+
+    async def _coordinator_call(self, rpc: str, request, timeout_ms: float):
+        """``rpc`` on any transaction coordinator, retried by the transactional error table."""
+        key_index = 0
+
+        async def attempt():
+            address = await self._metadata.transaction_coordinator(f"{ADMIN_KEY}-{key_index}" if key_index else ADMIN_KEY)
+            return await self._transport.call(address, rpc, request, timeout_ms=self._request_timeout_ms)
+
+        def retriable(exc: BaseException) -> bool:
+            nonlocal key_index
+            if not isinstance(exc, ClientError):
+                return False
+            action = txn_action_for(exc.code)
+            if action is TxnAction.FIND_COORDINATOR:  # ask about another key: likely another coordinator
+                self._metadata.forget_transaction_coordinator(f"{ADMIN_KEY}-{key_index}" if key_index else ADMIN_KEY)
+                key_index += 1
+            return action.retries
+
+        return await self._policy(timeout_ms).run(attempt, retriable)
+
+    def list_transactions(self, states=None, producer_ids=None, duration_ms: int | None = None, *,
+                          timeout_s: float | None = None) -> list[TransactionListing]:
+        """Every transaction the coordinators know, with optional filters: its
+        ``states`` (names: Ongoing, PrepareCommit, ...), ``producer_ids``, open
+        longer than ``duration_ms``. Sorted by transactional id."""
+        request = coordinator_pb2.ListTransactionsRequest(
+            state_filters=[state_number(s) for s in states or ()],
+            producer_id_filters=[int(p) for p in producer_ids or ()],
+            duration_filter_ms=int(duration_ms or 0),
+        )
+        if request.duration_filter_ms < 0:
+            raise ValueError(f"duration_ms must be >= 0, not {duration_ms}")
+        timeout_ms = self._timeout_ms(timeout_s)
+        response = self._run(self._coordinator_call("ListTransactions", request, timeout_ms), timeout_ms,
+                             "list_transactions")
+        listings = {(t.transactional_id, t.producer_id): TransactionListing(t.transactional_id, t.producer_id,
+                                                                            state_name(t.state))
+                    for t in response.transactions}  # a coordinator that moved may list an id twice
+        return sorted(listings.values())
+
+    def describe_transactions(self, transactional_ids: Iterable[str], *,
+                              timeout_s: float | None = None) -> list[TransactionDescription]:
+        """The transactional ids in detail, in the order given, each asked of its
+        own coordinator. An unknown id raises TRANSACTIONAL_ID_NOT_FOUND."""
+        ids = list(dict.fromkeys(transactional_ids))
+        if len(ids) > TRANSACTIONAL_IDS_PER_CALL_MAX:
+            raise ValueError(f"at most {TRANSACTIONAL_IDS_PER_CALL_MAX} transactional ids per call, not {len(ids)}")
+        for transactional_id in ids:
+            if not isinstance(transactional_id, str) or not transactional_id:
+                raise ValueError(f"a transactional id is a non-empty str, not {transactional_id!r}")
+        if not ids:
+            return []
+        timeout_ms = self._timeout_ms(timeout_s)
+        found = self._run(self._describe_transactions(ids, timeout_ms), timeout_ms, "describe_transactions")
+        return [found[i] for i in ids]
+
+    async def _describe_transactions(self, ids: list[str], timeout_ms: float) -> dict[str, TransactionDescription]:
+        policy = self._policy(timeout_ms)
+        started = policy.clock()
+        pending = list(ids)
+        found: dict[str, TransactionDescription] = {}
+        attempt = 0
+        last_error: ClientError | None = None
+        while pending:
+            try:  # one Metadata call for every id; those it cannot place are asked one by one below
+                await self._metadata.fetch(transactional_ids=pending)
+            except ClientError as exc:
+                if not exc.retriable:
+                    raise
+                last_error = exc
+            by_address: dict[str, list[str]] = {}
+            for transactional_id in pending:
+                try:
+                    address = await self._metadata.transaction_coordinator(transactional_id)
+                except ClientError as exc:
+                    if not txn_action_for(exc.code).retries:
+                        raise
+                    last_error = exc
+                    continue
+                by_address.setdefault(address, []).append(transactional_id)
+            answers = await asyncio.gather(
+                *(self._transport.call(address, "DescribeTransactions",
+                                       coordinator_pb2.DescribeTransactionsRequest(transactional_ids=group),
+                                       timeout_ms=self._request_timeout_ms)
+                  for address, group in by_address.items()), return_exceptions=True)
+            for (_, group), answer in zip(by_address.items(), answers, strict=True):
+                if isinstance(answer, BaseException):
+                    if not isinstance(answer, ClientError) or not txn_action_for(answer.code).retries:
+                        raise answer
+                    last_error = answer
+                    for transactional_id in group:
+                        self._metadata.forget_transaction_coordinator(transactional_id)
+                    continue
+                for item in answer.transactions:
+                    if item.transactional_id not in group:
+                        continue
+                    if item.error.code != NONE:
+                        error = from_proto(item.error)
+                        if not txn_action_for(error.code).retries:
+                            raise error
+                        last_error = error
+                        self._metadata.forget_transaction_coordinator(item.transactional_id)
+                        continue
+                    found[item.transactional_id] = TransactionDescription(
+                        item.transactional_id, state_name(item.state), item.producer_id, item.producer_epoch,
+                        item.transaction_timeout_ms, item.transaction_start_time_ms,
+                        tuple(TopicPartition(p.topic, p.partition) for p in item.partitions))
+            pending = [i for i in pending if i not in found]
+            if not pending:
+                break
+            attempt += 1
+            delay_ms = policy.delay_ms(attempt)
+            if attempt >= policy.attempts_max or (policy.clock() - started) * 1000 + delay_ms > timeout_ms:
+                raise last_error or error_for(ErrorCode.Value("REQUEST_TIMED_OUT"),
+                                              f"DescribeTransactions: no answer for {pending}")
+            await policy.sleep(delay_ms / 1000)
+        return found
+
+    def abort_transaction(self, partition, producer_id: int, producer_epoch: int, coordinator_epoch: int, *,
+                          timeout_s: float | None = None) -> None:
+        """Aborts a hanging transaction on one partition: a coordinator writes an
+        ABORT marker there with the producer's id and epoch (from
+        ``find_hanging`` or ``describe_producers``). A coordinator epoch of -1
+        (no marker seen yet) is sent as 0, as Kafka's tool does."""
+        tp = as_tp(partition)
+        for name, value in (("producer_id", producer_id), ("producer_epoch", producer_epoch),
+                            ("coordinator_epoch", coordinator_epoch)):
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ValueError(f"{name} must be an int, not {value!r}")
+        if producer_id < 0 or producer_epoch < 0:
+            raise ValueError(f"producer_id and producer_epoch must be >= 0, not {producer_id}, {producer_epoch}")
+        request = coordinator_pb2.AbortTransactionRequest(
+            partition=common_pb2.TopicPartition(topic=tp.topic, partition=tp.partition), producer_id=producer_id,
+            producer_epoch=producer_epoch, coordinator_epoch=max(coordinator_epoch, 0))
+        timeout_ms = self._timeout_ms(timeout_s)
+        self._run(self._coordinator_call("AbortTransaction", request, timeout_ms), timeout_ms, "abort_transaction")
+
+    def find_hanging(self, topics: Iterable[str] | None = None,
+                     max_transaction_timeout_ms: int = MAX_TRANSACTION_TIMEOUT_MS_DEFAULT, *,
+                     timeout_s: float | None = None) -> list[HangingTransaction]:
+        """The hanging transactions of ``topics``' partitions (None: every topic
+        but ``__transaction_state``; ``__consumer_offsets`` included, where
+        offsets sent in transactions live).
+
+        A partition's open transaction (DescribeProducers: a producer with
+        ``current_txn_start_offset`` >= 0) is hanging when its last write is
+        older than ``max_transaction_timeout_ms`` (every coordinator would have
+        aborted it by then); when no coordinator lists an open transaction
+        (Ongoing, Prepare*) for its producer id; or when the coordinator's open
+        transaction for that id is a later one (a higher epoch) without this
+        partition. Kafka's ``kafka-transactions.sh find-hanging`` does the same."""
+        if not isinstance(max_transaction_timeout_ms, int) or max_transaction_timeout_ms <= 0:
+            raise ValueError(f"max_transaction_timeout_ms must be a positive int, not {max_transaction_timeout_ms!r}")
+        wanted = None if topics is None else list(dict.fromkeys(topics))
+        described = self.describe_topics(wanted, timeout_s=timeout_s)
+        tps = [TopicPartition(t.name, p.partition) for t in described
+               if wanted is not None or t.name != TRANSACTION_STATE_TOPIC for p in t.partitions]
+        if not tps:
+            return []
+        states = self.describe_producers(tps, timeout_s=timeout_s)
+        open_txns = [(tp, producer) for tp in tps for producer in states[tp] if producer.current_txn_start_offset >= 0]
+        if not open_txns:
+            return []
+        listings = self.list_transactions(producer_ids=sorted({p.producer_id for _, p in open_txns}),
+                                          timeout_s=timeout_s)
+        open_listings = {t.producer_id: t for t in listings if t.state in OPEN_STATES}
+        ongoing_ids = sorted({t.transactional_id for t in open_listings.values() if t.state == "Ongoing"})
+        descriptions = {d.producer_id: d for d in self.describe_transactions(ongoing_ids, timeout_s=timeout_s)} \
+            if ongoing_ids else {}
+        now_ms = int(time.time() * 1000)
+        hanging = []
+        for tp, producer in open_txns:
+            listing = open_listings.get(producer.producer_id)
+            description = descriptions.get(producer.producer_id)
+            if producer.last_timestamp_ms >= 0 and now_ms - producer.last_timestamp_ms > max_transaction_timeout_ms:
+                reason = (f"open for more than max_transaction_timeout_ms={max_transaction_timeout_ms} "
+                          f"(last write at {producer.last_timestamp_ms})")
+            elif listing is None:
+                reason = f"no coordinator has an open transaction for producer id {producer.producer_id}"
+            elif description is not None and description.producer_epoch > producer.producer_epoch \
+                    and description.state == "Ongoing" and tp not in description.partitions:
+                reason = (f"the coordinator's open transaction of {description.transactional_id!r} is a later one "
+                          f"(epoch {description.producer_epoch}) without this partition")
+            else:
+                continue
+            hanging.append(HangingTransaction(tp.topic, tp.partition, producer.producer_id, producer.producer_epoch,
+                                              producer.coordinator_epoch, producer.current_txn_start_offset,
+                                              producer.last_timestamp_ms, reason))
+        return hanging
 
     # --- closing ----------------------------------------------------------------------------------------
 

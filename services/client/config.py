@@ -26,6 +26,8 @@ DELIVERY_TIMEOUT_MS_MAX = 24 * 3600 * 1000
 BUFFER_MEMORY_BYTES_MAX = 16 * 1024**3
 MAX_REQUEST_SIZE_BYTES_MAX = 64 * 1024 * 1024
 MAX_BLOCK_MS_MAX = 3600 * 1000
+TRANSACTIONAL_ID_CHARS_MAX = 255  # the coordinator also checks the characters ([a-zA-Z0-9._:-])
+TRANSACTION_TIMEOUT_MS_MAX = 2**31 - 1  # int32 on the wire; the coordinator's own maximum is lower (15 min)
 MAX_POLL_RECORDS_MAX = 1_000_000
 FETCH_MAX_BYTES_MAX = 64 * 1024 * 1024
 FETCH_MAX_WAIT_MS_MAX = 60_000
@@ -55,6 +57,8 @@ class ProducerConfig:
     buffer_memory_bytes: int = 32 * 1024 * 1024
     max_block_ms: float = 60_000
     metadata_max_age_ms: float = 300_000
+    transactional_id: str | None = None
+    transaction_timeout_ms: int = 60_000
 
     @staticmethod
     def parse_acks(acks) -> int:
@@ -83,6 +87,17 @@ class ProducerConfig:
         _check_range("buffer_memory_bytes", self.buffer_memory_bytes, self.batch_size_bytes, BUFFER_MEMORY_BYTES_MAX)
         _check_range("max_block_ms", self.max_block_ms, 0, MAX_BLOCK_MS_MAX)
         _check_range("metadata_max_age_ms", self.metadata_max_age_ms, 0, 24 * 3600 * 1000)
+        if self.transactional_id is not None:
+            if not isinstance(self.transactional_id, str) or not 0 < len(self.transactional_id) \
+                    <= TRANSACTIONAL_ID_CHARS_MAX:
+                raise ValueError(f"transactional_id must be a str of 1 to {TRANSACTIONAL_ID_CHARS_MAX} characters "
+                                 f"or None, not {self.transactional_id!r}")
+            if not self.enable_idempotence:
+                raise ValueError("a transactional producer is idempotent: transactional_id needs "
+                                 "enable_idempotence=True (and acks='all'), as in Kafka")
+        if isinstance(self.transaction_timeout_ms, float) or not isinstance(self.transaction_timeout_ms, int):
+            raise ValueError(f"transaction_timeout_ms must be an int, not {self.transaction_timeout_ms!r}")
+        _check_range("transaction_timeout_ms", self.transaction_timeout_ms, 1, TRANSACTION_TIMEOUT_MS_MAX)
 
 
 @dataclass(frozen=True)

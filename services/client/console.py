@@ -1,5 +1,6 @@
 """What the ``txlog`` CLI's client commands do (``topics``, ``produce``,
-``consume``, ``producers``): Kafka's console tools on top of the SDK.
+``consume``, ``producers``, ``transactions``): Kafka's console tools on top of
+the SDK.
 
 * ``produce`` reads records from stdin, one per line (the newline is not part
   of the value); with ``--key-separator SEP`` each line is ``KEY SEP VALUE``
@@ -13,6 +14,10 @@
   (``--max-records`` or ``--to-end``) and stderr is a terminal, a progress bar
   is drawn on stderr. With ``--group`` it starts from the group's committed
   offsets and commits its positions when it stops.
+* ``transactions list|describe|abort|find-hanging`` (Kafka's
+  ``kafka-transactions.sh``) print JSON lines: one per transaction, per
+  described id, or per hanging transaction; ``abort`` prints one line saying
+  what it aborted. A ``find-hanging`` line holds every field ``abort`` needs.
 * Every command waits at most ``--timeout-s`` (default 30 s) for servers that
   do not answer, then fails with the last error.
 """
@@ -98,6 +103,43 @@ def producers_describe(bootstrap: str, topic: str, partition: int | None, out: T
     for tp in tps:
         for producer in states[tp]:
             out.write(json.dumps({"topic": tp.topic, "partition": tp.partition, **producer._asdict()}) + "\n")
+
+
+# --- transactions --------------------------------------------------------------------------
+
+
+def transactions_list(bootstrap: str, states: list[str] | None, producer_ids: list[int] | None,
+                      min_duration_ms: int | None, out: TextIO, *, timeout_s: float = TIMEOUT_S_DEFAULT) -> None:
+    with _admin(bootstrap, timeout_s) as admin:
+        listings = admin.list_transactions(states=states, producer_ids=producer_ids, duration_ms=min_duration_ms)
+    for listing in listings:
+        out.write(json.dumps(listing._asdict()) + "\n")
+
+
+def transactions_describe(bootstrap: str, transactional_ids: list[str], out: TextIO, *,
+                          timeout_s: float = TIMEOUT_S_DEFAULT) -> None:
+    with _admin(bootstrap, timeout_s) as admin:
+        descriptions = admin.describe_transactions(transactional_ids)
+    for description in descriptions:
+        fields = description._asdict()
+        fields["partitions"] = [{"topic": tp.topic, "partition": tp.partition} for tp in description.partitions]
+        out.write(json.dumps(fields) + "\n")
+
+
+def transactions_abort(bootstrap: str, topic: str, partition: int, producer_id: int, producer_epoch: int,
+                       coordinator_epoch: int, out: TextIO, *, timeout_s: float = TIMEOUT_S_DEFAULT) -> None:
+    with _admin(bootstrap, timeout_s) as admin:
+        admin.abort_transaction((topic, partition), producer_id, producer_epoch, coordinator_epoch)
+    out.write(json.dumps({"aborted": True, "topic": topic, "partition": partition, "producer_id": producer_id,
+                          "producer_epoch": producer_epoch, "coordinator_epoch": coordinator_epoch}) + "\n")
+
+
+def transactions_find_hanging(bootstrap: str, topics: list[str] | None, max_transaction_timeout_ms: int,
+                              out: TextIO, *, timeout_s: float = TIMEOUT_S_DEFAULT) -> None:
+    with _admin(bootstrap, timeout_s) as admin:
+        hanging = admin.find_hanging(topics, max_transaction_timeout_ms)
+    for item in hanging:
+        out.write(json.dumps(item._asdict()) + "\n")
 
 
 # --- produce ------------------------------------------------------------------------------------

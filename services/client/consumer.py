@@ -222,12 +222,15 @@ class Consumer:
         self._last_auto_commit_s = time.monotonic()
 
     def committed(self, partition, timeout_s: float | None = None) -> int | None:
-        """The group's committed offset for ``partition``, or None."""
+        """The group's committed offset for ``partition``, or None. Under
+        read_committed, offsets still pending in an open transaction are waited
+        for (KIP-447's require_stable), as Kafka's consumer does."""
         self._check_open()
         group = self._require_group()
         tp = as_tp(partition)
         timeout_ms = self._timeout_ms(timeout_s)
-        committed = self._loop.run(group.fetch([tp], policy=self._policy(timeout_ms), require_stable=False),
+        require_stable = self.config.isolation_level == "read_committed"
+        committed = self._loop.run(group.fetch([tp], policy=self._policy(timeout_ms), require_stable=require_stable),
                                    timeout_s=timeout_ms / 1000 + 5, what="committed")
         return committed.get(tp)
 

@@ -29,6 +29,24 @@ Error Handling
   producer's sender decides between re-sending in order and resetting its
   producer id (see ``sequences.py``).
 * ``FAIL`` -- abortable and fatal codes: raise / fail the futures.
+
+Calls to a transaction coordinator (and TxnOffsetCommit) are sorted by
+:func:`txn_action_for` instead, a second table for the transactional protocol:
+
+* ``FIND_COORDINATOR`` -- NOT_COORDINATOR, COORDINATOR_NOT_AVAILABLE,
+  COORDINATOR_LOAD_IN_PROGRESS, SHUTTING_DOWN and LEADER_NOT_AVAILABLE (what an
+  unreachable server reads as): look the coordinator up again, back off, retry.
+* ``RETRY`` -- CONCURRENT_TRANSACTIONS (the coordinator is completing or fencing
+  a transaction of this id) and every other retriable code: back off, retry.
+* ``FENCED`` -- PRODUCER_FENCED, INVALID_PRODUCER_EPOCH: a newer producer with
+  the same transactional id exists; this one is a zombie (ProducerFencedError).
+* ``ABORTABLE`` -- abortable codes: the transaction can only abort.
+* ``FATAL`` -- fatal codes: the producer must be closed.
+
+Transactional exceptions have types of their own (aiokafka's registry by code,
+:data:`_TYPE_BY_CODE`): ProducerFencedError, InvalidTxnStateError,
+TransactionTimedOutError, TransactionAbortableError, ConcurrentTransactionsError;
+TransactionStateError is a method called in a state that does not allow it.
 """
 
 from __future__ import annotations
@@ -120,6 +138,65 @@ class NoOffsetForPartitionError(FatalError):
         super().__init__(_code("OFFSET_OUT_OF_RANGE"), message)
 
 
+class ConcurrentTransactionsError(RetriableError):
+    """CONCURRENT_TRANSACTIONS: the coordinator is completing, or fencing, a
+    transaction of this transactional id. The producer retries by itself."""
+
+
+class ProducerFencedError(FatalError):
+    """Another producer with the same transactional id has called
+    ``init_transactions()`` (or the coordinator aborted this producer's
+    transaction with an epoch bump): this producer is a zombie. Every later call
+    raises this error; close the producer (a new one may take over the id)."""
+
+
+class TransactionAbortableError(AbortableError):
+    """The open transaction cannot commit any more (a record failed, the
+    coordinator refused a request, ...): call ``abort_transaction()``, then
+    begin a new transaction with the same producer. ``__cause__`` is the error
+    that made the transaction abortable."""
+
+
+class InvalidTxnStateError(TransactionAbortableError):
+    """INVALID_TXN_STATE: the coordinator or a partition leader refused a request
+    in the transaction's current state (a write to a partition the coordinator
+    does not have in the transaction, ...): abort the transaction."""
+
+
+class TransactionTimedOutError(TransactionAbortableError):
+    """TRANSACTION_TIMED_OUT: the transaction ran past ``transaction_timeout_ms``
+    and the coordinator aborted it: abort it here too, then begin again (with a
+    larger ``transaction_timeout_ms`` if transactions are that long)."""
+
+
+class TransactionAbortedError(AbortableError):
+    """A record's future fails with this when its transaction was aborted before
+    the record was sent (``abort_transaction()``, or an earlier error of the
+    transaction): the record is not in the log, or is in it as aborted."""
+
+    def __init__(self, message: str):
+        super().__init__(_code("TRANSACTION_ABORTABLE"), message)
+
+
+class TransactionStateError(ClientError):
+    """A transactional method was called in a state that does not allow it
+    (``commit_transaction()`` without ``begin_transaction()``, ``send()`` before
+    ``init_transactions()``, ...). A mistake of the calling code: nothing was
+    changed and nothing is retried; the message names the state and what to
+    call first."""
+
+    def __init__(self, message: str):
+        super().__init__(_code("INVALID_REQUEST"), message)
+
+
+_TYPE_BY_CODE: dict[int, type[ClientError]] = {
+    _code("CONCURRENT_TRANSACTIONS"): ConcurrentTransactionsError,
+    _code("PRODUCER_FENCED"): ProducerFencedError,
+    _code("INVALID_TXN_STATE"): InvalidTxnStateError,
+    _code("TRANSACTION_TIMED_OUT"): TransactionTimedOutError,
+    _code("TRANSACTION_ABORTABLE"): TransactionAbortableError,
+}
+
 _TYPE_BY_CLASS: dict[ErrorClass, type[ClientError]] = {
     ErrorClass.RETRIABLE: RetriableError,
     ErrorClass.ABORTABLE: AbortableError,
@@ -129,8 +206,9 @@ _TYPE_BY_CLASS: dict[ErrorClass, type[ClientError]] = {
 
 
 def error_for(code: int, message: str, *, retry_delay_ms: int | None = None) -> ClientError:
-    """The client exception for a txlog code (its type follows the code's class)."""
-    error_type = _TYPE_BY_CLASS[txlog_errors.spec_of(code).error_class]
+    """The client exception for a txlog code: its own type for the transactional
+    codes of :data:`_TYPE_BY_CODE`, else the type of the code's class."""
+    error_type = _TYPE_BY_CODE.get(code) or _TYPE_BY_CLASS[txlog_errors.spec_of(code).error_class]
     return error_type(code, message, retry_delay_ms=retry_delay_ms)
 
 
@@ -192,3 +270,41 @@ def action_for(code: int) -> Action:
     if txlog_errors.spec_of(code).error_class is ErrorClass.RETRIABLE:
         return Action.RETRY
     return Action.FAIL
+
+
+class TxnAction(enum.Enum):
+    """What a transactional request handler does about an error (module docstring)."""
+
+    RETRY = "retry"
+    FIND_COORDINATOR = "find_coordinator"
+    FENCED = "fenced"
+    ABORTABLE = "abortable"
+    FATAL = "fatal"
+
+    @property
+    def retries(self) -> bool:
+        return self in (TxnAction.RETRY, TxnAction.FIND_COORDINATOR)
+
+
+_TXN_ACTION_BY_CODE: dict[int, TxnAction] = {
+    **{_code(name): TxnAction.FIND_COORDINATOR for name in (
+        "NOT_COORDINATOR", "COORDINATOR_NOT_AVAILABLE", "COORDINATOR_LOAD_IN_PROGRESS", "SHUTTING_DOWN",
+        "LEADER_NOT_AVAILABLE",
+    )},
+    _code("PRODUCER_FENCED"): TxnAction.FENCED,
+    _code("INVALID_PRODUCER_EPOCH"): TxnAction.FENCED,
+}
+
+
+def txn_action_for(code: int) -> TxnAction:
+    """What to do about ``code`` answered by a transaction coordinator (or by a
+    group coordinator to TxnOffsetCommit): the transactional error table."""
+    action = _TXN_ACTION_BY_CODE.get(code)
+    if action is not None:
+        return action
+    error_class = txlog_errors.spec_of(code).error_class
+    if error_class is ErrorClass.RETRIABLE:
+        return TxnAction.RETRY
+    if error_class is ErrorClass.ABORTABLE:
+        return TxnAction.ABORTABLE
+    return TxnAction.FATAL

@@ -1,5 +1,6 @@
 """The client's cache of cluster metadata: topic -> partitions -> leader
-(address, epoch), the live partition_svc addresses, and group coordinators.
+(address, epoch), the live partition_svc addresses, group coordinators and
+transaction coordinators.
 
 Any partition_svc answers ``Metadata`` (as any Kafka broker does), so the cache
 starts from the bootstrap addresses and then asks whichever known server
@@ -116,6 +117,7 @@ class Metadata:
         self._topics: dict[str, TopicInfo] = {}
         self._tracked: set[str] = set()
         self._group_coordinators: dict[str, str] = {}
+        self._txn_coordinators: dict[str, str] = {}
         self._stale = True
         self._last_refresh_s = float("-inf")
         self._refreshing: asyncio.Task | None = None
@@ -213,9 +215,10 @@ class Metadata:
         return response
 
     async def fetch(self, topics: Sequence[str] = (), *, all_topics: bool = False,
-                    group_ids: Sequence[str] = ()) -> partition_pb2.MetadataResponse:
+                    group_ids: Sequence[str] = (), transactional_ids: Sequence[str] = ()) -> partition_pb2.MetadataResponse:
         """One Metadata call (to the first known server that answers); updates the cache."""
-        request = partition_pb2.MetadataRequest(topics=list(topics), all_topics=all_topics, group_ids=list(group_ids))
+        request = partition_pb2.MetadataRequest(topics=list(topics), all_topics=all_topics, group_ids=list(group_ids),
+                                                transactional_ids=list(transactional_ids))
         response = await self.call_any("Metadata", request)
         self._apply(response)
         return response
@@ -233,6 +236,11 @@ class Metadata:
                 self._group_coordinators[coordinator.key] = coordinator.address
             else:
                 self._group_coordinators.pop(coordinator.key, None)
+        for coordinator in response.transaction_coordinators:
+            if coordinator.error.code == NONE and coordinator.address:
+                self._txn_coordinators[coordinator.key] = coordinator.address
+            else:
+                self._txn_coordinators.pop(coordinator.key, None)
 
     async def call_any(self, rpc: str, request, *, timeout_ms: float | None = None):
         """Calls ``rpc`` on the known servers in turn until one answers; a server
@@ -303,3 +311,24 @@ class Metadata:
 
     def forget_group_coordinator(self, group_id: str) -> None:
         self._group_coordinators.pop(group_id, None)
+
+    async def transaction_coordinator(self, transactional_id: str, *, refresh: bool = False) -> str:
+        """The address of the transaction coordinator of ``transactional_id``
+        (Metadata ``transaction_coordinators``); COORDINATOR_NOT_AVAILABLE
+        (retriable) while no coordinator owns the id's partition."""
+        if refresh or transactional_id not in self._txn_coordinators:
+            response = await self.fetch(transactional_ids=[transactional_id])
+            for coordinator in response.transaction_coordinators:
+                if coordinator.key == transactional_id and coordinator.error.code != NONE:
+                    raise from_proto(coordinator.error)
+            if transactional_id not in self._txn_coordinators:
+                raise error_for(ErrorCode.Value("COORDINATOR_NOT_AVAILABLE"),
+                                f"no transaction coordinator is known for transactional id {transactional_id!r}")
+        return self._txn_coordinators[transactional_id]
+
+    def forget_transaction_coordinator(self, transactional_id: str) -> None:
+        self._txn_coordinators.pop(transactional_id, None)
+
+    def known_transaction_coordinators(self) -> list[str]:
+        """Every coordinator address seen so far (for FindCoordinator)."""
+        return sorted(set(self._txn_coordinators.values()))

@@ -25,13 +25,48 @@ Guarantees
 
 Without idempotence (``enable_idempotence=False``) batches carry producer id -1
 and retries may duplicate or reorder records (at-least-once), as in Kafka.
+
+Transactions
+------------
+With ``transactional_id`` the producer is transactional (and idempotent), as
+Kafka's: ::
+
+    producer = Producer(bootstrap, transactional_id="orders-etl-0")
+    producer.init_transactions()          # fences older producers with this id
+    producer.begin_transaction()
+    producer.send("out", b"...")
+    producer.send_offsets_to_transaction({("in", 0): 42}, "orders-etl")
+    producer.commit_transaction()         # or abort_transaction()
+
+* The records sent, and the offsets given, between ``begin_transaction()`` and
+  a successful ``commit_transaction()`` become visible to ``read_committed``
+  readers together, on every partition, or -- aborted -- never.
+* ``commit_transaction()`` first waits for every record of the transaction; if
+  any failed, it raises TransactionAbortableError and the transaction can only
+  be aborted. After ``abort_transaction()`` (or after a successful commit) the
+  same producer begins the next transaction.
+* Once another producer with the same transactional id has called
+  ``init_transactions()``, this one is fenced: its next call (or record)
+  fails with ProducerFencedError, and so does every later one; close it.
+* ``init_transactions``, ``commit_transaction`` and ``abort_transaction`` wait
+  up to ``timeout_s`` (default ``max_block_ms``); on ClientTimeoutError the
+  operation goes on in the background, and calling the same method again waits
+  for it (Kafka's behaviour). ``close()`` aborts an open transaction.
+* Which call is legal in which state is the table in ``transactions.py``; an
+  illegal call raises TransactionStateError and changes nothing. ``send()`` in
+  a state that does not take records raises at once (not through the future).
+* ``send()`` racing ``commit_transaction()``/``abort_transaction()`` from another
+  thread is decided by the state check: a record whose ``send()`` passed it is
+  part of the transaction being ended; a later one is refused.
 """
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
+import re
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from services.client._loop import LoopThread
 from services.client.accumulator import RecordAccumulator, record_size_bytes
@@ -40,16 +75,32 @@ from services.client.errors import (
     ClientClosedError,
     ClientError,
     ClientTimeoutError,
+    FatalError,
     IoThreadCallError,
+    ProducerFencedError,
     RecordTooLargeError,
+    TransactionStateError,
     error_for,
 )
 from services.client.metadata import Metadata
 from services.client.partitioner import DefaultPartitioner, Partitioner
 from services.client.sender import REQUEST_OVERHEAD_BYTES, Sender, SenderStats
-from services.client.structs import TopicPartition, build_record, record_payload_bytes
+from services.client.structs import TopicPartition, as_tp, build_record, record_payload_bytes
+from services.client.transactions import SENDING_STATES, Call, TransactionManager, TxnState, Verdict
 from services.client.transport import FaultInjection, Transport
+from services.client.txn_requests import (
+    AddOffsetsHandler,
+    CoordinatorClient,
+    EndTxnHandler,
+    InitProducerIdHandler,
+    StopRetrying,
+    TxnOffsetCommitHandler,
+)
 from services.errors import ErrorCode
+from services.retry import RetryPolicy
+
+GROUP_ID_CHARS_MAX = 255
+GROUP_ID_RE = re.compile(r"^[a-zA-Z0-9._-]+$")  # errors.proto INVALID_GROUP_ID: checked before anything is sent
 
 
 class Producer:
@@ -58,6 +109,9 @@ class Producer:
 
     ``bootstrap``: comma-separated partition_svc addresses (or a list).
     ``acks``: "all" (default; -1), 1 or 0 (offsets then come back as -1).
+    ``transactional_id``: makes the producer transactional (module docstring);
+    ``transaction_timeout_ms``: how long a transaction may stay open before the
+    coordinator aborts it (at most the coordinator's maximum, 15 min by default).
     ``fault_injection``: test-only (see ``transport.FaultInjection``); ``transport``:
     a test seam replacing the gRPC transport."""
 
@@ -80,6 +134,8 @@ class Producer:
         buffer_memory_bytes: int = 32 * 1024 * 1024,
         max_block_ms: float = 60_000,
         metadata_max_age_ms: float = 300_000,
+        transactional_id: str | None = None,
+        transaction_timeout_ms: int = 60_000,
         partitioner: Partitioner | None = None,
         fault_injection: FaultInjection | None = None,
         transport=None,
@@ -101,6 +157,8 @@ class Producer:
             buffer_memory_bytes=buffer_memory_bytes,
             max_block_ms=max_block_ms,
             metadata_max_age_ms=metadata_max_age_ms,
+            transactional_id=transactional_id,
+            transaction_timeout_ms=transaction_timeout_ms,
         )
         self._partitioner = partitioner or DefaultPartitioner()
         self._transport = transport or Transport(
@@ -112,12 +170,22 @@ class Producer:
             batch_size_bytes=batch_size_bytes, linger_ms=linger_ms, buffer_memory_bytes=buffer_memory_bytes,
             batch_records_max=batch_records_max)
         self._closed = False
+        self._txn = TransactionManager(transactional_id, transaction_timeout_ms) if transactional_id else None
+        self._coordinator: CoordinatorClient | None = None
+        self._offsets_tasks: set[asyncio.Task] = set()  # send_offsets_to_transaction operations (loop thread)
         self._loop = LoopThread("txlog-producer")
         self._sender = self._loop.run(self._make_sender(), timeout_s=10, what="starting the producer")
         self._sender_done = self._loop.submit(self._sender.run())
 
     async def _make_sender(self) -> Sender:
-        return Sender(self.config, self._accumulator, self._metadata, self._transport, self._partitioner)
+        if self._txn is not None:
+            self._coordinator = CoordinatorClient(
+                self._metadata, self._transport, self._txn.transactional_id,
+                request_timeout_ms=self.config.request_timeout_ms,
+                backoff=RetryPolicy(backoff_initial_ms=self.config.retry_backoff_ms,
+                                    backoff_max_ms=self.config.retry_backoff_max_ms))
+        return Sender(self.config, self._accumulator, self._metadata, self._transport, self._partitioner,
+                      txn=self._txn, coordinator=self._coordinator)
 
     # --- sending -----------------------------------------------------------------------------
 
@@ -133,8 +201,11 @@ class Producer:
         """Queues one record; the future resolves to its RecordMetadata.
 
         Bad arguments raise TypeError/ValueError; a closed producer raises
-        ClientClosedError. Everything else (unknown topic after ``max_block_ms``,
-        an oversized record, a full buffer, delivery failures) fails the future."""
+        ClientClosedError; a transactional producer raises at once when its
+        state takes no records (TransactionStateError outside a transaction,
+        TransactionAbortableError after a failure, ProducerFencedError once
+        fenced). Everything else (unknown topic after ``max_block_ms``, an
+        oversized record, a full buffer, delivery failures) fails the future."""
         if self._closed:
             raise ClientClosedError("send() on a closed producer")
         if not isinstance(topic, str) or not topic:
@@ -142,13 +213,24 @@ class Producer:
         if partition is not None and (not isinstance(partition, int) or isinstance(partition, bool) or partition < 0):
             raise ValueError(f"partition must be an int >= 0 or None, not {partition!r}")
         record = build_record(key, value, headers, timestamp_ms)
-        future: concurrent.futures.Future = concurrent.futures.Future()
-        future.set_running_or_notify_cancel()  # a record's fate is not the caller's to cancel
+        if self._txn is not None:
+            self._txn.enter_send()
         try:
-            self._append(topic, record, partition, future)
-        except ClientError as exc:
-            future.set_exception(exc)
-        return future
+            future: concurrent.futures.Future = concurrent.futures.Future()
+            future.set_running_or_notify_cancel()  # a record's fate is not the caller's to cancel
+            try:
+                self._append(topic, record, partition, future)
+            except ClientError as exc:
+                future.set_exception(exc)
+                if self._txn is not None:  # a transaction missing a record must not commit (as in Kafka)
+                    if isinstance(exc, ProducerFencedError):
+                        self._txn.on_fatal_error(exc)
+                    else:
+                        self._txn.on_abortable_error(exc)
+            return future
+        finally:
+            if self._txn is not None:
+                self._txn.exit_send()
 
     def _append(self, topic: str, record, partition: int | None, future) -> None:
         if self._sender.fatal_error is not None:
@@ -167,10 +249,11 @@ class Producer:
             raise error_for(ErrorCode.Value("UNKNOWN_TOPIC_OR_PARTITION"),
                             f"topic {topic!r} has {partition_count} partitions; there is no partition {partition}")
         on_loop = self._loop.in_loop_thread()
-        wake = self._accumulator.append(TopicPartition(topic, partition), record, size_bytes, future,
-                                        time.monotonic() * 1000,
+        tp = TopicPartition(topic, partition)
+        new_partition = self._txn is not None and self._txn.maybe_add_partition(tp)
+        wake = self._accumulator.append(tp, record, size_bytes, future, time.monotonic() * 1000,
                                         max_block_ms=0 if on_loop else self.config.max_block_ms)
-        if wake:
+        if wake or new_partition:
             self._loop.call_soon(self._sender.wakeup)
 
     def _partition_count(self, topic: str) -> int:
@@ -221,6 +304,8 @@ class Producer:
             return
         if self._loop.in_loop_thread():
             raise IoThreadCallError("close() cannot block on the producer's own I/O thread (from a callback?)")
+        if self._txn is not None:
+            self._end_transaction_for_close(timeout_s)
         self._closed = True
         timeout_ms = None if timeout_s is None else timeout_s * 1000
         try:
@@ -243,5 +328,252 @@ class Producer:
         return self._sender.producer_id
 
     @property
+    def producer_epoch(self) -> int:
+        """The producer epoch in use (-1 before the first InitProducerId); a
+        transactional producer's grows at every commit or abort."""
+        return self._sender.producer_epoch
+
+    @property
+    def transaction_state(self) -> TxnState | None:
+        """The transactional producer's state (None without ``transactional_id``)."""
+        return None if self._txn is None else self._txn.state
+
+    @property
     def stats(self) -> SenderStats:
         return self._sender.stats
+
+    # --- transactions ----------------------------------------------------------------------------
+
+    def _transactional(self, call: Call) -> TransactionManager:
+        if self._txn is None:
+            raise TransactionStateError(
+                f"{call.value} needs a transactional producer: create it with Producer(..., transactional_id=...)")
+        if self._closed:
+            raise ClientClosedError(f"{call.value} on a closed producer")
+        if self._loop.in_loop_thread():
+            raise IoThreadCallError(f"{call.value} cannot block on the producer's own I/O thread (from a callback?)")
+        return self._txn
+
+    def init_transactions(self, timeout_s: float | None = None) -> None:
+        """Registers the transactional id with its coordinator and takes a
+        producer id and epoch: every older producer with this id is fenced, and
+        a transaction it left open is aborted. Call it once, first. A fatal
+        answer (an invalid id or timeout) raises and makes the producer fatal."""
+        txn = self._transactional(Call.INIT)
+        if txn.start(Call.INIT) is Verdict.STARTED:
+            self._run_operation(txn, self._init_operation())
+        self._wait_operation(txn, Call.INIT, timeout_s)
+
+    def begin_transaction(self) -> None:
+        """Opens a transaction (locally: the coordinator hears of it with its first
+        partition or offsets)."""
+        self._transactional(Call.BEGIN).start(Call.BEGIN)
+
+    def send_offsets_to_transaction(self, offsets: Mapping, group_id: str, timeout_s: float | None = None) -> None:
+        """Commits ``offsets`` ({(topic, partition): next offset to consume}) for
+        consumer group ``group_id`` as part of the open transaction: they become
+        the group's committed offsets when, and only if, the transaction commits.
+        Failures make the transaction abortable (TransactionAbortableError)."""
+        txn = self._transactional(Call.SEND_OFFSETS)
+        if not isinstance(group_id, str) or not 0 < len(group_id) <= GROUP_ID_CHARS_MAX \
+                or not GROUP_ID_RE.match(group_id):
+            raise ValueError(f"group_id must be 1 to {GROUP_ID_CHARS_MAX} characters of [a-zA-Z0-9._-] "
+                             f"(INVALID_GROUP_ID), not {group_id!r}")
+        checked: dict[TopicPartition, int] = {}
+        for key, offset in offsets.items():
+            if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+                raise ValueError(f"the offset of {key!r} must be an int >= 0 (the next offset to consume), "
+                                 f"not {offset!r}")
+            checked[as_tp(key)] = offset
+        if not checked:
+            return
+        txn.check(Call.SEND_OFFSETS)
+        future = self._loop.submit(self._send_offsets_operation(checked, group_id))
+        timeout = self._operation_timeout_s(timeout_s)
+        try:
+            future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            raise ClientTimeoutError(
+                f"send_offsets_to_transaction() did not finish within {timeout:.3f} s; it goes on in the "
+                "background and commit_transaction() waits for it") from None
+
+    def commit_transaction(self, timeout_s: float | None = None) -> None:
+        """Sends every record of the transaction, waits for them, then commits
+        (EndTxn): on return, the transaction's records and offsets are visible to
+        read_committed readers. If a record or request of the transaction failed,
+        raises TransactionAbortableError: call abort_transaction()."""
+        txn = self._transactional(Call.COMMIT)
+        if txn.start(Call.COMMIT) is Verdict.STARTED:
+            txn.wait_sends_done()
+            self._run_operation(txn, self._commit_operation())
+        self._wait_operation(txn, Call.COMMIT, timeout_s)
+
+    def abort_transaction(self, timeout_s: float | None = None) -> None:
+        """Aborts the open (or failed) transaction: records not sent yet fail
+        with TransactionAbortedError, records in flight finish, then EndTxn
+        marks the transaction aborted everywhere. The producer goes on."""
+        txn = self._transactional(Call.ABORT)
+        if txn.start(Call.ABORT) is Verdict.STARTED:
+            txn.wait_sends_done()
+            self._run_operation(txn, self._abort_operation())
+        self._wait_operation(txn, Call.ABORT, timeout_s)
+
+    def _operation_timeout_s(self, timeout_s: float | None) -> float:
+        return self.config.max_block_ms / 1000 if timeout_s is None else timeout_s
+
+    def _run_operation(self, txn: TransactionManager, coro) -> None:
+        """Runs an init/commit/abort on the loop; its outcome goes to ``txn.operation``."""
+        operation = txn.operation
+        assert operation is not None
+
+        def settle(done: concurrent.futures.Future) -> None:
+            if done.cancelled():
+                operation.set_exception(ClientClosedError("the producer was closed during the operation"))
+            elif done.exception() is not None:
+                operation.set_exception(done.exception())
+            else:
+                operation.set_result(None)
+
+        try:
+            self._loop.submit(coro).add_done_callback(settle)
+        except ClientClosedError as exc:
+            operation.set_exception(exc)
+
+    def _wait_operation(self, txn: TransactionManager, call: Call, timeout_s: float | None) -> None:
+        operation = txn.operation
+        assert operation is not None
+        timeout = self._operation_timeout_s(timeout_s)
+        try:
+            operation.result(timeout)
+        except concurrent.futures.TimeoutError:
+            raise ClientTimeoutError(
+                f"{call.value} did not finish within {timeout:.3f} s; it goes on in the background: "
+                f"call {call.value} again to wait for it") from None
+
+    async def _init_operation(self) -> None:
+        txn, coordinator = self._txn, self._coordinator
+        assert txn is not None and coordinator is not None
+        try:
+            producer_id, producer_epoch = await coordinator.send(
+                InitProducerIdHandler(txn.transactional_id, txn.transaction_timeout_ms), producer_epoch=-1)
+        except ClientError as exc:
+            fatal = exc if isinstance(exc, FatalError) else FatalError(
+                exc.code, f"init_transactions() failed: {exc.message}; close the producer")
+            txn.on_fatal_error(fatal)
+            raise fatal  # noqa: B904 -- the context is exc
+        self._sender.reset_producer(producer_id, producer_epoch)
+        txn.initialized(producer_id, producer_epoch)
+
+    async def _send_offsets_operation(self, offsets: dict[TopicPartition, int], group_id: str) -> None:
+        txn, coordinator = self._txn, self._coordinator
+        assert txn is not None and coordinator is not None
+        task = asyncio.current_task()
+        self._offsets_tasks.add(task)
+        try:
+            txn.check(Call.SEND_OFFSETS)
+            producer_id, producer_epoch = txn.producer_id, txn.producer_epoch
+            keep_going = lambda: txn.state in SENDING_STATES  # noqa: E731
+            try:
+                txn.note_offsets_added()
+                await coordinator.send(AddOffsetsHandler(txn.transactional_id, producer_id, producer_epoch, group_id),
+                                       producer_epoch=producer_epoch, keep_going=keep_going)
+                await coordinator.send(
+                    TxnOffsetCommitHandler(txn.transactional_id, producer_id, producer_epoch, group_id, offsets),
+                    producer_epoch=producer_epoch, keep_going=keep_going)
+            except StopRetrying:
+                raise txn.error_unless(TxnState.IN_TRANSACTION) or TransactionStateError(
+                    f"send_offsets_to_transaction() in state {txn.state.name}: the transaction ended meanwhile") \
+                    from None
+            except ClientError as exc:
+                txn.on_coordinator_error(exc)
+                raise txn.error_unless(TxnState.IN_TRANSACTION) or exc  # noqa: B904 -- the context is exc
+        finally:
+            self._offsets_tasks.discard(task)
+
+    async def _flush_transaction(self) -> None:
+        pending = self._accumulator.begin_flush()
+        try:
+            self._sender.wakeup()
+            if pending:
+                await asyncio.wait([asyncio.wrap_future(f) for f in pending])
+        finally:
+            self._accumulator.end_flush()
+
+    async def _commit_operation(self) -> None:
+        txn, coordinator = self._txn, self._coordinator
+        assert txn is not None and coordinator is not None
+        if self._offsets_tasks:
+            await asyncio.gather(*list(self._offsets_tasks), return_exceptions=True)
+        await self._flush_transaction()
+        error = txn.error_unless(TxnState.COMMITTING)
+        if error is not None:
+            raise error
+        producer_id, producer_epoch = txn.producer_id, txn.producer_epoch
+        if txn.coordinator_touched:
+            try:
+                producer_id, producer_epoch = await coordinator.send(
+                    EndTxnHandler(txn.transactional_id, producer_id, producer_epoch, committed=True),
+                    producer_epoch=producer_epoch)
+            except ClientError as exc:
+                txn.on_coordinator_error(exc)
+                raise txn.error_unless(TxnState.COMMITTING) or exc  # noqa: B904 -- the context is exc
+        self._sender.reset_producer(producer_id, producer_epoch)
+        if not txn.completed(producer_id, producer_epoch):
+            raise txn.error_unless(TxnState.READY)
+
+    async def _abort_operation(self) -> None:
+        txn, coordinator = self._txn, self._coordinator
+        assert txn is not None and coordinator is not None
+        for task in list(self._offsets_tasks):
+            task.cancel()
+        if self._offsets_tasks:
+            await asyncio.gather(*list(self._offsets_tasks), return_exceptions=True)
+        self._sender.drop_unsent()
+        await self._sender.wait_in_flight()
+        self._sender.drop_unsent()
+        producer_id, producer_epoch = txn.producer_id, txn.producer_epoch
+        if txn.coordinator_touched:
+            try:
+                producer_id, producer_epoch = await coordinator.send(
+                    EndTxnHandler(txn.transactional_id, producer_id, producer_epoch, committed=False),
+                    producer_epoch=producer_epoch)
+            except ProducerFencedError as exc:
+                txn.on_fatal_error(exc)
+                raise
+            except ClientError as exc:
+                if isinstance(exc, FatalError):
+                    txn.on_fatal_error(exc)
+                    raise
+                # The coordinator has no transaction to abort at this epoch (it timed
+                # out, ...): bump the epoch with the id we hold instead (KIP-360).
+                producer_id, producer_epoch = await self._bump_epoch(txn, coordinator, exc)
+        self._sender.reset_producer(producer_id, producer_epoch)
+        if not txn.completed(producer_id, producer_epoch):
+            raise txn.error_unless(TxnState.READY)
+
+    async def _bump_epoch(self, txn: TransactionManager, coordinator: CoordinatorClient,
+                          cause: ClientError) -> tuple[int, int]:
+        try:
+            return await coordinator.send(
+                InitProducerIdHandler(txn.transactional_id, txn.transaction_timeout_ms, txn.producer_id,
+                                      txn.producer_epoch), producer_epoch=txn.producer_epoch)
+        except ClientError as exc:
+            fatal = exc if isinstance(exc, FatalError) else FatalError(
+                exc.code, f"abort_transaction() could not end the transaction ({cause}) nor bump the producer "
+                          f"epoch ({exc.message}); close the producer")
+            txn.on_fatal_error(fatal)
+            raise fatal  # noqa: B904 -- the context is exc
+
+    def _end_transaction_for_close(self, timeout_s: float | None) -> None:
+        """close(): an open or failed transaction is aborted (as Kafka's producer
+        does on a graceful close); an operation in progress is waited for."""
+        txn = self._txn
+        assert txn is not None
+        try:
+            if txn.state in (TxnState.IN_TRANSACTION, TxnState.ABORTABLE_ERROR):
+                self.abort_transaction(timeout_s)
+            elif txn.state in (TxnState.INITIALIZING, TxnState.COMMITTING, TxnState.ABORTING):
+                assert txn.operation is not None
+                txn.operation.result(self._operation_timeout_s(timeout_s))
+        except (ClientError, concurrent.futures.TimeoutError):
+            pass  # closing anyway; the coordinator aborts what is left open at its timeout

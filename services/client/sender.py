@@ -33,6 +33,21 @@ re-sequences the held batches (KIP-360's recovery: InitProducerId with the
 current id and epoch answers the same id with the epoch bumped). An
 InitProducerId failure that is not retriable is fatal for the producer: every
 pending and later record fails with it.
+
+Transactions
+------------
+With a :class:`~services.client.transactions.TransactionManager` the sender is
+transactional: it takes no producer id of its own (``init_transactions()`` does,
+through :meth:`Sender.reset_producer`); a partition's batches are sent only once
+the coordinator has the partition in the transaction (the sender adds new
+partitions with AddPartitionsToTxn, one request at a time); Produce requests
+carry the transactional id and ``is_transactional``. Any batch that fails makes
+the transaction abortable (PRODUCER_FENCED / INVALID_PRODUCER_EPOCH make the
+producer fatal instead); there is no KIP-360 bump inside a transaction -- a
+broken sequence is an abortable error, and the epoch bump of the abort's EndTxn
+starts every partition at sequence 0 again. While the transaction is failed or
+aborting, nothing more is sent or retried: unsent batches fail with
+TransactionAbortedError (or the fatal error) and in-flight ones just finish.
 """
 
 from __future__ import annotations
@@ -50,6 +65,8 @@ from services.client.errors import (
     ClientClosedError,
     ClientError,
     DeliveryTimeoutError,
+    ProducerFencedError,
+    TransactionAbortedError,
     action_for,
     error_for,
     from_exception,
@@ -59,11 +76,20 @@ from services.client.metadata import Metadata
 from services.client.partitioner import Partitioner
 from services.client.sequences import PartitionSequences
 from services.client.structs import TopicPartition
+from services.client.transactions import DROPPING_STATES, SENDING_STATES, TransactionManager, TxnState
+from services.client.txn_requests import (
+    PARTITIONS_PER_ADD_MAX,
+    AddPartitionsHandler,
+    CoordinatorClient,
+    StopRetrying,
+    fenced_error,
+)
 from services.errors import ErrorCode
 from services.retry import RetryPolicy
 from services.stubs.txlog.v1 import coordinator_pb2, partition_pb2
 
 NONE = ErrorCode.Value("NONE")
+FENCED_CODES = frozenset({ErrorCode.Value("PRODUCER_FENCED"), ErrorCode.Value("INVALID_PRODUCER_EPOCH")})
 HOUSEKEEPING_INTERVAL_MS = 1000  # expiry checks while batches are outstanding
 REQUEST_OVERHEAD_BYTES = 64
 PARTITIONS_PER_REQUEST_MAX = 1000  # partition_svc refuses requests naming more than 10_000
@@ -93,6 +119,8 @@ class Sender:
         *,
         clock_ms: Callable[[], float] | None = None,
         backoff: RetryPolicy | None = None,
+        txn: TransactionManager | None = None,
+        coordinator: CoordinatorClient | None = None,
     ):
         self._config = config
         self._accumulator = accumulator
@@ -117,6 +145,11 @@ class Sender:
         self._forced = False
         self.fatal_error: ClientError | None = None
         self.stats = SenderStats()
+        if (txn is None) != (coordinator is None):
+            raise ValueError("a transactional sender needs both a TransactionManager and a CoordinatorClient")
+        self._txn = txn
+        self._coordinator = coordinator
+        self._add_task: asyncio.Task | None = None
         metadata.add_listener(self.wakeup)
 
     # --- control -------------------------------------------------------------------------
@@ -147,6 +180,8 @@ class Sender:
             task.cancel()
         if self._init_task is not None:
             self._init_task.cancel()
+        if self._add_task is not None:
+            self._add_task.cancel()
         self.wakeup()
 
     def _idle(self) -> bool:
@@ -166,10 +201,13 @@ class Sender:
                 if self.fatal_error is not None:
                     self._force(self.fatal_error)
                     continue
+                if self._txn is not None and self._txn.state in DROPPING_STATES:
+                    self.drop_unsent()
                 self._maybe_init_producer_id(now_ms)
                 if self._metadata.needs_refresh():
                     self._metadata.maybe_refresh()
                 wait_ms = self._send_ready(now_ms)
+                self._maybe_add_partitions()
                 if wait_ms is None:
                     await self._wake.wait()
                 elif wait_ms > 0:
@@ -178,6 +216,8 @@ class Sender:
                 else:
                     await asyncio.sleep(0)
         finally:
+            if self._add_task is not None:
+                self._add_task.cancel()
             for task in list(self._requests):
                 task.cancel()
             if self._requests:
@@ -197,6 +237,9 @@ class Sender:
         ready, linger_wait_ms = self._accumulator.ready(now_ms)
         ready_set = set(ready)
         may_assign = not self._reset_pending and (not self._idempotent or self.producer_id >= 0)
+        txn = self._txn
+        if txn is not None and txn.state not in SENDING_STATES:
+            may_assign = False
         candidates = dict.fromkeys(tp for tp, s in self._partitions.items() if s.next_resend(now_ms) is not None)
         candidates.update(dict.fromkeys(ready))
         requests: dict[str, list[list[tuple[ProducerBatch, int]]]] = {}
@@ -207,6 +250,9 @@ class Sender:
             sequences = self._sequences(tp)
             batch = sequences.next_resend(now_ms)
             if batch is None and not (tp in ready_set and may_assign and sequences.can_send_new()):
+                continue
+            if batch is None and txn is not None and not txn.may_send(tp):
+                txn.maybe_add_partition(tp)  # sent once the coordinator has it in the transaction
                 continue
             leader = self._metadata.leader(tp)
             if leader is None:
@@ -247,7 +293,7 @@ class Sender:
         waits += [s.next_retry_at_ms() - now_ms for s in self._partitions.values() if s.next_retry_at_ms() is not None]
         if missing_leader:
             waits.append(max(self._metadata.refresh_delay_ms(), 10.0))
-        if (self._idempotent and self.producer_id < 0) or self._reset_pending:
+        if self._txn is None and ((self._idempotent and self.producer_id < 0) or self._reset_pending):
             waits.append(max(self._init_retry_at_ms - now_ms, 10.0))
         if self._accumulator.incomplete_count() > 0:
             waits.append(HOUSEKEEPING_INTERVAL_MS)
@@ -257,12 +303,14 @@ class Sender:
     # --- Produce: request and answer ------------------------------------------------------------
 
     async def _send_request(self, address: str, entries: list[tuple[ProducerBatch, int]]) -> None:
+        transactional = self._txn is not None
         request = partition_pb2.ProduceRequest(
+            transactional_id=self._txn.transactional_id if transactional else "",
             acks=self._config.acks,
             timeout_ms=int(self._config.request_timeout_ms),
             batches=[
                 partition_pb2.PartitionBatch(topic=b.tp.topic, partition=b.tp.partition, leader_epoch=epoch,
-                                             batch=b.to_proto())
+                                             batch=b.to_proto(is_transactional=transactional))
                 for b, epoch in entries
             ],
         )
@@ -303,6 +351,15 @@ class Sender:
         if batch.state is not BatchState.IN_FLIGHT:
             return
         sequences = self._sequences(batch.tp)
+        if self._txn is not None:
+            if error.code in FENCED_CODES:
+                sequences.on_failed(batch, maybe_appended=False)
+                self._fail(batch, fenced_error(self._txn.transactional_id, batch.producer_epoch, error))
+                return
+            if self._txn.state not in SENDING_STATES:  # failed or aborting: nothing is retried any more
+                sequences.on_failed(batch, maybe_appended=True)
+                self._fail(batch, self._dropped_error())
+                return
         action = action_for(error.code)
         backoff_ms = self._backoff.delay_ms(batch.attempts)
         if self._idempotent and action is Action.ALREADY_APPENDED:
@@ -324,6 +381,15 @@ class Sender:
             sequences.on_failed(batch, maybe_appended=False)
             self._fail(batch, error)
         if sequences.broken:
+            self._on_broken(error)
+
+    def _on_broken(self, error: ClientError) -> None:
+        """A partition's sequence has a gap: idempotent, recover with a new epoch
+        (KIP-360); transactional, the transaction can only abort (its EndTxn bumps
+        the epoch)."""
+        if self._txn is not None:
+            self._txn.on_abortable_error(error)
+        else:
             self._reset_pending = True
 
     def _complete(self, batch: ProducerBatch, base_offset: int, log_append_time_ms: int) -> None:
@@ -333,6 +399,12 @@ class Sender:
     def _fail(self, batch: ProducerBatch, error: BaseException) -> None:
         batch.fail(error)
         self._accumulator.release(batch)
+        if self._txn is not None and isinstance(error, ClientError) \
+                and not isinstance(error, (TransactionAbortedError, ClientClosedError)):
+            if isinstance(error, ProducerFencedError):
+                self._txn.on_fatal_error(error)
+            else:  # any failed batch of a transaction makes it abortable (as in Kafka)
+                self._txn.on_abortable_error(error)
 
     def _expire(self, now_ms: float) -> None:
         timeout_ms = self._config.delivery_timeout_ms
@@ -347,12 +419,13 @@ class Sender:
                     f"{batch.tp}: {batch.record_count} record(s) not acknowledged within "
                     f"delivery_timeout_ms={timeout_ms:.0f}; {outcome}", maybe_appended=maybe_appended))
             if sequences.broken:
-                self._reset_pending = True
+                self._on_broken(error_for(ErrorCode.Value("REQUEST_TIMED_OUT"),
+                                          f"{sequences.tp}: a batch expired (delivery_timeout_ms={timeout_ms:.0f})"))
 
     # --- producer id ---------------------------------------------------------------------------------
 
     def _maybe_init_producer_id(self, now_ms: float) -> None:
-        if not self._idempotent or (self._init_task is not None and not self._init_task.done()):
+        if self._txn is not None or not self._idempotent or (self._init_task is not None and not self._init_task.done()):
             return
         if now_ms < self._init_retry_at_ms:
             return
@@ -395,3 +468,79 @@ class Sender:
                 self.stats.producer_id_resets += 1
             # else: something went out meanwhile; the next quiescent moment takes another id
         self.wakeup()
+
+    # --- transactions -----------------------------------------------------------------------------
+
+    def _dropped_error(self) -> ClientError:
+        txn = self._txn
+        assert txn is not None
+        if txn.state is TxnState.FATAL_ERROR and txn.fatal_error is not None:
+            return txn.fatal_error
+        cause = f" after {txn.abortable_error}" if txn.abortable_error is not None else ""
+        return TransactionAbortedError(
+            f"the transaction of {txn.transactional_id!r} was aborted{cause} before this record was acknowledged: "
+            "it is not in the log (or is there as aborted); send it again in a new transaction")
+
+    def drop_unsent(self) -> None:
+        """Fails every batch of the transaction not in flight now (queued, waiting
+        for a retry, held): the transaction is failed or aborting."""
+        error = self._dropped_error()
+        for batch in self._accumulator.abort_all():
+            self._fail(batch, error)
+        for sequences in self._partitions.values():
+            for batch in sequences.abort_unsent():
+                self._fail(batch, error)
+
+    async def wait_in_flight(self) -> None:
+        """Returns once no batch is in flight and no AddPartitionsToTxn either (it is cancelled)."""
+        if self._add_task is not None and not self._add_task.done():
+            self._add_task.cancel()
+            await asyncio.gather(self._add_task, return_exceptions=True)
+        while True:
+            done = [b.done for s in self._partitions.values() for b in s.unresolved if b.state is BatchState.IN_FLIGHT]
+            if not done:
+                return
+            await asyncio.wait([asyncio.wrap_future(f) for f in done])
+
+    def reset_producer(self, producer_id: int, producer_epoch: int) -> None:
+        """A new producer id or epoch (init_transactions, or a transaction ended):
+        every partition starts at sequence 0 again. Nothing of the last
+        transaction may be unresolved (the caller flushed or dropped it)."""
+        self.producer_id, self.producer_epoch = producer_id, producer_epoch
+        for sequences in self._partitions.values():
+            for batch in sequences.abort_all():  # none expected; never leave a future pending
+                self._fail(batch, TransactionAbortedError(f"{batch.tp}: the transaction ended before the batch did"))
+        self._partitions.clear()
+        self.wakeup()
+
+    def _maybe_add_partitions(self) -> None:
+        txn = self._txn
+        if txn is None or (self._add_task is not None and not self._add_task.done()):
+            return
+        if not txn.has_pending_partitions():
+            return
+        tps = txn.take_pending_partitions()
+        if tps:
+            self._add_task = asyncio.get_running_loop().create_task(self._add_partitions(tps))
+
+    async def _add_partitions(self, tps: list[TopicPartition]) -> None:
+        txn, coordinator = self._txn, self._coordinator
+        assert txn is not None and coordinator is not None
+        producer_id, producer_epoch = self.producer_id, self.producer_epoch
+        try:
+            for start in range(0, len(tps), PARTITIONS_PER_ADD_MAX):
+                chunk = tps[start:start + PARTITIONS_PER_ADD_MAX]
+                await coordinator.send(
+                    AddPartitionsHandler(txn.transactional_id, producer_id, producer_epoch, chunk),
+                    producer_epoch=producer_epoch, keep_going=lambda: txn.state in SENDING_STATES)
+                txn.partitions_added(chunk)
+        except StopRetrying:
+            txn.partitions_not_added(tps)
+        except ClientError as exc:
+            txn.partitions_not_added(tps)
+            txn.on_coordinator_error(exc)
+        except BaseException:
+            txn.partitions_not_added(tps)
+            raise
+        finally:
+            self.wakeup()

@@ -34,7 +34,8 @@ State Transitions (of a batch; ``BatchState`` in accumulator.py)
   unresolved; any failure of a batch behind a HELD or failed-unappended one.
 * AWAITING_RETRY -> IN_FLIGHT: ``mark_resent`` (head of the partition, back-off over).
 * HELD -> AWAITING_RETRY: ``reset`` (new producer id, new sequence).
-* AWAITING_RETRY | HELD -> DONE: ``expire`` (delivery timeout).
+* AWAITING_RETRY | HELD -> DONE: ``expire`` (delivery timeout); ``abort_unsent``
+  (the transaction aborts).
 
 In non-idempotent mode there are no sequences: retries are re-sent as soon as
 their back-off passes and may be reordered or duplicated (Kafka's behaviour
@@ -218,6 +219,17 @@ class PartitionSequences:
             batch.retry_at_ms = 0.0
         self.broken = False
         self._barrier_order = None
+
+    def abort_unsent(self) -> list[ProducerBatch]:
+        """Removes every unresolved batch that is not in flight (its transaction
+        is aborting); the caller fails them. In-flight batches stay until answered."""
+        kept, dropped = [], []
+        for batch in self._unresolved:
+            (kept if batch.state is BatchState.IN_FLIGHT else dropped).append(batch)
+        self._unresolved = kept
+        for batch in dropped:
+            self._transition(batch, BatchState.DONE)
+        return dropped
 
     def abort_all(self) -> list[ProducerBatch]:
         """Removes every unresolved batch (a forced close); the caller fails them."""

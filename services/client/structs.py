@@ -92,6 +92,44 @@ class ProducerDescription(NamedTuple):
     current_txn_start_offset: int
 
 
+class TransactionListing(NamedTuple):
+    """One transaction a coordinator knows (ListTransactions); ``state`` is the
+    coordinator's state name: Empty, Ongoing, PrepareCommit, PrepareAbort,
+    CompleteCommit, CompleteAbort, Dead, PrepareEpochFence."""
+
+    transactional_id: str
+    producer_id: int
+    state: str
+
+
+class TransactionDescription(NamedTuple):
+    """A transactional id in detail (DescribeTransactions);
+    ``transaction_start_time_ms`` is -1 when no transaction is open."""
+
+    transactional_id: str
+    state: str
+    producer_id: int
+    producer_epoch: int
+    transaction_timeout_ms: int
+    transaction_start_time_ms: int
+    partitions: tuple[TopicPartition, ...]
+
+
+class HangingTransaction(NamedTuple):
+    """An open transaction on a partition that no coordinator will end: it holds
+    the partition's last stable offset back (read_committed readers stop there)
+    until ``Admin.abort_transaction`` writes its ABORT marker with these fields."""
+
+    topic: str
+    partition: int
+    producer_id: int
+    producer_epoch: int
+    coordinator_epoch: int
+    start_offset: int
+    last_timestamp_ms: int
+    reason: str
+
+
 def to_bytes(value, what: str) -> bytes | None:
     if value is None or isinstance(value, bytes):
         return value

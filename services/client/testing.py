@@ -20,12 +20,35 @@ before it (``fault_injection``), random delays that reorder concurrent requests
 (``lost_produce_answers``), leadership moves (:meth:`FakeCluster.move_leader`), and
 per-partition errors for chosen Produce calls (:meth:`FakeCluster.fail_produce`).
 The SDK's code under test is the real one; only the network is fake.
+
+Transactions
+------------
+The fake also plays one transaction coordinator (at ``coordinator_address``)
+and the group coordinator (the first partition server), following the
+coordinator's protocol (DESIGN.md "Transactions", Kafka's Transactions V2):
+InitProducerId with a transactional id (a new id at epoch 0; an id whose
+transaction is Ongoing is fenced -- its transaction aborted with the epoch
+bumped -- and answered CONCURRENT_TRANSACTIONS; else epoch + 1; KIP-360 bumps
+with the current id and epoch), AddPartitionsToTxn, AddOffsetsToTxn, EndTxn
+(markers at the bumped epoch; a retried EndTxn whose first attempt was applied
+answers the same epoch), TxnOffsetCommit (pending offsets applied by the COMMIT
+marker), OffsetCommit/OffsetFetch, ListTransactions, DescribeTransactions,
+AbortTransaction and DescribeProducers. Leaders verify transactional batches
+with the coordinator (an older epoch: PRODUCER_FENCED; a partition not in the
+transaction: INVALID_TXN_STATE) and fence batches whose epoch is below the one
+a marker set. Fetch honours ``read_committed`` (nothing at or above the LSO,
+aborted records dropped). Scripting: :meth:`FakeCluster.fail_next` (request-level
+errors of the next calls of an rpc, before or after handling it),
+:meth:`FakeCluster.fail_add_partitions`, :meth:`FakeCluster.move_coordinator`,
+:meth:`FakeCluster.start_other_producer` (a zombie maker),
+:meth:`FakeCluster.inject_open_transaction` (a hanging transaction).
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -40,21 +63,62 @@ from services.stubs.txlog.v1 import common_pb2, coordinator_pb2, errors_pb2, par
 E = ErrorCode.Value
 
 
+OFFSETS_TP = TopicPartition("__consumer_offsets", 0)  # the fake's one offsets partition, for every group
+STATE_TO_PROTO = {
+    "Empty": coordinator_pb2.TRANSACTION_STATE_EMPTY,
+    "Ongoing": coordinator_pb2.TRANSACTION_STATE_ONGOING,
+    "PrepareCommit": coordinator_pb2.TRANSACTION_STATE_PREPARE_COMMIT,
+    "PrepareAbort": coordinator_pb2.TRANSACTION_STATE_PREPARE_ABORT,
+    "CompleteCommit": coordinator_pb2.TRANSACTION_STATE_COMPLETE_COMMIT,
+    "CompleteAbort": coordinator_pb2.TRANSACTION_STATE_COMPLETE_ABORT,
+    "Dead": coordinator_pb2.TRANSACTION_STATE_DEAD,
+    "PrepareEpochFence": coordinator_pb2.TRANSACTION_STATE_PREPARE_EPOCH_FENCE,
+}
+
+
 @dataclass
 class _ProducerEntry:
     producer_epoch: int
     last_sequence: int
     cache: deque = field(default_factory=deque)  # (first_sequence, last_sequence, base_offset)
+    last_timestamp_ms: int = -1
+    coordinator_epoch: int = -1
 
 
 @dataclass
 class FakePartition:
     records: list[common_pb2.Record] = field(default_factory=list)
     producers: dict[int, _ProducerEntry] = field(default_factory=dict)
+    open_txns: dict[int, list[int]] = field(default_factory=dict)  # producer id -> offsets of its open transaction
+    aborted: set[int] = field(default_factory=set)  # offsets of aborted records
+    markers: list[tuple[int, int, bool]] = field(default_factory=list)  # (producer id, epoch, committed)
 
     @property
     def high_watermark(self) -> int:
         return len(self.records)
+
+    @property
+    def last_stable_offset(self) -> int:
+        firsts = [offsets[0] for offsets in self.open_txns.values() if offsets]
+        return min(firsts) if firsts else self.high_watermark
+
+    def visible(self, offset: int) -> bool:
+        """Whether ``read_committed`` may return the record at ``offset``."""
+        return offset < self.last_stable_offset and offset not in self.aborted
+
+
+@dataclass
+class FakeTransaction:
+    """The fake coordinator's record of one transactional id."""
+
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    timeout_ms: int
+    state: str = "Empty"
+    last_epoch: int = -1  # the epoch before the last EndTxn bump, to recognise a retried EndTxn
+    partitions: set[TopicPartition] = field(default_factory=set)
+    start_ms: int = -1
 
 
 class FakeCluster:
@@ -70,6 +134,7 @@ class FakeCluster:
         fault_injection: FaultInjection | None = None,
         rng: random.Random | None = None,
         topic_configs: dict[str, dict[str, str]] | None = None,
+        coordinator_address: str = "fake-coordinator:9",
     ):
         self.topic_configs = topic_configs or {}
         self.addresses = addresses
@@ -91,6 +156,18 @@ class FakeCluster:
         self.unreachable: set[str] = set()
         # Produce call number -> ms after the append at which the caller sees its answer lost
         self.lost_produce_answers: dict[int, float] = {}
+        # --- the transaction coordinator and the group coordinator
+        self.coordinator_address = coordinator_address
+        self.coordinator_addresses = {coordinator_address}  # every fake coordinator (all answer FindCoordinator)
+        self.coordinator_available = True  # False: Metadata answers COORDINATOR_NOT_AVAILABLE for ids
+        self.coordinator_epoch = 0
+        self.transactions: dict[str, FakeTransaction] = {}
+        self.group_offsets: dict[str, dict[TopicPartition, int]] = {}
+        self.pending_offsets: dict[int, dict[str, dict[TopicPartition, int]]] = {}  # pid -> group -> offsets
+        self.end_txns: list[tuple[str, bool, int, int]] = []  # (id, committed, epoch asked, epoch answered)
+        self.now_ms: Callable[[], int] = lambda: int(time.time() * 1000)
+        self._next_calls: dict[str, deque[tuple[int, bool]]] = {}
+        self._add_partitions_scripts: deque[Callable[[TopicPartition], int | None]] = deque()
 
     # --- scripting --------------------------------------------------------------------------
 
@@ -117,6 +194,50 @@ class FakeCluster:
     def count(self, rpc: str) -> int:
         return sum(1 for _, name in self.calls if name == rpc)
 
+    def committed_values(self, tp: TopicPartition) -> list[bytes]:
+        """What a read_committed reader sees of the partition."""
+        partition = self.partitions[tp]
+        return [r.value for offset, r in enumerate(partition.records) if partition.visible(offset)]
+
+    def fail_next(self, rpc: str, *codes: int, after_handling: bool = False) -> None:
+        """The next calls of ``rpc`` fail with ``codes`` (one call each), as
+        request-level errors: before the fake handles the call, or -- with
+        ``after_handling`` -- after it did (the answer is lost)."""
+        queue = self._next_calls.setdefault(rpc, deque())
+        queue.extend((code, after_handling) for code in codes)
+
+    def fail_add_partitions(self, code_for: Callable[[TopicPartition], int | None]) -> None:
+        """The next AddPartitionsToTxn answers ``code_for(tp)`` per partition (None: normal)."""
+        self._add_partitions_scripts.append(code_for)
+
+    def move_coordinator(self, address: str) -> None:
+        """Another coordinator takes over: the old address answers NOT_COORDINATOR."""
+        self.coordinator_address = address
+        self.coordinator_addresses.add(address)
+        self.coordinator_epoch += 1
+
+    def start_other_producer(self, transactional_id: str) -> tuple[int, int]:
+        """What a second producer's init_transactions() does to the first: its
+        open transaction is aborted and its epoch fenced. Returns the new (id, epoch)."""
+        txn = self.transactions[transactional_id]
+        if txn.state == "Ongoing":
+            self._complete(txn, committed=False)
+        txn.producer_epoch += 1
+        txn.last_epoch = -1
+        txn.state = "Empty"
+        return txn.producer_id, txn.producer_epoch
+
+    def inject_open_transaction(self, tp: TopicPartition, producer_id: int, producer_epoch: int,
+                                last_timestamp_ms: int) -> int:
+        """Appends a transactional record of a producer no coordinator knows about
+        (a hanging transaction); returns its offset."""
+        partition = self.partitions[tp]
+        offset = partition.high_watermark
+        partition.records.append(common_pb2.Record(offset=offset, value=b"hanging"))
+        partition.open_txns.setdefault(producer_id, []).append(offset)
+        partition.producers[producer_id] = _ProducerEntry(producer_epoch, 0, last_timestamp_ms=last_timestamp_ms)
+        return offset
+
     # --- the Transport interface --------------------------------------------------------------
 
     async def close(self) -> None:
@@ -135,8 +256,14 @@ class FakeCluster:
         handler = getattr(self, f"_handle_{rpc}", None)
         if handler is None:
             raise error_for(E("INVALID_REQUEST"), f"gRPC UNIMPLEMENTED: the fake does not serve {rpc}")
+        scripted = self._next_calls.get(rpc)
+        code, after_handling = scripted.popleft() if scripted else (None, False)
+        if code is not None and not after_handling:
+            raise error_for(code, f"fake: {rpc} answers {ErrorCode.Name(code)} (scripted)")
         produce_call = self._produce_calls
         response = handler(address, request)
+        if code is not None:
+            raise error_for(code, f"fake: {rpc} was handled, then answered {ErrorCode.Name(code)} (scripted)")
         if rpc == "Produce" and produce_call in self.lost_produce_answers:
             await asyncio.sleep(self.lost_produce_answers[produce_call] / 1000)
             raise error_for(E("REQUEST_TIMED_OUT"), f"fake: the answer to Produce call {produce_call} was lost")
@@ -165,9 +292,18 @@ class FakeCluster:
                                      leader_epoch=self.leader_epochs[tp])
         for group in request.group_ids:
             response.group_coordinators.add(key=group, node_id=0, address=self.addresses[0])
+        for transactional_id in request.transactional_ids:
+            entry = response.transaction_coordinators.add(key=transactional_id)
+            if self.coordinator_available:
+                entry.node_id, entry.address = 0, self.coordinator_address
+            else:
+                entry.error.code = E("COORDINATOR_NOT_AVAILABLE")
+                entry.error.message = "fake: no coordinator owns the id's partition yet"
         return response
 
     def _handle_InitProducerId(self, address, request):  # noqa: N802
+        if request.transactional_id:
+            return self._init_transactional(address, request)
         if request.producer_id >= 0 and 0 <= request.producer_epoch < 32767:  # KIP-360 bump
             return coordinator_pb2.InitProducerIdResponse(producer_id=request.producer_id,
                                                           producer_epoch=request.producer_epoch + 1)
@@ -184,17 +320,22 @@ class FakeCluster:
             result = response.results.add(topic=entry.topic, partition=entry.partition, base_offset=-1)
             code = scripted(tp) if scripted is not None else None
             if code is None:
-                code, base_offset = self._append(address, tp, entry.batch)
+                code, base_offset = self._append(address, tp, entry.batch, request.transactional_id)
                 result.base_offset = base_offset
             result.error.CopyFrom(errors_pb2.Error(code=code, message="" if code == E("NONE") else "fake"))
             self.produce_results.append((tp, entry.batch.base_sequence, ErrorCode.Name(code)))
         return response
 
-    def _append(self, address: str, tp: TopicPartition, batch: common_pb2.RecordBatch) -> tuple[int, int]:
+    def _append(self, address: str, tp: TopicPartition, batch: common_pb2.RecordBatch,
+                transactional_id: str = "") -> tuple[int, int]:
         if tp not in self.partitions:
             return E("UNKNOWN_TOPIC_OR_PARTITION"), -1
         if self.leaders[tp] != address:
             return E("NOT_LEADER"), -1
+        if batch.is_transactional:
+            code = self._verify(transactional_id, batch.producer_id, batch.producer_epoch, tp)
+            if code != E("NONE"):
+                return code, -1
         partition = self.partitions[tp]
         count = len(batch.records)
         if batch.producer_id >= 0:
@@ -204,8 +345,8 @@ class FakeCluster:
                 for cached_first, cached_last, base_offset in entry.cache:
                     if (cached_first, cached_last) == (first, last):
                         return E("NONE"), base_offset  # rule 1
-            if entry is not None and batch.producer_epoch < entry.producer_epoch:
-                return E("INVALID_PRODUCER_EPOCH"), -1  # rule 2
+            if entry is not None and batch.producer_epoch < entry.producer_epoch:  # rule 2
+                return (E("PRODUCER_FENCED") if batch.is_transactional else E("INVALID_PRODUCER_EPOCH")), -1
             if entry is None or batch.producer_epoch > entry.producer_epoch:
                 if first != 0:  # rule 3
                     return (E("UNKNOWN_PRODUCER_ID") if entry is None else E("OUT_OF_ORDER_SEQUENCE")), -1
@@ -217,6 +358,7 @@ class FakeCluster:
                     return (E("DUPLICATE_SEQUENCE") if gap >= SEQUENCE_MODULUS // 2 else E("OUT_OF_ORDER_SEQUENCE")), -1
             base_offset = partition.high_watermark
             entry.last_sequence = last
+            entry.last_timestamp_ms = self.now_ms()
             entry.cache.append((first, last, base_offset))
             while len(entry.cache) > self.duplicate_cache_size:
                 entry.cache.popleft()
@@ -225,6 +367,8 @@ class FakeCluster:
             stored = common_pb2.Record()
             stored.CopyFrom(record)
             stored.offset = partition.high_watermark
+            if batch.is_transactional:
+                partition.open_txns.setdefault(batch.producer_id, []).append(stored.offset)
             partition.records.append(stored)
         return E("NONE"), base_offset
 
@@ -236,8 +380,10 @@ class FakeCluster:
             if self.leaders.get(tp) != address:
                 result.error.code = E("NOT_LEADER")
                 continue
-            hw = self.partitions[tp].high_watermark
-            result.offset = 0 if item.spec == partition_pb2.OFFSET_SPEC_EARLIEST else hw
+            partition = self.partitions[tp]
+            result.offset = {partition_pb2.OFFSET_SPEC_EARLIEST: 0,
+                             partition_pb2.OFFSET_SPEC_LAST_STABLE: partition.last_stable_offset}.get(
+                item.spec, partition.high_watermark)
         return response
 
     def _handle_Fetch(self, address, request):  # noqa: N802
@@ -250,12 +396,265 @@ class FakeCluster:
                 continue
             partition = self.partitions[tp]
             hw = partition.high_watermark
-            result.high_watermark = result.last_stable_offset = hw
+            result.high_watermark = hw
+            result.last_stable_offset = partition.last_stable_offset
             if not 0 <= item.fetch_offset <= hw:
                 result.error.code = E("OFFSET_OUT_OF_RANGE")
                 continue
-            end = hw if request.max_records <= 0 else min(hw, item.fetch_offset + request.max_records)
-            if end > item.fetch_offset:
-                result.batches.add(base_offset=item.fetch_offset, records=partition.records[item.fetch_offset:end])
+            committed = request.isolation_level == common_pb2.READ_COMMITTED
+            limit = partition.last_stable_offset if committed else hw
+            end = max(item.fetch_offset, limit if request.max_records <= 0
+                      else min(limit, item.fetch_offset + request.max_records))
+            records = [r for r in partition.records[item.fetch_offset:end]
+                       if not committed or r.offset not in partition.aborted]
+            if records:
+                result.batches.add(base_offset=records[0].offset, records=records)
             result.next_fetch_offset = end
+        return response
+
+    # --- the transaction coordinator ----------------------------------------------------------------
+
+    def _at_coordinator(self, address: str) -> None:
+        if address != self.coordinator_address:
+            raise error_for(E("NOT_COORDINATOR"), f"fake: {address} is not the transaction coordinator")
+
+    def _existing(self, transactional_id: str, producer_id: int) -> FakeTransaction:
+        txn = self.transactions.get(transactional_id)
+        if txn is None or txn.producer_id != producer_id:
+            raise error_for(E("INVALID_PRODUCER_ID_MAPPING"),
+                            f"fake: producer id {producer_id} is not the one of {transactional_id!r}")
+        return txn
+
+    @staticmethod
+    def _check_epoch(txn: FakeTransaction, producer_epoch: int) -> None:
+        if producer_epoch < txn.producer_epoch:
+            raise error_for(E("PRODUCER_FENCED"),
+                            f"fake: epoch {producer_epoch} of {txn.transactional_id!r} is fenced by {txn.producer_epoch}")
+        if producer_epoch > txn.producer_epoch:
+            raise error_for(E("INVALID_PRODUCER_EPOCH"), f"fake: epoch {producer_epoch} is newer than {txn.producer_epoch}")
+
+    def _init_transactional(self, address, request):
+        self._at_coordinator(address)
+        transactional_id = request.transactional_id
+        txn = self.transactions.get(transactional_id)
+        if txn is None:
+            self.next_producer_id += 1
+            txn = FakeTransaction(transactional_id, self.next_producer_id, 0, request.transaction_timeout_ms)
+            self.transactions[transactional_id] = txn
+            return coordinator_pb2.InitProducerIdResponse(producer_id=txn.producer_id, producer_epoch=0)
+        # KIP-360: the producer's current epoch, or the one before the last bump (its retry), as Kafka accepts.
+        if request.producer_id >= 0 and (request.producer_id != txn.producer_id
+                                         or request.producer_epoch not in (txn.producer_epoch, txn.last_epoch)):
+            raise error_for(E("PRODUCER_FENCED"), f"fake: producer {request.producer_id} epoch "
+                                                  f"{request.producer_epoch} is not the current one")
+        if txn.state == "Ongoing":  # fence the previous incarnation: abort its transaction, epoch bumped
+            self._complete(txn, committed=False)
+            raise error_for(E("CONCURRENT_TRANSACTIONS"), "fake: aborting the open transaction of a previous producer")
+        txn.producer_epoch += 1
+        txn.last_epoch = -1
+        txn.state = "Empty"
+        txn.timeout_ms = request.transaction_timeout_ms
+        return coordinator_pb2.InitProducerIdResponse(producer_id=txn.producer_id, producer_epoch=txn.producer_epoch)
+
+    def _handle_AddPartitionsToTxn(self, address, request):  # noqa: N802
+        self._at_coordinator(address)
+        txn = self._existing(request.transactional_id, request.producer_id)
+        self._check_epoch(txn, request.producer_epoch)
+        script = self._add_partitions_scripts.popleft() if self._add_partitions_scripts else (lambda _: None)
+        response = coordinator_pb2.AddPartitionsToTxnResponse()
+        added = set()
+        for item in request.partitions:
+            tp = TopicPartition(item.topic, item.partition)
+            result = response.results.add(partition=item)
+            code = script(tp)
+            if code is None and tp not in self.partitions:
+                code = E("UNKNOWN_TOPIC_OR_PARTITION")
+            if code is not None:
+                result.error.CopyFrom(errors_pb2.Error(code=code, message="fake"))
+            else:
+                added.add(tp)
+        self._open(txn, added)
+        return response
+
+    def _open(self, txn: FakeTransaction, tps: set[TopicPartition]) -> None:
+        if not tps:
+            return
+        if txn.state != "Ongoing":
+            txn.state, txn.start_ms, txn.last_epoch = "Ongoing", self.now_ms(), -1
+        txn.partitions |= tps
+
+    def _handle_AddOffsetsToTxn(self, address, request):  # noqa: N802
+        self._at_coordinator(address)
+        txn = self._existing(request.transactional_id, request.producer_id)
+        self._check_epoch(txn, request.producer_epoch)
+        self._open(txn, {OFFSETS_TP})
+        return coordinator_pb2.AddOffsetsToTxnResponse()
+
+    def _handle_EndTxn(self, address, request):  # noqa: N802
+        self._at_coordinator(address)
+        txn = self._existing(request.transactional_id, request.producer_id)
+        epoch = request.producer_epoch
+        if epoch == txn.last_epoch and epoch + 1 == txn.producer_epoch \
+                and txn.state in ("CompleteCommit", "CompleteAbort"):  # a retry whose first attempt was applied
+            if (txn.state == "CompleteCommit") == request.committed:
+                self.end_txns.append((txn.transactional_id, request.committed, epoch, txn.producer_epoch))
+                return coordinator_pb2.EndTxnResponse(producer_id=txn.producer_id, producer_epoch=txn.producer_epoch)
+            if request.committed:
+                raise error_for(E("PRODUCER_FENCED"), "fake: the coordinator aborted this transaction")
+            raise error_for(E("INVALID_TXN_STATE"), "fake: the transaction committed already")
+        self._check_epoch(txn, epoch)
+        if txn.state == "Ongoing":
+            self._complete(txn, request.committed)
+        elif request.committed:
+            raise error_for(E("INVALID_TXN_STATE"), f"fake: {txn.transactional_id!r} has no open transaction to commit")
+        self.end_txns.append((txn.transactional_id, request.committed, epoch, txn.producer_epoch))
+        return coordinator_pb2.EndTxnResponse(producer_id=txn.producer_id, producer_epoch=txn.producer_epoch)
+
+    def _complete(self, txn: FakeTransaction, committed: bool) -> None:
+        """Prepare* with the epoch bumped, the markers, Complete* (all at once)."""
+        txn.last_epoch, txn.producer_epoch = txn.producer_epoch, txn.producer_epoch + 1
+        for tp in sorted(txn.partitions):
+            self._write_marker(tp, txn.producer_id, txn.producer_epoch, committed)
+        txn.state = "CompleteCommit" if committed else "CompleteAbort"
+        txn.partitions, txn.start_ms = set(), -1
+
+    def _write_marker(self, tp: TopicPartition, producer_id: int, producer_epoch: int, committed: bool) -> int:
+        if tp == OFFSETS_TP:
+            for group, offsets in self.pending_offsets.pop(producer_id, {}).items():
+                if committed:
+                    self.group_offsets.setdefault(group, {}).update(offsets)
+            return E("NONE")
+        partition = self.partitions[tp]
+        entry = partition.producers.get(producer_id)
+        if entry is not None and producer_epoch < entry.producer_epoch:
+            return E("INVALID_PRODUCER_EPOCH")
+        offsets = partition.open_txns.pop(producer_id, [])
+        if not committed:
+            partition.aborted.update(offsets)
+        partition.markers.append((producer_id, producer_epoch, committed))
+        if entry is None:
+            entry = partition.producers[producer_id] = _ProducerEntry(producer_epoch, -1)
+        entry.producer_epoch, entry.last_sequence, entry.coordinator_epoch = producer_epoch, -1, self.coordinator_epoch
+        entry.cache.clear()
+        return E("NONE")
+
+    def _verify(self, transactional_id: str, producer_id: int, producer_epoch: int, tp: TopicPartition) -> int:
+        """The leader's check, with the coordinator, that ``tp`` is in the producer's open transaction."""
+        txn = self.transactions.get(transactional_id)
+        if not transactional_id or txn is None or txn.producer_id != producer_id:
+            return E("INVALID_PRODUCER_ID_MAPPING")
+        if producer_epoch < txn.producer_epoch:
+            return E("PRODUCER_FENCED")
+        if producer_epoch > txn.producer_epoch:
+            return E("INVALID_PRODUCER_EPOCH")
+        if txn.state != "Ongoing" or tp not in txn.partitions:
+            return E("INVALID_TXN_STATE")
+        return E("NONE")
+
+    def _handle_FindCoordinator(self, address, request):  # noqa: N802
+        if address not in self.coordinator_addresses:
+            raise error_for(E("INVALID_REQUEST"), f"fake: {address} is no coordinator")
+        return coordinator_pb2.FindCoordinatorResponse(coordinator_id=0, address=self.coordinator_address,
+                                                       coordinator_epoch=self.coordinator_epoch)
+
+    def _handle_ListTransactions(self, address, request):  # noqa: N802
+        if address not in self.coordinator_addresses:
+            raise error_for(E("INVALID_REQUEST"), f"fake: {address} is no coordinator")
+        response = coordinator_pb2.ListTransactionsResponse()
+        now = self.now_ms()
+        for txn in sorted(self.transactions.values(), key=lambda t: t.transactional_id):
+            state = STATE_TO_PROTO[txn.state]
+            if request.state_filters and state not in request.state_filters:
+                continue
+            if request.producer_id_filters and txn.producer_id not in request.producer_id_filters:
+                continue
+            if request.duration_filter_ms and not (txn.state == "Ongoing"
+                                                   and now - txn.start_ms > request.duration_filter_ms):
+                continue
+            response.transactions.add(transactional_id=txn.transactional_id, producer_id=txn.producer_id, state=state)
+        return response
+
+    def _handle_DescribeTransactions(self, address, request):  # noqa: N802
+        response = coordinator_pb2.DescribeTransactionsResponse()
+        for transactional_id in request.transactional_ids:
+            txn = self.transactions.get(transactional_id)
+            if address != self.coordinator_address:
+                response.transactions.add(transactional_id=transactional_id,
+                                          error=errors_pb2.Error(code=E("NOT_COORDINATOR"), message="fake"))
+            elif txn is None:
+                response.transactions.add(transactional_id=transactional_id,
+                                          error=errors_pb2.Error(code=E("TRANSACTIONAL_ID_NOT_FOUND"), message="fake"))
+            else:
+                response.transactions.add(
+                    transactional_id=transactional_id, state=STATE_TO_PROTO[txn.state], producer_id=txn.producer_id,
+                    producer_epoch=txn.producer_epoch, transaction_timeout_ms=txn.timeout_ms,
+                    transaction_start_time_ms=txn.start_ms,
+                    partitions=[common_pb2.TopicPartition(topic=t, partition=p) for t, p in sorted(txn.partitions)])
+        return response
+
+    def _handle_AbortTransaction(self, address, request):  # noqa: N802
+        if address not in self.coordinator_addresses:
+            raise error_for(E("INVALID_REQUEST"), f"fake: {address} is no coordinator")
+        if request.producer_id < 0 or request.coordinator_epoch < 0:
+            raise error_for(E("INVALID_REQUEST"), "fake: producer_id and coordinator_epoch must not be negative")
+        tp = TopicPartition(request.partition.topic, request.partition.partition)
+        if tp not in self.partitions:
+            raise error_for(E("UNKNOWN_TOPIC_OR_PARTITION"), f"fake: no partition {tp}")
+        code = self._write_marker(tp, request.producer_id, request.producer_epoch, committed=False)
+        if code != E("NONE"):
+            raise error_for(code, "fake: the leader refused the marker")
+        return coordinator_pb2.AbortTransactionResponse()
+
+    # --- the group coordinator and producer states -------------------------------------------------------
+
+    def _at_group_coordinator(self, address: str) -> None:
+        if address != self.addresses[0]:
+            raise error_for(E("NOT_COORDINATOR"), f"fake: {address} is not the group coordinator")
+
+    def _handle_TxnOffsetCommit(self, address, request):  # noqa: N802
+        self._at_group_coordinator(address)
+        code = self._verify(request.transactional_id, request.producer_id, request.producer_epoch, OFFSETS_TP)
+        if code != E("NONE"):
+            raise error_for(code, "fake: the offsets partition is not in the transaction")
+        response = partition_pb2.TxnOffsetCommitResponse()
+        pending = self.pending_offsets.setdefault(request.producer_id, {}).setdefault(request.group_id, {})
+        for item in request.offsets:
+            pending[TopicPartition(item.topic, item.partition)] = item.offset
+            response.results.add(partition=common_pb2.TopicPartition(topic=item.topic, partition=item.partition))
+        return response
+
+    def _handle_OffsetCommit(self, address, request):  # noqa: N802
+        self._at_group_coordinator(address)
+        response = partition_pb2.OffsetCommitResponse()
+        for item in request.offsets:
+            self.group_offsets.setdefault(request.group_id, {})[TopicPartition(item.topic, item.partition)] = item.offset
+            response.results.add(partition=common_pb2.TopicPartition(topic=item.topic, partition=item.partition))
+        return response
+
+    def _handle_OffsetFetch(self, address, request):  # noqa: N802
+        self._at_group_coordinator(address)
+        if request.require_stable and any(request.group_id in groups for groups in self.pending_offsets.values()):
+            raise error_for(E("UNSTABLE_OFFSET_COMMIT"), "fake: offsets of the group are pending in a transaction")
+        committed = self.group_offsets.get(request.group_id, {})
+        response = partition_pb2.OffsetFetchResponse()
+        wanted = [TopicPartition(p.topic, p.partition) for p in request.partitions] or sorted(committed)
+        for tp in wanted:
+            response.offsets.add(topic=tp.topic, partition=tp.partition, offset=committed.get(tp, -1))
+        return response
+
+    def _handle_DescribeProducers(self, address, request):  # noqa: N802
+        response = partition_pb2.DescribeProducersResponse()
+        for item in request.partitions:
+            tp = TopicPartition(item.topic, item.partition)
+            result = response.results.add(topic=item.topic, partition=item.partition)
+            if self.leaders.get(tp) != address:
+                result.error.code = E("NOT_LEADER")
+                continue
+            partition = self.partitions[tp]
+            for producer_id, entry in sorted(partition.producers.items()):
+                offsets = partition.open_txns.get(producer_id)
+                result.producers.add(
+                    producer_id=producer_id, producer_epoch=entry.producer_epoch, last_sequence=entry.last_sequence,
+                    last_timestamp_ms=entry.last_timestamp_ms, coordinator_epoch=entry.coordinator_epoch,
+                    current_txn_start_offset=offsets[0] if offsets else -1)
         return response

@@ -1,0 +1,292 @@
+"""Requests of the transactional protocol: one handler class per RPC
+(InitProducerId, AddPartitionsToTxn, AddOffsetsToTxn, TxnOffsetCommit, EndTxn)
+with ``create_request()`` and ``handle_response()``, and one driver,
+:class:`CoordinatorClient`, that finds the coordinator, sends, and sorts every
+failure in one place.
+
+Guarantees
+----------
+* A request goes to the coordinator of the producer's transactional id
+  (Metadata ``transaction_coordinators`` from any partition_svc; when that
+  fails, FindCoordinator on a coordinator seen before), or, for
+  TxnOffsetCommit, to the group's coordinator (the partition_svc leading the
+  group's ``__consumer_offsets`` partition).
+* Every request the driver sends is safe to send again: the coordinator answers
+  a retried EndTxn whose first attempt was applied with the same outcome and
+  epoch, adding partitions or offsets twice adds them once, and committing the
+  same offsets twice stores them once.
+* The driver retries until the request succeeds, fails for good, or its caller
+  stops it (``keep_going`` turns false: :class:`StopRetrying`; or the task is
+  cancelled); each attempt is bounded by ``request_timeout_ms``.
+
+Error Handling
+--------------
+Request-level failures and per-partition errors alike are sorted by
+:func:`services.client.errors.txn_action_for`: FIND_COORDINATOR forgets the
+coordinator's address, then backs off and retries; RETRY (CONCURRENT_TRANSACTIONS
+above all) backs off and retries; FENCED raises
+:class:`~services.client.errors.ProducerFencedError`; ABORTABLE and FATAL raise the
+error as it came (typed by the registry: InvalidTxnStateError,
+TransactionTimedOutError, ...). The caller moves the transaction state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping, Sequence
+
+from services.client.errors import (
+    ClientError,
+    ProducerFencedError,
+    TxnAction,
+    error_for,
+    from_proto,
+    txn_action_for,
+)
+from services.client.metadata import Metadata
+from services.client.structs import TopicPartition
+from services.errors import ErrorCode
+from services.retry import RetryPolicy
+from services.stubs.txlog.v1 import common_pb2, coordinator_pb2, partition_pb2
+
+NONE = ErrorCode.Value("NONE")
+PARTITIONS_PER_ADD_MAX = 1000  # partitions per AddPartitionsToTxn request
+OFFSETS_PER_COMMIT_MAX = 100_000
+
+
+class StopRetrying(Exception):  # noqa: N818 -- a signal, not an error
+    """The driver's caller no longer wants the request (``keep_going()`` is false)."""
+
+
+def fenced_error(transactional_id: str, producer_epoch: int, cause: ClientError) -> ProducerFencedError:
+    """PRODUCER_FENCED / INVALID_PRODUCER_EPOCH, as the fatal error the producer raises from now on."""
+    error = ProducerFencedError(
+        ErrorCode.Value("PRODUCER_FENCED"),
+        f"another producer with transactional id {transactional_id!r} has started (or the coordinator aborted "
+        f"this producer's transaction), so epoch {producer_epoch} of this producer is fenced "
+        f"({cause.name}: {cause.message}); this producer is a zombie: close it")
+    error.__cause__ = cause
+    return error
+
+
+_SEVERITY = {TxnAction.FENCED: 4, TxnAction.FATAL: 3, TxnAction.ABORTABLE: 2, TxnAction.FIND_COORDINATOR: 1,
+             TxnAction.RETRY: 0}
+
+
+def worst(errors: Sequence[ClientError]) -> ClientError:
+    """The error that decides a multi-partition answer: fenced, then fatal,
+    then abortable, then retriable."""
+    return max(errors, key=lambda e: _SEVERITY[txn_action_for(e.code)])
+
+
+def _tps(tps: Sequence[TopicPartition]) -> list[common_pb2.TopicPartition]:
+    return [common_pb2.TopicPartition(topic=tp.topic, partition=tp.partition) for tp in tps]
+
+
+def _raise_partition_errors(results, wanted: Sequence[TopicPartition], rpc: str) -> None:
+    """Raises the worst per-partition error of ``results`` (a missing result is retriable)."""
+    answered = {}
+    for result in results:
+        answered[TopicPartition(result.partition.topic, result.partition.partition)] = result.error
+    problems = [from_proto(answered[tp]) for tp in wanted if tp in answered and answered[tp].code != NONE]
+    missing = [tp for tp in wanted if tp not in answered]
+    if missing:
+        problems.append(error_for(ErrorCode.Value("REQUEST_TIMED_OUT"), f"{rpc} answered nothing for {missing}"))
+    if problems:
+        raise worst(problems)
+
+
+# --- one handler per RPC -------------------------------------------------------------------------
+
+
+class TxnHandler:
+    """A request to a coordinator: what to send and what the answer means."""
+
+    rpc: str = ""
+    group_id: str | None = None  # set: goes to the group's coordinator, not the transaction's
+
+    def create_request(self):
+        raise NotImplementedError
+
+    def handle_response(self, response):
+        """The result of a successful answer; raises a ClientError for per-item errors."""
+        return response
+
+
+class InitProducerIdHandler(TxnHandler):
+    """Registers the producer; with its current id and epoch (KIP-360), bumps the epoch."""
+
+    rpc = "InitProducerId"
+
+    def __init__(self, transactional_id: str, transaction_timeout_ms: int, producer_id: int = -1,
+                 producer_epoch: int = -1):
+        self.request = coordinator_pb2.InitProducerIdRequest(
+            transactional_id=transactional_id, transaction_timeout_ms=transaction_timeout_ms,
+            producer_id=producer_id, producer_epoch=producer_epoch)
+
+    def create_request(self):
+        return self.request
+
+    def handle_response(self, response) -> tuple[int, int]:
+        return response.producer_id, response.producer_epoch
+
+
+class AddPartitionsHandler(TxnHandler):
+    """Adds partitions to the open transaction (all or, by the worst per-partition error, none)."""
+
+    rpc = "AddPartitionsToTxn"
+
+    def __init__(self, transactional_id: str, producer_id: int, producer_epoch: int, tps: Sequence[TopicPartition]):
+        if not 0 < len(tps) <= PARTITIONS_PER_ADD_MAX:
+            raise ValueError(f"an AddPartitionsToTxn request names 1 to {PARTITIONS_PER_ADD_MAX} partitions, "
+                             f"not {len(tps)}")
+        self.tps = list(tps)
+        self.request = coordinator_pb2.AddPartitionsToTxnRequest(
+            transactional_id=transactional_id, producer_id=producer_id, producer_epoch=producer_epoch,
+            partitions=_tps(self.tps))
+
+    def create_request(self):
+        return self.request
+
+    def handle_response(self, response) -> list[TopicPartition]:
+        _raise_partition_errors(response.results, self.tps, self.rpc)
+        return self.tps
+
+
+class AddOffsetsHandler(TxnHandler):
+    """Adds the group's offsets partition to the open transaction."""
+
+    rpc = "AddOffsetsToTxn"
+
+    def __init__(self, transactional_id: str, producer_id: int, producer_epoch: int, group_id: str):
+        self.request = coordinator_pb2.AddOffsetsToTxnRequest(
+            transactional_id=transactional_id, producer_id=producer_id, producer_epoch=producer_epoch,
+            group_id=group_id)
+
+    def create_request(self):
+        return self.request
+
+    def handle_response(self, response) -> None:
+        return None
+
+
+class TxnOffsetCommitHandler(TxnHandler):
+    """Writes the group's offsets as part of the transaction (visible with its COMMIT)."""
+
+    rpc = "TxnOffsetCommit"
+
+    def __init__(self, transactional_id: str, producer_id: int, producer_epoch: int, group_id: str,
+                 offsets: Mapping[TopicPartition, int]):
+        if not 0 < len(offsets) <= OFFSETS_PER_COMMIT_MAX:
+            raise ValueError(f"send_offsets_to_transaction takes 1 to {OFFSETS_PER_COMMIT_MAX} offsets, "
+                             f"not {len(offsets)}")
+        self.group_id = group_id
+        self.tps = sorted(offsets)
+        self.request = partition_pb2.TxnOffsetCommitRequest(
+            transactional_id=transactional_id, group_id=group_id, producer_id=producer_id,
+            producer_epoch=producer_epoch,
+            offsets=[partition_pb2.PartitionOffset(topic=tp.topic, partition=tp.partition, offset=offsets[tp])
+                     for tp in self.tps])
+
+    def create_request(self):
+        return self.request
+
+    def handle_response(self, response) -> None:
+        _raise_partition_errors(response.results, self.tps, self.rpc)
+
+
+class EndTxnHandler(TxnHandler):
+    """Commits or aborts the open transaction; answers the producer id and the bumped epoch."""
+
+    rpc = "EndTxn"
+
+    def __init__(self, transactional_id: str, producer_id: int, producer_epoch: int, committed: bool):
+        self.request = coordinator_pb2.EndTxnRequest(
+            transactional_id=transactional_id, producer_id=producer_id, producer_epoch=producer_epoch,
+            committed=committed)
+
+    def create_request(self):
+        return self.request
+
+    def handle_response(self, response) -> tuple[int, int]:
+        return response.producer_id, response.producer_epoch
+
+
+# --- the driver ------------------------------------------------------------------------------------
+
+
+class CoordinatorClient:
+    """Sends a transactional producer's coordinator requests; runs on the producer's loop."""
+
+    def __init__(self, metadata: Metadata, transport, transactional_id: str, *, request_timeout_ms: float,
+                 backoff: RetryPolicy):
+        self._metadata = metadata
+        self._transport = transport
+        self.transactional_id = transactional_id
+        self._request_timeout_ms = request_timeout_ms
+        self._backoff = backoff
+        self._last_address: str | None = None
+        self.attempts = 0  # every attempt of every request, for tests and operators
+
+    async def _address(self, handler: TxnHandler) -> str:
+        if handler.group_id is not None:
+            return await self._metadata.group_coordinator(handler.group_id)
+        try:
+            address = await self._metadata.transaction_coordinator(self.transactional_id)
+        except ClientError as exc:
+            if not exc.retriable:
+                raise
+            address = await self._find_coordinator(exc)
+        self._last_address = address
+        return address
+
+    async def _find_coordinator(self, cause: ClientError) -> str:
+        """Asks a coordinator seen before (any one answers FindCoordinator)."""
+        known = self._metadata.known_transaction_coordinators()
+        if self._last_address is not None and self._last_address not in known:
+            known.append(self._last_address)
+        request = coordinator_pb2.FindCoordinatorRequest(
+            key=self.transactional_id, key_type=coordinator_pb2.COORDINATOR_KEY_TYPE_TRANSACTION)
+        for address in known:
+            try:
+                response = await self._transport.call(address, "FindCoordinator", request,
+                                                      timeout_ms=self._request_timeout_ms)
+            except ClientError:
+                continue
+            if response.address:
+                return response.address
+        raise cause
+
+    def _forget(self, handler: TxnHandler) -> None:
+        if handler.group_id is not None:
+            self._metadata.forget_group_coordinator(handler.group_id)
+        else:
+            self._metadata.forget_transaction_coordinator(self.transactional_id)
+
+    async def send(self, handler: TxnHandler, *, producer_epoch: int,
+                   keep_going: Callable[[], bool] = lambda: True):
+        """Sends ``handler``'s request until it succeeds (its result), fails for
+        good (ProducerFencedError, or the abortable or fatal error), or
+        ``keep_going()`` turns false (StopRetrying)."""
+        attempt = 0
+        while True:
+            if not keep_going():
+                raise StopRetrying(handler.rpc)
+            attempt += 1
+            self.attempts += 1
+            try:
+                address = await self._address(handler)
+                response = await self._transport.call(address, handler.rpc, handler.create_request(),
+                                                      timeout_ms=self._request_timeout_ms)
+                return handler.handle_response(response)
+            except ClientError as exc:
+                action = txn_action_for(exc.code)
+                if action is TxnAction.FENCED:
+                    raise fenced_error(self.transactional_id, producer_epoch, exc) from exc
+                if not action.retries:
+                    raise
+                if action is TxnAction.FIND_COORDINATOR:
+                    self._forget(handler)
+                delay_ms = max(self._backoff.delay_ms(attempt), min(exc.retry_delay_ms or 0,
+                                                                    self._backoff.backoff_max_ms))
+                await asyncio.sleep(delay_ms / 1000)
