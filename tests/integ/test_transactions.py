@@ -11,6 +11,7 @@ from txn_raw import TxnProducer, retrying
 from coordinator_svc.server import STATE_TO_PROTO
 from coordinator_svc.transaction_state import TransactionState
 from services import errors
+from services.client import Admin
 from services.hashing import partition_for_id
 from services.stubs.txlog.v1 import common_pb2, coordinator_pb2, partition_pb2
 
@@ -216,13 +217,43 @@ def test_a_hanging_transaction_the_coordinator_forgot_is_found_and_aborted(raw, 
     described = raw.producers("hang", 0)
     hanging = [p for p in described.producers if p.current_txn_start_offset >= 0]
     assert [(p.producer_id, p.current_txn_start_offset) for p in hanging] == [(producer.producer_id, 0)]
-    listed = producer.coordinator().ListTransactions(coordinator_pb2.ListTransactionsRequest(producer_id_filters=[producer.producer_id]), timeout=10)
+    listed = retrying(lambda: producer.coordinator().ListTransactions(
+        coordinator_pb2.ListTransactionsRequest(producer_id_filters=[producer.producer_id]), timeout=10))  # retries LOAD_IN_PROGRESS
     assert list(listed.transactions) == []
     assert raw.list_offset("hang", 0, partition_pb2.OFFSET_SPEC_LAST_STABLE).offset == 0  # it holds the LSO forever
 
-    producer.coordinator().AbortTransaction(coordinator_pb2.AbortTransactionRequest(
-        partition=common_pb2.TopicPartition(topic="hang", partition=0), producer_id=hanging[0].producer_id,
-        producer_epoch=hanging[0].producer_epoch, coordinator_epoch=max(hanging[0].coordinator_epoch, 0)), timeout=10)
+    with Admin(txn_cluster.state.bootstrap) as admin:
+        found = admin.find_hanging(["hang"])
+        assert [(h.topic, h.partition, h.producer_id, h.start_offset) for h in found] == [("hang", 0, producer.producer_id, 0)]
+        admin.abort_transaction(("hang", 0), found[0].producer_id, found[0].producer_epoch, found[0].coordinator_epoch)
+        assert admin.find_hanging(["hang"]) == []
     assert raw.list_offset("hang", 0, partition_pb2.OFFSET_SPEC_LAST_STABLE).offset == 2
     assert values(raw, "hang", 0, COMMITTED) == [] and values(raw, "hang", 0, UNCOMMITTED) == ["stuck"]
     assert [p.current_txn_start_offset for p in raw.producers("hang", 0).producers] == [-1]
+
+
+
+@pytest.fixture
+def expiring_cluster(tmp_path):
+    from services.cluster import LocalCluster
+
+    local = LocalCluster(tmp_path / "cluster")
+    local.up(coordinator_svcs=1, service_args={"coordinator_svc": [
+        "--transaction-check-interval-ms", "200", "--ownership-check-interval-ms", "300", "--transactional-id-expiration-ms", "1500"]})
+    yield local
+    local.down(grace_s=5)
+
+
+def test_transactional_ids_idle_past_their_expiration_are_removed(expiring_cluster):
+    raw = Raw(expiring_cluster)
+    try:
+        raw.create_topic("idle", 1)
+        idle = TxnProducer(raw, "idle-tx").init()
+        busy = TxnProducer(raw, "busy-tx").init()
+        busy.add(("idle", 0))  # Ongoing: never expires while open (its timeout aborts it instead)
+        wait_until(lambda: idle.describe().error.code == errors.ErrorCode.Value("TRANSACTIONAL_ID_NOT_FOUND"), what="expiration")
+        assert busy.describe().state == STATE_TO_PROTO[TransactionState.ONGOING]
+        again = TxnProducer(raw, "idle-tx").init()  # a removed id starts afresh
+        assert again.producer_epoch == 0 and again.producer_id != idle.producer_id
+    finally:
+        raw.close()
