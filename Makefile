@@ -19,3 +19,4 @@ lint: setup
 bench: setup
 	.venv/bin/python bench/producer_ids.py
 	.venv/bin/python bench/produce_fetch.py
+	.venv/bin/python bench/transactions.py

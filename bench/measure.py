@@ -2,9 +2,13 @@
 
 * ``progress(message)``: a ``[bench]`` line on stderr (stdout is for the JSON report);
 * ``cpu_seconds(pid)``: user + system CPU time of a process, from /proc;
+* ``machine_cpu_seconds()``: busy and stolen CPU time of the whole machine, from
+  /proc/stat; ``Phase.others_cpu_utilisation()`` turns it into the CPUs that
+  processes outside the phase's ``pids`` kept busy (a neighbour on a shared box);
 * ``Phase(pids)``: a context manager timing one phase - wall time and the CPU time
   each named process spent in it - with its figures per operation
   (``cpu_ms_per_op``) and per record and MB of payload (``rates``);
+* ``Phase.combined(phases)``: one phase's figures from several slices of it;
 * ``latency_summary(latencies)``: mean, p50, p99 and max of latencies in seconds,
   in ms;
 * ``mean_of(before, after, key)``: the mean of one figure of two runs (a baseline
@@ -40,6 +44,19 @@ def cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
+def machine_cpu_seconds() -> tuple[float, float] | None:
+    """(busy, stolen) CPU seconds of the whole machine, all CPUs, since boot: busy
+    is user + nice + system + irq + softirq (guest time is inside user), stolen is
+    what the hypervisor gave to others; None where /proc/stat is missing."""
+    try:
+        with open("/proc/stat") as stat:
+            fields = [int(v) for v in stat.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
+    return (user + nice + system + irq + softirq) / CLOCK_TICKS, steal / CLOCK_TICKS
+
+
 @dataclass
 class Phase:
     """Wall time and per-process CPU time of one timed phase."""
@@ -49,9 +66,12 @@ class Phase:
     cpu: dict[str, float | None] = field(default_factory=dict)
     _started: float = 0.0
     _cpu_before: dict[str, float | None] = field(default_factory=dict)
+    machine: tuple[float, float] | None = None  # (busy, stolen) CPU seconds of the whole machine in the phase
+    _machine_before: tuple[float, float] | None = None
 
     def __enter__(self) -> Phase:
         self._cpu_before = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
+        self._machine_before = machine_cpu_seconds()
         self._started = time.perf_counter()
         return self
 
@@ -60,6 +80,34 @@ class Phase:
         for name, pid in self.pids.items():
             before, after = self._cpu_before[name], cpu_seconds(pid)
             self.cpu[name] = None if before is None or after is None else after - before
+        machine = machine_cpu_seconds()
+        if machine is not None and self._machine_before is not None:
+            self.machine = (machine[0] - self._machine_before[0], machine[1] - self._machine_before[1])
+
+    @classmethod
+    def combined(cls, phases: list[Phase]) -> Phase:
+        """One phase made of several (slices of one mode run between others): their
+        wall times, CPU times and machine times added up."""
+        total = cls(dict(phases[0].pids))
+        total.seconds = sum(p.seconds for p in phases)
+        for name in total.pids:
+            spent = [p.cpu.get(name) for p in phases]
+            total.cpu[name] = None if any(s is None for s in spent) else sum(spent)
+        if all(p.machine is not None for p in phases):
+            total.machine = (sum(p.machine[0] for p in phases), sum(p.machine[1] for p in phases))
+        return total
+
+    def others_cpu_utilisation(self) -> dict[str, float | None]:
+        """CPUs kept busy in the phase by the whole machine, by processes other than
+        ``pids`` (kernel threads included), and stolen by the hypervisor."""
+        if self.machine is None or not self.seconds or any(spent is None for spent in self.cpu.values()):
+            return {"machine": None, "other_processes": None, "stolen": None}
+        busy, stolen = self.machine
+        return {
+            "machine": round(busy / self.seconds, 3),
+            "other_processes": round(max(busy - sum(self.cpu.values()), 0.0) / self.seconds, 3),
+            "stolen": round(stolen / self.seconds, 3),
+        }
 
     def cpu_ms_per_op(self, ops: int) -> dict[str, float | None]:
         """CPU ms each process spent per operation, ``ops`` operations in the phase."""

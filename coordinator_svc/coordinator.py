@@ -30,6 +30,7 @@ fails leaves memory as it was and marks the partition for reloading
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import time
@@ -68,6 +69,7 @@ class LoadedPartition:
     transactions: dict[str, TransactionMetadata] = field(default_factory=dict)
     loaded: bool = False
     tasks: set = field(default_factory=set)
+    completing: dict = field(default_factory=dict)  # transactional id -> asyncio.Event set when its completion ends
     confirmed_s: float = 0.0  # monotonic time ZooKeeper last confirmed this owner and epoch
 
 
@@ -326,6 +328,10 @@ class TransactionCoordinator:
                 tp: None if ok and tp in meta.partitions else error("INVALID_TXN_STATE", f"{tp[0]}-{tp[1]} is not in an open transaction of producer {producer_id} epoch {producer_epoch}")
                 for tp in partitions
             }
+        done = loaded.completing.get(transactional_id)
+        if done is not None and not done.is_set():  # the previous transaction is completing: wait rather than bounce the client
+            with contextlib.suppress(TimeoutError):  # still completing: CONCURRENT_TRANSACTIONS below
+                await asyncio.wait_for(done.wait(), timeout=5)
         meta = self._existing(loaded, transactional_id, producer_id)
         self._check_epoch(meta, producer_epoch)
         if meta.state.is_preparing:
@@ -403,11 +409,20 @@ class TransactionCoordinator:
         await self._transition(
             loaded, meta, S.PREPARE_COMMIT if committed else S.PREPARE_ABORT, last_producer_epoch=meta.producer_epoch, **changes
         )
+        loaded.completing[meta.transactional_id] = asyncio.Event()
         self._spawn(loaded, self._complete(loaded, meta))
 
     async def _complete(self, loaded: LoadedPartition, meta: TransactionMetadata) -> None:
         committed = meta.state is S.PREPARE_COMMIT
         producer_id, producer_epoch = ts.marker_producer(meta)
+        try:
+            await self._complete_inner(loaded, meta, committed, producer_id, producer_epoch)
+        finally:
+            done = loaded.completing.pop(meta.transactional_id, None)
+            if done is not None:
+                done.set()
+
+    async def _complete_inner(self, loaded, meta, committed, producer_id, producer_epoch) -> None:
         try:
             await self.markers.write(
                 meta.transactional_id, producer_id, producer_epoch, committed, loaded.owner.coordinator_epoch, meta.partitions

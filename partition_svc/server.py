@@ -90,6 +90,7 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
         self.partitions: dict[tuple[str, int], Partition] = {}
         self.limits = validation.BatchLimits(runtime.config.records_per_batch_max, runtime.config.batch_bytes_max)
         self._live_nodes: dict[str, tuple[float, dict[int, str]]] = {}
+        self._owners: dict[int, tuple[float, object]] = {}
         self.verifier = TransactionVerifier(self.transaction_coordinator)
 
     # --- where partitions live ------------------------------------------------------
@@ -107,7 +108,12 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
         if info is None:
             raise TxlogError(ErrorCode.Value("COORDINATOR_NOT_AVAILABLE"), "no transaction coordinator has started yet")
         index = partition_for_id(transactional_id, info.partition_count)
-        owner = await coordinators.read_owner(self.runtime.zookeeper, self.config.zookeeper_root, index)
+        cached = self._owners.get(index)
+        if cached is not None and time.monotonic() - cached[0] < self.config.live_nodes_cache_ms / 1000:
+            owner = cached[1]
+        else:
+            owner = await coordinators.read_owner(self.runtime.zookeeper, self.config.zookeeper_root, index)
+            self._owners[index] = (time.monotonic(), owner)
         if owner is None:
             raise TxlogError(ErrorCode.Value("COORDINATOR_NOT_AVAILABLE"), f"{coordinators.TRANSACTION_STATE_TOPIC} partition {index} has no owner yet")
         address = (await self.live_nodes(coordinators.COORDINATOR_KIND)).get(owner[0].node_id)
@@ -267,17 +273,26 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
         # append's metadata or producer state could be overwritten on disk by an
         # earlier one's.
         resolved: list[tuple[object, Partition | None]] = []
+        to_verify: dict[tuple[int, int], list[int]] = {}
         for item in request.batches:
             result = reply.results.add(topic=item.topic, partition=item.partition)
             try:
                 partition = await self.hosted(item.topic, item.partition)
                 validation.check_batch(item.batch, self.limits)
-                if item.batch.is_transactional:
-                    await self.verify_transactional(request.transactional_id, item.batch, partition)
+                if item.batch.is_transactional and self.needs_verification(request.transactional_id, item.batch, partition):
+                    to_verify.setdefault((item.batch.producer_id, item.batch.producer_epoch), []).append(len(resolved))
                 resolved.append((result, partition))
             except TxlogError as exc:
                 result.error.CopyFrom(error_of(exc))
                 resolved.append((result, None))
+        for (producer_id, producer_epoch), indexes in to_verify.items():  # one coordinator call per producer, not per batch
+            tps = [(resolved[i][1].topic, resolved[i][1].index) for i in indexes]
+            refused = await self.verifier.verify(request.transactional_id, producer_id, producer_epoch, tps)
+            for i, tp in zip(indexes, tps, strict=True):
+                if tp in refused:
+                    result, partition = resolved[i]
+                    result.error.CopyFrom(self.not_in_transaction(tp, refused[tp]))
+                    resolved[i] = (result, None)
         changes: list = []
         on_durable: list = []
         duplicates: list = []
@@ -312,21 +327,29 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
             await asyncio.gather(*duplicates)
         return reply
 
-    async def verify_transactional(self, transactional_id: str, batch, partition: Partition) -> None:
-        """Raises unless the partition is in the producer's open transaction."""
+    def needs_verification(self, transactional_id: str, batch, partition: Partition) -> bool:
+        """Whether the coordinator must confirm that the partition is in the
+        producer's transaction before the leader takes the batch."""
         if not transactional_id:
             raise request_error("transactional batches need the request's transactional_id")
         entry = partition.producers.get(batch.producer_id)
-        if entry is not None and entry.producer_epoch == batch.producer_epoch and entry.current_txn_first_offset >= 0:
-            return  # its transaction is open here already: verified with its first batch
         if entry is not None and batch.producer_epoch < entry.producer_epoch:
-            return  # a zombie: the producer-state check fences it (PRODUCER_FENCED), no need to ask
-        refused = await self.verifier.verify(
-            transactional_id, batch.producer_id, batch.producer_epoch, [(partition.topic, partition.index)]
-        )
-        if refused:
-            reason = next(iter(refused.values()))
-            raise TxlogError(reason.code, f"the coordinator does not have {partition.topic}-{partition.index} in this transaction: {reason.message}")
+            return False  # a zombie: the producer-state check fences it (PRODUCER_FENCED), no need to ask
+        # its transaction open here already: verified with its first batch
+        return not (entry is not None and entry.producer_epoch == batch.producer_epoch and entry.current_txn_first_offset >= 0)
+
+    @staticmethod
+    def not_in_transaction(tp: tuple[str, int], reason: errors_pb2.Error) -> errors_pb2.Error:
+        return errors_pb2.Error(code=reason.code, message=f"the coordinator does not have {tp[0]}-{tp[1]} in this transaction: {reason.message}")
+
+    async def verify_transactional(self, transactional_id: str, batch, partition: Partition) -> None:
+        """Raises unless the partition is in the producer's open transaction."""
+        if self.needs_verification(transactional_id, batch, partition):
+            tp = (partition.topic, partition.index)
+            refused = await self.verifier.verify(transactional_id, batch.producer_id, batch.producer_epoch, [tp])
+            if refused:
+                reason = self.not_in_transaction(tp, refused[tp])
+                raise TxlogError(reason.code, reason.message)
 
     # --- Fetch, ListOffsets --------------------------------------------------------------
 

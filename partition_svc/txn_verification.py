@@ -10,6 +10,7 @@ answers for a transaction it was not asked about.
 
 from __future__ import annotations
 
+import asyncio
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 
@@ -29,6 +30,7 @@ class TransactionVerifier:
         self.coordinator_address = coordinator_address
         self._verified: OrderedDict[tuple[int, int, str, int], None] = OrderedDict()
         self._channels: dict[str, grpc.aio.Channel] = {}
+        self._in_flight: dict[tuple[int, int, str, int], asyncio.Future] = {}
 
     async def verify(
         self, transactional_id: str, producer_id: int, producer_epoch: int, partitions: list[tuple[str, int]]
@@ -37,6 +39,29 @@ class TransactionVerifier:
         unknown = [tp for tp in partitions if (producer_id, producer_epoch, *tp) not in self._verified]
         if not unknown:
             return {}
+        # Coalesce: a batch whose partition is being verified already awaits that verification, so the
+        # batches of a transaction's first window resume in arrival (= sequence) order.
+        waits = {self._in_flight[(producer_id, producer_epoch, *tp)] for tp in unknown if (producer_id, producer_epoch, *tp) in self._in_flight}
+        ask = [tp for tp in unknown if (producer_id, producer_epoch, *tp) not in self._in_flight]
+        refused = {}
+        if ask:
+            future = asyncio.get_running_loop().create_future()
+            for tp in ask:
+                self._in_flight[(producer_id, producer_epoch, *tp)] = future
+            try:
+                answer = await self._ask(transactional_id, producer_id, producer_epoch, ask)
+            except BaseException as exc:
+                answer = {tp: errors_pb2.Error(code=ErrorCode.Value("UNKNOWN_SERVER_ERROR"), message=str(exc)) for tp in ask}
+            for tp in ask:
+                self._in_flight.pop((producer_id, producer_epoch, *tp), None)
+            future.set_result(answer)
+            refused.update(answer)
+        for wait in waits:
+            answer = await asyncio.shield(wait)
+            refused.update({tp: e for tp, e in answer.items() if tp in unknown})
+        return refused
+
+    async def _ask(self, transactional_id, producer_id, producer_epoch, unknown):
         try:
             address = await self.coordinator_address(transactional_id)
             channel = self._channels.get(address)

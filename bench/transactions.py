@@ -1,0 +1,1030 @@
+"""Benchmark: transactions - what committing costs a producer's throughput, how
+long a commit takes to become visible, and what read_committed costs a reader,
+each against the same work without transactions, measured in the same run.
+
+What it measures, for 1 KB records (8-byte key, 1024-byte value), on a local
+cluster started for the run (services/cluster.py: ZooKeeper, one
+producer_id_svc, two partition_svc and two coordinator_svc as real processes,
+the partition_svc default fsync=on), with hand-built requests (the raw gRPC
+steps of tests/integ/txn_raw.py, the request building of produce_fetch.py) so
+the client spends almost no CPU on the two shared cores:
+
+* throughput, ONE partition: batches of ``--batch-records`` pre-serialized
+  records (~1 MB), one batch per ProduceRequest, up to ``--in-flight`` requests
+  outstanding, sequences in order, acks=-1, ``--duration-s`` a mode, run in
+  ``--rounds`` slices interleaved with the other modes, the order reversed every
+  other round (ABBA: a drift over the run - RocksDB growing, a neighbour on the
+  box - weighs on every mode alike):
+  - idempotent (the baseline): a producer id from InitProducerId without a
+    transactional id; the spread of its slices is the noise floor of the
+    overheads;
+  - transactional, at a commit interval of each of ``--intervals-ms``: one
+    InitProducerId(transactional_id, timeout); every transaction is
+    AddPartitionsToTxn, batches with is_transactional and the request's
+    transactional_id (sequences from 0 at each epoch) until the interval since
+    the transaction began has elapsed, the in-flight requests settled, then
+    EndTxn(commit), whose answer gives the bumped epoch of the next one.
+    Records/s count every acknowledged record over the wall time to the last
+    EndTxn's answer; a per-transaction breakdown (AddPartitionsToTxn with its
+    CONCURRENT_TRANSACTIONS retries, producing, the part of it spent re-sending
+    refused requests, EndTxn) shows where the time goes.
+    overhead = 1 - transactional / idempotent records/s.
+  A request refused with a sequencing error because a later one overtook it
+  (gRPC does not order the calls of a channel) is recovered as a real client
+  would: nothing new is sent until the requests in flight settled, the refused
+  ones go again alone, in order (see send_pipelined); resends and the time
+  they took are reported;
+* commit latency, for 1 and for 8 partitions per transaction (a topic of 8
+  partitions, spread over both partition_svc): ``--latency-txns`` small
+  transactions (one ``--latency-records``-record batch per partition, one
+  ProduceRequest per leader, in parallel), sequential; per transaction
+  EndTxn call -> answered, and EndTxn call -> the markers landed, i.e. the data
+  is visible to read_committed: ListOffsets OFFSET_SPEC_LAST_STABLE equals
+  OFFSET_SPEC_LATEST (the high watermark), and is past the transaction's data,
+  on every partition of it (each leader polled on its own, one ListOffsets
+  with both specs in flight, so they are read together, ``--poll-interval-ms``
+  apart; a poll's round trip, ``listoffsets_poll_ms``, is the resolution of
+  "visible", which is when the first poll that saw it returned). Baseline:
+  the latency of the same produce without a transaction (idempotent, acks=-1),
+  the one synced write a transaction's commit needs at least twice more of
+  (PrepareCommit in the transaction log, then the markers);
+* fetch: ``--fetch-records`` records written in committed transactions of
+  ``--fetch-txn-batches`` batches, each followed by ``--aborted-per-committed``
+  aborted transactions of one ``--aborted-records``-record batch (many aborts,
+  few aborted bytes: the aborted-transaction index the server-side filter
+  consults for every transactional batch is long, while both isolation levels
+  return nearly the same records; the aborted records' keys have the top bit
+  set, so a leak through the filter is seen), then the whole partition read by
+  sequential Fetch calls (max_wait 0, ``--fetch-max-bytes``) with read_committed
+  and with read_uncommitted, ``--fetch-passes`` each, alternated RC, RU, RU, RC
+  after an untimed warm-up pass, means per mode. records/s and MB/s count the
+  records returned (read_uncommitted returns the aborted ones too);
+  ``log_records_per_s`` counts the offsets the pass went through.
+
+Targets: transactional records/s at a 100 ms commit interval >= 98% of the
+idempotent records/s (overhead <= 2%); commit latency p99 (until the markers
+landed, visible to read_committed) <= 20 ms with 8 partitions in the
+transaction; read_committed records/s >= 90% of read_uncommitted records/s.
+
+Why the baselines run in the same run: fsync latency and loopback gRPC speed
+depend on the disk, the kernel and whatever else runs (2 cores here, shared by
+this script, ZooKeeper and five Python services), so a fixed records/s or ms
+would mean nothing; the ratio to the same work without transactions, on the
+same machine minutes apart, holds anywhere. CPU seconds of every process come
+from /proc (bench/measure.py), to show where the time goes, with the CPU the
+rest of the machine used meanwhile (``cpu_utilisation_outside_the_cluster``): a
+busy neighbour on the box makes every figure noisier.
+
+Prints one JSON object to stdout; progress goes to stderr. Run it as
+``python bench/transactions.py [--duration-s S] [--latency-txns N] [--fetch-records N]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+from collections import Counter, defaultdict, deque
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+for folder in (BENCH.parent, BENCH):  # the repo for its packages, bench/ for measure.py, from any cwd
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
+
+import grpc  # noqa: E402
+from measure import Phase, latency_summary, progress  # noqa: E402
+from produce_fetch import (  # noqa: E402
+    CALL_TIMEOUT_S,
+    CHANNEL_OPTIONS,
+    KEY_BYTES,
+    RECORD_BYTES,
+    VALUE_BYTES,
+    create_topic,
+    init_producer,
+    record_key,
+    record_value,
+)
+
+from partition_svc.wire import field_tag, varint  # noqa: E402
+from services import errors  # noqa: E402
+from services.stubs.txlog.v1 import (  # noqa: E402
+    common_pb2,
+    coordinator_pb2,
+    coordinator_pb2_grpc,
+    partition_pb2,
+    partition_pb2_grpc,
+)
+
+TOPIC_THROUGHPUT = "bench-txn-throughput"
+TOPIC_LATENCY = "bench-txn-latency"
+TOPIC_FETCH = "bench-txn-fetch"
+LATENCY_PARTITIONS = 8
+TRANSACTION_TIMEOUT_MS = 60_000
+COORDINATOR_WAIT_S = 60.0  # coordinators take a few seconds after start to own their partitions
+RETRY_WAIT_S = 30.0
+ABORTED_KEY_BIT = 1 << 63  # keys of records written in aborted transactions
+THROUGHPUT_TARGET = 0.98
+THROUGHPUT_TARGET_INTERVAL_MS = 100
+LATENCY_TARGET_MS = 20.0
+FETCH_TARGET = 0.9
+RETRIABLE_COORDINATOR = {"CONCURRENT_TRANSACTIONS", "COORDINATOR_LOAD_IN_PROGRESS", "COORDINATOR_NOT_AVAILABLE", "NOT_COORDINATOR"}
+REFIND_COORDINATOR = {"COORDINATOR_NOT_AVAILABLE", "NOT_COORDINATOR"}
+RESENDABLE = {"OUT_OF_ORDER_SEQUENCE", "UNKNOWN_PRODUCER_ID", "NOT_LEADER"}
+RESENDS_PER_REQUEST_MAX = 20
+PRODUCE_METHOD = "/txlog.v1.PartitionService/Produce"
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--duration-s", type=float, default=8.0, help="seconds of each throughput mode, over all rounds (default 8)")
+    parser.add_argument("--rounds", type=int, default=4, help="throughput rounds, each mode once a round, the order reversed every other round (default 4)")
+    parser.add_argument("--intervals-ms", default="10,100,1000", help="commit intervals of the transactional runs, ms (default 10,100,1000)")
+    parser.add_argument("--batch-records", type=int, default=1000, help="records per batch in the throughput and fetch runs (default 1000)")
+    parser.add_argument("--in-flight", type=int, default=5, help="Produce requests outstanding (default 5)")
+    parser.add_argument("--warmup-batches", type=int, default=20, help="untimed batches before each throughput mode (default 20)")
+    parser.add_argument("--latency-txns", type=int, default=200, help="transactions per commit-latency run (default 200)")
+    parser.add_argument("--latency-warmup-txns", type=int, default=10, help="untimed transactions before each latency run (default 10)")
+    parser.add_argument("--latency-records", type=int, default=10, help="records per partition in a commit-latency transaction (default 10)")
+    parser.add_argument("--poll-interval-ms", type=float, default=1.0, help="pause between a leader's ListOffsets polls waiting for the markers (default 1)")
+    parser.add_argument("--retry-backoff-ms", type=float, default=2.0, help="pause before retrying CONCURRENT_TRANSACTIONS & co (default 2)")
+    parser.add_argument("--fetch-records", type=int, default=300_000, help="committed records of the fetch run (default 300000)")
+    parser.add_argument("--fetch-txn-batches", type=int, default=10, help="batches per committed transaction of the fetch data (default 10)")
+    parser.add_argument("--aborted-per-committed", type=int, default=10,
+                        help="aborted transactions written after each committed one of the fetch data; 0: none (default 10)")
+    parser.add_argument("--aborted-records", type=int, default=10, help="records of an aborted transaction (one batch; default 10)")
+    parser.add_argument("--fetch-passes", type=int, default=4, help="timed passes per isolation level, alternated RC RU RU RC (default 4)")
+    parser.add_argument("--fetch-max-bytes", type=int, default=32 * 1024 * 1024, help="Fetch max_bytes (default 32 MiB)")
+    args = parser.parse_args(argv)
+    try:
+        args.intervals = [int(v) for v in args.intervals_ms.split(",") if v.strip()]
+    except ValueError:
+        parser.error("--intervals-ms must be comma-separated integers")
+    if not args.intervals or min(args.intervals) < 1:
+        parser.error("--intervals-ms needs at least one interval >= 1")
+    positive = (args.duration_s, args.rounds, args.batch_records, args.in_flight, args.latency_txns, args.latency_records,
+                args.fetch_records, args.fetch_txn_batches, args.aborted_records, args.fetch_passes, args.fetch_max_bytes)
+    if min(positive) <= 0:
+        parser.error("durations, counts and sizes must be positive")
+    if min(args.warmup_batches, args.latency_warmup_txns, args.aborted_per_committed, args.poll_interval_ms, args.retry_backoff_ms) < 0:
+        parser.error("--warmup-*, --aborted-per-committed, --poll-interval-ms and --retry-backoff-ms must be >= 0")
+    return args
+
+
+# --- the bytes -------------------------------------------------------------------------------
+
+
+def _length_delimited(tag: bytes, data: bytes) -> bytes:
+    return tag + varint(len(data)) + data
+
+
+class RequestBuilder:
+    """Serialized ProduceRequests built by concatenation, as in produce_fetch.py:
+    the records of a batch are serialized once; the producer id, the epoch (which
+    changes at every transaction), the base sequence, is_transactional and the
+    request's transactional_id are encoded per request. The first request of each
+    kind is checked against the same request built field by field."""
+
+    def __init__(self, batch_records: int, key_bit: int = 0):
+        self.batch_records = batch_records
+        self.records = [common_pb2.Record(key=(key_bit | i).to_bytes(KEY_BYTES, "big"), value=record_value(i)) for i in range(batch_records)]
+        assert key_bit or self.records[1].key == record_key(1)
+        self.records_blob = common_pb2.RecordBatch(records=self.records).SerializeToString()
+        self.batches_tag = field_tag(partition_pb2.ProduceRequest, "batches")
+        self.batch_tag = field_tag(partition_pb2.PartitionBatch, "batch")
+        self._heads: dict[str, bytes] = {}
+        self._checked: set[bool] = set()
+
+    def request(self, topic: str, producer_id: int, epoch: int, transactional_id: str, sequences: list[tuple[int, int]]) -> bytes:
+        """A ProduceRequest with one batch for each (partition, base_sequence);
+        transactional when ``transactional_id`` is not empty."""
+        head = self._heads.get(transactional_id)
+        if head is None:
+            head = self._heads[transactional_id] = partition_pb2.ProduceRequest(acks=-1, transactional_id=transactional_id).SerializeToString()
+        parts = [head]
+        for partition, base_sequence in sequences:
+            header = common_pb2.RecordBatch(
+                producer_id=producer_id, producer_epoch=epoch, base_sequence=base_sequence, is_transactional=bool(transactional_id)
+            ).SerializeToString()
+            item = partition_pb2.PartitionBatch(topic=topic, partition=partition).SerializeToString()
+            item += _length_delimited(self.batch_tag, header + self.records_blob)
+            parts.append(_length_delimited(self.batches_tag, item))
+        body = b"".join(parts)
+        if bool(transactional_id) not in self._checked:
+            self._check(body, topic, producer_id, epoch, transactional_id, sequences)
+        return body
+
+    def _check(self, body, topic, producer_id, epoch, transactional_id, sequences) -> None:
+        expected = partition_pb2.ProduceRequest(
+            acks=-1,
+            transactional_id=transactional_id,
+            batches=[
+                partition_pb2.PartitionBatch(
+                    topic=topic,
+                    partition=partition,
+                    batch=common_pb2.RecordBatch(
+                        producer_id=producer_id, producer_epoch=epoch, base_sequence=base_sequence,
+                        is_transactional=bool(transactional_id), records=self.records,
+                    ),
+                )
+                for partition, base_sequence in sequences
+            ],
+        )
+        if partition_pb2.ProduceRequest.FromString(body) != expected:
+            raise AssertionError("the concatenated ProduceRequest does not parse as the one built field by field")
+        self._checked.add(bool(transactional_id))
+
+
+class Sequences:
+    """Per-partition sequence numbers of one producer at one epoch, in send order."""
+
+    def __init__(self, batch_records: int):
+        self.batch_records = batch_records
+        self.next: dict[int, int] = {}
+
+    def take(self, partition: int) -> int:
+        sequence = self.next.get(partition, 0)
+        self.next[partition] = sequence + self.batch_records
+        return sequence
+
+    def reset(self) -> None:
+        self.next.clear()
+
+
+async def send_pipelined(channel: grpc.aio.Channel, requests: Iterator[tuple[bytes, int]], window: int) -> dict:
+    """Serialized ProduceRequests sent in order with up to ``window`` outstanding and
+    settled in order (produce_fetch.send_pipelined), with the recovery of a real
+    client when partition_svc refuses a request with a sequencing error because a
+    later one overtook it on the way in (gRPC does not order the calls of one
+    channel, and partition_svc awaits lookups - the coordinator verification of a
+    transaction's first batch - before the sequence check): every request sent
+    after the refused one is refused too (each arrives before its predecessor's
+    resend), so nothing new is sent until every request in flight has settled,
+    the refused ones are sent again one at a time in sequence order (Kafka's
+    producer also sends retried batches alone, in order), and the pipeline
+    resumes. A new producer's (or epoch's) later batch that arrives first is
+    UNKNOWN_PRODUCER_ID (or OUT_OF_ORDER_SEQUENCE). (Resending while new requests
+    keep going out, as produce_fetch.send_pipelined does, makes every later
+    request fail once too, for good, after the first overtaking.)
+    Returns records, requests, latencies, resends with their reasons, and the
+    recoveries with the time they took."""
+    produce = channel.unary_unary(PRODUCE_METHOD, request_serializer=None, response_deserializer=partition_pb2.ProduceResponse.FromString)
+    in_flight: deque[tuple[int, bytes, int, asyncio.Future]] = deque()  # (index in send order, body, records, call)
+    latencies: list[float] = []
+    stats = {
+        "records": 0, "requests": 0, "resends": 0, "resend_reasons": {}, "recoveries": 0,
+        "recoveries_in_first_window": 0,  # set off by one of the first ``window`` requests
+        "recovery_s": 0.0, "first_latency_s": None,  # of request 0, when it was not refused
+    }
+
+    async def one(body: bytes):
+        started = time.perf_counter()
+        reply = await produce(body, timeout=CALL_TIMEOUT_S)
+        return reply, time.perf_counter() - started
+
+    def settled(records: int, reply, latency: float, index: int = -1) -> bool:
+        """Counts an accepted request; False (and counts why) for a resendable refusal."""
+        refused = [r.error for r in reply.results if r.error.code != 0]
+        if not refused:
+            if index == 0:
+                stats["first_latency_s"] = latency
+            latencies.append(latency)
+            stats["records"] += records
+            stats["requests"] += 1
+            return True
+        names = [errors.ErrorCode.Name(e.code) for e in refused]
+        if any(name not in RESENDABLE for name in names):
+            raise RuntimeError(f"Produce failed: {names[0]} {refused[0].message}")
+        for name in names:
+            stats["resend_reasons"][name] = stats["resend_reasons"].get(name, 0) + 1
+        stats["resends"] += 1
+        return False
+
+    async def recover(index: int, first: tuple[bytes, int]) -> None:
+        started = time.perf_counter()
+        stats["recoveries_in_first_window"] += index < window
+        refused = [first]
+        while in_flight:
+            _, body, records, task = in_flight.popleft()
+            if not settled(records, *await task):
+                refused.append((body, records))
+        for body, records in refused:
+            for _ in range(RESENDS_PER_REQUEST_MAX):
+                if settled(records, *await one(body)):
+                    break
+            else:
+                raise RuntimeError(f"Produce still refused after {RESENDS_PER_REQUEST_MAX} resends")
+        stats["recoveries"] += 1
+        stats["recovery_s"] += time.perf_counter() - started
+
+    async def settle_oldest() -> None:
+        index, body, records, task = in_flight.popleft()
+        if not settled(records, *await task, index):
+            await recover(index, (body, records))
+
+    try:
+        for index, (body, records) in enumerate(requests):
+            if len(in_flight) >= window:
+                await settle_oldest()
+            in_flight.append((index, body, records, asyncio.ensure_future(one(body))))
+        while in_flight:
+            await settle_oldest()
+    finally:
+        for *_, task in in_flight:
+            task.cancel()
+    return {**stats, "latencies_s": latencies}
+
+
+# --- talking to the cluster ----------------------------------------------------------------
+
+
+class Cluster:
+    """grpc.aio channels to the services of a LocalCluster, one per address."""
+
+    def __init__(self, state):
+        self.state = state
+        self.bootstrap = state.bootstrap.split(",")[0]
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self.pids = {"bench": os.getpid(), **{name: info.pid for name, info in sorted(state.services.items())}}
+
+    def channel(self, address: str) -> grpc.aio.Channel:
+        if address not in self._channels:
+            self._channels[address] = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        return self._channels[address]
+
+    def partitions(self, address: str | None = None) -> partition_pb2_grpc.PartitionServiceStub:
+        return partition_pb2_grpc.PartitionServiceStub(self.channel(address or self.bootstrap))
+
+    async def close(self) -> None:
+        for channel in self._channels.values():
+            await channel.close()
+
+    async def leaders(self, topic: str) -> dict[int, str]:
+        reply = await self.partitions().Metadata(partition_pb2.MetadataRequest(topics=[topic]), timeout=CALL_TIMEOUT_S)
+        leaders = {p.partition: p.leader_address for p in reply.topics[0].partitions}
+        if not leaders or any(not a for a in leaders.values()):
+            raise RuntimeError(f"Metadata {topic}: {reply.topics[0]}")
+        return leaders
+
+    def name_of(self, address: str) -> str:
+        return next((name for name, info in self.state.services.items() if info.address == address), address)
+
+    async def offsets(self, leader_partitions: dict[str, list[int]], topic: str) -> dict[int, tuple[int, int]]:
+        """{partition: (last stable offset, high watermark)}, one ListOffsets per leader, in parallel."""
+
+        async def one(address: str, partitions: list[int]) -> list:
+            request = partition_pb2.ListOffsetsRequest(
+                partitions=[
+                    partition_pb2.ListOffsetsPartition(topic=topic, partition=p, spec=spec)
+                    for p in partitions
+                    for spec in (partition_pb2.OFFSET_SPEC_LAST_STABLE, partition_pb2.OFFSET_SPEC_LATEST)
+                ]
+            )
+            reply = await self.partitions(address).ListOffsets(request, timeout=CALL_TIMEOUT_S)
+            for result in reply.results:
+                if result.error.code:
+                    raise RuntimeError(f"ListOffsets {topic}-{result.partition}: {result.error}")
+            return [(p, (reply.results[2 * i].offset, reply.results[2 * i + 1].offset)) for i, p in enumerate(partitions)]
+
+        found = await asyncio.gather(*[one(a, ps) for a, ps in leader_partitions.items()])
+        return dict(pair for pairs in found for pair in pairs)
+
+
+class TxnProducer:
+    """The wire steps of one transactional producer (tests/integ/txn_raw.py, async):
+    the coordinator found with Metadata(transactional_ids), calls retried while
+    the coordinator answers a retriable error (counted, per method and code)."""
+
+    def __init__(self, cluster: Cluster, transactional_id: str, backoff_s: float):
+        self.cluster = cluster
+        self.transactional_id = transactional_id
+        self.backoff_s = backoff_s
+        self.producer_id = self.producer_epoch = -1
+        self.address: str | None = None
+        self.retries: Counter[str] = Counter()
+        self.last_attempt_s = 0.0  # how long the answered attempt of the last call took (its retries left out)
+
+    async def coordinator(self) -> coordinator_pb2_grpc.CoordinatorServiceStub:
+        deadline = time.monotonic() + COORDINATOR_WAIT_S
+        while self.address is None:
+            reply = await self.cluster.partitions().Metadata(
+                partition_pb2.MetadataRequest(transactional_ids=[self.transactional_id]), timeout=CALL_TIMEOUT_S
+            )
+            found = reply.transaction_coordinators[0]
+            if found.error.code == 0:
+                self.address = found.address
+                break
+            name = errors.ErrorCode.Name(found.error.code)
+            if name not in RETRIABLE_COORDINATOR or time.monotonic() > deadline:
+                raise RuntimeError(f"no coordinator for {self.transactional_id!r}: {name} {found.error.message}")
+            self.retries[f"Metadata:{name}"] += 1
+            await asyncio.sleep(0.1)
+        return coordinator_pb2_grpc.CoordinatorServiceStub(self.cluster.channel(self.address))
+
+    async def _call(self, method: str, request):
+        deadline = time.monotonic() + RETRY_WAIT_S
+        while True:
+            stub = await self.coordinator()
+            started = time.perf_counter()
+            try:
+                reply = await getattr(stub, method)(request, timeout=CALL_TIMEOUT_S)
+                self.last_attempt_s = time.perf_counter() - started
+                return reply
+            except grpc.RpcError as exc:
+                error = errors.from_rpc_error(exc)
+                if error.name not in RETRIABLE_COORDINATOR or time.monotonic() > deadline:
+                    raise RuntimeError(f"{method} {self.transactional_id!r}: {error.name} {error.message}") from None
+                self.retries[f"{method}:{error.name}"] += 1
+                if error.name in REFIND_COORDINATOR:
+                    self.address = None
+                await asyncio.sleep(self.backoff_s if method != "InitProducerId" else 0.1)
+
+    async def init(self) -> TxnProducer:
+        reply = await self._call("InitProducerId", coordinator_pb2.InitProducerIdRequest(
+            transactional_id=self.transactional_id, transaction_timeout_ms=TRANSACTION_TIMEOUT_MS, producer_id=-1, producer_epoch=-1))
+        self.producer_id, self.producer_epoch = reply.producer_id, reply.producer_epoch
+        return self
+
+    async def add(self, topic: str, partitions: list[int]) -> None:
+        reply = await self._call("AddPartitionsToTxn", coordinator_pb2.AddPartitionsToTxnRequest(
+            transactional_id=self.transactional_id, producer_id=self.producer_id, producer_epoch=self.producer_epoch,
+            partitions=[common_pb2.TopicPartition(topic=topic, partition=p) for p in partitions]))
+        for result in reply.results:
+            if result.error.code:
+                raise RuntimeError(f"AddPartitionsToTxn {result.partition}: {result.error}")
+
+    async def end(self, commit: bool) -> None:
+        reply = await self._call("EndTxn", coordinator_pb2.EndTxnRequest(
+            transactional_id=self.transactional_id, producer_id=self.producer_id, producer_epoch=self.producer_epoch, committed=commit))
+        if reply.producer_id == self.producer_id and reply.producer_epoch <= self.producer_epoch:
+            raise RuntimeError(f"EndTxn did not bump the epoch ({self.producer_epoch} -> {reply.producer_epoch})")
+        self.producer_id, self.producer_epoch = reply.producer_id, reply.producer_epoch
+
+
+async def placement(cluster: Cluster, producer: TxnProducer, data_topic: str) -> dict:
+    """Which processes a transactional id's work touches: its coordinator and
+    the leader of its __transaction_state partition (where every state change is
+    a synced write), beside the data's leaders."""
+    from services.hashing import partition_for_id
+
+    log_leaders = await cluster.leaders("__transaction_state")
+    log_partition = partition_for_id(producer.transactional_id, len(log_leaders))
+    data = await cluster.leaders(data_topic)
+    return {
+        "coordinator": cluster.name_of(producer.address),
+        "transaction_log_partition": log_partition,
+        "transaction_log_leader": cluster.name_of(log_leaders[log_partition]),
+        "data_leaders": sorted({cluster.name_of(a) for a in data.values()}),
+    }
+
+
+# --- 1. throughput: idempotent vs transactional --------------------------------------------
+
+
+def until(deadline: float, make: Callable[[], bytes], records: int) -> Iterator[tuple[bytes, int]]:
+    """Requests from ``make`` while the clock is before ``deadline`` (at least one)."""
+    yield make(), records
+    while time.perf_counter() < deadline:
+        yield make(), records
+
+
+def count_of(make: Callable[[], bytes], records: int, n: int) -> Iterator[tuple[bytes, int]]:
+    for _ in range(n):
+        yield make(), records
+
+
+class ThroughputMode:
+    """One producer writing to one partition, run in slices between the other
+    modes; its figures add up over the slices."""
+
+    name = ""
+
+    def __init__(self, cluster: Cluster, leader: str, args: argparse.Namespace, builder: RequestBuilder):
+        self.cluster, self.args, self.builder = cluster, args, builder
+        self.channel = cluster.channel(leader)
+        self.sequences = Sequences(args.batch_records)
+        self.phases: list[Phase] = []
+        self.slices: list[dict] = []
+        self.records = 0
+        self.latencies: list[float] = []
+        self.sends = {"requests": 0, "resends": 0, "resend_reasons": {}, "recoveries": 0, "recoveries_in_first_window": 0, "recovery_s": 0.0}
+
+    def count(self, sent: dict) -> None:
+        self.records += sent["records"]
+        self.latencies += sent["latencies_s"]
+        for key in ("requests", "resends", "recoveries", "recoveries_in_first_window", "recovery_s"):
+            self.sends[key] += sent[key]
+        for reason, n in sent["resend_reasons"].items():
+            self.sends["resend_reasons"][reason] = self.sends["resend_reasons"].get(reason, 0) + n
+
+    async def run_for(self, seconds: float) -> dict:
+        records = self.records
+        with Phase(self.cluster.pids) as phase:
+            await self.produce_until(time.perf_counter() + seconds)
+        self.phases.append(phase)
+        self.slices.append({"seconds": round(phase.seconds, 3), "records_per_s": round((self.records - records) / phase.seconds, 1)})
+        return self.slices[-1]
+
+    def report(self) -> dict:
+        phase = Phase.combined(self.phases)
+        return {
+            **self.sends,
+            "recovery_s": round(self.sends["recovery_s"], 4),
+            "request_latency_ms": latency_summary(self.latencies),
+            "slices": self.slices,
+            **phase.rates(self.records, RECORD_BYTES),
+            "cpu_utilisation_outside_the_cluster": phase.others_cpu_utilisation(),
+        }
+
+
+class IdempotentMode(ThroughputMode):
+    name = "idempotent"
+
+    async def start(self) -> None:
+        self.producer_id, self.epoch = await init_producer(self.cluster.channel(self.cluster.bootstrap))
+        await send_pipelined(self.channel, count_of(self.make, self.args.batch_records, self.args.warmup_batches), self.args.in_flight)
+
+    def make(self) -> bytes:
+        return self.builder.request(TOPIC_THROUGHPUT, self.producer_id, self.epoch, "", [(0, self.sequences.take(0))])
+
+    async def produce_until(self, deadline: float) -> None:
+        self.count(await send_pipelined(self.channel, until(deadline, self.make, self.args.batch_records), self.args.in_flight))
+
+    def report(self) -> dict:
+        return {"producer_id": self.producer_id, **super().report()}
+
+
+class TransactionalMode(ThroughputMode):
+    """Transactions of ``interval_ms``: AddPartitionsToTxn, batches until the interval
+    since the transaction began has elapsed, the in-flight ones settled, EndTxn."""
+
+    def __init__(self, cluster: Cluster, leader: str, args: argparse.Namespace, builder: RequestBuilder, interval_ms: int):
+        super().__init__(cluster, leader, args, builder)
+        self.interval_ms = interval_ms
+        self.name = f"transactional_{interval_ms}ms"
+        self.producer = TxnProducer(cluster, f"bench-throughput-{interval_ms}ms", args.retry_backoff_ms / 1000)
+        self.times: dict[str, list[float]] = defaultdict(list)
+        self.first_latencies: list[float] = []
+        self.transactions = 0
+
+    def make(self) -> bytes:
+        p = self.producer
+        return self.builder.request(TOPIC_THROUGHPUT, p.producer_id, p.producer_epoch, p.transactional_id, [(0, self.sequences.take(0))])
+
+    async def transaction(self, batches: Iterator[tuple[bytes, int]] | None) -> tuple[dict, dict]:
+        started = time.perf_counter()
+        await self.producer.add(TOPIC_THROUGHPUT, [0])
+        added = time.perf_counter()
+        add_attempt = self.producer.last_attempt_s
+        if batches is None:
+            batches = until(started + self.interval_ms / 1000, self.make, self.args.batch_records)
+        sent = await send_pipelined(self.channel, batches, self.args.in_flight)
+        produced = time.perf_counter()
+        await self.producer.end(commit=True)
+        ended = time.perf_counter()
+        self.sequences.reset()  # the bumped epoch starts at sequence 0
+        return sent, {
+            "add_partitions": added - started,
+            "add_partitions_answered_attempt": add_attempt,
+            "produce": produced - added,
+            "of_which_resend_recovery": sent["recovery_s"],
+            "end_txn": ended - produced,
+            "total": ended - started,
+        }
+
+    async def start(self) -> None:
+        await self.producer.init()
+        await self.transaction(count_of(self.make, self.args.batch_records, self.args.warmup_batches))
+        self.producer.retries.clear()
+
+    async def produce_until(self, deadline: float) -> None:
+        while True:
+            sent, times = await self.transaction(None)
+            self.count(sent)
+            self.transactions += 1
+            if sent["first_latency_s"] is not None:
+                self.first_latencies.append(sent["first_latency_s"])
+            for name, seconds in times.items():
+                self.times[name].append(seconds)
+            if time.perf_counter() >= deadline:
+                return
+
+    def report(self) -> dict:
+        txns = self.transactions
+        produce_s, total_s = sum(self.times["produce"]), sum(self.times["total"])
+        base = super().report()
+        return {
+            "transactional_id": self.producer.transactional_id,
+            "commit_interval_ms": self.interval_ms,
+            "transactions": txns,
+            "records_per_transaction_mean": round(self.records / txns, 1),
+            "transaction_ms": {name: latency_summary(values) for name, values in self.times.items()},
+            "non_producing_ms_per_transaction_mean": round((total_s - produce_s) / txns * 1000, 3),
+            "resend_recovery_ms_per_transaction_mean": round(self.sends["recovery_s"] / txns * 1000, 3),
+            "producing_share_of_wall_time": round(produce_s / base["seconds"], 4),
+            # the first batch of a transaction waits for the leader to verify it with the coordinator
+            "first_request_of_transaction_latency_ms": latency_summary(self.first_latencies) if self.first_latencies else None,
+            "coordinator_retries": dict(self.producer.retries),
+            "coordinator_retries_per_transaction": round(sum(self.producer.retries.values()) / txns, 2),
+            **base,
+        }
+
+
+async def measure_throughput(cluster: Cluster, args: argparse.Namespace) -> dict:
+    await create_topic(cluster.channel(cluster.bootstrap), TOPIC_THROUGHPUT, 1)
+    leader = (await cluster.leaders(TOPIC_THROUGHPUT))[0]
+    builder = RequestBuilder(args.batch_records)
+    idempotent = IdempotentMode(cluster, leader, args, builder)
+    modes: list[ThroughputMode] = [idempotent, *(TransactionalMode(cluster, leader, args, builder, i) for i in args.intervals)]
+    slice_s = args.duration_s / args.rounds
+    progress(f"throughput: {TOPIC_THROUGHPUT}-0 led by {cluster.name_of(leader)}; {len(modes)} modes x {args.rounds} rounds of "
+             f"{slice_s:.2f} s (order reversed every other round); {args.batch_records}-record batches, {args.in_flight} in flight")
+    for mode in modes:
+        await mode.start()
+    for round_index in range(args.rounds):
+        for mode in modes if round_index % 2 == 0 else reversed(modes):
+            figures = await mode.run_for(slice_s)
+            progress(f"  round {round_index + 1}, {mode.name}: {figures['records_per_s']} records/s")
+    placements = {mode.name: await placement(cluster, mode.producer, TOPIC_THROUGHPUT) for mode in modes if isinstance(mode, TransactionalMode)}
+    runs = {mode.name: mode.report() for mode in modes}
+    for name, where in placements.items():
+        runs[name]["placement"] = where
+    base = runs["idempotent"]["records_per_s"]
+    slices = [s["records_per_s"] for s in runs["idempotent"]["slices"]]
+    summary = {
+        "idempotent_records_per_s": base,
+        "idempotent_mb_per_s": runs["idempotent"]["mb_per_s"],
+        # how far apart the idempotent slices were: the noise floor of the overheads below
+        "idempotent_slices_spread_pct": round((max(slices) - min(slices)) / base * 100, 2),
+    }
+    for mode in modes[1:]:
+        run = runs[mode.name]
+        summary[mode.name] = {
+            "records_per_s": run["records_per_s"],
+            "mb_per_s": run["mb_per_s"],
+            "overhead_pct": round((1 - run["records_per_s"] / base) * 100, 2),
+            "transactions": run["transactions"],
+            "non_producing_ms_per_transaction_mean": run["non_producing_ms_per_transaction_mean"],
+            "resend_recovery_ms_per_transaction_mean": run["resend_recovery_ms_per_transaction_mean"],
+        }
+        progress(f"  {mode.name}: {run['records_per_s']} records/s, overhead {summary[mode.name]['overhead_pct']}% of idempotent "
+                 f"({base} records/s); per transaction {run['non_producing_ms_per_transaction_mean']} ms not producing, "
+                 f"{run['resend_recovery_ms_per_transaction_mean']} ms recovering resends")
+    return {"leader": cluster.name_of(leader), "slice_s": slice_s, "rounds": args.rounds, "summary": summary, "runs": runs}
+
+
+# --- 2. commit latency --------------------------------------------------------------------------
+
+
+async def produce_once(cluster: Cluster, address: str, body: bytes) -> partition_pb2.ProduceResponse:
+    reply = partition_pb2.ProduceResponse.FromString(
+        await cluster.channel(address).unary_unary(PRODUCE_METHOD)(body, timeout=CALL_TIMEOUT_S)
+    )
+    for result in reply.results:
+        if result.error.code:
+            raise RuntimeError(f"Produce {result.topic}-{result.partition}: {errors.ErrorCode.Name(result.error.code)} {result.error.message}")
+    return reply
+
+
+def by_leader(leaders: dict[int, str], partitions: list[int]) -> dict[str, list[int]]:
+    grouped: dict[str, list[int]] = defaultdict(list)
+    for p in partitions:
+        grouped[leaders[p]].append(p)
+    return dict(grouped)
+
+
+async def produce_latency_baseline(cluster: Cluster, leaders: dict[int, str], partitions: list[int], args, builder: RequestBuilder) -> dict:
+    """The same produce as a latency transaction's, idempotent: one synced write per leader."""
+    producer_id, epoch = await init_producer(cluster.channel(cluster.bootstrap))
+    sequences = Sequences(args.latency_records)
+    grouped = by_leader(leaders, partitions)
+    latencies = []
+    with Phase(cluster.pids) as phase:
+        for i in range(args.latency_warmup_txns + args.latency_txns):
+            started = time.perf_counter()
+            await asyncio.gather(*[
+                produce_once(cluster, a, builder.request(TOPIC_LATENCY, producer_id, epoch, "", [(p, sequences.take(p)) for p in ps]))
+                for a, ps in grouped.items()
+            ])
+            if i >= args.latency_warmup_txns:
+                latencies.append(time.perf_counter() - started)
+    return {
+        "produces": len(latencies),
+        "latency_ms": latency_summary(latencies),
+        "cpu_ms_per_produce": phase.cpu_ms_per_op(len(latencies) + args.latency_warmup_txns),
+        "cpu_utilisation_outside_the_cluster": phase.others_cpu_utilisation(),
+    }
+
+
+async def commit_latency(cluster: Cluster, leaders: dict[int, str], partitions: list[int], args, builder: RequestBuilder) -> dict:
+    producer = await TxnProducer(cluster, f"bench-latency-{len(partitions)}p", args.retry_backoff_ms / 1000).init()
+    sequences = Sequences(args.latency_records)
+    grouped = by_leader(leaders, partitions)
+    poll_s = args.poll_interval_ms / 1000
+    poll_times: list[float] = []  # ListOffsets round trips: the resolution of "visible"
+
+    async def visible_on(address: str, leader_partitions: list[int], last_offsets: dict[int, int]) -> tuple[float, int]:
+        """When LSO == high watermark, past this transaction's data, on every partition the leader
+        leads (each leader polled on its own, one ListOffsets in flight), and the polls it took."""
+        polls = 0
+        while True:
+            polls += 1
+            poll_started = time.perf_counter()
+            offsets = await cluster.offsets({address: leader_partitions}, TOPIC_LATENCY)
+            now = time.perf_counter()
+            poll_times.append(now - poll_started)
+            if all(lso == hw and hw > last_offsets[p] for p, (lso, hw) in offsets.items()):
+                return now, polls
+            if poll_s:
+                await asyncio.sleep(poll_s)
+
+    async def transaction() -> tuple[dict[str, float], int]:
+        started = time.perf_counter()
+        await producer.add(TOPIC_LATENCY, partitions)
+        added = time.perf_counter()
+        add_attempt = producer.last_attempt_s
+        replies = await asyncio.gather(*[
+            produce_once(cluster, a, builder.request(TOPIC_LATENCY, producer.producer_id, producer.producer_epoch, producer.transactional_id,
+                                                     [(p, sequences.take(p)) for p in ps]))
+            for a, ps in grouped.items()
+        ])
+        last_offsets = {r.partition: r.base_offset + args.latency_records - 1 for reply in replies for r in reply.results}
+        produced = time.perf_counter()
+        await producer.end(commit=True)
+        answered = time.perf_counter()
+        sequences.reset()  # the bumped epoch starts at sequence 0
+        seen = await asyncio.gather(*[visible_on(a, ps, last_offsets) for a, ps in grouped.items()])
+        visible, polls = max(t for t, _ in seen), sum(n for _, n in seen)
+        return {
+            "add_partitions": added - started,
+            "add_partitions_answered_attempt": add_attempt,  # without the CONCURRENT_TRANSACTIONS retries
+            "produce": produced - added,
+            "end_txn_answered": answered - produced,
+            "end_txn_to_visible": visible - produced,
+            "answered_to_visible": visible - answered,
+        }, polls
+
+    for _ in range(args.latency_warmup_txns):
+        await transaction()
+    producer.retries.clear()
+    poll_times.clear()
+    phases: dict[str, list[float]] = defaultdict(list)
+    polls_total = 0
+    with Phase(cluster.pids) as phase:
+        for _ in range(args.latency_txns):
+            times, polls = await transaction()
+            polls_total += polls
+            for name, seconds in times.items():
+                phases[name].append(seconds)
+    return {
+        "transactional_id": producer.transactional_id,
+        "placement": await placement(cluster, producer, TOPIC_LATENCY),
+        "partitions_per_transaction": len(partitions),
+        "leaders": {cluster.name_of(a): ps for a, ps in grouped.items()},
+        "transactions": args.latency_txns,
+        "records_per_partition": args.latency_records,
+        "latency_ms": {name: latency_summary(values) for name, values in phases.items()},
+        "listoffsets_polls_per_transaction": round(polls_total / args.latency_txns, 2),
+        "listoffsets_poll_ms": latency_summary(poll_times),
+        "coordinator_retries": dict(producer.retries),
+        "cpu_ms_per_transaction": phase.cpu_ms_per_op(args.latency_txns),
+        "cpu_utilisation_outside_the_cluster": phase.others_cpu_utilisation(),
+        "seconds": round(phase.seconds, 3),
+    }
+
+
+async def measure_latency(cluster: Cluster, args: argparse.Namespace) -> dict:
+    await create_topic(cluster.channel(cluster.bootstrap), TOPIC_LATENCY, LATENCY_PARTITIONS)
+    leaders = await cluster.leaders(TOPIC_LATENCY)
+    if len(set(leaders.values())) < 2:
+        progress(f"warning: {TOPIC_LATENCY} is led by one partition_svc only")
+    builder = RequestBuilder(args.latency_records)
+    result = {}
+    for count in (1, LATENCY_PARTITIONS):
+        partitions = list(range(count))
+        progress(f"commit latency: {count} partition(s), baseline produce without a transaction")
+        baseline = await produce_latency_baseline(cluster, leaders, partitions, args, builder)
+        progress(f"  produce p50 {baseline['latency_ms']['p50']} ms, p99 {baseline['latency_ms']['p99']} ms")
+        progress(f"commit latency: {count} partition(s), {args.latency_txns} transactions of {args.latency_records} records a partition")
+        run = await commit_latency(cluster, leaders, partitions, args, builder)
+        visible, answered = run["latency_ms"]["end_txn_to_visible"], run["latency_ms"]["end_txn_answered"]
+        progress(f"  EndTxn answered p50 {answered['p50']} p99 {answered['p99']} ms; visible p50 {visible['p50']} p99 {visible['p99']} "
+                 f"max {visible['max']} ms; add p50 {run['latency_ms']['add_partitions']['p50']} ms; retries {run['coordinator_retries']}")
+        result[f"partitions_{count}"] = {"baseline_produce_without_transaction": baseline, **run}
+    return result
+
+
+# --- 3. read_committed vs read_uncommitted ---------------------------------------------------
+
+
+async def write_fetch_data(cluster: Cluster, leader: str, args: argparse.Namespace) -> dict:
+    channel = cluster.channel(leader)
+    producer = await TxnProducer(cluster, "bench-fetch", args.retry_backoff_ms / 1000).init()
+    kinds = {  # committed: big batches; aborted: small ones, many transactions, so the aborted index is long
+        True: (RequestBuilder(args.batch_records), Sequences(args.batch_records), args.fetch_txn_batches),
+        False: (RequestBuilder(args.aborted_records, key_bit=ABORTED_KEY_BIT), Sequences(args.aborted_records), 1),
+    }
+    committed_txns = -(-args.fetch_records // (args.fetch_txn_batches * args.batch_records))
+    counts = Counter()
+
+    async def transaction(commit: bool) -> None:
+        builder, sequences, batches = kinds[commit]
+        await producer.add(TOPIC_FETCH, [0])
+
+        def make() -> bytes:
+            return builder.request(TOPIC_FETCH, producer.producer_id, producer.producer_epoch, producer.transactional_id, [(0, sequences.take(0))])
+
+        sent = await send_pipelined(channel, count_of(make, builder.batch_records, batches), args.in_flight)
+        await producer.end(commit=commit)
+        sequences.reset()  # the bumped epoch starts at sequence 0
+        counts["committed_records" if commit else "aborted_records"] += sent["records"]
+        counts["committed_transactions" if commit else "aborted_transactions"] += 1
+
+    with Phase(cluster.pids) as phase:
+        for _ in range(committed_txns):
+            await transaction(True)
+            for _ in range(args.aborted_per_committed):
+                await transaction(False)
+        while True:  # every marker landed: the LSO is the high watermark
+            (lso, hw), = (await cluster.offsets({leader: [0]}, TOPIC_FETCH)).values()
+            if lso == hw:
+                break
+            await asyncio.sleep(0.01)
+    return {"end_offset": hw, **counts, "write": phase.rates(counts["committed_records"] + counts["aborted_records"], RECORD_BYTES)}
+
+
+async def fetch_pass(cluster: Cluster, leader: str, isolation: int, end_offset: int, max_bytes: int) -> dict:
+    stub = cluster.partitions(leader)
+    offset = records = aborted = calls = 0
+    latencies = []
+    with Phase(cluster.pids) as phase:
+        while offset < end_offset:
+            request = partition_pb2.FetchRequest(
+                isolation_level=isolation, max_wait_ms=0, max_bytes=max_bytes,
+                partitions=[partition_pb2.FetchPartition(topic=TOPIC_FETCH, partition=0, fetch_offset=offset)],
+            )
+            started = time.perf_counter()
+            reply = await stub.Fetch(request, timeout=CALL_TIMEOUT_S)
+            latencies.append(time.perf_counter() - started)
+            calls += 1
+            result = reply.results[0]
+            if result.error.code:
+                raise RuntimeError(f"Fetch at {offset}: {result.error}")
+            for batch in result.batches:
+                n = len(batch.records)
+                records += n
+                if batch.records[0].key[0] & 0x80:
+                    aborted += n
+            if result.next_fetch_offset <= offset:
+                raise RuntimeError(f"Fetch at {offset}: no progress (next_fetch_offset {result.next_fetch_offset})")
+            offset = result.next_fetch_offset
+    return {
+        "records": records,
+        "aborted_records_returned": aborted,
+        "fetch_calls": calls,
+        "fetch_latency_ms": latency_summary(latencies),
+        "log_records_per_s": round(end_offset / phase.seconds, 1),
+        **phase.rates(records, RECORD_BYTES),
+        "cpu_utilisation_outside_the_cluster": phase.others_cpu_utilisation(),
+    }
+
+
+async def measure_fetch(cluster: Cluster, args: argparse.Namespace) -> dict:
+    await create_topic(cluster.channel(cluster.bootstrap), TOPIC_FETCH, 1)
+    leader = (await cluster.leaders(TOPIC_FETCH))[0]
+    progress(f"fetch: writing {args.fetch_records} committed records in transactions of {args.fetch_txn_batches} batches, each followed by "
+             f"{args.aborted_per_committed} aborted transactions of {args.aborted_records} records ({TOPIC_FETCH}-0 on {cluster.name_of(leader)})")
+    data = await write_fetch_data(cluster, leader, args)
+    progress(f"  {data['committed_records']} committed, {data['aborted_records']} aborted records, end offset {data['end_offset']}")
+    expected = {common_pb2.READ_COMMITTED: data["committed_records"], common_pb2.READ_UNCOMMITTED: data["committed_records"] + data["aborted_records"]}
+    names = {common_pb2.READ_COMMITTED: "read_committed", common_pb2.READ_UNCOMMITTED: "read_uncommitted"}
+    await fetch_pass(cluster, leader, common_pb2.READ_UNCOMMITTED, data["end_offset"], args.fetch_max_bytes)  # warm-up
+    passes: dict[str, list[dict]] = defaultdict(list)
+    order = (common_pb2.READ_COMMITTED, common_pb2.READ_UNCOMMITTED, common_pb2.READ_UNCOMMITTED, common_pb2.READ_COMMITTED)
+    for isolation in order * -(-args.fetch_passes // 2):
+        run = await fetch_pass(cluster, leader, isolation, data["end_offset"], args.fetch_max_bytes)
+        if run["records"] != expected[isolation]:
+            raise RuntimeError(f"{names[isolation]}: {run['records']} records returned, {expected[isolation]} expected")
+        if isolation == common_pb2.READ_COMMITTED and run["aborted_records_returned"]:
+            raise RuntimeError(f"read_committed returned {run['aborted_records_returned']} records of aborted transactions")
+        progress(f"  {names[isolation]}: {run['records_per_s']} records/s, {run['mb_per_s']} MB/s, {run['fetch_calls']} calls")
+        passes[names[isolation]].append(run)
+
+    def mean(name: str, key: str) -> float:
+        return round(sum(p[key] for p in passes[name]) / len(passes[name]), 2)
+
+    modes = {
+        name: {
+            "records_per_s": mean(name, "records_per_s"),
+            "mb_per_s": mean(name, "mb_per_s"),
+            "log_records_per_s": mean(name, "log_records_per_s"),
+            "passes": passes[name],
+        }
+        for name in ("read_committed", "read_uncommitted")
+    }
+    return {"leader": cluster.name_of(leader), "max_bytes": args.fetch_max_bytes, "data": data, **modes}
+
+
+# --- report ------------------------------------------------------------------------------------
+
+
+def targets(throughput: dict, latency: dict, fetch: dict) -> dict:
+    summary = throughput["summary"]
+    result = {}
+    txn = summary.get(f"transactional_{THROUGHPUT_TARGET_INTERVAL_MS}ms")
+    if txn is not None:
+        ratio = txn["records_per_s"] / summary["idempotent_records_per_s"]
+        result["transactional_100ms_vs_idempotent"] = {
+            "target": f"transactional records/s at a {THROUGHPUT_TARGET_INTERVAL_MS} ms commit interval >= {THROUGHPUT_TARGET:.0%} of idempotent",
+            "actual": round(ratio, 4),
+            "overhead_pct": txn["overhead_pct"],
+            "idempotent_slices_spread_pct": summary["idempotent_slices_spread_pct"],
+            "met": ratio >= THROUGHPUT_TARGET,
+        }
+    eight = latency[f"partitions_{LATENCY_PARTITIONS}"]["latency_ms"]
+    result["commit_latency_p99_8_partitions"] = {
+        "target": f"commit latency p99 <= {LATENCY_TARGET_MS:.0f} ms with {LATENCY_PARTITIONS} partitions, EndTxn call until the markers "
+                  "landed (visible to read_committed)",
+        "actual_ms": eight["end_txn_to_visible"]["p99"],
+        "end_txn_answered_p99_ms": eight["end_txn_answered"]["p99"],
+        "met": eight["end_txn_to_visible"]["p99"] <= LATENCY_TARGET_MS,
+        "met_if_judged_until_end_txn_answered": eight["end_txn_answered"]["p99"] <= LATENCY_TARGET_MS,
+    }
+    ratio = fetch["read_committed"]["records_per_s"] / fetch["read_uncommitted"]["records_per_s"]
+    result["read_committed_vs_read_uncommitted"] = {
+        "target": f"read_committed records/s >= {FETCH_TARGET:.0%} of read_uncommitted records/s (records returned)",
+        "actual": round(ratio, 4),
+        "log_records_per_s_ratio": round(fetch["read_committed"]["log_records_per_s"] / fetch["read_uncommitted"]["log_records_per_s"], 4),
+        "met": ratio >= FETCH_TARGET,
+    }
+    return result
+
+
+async def measure_all(state, args: argparse.Namespace) -> dict:
+    cluster = Cluster(state)
+    try:
+        throughput = await measure_throughput(cluster, args)
+        latency = await measure_latency(cluster, args)
+        fetch = await measure_fetch(cluster, args)
+    finally:
+        await cluster.close()
+    return {"throughput_one_partition": throughput, "commit_latency": latency, "fetch": fetch, "targets": targets(throughput, latency, fetch)}
+
+
+def measure(workdir: str, args: argparse.Namespace) -> dict:
+    from services.cluster import LocalCluster
+
+    cluster = LocalCluster(os.path.join(workdir, "cluster"))
+    try:
+        progress(f"starting ZooKeeper, 1 producer_id_svc, 2 partition_svc, 2 coordinator_svc in {cluster.dir}")
+        state = cluster.up(producer_id_svcs=1, partition_svcs=2, coordinator_svcs=2)
+        return asyncio.run(measure_all(state, args))
+    finally:
+        progress("stopping the cluster")
+        cluster.down()
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="txlog-bench-txn-") as workdir:
+        figures = measure(workdir, args)
+    report = {
+        "benchmark": "transactions: throughput vs idempotent, commit latency, read_committed vs read_uncommitted, 1 KB records",
+        "parameters": {
+            "key_bytes": KEY_BYTES,
+            "value_bytes": VALUE_BYTES,
+            "duration_s_per_throughput_mode": args.duration_s,
+            "throughput_rounds": args.rounds,
+            "commit_intervals_ms": args.intervals,
+            "records_per_batch": args.batch_records,
+            "in_flight_max": args.in_flight,
+            "warmup_batches": args.warmup_batches,
+            "latency_transactions": args.latency_txns,
+            "latency_warmup_transactions": args.latency_warmup_txns,
+            "latency_records_per_partition": args.latency_records,
+            "poll_interval_ms": args.poll_interval_ms,
+            "coordinator_retry_backoff_ms": args.retry_backoff_ms,
+            "fetch_committed_records": args.fetch_records,
+            "fetch_batches_per_committed_transaction": args.fetch_txn_batches,
+            "fetch_aborted_transactions_per_committed": args.aborted_per_committed,
+            "fetch_records_per_aborted_transaction": args.aborted_records,
+            "fetch_passes_per_isolation_level": args.fetch_passes,
+            "fetch_max_bytes": args.fetch_max_bytes,
+            "acks": -1,
+            "fsync": True,
+            "mb": "10^6 bytes of payload (key + value)",
+        },
+        "machine": {"cpus": os.cpu_count()},
+        **figures,
+    }
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
