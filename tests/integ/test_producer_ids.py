@@ -94,21 +94,26 @@ def test_zookeeper_restarted_mid_allocation_resumes_without_repeating_a_block(cl
     while health_serving(service.address) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not health_serving(service.address), "health stayed SERVING without ZooKeeper"
+    # the block reserved ahead may still be handed out; after it, calls fail, retriably
+    during_outage = []
     with pytest.raises(grpc.RpcError) as info:
-        call(service.address, requester_id=2)
+        for _ in range(3):
+            reply = call(service.address, requester_id=2)
+            during_outage.append([reply.first_producer_id, reply.count])
+    assert len(during_outage) <= 1
     assert info.value.code() == grpc.StatusCode.UNAVAILABLE
     assert error_info(info.value).reason == "ZOOKEEPER_UNAVAILABLE"
     time.sleep(1.0)
     cluster.start("zookeeper")
     blocks = finish(worker)
     assert len(blocks) == 150
-    assert_disjoint_full_blocks(blocks)
+    assert_disjoint_full_blocks(blocks + during_outage)
     deadline = time.monotonic() + 15
     while not health_serving(service.address) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert health_serving(service.address), "health did not return to SERVING after ZooKeeper came back"
     later = call(service.address, requester_id=2)
-    assert later.first_producer_id > max(first for first, _ in blocks)
+    assert later.first_producer_id > max(first for first, _ in blocks + during_outage)
 
 
 @pytest.mark.parametrize(
