@@ -72,10 +72,15 @@ class TxnProducer:
         sequence = self.sequences.get((topic, partition), 0)
         batch = common_pb2.RecordBatch(producer_id=self.producer_id, producer_epoch=self.producer_epoch, base_sequence=sequence,
                                        is_transactional=True, records=[common_pb2.Record(value=value.encode())])
-        reply = self.raw.leader(topic, partition).Produce(partition_pb2.ProduceRequest(
-            acks=-1, transactional_id=self.transactional_id,
-            batches=[partition_pb2.PartitionBatch(topic=topic, partition=partition, batch=batch)]), timeout=10)
-        result = reply.results[0]
+        deadline = time.monotonic() + RETRIABLE_WAIT_S
+        while True:  # a retriable answer (the coordinator moved, is loading) is retried as a producer would
+            reply = self.raw.leader(topic, partition).Produce(partition_pb2.ProduceRequest(
+                acks=-1, transactional_id=self.transactional_id,
+                batches=[partition_pb2.PartitionBatch(topic=topic, partition=partition, batch=batch)]), timeout=10)
+            result = reply.results[0]
+            if result.error.code == 0 or not errors.spec_of(result.error.code).retriable or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
         if result.error.code == 0:
             self.sequences[(topic, partition)] = sequence + 1
         return result
