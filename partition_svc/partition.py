@@ -18,6 +18,7 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import bisect
 import json
 import time
 from collections import deque
@@ -267,7 +268,14 @@ class Partition:
         return any(key.startswith(group_key_prefix) for offsets in self.pending_offsets.values() for key in offsets)
 
     def is_aborted(self, producer_id: int, offset: int) -> bool:
-        return any(first <= offset <= last for first, last in self.aborted.get(producer_id, ()))
+        """Binary search: a producer's aborted spans never overlap and are kept in
+        offset order (appended at each ABORT marker, reloaded in key order), and
+        read_committed asks once per transactional batch it reads."""
+        spans = self.aborted.get(producer_id)
+        if not spans:
+            return False
+        index = bisect.bisect_right(spans, (offset, 2**63)) - 1
+        return index >= 0 and spans[index][0] <= offset <= spans[index][1]
 
     def _mark_durable(self, durable: asyncio.Future) -> None:
         durable.set_result(None)

@@ -173,3 +173,11 @@ def test_retention_keeps_the_aborted_index_only_for_the_log_it_covers(tmp_path, 
     assert h.partition.aborted == {}
     h.reopen()
     assert h.partition.aborted == {} and h.partition.log_start_offset == 3
+
+
+def test_the_aborted_index_lookup_finds_exactly_the_aborted_spans(tmp_path):
+    h = Harness(str(tmp_path / "db"))
+    h.partition.aborted = {1: [(10, 12), (20, 25), (40, 40)]}
+    inside = {o for o in range(60) if h.partition.is_aborted(1, o)}
+    assert inside == {10, 11, 12, *range(20, 26), 40}
+    assert not h.partition.is_aborted(2, 11)
