@@ -94,5 +94,11 @@ class TxnProducer:
         return reply
 
     def describe(self):
-        return self.coordinator().DescribeTransactions(
-            coordinator_pb2.DescribeTransactionsRequest(transactional_ids=[self.transactional_id]), timeout=10).transactions[0]
+        deadline = time.monotonic() + RETRIABLE_WAIT_S
+        while True:  # the id's partition may move between finding its coordinator and asking it: ask again
+            described = self.coordinator().DescribeTransactions(
+                coordinator_pb2.DescribeTransactionsRequest(transactional_ids=[self.transactional_id]), timeout=10).transactions[0]
+            code = described.error.code
+            if code == 0 or not errors.spec_of(code).retriable or time.monotonic() > deadline:
+                return described
+            time.sleep(0.1)
