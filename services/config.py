@@ -25,6 +25,7 @@ class Setting:
     help: str
     type: Callable[[str], Any] = str
     choices: tuple[str, ...] | None = None
+    switch: bool = False  # a flag without a value (``--once``); its environment variable takes true/false
 
     @property
     def flag(self) -> str:
@@ -116,6 +117,10 @@ def load(
                 parser.error(f"environment variable {setting.env}: {exc}")
             if setting.choices and default not in setting.choices:
                 parser.error(f"environment variable {setting.env}: {default!r} is not one of {setting.choices}")
+        if setting.switch:
+            parser.add_argument(setting.flag, dest=setting.name, default=default, action="store_true",
+                                help=f"{setting.help} [env {setting.env}]")
+            continue
         parser.add_argument(
             setting.flag,
             dest=setting.name,

@@ -1,0 +1,45 @@
+"""txlog for Spark: the ``txlog`` data source and exactly-once jobs.
+
+    import spark_jobs
+    spark_jobs.register(spark)
+    df = (spark.read.format("txlog")
+          .option("bootstrap", "127.0.0.1:7300").option("topic", "events")
+          .option("startingOffsets", "committed:my-group")   # or earliest, latest, JSON
+          .load())
+    (df.select("key", "value").write.format("txlog")
+       .option("bootstrap", "127.0.0.1:7300").option("topic", "copy")
+       .option("transactionalIdPrefix", "copy-job").mode("append").save())
+
+Read options: ``bootstrap`` and ``topic`` (comma-separated topics) are
+required; ``startingOffsets`` (``earliest`` default, ``latest``,
+``committed:<group>``, or JSON ``{"topic": {"0": 42}}`` with -2 = earliest,
+-1 = latest); ``endingOffsets`` (``latest`` default: the last stable offset at
+planning time under read_committed, the high watermark under
+read_uncommitted; or JSON); ``isolation`` (``read_committed`` default or
+``read_uncommitted``); ``maxRecordsPerSplit`` (split a partition's range into
+tasks of at most this many offsets); ``failOnDataLoss`` (``true`` default:
+fail when planned offsets were removed by retention); ``pollTimeoutMs``
+(a task fails after this long without progress, 120000 default).
+
+Write options: ``bootstrap``, ``topic``, ``transactionalIdPrefix`` (one
+transaction per task; without it, an idempotent producer),
+``transactionTimeoutMs`` (60000 default). Columns: ``value`` and optionally
+``key``, ``partition``, ``headers``, ``timestamp``. What a write guarantees:
+``spark_jobs.writing``.
+
+Modules: ``options`` (parsing and checking the options), ``planning`` (offset
+ranges, on the driver), ``reading`` (one range, on an executor), ``source``
+(the data source), ``writing`` (the writer), ``eos`` (exactly-once
+consume-process-produce runs), ``windowed_counts`` (the shipped job),
+``schedule`` (running a job once or every N seconds), ``sample_events``
+(sample input for the job).
+"""
+
+from __future__ import annotations
+
+
+def register(spark) -> None:
+    """Registers the ``txlog`` format on ``spark`` (a SparkSession)."""
+    from spark_jobs.source import TxlogDataSource
+
+    spark.dataSource.register(TxlogDataSource)

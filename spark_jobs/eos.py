@@ -1,0 +1,234 @@
+"""Exactly-once consume-process-produce runs on Spark.
+
+A run plans, on the driver, one offset range per input partition: from the
+group's committed offset to the last stable offset. One Spark task per range
+then, on an executor:
+
+1. inits the transactional id ``<job>-<topic>-<partition>`` (the same for every
+   run and every attempt): this fences any earlier attempt or run still
+   holding the id, and completes (aborts) what it left open;
+2. reads the group's committed offset for the partition again, now that no
+   one else can commit it, and starts there: a task whose range was already
+   committed (a stage retry, a speculative copy, a second run) writes nothing;
+3. reads the range with read_committed, applies the transformation, sends its
+   output and the range's end offset in one transaction, and commits.
+
+So each input record affects the output exactly once, whatever fails: an
+attempt that dies or is fenced before its commit leaves nothing visible, and
+the offset commit that would make a later attempt skip the range is in the
+same transaction as the output.
+
+A task fenced by another run's task (a zombie run started alongside) waits
+until that transaction is finished and starts again at step 1; a fenced task
+does not fence back while the other one works, so two runs never livelock.
+
+With ``delivery="at-least-once"`` the same run uses an idempotent producer and
+commits the offsets after the output is acknowledged (no transaction): the
+baseline the benchmark compares with.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any, NamedTuple
+
+from pyspark import TaskContext
+
+from services.client import Admin, Consumer, Producer
+from services.client.errors import ProducerFencedError
+from services.client.structs import ConsumerRecord
+from spark_jobs import options, planning, reading
+from spark_jobs.writing import SendFailures, abort_quietly
+
+log = logging.getLogger("spark_jobs.eos")
+
+DELIVERY_MODES = ("exactly-once", "at-least-once")
+UNFINISHED_STATES = ("Ongoing", "PrepareCommit", "PrepareAbort", "PrepareEpochFence")
+FENCED_ROUNDS_MAX = 5
+
+
+class OutputRecord(NamedTuple):
+    key: bytes | str | None
+    value: bytes | str | None
+    headers: tuple[tuple[str, bytes], ...] = ()
+
+
+Transform = Callable[..., Iterable[OutputRecord]]  # (records, source range, **transform_args)
+
+
+@dataclass(frozen=True)
+class EosJob:
+    """``transform``: "module:function", a ``Transform`` called with the records, the
+    range they come from and ``transform_args``; named rather than pickled so
+    that executors import the same code the driver names."""
+
+    name: str
+    bootstrap: str
+    input_topics: tuple[str, ...]
+    output_topic: str
+    group: str
+    transform: str
+    transform_args: Mapping[str, Any] = field(default_factory=dict)
+    delivery: str = "exactly-once"
+    transaction_timeout_ms: int = 60_000
+
+    def __post_init__(self):
+        if self.delivery not in DELIVERY_MODES:
+            raise options.OptionError(f"delivery must be one of {DELIVERY_MODES}, not {self.delivery!r}")
+        if not options.TRANSACTIONAL_ID_PREFIX_RE.match(self.name):
+            raise options.OptionError(f"a job name must be 1-200 characters of [a-zA-Z0-9._-], not {self.name!r}")
+        load_transform(self.transform)
+
+    def transactional_id(self, offsets: planning.OffsetRange) -> str:
+        return f"{self.name}-{offsets.topic}-{offsets.partition}"
+
+
+@dataclass(frozen=True)
+class RangeResult:
+    """What one task did. ``status``: committed, or skipped when the group's
+    committed offset was already at the range's end."""
+
+    topic: str
+    partition: int
+    planned_start: int
+    start: int
+    end: int
+    status: str
+    records_in: int
+    records_out: int
+    attempt: int
+    fenced_rounds: int
+    transactional_id: str | None
+    producer_epoch: int
+
+
+def load_transform(spec: str) -> Transform:
+    module_name, sep, function_name = spec.partition(":")
+    if not sep or not module_name or not function_name:
+        raise options.OptionError(f"a transform is named module:function, not {spec!r}")
+    try:
+        function = getattr(importlib.import_module(module_name), function_name)
+    except (ImportError, AttributeError) as exc:
+        raise options.OptionError(f"cannot load the transform {spec!r}: {exc}") from None
+    if not callable(function):
+        raise options.OptionError(f"the transform {spec!r} is not callable")
+    return function
+
+
+def plan(job: EosJob) -> list[planning.OffsetRange]:
+    """One range per input partition, from the group's committed offset to the LSO.
+    Never split: the range's end is the offset committed for its partition."""
+    return planning.plan(options.ReadOptions(
+        bootstrap=job.bootstrap, topics=job.input_topics,
+        starting=options.StartingOffsets(options.EARLIEST, group=job.group), ending=options.EndingOffsets(),
+        isolation="read_committed", max_records_per_split=None, fail_on_data_loss=True, poll_timeout_s=120.0))
+
+
+def run_once(spark, job: EosJob) -> list[RangeResult]:
+    ranges = plan(job)
+    log.info("planned %d ranges", len(ranges), extra={"fields": {"job": job.name, "ranges": [
+        {"topic": r.topic, "partition": r.partition, "from": r.start, "to": r.end} for r in ranges]}})
+    if not ranges:
+        return []
+    spark.sparkContext.setJobDescription(f"{job.name}: {len(ranges)} ranges of {','.join(job.input_topics)}")
+    results = spark.sparkContext.parallelize(ranges, len(ranges)).map(lambda r: process_range(job, r)).collect()
+    for result in results:
+        log.info("range %s-%d %s", result.topic, result.partition, result.status, extra={"fields": asdict(result)})
+    return results
+
+
+def process_range(job: EosJob, offsets: planning.OffsetRange) -> RangeResult:
+    transform = load_transform(job.transform)
+    context = TaskContext.get()
+    attempt = context.attemptNumber() if context is not None else 0
+    if job.delivery == "at-least-once":
+        return _at_least_once(job, offsets, transform, attempt)
+    tid = job.transactional_id(offsets)
+    for fenced_rounds in range(FENCED_ROUNDS_MAX):
+        with Producer(job.bootstrap, transactional_id=tid, transaction_timeout_ms=job.transaction_timeout_ms) as producer:
+            try:
+                producer.init_transactions()
+                start = _committed(job, offsets)
+                if start >= offsets.end:
+                    return _result(offsets, start, "skipped", 0, 0, attempt, fenced_rounds, tid, producer)
+                producer.begin_transaction()
+                records_in, records_out = _send_output(job, producer, offsets, start, transform, SendFailures())
+                producer.send_offsets_to_transaction({offsets.tp: offsets.end}, job.group)
+                producer.commit_transaction()
+                return _result(offsets, start, "committed", records_in, records_out, attempt, fenced_rounds, tid,
+                               producer)
+            except ProducerFencedError:
+                log.warning("%s was fenced by another attempt or run; waiting for its transaction to finish", tid)
+            except BaseException:
+                abort_quietly(producer)
+                raise
+        _wait_until_finished(job, tid)
+    raise RuntimeError(f"{tid}: fenced {FENCED_ROUNDS_MAX} times in a row; other runs of job {job.name!r} "
+                       "keep taking this partition")
+
+
+def _at_least_once(job: EosJob, offsets, transform: Transform, attempt: int) -> RangeResult:
+    start = _committed(job, offsets)
+    if start >= offsets.end:
+        return RangeResult(offsets.topic, offsets.partition, offsets.start, start, offsets.end, "skipped", 0, 0,
+                           attempt, 0, None, -1)
+    failures = SendFailures()
+    with Producer(job.bootstrap) as producer:
+        records_in, records_out = _send_output(job, producer, offsets, start, transform, failures)
+        producer.flush()
+        failures.raise_first()
+    with Consumer(job.bootstrap, group_id=job.group) as consumer:
+        consumer.commit({offsets.tp: offsets.end})
+    return RangeResult(offsets.topic, offsets.partition, offsets.start, start, offsets.end, "committed", records_in,
+                       records_out, attempt, 0, None, -1)
+
+
+def _committed(job: EosJob, offsets: planning.OffsetRange) -> int:
+    """Where the partition's unprocessed input starts now: the group's committed
+    offset (waiting out pending transactional commits), or the planned start."""
+    with Consumer(job.bootstrap, group_id=job.group, isolation_level="read_committed") as consumer:
+        committed = consumer.committed(offsets.tp)
+    return offsets.start if committed is None else committed
+
+
+def _send_output(job: EosJob, producer: Producer, offsets: planning.OffsetRange, start: int, transform: Transform,
+                 failures: SendFailures) -> tuple[int, int]:
+    unread = planning.OffsetRange(offsets.topic, offsets.partition, start, offsets.end)
+    counted = _Counted(reading.read_range(job.bootstrap, unread))
+    records_out = 0
+    for output in transform(iter(counted), unread, **job.transform_args):
+        failures.watch(producer.send(job.output_topic, value=output.value, key=output.key,
+                                     headers=list(output.headers) or None))
+        records_out += 1
+    return counted.count, records_out
+
+
+class _Counted:
+    def __init__(self, records: Iterator[ConsumerRecord]):
+        self.records, self.count = records, 0
+
+    def __iter__(self) -> Iterator[ConsumerRecord]:
+        for record in self.records:
+            self.count += 1
+            yield record
+
+
+def _wait_until_finished(job: EosJob, tid: str) -> None:
+    """Until the transaction that fenced us is no longer open, at most its timeout
+    (the coordinator aborts it then) plus a margin."""
+    deadline = time.monotonic() + job.transaction_timeout_ms / 1000 + 10
+    with Admin(job.bootstrap) as admin:
+        while time.monotonic() < deadline:
+            (description,) = admin.describe_transactions([tid])
+            if description.state not in UNFINISHED_STATES:
+                return
+            time.sleep(0.2)
+
+
+def _result(offsets, start, status, records_in, records_out, attempt, fenced_rounds, tid, producer) -> RangeResult:
+    return RangeResult(offsets.topic, offsets.partition, offsets.start, start, offsets.end, status, records_in,
+                       records_out, attempt, fenced_rounds, tid, producer.producer_epoch)

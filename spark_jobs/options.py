@@ -1,0 +1,176 @@
+"""The options of the ``txlog`` data source, parsed and checked on the driver.
+
+Every mistake in the options is reported here, before Spark plans a task, as an
+``OptionError`` naming the option and what was wrong with it.
+
+Offsets given as JSON follow Spark's Kafka source: ``{"topic": {"0": 23, "1": -2}}``
+where ``-2`` means the earliest offset and ``-1`` the latest (the last stable
+offset under read_committed, the high watermark under read_uncommitted).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+EARLIEST = -2
+LATEST = -1
+ISOLATION_LEVELS = ("read_committed", "read_uncommitted")
+TRANSACTIONAL_ID_PREFIX_RE = re.compile(r"^[a-zA-Z0-9._-]{1,200}$")
+COMMITTED_PREFIX = "committed:"
+
+
+class OptionError(ValueError):
+    """A data source option is missing or malformed."""
+
+
+@dataclass(frozen=True)
+class StartingOffsets:
+    """Where reading starts: ``per_partition`` offsets, else the ``group``'s
+    committed offsets (earliest where it has none), else ``default``."""
+
+    default: int = EARLIEST
+    group: str | None = None
+    per_partition: Mapping[tuple[str, int], int] | None = None
+
+
+@dataclass(frozen=True)
+class EndingOffsets:
+    default: int = LATEST
+    per_partition: Mapping[tuple[str, int], int] | None = None
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    bootstrap: str
+    topics: tuple[str, ...]
+    starting: StartingOffsets
+    ending: EndingOffsets
+    isolation: str
+    max_records_per_split: int | None
+    fail_on_data_loss: bool
+    poll_timeout_s: float
+
+
+@dataclass(frozen=True)
+class WriteOptions:
+    bootstrap: str
+    topic: str
+    transactional_id_prefix: str | None
+    transaction_timeout_ms: int
+
+
+def _required(options: Mapping[str, str], name: str) -> str:
+    value = options.get(name)
+    if value is None or not str(value).strip():
+        raise OptionError(f"txlog: option {name!r} is required")
+    return str(value).strip()
+
+
+def _bootstrap(options: Mapping[str, str]) -> str:
+    value = _required(options, "bootstrap")
+    for address in value.split(","):
+        host, sep, port = address.strip().rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise OptionError(f"txlog: option 'bootstrap' must be host:port[,host:port...], not {value!r}")
+    return value
+
+
+def _positive_int(options: Mapping[str, str], name: str, default: int | None) -> int | None:
+    text = options.get(name)
+    if text is None:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        raise OptionError(f"txlog: option {name!r} must be a positive integer, not {text!r}") from None
+    if value <= 0:
+        raise OptionError(f"txlog: option {name!r} must be a positive integer, not {text!r}")
+    return value
+
+
+def _boolean(options: Mapping[str, str], name: str, default: bool) -> bool:
+    text = options.get(name)
+    if text is None:
+        return default
+    lowered = str(text).strip().lower()
+    if lowered not in ("true", "false"):
+        raise OptionError(f"txlog: option {name!r} must be true or false, not {text!r}")
+    return lowered == "true"
+
+
+def _offsets_json(name: str, text: str, topics: tuple[str, ...], allowed_special: tuple[int, ...]) -> dict:
+    try:
+        parsed = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise OptionError(f"txlog: option {name!r} is not valid JSON ({exc.msg} at character {exc.pos}): {text!r}") from None
+    if not isinstance(parsed, dict) or not parsed:
+        raise OptionError(f"txlog: option {name!r} must be a JSON object {{topic: {{partition: offset}}}}, not {text!r}")
+    offsets = {}
+    for topic, partitions in parsed.items():
+        if topic not in topics:
+            raise OptionError(f"txlog: option {name!r} names topic {topic!r}, which is not among the topics read {list(topics)}")
+        if not isinstance(partitions, dict) or not partitions:
+            raise OptionError(f"txlog: option {name!r}: topic {topic!r} must map partition numbers to offsets")
+        for partition, offset in partitions.items():
+            if not str(partition).isdigit():
+                raise OptionError(f"txlog: option {name!r}: {partition!r} of topic {topic!r} is not a partition number")
+            if not isinstance(offset, int) or isinstance(offset, bool) or (offset < 0 and offset not in allowed_special):
+                allowed = " or ".join(str(s) for s in allowed_special)
+                raise OptionError(f"txlog: option {name!r}: offset {offset!r} of {topic}-{partition} must be >= 0 or {allowed}")
+            offsets[(topic, int(partition))] = offset
+    return offsets
+
+
+def parse_read(options: Mapping[str, str]) -> ReadOptions:
+    bootstrap = _bootstrap(options)
+    topics = tuple(t.strip() for t in _required(options, "topic").split(","))
+    if any(not t for t in topics) or len(set(topics)) != len(topics):
+        raise OptionError(f"txlog: option 'topic' must be a comma-separated list of distinct topic names, not {options['topic']!r}")
+
+    starting_text = str(options.get("startingOffsets", "earliest")).strip()
+    if starting_text == "earliest":
+        starting = StartingOffsets(EARLIEST)
+    elif starting_text == "latest":
+        starting = StartingOffsets(LATEST)
+    elif starting_text.startswith(COMMITTED_PREFIX):
+        group = starting_text[len(COMMITTED_PREFIX):]
+        if not group:
+            raise OptionError("txlog: option 'startingOffsets' committed:<group> needs a group name")
+        starting = StartingOffsets(EARLIEST, group=group)
+    else:
+        starting = StartingOffsets(EARLIEST, per_partition=_offsets_json(
+            "startingOffsets", starting_text, topics, (EARLIEST, LATEST)))
+
+    ending_text = str(options.get("endingOffsets", "latest")).strip()
+    if ending_text == "latest":
+        ending = EndingOffsets(LATEST)
+    elif ending_text == "earliest":
+        raise OptionError("txlog: option 'endingOffsets' cannot be 'earliest' (that reads nothing); use 'latest' or JSON")
+    else:
+        ending = EndingOffsets(LATEST, per_partition=_offsets_json("endingOffsets", ending_text, topics, (LATEST,)))
+
+    isolation = str(options.get("isolation", "read_committed")).strip()
+    if isolation not in ISOLATION_LEVELS:
+        raise OptionError(f"txlog: option 'isolation' must be one of {ISOLATION_LEVELS}, not {isolation!r}")
+    return ReadOptions(
+        bootstrap=bootstrap, topics=topics, starting=starting, ending=ending, isolation=isolation,
+        max_records_per_split=_positive_int(options, "maxRecordsPerSplit", None),
+        fail_on_data_loss=_boolean(options, "failOnDataLoss", True),
+        poll_timeout_s=float(_positive_int(options, "pollTimeoutMs", 120_000)) / 1000,
+    )
+
+
+def parse_write(options: Mapping[str, str]) -> WriteOptions:
+    bootstrap = _bootstrap(options)
+    topic = _required(options, "topic")
+    prefix = options.get("transactionalIdPrefix")
+    if prefix is not None and not TRANSACTIONAL_ID_PREFIX_RE.match(prefix):
+        raise OptionError(
+            f"txlog: option 'transactionalIdPrefix' must be 1-200 characters of [a-zA-Z0-9._-], not {prefix!r}")
+    return WriteOptions(
+        bootstrap=bootstrap, topic=topic, transactional_id_prefix=prefix,
+        transaction_timeout_ms=_positive_int(options, "transactionTimeoutMs", 60_000),
+    )

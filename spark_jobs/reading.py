@@ -1,0 +1,54 @@
+"""Reading one planned offset range on an executor."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+from services.client import Consumer
+from services.client.errors import NoOffsetForPartitionError
+from services.client.structs import ConsumerRecord
+from spark_jobs.planning import OffsetRange
+
+POLL_RECORDS_MAX = 10_000
+
+
+class DataLossError(RuntimeError):
+    """Records of a planned range are gone (retention or compaction removed them)."""
+
+
+def read_range(bootstrap: str, offsets: OffsetRange, *, isolation: str = "read_committed",
+               fail_on_data_loss: bool = True, poll_timeout_s: float = 120.0) -> Iterator[ConsumerRecord]:
+    """The records of ``offsets`` in offset order. Under read_committed the
+    leader leaves out aborted records and control batches, so offsets may skip;
+    the range is done when the position reaches its end, which it always does,
+    because the end was at most the last stable offset when it was planned."""
+    with Consumer(bootstrap, isolation_level=isolation, auto_offset_reset="none",
+                  max_poll_records=POLL_RECORDS_MAX, fetch_max_wait_ms=100) as consumer:
+        tp = offsets.tp
+        consumer.assign([tp])
+        consumer.seek(tp, offsets.start)
+        last_progress_s = time.monotonic()
+        position = offsets.start
+        while position < offsets.end:
+            try:
+                records = consumer.poll(timeout_s=1.0)
+            except NoOffsetForPartitionError as exc:
+                earliest = consumer.beginning_offsets([tp])[tp]
+                if fail_on_data_loss or earliest <= position:
+                    raise DataLossError(
+                        f"{offsets.topic}-{offsets.partition}: offsets from {position} are no longer in the log "
+                        f"(it now starts at {earliest}); set failOnDataLoss=false to skip them ({exc})") from None
+                consumer.seek(tp, earliest)
+                continue
+            for record in records:
+                if record.offset >= offsets.end:
+                    return
+                yield record
+            new_position = consumer.position(tp)
+            if new_position > position:
+                position, last_progress_s = new_position, time.monotonic()
+            elif time.monotonic() - last_progress_s > poll_timeout_s:
+                raise TimeoutError(
+                    f"{offsets.topic}-{offsets.partition}: no progress past offset {position} for {poll_timeout_s:.0f} s "
+                    f"while reading up to {offsets.end}")
