@@ -332,11 +332,13 @@ class TransactionCoordinator:
         if done is not None and not done.is_set():  # the previous transaction is completing: wait rather than bounce the client
             with contextlib.suppress(TimeoutError):  # still completing: CONCURRENT_TRANSACTIONS below
                 await asyncio.wait_for(done.wait(), timeout=5)
+        unknown = await self._unknown_partitions(partitions)
+        # No await from here to the transition: a concurrent AddPartitions/AddOffsets of the same id
+        # must see this one pending (CONCURRENT_TRANSACTIONS), never slip in between check and write.
         meta = self._existing(loaded, transactional_id, producer_id)
         self._check_epoch(meta, producer_epoch)
         if meta.state.is_preparing:
             raise error("CONCURRENT_TRANSACTIONS", f"the last transaction of {transactional_id!r} is completing; retry")
-        unknown = await self._unknown_partitions(partitions)
         wanted = frozenset(tp for tp in partitions if tp not in unknown)
         if wanted and not (meta.state is S.ONGOING and wanted <= meta.partitions):
             start = meta.txn_start_ms if meta.state is S.ONGOING else self.clock_ms()

@@ -1,6 +1,8 @@
 """Transactions end to end through the real services (raw gRPC steps): atomic
 commits, aborts, the LSO, fencing, timeouts, coordinator failover, bad input."""
 
+import collections
+import concurrent.futures
 import time
 
 import grpc
@@ -146,6 +148,33 @@ def test_another_coordinator_completes_a_commit_decided_before_a_crash(raw, txn_
     wait_until(lambda: values(raw, "failover", 0, COMMITTED) == ["decided"], timeout_s=40, what="the other coordinator's markers")
     assert producer.describe().state == STATE_TO_PROTO[TransactionState.COMPLETE_COMMIT]
     txn_cluster.start(coordinator_name)
+
+
+def test_concurrent_add_partitions_of_one_transaction_either_succeed_or_ask_for_a_retry(raw):
+    """Found by the Spark job: AddOffsets racing an AddPartitions of the same id hit a
+    coordinator check-then-await-then-write window and failed with UNKNOWN_SERVER_ERROR."""
+    producer = TxnProducer(raw, "racing").init()
+    coordinator = producer.coordinator()
+
+    def add(topic, partition):
+        try:
+            reply = coordinator.AddPartitionsToTxn(coordinator_pb2.AddPartitionsToTxnRequest(
+                transactional_id="racing", producer_id=producer.producer_id, producer_epoch=producer.producer_epoch,
+                partitions=[common_pb2.TopicPartition(topic=topic, partition=partition)]), timeout=10)
+            return [code_name(r) for r in reply.results][0]
+        except grpc.RpcError as exc:
+            return errors.from_rpc_error(exc).name
+
+    answers = collections.Counter()
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        for round_ in range(8):  # a topic the coordinator has not seen makes it look the topic up (an await)
+            topic = f"race{round_}"
+            raw.create_topic(topic, 4)
+            answers.update(pool.map(lambda p, t=topic: add(t, p), range(4)))
+    assert set(answers) <= {"NONE", "CONCURRENT_TRANSACTIONS"}, answers
+    for round_ in range(8):  # what was refused goes in on a retry; the transaction then holds every partition
+        producer.add(*[(f"race{round_}", p) for p in range(4)])
+    assert len(producer.describe().partitions) == 32
 
 
 def test_offsets_in_a_transaction_become_visible_with_its_commit(raw):
