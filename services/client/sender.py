@@ -196,13 +196,14 @@ class Sender:
                 self._wake.clear()
                 now_ms = self._clock_ms()
                 self._expire(now_ms)
-                if self._forced or (self._closing and self._idle()):
-                    break
                 if self.fatal_error is not None:
                     self._force(self.fatal_error)
-                    continue
                 if self._txn is not None and self._txn.state in DROPPING_STATES:
                     self.drop_unsent()
+                # after dropping: a close() waiting for a failed transaction's queued batches must see them gone,
+                # or this loop would sleep until a wake-up that never comes
+                if self._forced or (self._closing and self._idle()):
+                    break
                 self._maybe_init_producer_id(now_ms)
                 if self._metadata.needs_refresh():
                     self._metadata.maybe_refresh()
