@@ -48,6 +48,8 @@ def _cluster(args) -> int:
     cluster = LocalCluster(args.dir)
     if args.action == "up":
         state = cluster.up()
+        if any(p.kind == "coordinator_svc" for p in state.services.values()):
+            cluster.wait_until_coordinators_settle()  # so that the first transactions meet no partition moving
         print(json.dumps({"dir": state.dir, "zookeeper": state.zookeeper, "bootstrap": state.bootstrap,
                           "services": cluster.status()}, indent=2))
     elif args.action == "down":

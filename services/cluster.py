@@ -265,6 +265,43 @@ class LocalCluster:
         if wait:
             self.wait_ready(name)
 
+    def wait_until_coordinators_settle(self, timeout_s: float = 60) -> None:
+        """Until every __transaction_state partition is owned by the coordinator the
+        balancing rule names (the first coordinator up takes them all, the others their
+        share a moment later) and every coordinator answers for what it owns: before
+        that, a transaction may meet a partition moving (retriable, but slow)."""
+        import posixpath
+
+        from services import coordinators, zk
+        from services.stubs.txlog.v1 import coordinator_pb2, coordinator_pb2_grpc
+
+        nodes = sorted(int(n.rsplit("-", 1)[1]) for n, p in self.state.services.items() if p.kind == "coordinator_svc")
+        addresses = [p.address for p in self.state.services.values() if p.kind == "coordinator_svc"]
+        client = zk.connect(self.state.zookeeper)
+        deadline = time.monotonic() + timeout_s
+        try:
+            while True:
+                try:
+                    owners_path = coordinators.owners_path(self.state.zookeeper_root)
+                    topic = json.loads(client.get(posixpath.join(
+                        self.state.zookeeper_root, "topics", coordinators.TRANSACTION_STATE_TOPIC))[0])
+                    owners = [coordinators.PartitionOwner.decode(client.get(posixpath.join(owners_path, str(i)))[0]).node_id
+                              for i in range(topic["partitions"])]
+                    if owners == [nodes[i % len(nodes)] for i in range(len(owners))]:
+                        for address in addresses:
+                            with grpc.insecure_channel(address) as channel:
+                                coordinator_pb2_grpc.CoordinatorServiceStub(channel).ListTransactions(
+                                    coordinator_pb2.ListTransactionsRequest(local_only=True), timeout=5)
+                        return
+                except Exception:  # not created, not owned, or still loading: look again
+                    pass
+                if time.monotonic() > deadline:
+                    raise ClusterError("the coordinators did not settle who owns which transaction log partition")
+                time.sleep(0.2)
+        finally:
+            client.stop()
+            client.close()
+
     def down(self, grace_s: float = STOP_GRACE_S) -> None:
         """SIGTERM to every process (services before ZooKeeper), SIGKILL after the grace period."""
         if self.state is None:

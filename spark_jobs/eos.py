@@ -4,7 +4,7 @@ A run plans, on the driver, one offset range per input partition: from the
 group's committed offset to the last stable offset. One Spark task per range
 then, on an executor:
 
-1. inits the transactional id ``<job>-<topic>-<partition>`` (the same for every
+1. inits the transactional id ``<job>:<topic>:<partition>`` (the same for every
    run and every attempt): this fences any earlier attempt or run still
    holding the id, and completes (aborts) what it left open;
 2. reads the group's committed offset for the partition again, now that no
@@ -79,12 +79,13 @@ class EosJob:
     def __post_init__(self):
         if self.delivery not in DELIVERY_MODES:
             raise options.OptionError(f"delivery must be one of {DELIVERY_MODES}, not {self.delivery!r}")
-        if not options.TRANSACTIONAL_ID_PREFIX_RE.match(self.name):
+        if not options.TRANSACTIONAL_ID_PREFIX_RE.fullmatch(self.name):
             raise options.OptionError(f"a job name must be 1-200 characters of [a-zA-Z0-9._-], not {self.name!r}")
         load_transform(self.transform)
 
     def transactional_id(self, offsets: planning.OffsetRange) -> str:
-        return f"{self.name}-{offsets.topic}-{offsets.partition}"
+        # ":" is in neither job nor topic names: two jobs never share an id
+        return f"{self.name}:{offsets.topic}:{offsets.partition}"
 
 
 @dataclass(frozen=True)

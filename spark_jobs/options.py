@@ -18,7 +18,7 @@ from dataclasses import dataclass
 EARLIEST = -2
 LATEST = -1
 ISOLATION_LEVELS = ("read_committed", "read_uncommitted")
-TRANSACTIONAL_ID_PREFIX_RE = re.compile(r"^[a-zA-Z0-9._-]{1,200}$")
+TRANSACTIONAL_ID_PREFIX_RE = re.compile(r"[a-zA-Z0-9._-]{1,200}")  # fullmatch: "$" would let a trailing newline in
 COMMITTED_PREFIX = "committed:"
 
 
@@ -62,6 +62,10 @@ class WriteOptions:
     transaction_timeout_ms: int
 
 
+def _is_number(text: str) -> bool:
+    return text.isascii() and text.isdigit()  # str.isdigit alone takes "²", which int() refuses
+
+
 def _required(options: Mapping[str, str], name: str) -> str:
     value = options.get(name)
     if value is None or not str(value).strip():
@@ -73,7 +77,7 @@ def _bootstrap(options: Mapping[str, str]) -> str:
     value = _required(options, "bootstrap")
     for address in value.split(","):
         host, sep, port = address.strip().rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        if not sep or not host or not _is_number(port) or not 0 < int(port) < 65536:
             raise OptionError(f"txlog: option 'bootstrap' must be host:port[,host:port...], not {value!r}")
     return value
 
@@ -115,7 +119,7 @@ def _offsets_json(name: str, text: str, topics: tuple[str, ...], allowed_special
         if not isinstance(partitions, dict) or not partitions:
             raise OptionError(f"txlog: option {name!r}: topic {topic!r} must map partition numbers to offsets")
         for partition, offset in partitions.items():
-            if not str(partition).isdigit():
+            if not _is_number(str(partition)):
                 raise OptionError(f"txlog: option {name!r}: {partition!r} of topic {topic!r} is not a partition number")
             if not isinstance(offset, int) or isinstance(offset, bool) or (offset < 0 and offset not in allowed_special):
                 allowed = " or ".join(str(s) for s in allowed_special)
@@ -167,7 +171,7 @@ def parse_write(options: Mapping[str, str]) -> WriteOptions:
     bootstrap = _bootstrap(options)
     topic = _required(options, "topic")
     prefix = options.get("transactionalIdPrefix")
-    if prefix is not None and not TRANSACTIONAL_ID_PREFIX_RE.match(prefix):
+    if prefix is not None and not TRANSACTIONAL_ID_PREFIX_RE.fullmatch(prefix):
         raise OptionError(
             f"txlog: option 'transactionalIdPrefix' must be 1-200 characters of [a-zA-Z0-9._-], not {prefix!r}")
     return WriteOptions(

@@ -30,13 +30,18 @@ def run_every(interval_s: float, run: Callable[[], object], stop: threading.Even
     logged and the schedule goes on: the next run picks up where the committed
     offsets say."""
     stop = stop or threading.Event()
+    previous = {}
     if threading.current_thread() is threading.main_thread():
         for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, lambda *_: stop.set())
-    while not stop.is_set():
-        started = time.monotonic()
-        try:
-            run()
-        except Exception:
-            log.exception("the run failed; the next one retries from the committed offsets")
-        stop.wait(max(0.0, interval_s - (time.monotonic() - started)))
+            previous[signum] = signal.signal(signum, lambda *_: stop.set())
+    try:
+        while not stop.is_set():
+            started = time.monotonic()
+            try:
+                run()
+            except Exception:
+                log.exception("the run failed; the next one retries from the committed offsets")
+            stop.wait(max(0.0, interval_s - (time.monotonic() - started)))
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)

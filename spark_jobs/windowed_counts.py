@@ -72,8 +72,10 @@ def count_views(records: Iterator[ConsumerRecord], source: OffsetRange, window_m
     for record in records:
         try:
             event = json.loads(record.value)
+            if isinstance(event["ts"], bool):
+                raise TypeError("ts is a boolean")
             section, ts, size = section_of(event["page"]), int(event["ts"]), int(event.get("bytes", 0))
-        except (ValueError, TypeError, KeyError, AttributeError):
+        except (ValueError, TypeError, KeyError, AttributeError, OverflowError):
             section, ts, size = MALFORMED, record.timestamp_ms, 0
         window_start = ts - ts % window_ms
         entry = counts.setdefault((section, window_start), [0, 0])

@@ -17,6 +17,7 @@ input offsets in the same transaction (``spark_jobs.eos``).
 
 from __future__ import annotations
 
+import datetime
 import logging
 import threading
 from collections.abc import Iterator
@@ -34,6 +35,7 @@ from spark_jobs.options import OptionError, WriteOptions
 log = logging.getLogger("spark_jobs.writing")
 
 OPEN_STATES = ("Ongoing",)
+EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 BYTES_TYPES = (BinaryType, StringType)
 COLUMN_TYPES = {
     "value": BYTES_TYPES,
@@ -118,8 +120,9 @@ def rows(batch: pa.RecordBatch) -> Iterator[dict]:
 
 def send_row(producer: Producer, topic: str, row: dict):
     timestamp = row.get("timestamp")
-    if timestamp is not None and not isinstance(timestamp, int):
-        timestamp = int(timestamp.timestamp() * 1000)
+    if isinstance(timestamp, datetime.datetime):  # exact: float seconds * 1000 loses a millisecond now and then
+        aware = timestamp if timestamp.tzinfo else timestamp.replace(tzinfo=datetime.UTC)
+        timestamp = (aware - EPOCH) // datetime.timedelta(milliseconds=1)
     headers = [(h["key"], h["value"]) for h in row.get("headers") or ()]
     return producer.send(topic, value=row["value"], key=row.get("key"), partition=row.get("partition"),
                          headers=headers or None, timestamp_ms=timestamp)

@@ -1,0 +1,107 @@
+"""What the Spark tests check a job's output against: the expected totals,
+computed from the generated events without Spark, and the output and offsets
+as a plain Consumer sees them."""
+
+from __future__ import annotations
+
+import collections
+import json
+
+from services.client import Admin, Consumer
+from spark_jobs import sample_events
+from spark_jobs.windowed_counts import MALFORMED, section_of
+
+WINDOW_MS = 60_000
+
+
+def expected_views(count: int, seed: int = 1) -> dict[str, int]:
+    """Views per section over all windows (malformed events are counted in the
+    window of their append time, so only their number is known in advance)."""
+    views = collections.Counter()
+    for _, value in sample_events.events(count, seed):
+        try:
+            views[section_of(json.loads(value)["page"])] += 1
+        except ValueError:
+            views[MALFORMED] += 1
+    return dict(views)
+
+
+def expected_windows(count: int, seed: int = 1) -> dict[tuple[str, int], tuple[int, int]]:
+    """(views, bytes) per (section, window start) of the well-formed events."""
+    totals = collections.defaultdict(lambda: [0, 0])
+    for _, value in sample_events.events(count, seed):
+        try:
+            event = json.loads(value)
+        except ValueError:
+            continue
+        entry = totals[(section_of(event["page"]), event["ts"] - event["ts"] % WINDOW_MS)]
+        entry[0] += 1
+        entry[1] += event["bytes"]
+    return {key: tuple(v) for key, v in totals.items()}
+
+
+def read_all(bootstrap: str, topic: str, isolation: str = "read_committed") -> list:
+    with Consumer(bootstrap, isolation_level=isolation) as consumer:
+        tps = [(topic, p) for p in consumer.partitions_for(topic)]
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        ends = consumer.end_offsets(tps)
+        records = []
+        while any(consumer.position(tp) < end for tp, end in ends.items()):
+            records.extend(r for r in consumer.poll(timeout_s=1.0) if r.offset < ends[(r.topic, r.partition)])
+        return records
+
+
+def counts(bootstrap: str, topic: str) -> list[dict]:
+    return [json.loads(r.value) for r in read_all(bootstrap, topic)]
+
+
+def windows_of(counted: list[dict]) -> dict[tuple[str, int], tuple[int, int]]:
+    totals = collections.defaultdict(lambda: [0, 0])
+    for c in counted:
+        if c["section"] != MALFORMED:
+            entry = totals[(c["section"], c["window_start_ms"])]
+            entry[0] += c["views"]
+            entry[1] += c["bytes"]
+    return {key: tuple(v) for key, v in totals.items()}
+
+
+def views_of(counted: list[dict]) -> dict[str, int]:
+    views = collections.Counter()
+    for c in counted:
+        views[c["section"]] += c["views"]
+    return dict(views)
+
+
+def source_ranges(counted: list[dict]) -> dict[int, list[tuple[int, int]]]:
+    """Per input partition, the distinct input ranges the committed output came from, sorted."""
+    ranges = collections.defaultdict(set)
+    for c in counted:
+        ranges[c["source"]["partition"]].add((c["source"]["from"], c["source"]["to"]))
+    return {p: sorted(r) for p, r in ranges.items()}
+
+
+def assert_tiles(ranges: list[tuple[int, int]], end: int) -> None:
+    """The ranges cover [0, end) with no gap and no overlap: each input offset counted once."""
+    position = 0
+    for start, stop in ranges:
+        assert start == position, f"ranges {ranges}: a gap or an overlap at {position}"
+        position = stop
+    assert position == end, f"ranges {ranges} stop at {position}, not at the end {end}"
+
+
+def committed_offsets(bootstrap: str, group: str, topic: str) -> dict[int, int | None]:
+    with Consumer(bootstrap, group_id=group) as consumer:
+        return {p: consumer.committed((topic, p)) for p in consumer.partitions_for(topic)}
+
+
+def end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
+    with Consumer(bootstrap) as consumer:
+        ends = consumer.end_offsets([(topic, p) for p in consumer.partitions_for(topic)])
+    return {p: end for (_, p), end in ends.items()}
+
+
+def open_transactions(bootstrap: str, prefix: str) -> list:
+    with Admin(bootstrap) as admin:
+        return [t for t in admin.list_transactions(states=["Ongoing", "PrepareCommit", "PrepareAbort"])
+                if t.transactional_id.startswith(prefix)]

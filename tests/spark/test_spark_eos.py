@@ -1,0 +1,163 @@
+"""The exactly-once job on real Spark (local mode) and a real cluster: task
+failures, a zombie run beside a live one, a run killed mid-way, re-runs."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from outputs import (
+    WINDOW_MS,
+    assert_tiles,
+    committed_offsets,
+    counts,
+    end_offsets,
+    expected_views,
+    expected_windows,
+    open_transactions,
+    read_all,
+    source_ranges,
+    views_of,
+    windows_of,
+)
+from spark_env import worker_pythonpath
+
+from services.client import Admin
+from spark_jobs import eos, sample_events
+
+EVENTS = 4000
+INPUT, OUTPUT, GROUP = "events", "event-counts", "windowed-counts"
+
+
+@pytest.fixture
+def loaded(txn_cluster):
+    """The cluster, with EVENTS sample events in a 4-partition input topic; yields the bootstrap."""
+    bootstrap = txn_cluster.state.bootstrap
+    with Admin(bootstrap) as admin:
+        admin.create_topics([(INPUT, 4), (OUTPUT, 2)])
+    sample_events.load(bootstrap, INPUT, sample_events.events(EVENTS))
+    return bootstrap
+
+
+def job(bootstrap: str, transform: str = "spark_jobs.windowed_counts:count_views") -> eos.EosJob:
+    return eos.EosJob(name=GROUP, bootstrap=bootstrap, input_topics=(INPUT,), output_topic=OUTPUT, group=GROUP,
+                      transform=transform, transform_args={"window_ms": WINDOW_MS})
+
+
+def assert_exactly_once(bootstrap: str) -> list[dict]:
+    """The committed output counts every input record once, the output's input ranges
+    tile each partition, the group's offsets are at the end, no transaction is open."""
+    counted = counts(bootstrap, OUTPUT)
+    assert views_of(counted) == expected_views(EVENTS)
+    assert windows_of(counted) == expected_windows(EVENTS)
+    ends = end_offsets(bootstrap, INPUT)
+    ranges = source_ranges(counted)
+    assert sorted(ranges) == sorted(ends)
+    for partition, end in ends.items():
+        assert_tiles(ranges[partition], end)
+    assert committed_offsets(bootstrap, GROUP, INPUT) == ends
+    assert open_transactions(bootstrap, GROUP) == []
+    return counted
+
+
+def run_job_process(bootstrap: str, transform: str, env: dict[str, str]) -> subprocess.Popen:
+    """``python -m spark_jobs.windowed_counts --once`` in a process group of its own (JVM and workers included)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "spark_jobs.windowed_counts", "--once", "--bootstrap", bootstrap,
+         "--input-topic", INPUT, "--output-topic", OUTPUT, "--group", GROUP, "--spark-master", "local[2,4]",
+         "--transform", transform],
+        env={**os.environ, "PYTHONPATH": worker_pythonpath(), **env}, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def ranges_reported(process: subprocess.Popen, timeout_s: float = 240) -> list[dict]:
+    stdout, stderr = process.communicate(timeout=timeout_s)
+    assert process.returncode == 0, stderr[-3000:]
+    (report,) = [json.loads(line) for line in stdout.splitlines() if line.startswith('{"run"')]
+    return report["ranges"]
+
+
+def wait_until(condition, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def test_a_run_counts_every_event_once_and_a_second_run_changes_nothing(spark, loaded):
+    results = eos.run_once(spark, job(loaded))
+    assert sorted(r.partition for r in results) == [0, 1, 2, 3]
+    assert {r.status for r in results} == {"committed"}
+    assert sum(r.records_in for r in results) == EVENTS
+    counted = assert_exactly_once(loaded)
+
+    assert eos.run_once(spark, job(loaded)) == []  # nothing new since the committed offsets
+    assert counts(loaded, OUTPUT) == counted
+
+    # new input: the next run reads only that, from the committed offsets
+    more = sample_events.events(EVENTS + 400)[EVENTS:]
+    sample_events.load(loaded, INPUT, more)
+    results = eos.run_once(spark, job(loaded))
+    assert sum(r.records_in for r in results) == 400
+    assert all(r.start == r.planned_start > 0 for r in results)
+    assert views_of(counts(loaded, OUTPUT)) == expected_views(EVENTS + 400)
+
+
+def test_tasks_failing_in_their_first_attempt_after_sending_leave_no_trace(spark, loaded):
+    results = eos.run_once(spark, job(loaded, "spark_transforms:flaky_counts"))
+    by_partition = {r.partition: r for r in results}
+    assert {p: r.attempt for p, r in by_partition.items()} == {0: 1, 1: 0, 2: 1, 3: 0}  # retried by Spark
+    assert_exactly_once(loaded)
+    # the failed attempts' half outputs did reach the log, and were aborted
+    uncommitted = read_all(loaded, OUTPUT, "read_uncommitted")
+    committed = read_all(loaded, OUTPUT)
+    aborted = collections.Counter(r.value for r in uncommitted) - collections.Counter(r.value for r in committed)
+    assert aborted and set(aborted) <= {r.value for r in committed}  # copies of what the retries then committed
+
+
+def test_a_zombie_run_beside_a_live_one_lets_one_output_per_range_become_visible(loaded):
+    zombie = run_job_process(loaded, "spark_transforms:slow_counts", {"SLOW_SECONDS": "15"})
+    try:
+        # the zombie holds transactions open with half its output sent; then a second run starts
+        wait_until(lambda: open_transactions(loaded, GROUP), 90, "the first run's open transactions")
+        live = run_job_process(loaded, "spark_jobs.windowed_counts:count_views", {})
+        live_ranges = ranges_reported(live)
+    finally:
+        zombie_ranges = ranges_reported(zombie)
+
+    assert_exactly_once(loaded)
+    # each input range was committed by exactly one of the two runs; the other skipped it, or had not
+    # planned it because the range was committed before it planned
+    for partition in range(4):
+        statuses = sorted(r["status"] for r in zombie_ranges + live_ranges if r["partition"] == partition)
+        assert statuses in (["committed"], ["committed", "skipped"]), (partition, zombie_ranges, live_ranges)
+    assert any(r["status"] == "skipped" for r in zombie_ranges + live_ranges)
+    assert sum(r["fenced_rounds"] for r in zombie_ranges + live_ranges) >= 1  # someone was fenced
+
+
+def test_a_run_killed_mid_way_then_run_again_is_exactly_once(loaded):
+    # with local[2], the tasks of partitions 0 and 1 finish first; those of 2 and 3 then hang with half sent
+    killed = run_job_process(loaded, "spark_transforms:slow_counts", {"SLOW_PARTITIONS": "2,3", "SLOW_SECONDS": "300"})
+    try:
+        def half_done():
+            committed = committed_offsets(loaded, GROUP, INPUT)
+            return committed[0] is not None and committed[1] is not None and \
+                {t.transactional_id for t in open_transactions(loaded, GROUP)} == {f"{GROUP}:{INPUT}:2", f"{GROUP}:{INPUT}:3"}
+
+        wait_until(half_done, 120, "partitions 0 and 1 committed, 2 and 3 open")
+    finally:
+        os.killpg(killed.pid, signal.SIGKILL)
+        killed.communicate(timeout=30)
+    committed_before = committed_offsets(loaded, GROUP, INPUT)
+    assert committed_before[2] is None and committed_before[3] is None
+
+    rerun = ranges_reported(run_job_process(loaded, "spark_jobs.windowed_counts:count_views", {}))
+    assert sorted((r["partition"], r["status"]) for r in rerun) == [(2, "committed"), (3, "committed")]
+    assert_exactly_once(loaded)
+    assert len(read_all(loaded, OUTPUT, "read_uncommitted")) > len(read_all(loaded, OUTPUT))  # the killed run's halves

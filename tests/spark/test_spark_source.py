@@ -1,0 +1,195 @@
+"""The ``txlog`` data source on real Spark (local mode) and a real cluster:
+planned offset ranges, read_committed around aborted and open transactions,
+transactional writes with failing attempts, and bad options refused on the
+driver before any task runs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from outputs import read_all
+from pyspark import TaskContext
+from pyspark.sql import functions as F
+from pyspark.sql.types import IntegerType
+
+from services.client import Admin, Producer
+from services.cluster import LocalCluster
+
+
+@pytest.fixture(scope="module")
+def bootstrap(tmp_path_factory):
+    """One cluster for the module: every test uses topics of its own."""
+    local = LocalCluster(tmp_path_factory.mktemp("spark-source") / "cluster")
+    local.up()
+    local.wait_until_coordinators_settle()
+    yield local.state.bootstrap
+    local.down(grace_s=5)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def known_topic(bootstrap):
+    create(bootstrap, "known", 1)
+
+
+def create(bootstrap: str, topic: str, partitions: int) -> None:
+    with Admin(bootstrap) as admin:
+        admin.create_topics([(topic, partitions)])
+
+
+def produce(bootstrap: str, topic: str, values: list[str], partition: int | None = None) -> None:
+    with Producer(bootstrap) as producer:
+        for value in values:
+            producer.send(topic, value=value, key=value, partition=partition,
+                          headers=[("origin", b"test")]).result(timeout=30)
+
+
+def reader(spark, bootstrap: str, topic: str, **options):
+    read = spark.read.format("txlog").option("bootstrap", bootstrap).option("topic", topic)
+    for name, value in options.items():
+        read = read.option(name, value)
+    return read.load()
+
+
+def test_a_read_returns_every_record_with_its_coordinates_in_planned_ranges(spark, bootstrap):
+    create(bootstrap, "src", 3)
+    for partition in range(3):
+        produce(bootstrap, "src", [f"p{partition}-{i}" for i in range(5)], partition=partition)
+    df = reader(spark, bootstrap, "src")
+    assert df.rdd.getNumPartitions() == 3  # one range per partition
+    rows = df.collect()
+    assert sorted((r.partition, r.offset, r.value.decode()) for r in rows) == \
+        [(p, i, f"p{p}-{i}") for p in range(3) for i in range(5)]
+    row = rows[0]
+    assert row.topic == "src" and row.key == row.value and [(h.key, h.value) for h in row.headers] == [("origin", b"test")]
+    assert row.timestamp.year >= 2026
+
+    split = reader(spark, bootstrap, "src", maxRecordsPerSplit="2")
+    assert split.rdd.getNumPartitions() == 9  # 5 offsets in ranges of at most 2: 3 ranges per partition
+    assert split.count() == 15
+
+    ranged = reader(spark, bootstrap, "src", startingOffsets=json.dumps({"src": {"0": 2, "1": -1}}),
+                    endingOffsets=json.dumps({"src": {"0": 4}}))
+    assert sorted((r.partition, r.offset) for r in ranged.collect()) == \
+        [(0, 2), (0, 3)] + [(2, i) for i in range(5)]
+
+
+def test_a_read_from_a_groups_committed_offsets_starts_where_the_group_is(spark, bootstrap):
+    create(bootstrap, "grouped", 2)
+    produce(bootstrap, "grouped", [f"v{i}" for i in range(6)], partition=0)
+    produce(bootstrap, "grouped", [f"w{i}" for i in range(3)], partition=1)
+    from services.client import Consumer
+
+    with Consumer(bootstrap, group_id="readers") as consumer:
+        consumer.commit({("grouped", 0): 4})  # partition 1 has no committed offset: it starts at the earliest
+    rows = reader(spark, bootstrap, "grouped", startingOffsets="committed:readers").collect()
+    assert sorted((r.partition, r.offset) for r in rows) == [(0, 4), (0, 5), (1, 0), (1, 1), (1, 2)]
+
+
+def test_read_committed_returns_only_committed_records_below_the_lso(spark, bootstrap):
+    create(bootstrap, "mixed", 1)
+    produce(bootstrap, "mixed", ["plain-0"])
+    with Producer(bootstrap, transactional_id="mixed-committer") as committer:
+        committer.init_transactions()
+        committer.begin_transaction()
+        committer.send("mixed", "committed-0", partition=0)
+        committer.commit_transaction()
+        committer.begin_transaction()
+        committer.send("mixed", "aborted-0", partition=0)
+        committer.flush()
+        committer.abort_transaction()
+    opener = Producer(bootstrap, transactional_id="mixed-opener")
+    try:
+        opener.init_transactions()
+        opener.begin_transaction()
+        opener.send("mixed", "open-0", partition=0).result(timeout=30)  # holds the LSO here
+        produce(bootstrap, "mixed", ["plain-after-open"])
+
+        committed = [r.value.decode() for r in reader(spark, bootstrap, "mixed").orderBy("offset").collect()]
+        assert committed == ["plain-0", "committed-0"]
+        uncommitted = reader(spark, bootstrap, "mixed", isolation="read_uncommitted").orderBy("offset").collect()
+        assert [r.value.decode() for r in uncommitted] == \
+            ["plain-0", "committed-0", "aborted-0", "open-0", "plain-after-open"]
+        opener.commit_transaction()
+    finally:
+        opener.close()
+    committed = [r.value.decode() for r in reader(spark, bootstrap, "mixed").orderBy("offset").collect()]
+    assert committed == ["plain-0", "committed-0", "open-0", "plain-after-open"]
+
+
+def partition_failing_first_attempts(value):
+    """Partition 0, except for one row in a task's first attempt: a partition the topic does
+    not have, so that attempt's transaction fails after its other rows were sent."""
+    return 99 if TaskContext.get().attemptNumber() == 0 and value.endswith("-150") else 0
+
+
+def test_a_transactional_write_whose_first_attempts_fail_is_visible_exactly_once(spark, bootstrap):
+    create(bootstrap, "written", 2)
+    rows = [(f"task{t}-{i}",) for t in range(2) for i in range(200)]
+    df = spark.createDataFrame(rows, "v string").repartition(2)
+    partition = F.udf(partition_failing_first_attempts, IntegerType())
+    (df.select(F.col("v").alias("value"), F.col("v").alias("key"), partition("v").alias("partition"))
+     .write.format("txlog").option("bootstrap", bootstrap).option("topic", "written")
+     .option("transactionalIdPrefix", "writer").mode("append").save())
+
+    committed = read_all(bootstrap, "written")
+    assert sorted(r.value.decode() for r in committed) == sorted(v for (v,) in rows)
+    with Admin(bootstrap) as admin:
+        described = admin.describe_transactions(["writer-0", "writer-1"])
+    assert [d.state for d in described] == ["CompleteCommit", "CompleteCommit"]
+    assert all(d.producer_epoch >= 2 for d in described)  # the retry re-inited the id: the epoch moved past the failed attempt
+
+
+def test_a_plain_write_goes_through_an_idempotent_producer(spark, bootstrap):
+    create(bootstrap, "plain", 1)
+    df = spark.createDataFrame([(f"k{i}", f"v{i}", 0) for i in range(20)], "key string, value string, partition int")
+    df.write.format("txlog").option("bootstrap", bootstrap).option("topic", "plain").mode("append").save()
+    assert [(r.key, r.value) for r in read_all(bootstrap, "plain")] == [(f"k{i}".encode(), f"v{i}".encode()) for i in range(20)]
+
+
+def job_count(spark) -> int:
+    return len(spark.sparkContext.statusTracker().getJobIdsForGroup("bad-options"))
+
+
+LIVE = "<the cluster's bootstrap>"
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"topic": "known"}, "option 'bootstrap' is required"),
+    ({"bootstrap": "nohost", "topic": "known"}, "option 'bootstrap' must be host:port"),
+    ({"bootstrap": LIVE, "topic": "nosuchtopic"}, "cannot read topic 'nosuchtopic'"),
+    ({"bootstrap": LIVE, "topic": "known", "startingOffsets": "{not json"}, "option 'startingOffsets' is not valid JSON"),
+    ({"bootstrap": LIVE, "topic": "known", "endingOffsets": '{"known": {"0": 99}}'}, "past the end of the partition"),
+    ({"bootstrap": LIVE, "topic": "known", "startingOffsets": '{"known": {"7": 0}}'}, "partitions that do not exist"),
+    ({"bootstrap": LIVE, "topic": "known", "isolation": "serializable"}, "option 'isolation' must be one of"),
+])
+def test_bad_read_options_fail_on_the_driver_before_any_task(spark, bootstrap, options, message):
+    spark.sparkContext.setJobGroup("bad-options", "bad options")
+    before = job_count(spark)
+    read = spark.read.format("txlog")
+    for name, value in options.items():
+        read = read.option(name, bootstrap if value == LIVE else value)
+    with pytest.raises(Exception, match=message):
+        read.load().collect()
+    assert job_count(spark) == before  # refused while planning: no Spark job ran
+
+
+@pytest.mark.parametrize(("options", "columns", "mode", "message"), [
+    ({"topic": "nosuchtopic"}, "value string", "append", "cannot write to topic 'nosuchtopic'"),
+    ({"topic": "known"}, "value string", "overwrite", "append-only"),
+    ({"topic": "known"}, "payload string", "append", "needs a 'value' column"),
+    ({"topic": "known"}, "value string, extra int", "append", "column 'extra' is not written"),
+    ({"topic": "known", "transactionalIdPrefix": "bad prefix"}, "value string", "append", "transactionalIdPrefix"),
+])
+def test_bad_write_options_fail_on_the_driver_before_any_task(spark, bootstrap, options, columns, mode, message):
+    spark.sparkContext.setJobGroup("bad-options", "bad options")
+    before = job_count(spark)
+    width = len(columns.split(","))
+    df = spark.createDataFrame([tuple(["x"] + [1] * (width - 1))], columns)
+    write = df.write.format("txlog").option("bootstrap", bootstrap).mode(mode)
+    for name, value in options.items():
+        write = write.option(name, value)
+    with pytest.raises(Exception, match=message):
+        write.save()
+    assert job_count(spark) == before
+    assert read_all(bootstrap, "known") == []  # nothing was written
