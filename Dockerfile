@@ -1,0 +1,73 @@
+# syntax=docker/dockerfile:1
+# One image for every txlog service (the command picks which), and a second
+# target with Java for the Spark jobs:
+#
+#   docker build -t txlog:dev .                        # target `service` (the last stage)
+#   docker build -t txlog-spark:dev --target spark .
+#   docker run --rm txlog:dev python -m partition_svc --zookeeper zk:2181
+#
+# Stages: `builder` installs the package into a virtualenv; `base` is the slim
+# runtime with that virtualenv and a non-root user; `spark` adds a JRE to it;
+# `service` adds the gRPC health check.
+
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+
+FROM ${PYTHON_IMAGE} AS builder
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PATH=/opt/venv/bin:$PATH
+RUN python -m venv /opt/venv
+WORKDIR /src
+# The dependencies (about 1 GB, pyspark and pyarrow most of it) get a layer of
+# their own, keyed on pyproject.toml alone, so a code change rebuilds in seconds.
+COPY pyproject.toml ./
+RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" \
+        > /tmp/requirements.txt \
+    && pip install -r /tmp/requirements.txt
+COPY README.md ./
+COPY services ./services
+COPY producer_id_svc ./producer_id_svc
+COPY partition_svc ./partition_svc
+COPY coordinator_svc ./coordinator_svc
+COPY spark_jobs ./spark_jobs
+RUN pip install --no-deps . \
+    && python -c "import services.client, producer_id_svc.server, partition_svc.server, coordinator_svc.server"
+
+FROM ${PYTHON_IMAGE} AS base
+# Bytecode was compiled at install time; the root filesystem may be read-only.
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PATH=/opt/venv/bin:$PATH \
+    TXLOG_DATA_DIR=/var/lib/txlog/data
+RUN groupadd --system --gid 10001 txlog \
+    && useradd --system --uid 10001 --gid txlog --home-dir /home/txlog --create-home --shell /usr/sbin/nologin txlog \
+    && mkdir -p /var/lib/txlog/data \
+    && chown -R txlog:txlog /var/lib/txlog
+COPY --from=builder /opt/venv /opt/venv
+COPY docker/healthcheck.py /opt/txlog/healthcheck.py
+# partition_svc's RocksDB lives under here: mount a volume on it (a new named
+# volume copies this folder's owner, so the non-root user can write to it).
+# No VOLUME line: the stateless services would each get an anonymous volume.
+WORKDIR /var/lib/txlog
+
+FROM base AS spark
+# Debian's slim images ship without man folders, and the JRE's postinst fails
+# on the missing symlink target without this one.
+RUN mkdir -p /usr/share/man/man1 \
+    && apt-get update \
+    && apt-get install -y --no-install-recommends openjdk-17-jre-headless \
+    && rm -rf /var/lib/apt/lists/*
+ENV HOME=/home/txlog
+USER 10001:10001
+# A batch job: nothing to ask for health.
+HEALTHCHECK NONE
+CMD ["python", "-m", "spark_jobs.windowed_counts", "--help"]
+
+FROM base AS service
+USER 10001:10001
+# producer_id_svc, coordinator_svc, partition_svc (their default listen ports)
+EXPOSE 7100 7200 7300
+HEALTHCHECK --interval=10s --timeout=5s --start-period=30s --retries=3 \
+    CMD ["python", "/opt/txlog/healthcheck.py"]
+# No default service: say which one, e.g. `python -m partition_svc`.
+CMD ["python", "-m", "partition_svc", "--help"]

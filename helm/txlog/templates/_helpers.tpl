@@ -1,0 +1,203 @@
+{{/*
+Names, labels and the pieces every txlog workload shares.
+*/}}
+
+{{- define "txlog.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+The release's full name. Kept to 40 characters: StatefulSet pods add
+"-partition-svc-N" and their names must stay DNS labels (63).
+*/}}
+{{- define "txlog.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 40 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "txlog.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "txlog.labels" -}}
+helm.sh/chart: {{ include "txlog.chart" . }}
+app.kubernetes.io/name: {{ include "txlog.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: txlog
+{{- end }}
+
+{{/* Selector labels of one component: (dict "root" $ "component" "partition-svc") */}}
+{{- define "txlog.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "txlog.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{- define "txlog.componentLabels" -}}
+{{ include "txlog.labels" .root }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{- define "txlog.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "txlog.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "txlog.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{- define "txlog.sparkImage" -}}
+{{- printf "%s:%s" .Values.sparkJob.image.repository (default .Chart.AppVersion .Values.sparkJob.image.tag) }}
+{{- end }}
+
+{{/* The headless Service of a component: (dict "root" $ "component" "partition-svc") */}}
+{{- define "txlog.headlessName" -}}
+{{- printf "%s-%s-headless" (include "txlog.fullname" .root) .component }}
+{{- end }}
+
+{{- define "txlog.zookeeperName" -}}
+{{- printf "%s-zookeeper" (include "txlog.fullname" .) }}
+{{- end }}
+
+{{/* The ZooKeeper connection string the services use. */}}
+{{- define "txlog.zookeeperConnect" -}}
+{{- if .Values.zookeeper.enabled }}
+{{- printf "%s.%s.svc.%s:2181" (include "txlog.zookeeperName" .) .Release.Namespace .Values.clusterDomain }}
+{{- else }}
+{{- required "zookeeper.external is required when zookeeper.enabled is false (host:port[,host:port...])" .Values.zookeeper.external }}
+{{- end }}
+{{- end }}
+
+{{/*
+The stable DNS name of every partition_svc pod with its port, comma-separated:
+the `bootstrap` clients and jobs start from.
+*/}}
+{{- define "txlog.bootstrap" -}}
+{{- $name := printf "%s-partition-svc" (include "txlog.fullname" .) }}
+{{- $headless := include "txlog.headlessName" (dict "root" . "component" "partition-svc") }}
+{{- $addresses := list }}
+{{- range $ordinal := until (int .Values.partitionSvc.replicas) }}
+{{- $addresses = append $addresses (printf "%s-%d.%s.%s.svc.%s:%d" $name $ordinal $headless $.Release.Namespace $.Values.clusterDomain (int $.Values.partitionSvc.port)) }}
+{{- end }}
+{{- join "," $addresses }}
+{{- end }}
+
+{{/* Environment every service shares (ZooKeeper, logs, traces, shutdown, the pod's identity). */}}
+{{- define "txlog.commonEnv" -}}
+- name: POD_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+- name: POD_NAMESPACE
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.namespace
+- name: POD_IP
+  valueFrom:
+    fieldRef:
+      fieldPath: status.podIP
+- name: TXLOG_ZOOKEEPER
+  value: {{ include "txlog.zookeeperConnect" . | quote }}
+- name: TXLOG_ZOOKEEPER_ROOT
+  value: {{ .Values.zookeeper.root | quote }}
+- name: TXLOG_ZOOKEEPER_SESSION_TIMEOUT_S
+  value: {{ .Values.zookeeper.sessionTimeoutSeconds | quote }}
+- name: TXLOG_LOG_LEVEL
+  value: {{ .Values.logLevel | quote }}
+- name: TXLOG_OTEL_EXPORTER
+  value: {{ .Values.telemetry.exporter | quote }}
+- name: TXLOG_OTEL_ENDPOINT
+  value: {{ .Values.telemetry.endpoint | quote }}
+- name: TXLOG_SHUTDOWN_GRACE_S
+  value: {{ .Values.shutdownGraceSeconds | quote }}
+{{- end }}
+
+{{/* gRPC health probes on a port: (dict "root" $ "port" 7300) */}}
+{{- define "txlog.probes" -}}
+{{- $p := .root.Values.probes -}}
+startupProbe:
+  grpc:
+    port: {{ .port }}
+  periodSeconds: {{ $p.startup.periodSeconds }}
+  timeoutSeconds: {{ $p.startup.timeoutSeconds }}
+  failureThreshold: {{ $p.startup.failureThreshold }}
+readinessProbe:
+  grpc:
+    port: {{ .port }}
+  periodSeconds: {{ $p.readiness.periodSeconds }}
+  timeoutSeconds: {{ $p.readiness.timeoutSeconds }}
+  failureThreshold: {{ $p.readiness.failureThreshold }}
+livenessProbe:
+  grpc:
+    port: {{ .port }}
+  periodSeconds: {{ $p.liveness.periodSeconds }}
+  timeoutSeconds: {{ $p.liveness.timeoutSeconds }}
+  failureThreshold: {{ $p.liveness.failureThreshold }}
+{{- end }}
+
+{{/* Scheduling shared by the pods; without an affinity, a component's pods prefer distinct nodes. */}}
+{{- define "txlog.scheduling" -}}
+{{- with .root.Values.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .root.Values.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- if .root.Values.affinity }}
+affinity:
+  {{- toYaml .root.Values.affinity | nindent 2 }}
+{{- else }}
+affinity:
+  podAntiAffinity:
+    preferredDuringSchedulingIgnoredDuringExecution:
+      - weight: 100
+        podAffinityTerm:
+          topologyKey: kubernetes.io/hostname
+          labelSelector:
+            matchLabels:
+              {{- include "txlog.selectorLabels" . | nindent 14 }}
+{{- end }}
+{{- end }}
+
+{{/* The pod spec lines every txlog service shares. */}}
+{{- define "txlog.podCommon" -}}
+serviceAccountName: {{ include "txlog.serviceAccountName" .root }}
+automountServiceAccountToken: false
+terminationGracePeriodSeconds: {{ .root.Values.terminationGracePeriodSeconds }}
+{{- with .root.Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+securityContext:
+  {{- toYaml .root.Values.podSecurityContext | nindent 2 }}
+{{- include "txlog.scheduling" . }}
+{{- end }}
+
+{{/* Refuses values that would render but not work. */}}
+{{- define "txlog.validate" -}}
+{{- if le (int .Values.terminationGracePeriodSeconds) (int (ceil .Values.shutdownGraceSeconds)) }}
+{{- fail (printf "terminationGracePeriodSeconds (%v) must exceed shutdownGraceSeconds (%v): the service needs time after the drain to close RocksDB and its ZooKeeper session" .Values.terminationGracePeriodSeconds .Values.shutdownGraceSeconds) }}
+{{- end }}
+{{- if and (not .Values.zookeeper.enabled) (not .Values.zookeeper.external) }}
+{{- fail "zookeeper.external is required when zookeeper.enabled is false (host:port[,host:port...])" }}
+{{- end }}
+{{- if and .Values.zookeeper.enabled .Values.zookeeper.external }}
+{{- fail "set either zookeeper.enabled or zookeeper.external, not both" }}
+{{- end }}
+{{- end }}

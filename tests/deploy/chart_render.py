@@ -1,0 +1,131 @@
+"""Rendering helpers and value sets shared by the deployment tests (the chart is
+rendered by Helm's own engine, from the helm-python-sdk package, offline)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import helm_python
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+CHART_DIR = REPO / "helm" / "txlog"
+KUBE_VERSION = "1.33.0"
+RELEASE = "txlog"
+NAMESPACE = "streaming"
+
+# Three value sets: the defaults; a production-like install on an external
+# ZooKeeper ensemble with more of everything; and a minimal one with the
+# optional objects turned off.
+PRODUCTION_VALUES = {
+    "image": {"repository": "registry.example.com/txlog", "tag": "1.2.3", "pullPolicy": "Always"},
+    "imagePullSecrets": [{"name": "registry-credentials"}],
+    "clusterDomain": "corp.internal",
+    "logLevel": "WARNING",
+    "telemetry": {"exporter": "otlp", "endpoint": "http://collector.tracing:4317"},
+    "shutdownGraceSeconds": 20,
+    "terminationGracePeriodSeconds": 60,
+    "nodeSelector": {"pool": "streaming"},
+    "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "streaming", "effect": "NoSchedule"}],
+    "zookeeper": {"enabled": False, "external": "zk-0.zk:2181,zk-1.zk:2181,zk-2.zk:2181", "root": "/prod/txlog"},
+    "producerIdSvc": {"replicas": 2},
+    "partitionSvc": {
+        "replicas": 5,
+        "fsync": False,
+        "persistence": {"size": "200Gi", "storageClassName": "fast-ssd"},
+        "extraEnv": [{"name": "TXLOG_RETENTION_CHECK_INTERVAL_MS", "value": "10000"}],
+        "resources": {"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"cpu": "4", "memory": "8Gi"}},
+    },
+    "coordinatorSvc": {"replicas": 3, "extraArgs": ["--transaction-timeout-ms-max", "300000"]},
+    "sparkJob": {
+        "schedule": "0 * * * *",
+        "timeZone": "Europe/Paris",
+        "image": {"repository": "registry.example.com/txlog-spark", "tag": "1.2.3", "pullPolicy": "Always"},
+        "inputTopic": "page-views",
+        "outputTopic": "page-view-counts",
+        "group": "hourly-counts",
+        "master": "local[4,3]",
+    },
+}
+MINIMAL_VALUES = {
+    "fullnameOverride": "tx",
+    "serviceAccount": {"create": False, "name": "platform-runner"},
+    "telemetry": {"exporter": "console", "endpoint": "http://unused:4317"},
+    "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]}]}]}}},
+    "partitionSvc": {"replicas": 1, "podDisruptionBudget": {"enabled": False, "maxUnavailable": 1}},
+    "coordinatorSvc": {"replicas": 1, "podDisruptionBudget": {"enabled": False, "maxUnavailable": 1}},
+    "producerIdSvc": {"podDisruptionBudget": {"enabled": False, "maxUnavailable": 1}},
+    "sparkJob": {"enabled": False},
+}
+VALUE_SETS = {"defaults": {}, "production": PRODUCTION_VALUES, "minimal": MINIMAL_VALUES}
+
+
+@dataclass
+class Rendered:
+    """A rendered release: each template's text and every manifest in it."""
+
+    files: dict[str, str]
+    docs: list[dict]
+
+    def of_kind(self, kind: str) -> list[dict]:
+        return [d for d in self.docs if d["kind"] == kind]
+
+    def get(self, kind: str, name: str) -> dict:
+        found = [d for d in self.docs if d["kind"] == kind and d["metadata"]["name"] == name]
+        assert len(found) == 1, f"expected one {kind} {name}, found {[d['metadata']['name'] for d in self.of_kind(kind)]}"
+        return found[0]
+
+    @property
+    def notes(self) -> str:
+        return next(text for path, text in self.files.items() if path.endswith("NOTES.txt"))
+
+
+def render(values: dict, *, name: str = RELEASE, namespace: str = NAMESPACE) -> Rendered:
+    with helm_python.Chart.load(CHART_DIR) as chart:
+        files = chart.render(values, name=name, namespace=namespace)
+    docs = []
+    for path, text in files.items():
+        if path.endswith(".txt"):
+            continue
+        docs += [doc for doc in yaml.safe_load_all(text) if doc]
+    return Rendered(files, docs)
+
+
+def container(workload: dict) -> dict:
+    """The one container of a workload's pod template (CronJobs included)."""
+    spec = workload["spec"]
+    pod = spec["jobTemplate"]["spec"]["template"]["spec"] if workload["kind"] == "CronJob" else spec["template"]["spec"]
+    assert len(pod["containers"]) == 1
+    return pod["containers"][0]
+
+
+def pod_spec(workload: dict) -> dict:
+    spec = workload["spec"]
+    return spec["jobTemplate"]["spec"]["template"]["spec"] if workload["kind"] == "CronJob" else spec["template"]["spec"]
+
+
+def env_of(c: dict) -> dict[str, dict]:
+    return {e["name"]: e for e in c.get("env", [])}
+
+
+def expand_kubernetes_vars(text: str, resolved: dict[str, str]) -> str:
+    """Kubernetes' $(VAR) expansion in env values and commands: a reference to
+    a variable defined earlier is replaced, anything else is left as it is."""
+    return re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: resolved.get(m.group(1), m.group(0)), text)
+
+
+def settings_read_by(module: str) -> set[str]:
+    """The TXLOG_* variables a process started as ``python -m <module>`` reads:
+    a variable it does not read is silently ignored, so a misspelt one in a
+    manifest would go unnoticed."""
+    import importlib
+
+    from services import config, server
+
+    if module == "spark_jobs.windowed_counts":
+        return {s.env for s in importlib.import_module(module).SETTINGS}
+    service = importlib.import_module(f"{module}.server")
+    return {s.env for s in (*config.COMMON_SETTINGS, *server.SERVER_SETTINGS, *service.SETTINGS)}

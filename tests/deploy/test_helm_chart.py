@@ -1,0 +1,430 @@
+"""The Helm chart, rendered by Helm's own engine and checked against the
+Kubernetes schemas, with no cluster: helm lint, every manifest of three value
+sets validated strictly (unknown fields fail), and the fields a running
+release depends on asserted."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+
+import helm_python
+import kubernetes_validate
+import pytest
+import yaml
+from chart_render import (
+    CHART_DIR,
+    KUBE_VERSION,
+    MINIMAL_VALUES,
+    NAMESPACE,
+    PRODUCTION_VALUES,
+    VALUE_SETS,
+    Rendered,
+    container,
+    env_of,
+    pod_spec,
+    render,
+    settings_read_by,
+)
+
+TXLOG_COMPONENTS = ("producer-id-svc", "partition-svc", "coordinator-svc")
+PROBES = ("startupProbe", "readinessProbe", "livenessProbe")
+
+
+@pytest.fixture(scope="module")
+def defaults() -> Rendered:
+    return render({})
+
+
+@pytest.fixture(scope="module")
+def production() -> Rendered:
+    return render(PRODUCTION_VALUES)
+
+
+@pytest.fixture(scope="module")
+def minimal() -> Rendered:
+    return render(MINIMAL_VALUES)
+
+
+def bootstrap_for(release_fullname: str, replicas: int, namespace: str, domain: str) -> str:
+    headless = f"{release_fullname}-partition-svc-headless"
+    return ",".join(f"{release_fullname}-partition-svc-{i}.{headless}.{namespace}.svc.{domain}:7300" for i in range(replicas))
+
+
+def selects(selector: dict, labels: dict) -> bool:
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+# --- Helm's lint and the Kubernetes schemas ------------------------------------------------------
+
+
+@pytest.mark.parametrize("value_set", VALUE_SETS)
+def test_helm_lint_strict_finds_nothing_above_info(value_set):
+    report = helm_python.lint(CHART_DIR, VALUE_SETS[value_set], strict=True, namespace=NAMESPACE,
+                              kube_version=f"v{KUBE_VERSION}")
+    assert report["errors"] == []
+    assert [m for m in report["messages"] if m["severity"] >= 2] == []
+    assert report["total_charts_linted"] == 1
+
+
+@pytest.mark.parametrize("value_set", VALUE_SETS)
+def test_every_rendered_manifest_is_valid_against_the_kubernetes_schemas(value_set):
+    rendered = render(VALUE_SETS[value_set])
+    assert len(rendered.docs) >= 8
+    for doc in rendered.docs:
+        # strict: a field Kubernetes does not know (a typo, a wrong indent) fails.
+        kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
+
+
+def test_the_schema_validation_is_strict_enough_to_catch_a_misplaced_field(defaults):
+    statefulset = copy.deepcopy(defaults.get("StatefulSet", "txlog-partition-svc"))
+    statefulset["spec"]["template"]["spec"]["containers"][0]["readinessprobe"] = {"grpc": {"port": 7300}}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(statefulset, KUBE_VERSION, strict=True)
+
+
+def test_each_value_set_renders_the_objects_it_asks_for(defaults, production, minimal):
+    def kinds(rendered: Rendered) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for doc in rendered.docs:
+            counts[doc["kind"]] = counts.get(doc["kind"], 0) + 1
+        return counts
+
+    assert kinds(defaults) == {"StatefulSet": 3, "Deployment": 1, "Service": 4, "CronJob": 1,
+                               "PodDisruptionBudget": 3, "ServiceAccount": 1}
+    # External ZooKeeper: no ZooKeeper StatefulSet nor its two Services.
+    assert kinds(production) == {"StatefulSet": 2, "Deployment": 1, "Service": 2, "CronJob": 1,
+                                 "PodDisruptionBudget": 3, "ServiceAccount": 1}
+    assert kinds(minimal) == {"StatefulSet": 3, "Deployment": 1, "Service": 4}
+
+
+# --- workloads ---------------------------------------------------------------------------------------
+
+
+def test_partition_svc_is_a_statefulset_with_a_volume_claim_for_rocksdb_on_its_data_dir(defaults, production):
+    for rendered, replicas, size, storage_class in ((defaults, 3, "10Gi", None), (production, 5, "200Gi", "fast-ssd")):
+        sts = rendered.get("StatefulSet", "txlog-partition-svc")
+        assert sts["spec"]["replicas"] == replicas
+        [claim] = sts["spec"]["volumeClaimTemplates"]
+        assert claim["metadata"]["name"] == "data"
+        assert claim["spec"]["resources"]["requests"]["storage"] == size
+        assert claim["spec"]["accessModes"] == ["ReadWriteOnce"]
+        assert claim["spec"].get("storageClassName") == storage_class
+        # The only copy of the log: the claims outlive pods, scale-downs and the release.
+        assert sts["spec"]["persistentVolumeClaimRetentionPolicy"] == {"whenDeleted": "Retain", "whenScaled": "Retain"}
+        c = container(sts)
+        [mount] = [m for m in c["volumeMounts"] if m["name"] == "data"]
+        data_dir = env_of(c)["TXLOG_DATA_DIR"]["value"]
+        assert data_dir.startswith(mount["mountPath"].rstrip("/") + "/")
+
+
+@pytest.mark.parametrize("component", ["partition-svc", "coordinator-svc"])
+def test_statefulset_node_ids_are_pod_ordinals_and_addresses_go_through_the_headless_service(defaults, component):
+    sts = defaults.get("StatefulSet", f"txlog-{component}")
+    headless = defaults.get("Service", f"txlog-{component}-headless")
+    assert sts["spec"]["serviceName"] == headless["metadata"]["name"]
+    assert headless["spec"]["clusterIP"] == "None"
+    assert headless["spec"]["publishNotReadyAddresses"] is True
+    assert selects(headless["spec"]["selector"], sts["spec"]["template"]["metadata"]["labels"])
+    c = container(sts)
+    script = " ".join(c["command"])
+    module = component.replace("-", "_")
+    assert f"python -m {module} --node-id \"${{POD_NAME##*-}}\"" in script
+    env = env_of(c)
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    port = sts["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"]
+    assert env["TXLOG_ADVERTISED_ADDRESS"]["value"] == \
+        f"$(POD_NAME).txlog-{component}-headless.$(POD_NAMESPACE).svc.cluster.local:{port}"
+    assert env["TXLOG_LISTEN"]["value"] == f"0.0.0.0:{port}"
+    # Kubernetes expands $(VAR) only from variables defined before the reference.
+    names = [e["name"] for e in c["env"]]
+    assert names.index("POD_NAME") < names.index("TXLOG_ADVERTISED_ADDRESS")
+    assert names.index("POD_NAMESPACE") < names.index("TXLOG_ADVERTISED_ADDRESS")
+
+
+def test_replica_counts_follow_the_values(defaults, production, minimal):
+    for rendered, prefix, (pid, part, coord) in ((defaults, "txlog", (1, 3, 2)), (production, "txlog", (2, 5, 3)),
+                                                  (minimal, "tx", (1, 1, 1))):
+        assert rendered.get("Deployment", f"{prefix}-producer-id-svc")["spec"]["replicas"] == pid
+        assert rendered.get("StatefulSet", f"{prefix}-partition-svc")["spec"]["replicas"] == part
+        assert rendered.get("StatefulSet", f"{prefix}-coordinator-svc")["spec"]["replicas"] == coord
+
+
+def test_producer_id_svc_is_a_deployment_whose_node_id_is_unique_per_pod(defaults):
+    deployment = defaults.get("Deployment", "txlog-producer-id-svc")
+    c = container(deployment)
+    env = env_of(c)
+    assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    assert c["command"][:2] == ["python", "-c"]
+    assert 'os.environ["POD_IP"]' in c["command"][2] and '"--node-id"' in c["command"][2]
+    # The new pod serves before the old one stops: callers always find one.
+    assert deployment["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+
+
+def test_every_txlog_service_has_native_grpc_probes_on_its_port(defaults):
+    for kind, name, port in (("Deployment", "txlog-producer-id-svc", 7100), ("StatefulSet", "txlog-coordinator-svc", 7200),
+                             ("StatefulSet", "txlog-partition-svc", 7300)):
+        c = container(defaults.get(kind, name))
+        assert c["ports"] == [{"name": "grpc", "containerPort": port, "protocol": "TCP"}]
+        for probe in PROBES:
+            assert c[probe]["grpc"] == {"port": port}, (name, probe)
+            assert c[probe]["failureThreshold"] >= 1
+        # A ZooKeeper blip turns health NOT_SERVING: liveness must wait longer than readiness.
+        liveness_s = c["livenessProbe"]["periodSeconds"] * c["livenessProbe"]["failureThreshold"]
+        readiness_s = c["readinessProbe"]["periodSeconds"] * c["readinessProbe"]["failureThreshold"]
+        assert liveness_s > readiness_s
+
+
+def test_image_and_environment_follow_the_values(defaults, production):
+    for name in ("txlog-producer-id-svc", "txlog-partition-svc", "txlog-coordinator-svc"):
+        kind = "Deployment" if "producer-id" in name else "StatefulSet"
+        c = container(defaults.get(kind, name))
+        assert c["image"] == "txlog:0.1.0"  # the chart's appVersion
+        env = env_of(c)
+        assert env["TXLOG_ZOOKEEPER"]["value"] == f"txlog-zookeeper.{NAMESPACE}.svc.cluster.local:2181"
+        assert env["TXLOG_ZOOKEEPER_ROOT"]["value"] == "/txlog"
+        assert env["TXLOG_OTEL_EXPORTER"]["value"] == "none"
+        assert env["TXLOG_SHUTDOWN_GRACE_S"]["value"] == "10"
+        assert env["TXLOG_LOG_LEVEL"]["value"] == "INFO"
+
+        c = container(production.get(kind, name))
+        assert c["image"] == "registry.example.com/txlog:1.2.3"
+        assert c["imagePullPolicy"] == "Always"
+        env = env_of(c)
+        assert env["TXLOG_ZOOKEEPER"]["value"] == "zk-0.zk:2181,zk-1.zk:2181,zk-2.zk:2181"
+        assert env["TXLOG_ZOOKEEPER_ROOT"]["value"] == "/prod/txlog"
+        assert env["TXLOG_OTEL_EXPORTER"]["value"] == "otlp"
+        assert env["TXLOG_OTEL_ENDPOINT"]["value"] == "http://collector.tracing:4317"
+        assert env["TXLOG_SHUTDOWN_GRACE_S"]["value"] == "20"
+        assert env["TXLOG_LOG_LEVEL"]["value"] == "WARNING"
+        assert pod_spec(production.get(kind, name))["imagePullSecrets"] == [{"name": "registry-credentials"}]
+    partition = container(production.get("StatefulSet", "txlog-partition-svc"))
+    assert env_of(partition)["TXLOG_FSYNC"]["value"] == "false"
+    assert env_of(partition)["TXLOG_RETENTION_CHECK_INTERVAL_MS"]["value"] == "10000"
+    assert env_of(partition)["TXLOG_ADVERTISED_ADDRESS"]["value"].endswith(".svc.corp.internal:7300")
+    coordinator = container(production.get("StatefulSet", "txlog-coordinator-svc"))
+    assert coordinator["args"] == ["--transaction-timeout-ms-max", "300000"]
+
+
+@pytest.mark.parametrize("value_set", ["defaults", "production"])
+def test_every_txlog_variable_given_is_a_setting_the_process_reads(value_set):
+    rendered = render(VALUE_SETS[value_set])
+    modules = {"producer-id-svc": "producer_id_svc", "partition-svc": "partition_svc",
+               "coordinator-svc": "coordinator_svc", "windowed-counts": "spark_jobs.windowed_counts"}
+    checked = set()
+    for doc in rendered.docs:
+        component = doc["metadata"]["labels"].get("app.kubernetes.io/component")
+        if doc["kind"] in ("StatefulSet", "Deployment", "CronJob") and component in modules:
+            given = {name for name in env_of(container(doc)) if name.startswith("TXLOG_")}
+            assert given <= settings_read_by(modules[component]), (component, given - settings_read_by(modules[component]))
+            checked.add(component)
+    assert checked == set(modules)
+
+
+def test_termination_grace_exceeds_the_services_shutdown_grace(defaults, production):
+    for rendered in (defaults, production):
+        for doc in rendered.docs:
+            if doc["kind"] in ("StatefulSet", "Deployment") and doc["metadata"]["labels"]["app.kubernetes.io/component"] in TXLOG_COMPONENTS:
+                grace_s = float(env_of(container(doc))["TXLOG_SHUTDOWN_GRACE_S"]["value"])
+                assert pod_spec(doc)["terminationGracePeriodSeconds"] > grace_s
+
+
+def test_pods_run_as_non_root_with_a_read_only_root_and_writable_tmp(defaults):
+    workloads = [d for d in defaults.docs if d["kind"] in ("StatefulSet", "Deployment", "CronJob")]
+    assert len(workloads) == 5
+    for workload in workloads:
+        pod, c = pod_spec(workload), container(workload)
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["securityContext"]["runAsUser"] != 0
+        assert pod["automountServiceAccountToken"] is False
+        assert pod["serviceAccountName"] == "txlog"
+        assert c["securityContext"]["allowPrivilegeEscalation"] is False
+        assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
+        if workload["metadata"]["name"] == "txlog-zookeeper":
+            continue  # the official image writes its config into its own /conf
+        assert c["securityContext"]["readOnlyRootFilesystem"] is True
+        [tmp] = [m for m in c["volumeMounts"] if m["mountPath"] == "/tmp"]
+        assert "emptyDir" in next(v for v in pod["volumes"] if v["name"] == tmp["name"])
+    account = defaults.get("ServiceAccount", "txlog")
+    assert account["automountServiceAccountToken"] is False
+
+
+def test_every_container_has_cpu_and_memory_requests_and_limits(defaults, production):
+    for rendered in (defaults, production):
+        for doc in rendered.docs:
+            if doc["kind"] in ("StatefulSet", "Deployment", "CronJob"):
+                resources = container(doc)["resources"]
+                for bound in ("requests", "limits"):
+                    assert set(resources[bound]) >= {"cpu", "memory"}, (doc["metadata"]["name"], bound)
+    partition = container(production.get("StatefulSet", "txlog-partition-svc"))
+    assert partition["resources"] == {"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"cpu": "4", "memory": "8Gi"}}
+
+
+def test_pod_disruption_budgets_select_their_components_pods(defaults, minimal):
+    workloads = {d["metadata"]["labels"]["app.kubernetes.io/component"]: d
+                 for d in defaults.docs if d["kind"] in ("StatefulSet", "Deployment")}
+    budgets = defaults.of_kind("PodDisruptionBudget")
+    assert sorted(b["metadata"]["labels"]["app.kubernetes.io/component"] for b in budgets) == sorted(TXLOG_COMPONENTS)
+    for budget in budgets:
+        assert budget["spec"]["maxUnavailable"] == 1
+        selected = [name for name, w in workloads.items()
+                    if selects(budget["spec"]["selector"]["matchLabels"], w["spec"]["template"]["metadata"]["labels"])]
+        assert selected == [budget["metadata"]["labels"]["app.kubernetes.io/component"]]
+    assert minimal.of_kind("PodDisruptionBudget") == []
+
+
+def test_every_service_selects_exactly_its_own_pods(defaults):
+    workloads = [d for d in defaults.docs if d["kind"] in ("StatefulSet", "Deployment")]
+    for service in defaults.of_kind("Service"):
+        selected = [w["metadata"]["name"] for w in workloads
+                    if selects(service["spec"]["selector"], w["spec"]["template"]["metadata"]["labels"])]
+        assert len(selected) == 1, (service["metadata"]["name"], selected)
+
+
+def test_built_in_zookeeper_is_a_single_node_statefulset_of_the_official_image_with_its_data_on_a_volume(defaults):
+    sts = defaults.get("StatefulSet", "txlog-zookeeper")
+    assert sts["spec"]["replicas"] == 1
+    c = container(sts)
+    assert c["image"] == "zookeeper:3.8.4"
+    assert {m["mountPath"] for m in c["volumeMounts"] if m["name"] == "data"} == {"/data", "/datalog"}
+    assert [t["metadata"]["name"] for t in sts["spec"]["volumeClaimTemplates"]] == ["data"]
+    assert c["readinessProbe"]["exec"]["command"] == ["zkServer.sh", "status"]
+    client = defaults.get("Service", "txlog-zookeeper")
+    assert client["spec"]["ports"][0]["port"] == 2181
+
+
+def test_cronjob_runs_the_exactly_once_job_on_the_schedule_against_every_partition_svc(defaults, production):
+    job = defaults.get("CronJob", "txlog-windowed-counts")
+    assert job["spec"]["schedule"] == "*/5 * * * *"
+    assert job["spec"]["concurrencyPolicy"] == "Forbid"
+    assert "timeZone" not in job["spec"]
+    c = container(job)
+    assert c["image"] == "txlog-spark:0.1.0"
+    assert c["command"] == ["python", "-m", "spark_jobs.windowed_counts", "--once"]
+    env = {k: v["value"] for k, v in env_of(c).items()}
+    assert env["TXLOG_BOOTSTRAP"] == bootstrap_for("txlog", 3, NAMESPACE, "cluster.local")
+    assert (env["TXLOG_INPUT_TOPIC"], env["TXLOG_OUTPUT_TOPIC"], env["TXLOG_GROUP"], env["TXLOG_SPARK_MASTER"]) == \
+        ("events", "event-counts", "windowed-counts", "local[2]")
+    # Spark and the JVM write scratch files; with a read-only root they go to the emptyDir.
+    assert env["HOME"].startswith("/tmp") and env["SPARK_LOCAL_DIRS"].startswith("/tmp")
+    pod = pod_spec(job)
+    assert pod["restartPolicy"] == "Never"
+    assert next(v for v in pod["volumes"] if v["name"] == "tmp")["emptyDir"]["sizeLimit"] == "4Gi"
+
+    job = production.get("CronJob", "txlog-windowed-counts")
+    assert job["spec"]["schedule"] == "0 * * * *"
+    assert job["spec"]["timeZone"] == "Europe/Paris"
+    c = container(job)
+    assert c["image"] == "registry.example.com/txlog-spark:1.2.3"
+    env = {k: v["value"] for k, v in env_of(c).items()}
+    assert env["TXLOG_BOOTSTRAP"] == bootstrap_for("txlog", 5, NAMESPACE, "corp.internal")
+    assert (env["TXLOG_INPUT_TOPIC"], env["TXLOG_OUTPUT_TOPIC"], env["TXLOG_GROUP"], env["TXLOG_SPARK_MASTER"]) == \
+        ("page-views", "page-view-counts", "hourly-counts", "local[4,3]")
+
+
+def test_bootstrap_addresses_are_the_advertised_addresses_of_the_partition_pods(defaults):
+    """What the CronJob dials must be what each partition_svc pod advertises
+    (after Kubernetes fills in the pod's name and namespace)."""
+    sts = defaults.get("StatefulSet", "txlog-partition-svc")
+    template = env_of(container(sts))["TXLOG_ADVERTISED_ADDRESS"]["value"]
+    advertised = [template.replace("$(POD_NAME)", f"txlog-partition-svc-{i}").replace("$(POD_NAMESPACE)", NAMESPACE)
+                  for i in range(sts["spec"]["replicas"])]
+    bootstrap = env_of(container(defaults.get("CronJob", "txlog-windowed-counts")))["TXLOG_BOOTSTRAP"]["value"]
+    assert bootstrap.split(",") == advertised
+
+
+def test_service_account_can_be_an_existing_one(minimal):
+    assert minimal.of_kind("ServiceAccount") == []
+    for doc in minimal.docs:
+        if doc["kind"] in ("StatefulSet", "Deployment"):
+            assert pod_spec(doc)["serviceAccountName"] == "platform-runner"
+            assert pod_spec(doc)["affinity"] == MINIMAL_VALUES["affinity"]
+
+
+def test_notes_tell_the_bootstrap_and_the_zookeeper(defaults, production):
+    assert bootstrap_for("txlog", 3, NAMESPACE, "cluster.local") in defaults.notes
+    assert "single node" in defaults.notes
+    assert "zk-0.zk:2181,zk-1.zk:2181,zk-2.zk:2181" in production.notes
+    assert "http://collector.tracing:4317" in production.notes
+
+
+# --- values that must be refused ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"partitionSvc": {"replicas": "three"}}, "/partitionSvc/replicas"),
+    ({"partitionSvc": {"replicas": 0}}, "/partitionSvc/replicas"),
+    ({"telemetry": {"exporter": "jaeger"}}, "/telemetry/exporter"),
+    ({"logLevel": "TRACE"}, "/logLevel"),
+    ({"partitionSvc": {"replica": 3}}, "replica"),
+    ({"zookeeper": {"enabled": False, "external": "zk-0 zk-1"}}, "/zookeeper/external"),
+    ({"sparkJob": {"schedule": "every five minutes"}}, "/sparkJob/schedule"),
+])
+def test_values_schema_refuses_bad_values(values, message):
+    with pytest.raises(helm_python.HelmValuesError, match=re.escape(message)):
+        render(values)
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"shutdownGraceSeconds": 30, "terminationGracePeriodSeconds": 30}, "must exceed shutdownGraceSeconds"),
+    ({"zookeeper": {"enabled": False}}, "zookeeper.external is required"),
+    ({"zookeeper": {"enabled": True, "external": "zk:2181"}}, "not both"),
+])
+def test_chart_refuses_values_that_would_render_but_not_work(values, message):
+    with pytest.raises(helm_python.HelmError, match=re.escape(message)):
+        render(values)
+
+
+# --- the chart's documentation ------------------------------------------------------------------------
+
+
+def _table_rows(readme: str) -> dict[str, str]:
+    rows = {}
+    for line in readme.splitlines():
+        match = re.match(r"^\| `([A-Za-z0-9_.]+)` \| (.*?) \|", line)
+        if match:
+            rows[match.group(1)] = match.group(2)
+    return rows
+
+
+def _leaves(values: dict, prefix: str = ""):
+    for key, value in values.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            yield from _leaves(value, path + ".")
+        yield path, value
+
+
+def _as_documented(value) -> str:
+    if isinstance(value, bool):
+        return f"`{str(value).lower()}`"
+    if value == "":
+        return '`""`'
+    if isinstance(value, list | dict):
+        return f"`{json.dumps(value)}`"
+    return f"`{value}`"
+
+
+def test_chart_readme_documents_every_value_with_its_default():
+    readme = (CHART_DIR / "README.md").read_text()
+    values = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
+    rows = _table_rows(readme)
+    leaves = dict(_leaves(values))
+    # Every row names a value or a group of them; every value is a row or lies under one.
+    assert set(rows) <= set(leaves), set(rows) - set(leaves)
+    for path, value in leaves.items():
+        if isinstance(value, dict) and value:
+            continue  # documented through its own keys
+        assert any(path == row or path.startswith(row + ".") for row in rows), f"{path} is not in the README table"
+    for row, default in rows.items():
+        value = leaves[row]
+        if not isinstance(value, dict) or not value:
+            assert default == _as_documented(value), row
+
+
+def test_default_values_pass_the_values_schema():
+    with helm_python.Chart.load(CHART_DIR) as chart:
+        chart.validate_schema(chart.values)
+        assert chart.schema["additionalProperties"] is False
+        assert chart.metadata["appVersion"] == "0.1.0"

@@ -1,0 +1,162 @@
+"""The chart's container commands, run here the way Kubernetes runs them.
+
+Each workload's rendered command, args and environment are started as a real
+process, with the downward API (pod name, namespace, IP) and Kubernetes'
+$(VAR) expansion done by the test, against a real ZooKeeper. Only what a
+pod has and this machine has not is replaced: the ZooKeeper address, the
+listen port, the data folder. Then the node id and address each instance
+registered in ZooKeeper are the ones the chart promises: StatefulSet pods use
+their ordinal and their headless-service name, producer_id_svc pods an id
+derived from their IP (IPv4 and IPv6); the image's health check passes; and
+SIGTERM ends each one with status 0 within the pod's termination grace.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import ipaddress
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from chart_render import NAMESPACE, REPO, container, env_of, expand_kubernetes_vars, pod_spec, render
+
+from services import zk
+from services.cluster import free_port, health_serving
+
+HEALTHCHECK = REPO / "docker" / "healthcheck.py"
+START_TIMEOUT_S = 60.0
+
+
+def pod_environment(c: dict, pod_name: str, pod_ip: str) -> dict[str, str]:
+    downward = {"metadata.name": pod_name, "metadata.namespace": NAMESPACE, "status.podIP": pod_ip}
+    resolved: dict[str, str] = {}
+    for entry in c["env"]:
+        if "valueFrom" in entry:
+            resolved[entry["name"]] = downward[entry["valueFrom"]["fieldRef"]["fieldPath"]]
+        else:
+            resolved[entry["name"]] = expand_kubernetes_vars(entry["value"], resolved)
+    return resolved
+
+
+class Pod:
+    """One rendered container started as a process of this machine."""
+
+    def __init__(self, workload: dict, pod_name: str, pod_ip: str, zookeeper: str, workdir: Path):
+        c = container(workload)
+        self.name = pod_name
+        self.grace_s = pod_spec(workload)["terminationGracePeriodSeconds"]
+        self.port = free_port()
+        self.rendered_env = pod_environment(c, pod_name, pod_ip)
+        env = {
+            **self.rendered_env,
+            "TXLOG_ZOOKEEPER": zookeeper,
+            "TXLOG_LISTEN": f"127.0.0.1:{self.port}",
+            # `python` in the rendered commands is the image's; here, this virtualenv's.
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+            "HOME": str(workdir),
+        }
+        if "TXLOG_DATA_DIR" in env:
+            env["TXLOG_DATA_DIR"] = str(workdir / "data")
+        self.env = env
+        command = [expand_kubernetes_vars(part, self.rendered_env) for part in c["command"] + c.get("args", [])]
+        self.log = workdir / "pod.log"
+        with open(self.log, "wb") as log_file:
+            self.process = subprocess.Popen(command, env=env, cwd=workdir, stdout=log_file, stderr=subprocess.STDOUT,
+                                            stdin=subprocess.DEVNULL, start_new_session=True)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def wait_serving(self, deadline_s: float) -> None:
+        while not health_serving(self.address):
+            assert self.process.poll() is None, f"{self.name} exited with {self.process.returncode}:\n{self.log.read_text()}"
+            assert time.monotonic() < deadline_s, f"{self.name} never answered SERVING:\n{self.log.read_text()}"
+            time.sleep(0.1)
+
+    def terminate(self) -> int:
+        self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout=self.grace_s)
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+def test_rendered_commands_register_the_node_ids_and_addresses_the_chart_promises(cluster, tmp_path):
+    rendered = render({})
+    partition = rendered.get("StatefulSet", "txlog-partition-svc")
+    coordinator = rendered.get("StatefulSet", "txlog-coordinator-svc")
+    producer_ids = rendered.get("Deployment", "txlog-producer-id-svc")
+    wanted = [
+        (partition, "txlog-partition-svc-2", "10.8.0.12"),
+        (coordinator, "txlog-coordinator-svc-1", "10.8.0.13"),
+        (producer_ids, "txlog-producer-id-svc-7d4b9c-x2lzq", "10.1.2.3"),
+        (producer_ids, "txlog-producer-id-svc-7d4b9c-q8kfn", "fd00::a:5"),
+    ]
+    pods = []
+    try:
+        for i, (workload, pod_name, pod_ip) in enumerate(wanted):
+            workdir = tmp_path / f"pod-{i}"
+            workdir.mkdir()
+            pods.append(Pod(workload, pod_name, pod_ip, cluster.state.zookeeper, workdir))
+        deadline_s = time.monotonic() + START_TIMEOUT_S
+        for pod in pods:
+            pod.wait_serving(deadline_s)
+
+        zookeeper_root = env_of(container(partition))["TXLOG_ZOOKEEPER_ROOT"]["value"]
+        assert zookeeper_root == "/txlog"
+        client = zk.connect(cluster.state.zookeeper)
+        try:
+            registry = zk.ServiceRegistry(client, zookeeper_root)
+            assert registry.live("partition_svc") == {
+                2: f"txlog-partition-svc-2.txlog-partition-svc-headless.{NAMESPACE}.svc.cluster.local:7300"}
+            assert registry.live("coordinator_svc") == {
+                1: f"txlog-coordinator-svc-1.txlog-coordinator-svc-headless.{NAMESPACE}.svc.cluster.local:7200"}
+            assert registry.live("producer_id_svc") == {
+                int(ipaddress.ip_address("10.1.2.3")): "10.1.2.3:7100",
+                int(ipaddress.ip_address("fd00::a:5")): "[fd00::a:5]:7100",
+            }
+        finally:
+            client.stop()
+            client.close()
+        # partition_svc keeps its RocksDB under the data dir, per node id: on the volume.
+        assert (Path(pods[0].env["TXLOG_DATA_DIR"]) / "node-2").is_dir()
+
+        for pod in pods:
+            check = subprocess.run([sys.executable, str(HEALTHCHECK)], capture_output=True, text=True, timeout=30,
+                                   env={**os.environ, "TXLOG_LISTEN": f"0.0.0.0:{pod.port}"})
+            assert check.returncode == 0, check.stderr
+
+        for pod in pods:
+            assert pod.terminate() == 0, pod.log.read_text()
+    finally:
+        for pod in pods:
+            pod.kill()
+
+
+def test_healthcheck_fails_where_no_service_answers():
+    port = free_port()
+    check = subprocess.run([sys.executable, str(HEALTHCHECK), f"127.0.0.1:{port}"], capture_output=True, text=True,
+                           timeout=30)
+    assert check.returncode == 1
+    assert f"127.0.0.1:{port}: UNAVAILABLE" in check.stderr
+
+
+@pytest.mark.parametrize("environ, expected", [
+    ({"TXLOG_LISTEN": "0.0.0.0:7300"}, ["127.0.0.1:7300"]),
+    ({"TXLOG_LISTEN": "10.0.0.5:7200"}, ["10.0.0.5:7200"]),
+    ({}, ["127.0.0.1:7100", "127.0.0.1:7200", "127.0.0.1:7300"]),
+])
+def test_healthcheck_asks_the_listen_address_or_every_default_port(environ, expected):
+    spec = importlib.util.spec_from_file_location("healthcheck", HEALTHCHECK)
+    healthcheck = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(healthcheck)
+    assert healthcheck.addresses([], environ) == expected
+    assert healthcheck.addresses(["partition-svc-0:7300"], environ) == ["partition-svc-0:7300"]
