@@ -20,3 +20,4 @@ bench: setup
 	.venv/bin/python bench/producer_ids.py
 	.venv/bin/python bench/produce_fetch.py
 	.venv/bin/python bench/transactions.py
+	.venv/bin/python bench/spark_eos.py
