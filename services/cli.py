@@ -6,6 +6,9 @@
     txlog cluster start --dir DIR NAME   start it again, same data and address
     txlog cluster status --dir DIR       what runs, as JSON
     txlog producer-ids allocate (--dir DIR | --address HOST:PORT) [--requester-id N] [--count K]
+    txlog chaos run --minutes N [--seed S] [--dir DIR] [--keep]
+                                         a workload under faults, checked; prints one JSON line,
+                                         exits 1 when the checker found an anomaly
 
 Client commands (each takes --bootstrap HOST:PORT[,...] or --dir DIR, which reads
 the bootstrap addresses from DIR/cluster.json):
@@ -91,6 +94,15 @@ def _producer_ids(args) -> int:
     for block in blocks:
         print(json.dumps(block))
     return 0
+
+
+def _chaos(args) -> int:
+    from services.chaos import run  # imports the client SDK; only for this command
+
+    summary = run.run(args.minutes * 60, seed=args.seed, directory=args.dir, keep=args.keep,
+                      fault_interval_s=args.fault_interval_s)
+    print(json.dumps(summary), flush=True)
+    return 1 if summary["anomalies"] else 0
 
 
 def _bootstrap(args) -> str:
@@ -258,6 +270,17 @@ def parser() -> argparse.ArgumentParser:
     allocate.add_argument("--requester-id", type=int, default=0)
     allocate.add_argument("--count", type=int, default=1, help="how many blocks")
     pids.set_defaults(run=_producer_ids)
+
+    chaos = commands.add_parser("chaos", help="fault injection with a history checker")
+    chaos_actions = chaos.add_subparsers(dest="action", required=True)
+    chaos_run = chaos_actions.add_parser("run", help="run the workload under faults, check it, print one JSON line")
+    chaos_run.add_argument("--minutes", type=float, required=True, help="how long the workload runs under faults")
+    chaos_run.add_argument("--seed", type=int, help="the nemesis' and workers' seed (default: random, printed)")
+    chaos_run.add_argument("--dir", help="folder for the cluster, histories and logs (default: a temporary one)")
+    chaos_run.add_argument("--keep", action="store_true",
+                           help="keep the folder after a clean run (it is always kept when an anomaly is found)")
+    chaos_run.add_argument("--fault-interval-s", type=float, default=10.0, help="mean seconds between faults")
+    chaos.set_defaults(run=_chaos)
     _add_client_commands(commands)
     return top
 

@@ -1,0 +1,144 @@
+"""The nemesis: faults injected into a running LocalCluster and its workload,
+drawn from one seeded ``random.Random`` so that a run's schedule replays from
+its seed (what the faults meet depends on timing, as in Jepsen).
+
+Kinds (``FAULT_KINDS``):
+
+    kill_partition      kill -9 a partition_svc, start it again (same data, same address)
+    kill_coordinator    kill -9 a coordinator_svc, start it again
+    kill_producer_id    kill -9 the producer_id_svc, start it again
+    kill_zookeeper      kill -9 ZooKeeper, start it again (its data folder survives)
+    pause_coordinator   SIGSTOP a coordinator_svc past its ZooKeeper session, SIGCONT: it wakes a zombie
+    pause_producer      SIGSTOP a producer worker past its transaction timeout, SIGCONT: it wakes a zombie
+
+Client connection cuts (a request dropped, an answer lost) are injected inside
+the workers by their FaultInjection; the run adds up their counts.
+
+Every fault is recorded (kind, target, start, end) in ``Nemesis.log``; ``heal()``
+resumes and restarts whatever a fault left stopped or dead.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+
+from services.cluster import LocalCluster, pid_alive
+
+FAULT_KINDS = ("kill_partition", "kill_coordinator", "kill_producer_id", "kill_zookeeper",
+               "pause_coordinator", "pause_producer")
+DOWN_S_RANGE = (0.5, 3.0)  # how long a killed process stays dead
+
+
+@dataclass
+class FaultEvent:
+    kind: str
+    target: str
+    start_s: float
+    end_s: float = 0.0
+    error: str = ""
+
+
+@dataclass
+class Nemesis:
+    """Injects one fault every ``interval_s`` (each kind once, in a seeded
+    order, then at random) until ``stop()``."""
+
+    cluster: LocalCluster
+    rng: random.Random
+    interval_s: float
+    producer_pids: dict[str, int]  # worker name -> pid, for pause_producer
+    coordinator_pause_s: float = 8.0  # longer than the coordinators' ZooKeeper session
+    producer_pause_s: float = 8.0  # longer than the workers' transaction timeout
+    log: list[FaultEvent] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+    _paused: set[int] = field(default_factory=set)
+
+    def names(self, kind: str) -> list[str]:
+        return sorted(n for n, p in self.cluster.state.services.items() if p.kind == kind)
+
+    def schedule(self):
+        """The fault kinds in order: every kind once (shuffled), then random ones."""
+        first = list(FAULT_KINDS)
+        self.rng.shuffle(first)
+        yield from first
+        while True:
+            yield self.rng.choice(FAULT_KINDS)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="nemesis", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=60)
+
+    def _run(self) -> None:
+        for kind in self.schedule():
+            if self._stop.wait(self.interval_s * (0.5 + self.rng.random())):
+                return
+            self.inject(kind)
+
+    def inject(self, kind: str) -> FaultEvent:
+        target = {
+            "kill_partition": lambda: self.rng.choice(self.names("partition_svc")),
+            "kill_coordinator": lambda: self.rng.choice(self.names("coordinator_svc")),
+            "kill_producer_id": lambda: self.rng.choice(self.names("producer_id_svc")),
+            "kill_zookeeper": lambda: "zookeeper",
+            "pause_coordinator": lambda: self.rng.choice(self.names("coordinator_svc")),
+            "pause_producer": lambda: self.rng.choice(sorted(self.producer_pids)),
+        }[kind]()
+        event = FaultEvent(kind, target, time.time())
+        self.log.append(event)
+        try:
+            if kind.startswith("kill_"):
+                self.cluster.kill(target, signal.SIGKILL)
+                self._stop.wait(self.rng.uniform(*DOWN_S_RANGE))
+                self.cluster.start(target)
+            elif kind == "pause_coordinator":
+                self._pause(self.cluster.state.services[target].pid, self.coordinator_pause_s)
+            elif kind == "pause_producer":
+                self._pause(self.producer_pids[target], self.producer_pause_s)
+        except Exception as exc:  # noqa: BLE001 - recorded; heal() repairs what is left broken
+            event.error = repr(exc)[:300]
+        event.end_s = time.time()
+        return event
+
+    def _pause(self, pid: int, pause_s: float) -> None:
+        self._paused.add(pid)
+        try:
+            send_signal(pid, signal.SIGSTOP)
+            self._stop.wait(pause_s)
+        finally:
+            send_signal(pid, signal.SIGCONT)
+            self._paused.discard(pid)
+
+    def heal(self) -> list[str]:
+        """Resumes paused processes and starts dead cluster processes (ZooKeeper
+        first); the names it started."""
+        for pid in list(self._paused):
+            send_signal(pid, signal.SIGCONT)
+        started = []
+        ordered = sorted(self.cluster.state.services.items(), key=lambda item: item[1].kind != "zookeeper")
+        for name, info in ordered:
+            send_signal(info.pid, signal.SIGCONT)
+            if not pid_alive(info.pid):
+                self.cluster.start(name)
+                started.append(name)
+        return started
+
+    def counts(self) -> dict[str, int]:
+        return {kind: sum(1 for e in self.log if e.kind == kind and not e.error) for kind in FAULT_KINDS}
+
+
+def send_signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass

@@ -1,0 +1,92 @@
+"""The client-side history of a chaos run: what every worker process asked for and
+what it was answered, as JSON lines, one file per worker (``DIR/history/<worker>.jsonl``).
+
+Guarantees
+----------
+* A line is written (and flushed) before the call it describes is made
+  (``send``, ``commit_start``, ``abort_start``) or right after its answer came
+  (``ack``, ``send_failed``, ``end``, ``poll``), so a worker killed at any point
+  leaves a history the checker can read: a transaction without ``end`` is
+  indefinite. A torn last line (the process died mid-write) is skipped.
+* Every record value names its transaction: ``{"w": worker, "t": txn number,
+  "i": index in the transaction, "u": unique id}`` (a consume-transform-produce
+  record adds ``"src"``, the unique id of the input record it came from).
+
+Events (``type``; every event also has ``worker`` and ``t``, the wall clock in
+seconds, shared by the processes of one machine):
+
+    begin          txn, instance (the producer object's number), intent: commit|abort
+    send           txn, idx, uid, topic, partition [, src, src_topic, src_partition, src_offset]
+    ack            txn, idx, uid, topic, partition, offset
+    send_failed    txn, idx, uid, error
+    offsets        txn, offsets {"topic/partition": next offset}
+    commit_start   txn
+    abort_start    txn
+    end            txn, outcome: committed|aborted|indefinite, error
+    poll           isolation, session, t0, records [[topic, partition, offset, uid], ...]
+    stats          requests_dropped, responses_dropped (connection cuts so far)
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+HISTORY_DIR = "history"
+
+
+def encode_value(worker: str, txn: int, idx: int, uid: str, src: str | None = None) -> bytes:
+    value = {"w": worker, "t": txn, "i": idx, "u": uid}
+    if src is not None:
+        value["src"] = src
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
+def decode_uid(value: bytes | None) -> str | None:
+    """The unique id a record value carries; None for a value no worker wrote."""
+    try:
+        return json.loads(value)["u"]
+    except (TypeError, ValueError, KeyError):
+        return None
+
+
+def tp_key(topic: str, partition: int) -> str:
+    return f"{topic}/{partition}"
+
+
+class History:
+    """Appends one worker's events to its file; thread-safe (a producer's
+    delivery callbacks run on its I/O thread)."""
+
+    def __init__(self, directory: str | Path, worker: str):
+        self.worker = worker
+        folder = Path(directory) / HISTORY_DIR
+        folder.mkdir(parents=True, exist_ok=True)
+        self._file = open(folder / f"{worker}.jsonl", "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        self._lock = threading.Lock()
+
+    def record(self, event_type: str, **fields) -> None:
+        line = json.dumps({"type": event_type, "worker": self.worker, "t": time.time(), **fields},
+                          separators=(",", ":"))
+        with self._lock:
+            self._file.write(line + "\n")
+            self._file.flush()
+
+    def close(self) -> None:
+        with self._lock:
+            self._file.close()
+
+
+def read_events(directory: str | Path) -> list[dict]:
+    """Every worker's events, file by file, in the order each worker wrote them."""
+    events = []
+    for path in sorted((Path(directory) / HISTORY_DIR).glob("*.jsonl")):
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    events.append(json.loads(line))
+                except ValueError:  # the last line of a process that died mid-write
+                    continue
+    return events

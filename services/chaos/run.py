@@ -1,0 +1,202 @@
+"""One chaos run, end to end (``txlog chaos run``):
+
+1. a LocalCluster in ``DIR/cluster`` (coordinators with a 5 s ZooKeeper session
+   and fast checks, so that a paused or killed one is replaced within the run);
+2. topics, then the workers (``worker.py``) as processes: transactional
+   producers, a consume-transform-produce worker, read_committed and
+   read_uncommitted pollers, each with its seed and connection cuts;
+3. the nemesis (``faults.py``) for ``duration_s``, from ``random.Random(seed)``;
+4. healing: every process resumed or started again, the workers told to stop,
+   then a wait past the transaction timeout, so that a transaction still open
+   after that is hanging;
+5. the final read of every partition (both isolations), the ctp group's
+   offsets, Admin.find_hanging and list_transactions;
+6. the checker; ``run()`` returns one dict: every anomaly count, the run's
+   figures, the faults injected, the seed.
+
+The seed is printed first (stderr), so a run replays with ``--seed``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from services.chaos import checker
+from services.chaos.faults import FAULT_KINDS, Nemesis
+from services.chaos.history import read_events
+from services.client import Admin, Consumer
+from services.client.structs import TopicPartition
+from services.cluster import LocalCluster
+
+TOPICS = {"chaos-a": 3, "chaos-b": 2, "chaos-out": 2}
+CTP_INPUT, CTP_OUTPUT = "chaos-a", "chaos-out"
+PRODUCER_WORKERS = 3
+TXN_TIMEOUT_MS = 6000
+COORDINATOR_ARGS = ["--transaction-check-interval-ms", "200", "--ownership-check-interval-ms", "300",
+                    "--zookeeper-session-timeout-s", "5"]
+WORKER_STOP_TIMEOUT_S = 90.0
+FINAL_READ_TIMEOUT_S = 60.0
+OPEN_STATES = ("Ongoing", "PrepareCommit", "PrepareAbort", "PrepareEpochFence")
+
+
+def log(message: str) -> None:
+    print(f"[chaos {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def start_workers(directory: Path, bootstrap: str, seed: int, cut_probability: float) -> dict[str, subprocess.Popen]:
+    topics = ",".join(f"{name}:{count}" for name, count in TOPICS.items())
+    produced = ",".join(f"{name}:{count}" for name, count in TOPICS.items() if name != CTP_OUTPUT)
+    common = ["--bootstrap", bootstrap, "--dir", str(directory), "--stop-file", str(directory / "stop"),
+              "--txn-timeout-ms", str(TXN_TIMEOUT_MS), "--cut-probability", str(cut_probability)]
+    specs = {f"p{i}": ["producer", "--topics", produced] for i in range(PRODUCER_WORKERS)}
+    specs["ctp0"] = ["ctp", "--topics", topics, "--input", CTP_INPUT, "--output", CTP_OUTPUT]
+    specs["rc0"] = ["poller", "--topics", topics, "--isolation", "read_committed"]
+    specs["ru0"] = ["poller", "--topics", topics, "--isolation", "read_uncommitted"]
+    (directory / "logs").mkdir(exist_ok=True)
+    workers = {}
+    for index, (name, spec) in enumerate(specs.items()):
+        with open(directory / "logs" / f"worker-{name}.log", "ab") as out:
+            workers[name] = subprocess.Popen(
+                [sys.executable, "-m", "services.chaos.worker", *spec, "--name", name,
+                 "--seed", str(seed * 100 + index), *common],
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    return workers
+
+
+def stop_workers(directory: Path, workers: dict[str, subprocess.Popen]) -> list[str]:
+    """Asks the workers to stop; kills those still running after the timeout (their names)."""
+    (directory / "stop").touch()
+    deadline = time.monotonic() + WORKER_STOP_TIMEOUT_S
+    stuck = []
+    for name, process in workers.items():
+        if process.poll() is None:
+            os.kill(process.pid, signal.SIGCONT)
+        try:
+            process.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            stuck.append(name)
+            process.kill()
+            process.wait()
+    return stuck
+
+
+def read_everything(bootstrap: str, isolation: str) -> tuple[list[list], list[str]]:
+    """Every record of every partition, from the beginning to the end offsets
+    seen at the start; the partitions that could not be read to their end."""
+    from services.chaos.history import decode_uid
+
+    tps = [TopicPartition(t, p) for t, count in TOPICS.items() for p in range(count)]
+    records, stuck = [], []
+    with Consumer(bootstrap, isolation_level=isolation, fetch_max_wait_ms=100) as consumer:
+        consumer.assign(tps)
+        consumer.seek_to_beginning()
+        ends = consumer.end_offsets(tps)
+        deadline = time.monotonic() + FINAL_READ_TIMEOUT_S
+        while any(consumer.position(tp) < ends[tp] for tp in tps) and time.monotonic() < deadline:
+            records += [[r.topic, r.partition, r.offset, decode_uid(r.value)] for r in consumer.poll(timeout_s=0.5)]
+        stuck = [f"{tp.topic}/{tp.partition}" for tp in tps if consumer.position(tp) < ends[tp]]
+    return records, stuck
+
+
+def final_state(cluster: LocalCluster) -> dict:
+    bootstrap = cluster.state.bootstrap
+    read_committed, stuck_rc = read_everything(bootstrap, "read_committed")
+    read_uncommitted, stuck_ru = read_everything(bootstrap, "read_uncommitted")
+    tps = [TopicPartition(t, p) for t, count in TOPICS.items() for p in range(count)]
+    with Consumer(bootstrap, isolation_level="read_committed") as consumer:
+        lso = consumer.end_offsets(tps)
+    with Consumer(bootstrap, isolation_level="read_uncommitted") as consumer:
+        high_watermark = consumer.end_offsets(tps)
+    stuck = sorted({*stuck_rc, *stuck_ru, *(f"{tp.topic}/{tp.partition} LSO {lso[tp]} < HW {high_watermark[tp]}"
+                                            for tp in tps if lso[tp] < high_watermark[tp])})
+    from services.chaos.worker import CTP_GROUP
+
+    inputs = [TopicPartition(CTP_INPUT, p) for p in range(TOPICS[CTP_INPUT])]
+    with Consumer(bootstrap, group_id=CTP_GROUP) as consumer:
+        group_offsets = {f"{tp.topic}/{tp.partition}": consumer.committed(tp) for tp in inputs}
+    with Admin(bootstrap) as admin:
+        hanging = [h._asdict() for h in admin.find_hanging(list(TOPICS), max_transaction_timeout_ms=TXN_TIMEOUT_MS * 2)]
+        open_txns = [t._asdict() for t in admin.list_transactions(states=OPEN_STATES)]
+    return {"read_committed": read_committed, "read_uncommitted": read_uncommitted, "group_offsets": group_offsets,
+            "ctp_input": CTP_INPUT, "hanging": hanging, "open_transactions": open_txns, "stuck_partitions": stuck}
+
+
+def run(duration_s: float, *, seed: int | None = None, directory: str | Path | None = None, keep: bool = False,
+        fault_interval_s: float = 10.0, cut_probability: float = 0.02) -> dict:
+    """Runs the workload for ``duration_s`` under the nemesis; returns the result
+    (``result["anomalies"]`` is the sum of every anomaly count)."""
+    seed = random.SystemRandom().randrange(2**31) if seed is None else seed
+    log(f"seed {seed} (replay with --seed {seed})")
+    directory = Path(directory or tempfile.mkdtemp(prefix="txlog-chaos-")).resolve()
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "stop").unlink(missing_ok=True)
+    started_s = time.monotonic()
+    cluster = LocalCluster(directory / "cluster")
+    workers: dict[str, subprocess.Popen] = {}
+    nemesis = None
+    try:
+        cluster.up(service_args={"coordinator_svc": COORDINATOR_ARGS})
+        cluster.wait_until_coordinators_settle()
+        with Admin(cluster.state.bootstrap) as admin:
+            admin.create_topics(list(TOPICS.items()))
+        workers = start_workers(directory, cluster.state.bootstrap, seed, cut_probability)
+        log(f"cluster and {len(workers)} workers up in {directory}; faults every ~{fault_interval_s:.0f} s "
+            f"for {duration_s:.0f} s")
+        nemesis = Nemesis(cluster, random.Random(seed), fault_interval_s,
+                          {name: p.pid for name, p in workers.items() if name.startswith("p")},
+                          producer_pause_s=TXN_TIMEOUT_MS / 1000 + 2)
+        nemesis.start()
+        time.sleep(duration_s)
+        nemesis.stop()
+        restarted = nemesis.heal()
+        cluster.wait_until_coordinators_settle(timeout_s=120)
+        log(f"healed (started again: {restarted or 'none'}); stopping the workers")
+        stuck_workers = stop_workers(directory, workers)
+        time.sleep(TXN_TIMEOUT_MS / 1000 * 2 + 2)  # past the timeout: what is still open now is hanging
+        log("final read")
+        final = final_state(cluster)
+        (directory / "final.json").write_text(json.dumps(final))
+    finally:
+        for process in workers.values():
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+        if nemesis is not None:
+            nemesis.stop()
+        cluster.down(grace_s=5)
+    events = read_events(directory)
+    result = checker.check(events, final)
+    faults = nemesis.counts()
+    faults["connection_cuts"] = checker.figures(events, final)["connection_cuts"]
+    summary = {
+        "seed": seed,
+        "duration_s": round(time.monotonic() - started_s, 1),
+        "workload_s": duration_s,
+        **result["counts"],
+        "anomalies": sum(result["counts"].values()),
+        **checker.figures(events, final),
+        "faults_injected": sum(faults.values()),
+        "faults": faults,
+        "fault_errors": [f"{e.kind} {e.target}: {e.error}" for e in nemesis.log if e.error],
+        "stuck_workers": stuck_workers,
+        "dir": str(directory),
+    }
+    (directory / "result.json").write_text(json.dumps({**summary, "examples": result["examples"]}, indent=2))
+    if result["examples"]:
+        log(f"anomaly examples (all in {directory / 'result.json'}):\n" + json.dumps(result["examples"], indent=1)[:4000])
+    if not keep and summary["anomalies"] == 0:
+        shutil.rmtree(directory, ignore_errors=True)
+        summary["dir"] = None
+    return summary
+
+
+__all__ = ["FAULT_KINDS", "run"]

@@ -1,0 +1,286 @@
+"""The chaos workload's processes, each recording its history (``history.py``):
+
+    python -m services.chaos.worker producer --name p0 ...   transactions of random records, committed or aborted
+    python -m services.chaos.worker ctp --name ctp0 ...      consume-transform-produce with offsets in the transaction
+    python -m services.chaos.worker poller --name rc0 --isolation read_committed ...
+
+Each runs until ``--stop-file`` exists. Every client gets a seeded
+:class:`~services.client.FaultInjection` (``--cut-probability``): calls whose
+request is dropped, or whose answer is lost after the server handled it -- a
+connection cut mid-call.
+
+Outcome rules (what ``end`` says)
+---------------------------------
+* ``committed``: ``commit_transaction()`` returned.
+* ``aborted``: the transaction never asked to commit (abort intended, or a send
+  failed before the commit): nothing may make it visible.
+* ``indefinite``: ``commit_transaction()`` raised (a timeout, a lost answer, a
+  fenced zombie): the transaction may be committed or aborted. The producer is
+  then closed and a new one takes the transactional id over (its
+  ``init_transactions()`` completes or aborts the old transaction).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from pathlib import Path
+
+from services.chaos.history import History, decode_uid, encode_value, tp_key
+from services.client import Consumer, FaultInjection, Producer
+from services.client.structs import TopicPartition
+from services.client.transport import Transport
+
+PRODUCER_RPCS = frozenset({"Produce", "AddPartitionsToTxn", "AddOffsetsToTxn", "TxnOffsetCommit", "EndTxn",
+                           "InitProducerId", "FindCoordinator"})
+CONSUMER_RPCS = frozenset({"Fetch", "ListOffsets", "OffsetFetch"})
+CALL_TIMEOUT_S = 20.0
+STATS_INTERVAL_S = 2.0
+CTP_GROUP = "chaos-ctp"
+
+
+def parse_topics(spec: str) -> dict[str, int]:
+    """``a:3,b:2`` -> {"a": 3, "b": 2}."""
+    return {name: int(count) for name, count in (item.split(":") for item in spec.split(","))}
+
+
+class Worker:
+    def __init__(self, args):
+        self.args = args
+        self.rng = random.Random(args.seed)
+        self.history = History(args.dir, args.name)
+        self.stop_file = Path(args.stop_file)
+        self.cuts = [FaultInjection(drop_request_probability=args.cut_probability / 2,
+                                    drop_response_probability=args.cut_probability / 2,
+                                    rng=random.Random(args.seed + 1), rpcs=PRODUCER_RPCS),
+                     FaultInjection(drop_request_probability=args.cut_probability / 2,
+                                    drop_response_probability=args.cut_probability / 2,
+                                    rng=random.Random(args.seed + 2), rpcs=CONSUMER_RPCS)]
+        self.last_stats_s = 0.0
+
+    def stopping(self) -> bool:
+        if time.monotonic() - self.last_stats_s > STATS_INTERVAL_S:
+            self.write_stats()
+        return self.stop_file.exists()
+
+    def write_stats(self) -> None:
+        self.last_stats_s = time.monotonic()
+        self.history.record("stats", requests_dropped=sum(c.requests_dropped for c in self.cuts),
+                            responses_dropped=sum(c.responses_dropped for c in self.cuts))
+
+    def new_producer(self, transactional_id: str) -> Producer:
+        return Producer(self.args.bootstrap, transactional_id=transactional_id, linger_ms=2,
+                        transaction_timeout_ms=self.args.txn_timeout_ms, request_timeout_ms=5000,
+                        delivery_timeout_ms=30_000, max_block_ms=CALL_TIMEOUT_S * 1000,
+                        fault_injection=self.cuts[0])
+
+    def new_consumer(self, **kwargs) -> Consumer:
+        transport = Transport(request_timeout_ms=5000, fault_injection=self.cuts[1])
+        return Consumer(self.args.bootstrap, fetch_max_wait_ms=200, request_timeout_ms=5000,
+                        default_api_timeout_ms=CALL_TIMEOUT_S * 1000, transport=transport, **kwargs)
+
+    def init_producer(self, transactional_id: str) -> Producer | None:
+        producer = self.new_producer(transactional_id)
+        try:
+            producer.init_transactions(timeout_s=CALL_TIMEOUT_S)
+            return producer
+        except Exception as exc:  # noqa: BLE001 - any failure: try again with a new producer
+            self.history.record("init_failed", error=repr(exc)[:300])
+            close_quietly(producer)
+            time.sleep(0.5)
+            return None
+
+    def record_ack(self, txn: int, idx: int, uid: str, topic: str, partition: int, future) -> None:
+        try:
+            metadata = future.result()
+        except Exception as exc:  # noqa: BLE001
+            self.history.record("send_failed", txn=txn, idx=idx, uid=uid, error=repr(exc)[:300])
+            return
+        self.history.record("ack", txn=txn, idx=idx, uid=uid, topic=topic, partition=partition,
+                            offset=metadata.offset)
+
+    def end_transaction(self, producer: Producer, txn: int, intent: str) -> bool:
+        """Commits or aborts; records the outcome; False when the producer must be replaced."""
+        phase = "before_end"
+        try:
+            if intent == "commit":
+                phase = "commit"
+                self.history.record("commit_start", txn=txn)
+                producer.commit_transaction(timeout_s=CALL_TIMEOUT_S)
+                self.history.record("end", txn=txn, outcome="committed")
+            else:
+                producer.flush(timeout_s=CALL_TIMEOUT_S)  # so that the aborted records are in the log
+                self.history.record("abort_start", txn=txn)
+                producer.abort_transaction(timeout_s=CALL_TIMEOUT_S)
+                self.history.record("end", txn=txn, outcome="aborted")
+            return True
+        except Exception as exc:  # noqa: BLE001 - see the module docstring's outcome rules
+            outcome = "indefinite" if phase == "commit" else "aborted"
+            self.history.record("end", txn=txn, outcome=outcome, error=repr(exc)[:300])
+            return False
+
+
+def close_quietly(client) -> None:
+    try:
+        client.close(timeout_s=5) if isinstance(client, Producer) else client.close()
+    except Exception:  # noqa: BLE001, S110 - a client of a broken cluster; nothing to do
+        pass
+
+
+def run_producer(worker: Worker) -> None:
+    args = worker.args
+    topics = parse_topics(args.topics)
+    producer, instance, txn = None, 0, 0
+    while not worker.stopping():
+        if producer is None:
+            producer = worker.init_producer(f"chaos-{args.name}")
+            instance += 1
+            continue
+        txn += 1
+        intent = "abort" if worker.rng.random() < args.abort_probability else "commit"
+        worker.history.record("begin", txn=txn, instance=instance, intent=intent)
+        try:
+            producer.begin_transaction()
+            for idx in range(worker.rng.randint(1, 6)):
+                topic = worker.rng.choice(sorted(topics))
+                partition = worker.rng.randrange(topics[topic])
+                uid = f"{args.name}/{txn}/{idx}"
+                worker.history.record("send", txn=txn, idx=idx, uid=uid, topic=topic, partition=partition)
+                future = producer.send(topic, encode_value(args.name, txn, idx, uid), partition=partition)
+                future.add_done_callback(
+                    lambda f, t=txn, i=idx, u=uid, tp=topic, p=partition: worker.record_ack(t, i, u, tp, p, f))
+        except Exception as exc:  # noqa: BLE001 - it never asked to commit
+            worker.history.record("end", txn=txn, outcome="aborted", error=repr(exc)[:300])
+            close_quietly(producer)
+            producer = None
+            continue
+        if not worker.end_transaction(producer, txn, intent):
+            close_quietly(producer)
+            producer = None
+        time.sleep(worker.rng.random() * 0.05)
+    if producer is not None:
+        close_quietly(producer)
+
+
+def run_ctp(worker: Worker) -> None:
+    """Reads ``--input`` (read_committed) from the group's offsets, writes one
+    output record per input record, and commits both in one transaction."""
+    args = worker.args
+    inputs = [TopicPartition(args.input, p) for p in range(parse_topics(args.topics)[args.input])]
+    output_partitions = parse_topics(args.topics)[args.output]
+    producer, consumer, instance, txn = None, None, 0, 0
+    while not worker.stopping():
+        if producer is None:
+            producer = worker.init_producer(f"chaos-{args.name}")
+            instance += 1
+            if consumer is not None:
+                close_quietly(consumer)
+                consumer = None
+            continue
+        try:
+            if consumer is None:  # positions start from the group's committed offsets
+                consumer = worker.new_consumer(group_id=CTP_GROUP, isolation_level="read_committed",
+                                               max_poll_records=8)
+                consumer.assign(inputs)
+            records = consumer.poll(timeout_s=0.3)
+        except Exception as exc:  # noqa: BLE001
+            worker.history.record("consumer_error", error=repr(exc)[:300])
+            close_quietly(consumer)
+            consumer = None
+            time.sleep(0.2)
+            continue
+        if not records:
+            continue
+        txn += 1
+        intent = "abort" if worker.rng.random() < args.abort_probability else "commit"
+        worker.history.record("begin", txn=txn, instance=instance, intent=intent)
+        try:
+            producer.begin_transaction()
+            for idx, record in enumerate(records):
+                uid = f"{args.name}/{txn}/{idx}"
+                src = decode_uid(record.value)
+                partition = record.partition % output_partitions
+                worker.history.record("send", txn=txn, idx=idx, uid=uid, topic=args.output, partition=partition,
+                                      src=src, src_topic=record.topic, src_partition=record.partition,
+                                      src_offset=record.offset)
+                future = producer.send(args.output, encode_value(args.name, txn, idx, uid, src), partition=partition)
+                future.add_done_callback(
+                    lambda f, t=txn, i=idx, u=uid, p=partition: worker.record_ack(t, i, u, args.output, p, f))
+            offsets = {tp: consumer.position(tp) for tp in inputs}
+            worker.history.record("offsets", txn=txn, offsets={tp_key(*tp): o for tp, o in offsets.items()})
+            producer.send_offsets_to_transaction(offsets, CTP_GROUP, timeout_s=CALL_TIMEOUT_S)
+        except Exception as exc:  # noqa: BLE001 - it never asked to commit
+            worker.history.record("end", txn=txn, outcome="aborted", error=repr(exc)[:300])
+            close_quietly(producer)
+            producer = None
+            continue
+        ok = worker.end_transaction(producer, txn, intent)
+        if not ok:
+            close_quietly(producer)
+            producer = None
+        if not ok or intent == "abort":  # read the aborted input again, from the group's offsets
+            close_quietly(consumer)
+            consumer = None
+    for client in (producer, consumer):
+        if client is not None:
+            close_quietly(client)
+
+
+def run_poller(worker: Worker) -> None:
+    """Polls every partition from the beginning, recording each poll's records;
+    a new consumer (after an error) starts a new ``session``."""
+    args = worker.args
+    tps = [TopicPartition(t, p) for t, count in parse_topics(args.topics).items() for p in range(count)]
+    consumer, session = None, 0
+    while not worker.stopping():
+        try:
+            if consumer is None:
+                session += 1
+                consumer = worker.new_consumer(isolation_level=args.isolation)
+                consumer.assign(tps)
+                consumer.seek_to_beginning()
+            t0 = time.time()
+            records = consumer.poll(timeout_s=0.5)
+        except Exception as exc:  # noqa: BLE001
+            worker.history.record("consumer_error", session=session, error=repr(exc)[:300])
+            close_quietly(consumer)
+            consumer = None
+            time.sleep(0.2)
+            continue
+        if records:
+            worker.history.record("poll", isolation=args.isolation, session=session, t0=t0,
+                                  records=[[r.topic, r.partition, r.offset, decode_uid(r.value)] for r in records])
+    if consumer is not None:
+        close_quietly(consumer)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m services.chaos.worker")
+    parser.add_argument("kind", choices=("producer", "ctp", "poller"))
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--bootstrap", required=True)
+    parser.add_argument("--dir", required=True, help="the run's folder (history/ goes there)")
+    parser.add_argument("--stop-file", required=True)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--topics", required=True, help="name:partitions,... (a poller reads all of them)")
+    parser.add_argument("--input", help="ctp: the input topic")
+    parser.add_argument("--output", help="ctp: the output topic")
+    parser.add_argument("--isolation", default="read_committed", choices=("read_committed", "read_uncommitted"))
+    parser.add_argument("--txn-timeout-ms", type=int, default=6000)
+    parser.add_argument("--abort-probability", type=float, default=0.3)
+    parser.add_argument("--cut-probability", type=float, default=0.02)
+    args = parser.parse_args(argv)
+    worker = Worker(args)
+    try:
+        {"producer": run_producer, "ctp": run_ctp, "poller": run_poller}[args.kind](worker)
+    finally:
+        worker.write_stats()
+        worker.history.record("exit")
+        worker.history.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

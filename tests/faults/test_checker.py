@@ -1,0 +1,225 @@
+"""The chaos checker on small synthetic histories: a clean one reports every
+count 0, and each anomaly kind, planted once, is reported with its count and
+an example."""
+
+import pytest
+
+from services.chaos.checker import ANOMALIES, check, figures
+
+
+class Scenario:
+    """Builds a history and the final reads it should lead to."""
+
+    def __init__(self):
+        self.events = []
+        self.now = 1000.0
+        self.rc, self.ru = [], []
+        self.final = {"group_offsets": {}, "hanging": [], "open_transactions": [], "stuck_partitions": []}
+
+    def event(self, event_type, worker, **fields):
+        self.now += 1
+        self.events.append({"type": event_type, "worker": worker, "t": self.now, **fields})
+
+    def txn(self, worker, txn, writes, outcome="committed", instance=1, src=None):
+        """``writes``: [(topic, partition, offset)]; returns the uids. ``outcome`` None: no end event."""
+        intent = "abort" if outcome == "aborted" else "commit"
+        self.event("begin", worker, txn=txn, instance=instance, intent=intent)
+        uids = []
+        for idx, (topic, partition, offset) in enumerate(writes):
+            uid = f"{worker}/{txn}/{idx}"
+            uids.append(uid)
+            extra = {} if src is None else src[idx]
+            self.event("send", worker, txn=txn, idx=idx, uid=uid, topic=topic, partition=partition, **extra)
+            self.event("ack", worker, txn=txn, idx=idx, uid=uid, topic=topic, partition=partition, offset=offset)
+        self.event("commit_start" if intent == "commit" else "abort_start", worker, txn=txn)
+        if outcome is not None:
+            self.event("end", worker, txn=txn, outcome=outcome)
+        return uids
+
+    def appear(self, uids_at, committed=True):
+        """The records (topic, partition, offset, uid) in the final reads."""
+        for record in uids_at:
+            self.ru.append(list(record))
+            if committed:
+                self.rc.append(list(record))
+
+    def poll(self, worker, isolation, records, session=1):
+        self.event("poll", worker, isolation=isolation, session=session, t0=self.now, records=[list(r) for r in records])
+
+    def check(self):
+        return check(self.events, {**self.final, "read_committed": self.rc, "read_uncommitted": self.ru})
+
+
+def clean() -> Scenario:
+    """Two producers, a committed, an aborted and an indefinite (found committed) transaction, a poller."""
+    s = Scenario()
+    a = s.txn("p0", 1, [("a", 0, 0), ("b", 0, 0)])
+    s.appear([("a", 0, 0, a[0]), ("b", 0, 0, a[1])])
+    b = s.txn("p0", 2, [("a", 0, 1)], outcome="aborted")
+    s.appear([("a", 0, 1, b[0])], committed=False)
+    c = s.txn("p1", 1, [("a", 0, 3), ("a", 0, 4)], outcome="indefinite")
+    s.appear([("a", 0, 3, c[0]), ("a", 0, 4, c[1])])
+    s.poll("rc0", "read_committed", [("a", 0, 0, a[0]), ("a", 0, 3, c[0])])
+    s.poll("ru0", "read_uncommitted", [("a", 0, 0, a[0]), ("a", 0, 1, b[0])])
+    return s
+
+
+def assert_only(result, kind, count=1):
+    assert result["counts"][kind] == count, result
+    assert result["examples"][kind], result
+    assert {k: v for k, v in result["counts"].items() if v} == {kind: count}
+
+
+def test_a_clean_history_reports_zero_of_every_anomaly():
+    s = clean()
+    result = s.check()
+    assert set(result["counts"]) == set(ANOMALIES)
+    assert all(count == 0 for count in result["counts"].values()), result
+    assert result["examples"] == {}
+    numbers = figures(s.events, {"read_committed": s.rc, "read_uncommitted": s.ru})
+    assert (numbers["committed"], numbers["aborted"], numbers["indefinite"]) == (1, 1, 1)
+    assert numbers["indefinite_found_committed"] == 1
+
+
+def test_an_indefinite_transaction_may_be_aborted_all_of_it():
+    s = clean()
+    d = s.txn("p2", 1, [("b", 1, 0), ("b", 1, 1)], outcome=None)  # the worker died before the answer
+    s.appear([("b", 1, 0, d[0]), ("b", 1, 1, d[1])], committed=False)
+    assert sum(s.check()["counts"].values()) == 0
+
+
+@pytest.mark.parametrize("where", ["final", "poll"])
+def test_a_record_of_an_aborted_transaction_read_committed_is_an_aborted_read(where):
+    s = clean()
+    uid = "p0/2/0"
+    if where == "final":
+        s.rc.append(["a", 0, 1, uid])
+    else:
+        s.poll("rc0", "read_committed", [("a", 0, 1, uid)], session=2)
+    result = s.check()
+    assert_only(result, "aborted_reads")
+    assert result["examples"]["aborted_reads"][0]["transaction"] == "p0#2"
+
+
+def test_a_committed_record_never_read_is_a_lost_write_and_non_atomic():
+    s = clean()
+    s.rc = [r for r in s.rc if r[3] != "p0/1/1"]
+    s.ru = [r for r in s.ru if r[3] != "p0/1/1"]
+    result = s.check()
+    assert result["counts"]["lost_writes"] == 1
+    assert result["examples"]["lost_writes"][0]["missing"] == ["p0/1/1"]
+    assert result["counts"]["non_atomic_transactions"] == 1
+    assert sum(result["counts"].values()) == 2
+
+
+def test_an_indefinite_transaction_seen_in_part_is_non_atomic():
+    s = clean()
+    s.rc = [r for r in s.rc if r[3] != "p1/1/1"]  # visible uncommitted only: aborted, but its sibling committed
+    result = s.check()
+    assert_only(result, "non_atomic_transactions")
+    assert result["examples"]["non_atomic_transactions"][0]["outcome"] == "indefinite"
+
+
+def test_a_record_at_two_offsets_is_a_duplicate():
+    s = clean()
+    s.ru.append(["c", 0, 0, "p0/1/0"])
+    assert_only(s.check(), "duplicates")
+
+
+def test_an_input_record_transformed_twice_is_a_duplicate():
+    s = clean()
+    src = {"src": "p0/1/0", "src_topic": "a", "src_partition": 0, "src_offset": 0}
+    x = s.txn("ctp0", 1, [("out", 0, 0)], src=[src])
+    y = s.txn("ctp0", 2, [("out", 0, 1)], src=[src])
+    s.appear([("out", 0, 0, x[0]), ("out", 0, 1, y[0])])
+    result = s.check()
+    assert_only(result, "duplicates")
+    assert result["examples"]["duplicates"][0]["input"] == "p0/1/0"
+
+
+def test_records_of_one_producer_out_of_send_order_are_an_order_violation():
+    s = Scenario()
+    a = s.txn("p0", 1, [("a", 0, 0)])
+    b = s.txn("p0", 2, [("a", 0, 1)])
+    s.appear([("a", 0, 0, b[0]), ("a", 0, 1, a[0])])  # the log holds them the other way round
+    result = check(s.events, {"read_committed": s.rc, "read_uncommitted": s.ru})
+    assert result["counts"]["order_violations"] == 1
+    assert result["examples"]["order_violations"][0]["producer"] == "p0"
+
+
+def test_a_read_committed_poll_past_a_transaction_not_yet_committing_is_above_the_lso():
+    s = Scenario()
+    s.event("begin", "p0", txn=1, instance=1, intent="commit")
+    s.event("send", "p0", txn=1, idx=0, uid="p0/1/0", topic="a", partition=0)
+    s.event("send", "p1", txn=1, idx=0, uid="p1/1/0", topic="a", partition=0)
+    s.event("begin", "p1", txn=1, instance=1, intent="commit")
+    s.event("commit_start", "p1", txn=1)
+    s.event("end", "p1", txn=1, outcome="committed")
+    s.poll("rc0", "read_committed", [("a", 0, 1, "p1/1/0")])  # p0's transaction at offset 0 is still open
+    s.event("commit_start", "p0", txn=1)
+    s.event("end", "p0", txn=1, outcome="committed")
+    s.appear([("a", 0, 0, "p0/1/0"), ("a", 0, 1, "p1/1/0")])
+    result = s.check()
+    assert_only(result, "read_committed_above_lso")
+    assert result["examples"]["read_committed_above_lso"][0]["blocking_record"] == "p0/1/0"
+
+
+@pytest.mark.parametrize("source", ["hanging", "open_transactions", "stuck_partitions"])
+def test_a_transaction_open_after_the_timeout_is_hanging(source):
+    s = clean()
+    s.final[source] = [{"topic": "a", "partition": 0, "producer_id": 7}]
+    assert_only(s.check(), "hanging_transactions")
+
+
+def test_group_offsets_past_input_without_output_disagree_with_the_output():
+    s = clean()
+    s.final["ctp_input"] = "a"
+    src = {"src": "p0/1/0", "src_topic": "a", "src_partition": 0, "src_offset": 0}
+    x = s.txn("ctp0", 1, [("out", 0, 0)], src=[src])
+    s.appear([("out", 0, 0, x[0])])
+    s.final["group_offsets"] = {"a/0": 1}
+    assert sum(s.check()["counts"].values()) == 0  # offset 1: input offset 0 processed, exactly
+    s.final["group_offsets"] = {"a/0": 5}  # also claims offsets 3 and 4, whose output is nowhere
+    result = s.check()
+    assert_only(result, "group_offset_mismatches")
+    assert result["examples"]["group_offset_mismatches"][0]["below_offset_not_in_output"] == ["p1/1/0", "p1/1/1"]
+
+
+def test_two_records_at_one_offset_are_inconsistent_offsets():
+    s = clean()
+    s.poll("ru0", "read_uncommitted", [("a", 0, 4, "p0/1/0")], session=2)  # the final read has p1/1/1 there
+    result = s.check()
+    assert_only(result, "inconsistent_offsets")
+    assert result["examples"]["inconsistent_offsets"][0] == {"partition": "a/0", "offset": 4,
+                                                             "uids": ["p0/1/0", "p1/1/1"]}
+
+
+def test_a_consumer_going_back_in_one_session_is_a_non_monotonic_poll():
+    s = clean()
+    s.poll("rc0", "read_committed", [("a", 0, 0, "p0/1/0")])  # session 1 read offset 3 already
+    assert_only(s.check(), "non_monotonic_polls")
+
+
+def test_a_later_send_acknowledged_at_a_lower_offset_is_a_non_monotonic_send():
+    s = Scenario()
+    a = s.txn("p0", 1, [("a", 0, 5), ("a", 0, 4)])
+    s.appear([("a", 0, 5, a[0]), ("a", 0, 4, a[1])])
+    result = s.check()
+    assert result["counts"]["non_monotonic_sends"] == 1
+    assert result["examples"]["non_monotonic_sends"][0]["offsets"] == [5, 4]
+
+
+def test_a_transaction_split_by_another_of_its_producer_is_torn():
+    s = Scenario()
+    a = s.txn("p0", 1, [("a", 0, 0), ("a", 0, 2)], outcome="aborted")
+    b = s.txn("p0", 2, [("a", 0, 1)], outcome="aborted", instance=2)  # a new producer object: no send order
+    s.appear([("a", 0, 0, a[0]), ("a", 0, 1, b[0]), ("a", 0, 2, a[1])], committed=False)
+    result = s.check()
+    assert_only(result, "torn_transactions")
+    assert result["examples"]["torn_transactions"][0]["transaction"] == "p0#1"
+
+
+def test_a_record_no_worker_sent_is_unexpected():
+    s = clean()
+    s.ru.append(["b", 1, 0, None])
+    assert_only(s.check(), "unexpected_records")
