@@ -32,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -44,7 +43,7 @@ from coordinator_svc.markers import MarkerSender
 from coordinator_svc.partitions import PartitionClient
 from coordinator_svc.transaction_state import TransactionMetadata, TransactionState
 from coordinator_svc.txn_log import FENCE_KEY, TransactionLogPartition
-from services import coordinators, zk
+from services import coordinators, names, zk
 from services.errors import ErrorCode, TxlogError
 from services.hashing import partition_for_id
 from services.logs import fields
@@ -53,7 +52,6 @@ from services.stubs.txlog.v1 import partition_pb2
 
 log = logging.getLogger(__name__)
 S = TransactionState
-TRANSACTIONAL_ID_RE = re.compile(r"^[a-zA-Z0-9._:-]{1,255}$")
 CONSUMER_OFFSETS = "__consumer_offsets"
 
 
@@ -219,11 +217,7 @@ class TransactionCoordinator:
 
     @staticmethod
     def check_transactional_id(transactional_id: str) -> None:
-        if not TRANSACTIONAL_ID_RE.match(transactional_id):
-            raise TxlogError(
-                ErrorCode.Value("INVALID_TRANSACTIONAL_ID"),
-                f"transactional id {transactional_id[:300]!r} is invalid: 1 to 255 characters of [a-zA-Z0-9._:-]",
-            )
+        names.check_transactional_id(transactional_id)
 
     def _existing(self, loaded: LoadedPartition, transactional_id: str, producer_id: int) -> TransactionMetadata:
         meta = loaded.transactions.get(transactional_id)
@@ -357,8 +351,7 @@ class TransactionCoordinator:
         return {tp: error("UNKNOWN_TOPIC_OR_PARTITION", f"{tp[0]}-{tp[1]} does not exist") for tp in missing(counts)}
 
     async def handle_add_offsets(self, transactional_id, producer_id, producer_epoch, group_id) -> None:
-        if not re.match(r"^[a-zA-Z0-9._-]{1,255}$", group_id):
-            raise error("INVALID_GROUP_ID", f"group id {group_id[:300]!r} is invalid")
+        names.check_group_id(group_id)
         count = await self.client.partition_count(CONSUMER_OFFSETS)
         if count is None:  # asking for a group's coordinator creates the topic
             await self.client.call("Metadata", partition_pb2.MetadataRequest(group_ids=[group_id]))

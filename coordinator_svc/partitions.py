@@ -68,7 +68,7 @@ class PartitionClient:
             await self.refresh([topic])
             known = self._leaders.get((topic, partition))
         if known is None:
-            raise TxlogError(ErrorCode.Value("LEADER_NOT_AVAILABLE"), f"{topic}-{partition} has no live leader")
+            raise TxlogError(ErrorCode.Value("LEADER_NOT_AVAILABLE"), f"{topic[:300]}-{partition} has no live leader")
         return known[0]
 
     def forget_leader(self, topic: str, partition: int) -> None:

@@ -30,6 +30,7 @@ from services.config import Setting, boolean, positive_int
 from services.errors import ErrorCode, TxlogError
 from services.hashing import partition_for_id
 from services.logs import fields
+from services.names import is_topic_name
 from services.producer_ids import IdempotentProducerInitServicer, ProducerIdSource
 from services.stubs.txlog.v1 import (
     common_pb2,
@@ -121,12 +122,24 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
             raise TxlogError(ErrorCode.Value("COORDINATOR_NOT_AVAILABLE"), f"coordinator {owner[0].node_id} is not live")
         return address
 
+    async def check_internal_writer(self, topic: str, index: int, batch) -> None:
+        """Internal topics take no client's records: __consumer_offsets is written
+        only by OffsetCommit/TxnOffsetCommit here, __transaction_state only by the
+        coordinator owning the partition (its log producer id, in the owner node).
+        A stray record there would stop every later load of the partition."""
+        if topic == coordinators.TRANSACTION_STATE_TOPIC:
+            owner = await coordinators.read_owner(self.runtime.zookeeper, self.config.zookeeper_root, index)
+            if owner is not None and batch.producer_id == owner[0].log_producer_id:
+                return
+        raise TxlogError(ErrorCode.Value("INVALID_TOPIC"),
+                         f"{topic} is an internal topic: only its owner writes to it (offsets go through OffsetCommit)")
+
     async def hosted(self, topic: str, index: int) -> Partition:
         """The partition, if this instance leads it; else a TxlogError saying where to go."""
         partition = self.partitions.get((topic, index))
         if partition is not None:
             return partition
-        info = await self.topics.get(topic) if validation.NAME_RE.match(topic or "-") else None
+        info = await self.topics.get(topic) if is_topic_name(topic) else None
         if info is None or not 0 <= index < info.partition_count:
             raise TxlogError(ErrorCode.Value("UNKNOWN_TOPIC_OR_PARTITION"), f"{topic[:300]!r} partition {index} does not exist")
         leader = info.assignment[index]
@@ -194,7 +207,7 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
         names = await self.topics.names() if request.all_topics else list(dict.fromkeys(request.topics))
         for name in names:
             topic = reply.topics.add(name=name)
-            info = await self.topics.get(name) if validation.NAME_RE.match(name or "-") else None
+            info = await self.topics.get(name) if is_topic_name(name) else None
             if info is None:
                 topic.error.CopyFrom(error("UNKNOWN_TOPIC_OR_PARTITION", f"topic {name[:300]!r} does not exist"))
                 continue
@@ -278,6 +291,8 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
             result = reply.results.add(topic=item.topic, partition=item.partition)
             try:
                 partition = await self.hosted(item.topic, item.partition)
+                if item.topic in INTERNAL_TOPICS:
+                    await self.check_internal_writer(item.topic, item.partition, item.batch)
                 validation.check_batch(item.batch, self.limits)
                 if item.batch.is_transactional and self.needs_verification(request.transactional_id, item.batch, partition):
                     to_verify.setdefault((item.batch.producer_id, item.batch.producer_epoch), []).append(len(resolved))
@@ -501,6 +516,11 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
     @server.rpc_handler
     async def OffsetFetch(self, request, context):
         validation.check_group_id(request.group_id)
+        if len(request.partitions) > self.config.partitions_per_request_max:
+            self.check_partition_count(len(request.partitions))
+        negative = [f"{p.topic[:300]}-{p.partition}" for p in request.partitions if p.partition < 0]
+        if negative:
+            raise validation.invalid(f"partitions are numbered from 0: {negative[:10]}")
         offsets_partition = await self.group_partition(request.group_id)
         prefix = log_store.group_prefix(request.group_id)
         if request.require_stable and offsets_partition.has_pending_offsets(prefix):

@@ -3,15 +3,12 @@ before anything is changed, so bad input never alters stored data."""
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from services.errors import ErrorCode, TxlogError
+from services.names import check_group_id, check_topic_name  # noqa: F401 -- the name rules, re-exported
 from services.stubs.txlog.v1 import common_pb2
 
-NAME_RE = re.compile(r"^[a-zA-Z0-9._-]+$")
-TOPIC_NAME_CHARS_MAX = 249
-GROUP_ID_CHARS_MAX = 255
 PRODUCER_EPOCH_MAX = 32767
 SEQUENCE_MAX = 2**31 - 1
 TIMESTAMP_MS_MAX = 2**53
@@ -29,25 +26,6 @@ TOPIC_CONFIG_DEFAULTS = {
 
 def invalid(message: str, code: str = "INVALID_REQUEST") -> TxlogError:
     return TxlogError(ErrorCode.Value(code), message)
-
-
-def check_topic_name(name: str) -> str:
-    if not name or len(name) > TOPIC_NAME_CHARS_MAX or not NAME_RE.match(name) or name in (".", ".."):
-        raise invalid(
-            f"topic name {name[:300]!r} is invalid: 1 to {TOPIC_NAME_CHARS_MAX} characters of [a-zA-Z0-9._-], "
-            "not '.' or '..'",
-            "INVALID_TOPIC",
-        )
-    return name
-
-
-def check_group_id(group_id: str) -> str:
-    if not group_id or len(group_id) > GROUP_ID_CHARS_MAX or not NAME_RE.match(group_id):
-        raise invalid(
-            f"group id {group_id[:300]!r} is invalid: 1 to {GROUP_ID_CHARS_MAX} characters of [a-zA-Z0-9._-]",
-            "INVALID_GROUP_ID",
-        )
-    return group_id
 
 
 def check_partition_count(count: int, count_max: int) -> int:

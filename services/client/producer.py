@@ -64,10 +64,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import re
 import time
 from collections.abc import Mapping, Sequence
 
+from services import names
 from services.client._loop import LoopThread
 from services.client.accumulator import RecordAccumulator, record_size_bytes
 from services.client.config import ProducerConfig
@@ -97,10 +97,8 @@ from services.client.txn_requests import (
     TxnOffsetCommitHandler,
 )
 from services.errors import ErrorCode
+from services.names import GROUP_ID_CHARS_MAX
 from services.retry import RetryPolicy
-
-GROUP_ID_CHARS_MAX = 255
-GROUP_ID_RE = re.compile(r"^[a-zA-Z0-9._-]+$")  # errors.proto INVALID_GROUP_ID: checked before anything is sent
 
 
 class Producer:
@@ -375,8 +373,7 @@ class Producer:
         the group's committed offsets when, and only if, the transaction commits.
         Failures make the transaction abortable (TransactionAbortableError)."""
         txn = self._transactional(Call.SEND_OFFSETS)
-        if not isinstance(group_id, str) or not 0 < len(group_id) <= GROUP_ID_CHARS_MAX \
-                or not GROUP_ID_RE.match(group_id):
+        if not names.is_group_id(group_id):
             raise ValueError(f"group_id must be 1 to {GROUP_ID_CHARS_MAX} characters of [a-zA-Z0-9._-] "
                              f"(INVALID_GROUP_ID), not {group_id!r}")
         checked: dict[TopicPartition, int] = {}

@@ -177,6 +177,21 @@ def test_concurrent_add_partitions_of_one_transaction_either_succeed_or_ask_for_
     assert len(producer.describe().partitions) == 32
 
 
+def test_clients_cannot_produce_to_internal_topics(raw):
+    """Found by the hostile-input suite: a stray record in __transaction_state stopped every later load of
+    its partition. Only the owning coordinator's log producer writes there; offsets go through OffsetCommit."""
+    TxnProducer(raw, "internal-probe").init()  # creates __transaction_state
+    raw.stub(raw.bootstrap[0]).Metadata(partition_pb2.MetadataRequest(group_ids=["g"]), timeout=10)  # and __consumer_offsets
+    for topic in ("__transaction_state", "__consumer_offsets"):
+        before = raw.list_offset(topic, 0, partition_pb2.OFFSET_SPEC_LATEST).offset
+        for producer_id, epoch, sequence in ((-1, -1, -1), (123456, 0, 0)):
+            batch = common_pb2.RecordBatch(producer_id=producer_id, producer_epoch=epoch, base_sequence=sequence,
+                                           records=[common_pb2.Record(key=b"k", value=b"garbage")])
+            result = raw.produce(topic, 0, batch)
+            assert code_name(result) == "INVALID_TOPIC" and "internal topic" in result.error.message, result
+        assert raw.list_offset(topic, 0, partition_pb2.OFFSET_SPEC_LATEST).offset == before
+
+
 def test_offsets_in_a_transaction_become_visible_with_its_commit(raw):
     raw.create_topic("in", 1)
     producer = TxnProducer(raw, "ctp").init()
@@ -232,9 +247,12 @@ def test_a_hanging_transaction_the_coordinator_forgot_is_found_and_aborted(raw, 
     producer = TxnProducer(raw, "hanging-tx").init()
     producer.add(("hang", 0))
     assert code_name(producer.send("hang", 0, "stuck")) == "NONE"
-    # delete the coordinator's record of the id (a tombstone in its log partition), then let it reload
+    # delete the coordinator's record of the id (a tombstone in its log partition, written as its owner
+    # writes: only the owner's log producer may write there), then let it reload
     state_partition = partition_for_id("hanging-tx", len(raw.leaders("__transaction_state")))
-    tombstone = common_pb2.RecordBatch(producer_id=-1, producer_epoch=-1, base_sequence=-1, records=[common_pb2.Record(key=b"hanging-tx")])
+    (log_writer,) = [p for p in raw.producers("__transaction_state", state_partition).producers if p.last_sequence >= 0]
+    tombstone = common_pb2.RecordBatch(producer_id=log_writer.producer_id, producer_epoch=log_writer.producer_epoch,
+                                       base_sequence=log_writer.last_sequence + 1, records=[common_pb2.Record(key=b"hanging-tx")])
     assert raw.produce("__transaction_state", state_partition, tombstone).error.code == 0
     names = {p.address: n for n, p in txn_cluster.state.services.items()}
     coordinator = names[raw.metadata(partition_pb2.MetadataRequest(transactional_ids=["hanging-tx"])).transaction_coordinators[0].address]
