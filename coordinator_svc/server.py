@@ -11,7 +11,7 @@ import grpc
 from coordinator_svc.coordinator import CoordinatorConfig, TransactionCoordinator, error
 from coordinator_svc.partitions import PartitionClient
 from coordinator_svc.transaction_state import TransactionMetadata, TransactionState
-from services import coordinators, errors, server
+from services import coordinators, errors, names, server
 from services.channels import open_channel
 from services.config import Setting, positive_int
 from services.errors import TxlogError
@@ -148,20 +148,16 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
         tp = (request.partition.topic, request.partition.partition)
         if request.producer_id < 0 or not 0 <= request.producer_epoch <= 32767 or request.coordinator_epoch < 0:
             raise error("INVALID_REQUEST", "producer_id, producer_epoch and coordinator_epoch must be valid (see DescribeProducers)")
+        names.check_topic_name(tp[0])
         leader = await self.coordinator.client.leader(*tp)
-        reply = await self.coordinator.client.stub(leader).WriteTxnMarkers(
-            partition_pb2.WriteTxnMarkersRequest(
-                markers=[
-                    partition_pb2.TxnMarker(
-                        producer_id=request.producer_id,
-                        producer_epoch=request.producer_epoch,
-                        committed=False,
-                        coordinator_epoch=request.coordinator_epoch,
-                        partitions=[request.partition],
-                    )
-                ]
-            )
-        )
+        marker = partition_pb2.TxnMarker(producer_id=request.producer_id, producer_epoch=request.producer_epoch,
+                                         committed=False, coordinator_epoch=request.coordinator_epoch,
+                                         partitions=[request.partition])
+        try:
+            reply = await self.coordinator.client.stub(leader).WriteTxnMarkers(
+                partition_pb2.WriteTxnMarkersRequest(markers=[marker]))
+        except grpc.RpcError as exc:  # the leader went away or timed out: its error, not a stack trace
+            raise errors.from_rpc_error(exc) from None
         errors.check(reply.markers[0].results[0].error)
         log.info("aborted a hanging transaction", extra={"fields": {"topic": tp[0], "partition": tp[1], "producer_id": request.producer_id}})
         return coordinator_pb2.AbortTransactionResponse()

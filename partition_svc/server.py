@@ -109,12 +109,7 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
         if info is None:
             raise TxlogError(ErrorCode.Value("COORDINATOR_NOT_AVAILABLE"), "no transaction coordinator has started yet")
         index = partition_for_id(transactional_id, info.partition_count)
-        cached = self._owners.get(index)
-        if cached is not None and time.monotonic() - cached[0] < self.config.live_nodes_cache_ms / 1000:
-            owner = cached[1]
-        else:
-            owner = await coordinators.read_owner(self.runtime.zookeeper, self.config.zookeeper_root, index)
-            self._owners[index] = (time.monotonic(), owner)
+        owner = await self.transaction_log_owner(index)
         if owner is None:
             raise TxlogError(ErrorCode.Value("COORDINATOR_NOT_AVAILABLE"), f"{coordinators.TRANSACTION_STATE_TOPIC} partition {index} has no owner yet")
         address = (await self.live_nodes(coordinators.COORDINATOR_KIND)).get(owner[0].node_id)
@@ -122,15 +117,28 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
             raise TxlogError(ErrorCode.Value("COORDINATOR_NOT_AVAILABLE"), f"coordinator {owner[0].node_id} is not live")
         return address
 
+    async def transaction_log_owner(self, index: int, *, fresh: bool = False):
+        """The owner of a __transaction_state partition and its node version (or None),
+        read from ZooKeeper at most once per cache period unless ``fresh``."""
+        cached = self._owners.get(index)
+        if not fresh and cached is not None and time.monotonic() - cached[0] < self.config.live_nodes_cache_ms / 1000:
+            return cached[1]
+        owner = await coordinators.read_owner(self.runtime.zookeeper, self.config.zookeeper_root, index)
+        self._owners[index] = (time.monotonic(), owner)
+        return owner
+
     async def check_internal_writer(self, topic: str, index: int, batch) -> None:
         """Internal topics take no client's records: __consumer_offsets is written
         only by OffsetCommit/TxnOffsetCommit here, __transaction_state only by the
         coordinator owning the partition (its log producer id, in the owner node).
         A stray record there would stop every later load of the partition."""
         if topic == coordinators.TRANSACTION_STATE_TOPIC:
-            owner = await coordinators.read_owner(self.runtime.zookeeper, self.config.zookeeper_root, index)
-            if owner is not None and batch.producer_id == owner[0].log_producer_id:
-                return
+            # Every write of the coordinator's log comes here: ZooKeeper is asked again only when the
+            # cached owner does not match (a new partition, or a client that is not the owner).
+            for fresh in (False, True):
+                owner = await self.transaction_log_owner(index, fresh=fresh)
+                if owner is not None and batch.producer_id == owner[0].log_producer_id:
+                    return
         raise TxlogError(ErrorCode.Value("INVALID_TOPIC"),
                          f"{topic} is an internal topic: only its owner writes to it (offsets go through OffsetCommit)")
 
@@ -382,7 +390,12 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
             remaining = deadline - time.monotonic()
             if returned_bytes > max(request.min_bytes - 1, 0) or not waits or remaining <= 0:
                 return reply
-            await asyncio.wait([asyncio.ensure_future(w.wait()) for w in waits], timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+            waiters = [asyncio.ensure_future(w.wait()) for w in waits]
+            try:
+                await asyncio.wait(waiters, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+            finally:  # an idle partition's event may never fire: a waiter left behind would live for good
+                for waiter in waiters:
+                    waiter.cancel()
 
     async def _fetch_once(self, request) -> tuple[bytes, list[asyncio.Event], int]:
         """One pass over the partitions: the encoded response, the events to
