@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import random
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
@@ -38,7 +39,9 @@ from typing import Any, NamedTuple
 
 from pyspark import TaskContext
 
+from services import names
 from services.client import Admin, Consumer, Producer
+from services.client.admin import MAX_TRANSACTION_TIMEOUT_MS_DEFAULT, OPEN_STATES
 from services.client.errors import ProducerFencedError
 from services.client.structs import ConsumerRecord
 from spark_jobs import options, planning, reading
@@ -47,7 +50,6 @@ from spark_jobs.writing import SendFailures, abort_quietly
 log = logging.getLogger("spark_jobs.eos")
 
 DELIVERY_MODES = ("exactly-once", "at-least-once")
-UNFINISHED_STATES = ("Ongoing", "PrepareCommit", "PrepareAbort", "PrepareEpochFence")
 FENCED_ROUNDS_MAX = 5
 
 
@@ -81,6 +83,14 @@ class EosJob:
             raise options.OptionError(f"delivery must be one of {DELIVERY_MODES}, not {self.delivery!r}")
         if not options.TRANSACTIONAL_ID_PREFIX_RE.fullmatch(self.name):
             raise options.OptionError(f"a job name must be 1-200 characters of [a-zA-Z0-9._-], not {self.name!r}")
+        if not self.input_topics or not all(names.is_topic_name(t) for t in (*self.input_topics, self.output_topic)):
+            raise options.OptionError(f"input topics {list(self.input_topics)} and output topic {self.output_topic!r} "
+                                      "must be valid topic names (at least one input)")
+        if not names.is_group_id(self.group):
+            raise options.OptionError(f"group {self.group!r} is not a valid group id (1 to 255 characters of [a-zA-Z0-9._-])")
+        if not 0 < self.transaction_timeout_ms <= MAX_TRANSACTION_TIMEOUT_MS_DEFAULT:
+            raise options.OptionError(f"transaction_timeout_ms must be 1..{MAX_TRANSACTION_TIMEOUT_MS_DEFAULT} "
+                                      f"(the coordinators' default maximum), not {self.transaction_timeout_ms}")
         load_transform(self.transform)
 
     def transactional_id(self, offsets: planning.OffsetRange) -> str:
@@ -157,9 +167,11 @@ def process_range(job: EosJob, offsets: planning.OffsetRange) -> RangeResult:
                 if start >= offsets.end:
                     return _result(offsets, start, "skipped", 0, 0, attempt, fenced_rounds, tid, producer)
                 producer.begin_transaction()
-                records_in, records_out = _send_output(job, producer, offsets, start, transform, SendFailures())
+                # the offsets first: the coordinator then shows this transaction Ongoing at once, so a task
+                # this one fenced waits for it instead of fencing it back before its first record
                 producer.send_offsets_to_transaction({offsets.tp: offsets.end}, job.group)
-                producer.commit_transaction()
+                records_in, records_out = _send_output(job, producer, offsets, start, transform, None)
+                producer.commit_transaction()  # raises if any record failed
                 return _result(offsets, start, "committed", records_in, records_out, attempt, fenced_rounds, tid,
                                producer)
             except ProducerFencedError:
@@ -168,6 +180,7 @@ def process_range(job: EosJob, offsets: planning.OffsetRange) -> RangeResult:
                 abort_quietly(producer)
                 raise
         _wait_until_finished(job, tid)
+        time.sleep(random.uniform(0, 0.2 * (fenced_rounds + 1)))  # two fenced tasks do not re-init in step
     raise RuntimeError(f"{tid}: fenced {FENCED_ROUNDS_MAX} times in a row; other runs of job {job.name!r} "
                        "keep taking this partition")
 
@@ -197,13 +210,16 @@ def _committed(job: EosJob, offsets: planning.OffsetRange) -> int:
 
 
 def _send_output(job: EosJob, producer: Producer, offsets: planning.OffsetRange, start: int, transform: Transform,
-                 failures: SendFailures) -> tuple[int, int]:
+                 failures: SendFailures | None) -> tuple[int, int]:
+    """Sends the transformed records; ``failures`` watches each send (None in a transaction,
+    whose commit fails anyway if a record did)."""
     unread = planning.OffsetRange(offsets.topic, offsets.partition, start, offsets.end)
     counted = _Counted(reading.read_range(job.bootstrap, unread))
     records_out = 0
     for output in transform(iter(counted), unread, **job.transform_args):
-        failures.watch(producer.send(job.output_topic, value=output.value, key=output.key,
-                                     headers=list(output.headers) or None))
+        sent = producer.send(job.output_topic, value=output.value, key=output.key, headers=list(output.headers) or None)
+        if failures is not None:
+            failures.watch(sent)
         records_out += 1
     return counted.count, records_out
 
@@ -225,7 +241,7 @@ def _wait_until_finished(job: EosJob, tid: str) -> None:
     with Admin(job.bootstrap) as admin:
         while time.monotonic() < deadline:
             (description,) = admin.describe_transactions([tid])
-            if description.state not in UNFINISHED_STATES:
+            if description.state not in OPEN_STATES:
                 return
             time.sleep(0.2)
 

@@ -167,6 +167,16 @@ def parse_read(options: Mapping[str, str]) -> ReadOptions:
     )
 
 
+def _transaction_timeout_ms(options: Mapping[str, str]) -> int:
+    from services.client.admin import MAX_TRANSACTION_TIMEOUT_MS_DEFAULT
+
+    value = _positive_int(options, "transactionTimeoutMs", 60_000)
+    if value > MAX_TRANSACTION_TIMEOUT_MS_DEFAULT:  # the coordinators refuse more, on every task
+        raise OptionError(f"txlog: option 'transactionTimeoutMs' must be at most {MAX_TRANSACTION_TIMEOUT_MS_DEFAULT} "
+                          f"(the coordinators' default maximum), not {value}")
+    return value
+
+
 def parse_write(options: Mapping[str, str]) -> WriteOptions:
     bootstrap = _bootstrap(options)
     topic = _required(options, "topic")
@@ -176,5 +186,5 @@ def parse_write(options: Mapping[str, str]) -> WriteOptions:
             f"txlog: option 'transactionalIdPrefix' must be 1-200 characters of [a-zA-Z0-9._-], not {prefix!r}")
     return WriteOptions(
         bootstrap=bootstrap, topic=topic, transactional_id_prefix=prefix,
-        transaction_timeout_ms=_positive_int(options, "transactionTimeoutMs", 60_000),
+        transaction_timeout_ms=_transaction_timeout_ms(options),
     )

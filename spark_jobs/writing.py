@@ -34,7 +34,7 @@ from spark_jobs.options import OptionError, WriteOptions
 
 log = logging.getLogger("spark_jobs.writing")
 
-OPEN_STATES = ("Ongoing",)
+ABORTABLE_STATES = ("Ongoing",)  # a dead attempt left it open; Prepare* finish by themselves
 EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 BYTES_TYPES = (BinaryType, StringType)
 COLUMN_TYPES = {
@@ -147,7 +147,9 @@ class TxlogWriter(DataSourceArrowWriter):
             try:
                 for batch in iterator:
                     for row in rows(batch):
-                        failures.watch(send_row(producer, self.options.topic, row))
+                        sent = send_row(producer, self.options.topic, row)
+                        if not tid:  # a transaction's commit fails by itself if a record did
+                            failures.watch(sent)
                         records += 1
                 if tid:
                     producer.commit_transaction()
@@ -185,7 +187,7 @@ def abort_quietly(producer: Producer) -> None:
 def abort_lingering(bootstrap: str, prefix: str) -> list[str]:
     """Re-inits every open transactional id ``<prefix>-<n>``, which aborts its transaction."""
     with Admin(bootstrap) as admin:
-        open_ids = sorted({t.transactional_id for t in admin.list_transactions(states=OPEN_STATES)
+        open_ids = sorted({t.transactional_id for t in admin.list_transactions(states=ABORTABLE_STATES)
                            if t.transactional_id.startswith(prefix + "-")
                            and t.transactional_id[len(prefix) + 1:].isdigit()})
     for tid in open_ids:

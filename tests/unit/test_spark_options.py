@@ -284,3 +284,22 @@ def test_two_jobs_never_share_a_transactional_id():
 
     assert _job(name="a").transactional_id(OffsetRange("b-c", 0, 0, 1)) != \
         _job(name="a-b").transactional_id(OffsetRange("c", 0, 0, 1))
+
+
+def test_a_transaction_timeout_above_the_coordinators_maximum_is_refused_before_any_task():
+    assert parse_write({**WRITE, "transactionTimeoutMs": "900000"}).transaction_timeout_ms == 900_000
+    with pytest.raises(OptionError, match="'transactionTimeoutMs' must be at most 900000"):
+        parse_write({**WRITE, "transactionTimeoutMs": "900001"})
+    with pytest.raises(OptionError, match="transaction_timeout_ms must be 1..900000"):
+        _job(transaction_timeout_ms=2**31)
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"input_topics": ()}, "at least one input"),
+    ({"input_topics": ("bad topic",)}, "valid topic names"),
+    ({"output_topic": ".."}, "valid topic names"),
+    ({"group": "g\n"}, "not a valid group id"),
+])
+def test_a_job_with_bad_topics_or_group_is_refused_on_the_driver(overrides, message):
+    with pytest.raises(OptionError, match=message):
+        _job(**overrides)
