@@ -399,26 +399,37 @@ class Partition:
     def compaction_changes(self) -> list[tuple[bytes, bytes | None]]:
         """For cleanup.policy=compact: deletes every batch below the LSO all of
         whose records have a newer record with the same key (the newest record
-        of every key stays); applies it in memory and returns the changes."""
+        of every key stays), and the batches of aborted transactions; applies it
+        in memory and returns the changes. Only records read_committed readers
+        see count as newer: an aborted record never hides a committed one, and
+        markers (all keyed b"") never hide each other; markers are kept."""
         if self.configs.get("cleanup.policy") != "compact":
             return []
         lso = self.last_stable_offset
         latest: dict[bytes, int] = {}
         batches: list[tuple[StoredBatchHeader, list[tuple[bytes, int]]]] = []
+        aborted: list[StoredBatchHeader] = []
+        scanned: list[StoredBatchHeader] = []  # every batch in offset order, markers included
         for base_offset, value in self.store.batches(self.pkey, self.log_start_offset):
             header = log_store.decode_header(base_offset, value)
             if header.last_offset >= lso:
                 break
+            scanned.append(header)
+            if header.is_control:
+                continue
+            if header.is_transactional and self.is_aborted(header.producer_id, header.base_offset):
+                aborted.append(header)
+                continue
             records = [(r.key, r.offset) for r in common_pb2.RecordBatch.FromString(log_store.payload_of(value)).records]
             batches.append((header, records))
             for key, offset in records:
                 latest[key] = offset
-        doomed = [h for h, records in batches if all(latest[key] > offset for key, offset in records)]
+        doomed = aborted + [h for h, records in batches if all(latest[key] > offset for key, offset in records)]
         if not doomed:
             return []
         gone = {h.base_offset for h in doomed}
         self.size_bytes -= sum(h.stored_bytes for h in doomed)
-        for header, _ in batches:
+        for header in scanned:  # the log starts at the first batch kept
             if header.base_offset not in gone:
                 break
             self.log_start_offset = header.last_offset + 1

@@ -181,3 +181,31 @@ def test_the_aborted_index_lookup_finds_exactly_the_aborted_spans(tmp_path):
     inside = {o for o in range(60) if h.partition.is_aborted(1, o)}
     assert inside == {10, 11, 12, *range(20, 26), 40}
     assert not h.partition.is_aborted(2, 11)
+
+
+def keyed(pid, epoch, seq, pairs, transactional=True):
+    return common_pb2.RecordBatch(
+        producer_id=pid, producer_epoch=epoch, base_sequence=seq, is_transactional=transactional,
+        records=[common_pb2.Record(key=k.encode(), value=v.encode()) for k, v in pairs],
+    )
+
+
+def test_compaction_keeps_a_committed_record_that_only_an_aborted_one_supersedes(tmp_path):
+    """Found in review: an aborted record of the same key made compaction delete the committed
+    one, so the key vanished for read_committed readers; and every marker (all keyed b"") but
+    the newest was compacted away."""
+    async def scenario():
+        h = Harness(str(tmp_path / "db"))
+        h.partition.configs = validation.topic_configs({"cleanup.policy": "compact"}, 1 << 20)
+        await h.produce(keyed(1, 0, 0, [("k", "committed")]))       # offset 0
+        assert await h.marker(1, 0, committed=True) == "written"     # offset 1
+        await h.produce(keyed(1, 1, 0, [("k", "aborted")]))         # offset 2
+        assert await h.marker(1, 1, committed=False) == "written"    # offset 3
+        await h.produce(keyed(-1, -1, -1, [("other", "x")], transactional=False))  # offset 4
+        assert h.read(committed=True) == ["committed", "x"]
+        await h.writer.submit(h.partition.compaction_changes())
+        assert h.read(committed=True) == ["committed", "x"]           # the committed value of k survives
+        assert h.read(committed=False) == ["committed", "x"]          # the aborted batch is gone
+        assert sorted(offset for offset, _ in h.store.batches(h.partition.pkey, 0)) == [0, 1, 3, 4]  # markers kept
+        assert h.partition.log_start_offset == 0
+    run(scenario())
