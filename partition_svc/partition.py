@@ -48,6 +48,9 @@ class Partition:
         self._data_arrived = asyncio.Event()
         self.aborted: dict[int, list[tuple[int, int]]] = {}  # producer id -> [(first, last offset)]
         self.pending_offsets: dict[int, dict[bytes, bytes]] = {}  # producer id -> {G key: value}
+        # Offsets a marker decided, until the marker is durable: the G keys they become are not written yet,
+        # so OffsetFetch(require_stable) must still call them unstable rather than answer the old offset.
+        self.settling_offsets: dict[int, dict[bytes, bytes]] = {}  # id(the dict) -> the dict
         self._recover()
 
     # --- recovery -----------------------------------------------------------------
@@ -217,7 +220,9 @@ class Partition:
             changes.append((log_store.pending_offset_key(self.pkey, producer_id, group_key), None))
             if committed:
                 changes.append((group_key, offset_value))
-        self.pending_offsets.pop(producer_id, None)
+        settling = self.pending_offsets.pop(producer_id, None)
+        if settling:
+            self.settling_offsets[id(settling)] = settling
         previous = entry or ProducerStateEntry(producer_id, producer_epoch)
         entry = replace(
             previous,
@@ -230,7 +235,15 @@ class Partition:
         self.producers[producer_id] = entry
         changes.append((log_store.producer_key(self.pkey, producer_id), entry.to_json()))
         changes.append(self.metadata_change())
-        return changes, self._durable_callback()
+        durable = self._durable_callback()
+        if not settling:
+            return changes, durable
+
+        def settled() -> None:
+            durable()
+            self.settling_offsets.pop(id(settling), None)
+
+        return changes, settled
 
     def append_txn_offsets(
         self, producer_id: int, producer_epoch: int, offsets: list[tuple[bytes, bytes]], now_ms: int
@@ -265,7 +278,8 @@ class Partition:
         return changes, self._durable_callback()
 
     def has_pending_offsets(self, group_key_prefix: bytes) -> bool:
-        return any(key.startswith(group_key_prefix) for offsets in self.pending_offsets.values() for key in offsets)
+        return any(key.startswith(group_key_prefix)
+                   for offsets in (*self.pending_offsets.values(), *self.settling_offsets.values()) for key in offsets)
 
     def is_aborted(self, producer_id: int, offset: int) -> bool:
         """Binary search: a producer's aborted spans never overlap and are kept in

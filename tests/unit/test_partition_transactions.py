@@ -209,3 +209,25 @@ def test_compaction_keeps_a_committed_record_that_only_an_aborted_one_supersedes
         assert sorted(offset for offset, _ in h.store.batches(h.partition.pkey, 0)) == [0, 1, 3, 4]  # markers kept
         assert h.partition.log_start_offset == 0
     run(scenario())
+
+
+def test_offsets_a_commit_marker_decided_stay_unstable_until_the_marker_is_durable(tmp_path):
+    """Found in review: the marker dropped its pending offsets at once, before their G keys were
+    written, so OffsetFetch(require_stable) could answer the old offset in between (a consumer
+    restarting there would process the committed input again)."""
+    group_key = log_store.group_offset_key("g", "src", 0)
+
+    async def scenario():
+        h = Harness(str(tmp_path / "db"))
+        written = h.partition.append_txn_offsets(7, 0, [(group_key, b'{"offset": 10}')], NOW)
+        await h.writer.submit(written[0])
+        written[1]()
+        changes, durable = h.partition.append_marker(7, 1, 0, True, NOW)
+        assert h.store.get(group_key) is None  # not written yet
+        assert h.partition.has_pending_offsets(log_store.group_prefix("g"))  # so still unstable
+        await h.writer.submit(changes)
+        durable()
+        assert h.store.get(group_key) == b'{"offset": 10}'
+        assert not h.partition.has_pending_offsets(log_store.group_prefix("g"))
+
+    run(scenario())
