@@ -277,9 +277,13 @@ class Partition:
         changes.append(self.metadata_change())
         return changes, self._durable_callback()
 
-    def has_pending_offsets(self, group_key_prefix: bytes) -> bool:
-        return any(key.startswith(group_key_prefix)
-                   for offsets in (*self.pending_offsets.values(), *self.settling_offsets.values()) for key in offsets)
+    def has_pending_offsets(self, group_key_prefix: bytes, keys: list[bytes] | None = None) -> bool:
+        """Whether offsets of the group are pending in a transaction (or settling): of the
+        partitions ``keys`` names (as Kafka's require_stable), or of any partition."""
+        pending = (*self.pending_offsets.values(), *self.settling_offsets.values())
+        if keys is not None:
+            return any(key in offsets for offsets in pending for key in keys)
+        return any(key.startswith(group_key_prefix) for offsets in pending for key in offsets)
 
     def is_aborted(self, producer_id: int, offset: int) -> bool:
         """Binary search: a producer's aborted spans never overlap and are kept in

@@ -133,12 +133,9 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
         coordinator owning the partition (its log producer id, in the owner node).
         A stray record there would stop every later load of the partition."""
         if topic == coordinators.TRANSACTION_STATE_TOPIC:
-            # Every write of the coordinator's log comes here: ZooKeeper is asked again only when the
-            # cached owner does not match (a new partition, or a client that is not the owner).
-            for fresh in (False, True):
-                owner = await self.transaction_log_owner(index, fresh=fresh)
-                if owner is not None and batch.producer_id == owner[0].log_producer_id:
-                    return
+            owner = await self.transaction_log_owner(index, fresh=True)
+            if owner is not None and batch.producer_id == owner[0].log_producer_id:
+                return
         raise TxlogError(ErrorCode.Value("INVALID_TOPIC"),
                          f"{topic} is an internal topic: only its owner writes to it (offsets go through OffsetCommit)")
 
@@ -536,7 +533,8 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
             raise validation.invalid(f"partitions are numbered from 0: {negative[:10]}")
         offsets_partition = await self.group_partition(request.group_id)
         prefix = log_store.group_prefix(request.group_id)
-        if request.require_stable and offsets_partition.has_pending_offsets(prefix):
+        wanted_keys = [log_store.group_offset_key(request.group_id, p.topic, p.partition) for p in request.partitions]
+        if request.require_stable and offsets_partition.has_pending_offsets(prefix, wanted_keys or None):
             raise TxlogError(
                 ErrorCode.Value("UNSTABLE_OFFSET_COMMIT"),
                 f"group {request.group_id!r} has offsets pending in an open transaction; retry once it ends",

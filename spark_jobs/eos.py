@@ -167,10 +167,9 @@ def process_range(job: EosJob, offsets: planning.OffsetRange) -> RangeResult:
                 if start >= offsets.end:
                     return _result(offsets, start, "skipped", 0, 0, attempt, fenced_rounds, tid, producer)
                 producer.begin_transaction()
-                # the offsets first: the coordinator then shows this transaction Ongoing at once, so a task
-                # this one fenced waits for it instead of fencing it back before its first record
-                producer.send_offsets_to_transaction({offsets.tp: offsets.end}, job.group)
                 records_in, records_out = _send_output(job, producer, offsets, start, transform, None)
+                # the offsets last: while they are pending, the group's offsets are unstable to OffsetFetch
+                producer.send_offsets_to_transaction({offsets.tp: offsets.end}, job.group)
                 producer.commit_transaction()  # raises if any record failed
                 return _result(offsets, start, "committed", records_in, records_out, attempt, fenced_rounds, tid,
                                producer)

@@ -231,3 +231,21 @@ def test_offsets_a_commit_marker_decided_stay_unstable_until_the_marker_is_durab
         assert not h.partition.has_pending_offsets(log_store.group_prefix("g"))
 
     run(scenario())
+
+
+def test_pending_offsets_make_only_their_own_partitions_unstable(tmp_path):
+    """As Kafka's require_stable: a transaction holding offsets of one partition does not make
+    OffsetFetch wait for the group's other partitions (tasks of one job would wait on each other)."""
+    mine, other = log_store.group_offset_key("g", "src", 0), log_store.group_offset_key("g", "src", 1)
+
+    async def scenario():
+        h = Harness(str(tmp_path / "db"))
+        written = h.partition.append_txn_offsets(7, 0, [(mine, b'{"offset": 10}')], NOW)
+        await h.writer.submit(written[0])
+        written[1]()
+        prefix = log_store.group_prefix("g")
+        assert h.partition.has_pending_offsets(prefix, [mine])
+        assert not h.partition.has_pending_offsets(prefix, [other])
+        assert h.partition.has_pending_offsets(prefix)  # asking for every partition of the group
+
+    run(scenario())
