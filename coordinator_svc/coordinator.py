@@ -10,6 +10,11 @@ Guarantees
 - Once PrepareCommit/PrepareAbort is durable the outcome is decided: this
   coordinator, or the next owner of the partition after a crash, sends the
   markers until every partition acknowledged, then writes Complete*.
+- Two-phase participation: a PREPARED transaction is decided only by whoever
+  holds its handle (CompleteTransaction), by a group decision
+  (CommitTransactionGroup), by its own prepared timeout, or by a new producer
+  with its id. A group decision record naming every member is durable before
+  any member moves on; a coordinator loading the partition finishes it.
 - Epochs (Transactions V2): EndTxn and every coordinator-initiated abort bump
   the producer epoch; nothing sent with an older epoch can join, commit or abort
   a later transaction.
@@ -33,15 +38,16 @@ import asyncio
 import contextlib
 import logging
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kazoo.exceptions import BadVersionError, NodeExistsError
 
 from coordinator_svc import transaction_state as ts
-from coordinator_svc.markers import MarkerSender
+from coordinator_svc.markers import MarkerSender, MarkerSet
 from coordinator_svc.partitions import PartitionClient
-from coordinator_svc.transaction_state import TransactionMetadata, TransactionState
+from coordinator_svc.transaction_state import GroupDecision, Handle, TransactionMetadata, TransactionState
 from coordinator_svc.txn_log import FENCE_KEY, TransactionLogPartition
 from services import coordinators, names, zk
 from services.errors import ErrorCode, TxlogError
@@ -52,7 +58,9 @@ from services.stubs.txlog.v1 import partition_pb2
 
 log = logging.getLogger(__name__)
 S = TransactionState
+COMPLETED = {"partitions": frozenset(), "txn_start_ms": -1, "prepared_ms": -1, "prepared_timeout_ms": 0}  # a Complete* record's resets
 CONSUMER_OFFSETS = "__consumer_offsets"
+GROUP_HANDLES_MAX = 10_000
 
 
 def error(code: str, message: str) -> TxlogError:
@@ -68,6 +76,7 @@ class LoadedPartition:
     loaded: bool = False
     tasks: set = field(default_factory=set)
     completing: dict = field(default_factory=dict)  # transactional id -> asyncio.Event set when its completion ends
+    decisions: dict[str, GroupDecision] = field(default_factory=dict)  # group decisions not finished yet
     confirmed_s: float = 0.0  # monotonic time ZooKeeper last confirmed this owner and epoch
 
 
@@ -79,6 +88,7 @@ class CoordinatorConfig:
     transaction_timeout_ms_max: int
     transactional_id_expiration_ms: int
     ownership_lease_ms: int = 3_000
+    prepared_transaction_timeout_ms: int = 24 * 3600 * 1000
 
 
 class TransactionCoordinator:
@@ -170,17 +180,27 @@ class TransactionCoordinator:
         self.partitions[index] = loaded
         try:
             await loaded.log.append(FENCE_KEY, str(owner.coordinator_epoch).encode())  # fences the previous owner's writes
-            records = await loaded.log.read_all()
+            records, decisions = await loaded.log.read_all()
         except TxlogError as exc:
             self.unload(index, f"loading failed: {exc}")
             return
         for tid, record in records.items():
             if record is not None:
                 loaded.transactions[tid] = TransactionMetadata.from_record(record)
+        # Group decisions first, before any request is served: their members still
+        # PREPARED move to PREPARE_COMMIT (pending until written), so no one can abort them.
+        resumed = []
+        for decision in decisions.values():
+            if decision is not None:
+                resumed.append(await self._resume_decision(loaded, decision))
         loaded.loaded = True
-        log.info("loaded transaction log partition", extra=fields(partition=index, transactional_ids=len(loaded.transactions)))
+        log.info("loaded transaction log partition", extra=fields(partition=index, transactional_ids=len(loaded.transactions), group_decisions=len(resumed)))
+        in_groups = set()
+        for decision, members, records_to_write in resumed:
+            in_groups.update(m.transactional_id for m in members)
+            self._spawn(loaded, self._finish_decision(loaded, decision, members, records_to_write))
         for meta in loaded.transactions.values():
-            if meta.state.is_preparing:  # decided before the previous owner stopped: finish it
+            if meta.state.is_preparing and meta.transactional_id not in in_groups:  # decided before the previous owner stopped: finish it
                 self._spawn(loaded, self._complete(loaded, meta))
 
     def unload(self, index: int, reason: str) -> None:
@@ -200,7 +220,7 @@ class TransactionCoordinator:
     def partition_of(self, transactional_id: str) -> int:
         if self.partition_count is None:
             raise error("COORDINATOR_NOT_AVAILABLE", "the transaction log is not set up yet; retry")
-        return partition_for_id(transactional_id, self.partition_count)
+        return coordinators.transaction_log_partition(transactional_id, self.partition_count)
 
     def loaded_partition(self, transactional_id: str) -> LoadedPartition:
         index = self.partition_of(transactional_id)
@@ -285,7 +305,7 @@ class TransactionCoordinator:
                     "PRODUCER_FENCED",
                     f"producer {producer_id} epoch {producer_epoch} is not the current one of {transactional_id!r}; close this producer",
                 )
-        if meta.state is S.ONGOING:
+        if meta.state in ts.UNDECIDED_STATES:
             await self._fence_and_abort(loaded, meta)
             raise error("CONCURRENT_TRANSACTIONS", f"aborting the open transaction of a previous producer with id {transactional_id!r}; retry")
         if meta.state.is_preparing:
@@ -302,7 +322,7 @@ class TransactionCoordinator:
         return new_id, new_epoch
 
     async def _fence_and_abort(self, loaded: LoadedPartition, meta: TransactionMetadata) -> None:
-        """Aborts an Ongoing transaction with the epoch bumped, so its producer is fenced."""
+        """Aborts an Ongoing or Prepared transaction with the epoch bumped, so its producer is fenced."""
         ts.prepare_transition(meta, S.PREPARE_EPOCH_FENCE)
         ts.abandon_transition(meta)  # the fence is pending-only: the PrepareAbort below is what is written
         await self._begin_completion(loaded, meta, committed=False)
@@ -333,6 +353,8 @@ class TransactionCoordinator:
         self._check_epoch(meta, producer_epoch)
         if meta.state.is_preparing:
             raise error("CONCURRENT_TRANSACTIONS", f"the last transaction of {transactional_id!r} is completing; retry")
+        if meta.state is S.PREPARED:
+            raise error("INVALID_TXN_STATE", f"the transaction of {transactional_id!r} is prepared: it takes nothing more; complete it first")
         wanted = frozenset(tp for tp in partitions if tp not in unknown)
         if wanted and not (meta.state is S.ONGOING and wanted <= meta.partitions):
             start = meta.txn_start_ms if meta.state is S.ONGOING else self.clock_ms()
@@ -387,23 +409,31 @@ class TransactionCoordinator:
         self._check_epoch(meta, producer_epoch)
         if meta.state.is_preparing:
             raise error("CONCURRENT_TRANSACTIONS", f"the last transaction of {transactional_id!r} is completing; retry")
-        if meta.state is not S.ONGOING:
+        if meta.state not in ts.UNDECIDED_STATES:
             if committed:
                 raise error("INVALID_TXN_STATE", f"{transactional_id!r} has no open transaction to commit (nothing was added to it)")
             return meta.producer_id, meta.producer_epoch  # aborting nothing changes nothing
         await self._begin_completion(loaded, meta, committed)
         return meta.producer_id, meta.producer_epoch
 
-    async def _begin_completion(self, loaded: LoadedPartition, meta: TransactionMetadata, committed: bool) -> None:
-        """Writes the decision (Prepare*, epoch bumped), then completes it in the background."""
+    @staticmethod
+    def _bump(meta: TransactionMetadata, spare_ids: list[int]) -> dict:
+        """The record changes of deciding ``meta``'s transaction: the epoch bumped;
+        when it is exhausted, a new producer id from ``spare_ids`` at epoch 0 (the
+        markers carry the old one, ts.marker_producer)."""
         bumped = ts.bumped_epoch(meta.producer_id, meta.producer_epoch)
         if bumped is not None:
-            changes = {"producer_epoch": bumped[1]}
-        else:  # epoch exhausted: the producer goes on with a new id; the markers carry the old one (ts.marker_producer)
-            changes = {"producer_id": await self.producer_ids.next_id(), "producer_epoch": 0, "previous_producer_id": meta.producer_id}
-        await self._transition(
-            loaded, meta, S.PREPARE_COMMIT if committed else S.PREPARE_ABORT, last_producer_epoch=meta.producer_epoch, **changes
-        )
+            return {"producer_epoch": bumped[1], "last_producer_epoch": meta.producer_epoch}
+        return {"producer_id": spare_ids.pop(), "producer_epoch": 0, "previous_producer_id": meta.producer_id, "last_producer_epoch": meta.producer_epoch}
+
+    async def _spare_ids(self, metas) -> list[int]:
+        """New producer ids for those of ``metas`` whose epoch is exhausted."""
+        return [await self.producer_ids.next_id() for m in metas if ts.bumped_epoch(m.producer_id, m.producer_epoch) is None]
+
+    async def _begin_completion(self, loaded: LoadedPartition, meta: TransactionMetadata, committed: bool) -> None:
+        """Writes the decision (Prepare*, epoch bumped), then completes it in the background."""
+        changes = self._bump(meta, await self._spare_ids([meta]))
+        await self._transition(loaded, meta, S.PREPARE_COMMIT if committed else S.PREPARE_ABORT, **changes)
         loaded.completing[meta.transactional_id] = asyncio.Event()
         self._spawn(loaded, self._complete(loaded, meta))
 
@@ -422,12 +452,203 @@ class TransactionCoordinator:
             await self.markers.write(
                 meta.transactional_id, producer_id, producer_epoch, committed, loaded.owner.coordinator_epoch, meta.partitions
             )
-            await self._transition(loaded, meta, S.COMPLETE_COMMIT if committed else S.COMPLETE_ABORT, partitions=frozenset(), txn_start_ms=-1)
+            await self._transition(loaded, meta, S.COMPLETE_COMMIT if committed else S.COMPLETE_ABORT, **COMPLETED)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a decided transaction must be finished: reload the partition, which finishes it
             loaded.log.broken = f"completing {meta.transactional_id!r} failed: {exc}"
             log.warning("could not complete a transaction; reloading its partition", extra=fields(transactional_id=meta.transactional_id, error=str(exc)))
+
+    # --- two-phase: PrepareTransaction, CompleteTransaction, CommitTransactionGroup ------------
+
+    async def handle_prepare(self, transactional_id: str, producer_id: int, producer_epoch: int, prepared_timeout_ms: int) -> Handle:
+        self.check_transactional_id(transactional_id)
+        limit = self.config.prepared_transaction_timeout_ms
+        timeout_ms = prepared_timeout_ms or limit
+        if not 1 <= timeout_ms <= limit:
+            raise error("INVALID_TRANSACTION_TIMEOUT", f"prepared_timeout_ms must be 0 (the default, {limit}) or 1..{limit}, got {prepared_timeout_ms}")
+        loaded = self.loaded_partition(transactional_id)
+        handle = Handle(transactional_id, producer_id, producer_epoch)
+        meta = loaded.transactions.get(transactional_id)
+        if meta is not None and meta.pending_state is None and ts.is_prepared_as(meta, handle):
+            return handle  # a retry whose first attempt was applied
+        meta = self._existing(loaded, transactional_id, producer_id)
+        self._check_epoch(meta, producer_epoch)
+        if meta.state.is_preparing:
+            raise error("CONCURRENT_TRANSACTIONS", f"the last transaction of {transactional_id!r} is completing; retry")
+        now = self.clock_ms()
+        start = meta.txn_start_ms if meta.state is S.ONGOING else now
+        await self._transition(loaded, meta, S.PREPARED, prepared_ms=now, prepared_timeout_ms=timeout_ms, txn_start_ms=start)
+        return handle
+
+    @staticmethod
+    def _check_handle(meta: TransactionMetadata | None, handle: Handle) -> None:
+        """Raises unless ``meta`` is the prepared transaction ``handle`` names."""
+        tid = handle.transactional_id
+        if meta is None or meta.state is S.DEAD:
+            raise error("INVALID_PRODUCER_ID_MAPPING", f"transactional id {tid!r} is unknown: its handle names nothing")
+        if meta.pending_state is not None:
+            raise error("CONCURRENT_TRANSACTIONS", f"a {meta.pending_state.value} of {tid!r} is in flight; retry")
+        if handle.producer_id != meta.producer_id and handle.producer_id != meta.previous_producer_id:
+            raise error("INVALID_PRODUCER_ID_MAPPING", f"producer id {handle.producer_id} is not the one of {tid!r} ({meta.producer_id})")
+        if handle.producer_id != meta.producer_id or handle.producer_epoch < meta.producer_epoch:
+            raise error(
+                "PRODUCER_FENCED",
+                f"the handle of {tid!r} (producer {handle.producer_id}, epoch {handle.producer_epoch}) is stale: the id is at "
+                f"producer {meta.producer_id}, epoch {meta.producer_epoch}; its transaction was completed or fenced (a new producer, "
+                "CompleteTransaction, or the prepared timeout)",
+            )
+        if handle.producer_epoch > meta.producer_epoch:
+            raise error("INVALID_PRODUCER_EPOCH", f"producer epoch {handle.producer_epoch} is newer than {meta.producer_epoch}, which the coordinator knows")
+        if meta.state is not S.PREPARED:
+            raise error("INVALID_TXN_STATE", f"the transaction of {tid!r} is {meta.state.value}, not Prepared: call PrepareTransaction first")
+
+    @staticmethod
+    def _check_outcome(meta: TransactionMetadata, handle: Handle, committed: bool) -> bool:
+        """True when the transaction ``handle`` names was decided as asked
+        already (a repeat); raises when it was decided the other way."""
+        decided = ts.decided_as(meta, handle)
+        if decided is None:
+            return False
+        if decided == committed:
+            return True
+        if committed:
+            raise error(
+                "PRODUCER_FENCED",
+                f"the transaction of {handle.transactional_id!r} was aborted (CompleteTransaction(abort), its prepared timeout, "
+                "or a new producer with its id): it cannot commit",
+            )
+        raise error("INVALID_TXN_STATE", f"the transaction of {handle.transactional_id!r} was committed already: it cannot be aborted")
+
+    async def handle_complete(self, handle: Handle, committed: bool) -> tuple[int, int]:
+        self.check_transactional_id(handle.transactional_id)
+        loaded = self.loaded_partition(handle.transactional_id)
+        meta = loaded.transactions.get(handle.transactional_id)
+        if meta is not None and meta.pending_state is None and self._check_outcome(meta, handle, committed):
+            return meta.producer_id, meta.producer_epoch
+        self._check_handle(meta, handle)
+        await self._begin_completion(loaded, meta, committed)
+        return meta.producer_id, meta.producer_epoch
+
+    def _group_members(self, loaded: LoadedPartition, handles: list[Handle]) -> list[TransactionMetadata] | None:
+        """The members to commit, all PREPARED as their handles say; None when the
+        group was committed already (a repeat). Raises, changing nothing, otherwise."""
+        metas = [loaded.transactions.get(h.transactional_id) for h in handles]
+        done = [m is not None and m.pending_state is None and self._check_outcome(m, h, True) for m, h in zip(metas, handles, strict=True)]
+        if all(done):
+            return None
+        if any(done):
+            raise error(
+                "INVALID_TXN_STATE",
+                f"{sum(done)} of the {len(handles)} transactions were committed already (e.g. "
+                f"{next(h.transactional_id for h, d in zip(handles, done, strict=True) if d)!r}) and the others not: a group commits once, whole",
+            )
+        for meta, handle in zip(metas, handles, strict=True):
+            self._check_handle(meta, handle)
+        return metas
+
+    async def handle_commit_group(self, group_id: str, handles: list[Handle]) -> None:
+        names.check_transaction_group(group_id)
+        if not handles:
+            raise error("INVALID_REQUEST", "the request names no transaction handle")
+        if len(handles) > GROUP_HANDLES_MAX:
+            raise error("INVALID_REQUEST", f"at most {GROUP_HANDLES_MAX} handles per group commit, got {len(handles)}")
+        seen = set()
+        for handle in handles:
+            self.check_transactional_id(handle.transactional_id)
+            member_group = names.transaction_group(handle.transactional_id)
+            if member_group != group_id:
+                raise error(
+                    "INVALID_REQUEST",
+                    f"transactional id {handle.transactional_id!r} belongs to group {names.quoted(member_group)}, not "
+                    f"{names.quoted(group_id)}: a group commit takes only its own ids (<group>/<member>)",
+                )
+            if handle.transactional_id in seen:
+                raise error("INVALID_REQUEST", f"transactional id {handle.transactional_id!r} is named twice")
+            seen.add(handle.transactional_id)
+        loaded = self.loaded_partition(group_id)  # every member's partition is the group's
+        spare_ids: list[int] = []
+        for _ in range(3):  # producer ids for exhausted epochs are fetched first: no await between check and decision
+            metas = self._group_members(loaded, handles)
+            if metas is None:
+                return
+            exhausted = sum(1 for m in metas if ts.bumped_epoch(m.producer_id, m.producer_epoch) is None)
+            if exhausted <= len(spare_ids):
+                break
+            spare_ids.extend([await self.producer_ids.next_id() for _ in range(exhausted - len(spare_ids))])
+        else:
+            raise error("CONCURRENT_TRANSACTIONS", f"the members of group {group_id!r} kept changing; retry")
+        now = self.clock_ms()
+        decision = GroupDecision(uuid.uuid4().hex, group_id, tuple(handles), now)
+        records = [ts.prepare_transition(m, S.PREPARE_COMMIT, last_update_ms=now, **self._bump(m, spare_ids)) for m in metas]
+        try:
+            await loaded.log.write_decision_then(decision, records)
+        except BaseException:
+            for meta in metas:
+                if meta.pending_state is S.PREPARE_COMMIT:
+                    ts.abandon_transition(meta)
+            raise
+        for meta, record in zip(metas, records, strict=True):
+            ts.complete_transition(meta, record)
+        log.info("group commit decided", extra=fields(group_id=group_id, decision_id=decision.decision_id, members=len(metas)))
+        self._start_group_completion(loaded, decision, metas)
+
+    async def _resume_decision(self, loaded: LoadedPartition, decision: GroupDecision):
+        """(decision, members, records to write) for a decision found in the log:
+        members still PREPARED as the decision names them are moved to
+        PREPARE_COMMIT (pending: the records are written by _finish_decision)."""
+        members, records = [], []
+        for handle in decision.members:
+            meta = loaded.transactions.get(handle.transactional_id)
+            if meta is None:
+                continue
+            if ts.is_prepared_as(meta, handle):
+                changes = self._bump(meta, await self._spare_ids([meta]))
+                records.append(ts.prepare_transition(meta, S.PREPARE_COMMIT, last_update_ms=self.clock_ms(), **changes))
+                members.append(meta)
+            elif meta.state is S.PREPARE_COMMIT and ts.decided_as(meta, handle):
+                members.append(meta)
+        return decision, members, records
+
+    async def _finish_decision(self, loaded: LoadedPartition, decision: GroupDecision, members, records) -> None:
+        try:
+            await asyncio.gather(*(loaded.log.write(r) for r in records))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            loaded.log.broken = f"resuming group decision {decision.decision_id} failed: {exc}"
+            return
+        by_id = {r.transactional_id: r for r in records}
+        for meta in members:
+            if meta.transactional_id in by_id:
+                ts.complete_transition(meta, by_id[meta.transactional_id])
+        self._start_group_completion(loaded, decision, members)
+
+    def _start_group_completion(self, loaded: LoadedPartition, decision: GroupDecision, members) -> None:
+        loaded.decisions[decision.decision_id] = decision
+        for meta in members:
+            loaded.completing[meta.transactional_id] = asyncio.Event()
+        self._spawn(loaded, self._complete_group(loaded, decision, members))
+
+    async def _complete_group(self, loaded: LoadedPartition, decision: GroupDecision, members) -> None:
+        """Markers of every member (one request per leader), each member's
+        CompleteCommit, then the decision is removed: nothing needs it any more."""
+        try:
+            sets = [MarkerSet(m.transactional_id, *ts.marker_producer(m), m.partitions) for m in members]
+            await self.markers.write_all(sets, True, loaded.owner.coordinator_epoch)
+            await asyncio.gather(*(self._transition(loaded, m, S.COMPLETE_COMMIT, **COMPLETED) for m in members))
+            await loaded.log.remove_decision(decision.decision_id)
+            loaded.decisions.pop(decision.decision_id, None)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # decided: reload the partition, which finishes it
+            loaded.log.broken = f"completing group decision {decision.decision_id} failed: {exc}"
+            log.warning("could not complete a group commit; reloading its partition", extra=fields(decision_id=decision.decision_id, error=str(exc)))
+        finally:
+            for meta in members:
+                done = loaded.completing.pop(meta.transactional_id, None)
+                if done is not None:
+                    done.set()
 
     # --- timers ----------------------------------------------------------------------------
 
@@ -439,8 +660,11 @@ class TransactionCoordinator:
             for meta in list(loaded.transactions.values()):
                 if meta.pending_state is not None:
                     continue
-                if meta.state is S.ONGOING and meta.txn_start_ms + meta.txn_timeout_ms < now:
-                    log.info("aborting a timed-out transaction", extra=fields(transactional_id=meta.transactional_id))
+                timed_out = (meta.state is S.ONGOING and meta.txn_start_ms + meta.txn_timeout_ms < now) or (
+                    meta.state is S.PREPARED and meta.prepared_ms + meta.prepared_timeout_ms < now
+                )
+                if timed_out:
+                    log.info("aborting a timed-out transaction", extra=fields(transactional_id=meta.transactional_id, state=meta.state.value))
                     try:
                         await self._begin_completion(loaded, meta, committed=False)
                     except TxlogError as exc:
@@ -456,7 +680,7 @@ class TransactionCoordinator:
 
     # --- admin -------------------------------------------------------------------------------
 
-    def list_local(self, states: set, producer_ids: set, duration_ms: int) -> list[TransactionMetadata]:
+    def list_local(self, states: set, producer_ids: set, duration_ms: int, prefix: str = "") -> list[TransactionMetadata]:
         now = self.clock_ms()
         found = []
         loading = sorted(i for i, p in self.partitions.items() if not p.loaded)
@@ -468,7 +692,9 @@ class TransactionCoordinator:
                     continue
                 if producer_ids and meta.producer_id not in producer_ids:
                     continue
-                if duration_ms and not (meta.state is S.ONGOING and now - meta.txn_start_ms > duration_ms):
+                if duration_ms and not (meta.state in ts.UNDECIDED_STATES and now - meta.txn_start_ms > duration_ms):
+                    continue
+                if not meta.transactional_id.startswith(prefix):
                     continue
                 found.append(meta)
         return sorted(found, key=lambda m: m.transactional_id)

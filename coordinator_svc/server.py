@@ -10,7 +10,7 @@ import grpc
 
 from coordinator_svc.coordinator import CoordinatorConfig, TransactionCoordinator, error
 from coordinator_svc.partitions import PartitionClient
-from coordinator_svc.transaction_state import TransactionMetadata, TransactionState
+from coordinator_svc.transaction_state import Handle, TransactionMetadata, TransactionState
 from services import coordinators, errors, names, server
 from services.channels import open_channel
 from services.config import Setting, positive_int
@@ -27,6 +27,7 @@ SETTINGS = (
     Setting("transaction_state_partitions", 8, "partition count of __transaction_state, set when it is first created", positive_int),
     Setting("transaction_timeout_ms_max", 900_000, "largest transaction timeout a producer may ask for, ms", positive_int),
     Setting("transactional_id_expiration_ms", 7 * 24 * 3600 * 1000, "idle transactional ids are removed after this long, ms", positive_int),
+    Setting("prepared_transaction_timeout_ms", 24 * 3600 * 1000, "how long a prepared transaction may wait for its outcome before it is aborted, ms (default and largest allowed)", positive_int),
     Setting("transaction_check_interval_ms", 1_000, "how often timed-out transactions are aborted and idle ids expired, ms", positive_int),
     Setting("ownership_check_interval_ms", 1_000, "how often partition ownership is checked against the live coordinators, ms", positive_int),
 )
@@ -46,9 +47,15 @@ def describe(meta: TransactionMetadata) -> coordinator_pb2.TransactionDescriptio
         producer_id=meta.producer_id,
         producer_epoch=meta.producer_epoch,
         transaction_timeout_ms=meta.txn_timeout_ms,
-        transaction_start_time_ms=meta.txn_start_ms if meta.state is TransactionState.ONGOING or meta.state.is_preparing else -1,
+        transaction_start_time_ms=meta.txn_start_ms if meta.state in (TransactionState.ONGOING, TransactionState.PREPARED) or meta.state.is_preparing else -1,
         partitions=[common_pb2.TopicPartition(topic=t, partition=p) for t, p in sorted(meta.partitions)],
+        prepared_time_ms=meta.prepared_ms if meta.state is TransactionState.PREPARED else -1,
+        prepared_timeout_ms=meta.prepared_timeout_ms if meta.state is TransactionState.PREPARED else 0,
     )
+
+
+def handle_of(proto: coordinator_pb2.TransactionHandle) -> Handle:
+    return Handle(proto.transactional_id, proto.producer_id, proto.producer_epoch)
 
 
 class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
@@ -109,11 +116,14 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
         if unknown or request.duration_filter_ms < 0:
             raise error("INVALID_REQUEST", "state_filters hold an unknown state" if unknown else "duration_filter_ms must not be negative")
         found = self.coordinator.list_local(
-            {STATE_FROM_PROTO[s] for s in request.state_filters}, set(request.producer_id_filters), request.duration_filter_ms
+            {STATE_FROM_PROTO[s] for s in request.state_filters}, set(request.producer_id_filters), request.duration_filter_ms,
+            request.transactional_id_prefix,
         )
         reply = coordinator_pb2.ListTransactionsResponse(
             transactions=[
-                coordinator_pb2.TransactionListing(transactional_id=m.transactional_id, producer_id=m.producer_id, state=STATE_TO_PROTO[m.state])
+                coordinator_pb2.TransactionListing(
+                    transactional_id=m.transactional_id, producer_id=m.producer_id, state=STATE_TO_PROTO[m.state], producer_epoch=m.producer_epoch
+                )
                 for m in found
             ]
         )
@@ -162,6 +172,27 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
         log.info("aborted a hanging transaction", extra={"fields": {"topic": tp[0], "partition": tp[1], "producer_id": request.producer_id}})
         return coordinator_pb2.AbortTransactionResponse()
 
+    @server.rpc_handler
+    async def PrepareTransaction(self, request, context):
+        handle = await self.coordinator.handle_prepare(
+            request.transactional_id, request.producer_id, request.producer_epoch, request.prepared_timeout_ms
+        )
+        return coordinator_pb2.PrepareTransactionResponse(
+            handle=coordinator_pb2.TransactionHandle(
+                transactional_id=handle.transactional_id, producer_id=handle.producer_id, producer_epoch=handle.producer_epoch
+            )
+        )
+
+    @server.rpc_handler
+    async def CompleteTransaction(self, request, context):
+        producer_id, epoch = await self.coordinator.handle_complete(handle_of(request.handle), request.committed)
+        return coordinator_pb2.CompleteTransactionResponse(producer_id=producer_id, producer_epoch=epoch)
+
+    @server.rpc_handler
+    async def CommitTransactionGroup(self, request, context):
+        await self.coordinator.handle_commit_group(request.group_id, [handle_of(h) for h in request.handles])
+        return coordinator_pb2.CommitTransactionGroupResponse()
+
 
 async def run_every(interval_ms: int, step, what: str) -> None:
     while True:
@@ -181,6 +212,7 @@ async def build(runtime: server.ServiceRuntime) -> CoordinatorServicer:
         CoordinatorConfig(
             cfg.node_id, cfg.zookeeper_root, cfg.transaction_state_partitions, cfg.transaction_timeout_ms_max,
             cfg.transactional_id_expiration_ms,
+            prepared_transaction_timeout_ms=cfg.prepared_transaction_timeout_ms,
             ownership_lease_ms=min(3 * cfg.ownership_check_interval_ms + 1000, int(cfg.zookeeper_session_timeout_s * 1000 / 2)),
         ),
         runtime.zookeeper,

@@ -9,18 +9,25 @@ from; :func:`prepare_transition` refuses any other move with IllegalStateError.
         InitProducerId: a producer registered (new id, or epoch bumped).
     ONGOING               <- EMPTY, ONGOING, COMPLETE_COMMIT, COMPLETE_ABORT
         AddPartitionsToTxn / AddOffsetsToTxn: the transaction started or grew.
-    PREPARE_COMMIT        <- ONGOING
-        EndTxn(commit): the outcome is decided; markers go out.
-    PREPARE_ABORT         <- ONGOING, PREPARE_EPOCH_FENCE
-        EndTxn(abort), the transaction timed out, or a fence completes.
+    PREPARED              <- ONGOING, EMPTY, COMPLETE_COMMIT, COMPLETE_ABORT
+        PrepareTransaction: every record is written; the outcome waits for
+        whoever holds the handle (from Empty/Complete*: a prepared transaction
+        with nothing in it, so every participant has a handle to hand over).
+    PREPARE_COMMIT        <- ONGOING, PREPARED
+        EndTxn(commit), CompleteTransaction(commit), or a group decision that
+        names it: the outcome is decided; markers go out.
+    PREPARE_ABORT         <- ONGOING, PREPARE_EPOCH_FENCE, PREPARED
+        EndTxn(abort), CompleteTransaction(abort), the transaction (or its
+        prepared) timeout, or a fence completes.
     COMPLETE_COMMIT       <- PREPARE_COMMIT
         every partition acknowledged its COMMIT marker.
     COMPLETE_ABORT        <- PREPARE_ABORT
         every partition acknowledged its ABORT marker.
     DEAD                  <- EMPTY, COMPLETE_COMMIT, COMPLETE_ABORT
         the id was idle past its expiration; its record is removed.
-    PREPARE_EPOCH_FENCE   <- ONGOING
-        InitProducerId from a new incarnation while a transaction is open: the
+    PREPARE_EPOCH_FENCE   <- ONGOING, PREPARED
+        InitProducerId from a new incarnation while a transaction is open or
+        prepared (as KIP-939's InitProducerId without keepPreparedTxn): the
         open transaction is aborted with a bumped epoch (pending-only: it is never
         written; the PREPARE_ABORT that follows is).
 
@@ -29,6 +36,11 @@ Transitions are two-phase: :func:`prepare_transition` checks the edge, sets
 log; once the record is durable, :func:`complete_transition` applies it; if the
 write fails, :func:`abandon_transition` clears the pending state. While a
 transition is pending, other requests for the id get CONCURRENT_TRANSACTIONS.
+
+A group decision (:class:`GroupDecision`) is the one record that commits
+several PREPARED ids of one transaction group at once: it is written before any
+member moves to PREPARE_COMMIT, and a coordinator loading the log finishes
+every member it names that is still PREPARED with the handle's epoch.
 
 Epochs follow Kafka's Transactions V2: EndTxn (and every coordinator abort) bumps
 the producer epoch, so nothing sent by transaction N can affect transaction N+1.
@@ -58,6 +70,7 @@ class TransactionState(enum.Enum):
     COMPLETE_ABORT = "CompleteAbort"
     DEAD = "Dead"
     PREPARE_EPOCH_FENCE = "PrepareEpochFence"
+    PREPARED = "Prepared"
 
     @property
     def valid_previous_states(self) -> frozenset[TransactionState]:
@@ -76,13 +89,16 @@ S = TransactionState
 VALID_PREVIOUS_STATES: dict[TransactionState, frozenset[TransactionState]] = {
     S.EMPTY: frozenset({S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT}),
     S.ONGOING: frozenset({S.EMPTY, S.ONGOING, S.COMPLETE_COMMIT, S.COMPLETE_ABORT}),
-    S.PREPARE_COMMIT: frozenset({S.ONGOING}),
-    S.PREPARE_ABORT: frozenset({S.ONGOING, S.PREPARE_EPOCH_FENCE}),
+    S.PREPARED: frozenset({S.ONGOING, S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT}),
+    S.PREPARE_COMMIT: frozenset({S.ONGOING, S.PREPARED}),
+    S.PREPARE_ABORT: frozenset({S.ONGOING, S.PREPARE_EPOCH_FENCE, S.PREPARED}),
     S.COMPLETE_COMMIT: frozenset({S.PREPARE_COMMIT}),
     S.COMPLETE_ABORT: frozenset({S.PREPARE_ABORT}),
     S.DEAD: frozenset({S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT}),
-    S.PREPARE_EPOCH_FENCE: frozenset({S.ONGOING}),
+    S.PREPARE_EPOCH_FENCE: frozenset({S.ONGOING, S.PREPARED}),
 }
+# States with a transaction that has begun and is not decided: InitProducerId fences it.
+UNDECIDED_STATES = frozenset({S.ONGOING, S.PREPARED})
 PENDING_ONLY_STATES = frozenset({S.PREPARE_EPOCH_FENCE})
 
 Partition = tuple[str, int]
@@ -102,11 +118,13 @@ class TransactionRecord:
     partitions: frozenset[Partition]
     txn_start_ms: int
     last_update_ms: int
+    prepared_ms: int = -1  # when it became PREPARED
+    prepared_timeout_ms: int = 0  # how long it may stay PREPARED
 
     def encode(self) -> bytes:
         return json.dumps(
             {
-                "version": 1,
+                "version": 2,
                 "pid": self.producer_id,
                 "prev_pid": self.previous_producer_id,
                 "epoch": self.producer_epoch,
@@ -116,6 +134,8 @@ class TransactionRecord:
                 "partitions": sorted([t, p] for t, p in self.partitions),
                 "start_ms": self.txn_start_ms,
                 "update_ms": self.last_update_ms,
+                "prepared_ms": self.prepared_ms,
+                "prepared_timeout_ms": self.prepared_timeout_ms,
             },
             separators=(",", ":"),
         ).encode()
@@ -134,7 +154,44 @@ class TransactionRecord:
             partitions=frozenset((t, p) for t, p in raw["partitions"]),
             txn_start_ms=raw["start_ms"],
             last_update_ms=raw["update_ms"],
+            prepared_ms=raw.get("prepared_ms", -1),  # version 1 records had no prepared state
+            prepared_timeout_ms=raw.get("prepared_timeout_ms", 0),
         )
+
+
+@dataclass(frozen=True)
+class Handle:
+    """Names one prepared transaction: its id, producer id and the epoch it was prepared with."""
+
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+
+
+@dataclass(frozen=True)
+class GroupDecision:
+    """The commit of several prepared transactions of one group, decided at once."""
+
+    decision_id: str
+    group_id: str
+    members: tuple[Handle, ...]
+    decided_ms: int
+
+    def encode(self) -> bytes:
+        return json.dumps(
+            {
+                "version": 1,
+                "group": self.group_id,
+                "members": [[h.transactional_id, h.producer_id, h.producer_epoch] for h in self.members],
+                "decided_ms": self.decided_ms,
+            },
+            separators=(",", ":"),
+        ).encode()
+
+    @classmethod
+    def decode(cls, decision_id: str, data: bytes) -> GroupDecision:
+        raw = json.loads(data)
+        return cls(decision_id, raw["group"], tuple(Handle(t, p, e) for t, p, e in raw["members"]), raw["decided_ms"])
 
 
 @dataclass
@@ -151,6 +208,8 @@ class TransactionMetadata:
     partitions: frozenset[Partition] = field(default_factory=frozenset)
     txn_start_ms: int = -1
     last_update_ms: int = -1
+    prepared_ms: int = -1
+    prepared_timeout_ms: int = 0
     pending_state: TransactionState | None = None
 
     def record(self) -> TransactionRecord:
@@ -165,6 +224,8 @@ class TransactionMetadata:
             self.partitions,
             self.txn_start_ms,
             self.last_update_ms,
+            self.prepared_ms,
+            self.prepared_timeout_ms,
         )
 
     @classmethod
@@ -180,6 +241,8 @@ class TransactionMetadata:
             partitions=record.partitions,
             txn_start_ms=record.txn_start_ms,
             last_update_ms=record.last_update_ms,
+            prepared_ms=record.prepared_ms,
+            prepared_timeout_ms=record.prepared_timeout_ms,
         )
 
 
@@ -209,6 +272,8 @@ def complete_transition(meta: TransactionMetadata, record: TransactionRecord) ->
     meta.partitions = record.partitions
     meta.txn_start_ms = record.txn_start_ms
     meta.last_update_ms = record.last_update_ms
+    meta.prepared_ms = record.prepared_ms
+    meta.prepared_timeout_ms = record.prepared_timeout_ms
     meta.pending_state = None
 
 
@@ -242,3 +307,20 @@ def is_retried_end(meta: TransactionMetadata, producer_id: int, producer_epoch: 
     if producer_id == meta.producer_id and producer_epoch + 1 == meta.producer_epoch:
         return True
     return producer_id == meta.previous_producer_id and marker_producer(meta)[0] == producer_id
+
+
+def is_prepared_as(meta: TransactionMetadata, handle: Handle) -> bool:
+    """True when ``meta`` is the prepared transaction ``handle`` names."""
+    return meta.state is S.PREPARED and meta.producer_id == handle.producer_id and meta.producer_epoch == handle.producer_epoch
+
+
+def decided_as(meta: TransactionMetadata, handle: Handle) -> bool | None:
+    """The outcome of the transaction ``handle`` names when it was decided and
+    the id has not moved on since (True: commit); None otherwise."""
+    if not is_retried_end(meta, handle.producer_id, handle.producer_epoch):
+        return None
+    if meta.state in (S.PREPARE_COMMIT, S.COMPLETE_COMMIT):
+        return True
+    if meta.state in (S.PREPARE_ABORT, S.COMPLETE_ABORT):
+        return False
+    return None

@@ -7,6 +7,9 @@ epoch. So the partition leader itself fences a deposed coordinator: once the new
 owner has written with a higher epoch, every write of the old one is refused
 (INVALID_PRODUCER_EPOCH), and a retried write is never appended twice.
 
+Keys are transactional ids, except the fence record (empty key) and group
+decisions (``#decision:<id>``; "#" is in no transactional id).
+
 Writes are batched: records submitted while a write is in flight go out
 together in the next one (one Produce, one sync on the leader). A write whose
 outcome stays unknown or that is fenced marks the partition broken: the
@@ -20,7 +23,7 @@ import asyncio
 import logging
 
 from coordinator_svc.partitions import PartitionClient
-from coordinator_svc.transaction_state import TransactionRecord
+from coordinator_svc.transaction_state import GroupDecision, TransactionRecord
 from services.coordinators import TRANSACTION_STATE_TOPIC
 from services.errors import ErrorCode, TxlogError, spec_of
 from services.logs import fields
@@ -33,6 +36,11 @@ NONE = ErrorCode.Value("NONE")
 ALREADY_WRITTEN = ErrorCode.Value("DUPLICATE_SEQUENCE")
 FENCED = {ErrorCode.Value(c) for c in ("INVALID_PRODUCER_EPOCH", "PRODUCER_FENCED", "OUT_OF_ORDER_SEQUENCE", "UNKNOWN_PRODUCER_ID")}
 FENCE_KEY = b""  # the record that opens an owner's epoch; ignored when loading
+DECISION_KEY_PREFIX = b"#decision:"
+
+
+def decision_key(decision_id: str) -> bytes:
+    return DECISION_KEY_PREFIX + decision_id.encode()
 
 
 class TransactionLogPartition:
@@ -59,6 +67,17 @@ class TransactionLogPartition:
 
     async def write(self, record: TransactionRecord) -> None:
         await self.append(record.transactional_id.encode(), record.encode())
+
+    async def write_decision_then(self, decision: GroupDecision, records: list[TransactionRecord]) -> None:
+        """Writes a group decision, then its members' records: appended in this
+        order (the flusher keeps it), so no member record is durable before the
+        decision is."""
+        await asyncio.gather(
+            self.append(decision_key(decision.decision_id), decision.encode()), *(self.write(r) for r in records)
+        )
+
+    async def remove_decision(self, decision_id: str) -> None:
+        await self.append(decision_key(decision_id), None)
 
     async def _flush(self) -> None:
         while self._pending:
@@ -107,9 +126,11 @@ class TransactionLogPartition:
             raise TxlogError(ErrorCode.Value("TRANSACTION_COORDINATOR_FENCED"), error.message)
         raise TxlogError(error.code, error.message)
 
-    async def read_all(self) -> dict[str, TransactionRecord | None]:
-        """Every transactional id's latest record (None: removed), read from the log start to its end."""
+    async def read_all(self) -> tuple[dict[str, TransactionRecord | None], dict[str, GroupDecision | None]]:
+        """Every transactional id's latest record and every group decision (None:
+        removed), read from the log start to its end."""
         records: dict[str, TransactionRecord | None] = {}
+        decisions: dict[str, GroupDecision | None] = {}
         offset = 0
         while True:
             leader = await self.client.leader(TRANSACTION_STATE_TOPIC, self.partition)
@@ -130,8 +151,12 @@ class TransactionLogPartition:
                 for record in batch.records:
                     if record.key == FENCE_KEY:
                         continue
+                    if record.key.startswith(DECISION_KEY_PREFIX):
+                        decision_id = record.key[len(DECISION_KEY_PREFIX):].decode()
+                        decisions[decision_id] = GroupDecision.decode(decision_id, record.value) if record.HasField("value") else None
+                        continue
                     tid = record.key.decode()
                     records[tid] = TransactionRecord.decode(tid, record.value) if record.HasField("value") else None
             if result.next_fetch_offset >= result.high_watermark:
-                return records
+                return records, decisions
             offset = result.next_fetch_offset

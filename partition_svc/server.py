@@ -108,7 +108,7 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
         info = await self.topics.get(coordinators.TRANSACTION_STATE_TOPIC)
         if info is None:
             raise TxlogError(ErrorCode.Value("COORDINATOR_NOT_AVAILABLE"), "no transaction coordinator has started yet")
-        index = partition_for_id(transactional_id, info.partition_count)
+        index = coordinators.transaction_log_partition(transactional_id, info.partition_count)
         owner = await self.transaction_log_owner(index)
         if owner is None:
             raise TxlogError(ErrorCode.Value("COORDINATOR_NOT_AVAILABLE"), f"{coordinators.TRANSACTION_STATE_TOPIC} partition {index} has no owner yet")

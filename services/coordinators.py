@@ -2,8 +2,11 @@
 partitions of ``__transaction_state``) and partition_svc (which answers
 Metadata and verifies transactional batches with the coordinator).
 
-A transactional id belongs to partition ``murmur2(id) % N`` of the internal
-topic ``__transaction_state`` (N fixed when the topic is created). Each
+A transactional id belongs to partition ``murmur2(group) % N`` of the internal
+topic ``__transaction_state`` (N fixed when the topic is created), where its
+group is the part of the id before its first "/" (the whole id when it has
+none; :func:`services.names.transaction_group`): every id of a group shares one
+partition, so one coordinator can commit them together. Each
 partition has one owner, recorded in ZooKeeper at
 ``<root>/transaction_state/owners/<partition>`` as JSON ``{"node_id",
 "coordinator_epoch", "log_producer_id"}``; the coordinator epoch grows at every
@@ -19,7 +22,8 @@ from dataclasses import dataclass
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
-from services import zk
+from services import names, zk
+from services.hashing import partition_for_id
 
 TRANSACTION_STATE_TOPIC = "__transaction_state"
 COORDINATOR_KIND = "coordinator_svc"
@@ -40,6 +44,11 @@ class PartitionOwner:
     def decode(cls, data: bytes) -> PartitionOwner:
         raw = json.loads(data)
         return cls(raw["node_id"], raw["coordinator_epoch"], raw["log_producer_id"])
+
+
+def transaction_log_partition(transactional_id: str, partition_count: int) -> int:
+    """The __transaction_state partition of a transactional id (or of a group)."""
+    return partition_for_id(names.transaction_group(transactional_id), partition_count)
 
 
 def owners_path(root: str) -> str:

@@ -9,7 +9,11 @@ import re
 from services.errors import ErrorCode, TxlogError
 
 NAME_CHARS = re.compile(r"[a-zA-Z0-9._-]+")
-TRANSACTIONAL_ID_CHARS = re.compile(r"[a-zA-Z0-9._:-]+")  # ":" too: jobs build ids as <job>:<topic>:<partition>
+# ":" too: jobs build ids as <job>:<topic>:<partition>. "/" separates an id's
+# transaction group from the rest: <group>/<member>.
+TRANSACTION_GROUP_CHARS = re.compile(r"[a-zA-Z0-9._:-]+")
+TRANSACTIONAL_ID_CHARS = re.compile(r"[a-zA-Z0-9._:-]+(?:/[a-zA-Z0-9._:/-]+)?")
+TRANSACTION_GROUP_SEPARATOR = "/"
 TOPIC_NAME_CHARS_MAX = 249
 GROUP_ID_CHARS_MAX = 255
 TRANSACTIONAL_ID_CHARS_MAX = 255
@@ -28,6 +32,18 @@ def is_group_id(group_id: str) -> bool:
 def is_transactional_id(transactional_id: str) -> bool:
     return isinstance(transactional_id, str) and 0 < len(transactional_id) <= TRANSACTIONAL_ID_CHARS_MAX \
         and TRANSACTIONAL_ID_CHARS.fullmatch(transactional_id) is not None
+
+
+def transaction_group(transactional_id: str) -> str:
+    """The transaction group of an id: the part before its first "/", or the whole
+    id. Every id of a group lives on one transaction-log partition (the group's),
+    so one coordinator can commit them together."""
+    return transactional_id.split(TRANSACTION_GROUP_SEPARATOR, 1)[0]
+
+
+def is_transaction_group(group_id: str) -> bool:
+    return isinstance(group_id, str) and 0 < len(group_id) <= TRANSACTIONAL_ID_CHARS_MAX \
+        and TRANSACTION_GROUP_CHARS.fullmatch(group_id) is not None
 
 
 def quoted(name: str) -> str:
@@ -51,5 +67,14 @@ def check_group_id(group_id: str) -> str:
 def check_transactional_id(transactional_id: str) -> str:
     if not is_transactional_id(transactional_id):
         raise TxlogError(ErrorCode.Value("INVALID_TRANSACTIONAL_ID"), f"transactional id {quoted(transactional_id)} "
-                         f"is invalid: 1 to {TRANSACTIONAL_ID_CHARS_MAX} characters of [a-zA-Z0-9._:-]")
+                         f"is invalid: 1 to {TRANSACTIONAL_ID_CHARS_MAX} characters of [a-zA-Z0-9._:-], "
+                         "optionally followed by '/' and more of [a-zA-Z0-9._:/-] (<group>/<member>)")
     return transactional_id
+
+
+def check_transaction_group(group_id: str) -> str:
+    if not is_transaction_group(group_id):
+        raise TxlogError(ErrorCode.Value("INVALID_REQUEST"), f"transaction group {quoted(group_id)} is invalid: 1 to "
+                         f"{TRANSACTIONAL_ID_CHARS_MAX} characters of [a-zA-Z0-9._:-] (the part of a transactional "
+                         "id before its first '/')")
+    return group_id

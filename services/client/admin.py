@@ -15,7 +15,11 @@ Guarantees
   ``describe_transactions`` asks each id's own coordinator;
   ``abort_transaction`` has any coordinator write an ABORT marker for a hanging
   transaction; ``find_hanging`` finds the open transactions of partitions that
-  no coordinator will end (see its docstring). Coordinator errors are sorted by
+  no coordinator will end (see its docstring).
+* Two-phase participation: ``complete_transaction`` commits or aborts a
+  prepared transaction by its handle, ``commit_transaction_group`` commits
+  prepared transactions of one group at once (both at the group's
+  coordinator; repeating either answers as the first did). Coordinator errors are sorted by
   ``errors.txn_action_for`` (a moved or unavailable coordinator is looked up
   again, with another key for "any coordinator").
 """
@@ -26,6 +30,7 @@ import asyncio
 import time
 from collections.abc import Iterable, Mapping, Sequence
 
+from services import names
 from services.client._loop import LoopThread
 from services.client.errors import ClientClosedError, ClientError, TxnAction, error_for, from_proto, txn_action_for
 from services.client.fetcher import list_offsets
@@ -39,10 +44,12 @@ from services.client.structs import (
     TopicDescription,
     TopicPartition,
     TransactionDescription,
+    TransactionHandle,
     TransactionListing,
     as_tp,
 )
 from services.client.transport import Transport
+from services.client.txn_requests import CommitTransactionGroupHandler, CompleteTransactionHandler, CoordinatorClient
 from services.errors import ErrorCode
 from services.stubs.txlog.v1 import common_pb2, coordinator_pb2, partition_pb2
 
@@ -62,9 +69,10 @@ TRANSACTION_STATES = {
     "CompleteAbort": coordinator_pb2.TRANSACTION_STATE_COMPLETE_ABORT,
     "Dead": coordinator_pb2.TRANSACTION_STATE_DEAD,
     "PrepareEpochFence": coordinator_pb2.TRANSACTION_STATE_PREPARE_EPOCH_FENCE,
+    "Prepared": coordinator_pb2.TRANSACTION_STATE_PREPARED,
 }
 STATE_NAMES = {number: name for name, number in TRANSACTION_STATES.items()}
-OPEN_STATES = frozenset({"Ongoing", "PrepareCommit", "PrepareAbort", "PrepareEpochFence"})
+OPEN_STATES = frozenset({"Ongoing", "Prepared", "PrepareCommit", "PrepareAbort", "PrepareEpochFence"})
 
 
 def state_number(name: str) -> int:
@@ -311,14 +319,18 @@ class Admin:
         return await self._policy(timeout_ms).run(attempt, retriable)
 
     def list_transactions(self, states=None, producer_ids=None, duration_ms: int | None = None, *,
-                          timeout_s: float | None = None) -> list[TransactionListing]:
+                          prefix: str = "", timeout_s: float | None = None) -> list[TransactionListing]:
         """Every transaction the coordinators know, with optional filters: its
-        ``states`` (names: Ongoing, PrepareCommit, ...), ``producer_ids``, open
-        longer than ``duration_ms``. Sorted by transactional id."""
+        ``states`` (names: Ongoing, Prepared, PrepareCommit, ...),
+        ``producer_ids``, open longer than ``duration_ms``, transactional ids
+        starting with ``prefix``. Sorted by transactional id."""
+        if not isinstance(prefix, str):
+            raise ValueError(f"prefix must be a str, not {prefix!r}")
         request = coordinator_pb2.ListTransactionsRequest(
             state_filters=[state_number(s) for s in states or ()],
             producer_id_filters=[int(p) for p in producer_ids or ()],
             duration_filter_ms=int(duration_ms or 0),
+            transactional_id_prefix=prefix,
         )
         if request.duration_filter_ms < 0:
             raise ValueError(f"duration_ms must be >= 0, not {duration_ms}")
@@ -326,7 +338,7 @@ class Admin:
         response = self._run(self._coordinator_call("ListTransactions", request, timeout_ms), timeout_ms,
                              "list_transactions")
         listings = {(t.transactional_id, t.producer_id): TransactionListing(t.transactional_id, t.producer_id,
-                                                                            state_name(t.state))
+                                                                            state_name(t.state), t.producer_epoch)
                     for t in response.transactions}  # a coordinator that moved may list an id twice
         return sorted(listings.values())
 
@@ -396,7 +408,8 @@ class Admin:
                     found[item.transactional_id] = TransactionDescription(
                         item.transactional_id, state_name(item.state), item.producer_id, item.producer_epoch,
                         item.transaction_timeout_ms, item.transaction_start_time_ms,
-                        tuple(TopicPartition(p.topic, p.partition) for p in item.partitions))
+                        tuple(TopicPartition(p.topic, p.partition) for p in item.partitions),
+                        item.prepared_time_ms, item.prepared_timeout_ms)
             pending = [i for i in pending if i not in found]
             if not pending:
                 break
@@ -407,6 +420,57 @@ class Admin:
                                               f"DescribeTransactions: no answer for {pending}")
             await policy.sleep(delay_ms / 1000)
         return found
+
+    def complete_transaction(self, handle: TransactionHandle, commit: bool, *, timeout_s: float | None = None) -> None:
+        """Commits (``commit=True``) or aborts the prepared transaction ``handle``
+        names (from ``Producer.prepare_transaction()``), from any process. On
+        return the outcome is decided and durable; the markers follow (a commit
+        is visible to read_committed readers once they are written). Repeating
+        it changes nothing. A stale handle (its transaction was completed the
+        other way, or fenced) raises ProducerFencedError or InvalidTxnStateError."""
+        handle = self._checked_handle(handle)
+        if not isinstance(commit, bool):
+            raise ValueError(f"commit must be a bool, not {commit!r}")
+        timeout_ms = self._timeout_ms(timeout_s)
+        self._run(self._send_to_coordinator(handle.transactional_id, CompleteTransactionHandler(handle, commit),
+                                            timeout_ms), timeout_ms, "complete_transaction")
+
+    def commit_transaction_group(self, group_id: str, handles: Iterable[TransactionHandle], *,
+                                 timeout_s: float | None = None) -> None:
+        """Commits prepared transactions of transaction group ``group_id`` (their
+        ids are ``<group_id>/...``) atomically: all of them or, on an error,
+        none. Repeating it changes nothing. Every handle must be of the group,
+        each id once, at most 10,000."""
+        wanted = [self._checked_handle(h) for h in handles]
+        if not names.is_transaction_group(group_id):
+            raise ValueError(f"group_id must be 1 to {names.TRANSACTIONAL_ID_CHARS_MAX} characters of "
+                             f"[a-zA-Z0-9._:-], not {group_id!r}")
+        if not wanted:
+            raise ValueError("commit_transaction_group needs at least one handle")
+        timeout_ms = self._timeout_ms(timeout_s)
+        self._run(self._send_to_coordinator(group_id, CommitTransactionGroupHandler(group_id, wanted), timeout_ms),
+                  timeout_ms, "commit_transaction_group")
+
+    @staticmethod
+    def _checked_handle(handle) -> TransactionHandle:
+        if not isinstance(handle, tuple) or len(handle) != 3:
+            raise ValueError(f"a handle is a TransactionHandle(transactional_id, producer_id, producer_epoch), "
+                             f"not {handle!r}")
+        handle = TransactionHandle(*handle)
+        if not names.is_transactional_id(handle.transactional_id) or not isinstance(handle.producer_id, int) \
+                or not isinstance(handle.producer_epoch, int):
+            raise ValueError(f"not a valid transaction handle: {handle!r}")
+        return handle
+
+    async def _send_to_coordinator(self, key: str, handler, timeout_ms: float):
+        """``handler``'s request at the coordinator of ``key`` (a transactional id or group)."""
+        client = CoordinatorClient(self._metadata, self._transport, key, request_timeout_ms=self._request_timeout_ms,
+                                   backoff=self._policy(timeout_ms))
+        try:
+            return await asyncio.wait_for(client.send(handler, producer_epoch=-1), timeout_ms / 1000)
+        except TimeoutError:
+            raise error_for(ErrorCode.Value("REQUEST_TIMED_OUT"),
+                            f"{handler.rpc} got no final answer within {timeout_ms:.0f} ms") from None
 
     def abort_transaction(self, partition, producer_id: int, producer_epoch: int, coordinator_epoch: int, *,
                           timeout_s: float | None = None) -> None:

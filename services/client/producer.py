@@ -51,7 +51,8 @@ Kafka's: ::
 * ``init_transactions``, ``commit_transaction`` and ``abort_transaction`` wait
   up to ``timeout_s`` (default ``max_block_ms``); on ClientTimeoutError the
   operation goes on in the background, and calling the same method again waits
-  for it (Kafka's behaviour). ``close()`` aborts an open transaction.
+  for it (Kafka's behaviour). ``close()`` aborts an open transaction, never a
+  prepared one (``prepare_transaction()``: its handle's holder decides it).
 * Which call is legal in which state is the table in ``transactions.py``; an
   illegal call raises TransactionStateError and changes nothing. ``send()`` in
   a state that does not take records raises at once (not through the future).
@@ -85,7 +86,7 @@ from services.client.errors import (
 from services.client.metadata import Metadata
 from services.client.partitioner import DefaultPartitioner, Partitioner
 from services.client.sender import REQUEST_OVERHEAD_BYTES, Sender, SenderStats
-from services.client.structs import TopicPartition, as_tp, build_record, record_payload_bytes
+from services.client.structs import TopicPartition, TransactionHandle, as_tp, build_record, record_payload_bytes
 from services.client.transactions import SENDING_STATES, Call, TransactionManager, TxnState, Verdict
 from services.client.transport import FaultInjection, Transport
 from services.client.txn_requests import (
@@ -93,6 +94,7 @@ from services.client.txn_requests import (
     CoordinatorClient,
     EndTxnHandler,
     InitProducerIdHandler,
+    PrepareTransactionHandler,
     StopRetrying,
     TxnOffsetCommitHandler,
 )
@@ -405,6 +407,30 @@ class Producer:
             self._run_operation(txn, self._commit_operation())
         self._wait_operation(txn, Call.COMMIT, timeout_s)
 
+    def prepare_transaction(self, prepared_timeout_ms: int = 0, timeout_s: float | None = None) -> TransactionHandle:
+        """Sends every record of the transaction, waits for them, then moves the
+        transaction to Prepared (two-phase participation) and returns its handle.
+        The outcome is decided later, by whoever holds the handle:
+        ``Admin.complete_transaction(handle, commit)``, or
+        ``Admin.commit_transaction_group(group, handles)`` for several at once.
+        A prepared transaction survives the transaction timeout and this
+        producer's close(); the coordinator aborts it only after
+        ``prepared_timeout_ms`` (0: its ``prepared_transaction_timeout_ms``,
+        default 24 h), or when a new producer with this transactional id calls
+        init_transactions(). Until then it holds the last stable offset of its
+        partitions. This producer can still commit_transaction() or
+        abort_transaction() it itself; it takes no new transaction."""
+        if not isinstance(prepared_timeout_ms, int) or isinstance(prepared_timeout_ms, bool) or prepared_timeout_ms < 0:
+            raise ValueError(f"prepared_timeout_ms must be an int >= 0 (0: the coordinator's default), "
+                             f"not {prepared_timeout_ms!r}")
+        txn = self._transactional(Call.PREPARE)
+        if txn.start(Call.PREPARE) is Verdict.STARTED:
+            txn.wait_sends_done()
+            self._run_operation(txn, self._prepare_operation(prepared_timeout_ms))
+        self._wait_operation(txn, Call.PREPARE, timeout_s)
+        assert txn.handle is not None
+        return txn.handle
+
     def abort_transaction(self, timeout_s: float | None = None) -> None:
         """Aborts the open (or failed) transaction: records not sent yet fail
         with TransactionAbortedError, records in flight finish, then EndTxn
@@ -518,6 +544,26 @@ class Producer:
         if not txn.completed(producer_id, producer_epoch):
             raise txn.error_unless(TxnState.READY)
 
+    async def _prepare_operation(self, prepared_timeout_ms: int) -> None:
+        txn, coordinator = self._txn, self._coordinator
+        assert txn is not None and coordinator is not None
+        if self._offsets_tasks:
+            await asyncio.gather(*list(self._offsets_tasks), return_exceptions=True)
+        await self._flush_transaction()
+        error = txn.error_unless(TxnState.PREPARING)
+        if error is not None:
+            raise error
+        try:
+            txn.note_offsets_added()  # the coordinator has the transaction now, even an empty one
+            handle = await coordinator.send(
+                PrepareTransactionHandler(txn.transactional_id, txn.producer_id, txn.producer_epoch,
+                                          prepared_timeout_ms), producer_epoch=txn.producer_epoch)
+        except ClientError as exc:
+            txn.on_coordinator_error(exc)
+            raise txn.error_unless(TxnState.PREPARING) or exc  # noqa: B904 -- the context is exc
+        if not txn.prepared(handle):
+            raise txn.error_unless(TxnState.PREPARED)
+
     async def _abort_operation(self) -> None:
         txn, coordinator = self._txn, self._coordinator
         assert txn is not None and coordinator is not None
@@ -569,7 +615,7 @@ class Producer:
         try:
             if txn.state in (TxnState.IN_TRANSACTION, TxnState.ABORTABLE_ERROR):
                 self.abort_transaction(timeout_s)
-            elif txn.state in (TxnState.INITIALIZING, TxnState.COMMITTING, TxnState.ABORTING):
+            elif txn.state in (TxnState.INITIALIZING, TxnState.COMMITTING, TxnState.ABORTING, TxnState.PREPARING):
                 assert txn.operation is not None
                 txn.operation.result(self._operation_timeout_s(timeout_s))
         except (ClientError, concurrent.futures.TimeoutError):

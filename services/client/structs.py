@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from services import names
 from services.stubs.txlog.v1 import common_pb2
 
 
@@ -94,12 +95,34 @@ class ProducerDescription(NamedTuple):
 
 class TransactionListing(NamedTuple):
     """One transaction a coordinator knows (ListTransactions); ``state`` is the
-    coordinator's state name: Empty, Ongoing, PrepareCommit, PrepareAbort,
-    CompleteCommit, CompleteAbort, Dead, PrepareEpochFence."""
+    coordinator's state name: Empty, Ongoing, Prepared, PrepareCommit,
+    PrepareAbort, CompleteCommit, CompleteAbort, Dead, PrepareEpochFence."""
 
     transactional_id: str
     producer_id: int
     state: str
+    producer_epoch: int = -1
+
+    @property
+    def handle(self) -> TransactionHandle:
+        """The handle of this transaction (meaningful when it is Prepared)."""
+        return TransactionHandle(self.transactional_id, self.producer_id, self.producer_epoch)
+
+
+class TransactionHandle(NamedTuple):
+    """Names one prepared transaction (Producer.prepare_transaction); any process
+    holding it can complete it (Admin.complete_transaction) or commit it with
+    others of its group (Admin.commit_transaction_group). Picklable: Spark
+    hands it from tasks to the driver."""
+
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+
+    @property
+    def group(self) -> str:
+        """The transaction group of its id (the part before the first "/")."""
+        return names.transaction_group(self.transactional_id)
 
 
 class TransactionDescription(NamedTuple):
@@ -113,6 +136,8 @@ class TransactionDescription(NamedTuple):
     transaction_timeout_ms: int
     transaction_start_time_ms: int
     partitions: tuple[TopicPartition, ...]
+    prepared_time_ms: int = -1  # when it was prepared (ms since epoch), -1 unless Prepared
+    prepared_timeout_ms: int = 0  # how long it may stay Prepared, 0 unless Prepared
 
 
 class HangingTransaction(NamedTuple):

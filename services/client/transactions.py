@@ -29,11 +29,16 @@ State Transitions
     READY           -> IN_TRANSACTION   begin_transaction()
     IN_TRANSACTION  -> COMMITTING       commit_transaction()
     IN_TRANSACTION  -> ABORTING         abort_transaction()
+    IN_TRANSACTION  -> PREPARING        prepare_transaction()
+    PREPARING       -> PREPARED         every batch acknowledged, PrepareTransaction answered the handle
+    PREPARED        -> COMMITTING       commit_transaction() (EndTxn; whoever holds the handle may
+    PREPARED        -> ABORTING         abort_transaction()   complete it instead, and close() leaves it)
     COMMITTING      -> READY            every batch acknowledged, EndTxn(commit) answered a new epoch
     ABORTING        -> READY            unsent batches dropped, in-flight ones finished, EndTxn(abort)
                                         (or KIP-360's InitProducerId bump) answered a new epoch
     IN_TRANSACTION  -> ABORTABLE_ERROR  a batch failed; the coordinator answered an abortable error
     COMMITTING      -> ABORTABLE_ERROR  the same while committing (the commit raises it)
+    PREPARING       -> ABORTABLE_ERROR  the same while preparing (the prepare raises it)
     ABORTABLE_ERROR -> ABORTING         abort_transaction()
     any but UNINITIALIZED -> FATAL_ERROR   PRODUCER_FENCED / INVALID_PRODUCER_EPOCH, or a fatal
                                         coordinator error: every later call raises it; close()
@@ -74,6 +79,8 @@ class TxnState(enum.Enum):
     ABORTING = "aborting"
     ABORTABLE_ERROR = "abortable_error"
     FATAL_ERROR = "fatal_error"
+    PREPARING = "preparing"
+    PREPARED = "prepared"
 
     @property
     def valid_previous_states(self) -> frozenset[TxnState]:
@@ -86,9 +93,11 @@ VALID_PREVIOUS_STATES: dict[TxnState, frozenset[TxnState]] = {
     S.INITIALIZING: frozenset({S.UNINITIALIZED}),
     S.READY: frozenset({S.INITIALIZING, S.COMMITTING, S.ABORTING}),
     S.IN_TRANSACTION: frozenset({S.READY}),
-    S.COMMITTING: frozenset({S.IN_TRANSACTION}),
-    S.ABORTING: frozenset({S.IN_TRANSACTION, S.ABORTABLE_ERROR}),
-    S.ABORTABLE_ERROR: frozenset({S.IN_TRANSACTION, S.COMMITTING}),
+    S.COMMITTING: frozenset({S.IN_TRANSACTION, S.PREPARED}),
+    S.ABORTING: frozenset({S.IN_TRANSACTION, S.ABORTABLE_ERROR, S.PREPARED}),
+    S.ABORTABLE_ERROR: frozenset({S.IN_TRANSACTION, S.COMMITTING, S.PREPARING}),
+    S.PREPARING: frozenset({S.IN_TRANSACTION}),
+    S.PREPARED: frozenset({S.PREPARING}),
     S.FATAL_ERROR: frozenset(set(TxnState) - {S.UNINITIALIZED, S.FATAL_ERROR}),
 }
 
@@ -102,6 +111,7 @@ class Call(enum.Enum):
     SEND_OFFSETS = "send_offsets_to_transaction()"
     COMMIT = "commit_transaction()"
     ABORT = "abort_transaction()"
+    PREPARE = "prepare_transaction()"
 
 
 class Verdict(enum.Enum):
@@ -121,44 +131,58 @@ _NO_TRANSACTION = "no transaction is open: call begin_transaction() first"
 _OPEN = "a transaction is open: commit_transaction() or abort_transaction() it first"
 _COMMITTING = "the transaction is being committed: call commit_transaction() again to wait for the outcome"
 _ABORTING = "the transaction is being aborted: call abort_transaction() again to wait for it"
+_PREPARING = "the transaction is being prepared: call prepare_transaction() again to wait for its handle"
+_PREPARED = ("the transaction is prepared: whoever holds its handle completes it (or call commit_transaction() or "
+             "abort_transaction() here)")
 
 CALLS: dict[TxnState, dict[Call, TxnState | Verdict | str]] = {
     S.UNINITIALIZED: {
         Call.INIT: S.INITIALIZING, Call.BEGIN: _NOT_INITIALIZED, Call.SEND: _NOT_INITIALIZED,
         Call.SEND_OFFSETS: _NOT_INITIALIZED, Call.COMMIT: _NOT_INITIALIZED, Call.ABORT: _NOT_INITIALIZED,
+        Call.PREPARE: _NOT_INITIALIZED,
     },
     S.INITIALIZING: {
         Call.INIT: Verdict.RESUME, Call.BEGIN: _INITIALIZING, Call.SEND: _INITIALIZING,
         Call.SEND_OFFSETS: _INITIALIZING, Call.COMMIT: _INITIALIZING, Call.ABORT: _INITIALIZING,
+        Call.PREPARE: _INITIALIZING,
     },
     S.READY: {
         Call.INIT: "init_transactions() has completed already: call begin_transaction()",
         Call.BEGIN: S.IN_TRANSACTION, Call.SEND: _NO_TRANSACTION, Call.SEND_OFFSETS: _NO_TRANSACTION,
-        Call.COMMIT: _NO_TRANSACTION, Call.ABORT: _NO_TRANSACTION,
+        Call.COMMIT: _NO_TRANSACTION, Call.ABORT: _NO_TRANSACTION, Call.PREPARE: _NO_TRANSACTION,
     },
     S.IN_TRANSACTION: {
         Call.INIT: _OPEN, Call.BEGIN: "a transaction is open already: commit_transaction() or abort_transaction() "
                                       "it before beginning the next one",
         Call.SEND: Verdict.PROCEED, Call.SEND_OFFSETS: Verdict.PROCEED,
-        Call.COMMIT: S.COMMITTING, Call.ABORT: S.ABORTING,
+        Call.COMMIT: S.COMMITTING, Call.ABORT: S.ABORTING, Call.PREPARE: S.PREPARING,
     },
     S.COMMITTING: {
         Call.INIT: _COMMITTING, Call.BEGIN: _COMMITTING, Call.SEND: _COMMITTING, Call.SEND_OFFSETS: _COMMITTING,
-        Call.COMMIT: Verdict.RESUME, Call.ABORT: _COMMITTING,
+        Call.COMMIT: Verdict.RESUME, Call.ABORT: _COMMITTING, Call.PREPARE: _COMMITTING,
     },
     S.ABORTING: {
         Call.INIT: _ABORTING, Call.BEGIN: _ABORTING, Call.SEND: _ABORTING, Call.SEND_OFFSETS: _ABORTING,
-        Call.COMMIT: _ABORTING, Call.ABORT: Verdict.RESUME,
+        Call.COMMIT: _ABORTING, Call.ABORT: Verdict.RESUME, Call.PREPARE: _ABORTING,
     },
     S.ABORTABLE_ERROR: {
         Call.INIT: Verdict.RAISE, Call.BEGIN: Verdict.RAISE, Call.SEND: Verdict.RAISE,
         Call.SEND_OFFSETS: Verdict.RAISE, Call.COMMIT: Verdict.RAISE, Call.ABORT: S.ABORTING,
+        Call.PREPARE: Verdict.RAISE,
+    },
+    S.PREPARING: {
+        Call.INIT: _PREPARING, Call.BEGIN: _PREPARING, Call.SEND: _PREPARING, Call.SEND_OFFSETS: _PREPARING,
+        Call.COMMIT: _PREPARING, Call.ABORT: _PREPARING, Call.PREPARE: Verdict.RESUME,
+    },
+    S.PREPARED: {
+        Call.INIT: _PREPARED, Call.BEGIN: _PREPARED, Call.SEND: _PREPARED, Call.SEND_OFFSETS: _PREPARED,
+        Call.COMMIT: S.COMMITTING, Call.ABORT: S.ABORTING, Call.PREPARE: Verdict.RESUME,
     },
     S.FATAL_ERROR: dict.fromkeys(Call, Verdict.RAISE),
 }
 
 # The states in which the sender may send a transaction's batches and add its partitions.
-SENDING_STATES = frozenset({S.IN_TRANSACTION, S.COMMITTING})
+SENDING_STATES = frozenset({S.IN_TRANSACTION, S.COMMITTING, S.PREPARING})
 # The states in which unsent batches are dropped instead of sent.
 DROPPING_STATES = frozenset({S.ABORTABLE_ERROR, S.ABORTING, S.FATAL_ERROR})
 
@@ -188,6 +212,7 @@ class TransactionManager:
         # transaction: the coordinator may have it open, so it must be ended.
         self.coordinator_touched = False
         self.transactions_completed = 0
+        self.handle = None  # the TransactionHandle of the prepared transaction
 
     # --- state -----------------------------------------------------------------------------
 
@@ -250,7 +275,7 @@ class TransactionManager:
             if isinstance(outcome, Verdict):
                 return outcome
             self._transition_locked(outcome)
-            if outcome in (S.INITIALIZING, S.COMMITTING, S.ABORTING):
+            if outcome in (S.INITIALIZING, S.COMMITTING, S.ABORTING, S.PREPARING):
                 self.operation = concurrent.futures.Future()
                 self.operation.set_running_or_notify_cancel()
             return Verdict.STARTED
@@ -346,12 +371,22 @@ class TransactionManager:
             self.transactions_completed += 1
             return True
 
+    def prepared(self, handle) -> bool:
+        """PrepareTransaction answered ``handle``. False (nothing changes) when
+        the producer went fatal meanwhile."""
+        with self._lock:
+            if self._state is S.FATAL_ERROR:
+                return False
+            self.handle = handle
+            self._transition_locked(S.PREPARED)
+            return True
+
     def on_abortable_error(self, error: ClientError) -> None:
         """The transaction can only abort now. Ignored while aborting (the
         outcome is decided), once in an error state (the first error counts),
         and outside a transaction."""
         with self._lock:
-            if self._state in (S.IN_TRANSACTION, S.COMMITTING):
+            if self._state in (S.IN_TRANSACTION, S.COMMITTING, S.PREPARING):
                 self.abortable_error = error
                 self._transition_locked(S.ABORTABLE_ERROR)
 

@@ -28,20 +28,14 @@ import grpc
 from services.channels import open_channel
 from services.client.errors import ClientError, error_for, from_exception
 from services.errors import ErrorCode
-from services.stubs.txlog.v1 import coordinator_pb2_grpc, partition_pb2_grpc
+from services.stubs.txlog.v1 import coordinator_pb2, coordinator_pb2_grpc, partition_pb2, partition_pb2_grpc
 
 REQUEST_TIMEOUT_MS_DEFAULT = 30_000
 MAX_MESSAGE_BYTES_DEFAULT = 64 * 1024 * 1024
 
-# rpc name -> which service's stub serves it
-_COORDINATOR_RPCS = frozenset(
-    {"FindCoordinator", "InitProducerId", "AddPartitionsToTxn", "AddOffsetsToTxn", "EndTxn",
-     "ListTransactions", "DescribeTransactions", "AbortTransaction"}
-)
-_PARTITION_RPCS = frozenset(
-    {"Metadata", "CreateTopics", "Produce", "Fetch", "ListOffsets", "WriteTxnMarkers", "OffsetCommit",
-     "TxnOffsetCommit", "OffsetFetch", "DescribeProducers"}
-)
+# rpc name -> which service's stub serves it (from the service descriptors, so a new rpc needs no edit here)
+_COORDINATOR_RPCS = frozenset(coordinator_pb2.DESCRIPTOR.services_by_name["CoordinatorService"].methods_by_name)
+_PARTITION_RPCS = frozenset(partition_pb2.DESCRIPTOR.services_by_name["PartitionService"].methods_by_name)
 
 
 @dataclass

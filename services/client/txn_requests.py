@@ -1,5 +1,6 @@
 """Requests of the transactional protocol: one handler class per RPC
-(InitProducerId, AddPartitionsToTxn, AddOffsetsToTxn, TxnOffsetCommit, EndTxn)
+(InitProducerId, AddPartitionsToTxn, AddOffsetsToTxn, TxnOffsetCommit, EndTxn,
+and the two-phase PrepareTransaction, CompleteTransaction, CommitTransactionGroup)
 with ``create_request()`` and ``handle_response()``, and one driver,
 :class:`CoordinatorClient`, that finds the coordinator, sends, and sorts every
 failure in one place.
@@ -13,8 +14,9 @@ Guarantees
   group's ``__consumer_offsets`` partition).
 * Every request the driver sends is safe to send again: the coordinator answers
   a retried EndTxn whose first attempt was applied with the same outcome and
-  epoch, adding partitions or offsets twice adds them once, and committing the
-  same offsets twice stores them once.
+  epoch, adding partitions or offsets twice adds them once, committing the
+  same offsets twice stores them once, and a prepare, completion or group
+  commit applied already is answered as applied.
 * The driver retries until the request succeeds, fails for good, or its caller
   stops it (``keep_going`` turns false: :class:`StopRetrying`; or the task is
   cancelled); each attempt is bounded by ``request_timeout_ms``.
@@ -44,7 +46,7 @@ from services.client.errors import (
     txn_action_for,
 )
 from services.client.metadata import Metadata
-from services.client.structs import TopicPartition
+from services.client.structs import TopicPartition, TransactionHandle
 from services.errors import ErrorCode
 from services.retry import RetryPolicy
 from services.stubs.txlog.v1 import common_pb2, coordinator_pb2, partition_pb2
@@ -104,6 +106,9 @@ class TxnHandler:
 
     rpc: str = ""
     group_id: str | None = None  # set: goes to the group's coordinator, not the transaction's
+    # False: a fenced answer is the coordinator's own error, not "this producer is a
+    # zombie" (the request names a handle, not the sender's producer).
+    from_producer: bool = True
 
     def create_request(self):
         raise NotImplementedError
@@ -212,6 +217,59 @@ class EndTxnHandler(TxnHandler):
         return response.producer_id, response.producer_epoch
 
 
+class PrepareTransactionHandler(TxnHandler):
+    """Moves the transaction (every record acknowledged) to Prepared; answers its handle."""
+
+    rpc = "PrepareTransaction"
+
+    def __init__(self, transactional_id: str, producer_id: int, producer_epoch: int, prepared_timeout_ms: int):
+        self.request = coordinator_pb2.PrepareTransactionRequest(
+            transactional_id=transactional_id, producer_id=producer_id, producer_epoch=producer_epoch,
+            prepared_timeout_ms=prepared_timeout_ms)
+
+    def create_request(self):
+        return self.request
+
+    def handle_response(self, response) -> TransactionHandle:
+        h = response.handle
+        return TransactionHandle(h.transactional_id, h.producer_id, h.producer_epoch)
+
+
+def handle_proto(handle: TransactionHandle) -> coordinator_pb2.TransactionHandle:
+    return coordinator_pb2.TransactionHandle(transactional_id=handle.transactional_id,
+                                             producer_id=handle.producer_id, producer_epoch=handle.producer_epoch)
+
+
+class CompleteTransactionHandler(TxnHandler):
+    """Commits or aborts one prepared transaction by its handle."""
+
+    rpc = "CompleteTransaction"
+    from_producer = False
+
+    def __init__(self, handle: TransactionHandle, committed: bool):
+        self.request = coordinator_pb2.CompleteTransactionRequest(handle=handle_proto(handle), committed=committed)
+
+    def create_request(self):
+        return self.request
+
+    def handle_response(self, response) -> tuple[int, int]:
+        return response.producer_id, response.producer_epoch
+
+
+class CommitTransactionGroupHandler(TxnHandler):
+    """Commits prepared transactions of one group at once."""
+
+    rpc = "CommitTransactionGroup"
+    from_producer = False
+
+    def __init__(self, group_id: str, handles: Sequence[TransactionHandle]):
+        self.request = coordinator_pb2.CommitTransactionGroupRequest(
+            group_id=group_id, handles=[handle_proto(h) for h in handles])
+
+    def create_request(self):
+        return self.request
+
+
 # --- the driver ------------------------------------------------------------------------------------
 
 
@@ -281,7 +339,7 @@ class CoordinatorClient:
                 return handler.handle_response(response)
             except ClientError as exc:
                 action = txn_action_for(exc.code)
-                if action is TxnAction.FENCED:
+                if action is TxnAction.FENCED and handler.from_producer:
                     raise fenced_error(self.transactional_id, producer_epoch, exc) from exc
                 if not action.retries:
                     raise

@@ -26,6 +26,7 @@ class TransactionState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TRANSACTION_STATE_COMPLETE_ABORT: _ClassVar[TransactionState]
     TRANSACTION_STATE_DEAD: _ClassVar[TransactionState]
     TRANSACTION_STATE_PREPARE_EPOCH_FENCE: _ClassVar[TransactionState]
+    TRANSACTION_STATE_PREPARED: _ClassVar[TransactionState]
 COORDINATOR_KEY_TYPE_TRANSACTION: CoordinatorKeyType
 COORDINATOR_KEY_TYPE_GROUP: CoordinatorKeyType
 TRANSACTION_STATE_UNSPECIFIED: TransactionState
@@ -37,6 +38,7 @@ TRANSACTION_STATE_COMPLETE_COMMIT: TransactionState
 TRANSACTION_STATE_COMPLETE_ABORT: TransactionState
 TRANSACTION_STATE_DEAD: TransactionState
 TRANSACTION_STATE_PREPARE_EPOCH_FENCE: TransactionState
+TRANSACTION_STATE_PREPARED: TransactionState
 
 class FindCoordinatorRequest(_message.Message):
     __slots__ = ("key", "key_type")
@@ -135,26 +137,30 @@ class EndTxnResponse(_message.Message):
     def __init__(self, producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ...) -> None: ...
 
 class ListTransactionsRequest(_message.Message):
-    __slots__ = ("state_filters", "producer_id_filters", "duration_filter_ms", "local_only")
+    __slots__ = ("state_filters", "producer_id_filters", "duration_filter_ms", "local_only", "transactional_id_prefix")
     STATE_FILTERS_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_ID_FILTERS_FIELD_NUMBER: _ClassVar[int]
     DURATION_FILTER_MS_FIELD_NUMBER: _ClassVar[int]
     LOCAL_ONLY_FIELD_NUMBER: _ClassVar[int]
+    TRANSACTIONAL_ID_PREFIX_FIELD_NUMBER: _ClassVar[int]
     state_filters: _containers.RepeatedScalarFieldContainer[TransactionState]
     producer_id_filters: _containers.RepeatedScalarFieldContainer[int]
     duration_filter_ms: int
     local_only: bool
-    def __init__(self, state_filters: _Optional[_Iterable[_Union[TransactionState, str]]] = ..., producer_id_filters: _Optional[_Iterable[int]] = ..., duration_filter_ms: _Optional[int] = ..., local_only: _Optional[bool] = ...) -> None: ...
+    transactional_id_prefix: str
+    def __init__(self, state_filters: _Optional[_Iterable[_Union[TransactionState, str]]] = ..., producer_id_filters: _Optional[_Iterable[int]] = ..., duration_filter_ms: _Optional[int] = ..., local_only: _Optional[bool] = ..., transactional_id_prefix: _Optional[str] = ...) -> None: ...
 
 class TransactionListing(_message.Message):
-    __slots__ = ("transactional_id", "producer_id", "state")
+    __slots__ = ("transactional_id", "producer_id", "state", "producer_epoch")
     TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     transactional_id: str
     producer_id: int
     state: TransactionState
-    def __init__(self, transactional_id: _Optional[str] = ..., producer_id: _Optional[int] = ..., state: _Optional[_Union[TransactionState, str]] = ...) -> None: ...
+    producer_epoch: int
+    def __init__(self, transactional_id: _Optional[str] = ..., producer_id: _Optional[int] = ..., state: _Optional[_Union[TransactionState, str]] = ..., producer_epoch: _Optional[int] = ...) -> None: ...
 
 class ListTransactionsResponse(_message.Message):
     __slots__ = ("transactions",)
@@ -169,7 +175,7 @@ class DescribeTransactionsRequest(_message.Message):
     def __init__(self, transactional_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TransactionDescription(_message.Message):
-    __slots__ = ("transactional_id", "error", "state", "producer_id", "producer_epoch", "transaction_timeout_ms", "transaction_start_time_ms", "partitions")
+    __slots__ = ("transactional_id", "error", "state", "producer_id", "producer_epoch", "transaction_timeout_ms", "transaction_start_time_ms", "partitions", "prepared_time_ms", "prepared_timeout_ms")
     TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -178,6 +184,8 @@ class TransactionDescription(_message.Message):
     TRANSACTION_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     TRANSACTION_START_TIME_MS_FIELD_NUMBER: _ClassVar[int]
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    PREPARED_TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    PREPARED_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     transactional_id: str
     error: _errors_pb2.Error
     state: TransactionState
@@ -186,7 +194,9 @@ class TransactionDescription(_message.Message):
     transaction_timeout_ms: int
     transaction_start_time_ms: int
     partitions: _containers.RepeatedCompositeFieldContainer[_common_pb2.TopicPartition]
-    def __init__(self, transactional_id: _Optional[str] = ..., error: _Optional[_Union[_errors_pb2.Error, _Mapping]] = ..., state: _Optional[_Union[TransactionState, str]] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., transaction_timeout_ms: _Optional[int] = ..., transaction_start_time_ms: _Optional[int] = ..., partitions: _Optional[_Iterable[_Union[_common_pb2.TopicPartition, _Mapping]]] = ...) -> None: ...
+    prepared_time_ms: int
+    prepared_timeout_ms: int
+    def __init__(self, transactional_id: _Optional[str] = ..., error: _Optional[_Union[_errors_pb2.Error, _Mapping]] = ..., state: _Optional[_Union[TransactionState, str]] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., transaction_timeout_ms: _Optional[int] = ..., transaction_start_time_ms: _Optional[int] = ..., partitions: _Optional[_Iterable[_Union[_common_pb2.TopicPartition, _Mapping]]] = ..., prepared_time_ms: _Optional[int] = ..., prepared_timeout_ms: _Optional[int] = ...) -> None: ...
 
 class DescribeTransactionsResponse(_message.Message):
     __slots__ = ("transactions",)
@@ -207,5 +217,61 @@ class AbortTransactionRequest(_message.Message):
     def __init__(self, partition: _Optional[_Union[_common_pb2.TopicPartition, _Mapping]] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., coordinator_epoch: _Optional[int] = ...) -> None: ...
 
 class AbortTransactionResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class TransactionHandle(_message.Message):
+    __slots__ = ("transactional_id", "producer_id", "producer_epoch")
+    TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    def __init__(self, transactional_id: _Optional[str] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ...) -> None: ...
+
+class PrepareTransactionRequest(_message.Message):
+    __slots__ = ("transactional_id", "producer_id", "producer_epoch", "prepared_timeout_ms")
+    TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    PREPARED_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    prepared_timeout_ms: int
+    def __init__(self, transactional_id: _Optional[str] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., prepared_timeout_ms: _Optional[int] = ...) -> None: ...
+
+class PrepareTransactionResponse(_message.Message):
+    __slots__ = ("handle",)
+    HANDLE_FIELD_NUMBER: _ClassVar[int]
+    handle: TransactionHandle
+    def __init__(self, handle: _Optional[_Union[TransactionHandle, _Mapping]] = ...) -> None: ...
+
+class CompleteTransactionRequest(_message.Message):
+    __slots__ = ("handle", "committed")
+    HANDLE_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_FIELD_NUMBER: _ClassVar[int]
+    handle: TransactionHandle
+    committed: bool
+    def __init__(self, handle: _Optional[_Union[TransactionHandle, _Mapping]] = ..., committed: _Optional[bool] = ...) -> None: ...
+
+class CompleteTransactionResponse(_message.Message):
+    __slots__ = ("producer_id", "producer_epoch")
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    producer_id: int
+    producer_epoch: int
+    def __init__(self, producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ...) -> None: ...
+
+class CommitTransactionGroupRequest(_message.Message):
+    __slots__ = ("group_id", "handles")
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    HANDLES_FIELD_NUMBER: _ClassVar[int]
+    group_id: str
+    handles: _containers.RepeatedCompositeFieldContainer[TransactionHandle]
+    def __init__(self, group_id: _Optional[str] = ..., handles: _Optional[_Iterable[_Union[TransactionHandle, _Mapping]]] = ...) -> None: ...
+
+class CommitTransactionGroupResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

@@ -75,6 +75,21 @@ class CoordinatorServiceStub:
                 request_serializer=txlog_dot_v1_dot_coordinator__pb2.AbortTransactionRequest.SerializeToString,
                 response_deserializer=txlog_dot_v1_dot_coordinator__pb2.AbortTransactionResponse.FromString,
                 _registered_method=True)
+        self.PrepareTransaction = channel.unary_unary(
+                '/txlog.v1.CoordinatorService/PrepareTransaction',
+                request_serializer=txlog_dot_v1_dot_coordinator__pb2.PrepareTransactionRequest.SerializeToString,
+                response_deserializer=txlog_dot_v1_dot_coordinator__pb2.PrepareTransactionResponse.FromString,
+                _registered_method=True)
+        self.CompleteTransaction = channel.unary_unary(
+                '/txlog.v1.CoordinatorService/CompleteTransaction',
+                request_serializer=txlog_dot_v1_dot_coordinator__pb2.CompleteTransactionRequest.SerializeToString,
+                response_deserializer=txlog_dot_v1_dot_coordinator__pb2.CompleteTransactionResponse.FromString,
+                _registered_method=True)
+        self.CommitTransactionGroup = channel.unary_unary(
+                '/txlog.v1.CoordinatorService/CommitTransactionGroup',
+                request_serializer=txlog_dot_v1_dot_coordinator__pb2.CommitTransactionGroupRequest.SerializeToString,
+                response_deserializer=txlog_dot_v1_dot_coordinator__pb2.CommitTransactionGroupResponse.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServiceServicer:
@@ -138,6 +153,36 @@ class CoordinatorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PrepareTransaction(self, request, context):
+        """Flushes nothing itself: the producer has sent and had acknowledged every
+        record of its transaction, which moves to the durable Prepared state and
+        answers a handle. A prepared transaction is never aborted by the ordinary
+        transaction timeout, only by its own (much longer) prepared timeout, by
+        CompleteTransaction(abort), or by InitProducerId of a new producer with
+        the same transactional id.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CompleteTransaction(self, request, context):
+        """Commits or aborts one prepared transaction, from any process holding its
+        handle. Repeating it with the same handle and outcome answers OK.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CommitTransactionGroup(self, request, context):
+        """Commits prepared transactions of one group atomically: one decision record
+        naming all of them is written to the transaction log before any marker, so
+        either all of them commit (a coordinator taking over finishes the
+        decision) or none was decided. Repeating it answers OK.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -180,6 +225,21 @@ def add_CoordinatorServiceServicer_to_server(servicer, server):
                     servicer.AbortTransaction,
                     request_deserializer=txlog_dot_v1_dot_coordinator__pb2.AbortTransactionRequest.FromString,
                     response_serializer=txlog_dot_v1_dot_coordinator__pb2.AbortTransactionResponse.SerializeToString,
+            ),
+            'PrepareTransaction': grpc.unary_unary_rpc_method_handler(
+                    servicer.PrepareTransaction,
+                    request_deserializer=txlog_dot_v1_dot_coordinator__pb2.PrepareTransactionRequest.FromString,
+                    response_serializer=txlog_dot_v1_dot_coordinator__pb2.PrepareTransactionResponse.SerializeToString,
+            ),
+            'CompleteTransaction': grpc.unary_unary_rpc_method_handler(
+                    servicer.CompleteTransaction,
+                    request_deserializer=txlog_dot_v1_dot_coordinator__pb2.CompleteTransactionRequest.FromString,
+                    response_serializer=txlog_dot_v1_dot_coordinator__pb2.CompleteTransactionResponse.SerializeToString,
+            ),
+            'CommitTransactionGroup': grpc.unary_unary_rpc_method_handler(
+                    servicer.CommitTransactionGroup,
+                    request_deserializer=txlog_dot_v1_dot_coordinator__pb2.CommitTransactionGroupRequest.FromString,
+                    response_serializer=txlog_dot_v1_dot_coordinator__pb2.CommitTransactionGroupResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -398,6 +458,87 @@ class CoordinatorService:
             '/txlog.v1.CoordinatorService/AbortTransaction',
             txlog_dot_v1_dot_coordinator__pb2.AbortTransactionRequest.SerializeToString,
             txlog_dot_v1_dot_coordinator__pb2.AbortTransactionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PrepareTransaction(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/txlog.v1.CoordinatorService/PrepareTransaction',
+            txlog_dot_v1_dot_coordinator__pb2.PrepareTransactionRequest.SerializeToString,
+            txlog_dot_v1_dot_coordinator__pb2.PrepareTransactionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CompleteTransaction(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/txlog.v1.CoordinatorService/CompleteTransaction',
+            txlog_dot_v1_dot_coordinator__pb2.CompleteTransactionRequest.SerializeToString,
+            txlog_dot_v1_dot_coordinator__pb2.CompleteTransactionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CommitTransactionGroup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/txlog.v1.CoordinatorService/CommitTransactionGroup',
+            txlog_dot_v1_dot_coordinator__pb2.CommitTransactionGroupRequest.SerializeToString,
+            txlog_dot_v1_dot_coordinator__pb2.CommitTransactionGroupResponse.FromString,
             options,
             channel_credentials,
             insecure,
