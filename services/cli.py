@@ -21,8 +21,9 @@ the bootstrap addresses from DIR/cluster.json):
                         [--timeout-ms MS] [--isolation read_committed|read_uncommitted]
                         [--partition P] [--print-key] [--key-separator SEP]
     txlog producers describe TOPIC [--partition P]
-    txlog transactions list [--state S ...] [--producer-id P ...] [--min-duration-ms N]
+    txlog transactions list [--state S ...] [--producer-id P ...] [--min-duration-ms N] [--prefix P]
     txlog transactions describe TID [TID ...]
+    txlog transactions complete commit|abort --transactional-id TID --producer-id PID --producer-epoch E
     txlog transactions abort --topic T --partition P --producer-id PID --producer-epoch E
                              --coordinator-epoch C
     txlog transactions find-hanging [--topic T ...] [--max-transaction-timeout-ms N]
@@ -154,9 +155,12 @@ def _transactions(args) -> int:
     bootstrap = _bootstrap(args)
     if args.action == "list":
         console.transactions_list(bootstrap, args.state, args.producer_id, args.min_duration_ms, sys.stdout,
-                                  timeout_s=args.timeout_s)
+                                  prefix=args.prefix, timeout_s=args.timeout_s)
     elif args.action == "describe":
         console.transactions_describe(bootstrap, args.transactional_ids, sys.stdout, timeout_s=args.timeout_s)
+    elif args.action == "complete":
+        console.transactions_complete(bootstrap, args.transactional_id, args.producer_id, args.producer_epoch,
+                                      args.outcome == "commit", sys.stdout, timeout_s=args.timeout_s)
     elif args.action == "abort":
         console.transactions_abort(bootstrap, args.topic, args.partition, args.producer_id, args.producer_epoch,
                                    args.coordinator_epoch, sys.stdout, timeout_s=args.timeout_s)
@@ -225,11 +229,18 @@ def _add_client_commands(commands) -> None:
     transactions = commands.add_parser("transactions", help="list, describe and abort transactions")
     txn_actions = transactions.add_subparsers(dest="action", required=True)
     listing = txn_actions.add_parser("list", help="JSON lines, one per transaction the coordinators know")
-    listing.add_argument("--state", action="append", help="only this state (Ongoing, PrepareCommit, ...); repeatable")
+    listing.add_argument("--state", action="append",
+                         help="only this state (Ongoing, Prepared, PrepareCommit, ...); repeatable")
+    listing.add_argument("--prefix", default="", help="only transactional ids starting with this")
     listing.add_argument("--producer-id", type=int, action="append", help="only this producer id; repeatable")
     listing.add_argument("--min-duration-ms", type=int, help="only transactions open longer than this")
     describe_txn = txn_actions.add_parser("describe", help="JSON lines, one per transactional id")
     describe_txn.add_argument("transactional_ids", nargs="+", metavar="TID")
+    complete = txn_actions.add_parser("complete", help="commit or abort a prepared transaction by its handle")
+    complete.add_argument("outcome", choices=("commit", "abort"))
+    complete.add_argument("--transactional-id", required=True)
+    complete.add_argument("--producer-id", type=int, required=True)
+    complete.add_argument("--producer-epoch", type=int, required=True)
     abort = txn_actions.add_parser("abort", help="abort a hanging transaction on one partition")
     abort.add_argument("--topic", required=True)
     abort.add_argument("--partition", type=int, required=True)
@@ -240,7 +251,7 @@ def _add_client_commands(commands) -> None:
     hanging.add_argument("--topic", action="append", help="only this topic (default: every topic); repeatable")
     hanging.add_argument("--max-transaction-timeout-ms", type=int, default=15 * 60 * 1000,
                          help="the coordinators' maximum transaction timeout (default: %(default)s)")
-    for sub in (listing, describe_txn, abort, hanging):
+    for sub in (listing, describe_txn, complete, abort, hanging):
         _add_bootstrap(sub)
     transactions.set_defaults(run=_transactions)
 

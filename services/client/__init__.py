@@ -65,6 +65,7 @@ from services.client.structs import (
     TopicDescription,
     TopicPartition,
     TransactionDescription,
+    TransactionHandle,
     TransactionListing,
 )
 from services.client.transactions import TxnState
@@ -100,6 +101,7 @@ __all__ = [
     "TransactionAbortableError",
     "TransactionAbortedError",
     "TransactionDescription",
+    "TransactionHandle",
     "TransactionListing",
     "TransactionStateError",
     "TransactionTimedOutError",

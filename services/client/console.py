@@ -32,7 +32,7 @@ from services.client.admin import Admin
 from services.client.consumer import Consumer
 from services.client.errors import ClientError
 from services.client.producer import Producer
-from services.client.structs import TopicPartition
+from services.client.structs import TopicPartition, TransactionHandle
 from services.errors import ErrorCode
 
 LINE_BYTES_MAX = 16 * 1024 * 1024
@@ -109,9 +109,11 @@ def producers_describe(bootstrap: str, topic: str, partition: int | None, out: T
 
 
 def transactions_list(bootstrap: str, states: list[str] | None, producer_ids: list[int] | None,
-                      min_duration_ms: int | None, out: TextIO, *, timeout_s: float = TIMEOUT_S_DEFAULT) -> None:
+                      min_duration_ms: int | None, out: TextIO, *, prefix: str = "",
+                      timeout_s: float = TIMEOUT_S_DEFAULT) -> None:
     with _admin(bootstrap, timeout_s) as admin:
-        listings = admin.list_transactions(states=states, producer_ids=producer_ids, duration_ms=min_duration_ms)
+        listings = admin.list_transactions(states=states, producer_ids=producer_ids, duration_ms=min_duration_ms,
+                                           prefix=prefix)
     for listing in listings:
         out.write(json.dumps(listing._asdict()) + "\n")
 
@@ -124,6 +126,14 @@ def transactions_describe(bootstrap: str, transactional_ids: list[str], out: Tex
         fields = description._asdict()
         fields["partitions"] = [{"topic": tp.topic, "partition": tp.partition} for tp in description.partitions]
         out.write(json.dumps(fields) + "\n")
+
+
+def transactions_complete(bootstrap: str, transactional_id: str, producer_id: int, producer_epoch: int,
+                          commit: bool, out: TextIO, *, timeout_s: float = TIMEOUT_S_DEFAULT) -> None:
+    handle = TransactionHandle(transactional_id, producer_id, producer_epoch)
+    with _admin(bootstrap, timeout_s) as admin:
+        admin.complete_transaction(handle, commit)
+    out.write(json.dumps({"completed": True, "committed": commit, **handle._asdict()}) + "\n")
 
 
 def transactions_abort(bootstrap: str, topic: str, partition: int, producer_id: int, producer_epoch: int,

@@ -165,7 +165,7 @@ def test_cli_lists_and_describes_transactions_as_json_lines(run_cli, two_produce
     code, lines, _ = run_cli("transactions", "list", "--state", "Ongoing", "--producer-id",
                              str(two_producers[0].producer_id))
     assert code == 0 and lines == [{"transactional_id": "tx-open", "producer_id": two_producers[0].producer_id,
-                                    "state": "Ongoing"}]
+                                    "state": "Ongoing", "producer_epoch": two_producers[0].producer_epoch}]
     code, lines, _ = run_cli("transactions", "list", "--min-duration-ms", "3600000")
     assert code == 0 and lines == []
     code, lines, _ = run_cli("transactions", "describe", "tx-open", "tx-done")

@@ -53,6 +53,11 @@ def manager_in(state: TxnState) -> TransactionManager:
         txn.start(Call.ABORT)
     elif state is S.ABORTABLE_ERROR:
         txn.on_abortable_error(ABORTABLE)
+    elif state in (S.PREPARING, S.PREPARED):
+        txn.start(Call.PREPARE)
+        if state is S.PREPARED:
+            txn.operation.set_result(None)
+            txn.prepared(("tid", 7, 0))
     return txn
 
 
