@@ -22,6 +22,26 @@ A task fenced by another run's task (a zombie run started alongside) waits
 until that transaction is finished and starts again at step 1; a fenced task
 does not fence back while the other one works, so two runs never livelock.
 
+With ``commit_scope="job"`` a run commits as one: jobs whose output depends on
+several input partitions (an aggregation with a shuffle) are exactly-once too.
+``transform`` then maps the run's input DataFrame (the ``txlog`` source's
+columns) to the output DataFrame (the ``txlog`` writer's columns). A run, on
+the driver:
+
+1. inits the transactional id ``<job>/offsets``: this fences every earlier run
+   of the job; an earlier run whose offsets were prepared but not committed
+   has them aborted, so its group commit can never succeed any more;
+2. plans one range per input partition from the group's committed offsets,
+   read now (waiting for pending offset commits) up to the last stable offset;
+3. puts the ranges' end offsets in the offsets transaction and prepares it;
+4. writes the transformed DataFrame through the ``txlog`` writer with
+   transactional-id prefix ``<job>`` and that prepared transaction in
+   ``groupCommitWith``: every task prepares its output, and the driver commits
+   all of it and the input offsets in one group commit (``spark_jobs.writing``).
+
+Whatever dies, the output and the offsets are committed together or not at
+all; a zombie run's commit fails once a newer run has started.
+
 With ``delivery="at-least-once"`` the same run uses an idempotent producer and
 commits the offsets after the output is acknowledged (no transaction): the
 baseline the benchmark compares with.
@@ -30,6 +50,7 @@ baseline the benchmark compares with.
 from __future__ import annotations
 
 import importlib
+import json
 import logging
 import random
 import time
@@ -50,6 +71,7 @@ from spark_jobs.writing import SendFailures, abort_quietly
 log = logging.getLogger("spark_jobs.eos")
 
 DELIVERY_MODES = ("exactly-once", "at-least-once")
+COMMIT_SCOPES = ("partition", "job")
 FENCED_ROUNDS_MAX = 5
 
 
@@ -77,10 +99,15 @@ class EosJob:
     transform_args: Mapping[str, Any] = field(default_factory=dict)
     delivery: str = "exactly-once"
     transaction_timeout_ms: int = 60_000
+    commit_scope: str = "partition"
 
     def __post_init__(self):
         if self.delivery not in DELIVERY_MODES:
             raise options.OptionError(f"delivery must be one of {DELIVERY_MODES}, not {self.delivery!r}")
+        if self.commit_scope not in COMMIT_SCOPES:
+            raise options.OptionError(f"commit_scope must be one of {COMMIT_SCOPES}, not {self.commit_scope!r}")
+        if self.commit_scope == "job" and self.delivery != "exactly-once":
+            raise options.OptionError("commit_scope='job' is a way of committing exactly once; it takes no other delivery")
         if not options.TRANSACTIONAL_ID_PREFIX_RE.fullmatch(self.name):
             raise options.OptionError(f"a job name must be 1-200 characters of [a-zA-Z0-9._-], not {self.name!r}")
         if not self.input_topics or not all(names.is_topic_name(t) for t in (*self.input_topics, self.output_topic)):
@@ -96,6 +123,11 @@ class EosJob:
     def transactional_id(self, offsets: planning.OffsetRange) -> str:
         # ":" is in neither job nor topic names: two jobs never share an id
         return f"{self.name}:{offsets.topic}:{offsets.partition}"
+
+    @property
+    def offsets_transactional_id(self) -> str:
+        """commit_scope="job": the id of the offsets transaction, in the job's transaction group."""
+        return f"{self.name}/offsets"
 
 
 @dataclass(frozen=True)
@@ -140,6 +172,8 @@ def plan(job: EosJob) -> list[planning.OffsetRange]:
 
 
 def run_once(spark, job: EosJob) -> list[RangeResult]:
+    if job.commit_scope == "job":
+        return _run_as_one(spark, job)
     ranges = plan(job)
     log.info("planned %d ranges", len(ranges), extra={"fields": {"job": job.name, "ranges": [
         {"topic": r.topic, "partition": r.partition, "from": r.start, "to": r.end} for r in ranges]}})
@@ -150,6 +184,64 @@ def run_once(spark, job: EosJob) -> list[RangeResult]:
     for result in results:
         log.info("range %s-%d %s", result.topic, result.partition, result.status, extra={"fields": asdict(result)})
     return results
+
+
+def _run_as_one(spark, job: EosJob) -> list[RangeResult]:
+    """commit_scope="job" (see the module docstring). The results' record counts are -1:
+    the driver does not see them (the writer's commit logs its total)."""
+    transform = load_transform(job.transform)
+    with Producer(job.bootstrap, transactional_id=job.offsets_transactional_id,
+                  transaction_timeout_ms=job.transaction_timeout_ms) as offsets_producer:
+        offsets_producer.init_transactions()  # fences earlier runs before reading where they got to
+        ranges = plan(job)
+        if not ranges:
+            return []
+        log.info("planned %d ranges for one commit", len(ranges), extra={"fields": {"job": job.name, "ranges": [
+            {"topic": r.topic, "partition": r.partition, "from": r.start, "to": r.end} for r in ranges]}})
+        offsets_producer.begin_transaction()
+        offsets_producer.send_offsets_to_transaction({r.tp: r.end for r in ranges}, job.group)
+        handle = offsets_producer.prepare_transaction()
+        spark.sparkContext.setJobDescription(f"{job.name}: one commit of {len(ranges)} ranges of {','.join(job.input_topics)}")
+        try:
+            output = transform(read_ranges(spark, job, ranges), **job.transform_args)
+            (output.write.format("txlog").option("bootstrap", job.bootstrap).option("topic", job.output_topic)
+             .option("transactionalIdPrefix", job.name).option("transactionTimeoutMs", str(job.transaction_timeout_ms))
+             .option("groupCommitWith", json.dumps([list(handle)])).mode("append").save())
+        except BaseException:
+            _abort_offsets(job, handle)
+            raise
+    return [RangeResult(r.topic, r.partition, r.start, r.start, r.end, "committed", -1, -1, 0, 0,
+                        job.offsets_transactional_id, handle.producer_epoch) for r in ranges]
+
+
+def read_ranges(spark, job: EosJob, ranges: list[planning.OffsetRange]):
+    """The planned ranges as a DataFrame of the ``txlog`` source (read_committed).
+    Every input partition is named: one without a range reads from the latest
+    offset to the same latest offset, nothing (an unnamed one would read from
+    the earliest)."""
+    with Consumer(job.bootstrap) as consumer:
+        tps = planning.partitions_of(consumer, job.input_topics)
+    planned = {(r.topic, r.partition): r for r in ranges}
+
+    def offsets_json(pick) -> str:
+        by_topic: dict[str, dict[str, int]] = {}
+        for tp in tps:
+            by_topic.setdefault(tp[0], {})[str(tp[1])] = pick(planned[tp]) if tp in planned else options.LATEST
+        return json.dumps(by_topic)
+
+    return (spark.read.format("txlog").option("bootstrap", job.bootstrap).option("topic", ",".join(job.input_topics))
+            .option("startingOffsets", offsets_json(lambda r: r.start))
+            .option("endingOffsets", offsets_json(lambda r: r.end)).load())
+
+
+def _abort_offsets(job: EosJob, handle) -> None:
+    """The write failed: its offsets must not commit. One a group decision
+    committed meanwhile (an ambiguous failure) stays committed, with its output."""
+    try:
+        with Admin(job.bootstrap) as admin:
+            admin.complete_transaction(handle, False)
+    except Exception as exc:  # the next run's init aborts it anyway
+        log.warning("aborting the offsets transaction %s failed: %s", handle, exc)
 
 
 def process_range(job: EosJob, offsets: planning.OffsetRange) -> RangeResult:

@@ -15,6 +15,9 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from services import names
+from services.client.structs import TransactionHandle
+
 EARLIEST = -2
 LATEST = -1
 ISOLATION_LEVELS = ("read_committed", "read_uncommitted")
@@ -60,6 +63,8 @@ class WriteOptions:
     topic: str
     transactional_id_prefix: str | None
     transaction_timeout_ms: int
+    prepared_timeout_ms: int = 0  # 0: the coordinators' prepared_transaction_timeout_ms
+    group_commit_with: tuple = ()  # TransactionHandles committed together with the write's own
 
 
 def _is_number(text: str) -> bool:
@@ -187,4 +192,28 @@ def parse_write(options: Mapping[str, str]) -> WriteOptions:
     return WriteOptions(
         bootstrap=bootstrap, topic=topic, transactional_id_prefix=prefix,
         transaction_timeout_ms=_transaction_timeout_ms(options),
+        prepared_timeout_ms=_positive_int(options, "preparedTimeoutMs", 0),
+        group_commit_with=_group_commit_with(options, prefix),
     )
+
+
+def _group_commit_with(options: Mapping[str, str], prefix: str | None) -> tuple:
+    """``groupCommitWith``: JSON ``[[transactional_id, producer_id, producer_epoch], ...]``,
+    prepared transactions of group ``prefix`` to commit with the write (an
+    exactly-once job's input offsets)."""
+    text = options.get("groupCommitWith")
+    if text is None:
+        return ()
+    if prefix is None:
+        raise OptionError("txlog: option 'groupCommitWith' needs 'transactionalIdPrefix' (the group they commit in)")
+    try:
+        raw = json.loads(text)
+        handles = tuple(TransactionHandle(str(t), int(p), int(e)) for t, p, e in raw)
+    except (ValueError, TypeError) as exc:
+        raise OptionError(f"txlog: option 'groupCommitWith' must be JSON [[transactional_id, producer_id, "
+                          f"producer_epoch], ...], not {text[:200]!r} ({exc})") from None
+    for handle in handles:
+        if not names.is_transactional_id(handle.transactional_id) or handle.group != prefix:
+            raise OptionError(f"txlog: option 'groupCommitWith' names {handle.transactional_id!r}, which is not a "
+                              f"transactional id of group {prefix!r} ({prefix}/...)")
+    return handles

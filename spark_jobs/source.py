@@ -38,7 +38,10 @@ class TxlogDataSource(DataSource):
         parsed = options.parse_write(self.options)
         writing.check_schema(schema)
         writing.check_topic(parsed)
-        return writing.TxlogWriter(parsed)
+        run = writing.new_run_id()
+        if parsed.transactional_id_prefix:
+            writing.abort_earlier_runs(parsed.bootstrap, parsed.transactional_id_prefix, run)
+        return writing.TxlogWriter(parsed, run)
 
 
 class TxlogReader(DataSourceReader):

@@ -1,25 +1,43 @@
 """Batch writes of the ``txlog`` data source.
 
-With ``transactionalIdPrefix`` each task writes all its rows in one
-transaction, under the transactional id ``<prefix>-<task partition>`` (never
-the attempt number): a retried or speculative attempt re-inits the same id,
-which fences the previous attempt and aborts its open transaction, so a failed
-attempt leaves nothing visible to read_committed readers. Without the prefix
-the rows go through a plain idempotent producer.
+With ``transactionalIdPrefix`` P the whole write commits atomically: every
+record of the job becomes visible to read_committed readers at once, or none
+does. It is two-phase:
 
-What a plain write guarantees, exactly: each task's rows become visible
-exactly once per successful attempt. A task that succeeded and that Spark
-runs again (a stage retry after a lost executor, a speculative copy that also
-finishes) writes its rows a second time, and a job that fails after some tasks
-committed leaves those tasks' rows visible. End-to-end exactly-once needs the
-input offsets in the same transaction (``spark_jobs.eos``).
+1. On the driver, the write gets a run id R, and first aborts what earlier
+   runs of P left undecided (a driver killed between its tasks' prepares and
+   its group commit): every Prepared or Ongoing task transaction ``P/<run>...``
+   of another run. The coordinator refuses to abort one a group decision
+   committed, so nothing decided is undone.
+2. Each task attempt writes its rows in its own transaction, transactional id
+   ``P/R.p<task partition>.t<task attempt id>`` (unique per attempt: a
+   speculative copy never fences the attempt Spark will choose), prepares it
+   and returns its handle as its WriterCommitMessage.
+3. The driver's ``commit`` commits exactly the handles Spark hands it (one per
+   partition, from the attempts that succeeded), plus those of the
+   ``groupCommitWith`` option, in one CommitTransactionGroup of group P. Then it
+   aborts every other open or prepared transaction of run R (failed attempts,
+   speculative copies that lost). ``abort`` aborts every transaction of run R.
+
+P is the transaction group (the part of an id before "/"), so all of a job's
+transactions are decided by one coordinator. P names one job: two jobs writing
+with the same prefix at once abort each other's undecided transactions.
+
+Without the prefix the rows go through a plain idempotent producer: each
+task's rows become visible exactly once per successful attempt. A task that
+succeeded and that Spark runs again (a stage retry after a lost executor, a
+speculative copy that also finishes) writes its rows a second time, and a job
+that fails after some tasks finished leaves those tasks' rows visible.
 """
 
 from __future__ import annotations
 
 import datetime
 import logging
+import os
+import re
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -28,13 +46,15 @@ from pyspark import TaskContext
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 from pyspark.sql.types import ArrayType, BinaryType, IntegerType, LongType, StringType, StructType, TimestampType
 
-from services.client import Admin, Consumer, Producer
-from services.client.errors import ClientError
+from services.client import Admin, Consumer, Producer, TransactionHandle
+from services.client.errors import ClientError, InvalidTxnStateError, ProducerFencedError
 from spark_jobs.options import OptionError, WriteOptions
 
 log = logging.getLogger("spark_jobs.writing")
 
-ABORTABLE_STATES = ("Ongoing",)  # a dead attempt left it open; Prepare* finish by themselves
+# Transactions a run leaves undecided: Ongoing (an attempt died while writing) and
+# Prepared (nobody committed it). Prepare* and Complete* are decided already.
+UNDECIDED_STATES = ("Ongoing", "Prepared")
 EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 BYTES_TYPES = (BinaryType, StringType)
 COLUMN_TYPES = {
@@ -77,8 +97,18 @@ def check_topic(options: WriteOptions) -> None:
             raise OptionError(f"txlog: cannot write to topic {options.topic!r}: {exc}") from None
 
 
-def transactional_id(prefix: str, task_partition: int) -> str:
-    return f"{prefix}-{task_partition}"
+def new_run_id() -> str:
+    """Unique per write: milliseconds since the epoch (runs sort by age) and randomness."""
+    return f"r{int(time.time() * 1000)}-{os.urandom(3).hex()}"
+
+
+def transactional_id(prefix: str, run: str, task_partition: int, task_attempt_id: int) -> str:
+    return f"{prefix}/{run}.p{task_partition}.t{task_attempt_id}"
+
+
+def task_id_pattern(prefix: str) -> re.Pattern:
+    """Matches the transactional ids of every run's tasks under ``prefix``; group 1 is the run."""
+    return re.compile(re.escape(prefix) + r"/(r\d+-[0-9a-f]+)\.p\d+\.t\d+")
 
 
 @dataclass(frozen=True)
@@ -86,9 +116,7 @@ class TaskReport(WriterCommitMessage):
     task_partition: int
     attempt: int
     records: int
-    transactional_id: str | None
-    producer_id: int
-    producer_epoch: int
+    handle: TransactionHandle | None  # the prepared transaction (None: a plain write)
 
 
 class SendFailures:
@@ -129,30 +157,32 @@ def send_row(producer: Producer, topic: str, row: dict):
 
 
 class TxlogWriter(DataSourceArrowWriter):
-    def __init__(self, options: WriteOptions):
+    def __init__(self, options: WriteOptions, run: str):
         self.options = options
+        self.run = run
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> TaskReport:
         context = TaskContext.get()
         task_partition, attempt = context.partitionId(), context.attemptNumber()
         prefix = self.options.transactional_id_prefix
-        tid = transactional_id(prefix, task_partition) if prefix else None
+        tid = transactional_id(prefix, self.run, task_partition, context.taskAttemptId()) if prefix else None
         failures = SendFailures()
         records = 0
+        handle = None
         with Producer(self.options.bootstrap, transactional_id=tid,
                       transaction_timeout_ms=self.options.transaction_timeout_ms) as producer:
             if tid:
-                producer.init_transactions()  # fences an earlier attempt of this task and aborts what it left open
+                producer.init_transactions()
                 producer.begin_transaction()
             try:
                 for batch in iterator:
                     for row in rows(batch):
                         sent = send_row(producer, self.options.topic, row)
-                        if not tid:  # a transaction's commit fails by itself if a record did
+                        if not tid:  # a transaction's prepare fails by itself if a record did
                             failures.watch(sent)
                         records += 1
                 if tid:
-                    producer.commit_transaction()
+                    handle = producer.prepare_transaction(self.options.prepared_timeout_ms)
                 else:
                     producer.flush()
                     failures.raise_first()
@@ -160,21 +190,34 @@ class TxlogWriter(DataSourceArrowWriter):
                 if tid:
                     abort_quietly(producer)
                 raise
-            return TaskReport(task_partition, attempt, records, tid, producer.producer_id, producer.producer_epoch)
+            return TaskReport(task_partition, attempt, records, handle)  # close() leaves a prepared transaction
 
     def commit(self, messages: list[TaskReport]) -> None:
         total = sum(m.records for m in messages)
-        log.info("txlog write committed: %d records to %s in %d tasks", total, self.options.topic, len(messages))
-
-    def abort(self, messages: list[TaskReport | None]) -> None:
-        """The job failed. Committed tasks stay committed (see the module docstring);
-        transactions of this prefix a dead attempt left open are aborted now instead
-        of holding back read_committed readers until their timeout."""
         prefix = self.options.transactional_id_prefix
         if prefix:
-            aborted = abort_lingering(self.options.bootstrap, prefix)
-            log.warning("txlog write aborted: %d tasks had committed; aborted lingering transactions %s",
-                        sum(1 for m in messages if m is not None), aborted)
+            handles = [m.handle for m in messages] + list(self.options.group_commit_with)
+            with Admin(self.options.bootstrap) as admin:
+                admin.commit_transaction_group(prefix, handles)
+                aborted = abort_run(admin, self.options.bootstrap, prefix, self.run,
+                                    keep={h.transactional_id for h in handles})
+            log.info("txlog write committed: %d records to %s in %d tasks as one group commit of %s (run %s); "
+                     "aborted %d other attempts", total, self.options.topic, len(messages), prefix, self.run,
+                     len(aborted))
+        else:
+            log.info("txlog write finished: %d records to %s in %d tasks", total, self.options.topic, len(messages))
+
+    def abort(self, messages: list[TaskReport | None]) -> None:
+        """The job failed: with a prefix, every transaction of this run is aborted
+        (nothing of it becomes visible); a plain write keeps what finished tasks wrote."""
+        prefix = self.options.transactional_id_prefix
+        if prefix:
+            with Admin(self.options.bootstrap) as admin:
+                aborted = abort_run(admin, self.options.bootstrap, prefix, self.run, keep=set())
+            log.warning("txlog write aborted: run %s of %s; aborted transactions %s", self.run, prefix, aborted)
+        else:
+            log.warning("txlog write failed: %d tasks had finished and their rows stay visible",
+                        sum(1 for m in messages if m is not None))
 
 
 def abort_quietly(producer: Producer) -> None:
@@ -184,13 +227,45 @@ def abort_quietly(producer: Producer) -> None:
         log.warning("aborting the task's transaction failed: %s", exc)
 
 
-def abort_lingering(bootstrap: str, prefix: str) -> list[str]:
-    """Re-inits every open transactional id ``<prefix>-<n>``, which aborts its transaction."""
+def abort_run(admin: Admin, bootstrap: str, prefix: str, run: str, keep: set[str]) -> list[str]:
+    """Aborts every undecided transaction of ``run`` but those in ``keep``."""
+    pattern = task_id_pattern(prefix)
+    listings = [t for t in admin.list_transactions(states=UNDECIDED_STATES, prefix=f"{prefix}/{run}.")
+                if pattern.fullmatch(t.transactional_id) and t.transactional_id not in keep]
+    return abort_undecided(admin, bootstrap, listings)
+
+
+def abort_earlier_runs(bootstrap: str, prefix: str, run: str) -> list[str]:
+    """Aborts the undecided task transactions of every run of ``prefix`` but ``run``:
+    what a run whose driver died before its group commit left behind."""
+    pattern = task_id_pattern(prefix)
     with Admin(bootstrap) as admin:
-        open_ids = sorted({t.transactional_id for t in admin.list_transactions(states=ABORTABLE_STATES)
-                           if t.transactional_id.startswith(prefix + "-")
-                           and t.transactional_id[len(prefix) + 1:].isdigit()})
-    for tid in open_ids:
-        with Producer(bootstrap, transactional_id=tid) as producer:
-            producer.init_transactions()
-    return open_ids
+        listings = []
+        for t in admin.list_transactions(states=UNDECIDED_STATES, prefix=f"{prefix}/"):
+            matched = pattern.fullmatch(t.transactional_id)
+            if matched and matched.group(1) != run:
+                listings.append(t)
+        aborted = abort_undecided(admin, bootstrap, listings)
+    if aborted:
+        log.warning("aborted %d undecided transactions of earlier runs of %s: %s", len(aborted), prefix, aborted)
+    return aborted
+
+
+def abort_undecided(admin: Admin, bootstrap: str, listings) -> list[str]:
+    """Prepared ones by their handle; Ongoing ones by a new producer with the id,
+    which fences the attempt still writing (if any) and aborts its transaction.
+    One a group decision committed meanwhile stays committed."""
+    aborted = []
+    for listing in listings:
+        try:
+            if listing.state == "Prepared":
+                admin.complete_transaction(listing.handle, False)
+            else:
+                with Producer(bootstrap, transactional_id=listing.transactional_id) as producer:
+                    producer.init_transactions()
+            aborted.append(listing.transactional_id)
+        except InvalidTxnStateError as exc:  # decided as committed: that is its outcome
+            log.info("%s was committed meanwhile: %s", listing.transactional_id, exc)
+        except ProducerFencedError:  # someone else ended it already
+            pass
+    return aborted

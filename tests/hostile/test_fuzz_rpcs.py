@@ -670,7 +670,8 @@ GROUP_ID_RULE = "1 to 255 characters of [a-zA-Z0-9._-]"
 BAD_NAMES = {
     "trailing-newline": "name\n",  # "$" would match before it: services/names.py uses fullmatch
     "space": "has space",
-    "slash": "a/b",
+    "empty group": "/b",  # "/" separates a group from the rest; the group may not be empty
+    "trailing slash": "a/",
     "backslash": "a\\b",
     "accented": "café",
     "cjk": "名前",

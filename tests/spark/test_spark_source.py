@@ -5,6 +5,7 @@ driver before any task runs."""
 
 from __future__ import annotations
 
+import collections
 import json
 
 import pytest
@@ -135,9 +136,13 @@ def test_a_transactional_write_whose_first_attempts_fail_is_visible_exactly_once
     committed = read_all(bootstrap, "written")
     assert sorted(r.value.decode() for r in committed) == sorted(v for (v,) in rows)
     with Admin(bootstrap) as admin:
-        described = admin.describe_transactions(["writer-0", "writer-1"])
-    assert [d.state for d in described] == ["CompleteCommit", "CompleteCommit"]
-    assert all(d.producer_epoch >= 2 for d in described)  # the retry re-inited the id: the epoch moved past the failed attempt
+        listed = admin.list_transactions(prefix="writer/")
+    states = collections.Counter(t.state for t in listed)
+    # one transaction per attempt: the two that succeeded committed together; the two failed ones
+    # were aborted (Empty when the failure came before the coordinator heard of their partitions)
+    assert states["CompleteCommit"] == 2 and sum(states.values()) == 4, listed
+    assert set(states) <= {"CompleteCommit", "CompleteAbort", "Empty"}, listed
+    assert {t.transactional_id.rsplit(".", 2)[1] for t in listed if t.state == "CompleteCommit"} == {"p0", "p1"}
 
 
 def test_a_plain_write_goes_through_an_idempotent_producer(spark, bootstrap):
