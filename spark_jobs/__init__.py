@@ -21,16 +21,20 @@ tasks of at most this many offsets); ``failOnDataLoss`` (``true`` default:
 fail when planned offsets were removed by retention); ``pollTimeoutMs``
 (a task fails after this long without progress, 120000 default).
 
-Write options: ``bootstrap``, ``topic``, ``transactionalIdPrefix`` (one
-transaction per task; without it, an idempotent producer),
-``transactionTimeoutMs`` (60000 default). Columns: ``value`` and optionally
+Write options: ``bootstrap``, ``topic``, ``transactionalIdPrefix`` (the whole
+write commits atomically: each task attempt prepares its own transaction and
+the driver commits them in one group commit; without it, an idempotent
+producer), ``transactionTimeoutMs`` (60000 default), ``preparedTimeoutMs``
+(0: the coordinators' default), ``groupCommitWith`` (JSON handles of more
+prepared transactions of the prefix's group to commit with the write). Columns: ``value`` and optionally
 ``key``, ``partition``, ``headers``, ``timestamp``. What a write guarantees:
 ``spark_jobs.writing``.
 
 Modules: ``options`` (parsing and checking the options), ``planning`` (offset
 ranges, on the driver), ``reading`` (one range, on an executor), ``source``
 (the data source), ``writing`` (the writer), ``eos`` (exactly-once
-consume-process-produce runs), ``windowed_counts`` (the shipped job),
+consume-process-produce runs, per partition or as one), ``key_counts`` (a
+transform with a shuffle), ``windowed_counts`` (the shipped job),
 ``schedule`` (running a job once or every N seconds), ``sample_events``
 (sample input for the job).
 """

@@ -501,7 +501,8 @@ class Admin:
         A partition's open transaction (DescribeProducers: a producer with
         ``current_txn_start_offset`` >= 0) is hanging when its last write is
         older than ``max_transaction_timeout_ms`` (every coordinator would have
-        aborted it by then); when no coordinator lists an open transaction
+        aborted it by then), unless the coordinator has it Prepared (two-phase:
+        it waits for whoever holds its handle, up to its prepared timeout); when no coordinator lists an open transaction
         (Ongoing, Prepare*) for its producer id; or when the coordinator's open
         transaction for that id is a later one (a higher epoch) without this
         partition. Kafka's ``kafka-transactions.sh find-hanging`` does the same."""
@@ -528,7 +529,9 @@ class Admin:
         for tp, producer in open_txns:
             listing = open_listings.get(producer.producer_id)
             description = descriptions.get(producer.producer_id)
-            if producer.last_timestamp_ms >= 0 and now_ms - producer.last_timestamp_ms > max_transaction_timeout_ms:
+            prepared = listing is not None and listing.state == "Prepared"  # waits for its handle's holder, by design
+            if not prepared and producer.last_timestamp_ms >= 0 \
+                    and now_ms - producer.last_timestamp_ms > max_transaction_timeout_ms:
                 reason = (f"open for more than max_transaction_timeout_ms={max_transaction_timeout_ms} "
                           f"(last write at {producer.last_timestamp_ms})")
             elif listing is None:
