@@ -189,6 +189,7 @@ def test_a_prepared_transaction_outlives_the_transaction_timeout_until_its_handl
     assert admin.list_transactions(states=["Prepared"], prefix="p1/") == [
         TransactionListing(tid, handle.producer_id, "Prepared", handle.producer_epoch)]
     assert admin.list_transactions(states=["Prepared"], prefix="p1/")[0].handle == handle
+    assert admin.find_hanging(["held"], max_transaction_timeout_ms=1000) == []  # it waits for its handle: not hanging
 
     admin.complete_transaction(handle, True)
     wait_for(lambda: values(raw, "held", 0, COMMITTED) == ["held-0", "held-1", "held-2"], 15, "the commit")
@@ -503,6 +504,9 @@ def test_a_decision_record_found_at_load_commits_the_members_it_names_and_only_t
     count = len(raw.leaders(STATE_TOPIC))
     index = partition_for_id(group, count)
     owner_name = name_of(cluster, coordinator_address(raw, group))
+    with Admin(cluster.state.bootstrap) as admin:
+        bystander_before = describe(admin, bystander)
+    assert bystander_before.state == "Prepared"
     decision = GroupDecision("test-decision", group, tuple(Handle(*handles[t]) for t in named), int(time.time() * 1000))
 
     # a crash right after the decision record: nothing of the members moved yet. Written as the owner's log
@@ -524,8 +528,9 @@ def test_a_decision_record_found_at_load_commits_the_members_it_names_and_only_t
             done = wait_state(admin, tid, "CompleteCommit", TAKEOVER_TIMEOUT_S)
             assert (done.producer_id, done.producer_epoch) == (handles[tid].producer_id, handles[tid].producer_epoch + 1)
         wait_for(lambda: values(raw, "resumed", 0, COMMITTED) == named, 15, "the named members' commit")
-        left = describe(admin, bystander)  # of the group, prepared, but not named: untouched
-        assert (left.state, left.producer_id, left.producer_epoch) == ("Prepared", handles[bystander].producer_id, handles[bystander].producer_epoch)
+        # of the group, prepared, but not named: untouched, reloaded as it was (its prepared time and timeout too)
+        assert describe(admin, bystander) == bystander_before
+        assert (bystander_before.producer_id, bystander_before.producer_epoch) == handles[bystander][1:]
         assert values(raw, "resumed", 0, UNCOMMITTED) == [*named, bystander]
         assert offsets(raw, "resumed", 0)[0] == 2  # the bystander holds the last stable offset at its record
         wait_for(lambda: decided_then_removed(raw, index, [handles[t] for t in named]), 10, "the decision's tombstone")
