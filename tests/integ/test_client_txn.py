@@ -193,10 +193,17 @@ def test_admin_lists_describes_and_finds_no_hanging_transaction(bootstrap, local
     finally:
         for producer in producers:
             producer.close(timeout_s=30)  # aborts the open transactions
+    # close() returns once each abort is decided (PrepareAbort durable); the markers follow
+    deadline = time.monotonic() + 30
     with Admin(bootstrap) as admin:
-        states = {t.transactional_id: t.state for t in admin.list_transactions(producer_ids=[
-            p.producer_id for p in producers])}
-    assert all(states[i] == "CompleteAbort" for i in ids[:3])
+        while True:
+            states = {t.transactional_id: t.state for t in admin.list_transactions(producer_ids=[
+                p.producer_id for p in producers])}
+            if all(states[i] == "CompleteAbort" for i in ids[:3]) or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+    assert all(states[i] == "CompleteAbort" for i in ids[:3]), states
+    assert all(states[i] == "Empty" for i in ids[3:]), states
 
 
 def test_admin_aborts_a_hanging_transaction_that_find_hanging_reports(bootstrap, local_cluster):
