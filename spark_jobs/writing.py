@@ -13,11 +13,14 @@ does. It is two-phase:
    ``P/R.p<task partition>.t<task attempt id>`` (unique per attempt: a
    speculative copy never fences the attempt Spark will choose), prepares it
    and returns its handle as its WriterCommitMessage.
-3. The driver's ``commit`` commits exactly the handles Spark hands it (one per
-   partition, from the attempts that succeeded), plus those of the
-   ``groupCommitWith`` option, in one CommitTransactionGroup of group P. Then it
-   aborts every other open or prepared transaction of run R (failed attempts,
-   speculative copies that lost). ``abort`` aborts every transaction of run R.
+3. The driver's ``commit`` first aborts every other open or prepared transaction
+   of run R (failed attempts, speculative copies that lost): one still open would
+   hold its partitions' last stable offset below records of the commit, so
+   read_committed readers would see the commit's records before it and not those
+   after. Then it commits exactly the handles Spark hands it (one per partition,
+   from the attempts that succeeded), plus those of the ``groupCommitWith``
+   option, in one CommitTransactionGroup of group P. ``abort`` aborts every
+   transaction of run R.
 
 P is the transaction group (the part of an id before "/"), so all of a job's
 transactions are decided by one coordinator. P names one job: two jobs writing
@@ -198,9 +201,10 @@ class TxlogWriter(DataSourceArrowWriter):
         if prefix:
             handles = [m.handle for m in messages] + list(self.options.group_commit_with)
             with Admin(self.options.bootstrap) as admin:
-                admin.commit_transaction_group(prefix, handles)
+                # the others first: see the module docstring, step 3
                 aborted = abort_run(admin, self.options.bootstrap, prefix, self.run,
                                     keep={h.transactional_id for h in handles})
+                admin.commit_transaction_group(prefix, handles)
             log.info("txlog write committed: %d records to %s in %d tasks as one group commit of %s (run %s); "
                      "aborted %d other attempts", total, self.options.topic, len(messages), prefix, self.run,
                      len(aborted))
