@@ -8,6 +8,7 @@ import collections
 import json
 
 from services.client import Admin, Consumer
+from services.client.admin import OPEN_STATES
 from spark_jobs import sample_events
 from spark_jobs.windowed_counts import MALFORMED, section_of
 
@@ -105,3 +106,19 @@ def open_transactions(bootstrap: str, prefix: str) -> list:
     with Admin(bootstrap) as admin:
         return [t for t in admin.list_transactions(states=["Ongoing", "PrepareCommit", "PrepareAbort"])
                 if t.transactional_id.startswith(prefix)]
+
+
+def undecided_transactions(bootstrap: str, prefix: str) -> list:
+    """The transactions of ids starting with ``prefix`` that are not decided yet: open,
+    Prepared (two-phase, waiting for a decision) or between a decision and its markers."""
+    with Admin(bootstrap) as admin:
+        return [t for t in admin.list_transactions(prefix=prefix) if t.state in OPEN_STATES]
+
+
+def key_totals(bootstrap: str, topic: str, isolation: str = "read_committed") -> dict[str, int]:
+    """The counts of a ``key_counts`` output ({"key": k, "count": n} values) summed per key."""
+    totals = collections.Counter()
+    for record in read_all(bootstrap, topic, isolation):
+        value = json.loads(record.value)
+        totals[value["key"]] += value["count"]
+    return dict(totals)

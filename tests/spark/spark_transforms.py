@@ -5,6 +5,7 @@ this module from PYTHONPATH (conftest.worker_pythonpath)."""
 from __future__ import annotations
 
 import os
+import signal
 import time
 
 from pyspark import TaskContext
@@ -40,3 +41,73 @@ def slow_counts(records, source, window_ms=60_000):
         if i == len(outputs) // 2 and pause_s:
             time.sleep(pause_s)
         yield output
+
+
+PADDING_BYTES = 200_000  # a header this large pushes the rows before it through every buffer on the way
+
+
+def faulty_key_counts(records, output_partitions=4, fail_partitions=(), kill_partitions=(), slow_partitions=(),
+                      slow_seconds=0.0, always_fail_partitions=()):
+    """``key_counts.count_per_key`` (a shuffle) with the faults of ``with_faults`` in the
+    tasks that write its output (task partition = one of the ``output_partitions``)."""
+    from spark_jobs.key_counts import count_per_key
+
+    counts = count_per_key(records, output_partitions)
+    return with_faults(counts, fail_partitions, kill_partitions, slow_partitions, slow_seconds, always_fail_partitions)
+
+
+def with_faults(df, fail_partitions=(), kill_partitions=(), slow_partitions=(), slow_seconds=0.0,
+                always_fail_partitions=()):
+    """``df`` (the ``txlog`` writer's columns, without ``headers``) with faults injected in its
+    tasks, after the writing task has sent half its rows. The first attempt of a task in
+    ``fail_partitions`` then raises; one in ``kill_partitions`` kills its own Python worker
+    with SIGKILL (an executor dying, as local mode has it); every attempt of a task in
+    ``always_fail_partitions`` raises; a task in ``slow_partitions`` holds its transaction
+    open for ``slow_seconds`` before the rest.
+
+    The rows go through Spark to the writing task (a Python worker of its own) in Arrow
+    batches of spark.sql.execution.arrow.maxRecordsPerBatch rows (the tests make it 2),
+    through buffers flushed when full: the half sent before a fault carries a large header
+    (the ``headers`` column, empty on the other rows) so that all but about its last batch
+    reach the writer, which sends them, before the fault. So a failing task with more than a
+    few rows leaves records to abort in the log."""
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import to_arrow_schema
+    from pyspark.sql.types import ArrayType, BinaryType, StringType, StructField, StructType
+
+    header = StructType([StructField("key", StringType()), StructField("value", BinaryType())])
+    schema = StructType(df.schema.fields + [StructField("headers", ArrayType(header))])
+    arrow_schema, df_arrow_schema = to_arrow_schema(schema), to_arrow_schema(df.schema)
+    fail, kill, slow, always = set(fail_partitions), set(kill_partitions), set(slow_partitions), \
+        set(always_fail_partitions)
+
+    def with_headers(table, padded: bool):
+        headers = [[{"key": "padding", "value": b"." * PADDING_BYTES}] if padded else [] for _ in range(table.num_rows)]
+        return pa.Table.from_arrays([*table.columns, pa.array(headers, arrow_schema.field("headers").type)],
+                                    schema=arrow_schema).to_batches()
+
+    def inject(batches):
+        context = TaskContext.get()
+        task, attempt = context.partitionId(), context.attemptNumber()
+        if task in always or (attempt == 0 and task in fail):
+            def fault():
+                raise RuntimeError(f"injected failure in attempt {attempt} of task {task}")
+        elif attempt == 0 and task in kill:
+            def fault():
+                os.kill(os.getpid(), signal.SIGKILL)
+        elif task in slow:
+            def fault():
+                time.sleep(slow_seconds)
+        else:
+            for batch in batches:
+                yield from with_headers(pa.Table.from_batches([batch]), padded=False)
+            return
+        batches = list(batches)
+        table = pa.Table.from_batches(batches) if batches else df_arrow_schema.empty_table()
+        half = table.num_rows // 2
+        yield from with_headers(table.slice(0, half), padded=True)
+        time.sleep(SHIPPED_S)  # the writer sends what it got
+        fault()
+        yield from with_headers(table.slice(half), padded=False)
+
+    return df.mapInArrow(inject, schema)
