@@ -14,10 +14,10 @@ does. It is two-phase:
    speculative copy never fences the attempt Spark will choose), prepares it
    and returns its handle as its WriterCommitMessage.
 3. The driver's ``commit`` first aborts every other open or prepared transaction
-   of run R (failed attempts, speculative copies that lost): one still open would
-   hold its partitions' last stable offset below records of the commit, so
-   read_committed readers would see the commit's records before it and not those
-   after. Then it commits exactly the handles Spark hands it (one per partition,
+   of run R (failed attempts, speculative copies that lost) and waits until their
+   ABORT markers are written: one still open would hold its partitions' last
+   stable offset below records of the commit, so read_committed readers would see
+   the commit's records before it and not those after. Then it commits exactly the handles Spark hands it (one per partition,
    from the attempts that succeeded), plus those of the ``groupCommitWith``
    option, in one CommitTransactionGroup of group P. ``abort`` aborts every
    transaction of run R.
@@ -27,10 +27,13 @@ transactions are decided by one coordinator. P names one job: two jobs writing
 with the same prefix at once abort each other's undecided transactions.
 
 Without the prefix the rows go through a plain idempotent producer: each
-task's rows become visible exactly once per successful attempt. A task that
-succeeded and that Spark runs again (a stage retry after a lost executor, a
-speculative copy that also finishes) writes its rows a second time, and a job
-that fails after some tasks finished leaves those tasks' rows visible.
+task's rows are written at least once. Every row a task attempt sent stays
+visible, whether the attempt succeeded or not: an attempt that fails (Spark
+ends a writer's input normally when the step before it fails, so the attempt
+may even finish sending part of its rows) leaves what it sent, and its retry
+sends the rows again; a task that succeeded and that Spark runs again (a stage
+retry, a speculative copy that also finishes) writes its rows a second time;
+a job that fails leaves what its tasks sent. Use the prefix for exactly once.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 from pyspark.sql.types import ArrayType, BinaryType, IntegerType, LongType, StringType, StructType, TimestampType
 
 from services.client import Admin, Consumer, Producer, TransactionHandle
+from services.client.admin import OPEN_STATES
 from services.client.errors import ClientError, InvalidTxnStateError, ProducerFencedError
 from spark_jobs.options import OptionError, WriteOptions
 
@@ -201,9 +205,9 @@ class TxlogWriter(DataSourceArrowWriter):
         if prefix:
             handles = [m.handle for m in messages] + list(self.options.group_commit_with)
             with Admin(self.options.bootstrap) as admin:
-                # the others first: see the module docstring, step 3
-                aborted = abort_run(admin, self.options.bootstrap, prefix, self.run,
-                                    keep={h.transactional_id for h in handles})
+                # the others first, markers written: see the module docstring, step 3
+                aborted = abort_others_settled(admin, self.options.bootstrap, prefix, self.run,
+                                               keep={h.transactional_id for h in handles})
                 admin.commit_transaction_group(prefix, handles)
             log.info("txlog write committed: %d records to %s in %d tasks as one group commit of %s (run %s); "
                      "aborted %d other attempts", total, self.options.topic, len(messages), prefix, self.run,
@@ -237,6 +241,26 @@ def abort_run(admin: Admin, bootstrap: str, prefix: str, run: str, keep: set[str
     listings = [t for t in admin.list_transactions(states=UNDECIDED_STATES, prefix=f"{prefix}/{run}.")
                 if pattern.fullmatch(t.transactional_id) and t.transactional_id not in keep]
     return abort_undecided(admin, bootstrap, listings)
+
+
+def abort_others_settled(admin: Admin, bootstrap: str, prefix: str, run: str, keep: set[str],
+                         timeout_s: float = 120) -> list[str]:
+    """Aborts every transaction of ``run`` outside ``keep`` and waits until none
+    is open or completing (an abort returns once it is decided; its markers
+    follow). One a late attempt opens meanwhile is aborted in the next round."""
+    pattern = task_id_pattern(prefix)
+    deadline = time.monotonic() + timeout_s
+    aborted: list[str] = []
+    while True:
+        aborted += abort_run(admin, bootstrap, prefix, run, keep)
+        busy = sorted(t.transactional_id for t in admin.list_transactions(states=OPEN_STATES, prefix=f"{prefix}/{run}.")
+                      if pattern.fullmatch(t.transactional_id) and t.transactional_id not in keep)
+        if not busy:
+            return aborted
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"transactions {busy[:10]} of run {run} of {prefix!r} were still open or completing "
+                               f"after {timeout_s:.0f} s; the write is not committed")
+        time.sleep(0.1)
 
 
 def abort_earlier_runs(bootstrap: str, prefix: str, run: str) -> list[str]:
