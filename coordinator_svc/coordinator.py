@@ -481,27 +481,15 @@ class TransactionCoordinator:
         await self._transition(loaded, meta, S.PREPARED, prepared_ms=now, prepared_timeout_ms=timeout_ms, txn_start_ms=start)
         return handle
 
-    @staticmethod
-    def _check_handle(meta: TransactionMetadata | None, handle: Handle) -> None:
-        """Raises unless ``meta`` is the prepared transaction ``handle`` names."""
-        tid = handle.transactional_id
-        if meta is None or meta.state is S.DEAD:
-            raise error("INVALID_PRODUCER_ID_MAPPING", f"transactional id {tid!r} is unknown: its handle names nothing")
-        if meta.pending_state is not None:
-            raise error("CONCURRENT_TRANSACTIONS", f"a {meta.pending_state.value} of {tid!r} is in flight; retry")
-        if handle.producer_id != meta.producer_id and handle.producer_id != meta.previous_producer_id:
-            raise error("INVALID_PRODUCER_ID_MAPPING", f"producer id {handle.producer_id} is not the one of {tid!r} ({meta.producer_id})")
-        if handle.producer_id != meta.producer_id or handle.producer_epoch < meta.producer_epoch:
-            raise error(
-                "PRODUCER_FENCED",
-                f"the handle of {tid!r} (producer {handle.producer_id}, epoch {handle.producer_epoch}) is stale: the id is at "
-                f"producer {meta.producer_id}, epoch {meta.producer_epoch}; its transaction was completed or fenced (a new producer, "
-                "CompleteTransaction, or the prepared timeout)",
-            )
-        if handle.producer_epoch > meta.producer_epoch:
-            raise error("INVALID_PRODUCER_EPOCH", f"producer epoch {handle.producer_epoch} is newer than {meta.producer_epoch}, which the coordinator knows")
+    def _check_handle(self, loaded: LoadedPartition, handle: Handle) -> TransactionMetadata:
+        """The prepared transaction ``handle`` names; raises (as for a producer's
+        request with that id and epoch) unless it is Prepared at that epoch."""
+        meta = self._existing(loaded, handle.transactional_id, handle.producer_id)
+        self._check_epoch(meta, handle.producer_epoch)
         if meta.state is not S.PREPARED:
-            raise error("INVALID_TXN_STATE", f"the transaction of {tid!r} is {meta.state.value}, not Prepared: call PrepareTransaction first")
+            raise error("INVALID_TXN_STATE", f"the transaction of {handle.transactional_id!r} is {meta.state.value}, "
+                                             "not Prepared: call PrepareTransaction first")
+        return meta
 
     @staticmethod
     def _check_outcome(meta: TransactionMetadata, handle: Handle, committed: bool) -> bool:
@@ -526,7 +514,7 @@ class TransactionCoordinator:
         meta = loaded.transactions.get(handle.transactional_id)
         if meta is not None and meta.pending_state is None and self._check_outcome(meta, handle, committed):
             return meta.producer_id, meta.producer_epoch
-        self._check_handle(meta, handle)
+        meta = self._check_handle(loaded, handle)
         await self._begin_completion(loaded, meta, committed)
         return meta.producer_id, meta.producer_epoch
 
@@ -543,9 +531,7 @@ class TransactionCoordinator:
                 f"{sum(done)} of the {len(handles)} transactions were committed already (e.g. "
                 f"{next(h.transactional_id for h, d in zip(handles, done, strict=True) if d)!r}) and the others not: a group commits once, whole",
             )
-        for meta, handle in zip(metas, handles, strict=True):
-            self._check_handle(meta, handle)
-        return metas
+        return [self._check_handle(loaded, handle) for handle in handles]
 
     async def handle_commit_group(self, group_id: str, handles: list[Handle]) -> None:
         names.check_transaction_group(group_id)
