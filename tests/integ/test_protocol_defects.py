@@ -1,0 +1,318 @@
+"""The protocol defects a review reproduced with raw gRPC calls, each through the
+real services: a late marker closing the next transaction, a re-applied marker
+not raising the coordinator epoch, zombies appending to a prepared transaction,
+fenced zombies rejoining, answers from a coordinator that lost its partition,
+non-transactional batches inside a transaction, retried KIP-360 inits, aborts
+of an empty transaction, and batches straddling the last sequence."""
+
+import time
+
+import grpc
+import pytest
+from raw import Raw, batch
+from txn_raw import TxnProducer, retrying
+
+from coordinator_svc.server import STATE_TO_PROTO
+from coordinator_svc.transaction_state import TransactionState
+from services import coordinators, errors
+from services.hashing import partition_for_id
+from services.stubs.txlog.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc, partition_pb2
+
+COMMITTED, UNCOMMITTED = common_pb2.READ_COMMITTED, common_pb2.READ_UNCOMMITTED
+
+
+@pytest.fixture
+def raw(txn_cluster):
+    client = Raw(txn_cluster)
+    yield client
+    client.close()
+
+
+def values(raw, topic, partition, isolation=COMMITTED):
+    result = raw.fetch(topic, partition, 0, isolation=isolation)
+    assert result.error.code == 0, result.error
+    return [r.value.decode() for b in result.batches for r in b.records]
+
+
+def code_name(code: int) -> str:
+    return errors.ErrorCode.Name(code)
+
+
+def rpc_error_name(call) -> str:
+    with pytest.raises(grpc.RpcError) as info:
+        call()
+    return errors.from_rpc_error(info.value).name
+
+
+def wait_until(predicate, timeout_s=20, what="condition"):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if predicate():
+                return
+        except grpc.RpcError:
+            pass  # a restarted service may refuse connections for a moment
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def producer_entry(raw, topic, partition, producer_id):
+    found = [p for p in raw.producers(topic, partition).producers if p.producer_id == producer_id]
+    return found[0] if found else None
+
+
+def write_marker(raw, topic, partition, producer_id, producer_epoch, committed, coordinator_epoch):
+    reply = raw.leader(topic, partition).WriteTxnMarkers(partition_pb2.WriteTxnMarkersRequest(markers=[
+        partition_pb2.TxnMarker(producer_id=producer_id, producer_epoch=producer_epoch, committed=committed,
+                                coordinator_epoch=coordinator_epoch, transactional_id="replayed",
+                                partitions=[common_pb2.TopicPartition(topic=topic, partition=partition)])]), timeout=10)
+    return reply.markers[0].results[0].error.code
+
+
+def settled(producer, state):
+    return lambda: producer.describe().state == STATE_TO_PROTO[state]
+
+
+# --- defect 1: a late marker of transaction N must not end transaction N+1 ----------------------------
+
+
+def test_a_late_marker_of_the_previous_transaction_never_ends_the_open_one(raw):
+    raw.create_topic("late", 1)
+    producer = TxnProducer(raw, "late-tx").init()
+    producer.add(("late", 0))
+    assert code_name(producer.send("late", 0, "n").error.code) == "NONE"
+    marker_epoch = producer.end(committed=True).producer_epoch  # transaction N's markers carry this epoch
+    wait_until(lambda: values(raw, "late", 0) == ["n"], what="N committed")
+    coordinator_epoch = producer_entry(raw, "late", 0, producer.producer_id).coordinator_epoch
+
+    producer.add(("late", 0))  # transaction N+1 writes at the same epoch N's markers carried
+    assert code_name(producer.send("late", 0, "m").error.code) == "NONE"
+    replayed = write_marker(raw, "late", 0, producer.producer_id, marker_epoch, True, coordinator_epoch)
+    assert code_name(replayed) != "NONE"  # a marker ends only a transaction opened at a lower epoch
+    assert values(raw, "late", 0) == ["n"]  # N+1 is still open: nothing of it is visible
+    assert producer_entry(raw, "late", 0, producer.producer_id).current_txn_start_offset >= 0
+
+    producer.end(committed=False)
+    wait_until(settled(producer, TransactionState.COMPLETE_ABORT), what="N+1 aborted")
+    wait_until(lambda: raw.list_offset("late", 0, partition_pb2.OFFSET_SPEC_LAST_STABLE).offset
+               == raw.list_offset("late", 0, partition_pb2.OFFSET_SPEC_LATEST).offset, what="the LSO reaching the end")
+    assert values(raw, "late", 0) == ["n"]  # N+1's record never becomes visible
+
+
+def test_a_re_sent_marker_with_no_transaction_open_is_a_no_op(raw):
+    raw.create_topic("resent", 1)
+    producer = TxnProducer(raw, "resent-tx").init()
+    producer.add(("resent", 0))
+    producer.send("resent", 0, "a")
+    marker_epoch = producer.end(committed=True).producer_epoch
+    wait_until(lambda: values(raw, "resent", 0) == ["a"], what="commit")
+    end = raw.list_offset("resent", 0, partition_pb2.OFFSET_SPEC_LATEST).offset
+    coordinator_epoch = producer_entry(raw, "resent", 0, producer.producer_id).coordinator_epoch
+    assert code_name(write_marker(raw, "resent", 0, producer.producer_id, marker_epoch, True, coordinator_epoch)) == "NONE"
+    assert raw.list_offset("resent", 0, partition_pb2.OFFSET_SPEC_LATEST).offset == end  # nothing appended
+
+
+# --- defect 2: a re-applied marker records the higher coordinator epoch ------------------------------------
+
+
+def test_a_re_applied_marker_records_the_higher_coordinator_epoch(raw):
+    raw.create_topic("coord-epoch", 1)
+    producer = TxnProducer(raw, "coord-epoch-tx").init()
+    producer.add(("coord-epoch", 0))
+    producer.send("coord-epoch", 0, "a")
+    marker_epoch = producer.end(committed=True).producer_epoch
+    wait_until(lambda: values(raw, "coord-epoch", 0) == ["a"], what="commit")
+    old = producer_entry(raw, "coord-epoch", 0, producer.producer_id).coordinator_epoch
+    end = raw.list_offset("coord-epoch", 0, partition_pb2.OFFSET_SPEC_LATEST).offset
+    # the new owner after a failover re-sends the marker it found decided: a no-op that still records its epoch
+    assert code_name(write_marker(raw, "coord-epoch", 0, producer.producer_id, marker_epoch, True, old + 1)) == "NONE"
+    assert producer_entry(raw, "coord-epoch", 0, producer.producer_id).coordinator_epoch == old + 1
+    assert raw.list_offset("coord-epoch", 0, partition_pb2.OFFSET_SPEC_LATEST).offset == end
+    # so the paused old owner's late re-send is fenced
+    assert code_name(write_marker(raw, "coord-epoch", 0, producer.producer_id, marker_epoch, True, old)) == "TRANSACTION_COORDINATOR_FENCED"
+
+
+# --- defect 3: nothing joins a prepared transaction -----------------------------------------------------------
+
+
+def prepare(producer):
+    return retrying(lambda: producer.coordinator().PrepareTransaction(coordinator_pb2.PrepareTransactionRequest(
+        transactional_id=producer.transactional_id, producer_id=producer.producer_id,
+        producer_epoch=producer.producer_epoch), timeout=10)).handle
+
+
+def test_a_zombie_cannot_append_records_or_offsets_to_a_prepared_transaction(raw):
+    raw.create_topic("sealed", 1)
+    raw.create_topic("sealed-in", 1)
+    producer = TxnProducer(raw, "sealed/p0").init()
+    producer.add(("sealed", 0))
+    assert code_name(producer.send("sealed", 0, "a").error.code) == "NONE"
+    group = "sealed-group"
+    retrying(lambda: producer.coordinator().AddOffsetsToTxn(coordinator_pb2.AddOffsetsToTxnRequest(
+        transactional_id=producer.transactional_id, producer_id=producer.producer_id,
+        producer_epoch=producer.producer_epoch, group_id=group), timeout=10))
+
+    def commit_offset(offset):
+        group_leader = raw.stub(raw.metadata(partition_pb2.MetadataRequest(group_ids=[group])).group_coordinators[0].address)
+        return group_leader.TxnOffsetCommit(partition_pb2.TxnOffsetCommitRequest(
+            transactional_id=producer.transactional_id, group_id=group, producer_id=producer.producer_id,
+            producer_epoch=producer.producer_epoch,
+            offsets=[partition_pb2.PartitionOffset(topic="sealed-in", partition=0, offset=offset)]), timeout=10)
+
+    assert commit_offset(3).results[0].error.code == 0
+    handle = prepare(producer)
+
+    late = producer.send("sealed", 0, "zombie")  # same epoch, next sequence: the partition verified it before
+    assert code_name(late.error.code) == "INVALID_TXN_STATE", late
+    assert rpc_error_name(lambda: commit_offset(9)) == "INVALID_TXN_STATE"
+
+    retrying(lambda: producer.coordinator().CompleteTransaction(
+        coordinator_pb2.CompleteTransactionRequest(handle=handle, committed=True), timeout=10))
+    wait_until(lambda: values(raw, "sealed", 0) == ["a"], what="the commit")
+    group_leader = raw.stub(raw.metadata(partition_pb2.MetadataRequest(group_ids=[group])).group_coordinators[0].address)
+    fetched = group_leader.OffsetFetch(partition_pb2.OffsetFetchRequest(
+        group_id=group, partitions=[common_pb2.TopicPartition(topic="sealed-in", partition=0)]), timeout=10)
+    assert fetched.offsets[0].offset == 3
+    assert values(raw, "sealed", 0, UNCOMMITTED) == ["a"]  # the zombie's record was never written
+
+
+# --- defect 4: a fenced zombie cannot rejoin ------------------------------------------------------------------------
+
+
+def test_a_fenced_zombie_epoch_is_neither_current_nor_last(raw):
+    raw.create_topic("fence", 1)
+    zombie = TxnProducer(raw, "fence-tx").init()
+    zombie.add(("fence", 0))
+    assert code_name(zombie.send("fence", 0, "z").error.code) == "NONE"
+    coordinator = zombie.coordinator()
+    # a new instance's first InitProducerId fences the open transaction (and answers CONCURRENT_TRANSACTIONS)
+    assert rpc_error_name(lambda: coordinator.InitProducerId(coordinator_pb2.InitProducerIdRequest(
+        transactional_id="fence-tx", transaction_timeout_ms=60_000, producer_id=-1, producer_epoch=-1), timeout=10)) \
+        == "CONCURRENT_TRANSACTIONS"
+    wait_until(lambda: zombie.describe().state == STATE_TO_PROTO[TransactionState.COMPLETE_ABORT], what="the fence's abort")
+    pid, epoch = zombie.producer_id, zombie.producer_epoch
+    for committed in (False, True):
+        assert rpc_error_name(lambda c=committed: coordinator.EndTxn(coordinator_pb2.EndTxnRequest(
+            transactional_id="fence-tx", producer_id=pid, producer_epoch=epoch, committed=c), timeout=10)) == "PRODUCER_FENCED"
+    assert rpc_error_name(lambda: coordinator.InitProducerId(coordinator_pb2.InitProducerIdRequest(
+        transactional_id="fence-tx", transaction_timeout_ms=60_000, producer_id=pid, producer_epoch=epoch), timeout=10)) \
+        == "PRODUCER_FENCED"
+    described = zombie.describe()
+    assert described.producer_epoch >= epoch + 2
+    # the epoch the zombie could guess next is fenced too
+    assert rpc_error_name(lambda: coordinator.AddPartitionsToTxn(coordinator_pb2.AddPartitionsToTxnRequest(
+        transactional_id="fence-tx", producer_id=pid, producer_epoch=epoch + 1,
+        partitions=[common_pb2.TopicPartition(topic="fence", partition=0)]), timeout=10)) == "PRODUCER_FENCED"
+    newcomer = TxnProducer(raw, "fence-tx").init()
+    assert newcomer.producer_epoch > described.producer_epoch
+    assert values(raw, "fence", 0, COMMITTED) == []
+
+
+# --- defect 6: no non-transactional batch inside a transaction; partition_svc's init never bumps an id ------------
+
+
+def test_a_non_transactional_batch_of_a_producer_with_an_open_transaction_is_refused(raw):
+    raw.create_topic("mixed", 1)
+    producer = TxnProducer(raw, "mixed-tx").init()
+    producer.add(("mixed", 0))
+    assert code_name(producer.send("mixed", 0, "t").error.code) == "NONE"
+    plain = raw.produce("mixed", 0, batch(producer.producer_id, 1, ["plain"], epoch=producer.producer_epoch))
+    assert code_name(plain.error.code) == "INVALID_TXN_STATE"
+    producer.end(committed=True)
+    wait_until(lambda: values(raw, "mixed", 0) == ["t"], what="the commit")
+    assert values(raw, "mixed", 0, UNCOMMITTED) == ["t"]
+
+
+def test_partition_svc_init_producer_id_never_bumps_an_existing_producer_id(raw):
+    raw.create_topic("bump", 1)
+    producer = TxnProducer(raw, "bump-tx").init()
+    producer.add(("bump", 0))
+    assert code_name(producer.send("bump", 0, "t").error.code) == "NONE"
+    bootstrap = coordinator_pb2_grpc.CoordinatorServiceStub(raw._channels.setdefault(raw.bootstrap[0], grpc.insecure_channel(raw.bootstrap[0])))
+    reply = bootstrap.InitProducerId(coordinator_pb2.InitProducerIdRequest(
+        producer_id=producer.producer_id, producer_epoch=producer.producer_epoch), timeout=10)
+    assert reply.producer_id != producer.producer_id  # a new id: another producer's epochs are not ours to bump
+    producer.end(committed=True)
+    wait_until(lambda: values(raw, "bump", 0) == ["t"], what="the commit")
+    wait_until(lambda: raw.list_offset("bump", 0, partition_pb2.OFFSET_SPEC_LAST_STABLE).offset
+               == raw.list_offset("bump", 0, partition_pb2.OFFSET_SPEC_LATEST).offset, what="the LSO")
+
+
+# --- defect 7: a retried KIP-360 InitProducerId gets the current epoch ---------------------------------------------
+
+
+def test_a_retried_kip360_init_whose_answer_was_lost_gets_the_current_epoch(raw):
+    producer = TxnProducer(raw, "kip360-tx").init()
+    coordinator = producer.coordinator()
+
+    def init():
+        return retrying(lambda: coordinator.InitProducerId(coordinator_pb2.InitProducerIdRequest(
+            transactional_id="kip360-tx", transaction_timeout_ms=60_000, producer_id=producer.producer_id,
+            producer_epoch=producer.producer_epoch), timeout=10))
+
+    first = init()  # its answer is lost: the producer asks again with the same id and epoch
+    assert first.producer_epoch == producer.producer_epoch + 1
+    second = init()
+    assert (second.producer_id, second.producer_epoch) == (first.producer_id, first.producer_epoch)
+
+
+# --- defect 8: aborting an empty transaction bumps the epoch -------------------------------------------------------
+
+
+def test_aborting_an_empty_transaction_bumps_the_epoch_and_a_late_add_is_fenced(raw):
+    raw.create_topic("empty-abort", 1)
+    producer = TxnProducer(raw, "empty-abort-tx").init()
+    old_epoch = producer.producer_epoch
+    reply = producer.end(committed=False)
+    assert reply.producer_epoch == old_epoch + 1
+    coordinator = producer.coordinator()
+    late = lambda: coordinator.AddPartitionsToTxn(coordinator_pb2.AddPartitionsToTxnRequest(  # noqa: E731
+        transactional_id="empty-abort-tx", producer_id=producer.producer_id, producer_epoch=old_epoch,
+        partitions=[common_pb2.TopicPartition(topic="empty-abort", partition=0)]), timeout=10)
+    assert rpc_error_name(late) == "PRODUCER_FENCED"
+    assert producer.describe().state == STATE_TO_PROTO[TransactionState.COMPLETE_ABORT]
+    # the retried abort answers the same epoch
+    again = coordinator.EndTxn(coordinator_pb2.EndTxnRequest(transactional_id="empty-abort-tx", producer_id=producer.producer_id,
+                                                              producer_epoch=old_epoch, committed=False), timeout=10)
+    assert again.producer_epoch == old_epoch + 1
+
+
+# --- defect 9: a batch straddling the last sequence is out of order, not a duplicate --------------------------------
+
+
+def test_a_batch_straddling_the_last_sequence_is_out_of_order_not_a_duplicate(raw):
+    raw.create_topic("straddle", 1)
+    pid = raw.producer_id()
+    assert raw.produce("straddle", 0, batch(pid, 0, [f"r{i}" for i in range(14)])).error.code == 0  # sequences 0..13
+    straddling = raw.produce("straddle", 0, batch(pid, 13, ["r13", "r14"]))
+    assert code_name(straddling.error.code) == "OUT_OF_ORDER_SEQUENCE"
+    assert raw.produce("straddle", 0, batch(pid, 12, ["r12"])).error.code == errors.ErrorCode.Value("DUPLICATE_SEQUENCE")
+    assert len(values(raw, "straddle", 0, UNCOMMITTED)) == 14
+
+
+# --- suspected: a delayed TxnOffsetCommit never takes a pending offset back ------------------------------------------
+
+
+def test_a_delayed_txn_offset_commit_never_moves_a_pending_offset_back(raw):
+    raw.create_topic("offsets-in", 1)
+    producer = TxnProducer(raw, "offsets-tx").init()
+    group = "offsets-group"
+    retrying(lambda: producer.coordinator().AddOffsetsToTxn(coordinator_pb2.AddOffsetsToTxnRequest(
+        transactional_id=producer.transactional_id, producer_id=producer.producer_id,
+        producer_epoch=producer.producer_epoch, group_id=group), timeout=10))
+    group_leader = raw.stub(raw.metadata(partition_pb2.MetadataRequest(group_ids=[group])).group_coordinators[0].address)
+
+    def commit_offset(offset):
+        return group_leader.TxnOffsetCommit(partition_pb2.TxnOffsetCommitRequest(
+            transactional_id=producer.transactional_id, group_id=group, producer_id=producer.producer_id,
+            producer_epoch=producer.producer_epoch,
+            offsets=[partition_pb2.PartitionOffset(topic="offsets-in", partition=0, offset=offset)]), timeout=10)
+
+    assert commit_offset(10).results[0].error.code == 0
+    assert commit_offset(4).results[0].error.code == 0  # the first attempt of an earlier commit, delivered late
+    producer.end(committed=True)
+    wait_until(settled(producer, TransactionState.COMPLETE_COMMIT), what="the commit")
+    fetched = group_leader.OffsetFetch(partition_pb2.OffsetFetchRequest(
+        group_id=group, require_stable=True, partitions=[common_pb2.TopicPartition(topic="offsets-in", partition=0)]), timeout=10)
+    assert fetched.offsets[0].offset == 10
+
