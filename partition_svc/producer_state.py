@@ -10,8 +10,20 @@ before it gets offsets; the rules, in order (DESIGN.md, "Idempotent produce"):
 3. Epoch higher than known: the sequence must be 0, else OUT_OF_ORDER_SEQUENCE.
    Unknown producer with a sequence other than 0: UNKNOWN_PRODUCER_ID.
 4. Same epoch: the sequence must be last + 1 (int32, wrapping to 0 after
-   2^31 - 1), else OUT_OF_ORDER_SEQUENCE; a sequence behind the last one that is
-   not cached is a duplicate older than the cache: DUPLICATE_SEQUENCE, not appended.
+   2^31 - 1), else OUT_OF_ORDER_SEQUENCE; a batch whose whole range lies at or
+   behind the last sequence and is not cached is a duplicate older than the
+   cache: DUPLICATE_SEQUENCE, not appended. A batch that starts behind the last
+   sequence and ends past it was never appended whole: OUT_OF_ORDER_SEQUENCE.
+
+Transactions (checked after the duplicate and fencing rules):
+
+5. While the producer has a transaction open on the partition, its batches
+   must be transactional and of that transaction's epoch: a plain batch, or one
+   of a newer epoch before the open transaction's marker, is INVALID_TXN_STATE.
+   (An open transaction is therefore always at the entry's epoch, which is what
+   lets a marker compare its epoch with the entry's alone.)
+6. Once the transaction is prepared here (the coordinator's seal after
+   PrepareTransaction), nothing more of its epoch is taken: INVALID_TXN_STATE.
 
 Outcomes are values (Append, Duplicate, Reject), never exceptions.
 """
@@ -55,10 +67,16 @@ class ProducerStateEntry:
     last_timestamp_ms: int = -1
     coordinator_epoch: int = -1
     current_txn_first_offset: int = NO_OFFSET
+    # The transaction at producer_epoch was prepared (sealed by its coordinator): it takes nothing more here.
+    txn_prepared: bool = False
 
     @property
     def last_sequence(self) -> int:
         return self.batches[-1].last_sequence if self.batches else NO_SEQUENCE
+
+    @property
+    def has_open_transaction(self) -> bool:
+        return self.current_txn_first_offset >= 0
 
     def to_json(self) -> bytes:
         return json.dumps(
@@ -69,6 +87,7 @@ class ProducerStateEntry:
                 "ts": self.last_timestamp_ms,
                 "coord_epoch": self.coordinator_epoch,
                 "txn_first": self.current_txn_first_offset,
+                "prepared": self.txn_prepared,
             },
             separators=(",", ":"),
         ).encode()
@@ -83,6 +102,7 @@ class ProducerStateEntry:
             last_timestamp_ms=raw["ts"],
             coordinator_epoch=raw["coord_epoch"],
             current_txn_first_offset=raw["txn_first"],
+            txn_prepared=raw.get("prepared", False),  # snapshots before the seal existed have none
         )
 
 
@@ -136,6 +156,23 @@ def check_batch(
             f"producer {producer_id} epoch {producer_epoch} is older than epoch {entry.producer_epoch} "
             "already seen on this partition",
         )
+    if entry.has_open_transaction and not is_transactional:
+        return Reject(
+            ErrorCode.Value("INVALID_TXN_STATE"),
+            f"producer {producer_id} has a transaction open on this partition (since offset "
+            f"{entry.current_txn_first_offset}): its batches here must be transactional until the transaction ends",
+        )
+    if entry.has_open_transaction and producer_epoch > entry.producer_epoch:
+        return Reject(
+            ErrorCode.Value("INVALID_TXN_STATE"),
+            f"producer {producer_id}: the transaction of epoch {entry.producer_epoch} is still open on this partition "
+            f"(no marker yet); a batch of epoch {producer_epoch} cannot start before it ends",
+        )
+    if entry.txn_prepared and producer_epoch == entry.producer_epoch:
+        return Reject(
+            ErrorCode.Value("INVALID_TXN_STATE"),
+            f"the transaction of producer {producer_id} epoch {producer_epoch} is prepared: it takes no more records",
+        )
     if producer_epoch > entry.producer_epoch:
         if base_sequence != 0:
             return Reject(
@@ -147,7 +184,7 @@ def check_batch(
     expected = (entry.last_sequence + 1) % SEQUENCE_MODULUS
     if base_sequence == expected:
         return APPEND
-    if entry.batches and _is_behind(base_sequence, expected):
+    if entry.batches and _is_behind(base_sequence, expected) and _is_behind(last_sequence, expected):
         return Reject(
             ErrorCode.Value("DUPLICATE_SEQUENCE"),
             f"producer {producer_id} epoch {producer_epoch}: sequence {base_sequence} was appended before "
@@ -155,7 +192,8 @@ def check_batch(
         )
     return Reject(
         ErrorCode.Value("OUT_OF_ORDER_SEQUENCE"),
-        f"producer {producer_id} epoch {producer_epoch}: expected sequence {expected}, got {base_sequence}",
+        f"producer {producer_id} epoch {producer_epoch}: expected sequence {expected}, got the batch "
+        f"{base_sequence}..{last_sequence}",
     )
 
 
@@ -175,7 +213,7 @@ def after_append(
     )
     if entry is None or producer_epoch != entry.producer_epoch:
         previous = entry or ProducerStateEntry(producer_id, producer_epoch)
-        entry = replace(previous, producer_epoch=producer_epoch, batches=())
+        entry = replace(previous, producer_epoch=producer_epoch, batches=(), txn_prepared=False)
     txn_first = entry.current_txn_first_offset
     if is_transactional and txn_first == NO_OFFSET:
         txn_first = base_offset

@@ -1,5 +1,7 @@
 """The idempotent-append rules of DESIGN.md, one by one, on the pure core."""
 
+from dataclasses import replace
+
 import pytest
 
 from partition_svc.producer_state import (
@@ -95,3 +97,33 @@ def test_a_transactional_batch_opens_a_transaction_at_its_first_offset():
 def test_state_round_trips_through_its_stored_form(transactional):
     entry = appended(appended(None, 1, 0, 2, 7, transactional), 1, 2, 3, 9, transactional)
     assert ProducerStateEntry.from_json(entry.to_json()) == entry
+
+
+def test_a_batch_straddling_the_last_sequence_is_out_of_order_not_a_duplicate():
+    entry = appended(None, 0, 0, 14, 0)  # sequences 0..13
+    assert code(check_batch(entry, PID, 0, 13, 2, False)) == "OUT_OF_ORDER_SEQUENCE"  # 14 was never appended
+    assert code(check_batch(entry, PID, 0, 12, 2, True)) == "DUPLICATE_SEQUENCE"  # 12..13 lie wholly behind
+
+
+def test_a_producer_with_a_transaction_open_sends_only_transactional_batches_of_its_epoch():
+    entry = appended(None, 3, 0, 2, 100, transactional=True)
+    assert entry.has_open_transaction
+    assert code(check_batch(entry, PID, 3, 2, 1, False)) == "INVALID_TXN_STATE"  # a plain batch inside the transaction
+    assert code(check_batch(entry, PID, 4, 0, 1, True)) == "INVALID_TXN_STATE"   # a newer epoch before the marker
+    assert code(check_batch(entry, PID, 4, 0, 1, False)) == "INVALID_TXN_STATE"
+    assert code(check_batch(entry, PID, 2, 0, 1, True)) == "PRODUCER_FENCED"     # an older epoch is fenced first
+    assert check_batch(entry, PID, 3, 2, 1, True) == APPEND
+
+
+def test_a_prepared_transaction_takes_no_more_batches_of_its_epoch_but_answers_duplicates():
+    entry = replace(appended(None, 3, 0, 2, 100, transactional=True), txn_prepared=True)
+    assert code(check_batch(entry, PID, 3, 2, 1, True)) == "INVALID_TXN_STATE"
+    assert check_batch(entry, PID, 3, 0, 2, True) == Duplicate(100, 101)  # a retry of a batch written before the seal
+    assert ProducerStateEntry.from_json(entry.to_json()).txn_prepared
+    sealed_without_data = ProducerStateEntry(PID, 5, txn_prepared=True)
+    assert code(check_batch(sealed_without_data, PID, 5, 0, 1, True)) == "INVALID_TXN_STATE"
+
+
+def test_snapshots_written_before_the_seal_existed_still_load():
+    raw = b'{"pid":42,"epoch":1,"batches":[],"ts":5,"coord_epoch":0,"txn_first":-1}'
+    assert ProducerStateEntry.from_json(raw) == ProducerStateEntry(PID, 1, last_timestamp_ms=5, coordinator_epoch=0)
