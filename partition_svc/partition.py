@@ -51,6 +51,8 @@ class Partition:
         # Offsets a marker decided, until the marker is durable: the G keys they become are not written yet,
         # so OffsetFetch(require_stable) must still call them unstable rather than answer the old offset.
         self.settling_offsets: dict[int, dict[bytes, bytes]] = {}  # id(the dict) -> the dict
+        # First offsets of transactions whose marker is applied in memory but not durable yet: they hold the LSO.
+        self.closing_transactions: dict[object, int] = {}
         self._recover()
 
     # --- recovery -----------------------------------------------------------------
@@ -87,7 +89,7 @@ class Partition:
     @property
     def last_stable_offset(self) -> int:
         open_starts = [e.current_txn_first_offset for e in self.producers.values() if e.current_txn_first_offset >= 0]
-        return min([self.high_watermark, *open_starts])
+        return min([self.high_watermark, *open_starts, *self.closing_transactions.values()])
 
     @property
     def record_bytes_max(self) -> int:
@@ -173,6 +175,12 @@ class Partition:
     # --- transactions -----------------------------------------------------------------
 
     def check_marker(self, producer_id: int, producer_epoch: int, coordinator_epoch: int) -> Reject | None:
+        """Whether a COMMIT/ABORT marker may be applied. With Transactions V2 a
+        marker carries the bumped epoch, so it ends only a transaction opened at a
+        LOWER epoch: a marker whose epoch equals that of the transaction open here
+        is a late copy of the previous transaction's marker and is refused (it
+        must never end this one). With nothing open, a re-sent marker is a no-op
+        (append_marker)."""
         entry = self.producers.get(producer_id)
         if entry is None:
             return None
@@ -183,23 +191,43 @@ class Partition:
                 f"{entry.coordinator_epoch} seen on {self.topic}-{self.index}",
             )
         if producer_epoch < entry.producer_epoch:
+            # Settled: a newer epoch wrote here, which happens only after this transaction ended (an open
+            # transaction is always at the entry's epoch: producer_state rule 5).
             return Reject(
                 ErrorCode.Value("INVALID_PRODUCER_EPOCH"),
                 f"marker for producer {producer_id} epoch {producer_epoch} is older than epoch {entry.producer_epoch}",
             )
+        if producer_epoch == entry.producer_epoch and self._has_open_transaction(producer_id, entry):
+            # Not settled: the coordinator must not count it written (markers.py keeps retrying it).
+            return Reject(
+                ErrorCode.Value("INVALID_TXN_STATE"),
+                f"marker for producer {producer_id} epoch {producer_epoch} cannot end the transaction open at that same "
+                f"epoch on {self.topic}-{self.index}: a marker ends only a transaction of a lower epoch (a late marker "
+                "of the previous transaction)",
+            )
         return None
+
+    def _has_open_transaction(self, producer_id: int, entry: ProducerStateEntry) -> bool:
+        return entry.has_open_transaction or bool(self.pending_offsets.get(producer_id))
 
     def append_marker(
         self, producer_id: int, producer_epoch: int, coordinator_epoch: int, committed: bool, now_ms: int
     ) -> tuple[list[tuple[bytes, bytes | None]], Callable[[], None]] | None:
         """Writes a COMMIT/ABORT control batch closing the producer's transaction.
-        None when it has nothing to do: the same marker was applied already (a
-        coordinator retrying after a crash). Only after check_marker passed."""
+        With nothing open and the producer at the marker's epoch already, the same
+        marker was applied before (a coordinator retrying after a crash): nothing
+        is written but a higher coordinator epoch, so the previous owner's late
+        re-send is fenced; None when there is nothing at all to change. Only after
+        check_marker passed."""
         entry = self.producers.get(producer_id)
         open_first = entry.current_txn_first_offset if entry is not None else producer_state.NO_OFFSET
         pending = self.pending_offsets.get(producer_id)
         if entry is not None and open_first < 0 and not pending and entry.producer_epoch == producer_epoch:
-            return None
+            if coordinator_epoch <= entry.coordinator_epoch:
+                return None
+            entry = replace(entry, coordinator_epoch=coordinator_epoch)
+            self.producers[producer_id] = entry
+            return [(log_store.producer_key(self.pkey, producer_id), entry.to_json())], self._durable_callback()
         control = common_pb2.CONTROL_TYPE_COMMIT if committed else common_pb2.CONTROL_TYPE_ABORT
         marker = common_pb2.RecordBatch(
             producer_id=producer_id,
@@ -231,19 +259,63 @@ class Partition:
             last_timestamp_ms=now_ms,
             coordinator_epoch=coordinator_epoch,
             current_txn_first_offset=producer_state.NO_OFFSET,
+            txn_prepared=False,
         )
         self.producers[producer_id] = entry
         changes.append((log_store.producer_key(self.pkey, producer_id), entry.to_json()))
         changes.append(self.metadata_change())
+        # The transaction holds the LSO until its marker is durable: a crash before that takes the marker
+        # back, and a read_committed reader must never see the LSO move backwards.
+        closing_key = object()
+        if open_first >= 0:
+            self.closing_transactions[closing_key] = open_first
         durable = self._durable_callback()
-        if not settling:
-            return changes, durable
 
         def settled() -> None:
             durable()
-            self.settling_offsets.pop(id(settling), None)
+            self.closing_transactions.pop(closing_key, None)
+            if settling:
+                self.settling_offsets.pop(id(settling), None)
 
         return changes, settled
+
+    def check_seal(self, producer_id: int, producer_epoch: int, coordinator_epoch: int) -> Reject | None:
+        """Whether the seal of a prepared transaction (its own epoch, not bumped)
+        may be applied: the coordinator epoch is not older than seen here, and no
+        newer epoch of the producer wrote here (which would mean the transaction
+        ended: settled, nothing can join it)."""
+        entry = self.producers.get(producer_id)
+        if entry is None:
+            return None
+        if coordinator_epoch < entry.coordinator_epoch:
+            return Reject(
+                ErrorCode.Value("TRANSACTION_COORDINATOR_FENCED"),
+                f"seal for producer {producer_id} carries coordinator epoch {coordinator_epoch}, older than "
+                f"{entry.coordinator_epoch} seen on {self.topic}-{self.index}",
+            )
+        if producer_epoch < entry.producer_epoch:
+            return Reject(
+                ErrorCode.Value("INVALID_PRODUCER_EPOCH"),
+                f"seal for producer {producer_id} epoch {producer_epoch} is older than epoch {entry.producer_epoch}: "
+                "that transaction is over here",
+            )
+        return None
+
+    def seal(
+        self, producer_id: int, producer_epoch: int, coordinator_epoch: int, now_ms: int
+    ) -> tuple[list[tuple[bytes, bytes | None]], Callable[[], None]] | None:
+        """Records that the producer's transaction at ``producer_epoch`` is
+        prepared: from now on no batch or offset of that epoch is taken here
+        (a zombie of the preparing process cannot add to what the handle's holder
+        commits). None when it is sealed already. Only after check_seal passed."""
+        entry = self.producers.get(producer_id)
+        if entry is not None and entry.producer_epoch == producer_epoch and entry.txn_prepared and coordinator_epoch <= entry.coordinator_epoch:
+            return None
+        if entry is None or entry.producer_epoch != producer_epoch:  # nothing of this transaction written here yet
+            entry = replace(entry or ProducerStateEntry(producer_id, producer_epoch), producer_epoch=producer_epoch, batches=())
+        entry = replace(entry, txn_prepared=True, coordinator_epoch=max(coordinator_epoch, entry.coordinator_epoch), last_timestamp_ms=now_ms)
+        self.producers[producer_id] = entry
+        return [(log_store.producer_key(self.pkey, producer_id), entry.to_json())], self._durable_callback()
 
     def append_txn_offsets(
         self, producer_id: int, producer_epoch: int, offsets: list[tuple[bytes, bytes]], now_ms: int
@@ -256,6 +328,23 @@ class Partition:
                 ErrorCode.Value("PRODUCER_FENCED"),
                 f"producer {producer_id} epoch {producer_epoch} is older than epoch {entry.producer_epoch}",
             )
+        if entry is not None and producer_epoch == entry.producer_epoch and entry.txn_prepared:
+            return Reject(
+                ErrorCode.Value("INVALID_TXN_STATE"),
+                f"the transaction of producer {producer_id} epoch {producer_epoch} is prepared: it takes no more offsets",
+            )
+        if entry is not None and producer_epoch > entry.producer_epoch and self._has_open_transaction(producer_id, entry):
+            return Reject(
+                ErrorCode.Value("INVALID_TXN_STATE"),
+                f"producer {producer_id}: the transaction of epoch {entry.producer_epoch} is still open on this partition; "
+                f"offsets of epoch {producer_epoch} cannot start before it ends",
+            )
+        # Within one transaction a partition's pending offset only moves forward: TxnOffsetCommit has no
+        # sequence, so an earlier request delivered late must not take back a later one's offset.
+        pending = self.pending_offsets.get(producer_id, {}) if entry is not None and producer_epoch == entry.producer_epoch else {}
+        offsets = [(key, value) for key, value in offsets if key not in pending or _offset_of(value) >= _offset_of(pending[key])]
+        if not offsets:
+            return [], lambda: None
         batch = common_pb2.RecordBatch(
             producer_id=producer_id,
             producer_epoch=producer_epoch,
@@ -266,7 +355,7 @@ class Partition:
         base, value = self._append_internal(batch, log_store.FLAG_TRANSACTIONAL, now_ms)
         previous = entry or ProducerStateEntry(producer_id, producer_epoch)
         if previous.producer_epoch != producer_epoch:
-            previous = replace(previous, producer_epoch=producer_epoch, batches=())
+            previous = replace(previous, producer_epoch=producer_epoch, batches=(), txn_prepared=False)
         first = previous.current_txn_first_offset if previous.current_txn_first_offset >= 0 else base
         entry = replace(previous, last_timestamp_ms=now_ms, current_txn_first_offset=first)
         self.producers[producer_id] = entry
@@ -454,6 +543,10 @@ class Partition:
         changes: list[tuple[bytes, bytes | None]] = [(log_store.log_key(self.pkey, h.base_offset), None) for h in doomed]
         changes.append(self.metadata_change())
         return changes
+
+
+def _offset_of(value: bytes) -> int:
+    return json.loads(value)["offset"]
 
 
 def now_ms() -> int:

@@ -520,7 +520,8 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
             outcome = offsets_partition.append_txn_offsets(request.producer_id, request.producer_epoch, records, now_ms())
             if isinstance(outcome, Reject):
                 raise TxlogError(outcome.code, outcome.message)
-            await self.persist(*outcome)
+            if outcome[0]:  # nothing when every offset was older than one pending already
+                await self.persist(*outcome)
         return reply
 
     @server.rpc_handler
@@ -575,11 +576,15 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
                     result.error.CopyFrom(error_of(exc))
         changes, callbacks, now = [], [], now_ms()
         for marker, result, partition in targets:  # no await from here to the submit (see Produce)
-            refused = partition.check_marker(marker.producer_id, marker.producer_epoch, marker.coordinator_epoch)
+            check = partition.check_seal if marker.seal_prepared else partition.check_marker
+            refused = check(marker.producer_id, marker.producer_epoch, marker.coordinator_epoch)
             if refused is not None:
                 result.error.CopyFrom(errors_pb2.Error(code=refused.code, message=refused.message))
                 continue
-            written = partition.append_marker(marker.producer_id, marker.producer_epoch, marker.coordinator_epoch, marker.committed, now)
+            if marker.seal_prepared:
+                written = partition.seal(marker.producer_id, marker.producer_epoch, marker.coordinator_epoch, now)
+            else:
+                written = partition.append_marker(marker.producer_id, marker.producer_epoch, marker.coordinator_epoch, marker.committed, now)
             if written is not None:
                 changes.extend(written[0])
                 callbacks.append(written[1])

@@ -198,9 +198,9 @@ def test_compaction_keeps_a_committed_record_that_only_an_aborted_one_supersedes
         h = Harness(str(tmp_path / "db"))
         h.partition.configs = validation.topic_configs({"cleanup.policy": "compact"}, 1 << 20)
         await h.produce(keyed(1, 0, 0, [("k", "committed")]))       # offset 0
-        assert await h.marker(1, 0, committed=True) == "written"     # offset 1
+        assert await h.marker(1, 1, committed=True) == "written"     # offset 1 (the marker carries the bumped epoch)
         await h.produce(keyed(1, 1, 0, [("k", "aborted")]))         # offset 2
-        assert await h.marker(1, 1, committed=False) == "written"    # offset 3
+        assert await h.marker(1, 2, committed=False) == "written"    # offset 3
         await h.produce(keyed(-1, -1, -1, [("other", "x")], transactional=False))  # offset 4
         assert h.read(committed=True) == ["committed", "x"]
         await h.writer.submit(h.partition.compaction_changes())
@@ -248,4 +248,94 @@ def test_pending_offsets_make_only_their_own_partitions_unstable(tmp_path):
         assert not h.partition.has_pending_offsets(prefix, [other])
         assert h.partition.has_pending_offsets(prefix)  # asking for every partition of the group
 
+    run(scenario())
+
+
+def test_a_marker_ends_only_a_transaction_of_a_lower_epoch(tmp_path):
+    """Found in review (defect 1): with Transactions V2, transaction N's markers carry epoch e+1 and
+    N+1 writes at e+1, so a late copy of N's marker closed N+1."""
+    async def scenario():
+        h = Harness(str(tmp_path / "db"))
+        await h.produce(batch(1, 0, 0, ["n"]))
+        assert await h.marker(1, 1, committed=True) == "written"  # N, at the bumped epoch
+        await h.produce(batch(1, 1, 0, ["m"]))                     # N+1 at that same epoch
+        late = await h.marker(1, 1, committed=True)
+        assert isinstance(late, Reject) and ErrorCode.Name(late.code) == "INVALID_TXN_STATE"
+        assert h.read(committed=True) == ["n"] and h.partition.last_stable_offset == 2
+        assert await h.marker(1, 2, committed=False) == "written"
+        assert h.read(committed=True) == ["n"]
+        assert await h.marker(1, 2, committed=False) is None       # re-sent with nothing open: a no-op
+    run(scenario())
+
+
+def test_a_re_applied_marker_records_a_higher_coordinator_epoch(tmp_path):
+    """Found in review (defect 2): the no-op path left the old coordinator epoch, so a paused
+    old owner's late re-send was not fenced."""
+    async def scenario():
+        h = Harness(str(tmp_path / "db"))
+        await h.produce(batch(1, 0, 0, ["a"]))
+        assert await h.marker(1, 1, committed=True, coordinator_epoch=3) == "written"
+        end = h.partition.next_offset
+        assert await h.marker(1, 1, committed=True, coordinator_epoch=4) == "written"  # only the producer state
+        assert h.partition.next_offset == end
+        h.reopen()
+        assert h.partition.producers[1].coordinator_epoch == 4
+        fenced = await h.marker(1, 1, committed=True, coordinator_epoch=3)
+        assert ErrorCode.Name(fenced.code) == "TRANSACTION_COORDINATOR_FENCED"
+    run(scenario())
+
+
+def test_the_lso_waits_for_the_marker_to_be_durable(tmp_path):
+    """Suspected in review, and real: the LSO moved when a marker was applied in memory, so a
+    crash before the marker was durable moved it backwards."""
+    async def scenario():
+        h = Harness(str(tmp_path / "db"))
+        await h.produce(batch(1, 0, 0, ["a"]))
+        assert h.partition.last_stable_offset == 0
+        changes, durable = h.partition.append_marker(1, 1, 0, True, NOW)
+        assert h.partition.last_stable_offset == 0  # applied in memory, not durable: still held
+        h.reopen()  # the crash: the marker's changes were never written
+        assert h.partition.last_stable_offset == 0 and h.read(committed=True) == []
+        changes, durable = h.partition.append_marker(1, 1, 0, True, NOW)
+        await h.writer.submit(changes)
+        durable()
+        assert h.partition.last_stable_offset == h.partition.high_watermark == 2
+        assert h.read(committed=True) == ["a"]
+    run(scenario())
+
+
+def test_a_sealed_transaction_takes_no_more_records_or_offsets_until_its_marker(tmp_path):
+    """Found in review (defect 3): a zombie appended to a prepared transaction."""
+    group_key = log_store.group_offset_key("g", "src", 0)
+
+    async def scenario():
+        h = Harness(str(tmp_path / "db"))
+        await h.produce(batch(1, 0, 0, ["a"]))
+        assert h.partition.check_seal(1, 0, 0) is None
+        changes, durable = h.partition.seal(1, 0, 0, NOW)
+        await h.writer.submit(changes)
+        durable()
+        assert h.partition.seal(1, 0, 0, NOW) is None  # sealed already
+        h.reopen()
+        assert ErrorCode.Name(h.partition.check(batch(1, 0, 1, ["z"])).code) == "INVALID_TXN_STATE"
+        refused = h.partition.append_txn_offsets(1, 0, [(group_key, b'{"offset": 9}')], NOW)
+        assert ErrorCode.Name(refused.code) == "INVALID_TXN_STATE"
+        assert await h.marker(1, 1, committed=True) == "written"
+        assert h.read(committed=True) == ["a"]
+        assert h.partition.check(batch(1, 1, 0, ["next"])) == APPEND  # the next transaction is not sealed
+        assert ErrorCode.Name(h.partition.check_seal(1, 0, 0).code) == "INVALID_PRODUCER_EPOCH"  # late seal: settled
+    run(scenario())
+
+
+def test_a_late_txn_offset_commit_never_moves_a_pending_offset_back(tmp_path):
+    group_key = log_store.group_offset_key("g", "src", 0)
+
+    async def scenario():
+        h = Harness(str(tmp_path / "db"))
+        for value in (b'{"offset": 10}', b'{"offset": 4}'):
+            changes, durable = h.partition.append_txn_offsets(7, 0, [(group_key, value)], NOW)
+            if changes:
+                await h.writer.submit(changes)
+            durable()
+        assert h.partition.pending_offsets[7][group_key] == b'{"offset": 10}'
     run(scenario())

@@ -282,20 +282,22 @@ class ListOffsetsResponse(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[ListOffsetsPartitionResult, _Mapping]]] = ...) -> None: ...
 
 class TxnMarker(_message.Message):
-    __slots__ = ("producer_id", "producer_epoch", "committed", "coordinator_epoch", "partitions", "transactional_id")
+    __slots__ = ("producer_id", "producer_epoch", "committed", "coordinator_epoch", "partitions", "transactional_id", "seal_prepared")
     PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_FIELD_NUMBER: _ClassVar[int]
     COORDINATOR_EPOCH_FIELD_NUMBER: _ClassVar[int]
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]
+    SEAL_PREPARED_FIELD_NUMBER: _ClassVar[int]
     producer_id: int
     producer_epoch: int
     committed: bool
     coordinator_epoch: int
     partitions: _containers.RepeatedCompositeFieldContainer[_common_pb2.TopicPartition]
     transactional_id: str
-    def __init__(self, producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., committed: _Optional[bool] = ..., coordinator_epoch: _Optional[int] = ..., partitions: _Optional[_Iterable[_Union[_common_pb2.TopicPartition, _Mapping]]] = ..., transactional_id: _Optional[str] = ...) -> None: ...
+    seal_prepared: bool
+    def __init__(self, producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., committed: _Optional[bool] = ..., coordinator_epoch: _Optional[int] = ..., partitions: _Optional[_Iterable[_Union[_common_pb2.TopicPartition, _Mapping]]] = ..., transactional_id: _Optional[str] = ..., seal_prepared: _Optional[bool] = ...) -> None: ...
 
 class WriteTxnMarkersRequest(_message.Message):
     __slots__ = ("markers",)
