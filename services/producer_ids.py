@@ -73,9 +73,10 @@ class IdempotentProducerInitServicer(coordinator_pb2_grpc.CoordinatorServiceServ
                 ErrorCode.Value("NOT_COORDINATOR"),
                 "a transactional InitProducerId goes to the coordinator of the id (FindCoordinator / Metadata)",
             )
-        if request.producer_id >= 0 and 0 <= request.producer_epoch < PRODUCER_EPOCH_MAX:
-            # KIP-360: an idempotent producer bumps its epoch after an unknown outcome.
-            return coordinator_pb2.InitProducerIdResponse(producer_id=request.producer_id, producer_epoch=request.producer_epoch + 1)
         if request.producer_id < -1 or request.producer_epoch < -1 or request.producer_epoch > PRODUCER_EPOCH_MAX:
             raise TxlogError(ErrorCode.Value("INVALID_REQUEST"), "producer_id and producer_epoch must be -1 or valid values")
+        # Always a new id, as Kafka answers an init without a transactional id: an idempotent producer
+        # resetting after an unknown outcome (KIP-360) starts afresh at epoch 0. Bumping the epoch of the id
+        # it names would let anyone move any producer id's epoch, a transactional one's included, under
+        # its open transaction.
         return coordinator_pb2.InitProducerIdResponse(producer_id=await self.source.next_id(), producer_epoch=0)

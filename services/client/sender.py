@@ -437,9 +437,9 @@ class Sender:
         self._init_task = asyncio.get_running_loop().create_task(self._init_producer_id())
 
     async def _init_producer_id(self) -> None:
-        # After a broken sequence, bump the epoch of the id we hold (KIP-360): every
-        # partition then expects sequence 0 of the new epoch. The first time, or if
-        # the epoch is used up, the server answers a new id with epoch 0.
+        # After a broken sequence (KIP-360) the producer asks again, naming the id it
+        # holds; partition_svc answers a new id at epoch 0, so every partition then
+        # expects sequence 0 of a producer it has not seen.
         bump = self._reset_pending and self.producer_id >= 0
         request = coordinator_pb2.InitProducerIdRequest(
             transactional_id="",
