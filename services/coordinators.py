@@ -29,11 +29,31 @@ TRANSACTION_STATE_TOPIC = "__transaction_state"
 COORDINATOR_KIND = "coordinator_svc"
 
 
+LOG_PRODUCER_EPOCHS = 32768  # producer epochs 0..32767
+
+
 @dataclass(frozen=True)
 class PartitionOwner:
+    """The owner writes the partition's log as the idempotent producer
+    ``log_producer_id`` at epoch ``log_producer_epoch``: the coordinator epoch
+    while it fits a producer epoch. Ownership moves at every coordinator join or
+    leave, so the coordinator epoch outgrows 32767; from then on every 32768th
+    owner takes a new log producer id (partition_svc lets only the owner node's
+    log producer id write the log, so the previous id is fenced all the same)."""
+
     node_id: int
     coordinator_epoch: int
     log_producer_id: int
+
+    @property
+    def log_producer_epoch(self) -> int:
+        return self.coordinator_epoch % LOG_PRODUCER_EPOCHS
+
+    def successor(self, node_id: int) -> PartitionOwner:
+        """The next owner, on ``node_id``; its log producer id is this one's,
+        or -1 when the epoch wraps and the caller must take a new one."""
+        epoch = self.coordinator_epoch + 1
+        return PartitionOwner(node_id, epoch, -1 if epoch % LOG_PRODUCER_EPOCHS == 0 else self.log_producer_id)
 
     def encode(self) -> bytes:
         return json.dumps(
