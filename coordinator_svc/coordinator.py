@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 import uuid
@@ -170,13 +171,15 @@ class TransactionCoordinator:
                 return  # someone else was faster; the next round looks again
         else:
             previous, version = current
-            owner = coordinators.PartitionOwner(self.config.node_id, previous.coordinator_epoch + 1, previous.log_producer_id)
+            owner = previous.successor(self.config.node_id)
+            if owner.log_producer_id < 0:
+                owner = dataclasses.replace(owner, log_producer_id=await self.producer_ids.next_id())
             try:
                 await zk.call(self.zookeeper, "set", coordinators.owner_path(self.config.zookeeper_root, index), owner.encode(), version=version)
             except BadVersionError:
                 return
         log.info("taking over transaction log partition", extra=fields(partition=index, coordinator_epoch=owner.coordinator_epoch))
-        loaded = LoadedPartition(index, owner, TransactionLogPartition(self.client, index, owner.log_producer_id, owner.coordinator_epoch), confirmed_s=time.monotonic())
+        loaded = LoadedPartition(index, owner, TransactionLogPartition(self.client, index, owner.log_producer_id, owner.log_producer_epoch), confirmed_s=time.monotonic())
         self.partitions[index] = loaded
         try:
             await loaded.log.append(FENCE_KEY, str(owner.coordinator_epoch).encode())  # fences the previous owner's writes
@@ -202,6 +205,8 @@ class TransactionCoordinator:
         for meta in loaded.transactions.values():
             if meta.state.is_preparing and meta.transactional_id not in in_groups:  # decided before the previous owner stopped: finish it
                 self._spawn(loaded, self._complete(loaded, meta))
+            elif meta.state is S.PREPARED:  # the previous owner may have stopped before sealing it
+                self._spawn(loaded, self._seal_quietly(loaded, meta))
 
     def unload(self, index: int, reason: str) -> None:
         loaded = self.partitions.pop(index, None)
@@ -234,6 +239,36 @@ class TransactionCoordinator:
         if time.monotonic() - loaded.confirmed_s > self.lease_s:
             raise error("NOT_COORDINATOR", f"ownership of transaction log partition {index} is not confirmed by ZooKeeper; retry")
         return loaded
+
+    async def confirm_ownership(self, key: str) -> None:
+        """Reads the owner of ``key``'s log partition from ZooKeeper and raises
+        NOT_COORDINATOR (unloading the partition) unless it is still this node at
+        the epoch it loaded. Memory is only as good as the ownership behind it: a
+        coordinator whose partition moved keeps its old view until its next
+        balance round, and must not give a fatal answer from that view
+        (INVALID_PRODUCER_ID_MAPPING for an id the new owner just created)."""
+        index = self.partition_of(key)
+        loaded = self.partitions.get(index)
+        current = await coordinators.read_owner(self.zookeeper, self.config.zookeeper_root, index)
+        if loaded is not None and current is not None and current[0].node_id == self.config.node_id \
+                and current[0].coordinator_epoch == loaded.owner.coordinator_epoch:
+            loaded.confirmed_s = time.monotonic()
+            return
+        reason = "no owner" if current is None else f"owned by node {current[0].node_id} at epoch {current[0].coordinator_epoch}"
+        if self.partitions.get(index) is loaded:
+            self.unload(index, reason)
+        raise error("NOT_COORDINATOR", f"transaction log partition {index} is {reason}, not served here any more; find the coordinator again")
+
+    async def answer_as_owner(self, key: str, answer):
+        """Awaits ``answer`` (a handler's coroutine); a fatal error it raises is
+        given only once ZooKeeper confirms this node still owns ``key``'s
+        partition, else NOT_COORDINATOR, which the client retries elsewhere."""
+        try:
+            return await answer
+        except TxlogError as exc:
+            if not exc.retriable and exc.code != ErrorCode.Value("INVALID_REQUEST"):
+                await self.confirm_ownership(key)
+            raise
 
     @staticmethod
     def check_transactional_id(transactional_id: str) -> None:
@@ -284,30 +319,26 @@ class TransactionCoordinator:
         loaded = self.loaded_partition(transactional_id)
         meta = loaded.transactions.get(transactional_id)
         if meta is None or meta.state is S.DEAD:
-            meta = TransactionMetadata(transactional_id, await self.producer_ids.next_id(), 0, timeout_ms)
-            loaded.transactions[transactional_id] = meta
-            meta.pending_state = None
-            record = ts.TransactionRecord(transactional_id, meta.producer_id, ts.NO_PRODUCER_ID, 0, ts.NO_EPOCH, timeout_ms, S.EMPTY, frozenset(), -1, self.clock_ms())
-            try:
-                meta.pending_state = S.EMPTY
-                await loaded.log.write(record)
-            except BaseException:
-                loaded.transactions.pop(transactional_id, None)
-                raise
-            ts.complete_transition(meta, record)
-            return meta.producer_id, meta.producer_epoch
+            new_id = await self.producer_ids.next_id()
+            meta = loaded.transactions.get(transactional_id)  # another init may have created it meanwhile
+            if meta is None or meta.state is S.DEAD:
+                return await self._register(loaded, transactional_id, new_id, timeout_ms)
         if meta.pending_state is not None:
             raise error("CONCURRENT_TRANSACTIONS", f"a {meta.pending_state.value} of {transactional_id!r} is in flight; retry")
-        if producer_id >= 0:  # KIP-360: a producer that knows its id and epoch asks for a bump
-            # (its last epoch too: the fence of its open transaction may have bumped it already)
-            if producer_id != meta.producer_id or producer_epoch not in (meta.producer_epoch, meta.last_producer_epoch):
-                raise error(
-                    "PRODUCER_FENCED",
-                    f"producer {producer_id} epoch {producer_epoch} is not the current one of {transactional_id!r}; close this producer",
-                )
+        kip360 = producer_id >= 0  # a producer that knows its id and epoch asks for a bump (KIP-360)
+        if kip360 and ts.is_retried_init(meta, producer_id, producer_epoch):
+            return meta.producer_id, meta.producer_epoch  # its first attempt bumped the epoch; the answer was lost
+        if kip360 and (producer_id != meta.producer_id or producer_epoch != meta.producer_epoch):
+            raise error(
+                "PRODUCER_FENCED",
+                f"producer {producer_id} epoch {producer_epoch} is not the current one of {transactional_id!r}; close this producer",
+            )
         if meta.state in ts.UNDECIDED_STATES:
-            await self._fence_and_abort(loaded, meta)
-            raise error("CONCURRENT_TRANSACTIONS", f"aborting the open transaction of a previous producer with id {transactional_id!r}; retry")
+            if kip360:  # the current producer's own transaction: aborted as its EndTxn(abort) would
+                await self._begin_completion(loaded, meta, committed=False)
+            else:  # a new incarnation: the previous one is a zombie, fenced
+                await self._fence_and_abort(loaded, meta)
+            raise error("CONCURRENT_TRANSACTIONS", f"aborting the open transaction of {transactional_id!r} first; retry")
         if meta.state.is_preparing:
             raise error("CONCURRENT_TRANSACTIONS", f"the last transaction of {transactional_id!r} is completing; retry")
         bumped = ts.bumped_epoch(meta.producer_id, meta.producer_epoch)
@@ -315,17 +346,42 @@ class TransactionCoordinator:
             new_id, new_epoch, previous = await self.producer_ids.next_id(), 0, meta.producer_id
         else:
             (new_id, new_epoch), previous = bumped, meta.previous_producer_id
+        # The last epoch recognises a retry of this init: only the requester's own epoch (a new
+        # incarnation names none, and the epoch it replaces must not be taken for a retry).
         await self._transition(
             loaded, meta, S.EMPTY, producer_id=new_id, producer_epoch=new_epoch, previous_producer_id=previous,
-            last_producer_epoch=ts.NO_EPOCH, txn_timeout_ms=timeout_ms, partitions=frozenset(), txn_start_ms=-1,
+            last_producer_epoch=producer_epoch if kip360 else ts.NO_EPOCH, txn_timeout_ms=timeout_ms,
+            partitions=frozenset(), txn_start_ms=-1,
         )
         return new_id, new_epoch
 
+    async def _register(self, loaded: LoadedPartition, transactional_id: str, producer_id: int, timeout_ms: int) -> tuple[int, int]:
+        """A new transactional id: its first record, EMPTY at epoch 0. No await
+        between the caller's check that the id is new and the pending state."""
+        meta = TransactionMetadata(transactional_id, producer_id, 0, timeout_ms, pending_state=S.EMPTY)
+        loaded.transactions[transactional_id] = meta
+        record = ts.TransactionRecord(transactional_id, producer_id, ts.NO_PRODUCER_ID, 0, ts.NO_EPOCH, timeout_ms, S.EMPTY, frozenset(), -1, self.clock_ms())
+        try:
+            await loaded.log.write(record)
+        except BaseException:
+            loaded.transactions.pop(transactional_id, None)
+            raise
+        ts.complete_transition(meta, record)
+        return meta.producer_id, meta.producer_epoch
+
     async def _fence_and_abort(self, loaded: LoadedPartition, meta: TransactionMetadata) -> None:
-        """Aborts an Ongoing or Prepared transaction with the epoch bumped, so its producer is fenced."""
+        """Aborts an Ongoing or Prepared transaction whose producer is replaced by
+        a new incarnation: PREPARE_EPOCH_FENCE bumps the epoch and the abort bumps
+        it again, so the zombie's epoch is neither the current nor the last one."""
         ts.prepare_transition(meta, S.PREPARE_EPOCH_FENCE)
         ts.abandon_transition(meta)  # the fence is pending-only: the PrepareAbort below is what is written
-        await self._begin_completion(loaded, meta, committed=False)
+        fenced = ts.fenced_epoch(meta.producer_id, meta.producer_epoch)
+        if fenced is not None:
+            changes = {"producer_epoch": fenced[1], "last_producer_epoch": fenced[2]}
+        else:  # exhausted: a new id; the markers carry the old one at the last epoch, which no zombie holds
+            changes = {"producer_id": await self.producer_ids.next_id(), "producer_epoch": 0,
+                       "previous_producer_id": meta.producer_id, "last_producer_epoch": ts.PRODUCER_EPOCH_MAX}
+        await self._begin_completion(loaded, meta, committed=False, changes=changes)
 
     # --- AddPartitionsToTxn, AddOffsetsToTxn -------------------------------------------
 
@@ -392,7 +448,7 @@ class TransactionCoordinator:
         self.check_transactional_id(transactional_id)
         loaded = self.loaded_partition(transactional_id)
         meta = loaded.transactions.get(transactional_id)
-        retry = meta is not None and meta.pending_state is None and ts.is_retried_end(meta, producer_id, producer_epoch)
+        retry = meta is not None and ts.settled(meta) and ts.is_retried_end(meta, producer_id, producer_epoch)
         if not retry:
             meta = self._existing(loaded, transactional_id, producer_id)
         outcome_commit = {S.PREPARE_COMMIT, S.COMPLETE_COMMIT}
@@ -409,10 +465,10 @@ class TransactionCoordinator:
         self._check_epoch(meta, producer_epoch)
         if meta.state.is_preparing:
             raise error("CONCURRENT_TRANSACTIONS", f"the last transaction of {transactional_id!r} is completing; retry")
-        if meta.state not in ts.UNDECIDED_STATES:
-            if committed:
-                raise error("INVALID_TXN_STATE", f"{transactional_id!r} has no open transaction to commit (nothing was added to it)")
-            return meta.producer_id, meta.producer_epoch  # aborting nothing changes nothing
+        if meta.state not in ts.UNDECIDED_STATES and committed:
+            raise error("INVALID_TXN_STATE", f"{transactional_id!r} has no open transaction to commit (nothing was added to it)")
+        # Aborting a transaction with nothing in it bumps the epoch too (Transactions V2): a late
+        # AddPartitions of the old epoch is then fenced instead of opening a phantom transaction.
         await self._begin_completion(loaded, meta, committed)
         return meta.producer_id, meta.producer_epoch
 
@@ -430,10 +486,15 @@ class TransactionCoordinator:
         """New producer ids for those of ``metas`` whose epoch is exhausted."""
         return [await self.producer_ids.next_id() for m in metas if ts.bumped_epoch(m.producer_id, m.producer_epoch) is None]
 
-    async def _begin_completion(self, loaded: LoadedPartition, meta: TransactionMetadata, committed: bool) -> None:
+    async def _begin_completion(self, loaded: LoadedPartition, meta: TransactionMetadata, committed: bool, changes: dict | None = None) -> None:
         """Writes the decision (Prepare*, epoch bumped), then completes it in the background."""
-        changes = self._bump(meta, await self._spare_ids([meta]))
-        await self._transition(loaded, meta, S.PREPARE_COMMIT if committed else S.PREPARE_ABORT, **changes)
+        if changes is None:
+            changes = self._bump(meta, await self._spare_ids([meta]))
+        to_state = S.PREPARE_COMMIT if committed else S.PREPARE_ABORT
+        if meta.pending_state is not None or meta.state not in to_state.valid_previous_states:
+            # something moved the id while a producer id was fetched
+            raise error("CONCURRENT_TRANSACTIONS", f"{meta.transactional_id!r} changed meanwhile ({meta.state.value}); retry")
+        await self._transition(loaded, meta, to_state, **changes)
         loaded.completing[meta.transactional_id] = asyncio.Event()
         self._spawn(loaded, self._complete(loaded, meta))
 
@@ -471,7 +532,8 @@ class TransactionCoordinator:
         handle = Handle(transactional_id, producer_id, producer_epoch)
         meta = loaded.transactions.get(transactional_id)
         if meta is not None and meta.pending_state is None and ts.is_prepared_as(meta, handle):
-            return handle  # a retry whose first attempt was applied
+            await self._seal(loaded, meta)  # a retry whose first attempt was applied: it may not have sealed
+            return handle
         meta = self._existing(loaded, transactional_id, producer_id)
         self._check_epoch(meta, producer_epoch)
         if meta.state.is_preparing:
@@ -479,7 +541,25 @@ class TransactionCoordinator:
         now = self.clock_ms()
         start = meta.txn_start_ms if meta.state is S.ONGOING else now
         await self._transition(loaded, meta, S.PREPARED, prepared_ms=now, prepared_timeout_ms=timeout_ms, txn_start_ms=start)
+        await self._seal(loaded, meta)
         return handle
+
+    async def _seal(self, loaded: LoadedPartition, meta: TransactionMetadata) -> None:
+        """Tells every partition of a PREPARED transaction that it takes nothing
+        more of its epoch, before PrepareTransaction answers: the leaders had
+        verified the transaction's partitions once, so without the seal a zombie
+        of the preparing process could still add records or offsets that the
+        handle's holder would then commit."""
+        await self.markers.write_all(
+            [MarkerSet(meta.transactional_id, meta.producer_id, meta.producer_epoch, meta.partitions)],
+            False, loaded.owner.coordinator_epoch, seal_prepared=True,
+        )
+
+    async def _seal_quietly(self, loaded: LoadedPartition, meta: TransactionMetadata) -> None:
+        try:
+            await self._seal(loaded, meta)
+        except TxlogError as exc:
+            loaded.log.broken = f"sealing {meta.transactional_id!r} failed: {exc}"
 
     def _check_handle(self, loaded: LoadedPartition, handle: Handle) -> TransactionMetadata:
         """The prepared transaction ``handle`` names; raises (as for a producer's
@@ -512,7 +592,7 @@ class TransactionCoordinator:
         self.check_transactional_id(handle.transactional_id)
         loaded = self.loaded_partition(handle.transactional_id)
         meta = loaded.transactions.get(handle.transactional_id)
-        if meta is not None and meta.pending_state is None and self._check_outcome(meta, handle, committed):
+        if meta is not None and ts.settled(meta) and self._check_outcome(meta, handle, committed):
             return meta.producer_id, meta.producer_epoch
         meta = self._check_handle(loaded, handle)
         await self._begin_completion(loaded, meta, committed)
@@ -522,7 +602,7 @@ class TransactionCoordinator:
         """The members to commit, all PREPARED as their handles say; None when the
         group was committed already (a repeat). Raises, changing nothing, otherwise."""
         metas = [loaded.transactions.get(h.transactional_id) for h in handles]
-        done = [m is not None and m.pending_state is None and self._check_outcome(m, h, True) for m, h in zip(metas, handles, strict=True)]
+        done = [m is not None and ts.settled(m) and self._check_outcome(m, h, True) for m, h in zip(metas, handles, strict=True)]
         if all(done):
             return None
         if any(done):

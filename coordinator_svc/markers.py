@@ -28,6 +28,10 @@ NONE = ErrorCode.Value("NONE")
 FENCED = ErrorCode.Value("TRANSACTION_COORDINATOR_FENCED")
 # The partition has moved past this marker (a newer epoch of the producer wrote
 # there, which only happens after this transaction ended) or is gone: done.
+# Nothing else counts as written: a marker refused for any other reason (say
+# INVALID_TXN_STATE, a transaction open at the marker's own epoch) is retried,
+# and a warning is logged every 50 rounds, rather than reported complete while
+# the partition's LSO stays held.
 SETTLED = {ErrorCode.Value("INVALID_PRODUCER_EPOCH")}
 # Partitions named in one WriteTxnMarkers, below partition_svc's per-request
 # limit. A group commit needing more on one leader is sent in several requests,
@@ -55,11 +59,12 @@ class MarkerSender:
     ) -> None:
         await self.write_all([MarkerSet(transactional_id, producer_id, producer_epoch, frozenset(partitions))], committed, coordinator_epoch)
 
-    async def write_all(self, transactions: list[MarkerSet], committed: bool, coordinator_epoch: int) -> None:
+    async def write_all(self, transactions: list[MarkerSet], committed: bool, coordinator_epoch: int, *, seal_prepared: bool = False) -> None:
         """Writes the markers of several transactions with the same outcome. A
         leader gets every marker it needs in one WriteTxnMarkers, which it applies
         at once: the transactions of a group commit become visible together on
-        each of its partitions."""
+        each of its partitions. With ``seal_prepared`` it writes the seals of
+        prepared transactions instead (their own epoch; nothing in the log)."""
         remaining = {(i, tp) for i, txn in enumerate(transactions) for tp in txn.partitions}
         attempt = 0
         while remaining:
@@ -71,7 +76,7 @@ class MarkerSender:
                     pass  # no leader right now: next round
             results = await asyncio.gather(
                 *[
-                    self._send(address, items[start : start + PARTITIONS_PER_REQUEST_MAX], transactions, committed, coordinator_epoch)
+                    self._send(address, items[start : start + PARTITIONS_PER_REQUEST_MAX], transactions, committed, coordinator_epoch, seal_prepared)
                     for address, items in by_leader.items()
                     for start in range(0, len(items), PARTITIONS_PER_REQUEST_MAX)
                 ]
@@ -88,7 +93,7 @@ class MarkerSender:
                     )
                 await asyncio.sleep(self.backoff.delay_ms(min(attempt, 10)) / 1000)
 
-    async def _send(self, address, items, transactions, committed, coordinator_epoch) -> set:
+    async def _send(self, address, items, transactions, committed, coordinator_epoch, seal_prepared) -> set:
         by_transaction: dict[int, list[tuple[str, int]]] = defaultdict(list)
         for i, tp in items:
             by_transaction[i].append(tp)
@@ -102,6 +107,7 @@ class MarkerSender:
                     coordinator_epoch=coordinator_epoch,
                     transactional_id=transactions[i].transactional_id,
                     partitions=[common_pb2.TopicPartition(topic=t, partition=p) for t, p in by_transaction[i]],
+                    seal_prepared=seal_prepared,
                 )
                 for i in order
             ]

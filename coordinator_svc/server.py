@@ -79,18 +79,20 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
 
     @server.rpc_handler
     async def InitProducerId(self, request, context):
-        producer_id, epoch = await self.coordinator.handle_init_producer_id(
+        producer_id, epoch = await self.coordinator.answer_as_owner(request.transactional_id, self.coordinator.handle_init_producer_id(
             request.transactional_id, request.transaction_timeout_ms, request.producer_id, request.producer_epoch
-        )
+        ))
         return coordinator_pb2.InitProducerIdResponse(producer_id=producer_id, producer_epoch=epoch)
 
     @server.rpc_handler
     async def AddPartitionsToTxn(self, request, context):
         if not request.partitions:
             raise error("INVALID_REQUEST", "the request names no partition")
-        results = await self.coordinator.handle_add_partitions(
+        results = await self.coordinator.answer_as_owner(request.transactional_id, self.coordinator.handle_add_partitions(
             request.transactional_id, request.producer_id, request.producer_epoch, topic_partitions(request.partitions), request.verify_only
-        )
+        ))
+        if any(problem is not None and not problem.retriable for problem in results.values()):
+            await self.coordinator.confirm_ownership(request.transactional_id)
         reply = coordinator_pb2.AddPartitionsToTxnResponse()
         for (topic, partition), problem in results.items():
             result = reply.results.add(partition=common_pb2.TopicPartition(topic=topic, partition=partition))
@@ -100,14 +102,15 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
 
     @server.rpc_handler
     async def AddOffsetsToTxn(self, request, context):
-        await self.coordinator.handle_add_offsets(request.transactional_id, request.producer_id, request.producer_epoch, request.group_id)
+        await self.coordinator.answer_as_owner(request.transactional_id, self.coordinator.handle_add_offsets(
+            request.transactional_id, request.producer_id, request.producer_epoch, request.group_id))
         return coordinator_pb2.AddOffsetsToTxnResponse()
 
     @server.rpc_handler
     async def EndTxn(self, request, context):
-        producer_id, epoch = await self.coordinator.handle_end_txn(
+        producer_id, epoch = await self.coordinator.answer_as_owner(request.transactional_id, self.coordinator.handle_end_txn(
             request.transactional_id, request.producer_id, request.producer_epoch, request.committed
-        )
+        ))
         return coordinator_pb2.EndTxnResponse(producer_id=producer_id, producer_epoch=epoch)
 
     @server.rpc_handler
@@ -160,7 +163,9 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
             raise error("INVALID_REQUEST", "producer_id, producer_epoch and coordinator_epoch must be valid (see DescribeProducers)")
         names.check_topic_name(tp[0])
         leader = await self.coordinator.client.leader(*tp)
-        marker = partition_pb2.TxnMarker(producer_id=request.producer_id, producer_epoch=request.producer_epoch,
+        # The request names the hanging transaction's own epoch (DescribeProducers shows it); a marker ends
+        # only a transaction of a lower epoch, so it is written one above, as the coordinator's would be.
+        marker = partition_pb2.TxnMarker(producer_id=request.producer_id, producer_epoch=min(request.producer_epoch + 1, 32767),
                                          committed=False, coordinator_epoch=request.coordinator_epoch,
                                          partitions=[request.partition])
         try:
@@ -174,9 +179,9 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
 
     @server.rpc_handler
     async def PrepareTransaction(self, request, context):
-        handle = await self.coordinator.handle_prepare(
+        handle = await self.coordinator.answer_as_owner(request.transactional_id, self.coordinator.handle_prepare(
             request.transactional_id, request.producer_id, request.producer_epoch, request.prepared_timeout_ms
-        )
+        ))
         return coordinator_pb2.PrepareTransactionResponse(
             handle=coordinator_pb2.TransactionHandle(
                 transactional_id=handle.transactional_id, producer_id=handle.producer_id, producer_epoch=handle.producer_epoch
@@ -185,12 +190,14 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
 
     @server.rpc_handler
     async def CompleteTransaction(self, request, context):
-        producer_id, epoch = await self.coordinator.handle_complete(handle_of(request.handle), request.committed)
+        producer_id, epoch = await self.coordinator.answer_as_owner(
+            request.handle.transactional_id, self.coordinator.handle_complete(handle_of(request.handle), request.committed))
         return coordinator_pb2.CompleteTransactionResponse(producer_id=producer_id, producer_epoch=epoch)
 
     @server.rpc_handler
     async def CommitTransactionGroup(self, request, context):
-        await self.coordinator.handle_commit_group(request.group_id, [handle_of(h) for h in request.handles])
+        await self.coordinator.answer_as_owner(
+            request.group_id, self.coordinator.handle_commit_group(request.group_id, [handle_of(h) for h in request.handles]))
         return coordinator_pb2.CommitTransactionGroupResponse()
 
 

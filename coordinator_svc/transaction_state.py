@@ -16,9 +16,12 @@ from; :func:`prepare_transition` refuses any other move with IllegalStateError.
     PREPARE_COMMIT        <- ONGOING, PREPARED
         EndTxn(commit), CompleteTransaction(commit), or a group decision that
         names it: the outcome is decided; markers go out.
-    PREPARE_ABORT         <- ONGOING, PREPARE_EPOCH_FENCE, PREPARED
+    PREPARE_ABORT         <- ONGOING, PREPARE_EPOCH_FENCE, PREPARED, EMPTY, COMPLETE_COMMIT, COMPLETE_ABORT
         EndTxn(abort), CompleteTransaction(abort), the transaction (or its
-        prepared) timeout, or a fence completes.
+        prepared) timeout, or a fence completes; from EMPTY/COMPLETE_* an
+        EndTxn(abort) of a transaction with nothing in it, which still bumps
+        the epoch (Transactions V2), so a late AddPartitions of that epoch is
+        fenced instead of opening a phantom transaction.
     COMPLETE_COMMIT       <- PREPARE_COMMIT
         every partition acknowledged its COMMIT marker.
     COMPLETE_ABORT        <- PREPARE_ABORT
@@ -44,6 +47,9 @@ every member it names that is still PREPARED with the handle's epoch.
 
 Epochs follow Kafka's Transactions V2: EndTxn (and every coordinator abort) bumps
 the producer epoch, so nothing sent by transaction N can affect transaction N+1.
+A fence bumps twice (PREPARE_EPOCH_FENCE, then the abort): the zombie's epoch is
+then neither the current one nor the "last" one that recognises retries, so no
+request of the zombie is ever answered as a retry.
 """
 
 from __future__ import annotations
@@ -91,7 +97,7 @@ VALID_PREVIOUS_STATES: dict[TransactionState, frozenset[TransactionState]] = {
     S.ONGOING: frozenset({S.EMPTY, S.ONGOING, S.COMPLETE_COMMIT, S.COMPLETE_ABORT}),
     S.PREPARED: frozenset({S.ONGOING, S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT}),
     S.PREPARE_COMMIT: frozenset({S.ONGOING, S.PREPARED}),
-    S.PREPARE_ABORT: frozenset({S.ONGOING, S.PREPARE_EPOCH_FENCE, S.PREPARED}),
+    S.PREPARE_ABORT: frozenset({S.ONGOING, S.PREPARE_EPOCH_FENCE, S.PREPARED, S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT}),
     S.COMPLETE_COMMIT: frozenset({S.PREPARE_COMMIT}),
     S.COMPLETE_ABORT: frozenset({S.PREPARE_ABORT}),
     S.DEAD: frozenset({S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT}),
@@ -282,6 +288,12 @@ def abandon_transition(meta: TransactionMetadata) -> None:
     meta.pending_state = None
 
 
+def settled(meta: TransactionMetadata) -> bool:
+    """True when the id's state says what was decided: no transition in flight,
+    or only the Complete* record of a decided transaction (its outcome stands)."""
+    return meta.pending_state in (None, S.COMPLETE_COMMIT, S.COMPLETE_ABORT)
+
+
 def bumped_epoch(producer_id: int, producer_epoch: int) -> tuple[int, int] | None:
     """The epoch after ``producer_epoch`` for the same producer id, or None when it
     is exhausted (the caller then takes a new producer id at epoch 0)."""
@@ -297,6 +309,25 @@ def marker_producer(meta: TransactionMetadata) -> tuple[int, int]:
     if meta.previous_producer_id != NO_PRODUCER_ID and meta.producer_epoch == 0 and meta.last_producer_epoch >= PRODUCER_EPOCH_MAX - 1:
         return meta.previous_producer_id, PRODUCER_EPOCH_MAX
     return meta.producer_id, meta.producer_epoch
+
+
+def fenced_epoch(producer_id: int, producer_epoch: int) -> tuple[int, int, int] | None:
+    """(producer id, epoch, last epoch) after fencing ``producer_epoch``: bumped
+    twice, the last epoch being the fence's; None when that passes the limit
+    (the caller then takes a new producer id)."""
+    if producer_epoch + 2 > PRODUCER_EPOCH_MAX - 1:
+        return None
+    return producer_id, producer_epoch + 2, producer_epoch + 1
+
+
+def is_retried_init(meta: TransactionMetadata, producer_id: int, producer_epoch: int) -> bool:
+    """True when a KIP-360 InitProducerId naming this id and epoch is a retry of
+    the one that bumped the epoch to the current one (its answer was lost)."""
+    if meta.state is not S.EMPTY or producer_epoch != meta.last_producer_epoch or producer_epoch < 0:
+        return False
+    if producer_id == meta.producer_id and producer_epoch + 1 == meta.producer_epoch:
+        return True
+    return producer_id == meta.previous_producer_id and meta.producer_epoch == 0
 
 
 def is_retried_end(meta: TransactionMetadata, producer_id: int, producer_epoch: int) -> bool:
