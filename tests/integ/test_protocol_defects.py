@@ -316,3 +316,122 @@ def test_a_delayed_txn_offset_commit_never_moves_a_pending_offset_back(raw):
         group_id=group, require_stable=True, partitions=[common_pb2.TopicPartition(topic="offsets-in", partition=0)]), timeout=10)
     assert fetched.offsets[0].offset == 10
 
+
+
+# --- defect 5: a coordinator that lost a partition never answers from its old view ------------------------------------
+
+
+def coordinator_stub(address):
+    return coordinator_pb2_grpc.CoordinatorServiceStub(grpc.insecure_channel(address))
+
+
+def id_on_odd_partition(prefix, partitions=8):
+    return next(f"{prefix}-{i}" for i in range(1000) if coordinators.transaction_log_partition(f"{prefix}-{i}", partitions) % 2 == 1)
+
+
+def read_owner_node(cluster, transactional_id, partitions=8):
+    from services import zk
+
+    client = zk.connect(cluster.state.zookeeper)
+    try:
+        index = coordinators.transaction_log_partition(transactional_id, partitions)
+        data, _ = client.get(coordinators.owner_path(cluster.state.zookeeper_root, index))
+        return coordinators.PartitionOwner.decode(data)
+    finally:
+        client.stop()
+        client.close()
+
+
+def test_a_coordinator_whose_partition_moved_answers_not_coordinator_not_a_fatal_error(cluster):
+    cluster.add_service("producer_id_svc", 0)
+    for node_id in (0, 1):
+        cluster.add_service("partition_svc", node_id)
+    # coordinator 0 looks at ZooKeeper only once a minute, and its lease outlasts the test:
+    # after coordinator 1 takes a partition over, 0 still holds its old view of it
+    cluster.add_service("coordinator_svc", 0, ["--ownership-check-interval-ms", "60000", "--zookeeper-session-timeout-s", "300"])
+    cluster.wait_until_coordinators_settle()
+    transactional_id = id_on_odd_partition("moved")
+    old = coordinator_stub(cluster.address("coordinator_svc-0"))
+    retrying(lambda: old.InitProducerId(coordinator_pb2.InitProducerIdRequest(
+        transactional_id="warm-up", transaction_timeout_ms=60_000, producer_id=-1, producer_epoch=-1), timeout=10))
+    cluster.add_service("coordinator_svc", 1, ["--ownership-check-interval-ms", "200"])
+    wait_until(lambda: read_owner_node(cluster, transactional_id).node_id == 1, what="coordinator 1 taking the partition over")
+    new = coordinator_stub(cluster.address("coordinator_svc-1"))
+    created = retrying(lambda: new.InitProducerId(coordinator_pb2.InitProducerIdRequest(
+        transactional_id=transactional_id, transaction_timeout_ms=60_000, producer_id=-1, producer_epoch=-1), timeout=10))
+    stale = lambda: old.AddPartitionsToTxn(coordinator_pb2.AddPartitionsToTxnRequest(  # noqa: E731
+        transactional_id=transactional_id, producer_id=created.producer_id, producer_epoch=created.producer_epoch,
+        partitions=[common_pb2.TopicPartition(topic="__consumer_offsets", partition=0)]), timeout=10)
+    assert rpc_error_name(stale) == "NOT_COORDINATOR"
+
+
+# --- suspected: the coordinator epoch outgrowing a producer epoch ---------------------------------------------------
+
+
+def test_the_transaction_log_stays_writable_after_32767_changes_of_owner(cluster):
+    from services import zk
+
+    client = zk.connect(cluster.state.zookeeper)
+    try:  # as if ownership had moved 32766 times already (on every coordinator join or leave)
+        for index in range(8):
+            client.create(coordinators.owner_path(cluster.state.zookeeper_root, index),
+                          coordinators.PartitionOwner(9, 32766, 900_000 + index).encode(), makepath=True)
+    finally:
+        client.stop()
+        client.close()
+    cluster.add_service("producer_id_svc", 0)
+    for node_id in (0, 1):
+        cluster.add_service("partition_svc", node_id)
+    cluster.add_service("coordinator_svc", 0, ["--ownership-check-interval-ms", "200"])
+    cluster.wait_until_coordinators_settle()  # epoch 32767: the last that fits a producer epoch
+    cluster.add_service("coordinator_svc", 1, ["--ownership-check-interval-ms", "200"])
+    cluster.wait_until_coordinators_settle()  # the odd partitions move on to 32768
+    transactional_id = id_on_odd_partition("wrapped")
+    assert read_owner_node(cluster, transactional_id).coordinator_epoch == 32768
+    raw = Raw(cluster)
+    try:
+        raw.create_topic("wrapped", 1)
+        producer = TxnProducer(raw, transactional_id).init()
+        producer.add(("wrapped", 0))
+        assert code_name(producer.send("wrapped", 0, "w").error.code) == "NONE"
+        producer.end(committed=True)
+        wait_until(lambda: values(raw, "wrapped", 0) == ["w"], what="the commit")
+        assert producer_entry(raw, "wrapped", 0, producer.producer_id).coordinator_epoch == 32768
+    finally:
+        raw.close()
+
+
+# --- suspected: a group commit retried while its Complete records are written ------------------------------------------
+
+
+def test_a_group_commit_retried_while_its_members_complete_answers_ok(raw):
+    import concurrent.futures
+
+    members = [TxnProducer(raw, f"big/m{i}") for i in range(600)]  # more than one transaction-log write of records
+
+    def prepared(member):
+        member.init()
+        return prepare(member)
+
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        handles = list(pool.map(prepared, members))
+    coordinator = members[0].coordinator()
+    request = coordinator_pb2.CommitTransactionGroupRequest(group_id="big", handles=handles)
+    retrying(lambda: coordinator.CommitTransactionGroup(request, timeout=30))
+
+    def retries(seconds=4.0):  # as clients whose answer was lost would send them, while the members complete
+        answers, deadline = [], time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            try:
+                coordinator.CommitTransactionGroup(request, timeout=30)
+                answers.append("NONE")
+            except grpc.RpcError as exc:
+                answers.append(errors.from_rpc_error(exc).name)
+        return answers
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        answers = [a for batch_of in pool.map(lambda _: retries(), range(4)) for a in batch_of]
+    assert set(answers) <= {"NONE", "CONCURRENT_TRANSACTIONS"}, sorted(set(answers))
+    wait_until(lambda: members[-1].describe().state == STATE_TO_PROTO[TransactionState.COMPLETE_COMMIT], what="the group's completion")
+    states = {m.describe().state for m in members[::50]}
+    assert states == {STATE_TO_PROTO[TransactionState.COMPLETE_COMMIT]}
