@@ -159,7 +159,10 @@ class CoordinatorServiceServicer:
         answers a handle. A prepared transaction is never aborted by the ordinary
         transaction timeout, only by its own (much longer) prepared timeout, by
         CompleteTransaction(abort), or by InitProducerId of a new producer with
-        the same transactional id.
+        the same transactional id. Before it answers, every partition leader of
+        the transaction has been told (a seal) to take no more records or offsets
+        of it: a zombie of the preparing process cannot add to what the handle's
+        holder commits.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
