@@ -62,6 +62,9 @@ S = TransactionState
 COMPLETED = {"partitions": frozenset(), "txn_start_ms": -1, "prepared_ms": -1, "prepared_timeout_ms": 0}  # a Complete* record's resets
 CONSUMER_OFFSETS = "__consumer_offsets"
 GROUP_HANDLES_MAX = 10_000
+# Fatal answers read from an id's state in memory (not from the request alone): given only by a confirmed owner.
+ANSWERS_FROM_STATE = frozenset(ErrorCode.Value(c) for c in (
+    "INVALID_PRODUCER_ID_MAPPING", "PRODUCER_FENCED", "INVALID_PRODUCER_EPOCH", "INVALID_TXN_STATE", "TRANSACTIONAL_ID_NOT_FOUND"))
 
 
 def error(code: str, message: str) -> TxlogError:
@@ -266,7 +269,7 @@ class TransactionCoordinator:
         try:
             return await answer
         except TxlogError as exc:
-            if not exc.retriable and exc.code != ErrorCode.Value("INVALID_REQUEST"):
+            if exc.code in ANSWERS_FROM_STATE:
                 await self.confirm_ownership(key)
             raise
 

@@ -8,7 +8,7 @@ import sys
 
 import grpc
 
-from coordinator_svc.coordinator import CoordinatorConfig, TransactionCoordinator, error
+from coordinator_svc.coordinator import ANSWERS_FROM_STATE, CoordinatorConfig, TransactionCoordinator, error
 from coordinator_svc.partitions import PartitionClient
 from coordinator_svc.transaction_state import Handle, TransactionMetadata, TransactionState
 from services import coordinators, errors, names, server
@@ -91,7 +91,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
         results = await self.coordinator.answer_as_owner(request.transactional_id, self.coordinator.handle_add_partitions(
             request.transactional_id, request.producer_id, request.producer_epoch, topic_partitions(request.partitions), request.verify_only
         ))
-        if any(problem is not None and not problem.retriable for problem in results.values()):
+        if any(problem is not None and problem.code in ANSWERS_FROM_STATE for problem in results.values()):
             await self.coordinator.confirm_ownership(request.transactional_id)
         reply = coordinator_pb2.AddPartitionsToTxnResponse()
         for (topic, partition), problem in results.items():

