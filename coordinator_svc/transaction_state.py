@@ -321,9 +321,14 @@ def fenced_epoch(producer_id: int, producer_epoch: int) -> tuple[int, int, int] 
 
 
 def is_retried_init(meta: TransactionMetadata, producer_id: int, producer_epoch: int) -> bool:
-    """True when a KIP-360 InitProducerId naming this id and epoch is a retry of
-    the one that bumped the epoch to the current one (its answer was lost)."""
-    if meta.state is not S.EMPTY or producer_epoch != meta.last_producer_epoch or producer_epoch < 0:
+    """True when a KIP-360 InitProducerId naming this id and epoch comes from a
+    producer whose epoch was bumped to the current one while it did not hear
+    the answer: a retry of an init (EMPTY), or an init after the EndTxn or the
+    abort its own earlier init asked for (Complete*). It is answered the current
+    epoch, with no second bump, as Kafka does. A fenced zombie's epoch is never
+    the last one (fenced_epoch)."""
+    settled_states = (S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT)
+    if meta.state not in settled_states or producer_epoch != meta.last_producer_epoch or producer_epoch < 0:
         return False
     if producer_id == meta.producer_id and producer_epoch + 1 == meta.producer_epoch:
         return True
