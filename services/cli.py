@@ -6,7 +6,7 @@
     txlog cluster start --dir DIR NAME   start it again, same data and address
     txlog cluster status --dir DIR       what runs, as JSON
     txlog producer-ids allocate (--dir DIR | --address HOST:PORT) [--requester-id N] [--count K]
-    txlog chaos run --minutes N [--seed S] [--dir DIR] [--keep]
+    txlog chaos run --minutes N [--seed S] [--dir DIR] [--keep] [--fault-interval-s S] [--faults K,K...]
                                          a workload under faults, checked; prints one JSON line,
                                          exits 1 when the checker found an anomaly
 
@@ -100,8 +100,13 @@ def _producer_ids(args) -> int:
 def _chaos(args) -> int:
     from services.chaos import run  # imports the client SDK; only for this command
 
+    kinds = tuple(k for k in args.faults.split(",") if k) if args.faults else run.FAULT_KINDS
+    unknown = sorted(set(kinds) - set(run.FAULT_KINDS))
+    if unknown or not kinds:
+        print(f"error: unknown fault kinds {unknown}; known: {','.join(run.FAULT_KINDS)}", file=sys.stderr)
+        return 2
     summary = run.run(args.minutes * 60, seed=args.seed, directory=args.dir, keep=args.keep,
-                      fault_interval_s=args.fault_interval_s)
+                      fault_interval_s=args.fault_interval_s, kinds=kinds)
     print(json.dumps(summary), flush=True)
     return 1 if summary["anomalies"] else 0
 
@@ -291,6 +296,8 @@ def parser() -> argparse.ArgumentParser:
     chaos_run.add_argument("--keep", action="store_true",
                            help="keep the folder after a clean run (it is always kept when an anomaly is found)")
     chaos_run.add_argument("--fault-interval-s", type=float, default=10.0, help="mean seconds between faults")
+    chaos_run.add_argument("--faults", help="comma-separated fault kinds to inject (default: every kind; "
+                                            "see services/chaos/faults.py)")
     chaos.set_defaults(run=_chaos)
     _add_client_commands(commands)
     return top

@@ -17,6 +17,12 @@ Transaction outcomes: ``committed`` (commit returned), ``aborted`` (it never
 asked to commit), ``indefinite`` (commit raised, or no ``end``: the worker died).
 An indefinite transaction may be either, but all or nothing of it.
 
+Replayed requests (``replay`` events: a copy of a marker, EndTxn or Produce of
+transaction N delivered late, into N or N+1) are faults, not anomalies: what
+the servers answered them is reported by ``figures`` (``replay_answers``), and
+an anomaly's example about a transaction that received a replay names it
+(``replays_received``), since that is where a replay that wrongly ended it shows.
+
 Anomalies
 ---------
 aborted_reads         a record of an aborted transaction read under read_committed (a poll or the final read)
@@ -42,6 +48,8 @@ from __future__ import annotations
 import bisect
 import itertools
 from collections import defaultdict
+
+from services.chaos.history import REPLAY_KINDS
 
 ANOMALIES = ("aborted_reads", "lost_writes", "duplicates", "non_atomic_transactions", "order_violations",
              "read_committed_above_lso", "hanging_transactions", "group_offset_mismatches", "inconsistent_offsets",
@@ -74,6 +82,15 @@ class Txn:
         self.outcome = "indefinite"
         self.commit_start_s: float | None = None
         self.error = ""
+        self.replays: list[dict] = []  # replays delivered while it was open
+
+    def replays_received(self) -> dict:
+        """For an example: the replays this transaction received, if any."""
+        if not self.replays:
+            return {}
+        return {"replays_received": [
+            {"kind": r["kind"], "of_txn": f"{self.worker}#{r['of_txn']}", "request": r.get("request"),
+             "answers": sorted({a["error"] for a in r.get("answers", [])})} for r in self.replays]}
 
     @property
     def key(self) -> str:
@@ -101,6 +118,8 @@ def transactions(events: list[dict]) -> dict[tuple[str, int], Txn]:
         elif kind == "end":
             txn = txn_of(event)
             txn.outcome, txn.error = event["outcome"], event.get("error", "")
+        elif kind == "replay" and event.get("delivered") and (event["worker"], event["into_txn"]) in txns:
+            txns[(event["worker"], event["into_txn"])].replays.append(event)
     return txns
 
 
@@ -132,7 +151,7 @@ def check(events: list[dict], final: dict) -> dict:
         if txn is not None and txn.outcome == "aborted" and (record[3], where) not in seen_aborted:
             seen_aborted.add((record[3], where))
             findings.add("aborted_reads", {"record": record, "read_by": where, "transaction": txn.key,
-                                           "intent": txn.intent, "error": txn.error})
+                                           "intent": txn.intent, "error": txn.error, **txn.replays_received()})
 
     # --- lost writes, non-atomic transactions --------------------------------------------------------------
     visible = {r[3] for r in rc_final}
@@ -141,10 +160,11 @@ def check(events: list[dict], final: dict) -> dict:
         missing = [uid for uid in txn.sends if uid not in visible]
         if txn.outcome == "committed" and missing:
             findings.add("lost_writes", {"transaction": txn.key, "missing": missing[:5],
-                                         "records": len(txn.sends)}, count=len(missing))
+                                         "records": len(txn.sends), **txn.replays_received()}, count=len(missing))
         if txn.outcome != "aborted" and seen and missing:
             findings.add("non_atomic_transactions", {"transaction": txn.key, "outcome": txn.outcome,
-                                                     "visible": seen[:5], "missing": missing[:5]})
+                                                     "visible": seen[:5], "missing": missing[:5],
+                                                     **txn.replays_received()})
 
     # --- duplicates --------------------------------------------------------------------------------------------
     for name, reads in (("read_committed", rc_final), ("read_uncommitted", ru_final)):
@@ -280,8 +300,23 @@ def check(events: list[dict], final: dict) -> dict:
     return findings.as_dict()
 
 
+def replay_figures(events: list[dict]) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
+    """Delivered replays by kind (every kind, 0 included), and by kind what the
+    servers answered them (error code name -> how many partitions or calls)."""
+    delivered = dict.fromkeys(REPLAY_KINDS, 0)
+    answers: dict[str, dict[str, int]] = {}
+    for event in events:
+        if event["type"] == "replay" and event.get("delivered"):
+            delivered[event["kind"]] = delivered.get(event["kind"], 0) + 1
+            codes = answers.setdefault(event["kind"], {})
+            for answer in event.get("answers", []):
+                codes[answer["error"]] = codes.get(answer["error"], 0) + 1
+    return delivered, answers
+
+
 def figures(events: list[dict], final: dict) -> dict:
-    """The run's size: transactions by outcome, records, polls, connection cuts."""
+    """The run's size: transactions by outcome, records, polls, connection cuts,
+    replays (delivered, by kind) and what the servers answered them."""
     txns = transactions(events)
     outcomes = defaultdict(int)
     for txn in txns.values():
@@ -289,6 +324,7 @@ def figures(events: list[dict], final: dict) -> dict:
     visible = {r[3] for r in final.get("read_committed", [])}
     indefinite_visible = sum(1 for t in txns.values() if t.outcome == "indefinite" and t.sends
                              and all(uid in visible for uid in t.sends))
+    replays, replay_answers = replay_figures(events)
     last_stats = {}
     for event in events:
         if event["type"] == "stats":
@@ -305,4 +341,6 @@ def figures(events: list[dict], final: dict) -> dict:
         "final_read_committed": len(final.get("read_committed", [])),
         "final_read_uncommitted": len(final.get("read_uncommitted", [])),
         "connection_cuts": sum(s["requests_dropped"] + s["responses_dropped"] for s in last_stats.values()),
+        "replays": replays,
+        "replay_answers": replay_answers,
     }

@@ -10,6 +10,18 @@ Kinds (``FAULT_KINDS``):
     kill_zookeeper      kill -9 ZooKeeper, start it again (its data folder survives)
     pause_coordinator   SIGSTOP a coordinator_svc past its ZooKeeper session, SIGCONT: it wakes a zombie
     pause_producer      SIGSTOP a producer worker past its transaction timeout, SIGCONT: it wakes a zombie
+    replay_marker       a producer worker's transaction N: its COMMIT/ABORT WriteTxnMarkers, rebuilt
+                        as the coordinator sent it, delivered again to N's leaders seconds later,
+                        while N+1 (the opposite outcome) is open on N's partitions
+    replay_end_txn      transaction N's EndTxn delivered again to its coordinator while N+1 is open
+    replay_produce      a Produce of transaction N delivered again to its leader seconds later,
+                        while N is still open (a duplicate) or while N+1 is open (a stale epoch)
+
+A replay is an order the nemesis writes for one producer worker, which captures
+the request and delivers its copy itself (``replay.py``); the nemesis waits a
+bounded time for the worker's answer. Its answers (errors, mostly) are what the
+servers said, never anomalies; each delivered replay is a ``replay`` event in
+the worker's history, and the run counts those.
 
 Client connection cuts (a request dropped, an answer lost) are injected inside
 the workers by their FaultInjection; the run adds up their counts.
@@ -26,12 +38,16 @@ import signal
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from services.chaos.replay import REPLAY_KINDS, Order, wait_done, write_order
 from services.cluster import LocalCluster, pid_alive
 
 FAULT_KINDS = ("kill_partition", "kill_coordinator", "kill_producer_id", "kill_zookeeper",
-               "pause_coordinator", "pause_producer")
+               "pause_coordinator", "pause_producer", *REPLAY_KINDS)
 DOWN_S_RANGE = (0.5, 3.0)  # how long a killed process stays dead
+REPLAY_DELAY_S_RANGE = (1.0, 2.5)  # how late a replay comes (below the workers' transaction timeout)
+REPLAY_WAIT_S = 20.0  # how long the nemesis waits for the worker to deliver a replay
 
 
 @dataclass
@@ -41,6 +57,7 @@ class FaultEvent:
     start_s: float
     end_s: float = 0.0
     error: str = ""
+    detail: str = ""  # a replay: delivered, or what became of it
 
 
 @dataclass
@@ -54,6 +71,9 @@ class Nemesis:
     producer_pids: dict[str, int]  # worker name -> pid, for pause_producer
     coordinator_pause_s: float = 8.0  # longer than the coordinators' ZooKeeper session
     producer_pause_s: float = 8.0  # longer than the workers' transaction timeout
+    directory: Path | None = None  # the run's folder, where replay orders go
+    kinds: tuple[str, ...] = FAULT_KINDS  # the kinds to inject (a run limited to some)
+    replay_wait_s: float = REPLAY_WAIT_S
     log: list[FaultEvent] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -64,11 +84,14 @@ class Nemesis:
 
     def schedule(self):
         """The fault kinds in order: every kind once (shuffled), then random ones."""
-        first = list(FAULT_KINDS)
+        unknown = sorted(set(self.kinds) - set(FAULT_KINDS))
+        if unknown or not self.kinds:
+            raise ValueError(f"unknown fault kinds {unknown}; known: {', '.join(FAULT_KINDS)}")
+        first = list(self.kinds)
         self.rng.shuffle(first)
         yield from first
         while True:
-            yield self.rng.choice(FAULT_KINDS)
+            yield self.rng.choice(self.kinds)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="nemesis", daemon=True)
@@ -93,6 +116,9 @@ class Nemesis:
             "kill_zookeeper": lambda: "zookeeper",
             "pause_coordinator": lambda: self.rng.choice(self.names("coordinator_svc")),
             "pause_producer": lambda: self.rng.choice(sorted(self.producer_pids)),
+            "replay_marker": lambda: self.rng.choice(sorted(self.producer_pids)),
+            "replay_end_txn": lambda: self.rng.choice(sorted(self.producer_pids)),
+            "replay_produce": lambda: self.rng.choice(sorted(self.producer_pids)),
         }[kind]()
         event = FaultEvent(kind, target, time.time())
         self.log.append(event)
@@ -105,10 +131,24 @@ class Nemesis:
                 self._pause(self.cluster.state.services[target].pid, self.coordinator_pause_s)
             elif kind == "pause_producer":
                 self._pause(self.producer_pids[target], self.producer_pause_s)
+            elif kind in REPLAY_KINDS:
+                self._replay(event)
         except Exception as exc:  # noqa: BLE001 - recorded; heal() repairs what is left broken
             event.error = repr(exc)[:300]
         event.end_s = time.time()
         return event
+
+    def _replay(self, event: FaultEvent) -> None:
+        into = "same" if event.kind == "replay_produce" and self.rng.random() < 0.5 else "next"
+        order = Order(len(self.log), event.kind, round(self.rng.uniform(*REPLAY_DELAY_S_RANGE), 2), into)
+        if self.directory is None:
+            raise RuntimeError("replay faults need the run's directory")
+        write_order(self.directory, event.target, order)
+        done = wait_done(self.directory, event.target, order.seq, self.replay_wait_s, self._stop)
+        if done is None:
+            event.detail = f"order {order.seq} not delivered within {self.replay_wait_s:.0f} s (the worker goes on trying)"
+        else:
+            event.detail = f"order {order.seq} delivered: {done['delivered']}"
 
     def _pause(self, pid: int, pause_s: float) -> None:
         self._paused.add(pid)
@@ -134,7 +174,12 @@ class Nemesis:
         return started
 
     def counts(self) -> dict[str, int]:
-        return {kind: sum(1 for e in self.log if e.kind == kind and not e.error) for kind in FAULT_KINDS}
+        """Faults injected by kind; a replay counts once its worker reported it
+        delivered (the run counts the workers' ``replay`` events instead: a late
+        one too)."""
+        return {kind: sum(1 for e in self.log if e.kind == kind and not e.error
+                          and (kind not in REPLAY_KINDS or e.detail.endswith("delivered: True")))
+                for kind in FAULT_KINDS}
 
 
 def send_signal(pid: int, sig: int) -> None:

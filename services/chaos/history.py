@@ -25,6 +25,10 @@ seconds, shared by the processes of one machine):
     end            txn, outcome: committed|aborted|indefinite, error
     poll           isolation, session, t0, records [[topic, partition, offset, uid], ...]
     stats          requests_dropped, responses_dropped (connection cuts so far)
+    replay_order   seq, kind, delay_s, into (a producer worker took the nemesis's order)
+    replay         kind (REPLAY_KINDS), seq, of_txn (whose request), into_txn (the transaction open
+                   when the copy was delivered), delay_s, into: same|next, request (what was
+                   replayed), answers [{address, error (code name, NONE: accepted), ...}], delivered
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ import time
 from pathlib import Path
 
 HISTORY_DIR = "history"
+REPLAY_KINDS = ("replay_marker", "replay_end_txn", "replay_produce")  # see replay.py
 
 
 def encode_value(worker: str, txn: int, idx: int, uid: str, src: str | None = None) -> bytes:

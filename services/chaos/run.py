@@ -5,7 +5,9 @@
 2. topics, then the workers (``worker.py``) as processes: transactional
    producers, a consume-transform-produce worker, read_committed and
    read_uncommitted pollers, each with its seed and connection cuts;
-3. the nemesis (``faults.py``) for ``duration_s``, from ``random.Random(seed)``;
+3. the nemesis (``faults.py``) for ``duration_s``, from ``random.Random(seed)``:
+   kills, pauses, and replays of the producers' requests (``replay.py``),
+   which the producer workers deliver on the nemesis's order;
 4. healing: every process resumed or started again, the workers told to stop,
    then a wait past the transaction timeout, so that a transaction still open
    after that is hanging;
@@ -131,9 +133,14 @@ def final_state(cluster: LocalCluster) -> dict:
 
 
 def run(duration_s: float, *, seed: int | None = None, directory: str | Path | None = None, keep: bool = False,
-        fault_interval_s: float = 10.0, cut_probability: float = 0.02) -> dict:
-    """Runs the workload for ``duration_s`` under the nemesis; returns the result
+        fault_interval_s: float = 10.0, cut_probability: float = 0.02, kinds: tuple[str, ...] = FAULT_KINDS) -> dict:
+    """Runs the workload for ``duration_s`` under the nemesis (``kinds``: the
+    fault kinds it draws from, every one by default); returns the result
     (``result["anomalies"]`` is the sum of every anomaly count)."""
+    kinds = tuple(kinds)
+    unknown = sorted(set(kinds) - set(FAULT_KINDS))
+    if unknown or not kinds:
+        raise ValueError(f"unknown fault kinds {unknown}; known: {', '.join(FAULT_KINDS)}")
     seed = random.SystemRandom().randrange(2**31) if seed is None else seed
     log(f"seed {seed} (replay with --seed {seed})")
     directory = Path(directory or tempfile.mkdtemp(prefix="txlog-chaos-")).resolve()
@@ -143,6 +150,7 @@ def run(duration_s: float, *, seed: int | None = None, directory: str | Path | N
     cluster = LocalCluster(directory / "cluster")
     workers: dict[str, subprocess.Popen] = {}
     nemesis = None
+    nemesis_started_s = time.time()
     try:
         cluster.up(service_args={"coordinator_svc": COORDINATOR_ARGS})
         cluster.wait_until_coordinators_settle()
@@ -153,7 +161,8 @@ def run(duration_s: float, *, seed: int | None = None, directory: str | Path | N
             f"for {duration_s:.0f} s")
         nemesis = Nemesis(cluster, random.Random(seed), fault_interval_s,
                           {name: p.pid for name, p in workers.items() if name.startswith("p")},
-                          producer_pause_s=TXN_TIMEOUT_MS / 1000 + 2)
+                          producer_pause_s=TXN_TIMEOUT_MS / 1000 + 2, directory=directory, kinds=kinds)
+        nemesis_started_s = time.time()
         nemesis.start()
         time.sleep(duration_s)
         nemesis.stop()
@@ -175,22 +184,27 @@ def run(duration_s: float, *, seed: int | None = None, directory: str | Path | N
         cluster.down(grace_s=5)
     events = read_events(directory)
     result = checker.check(events, final)
-    faults = nemesis.counts()
-    faults["connection_cuts"] = checker.figures(events, final)["connection_cuts"]
+    numbers = checker.figures(events, final)
+    faults = {**nemesis.counts(), **numbers.pop("replays")}  # replays: as the workers delivered them
+    faults["connection_cuts"] = numbers["connection_cuts"]
     summary = {
         "seed": seed,
         "duration_s": round(time.monotonic() - started_s, 1),
         "workload_s": duration_s,
         **result["counts"],
         "anomalies": sum(result["counts"].values()),
-        **checker.figures(events, final),
+        **numbers,
         "faults_injected": sum(faults.values()),
         "faults": faults,
         "fault_errors": [f"{e.kind} {e.target}: {e.error}" for e in nemesis.log if e.error],
         "stuck_workers": stuck_workers,
         "dir": str(directory),
     }
-    (directory / "result.json").write_text(json.dumps({**summary, "examples": result["examples"]}, indent=2))
+    fault_log = [{"kind": e.kind, "target": e.target, "start_s": round(e.start_s - nemesis_started_s, 1),
+                  "end_s": round(e.end_s - nemesis_started_s, 1), "error": e.error, "detail": e.detail}
+                 for e in nemesis.log]
+    (directory / "result.json").write_text(json.dumps({**summary, "examples": result["examples"],
+                                                       "fault_log": fault_log}, indent=2))
     if result["examples"]:
         log(f"anomaly examples (all in {directory / 'result.json'}):\n" + json.dumps(result["examples"], indent=1)[:4000])
     if not keep and summary["anomalies"] == 0:

@@ -9,6 +9,13 @@ Each runs until ``--stop-file`` exists. Every client gets a seeded
 request is dropped, or whose answer is lost after the server handled it -- a
 connection cut mid-call.
 
+A producer worker also carries out the nemesis's replay orders (``replay.py``):
+a copy of one of its transaction's marker, EndTxn or Produce requests sent again
+seconds later, while that transaction or the next one is open. The next
+transaction is then shaped for it: it writes on the replayed transaction's
+partitions, holds itself open for the order's delay once its records are
+written, and (marker, EndTxn) takes the opposite outcome.
+
 Outcome rules (what ``end`` says)
 ---------------------------------
 * ``committed``: ``commit_transaction()`` returned.
@@ -29,6 +36,7 @@ import time
 from pathlib import Path
 
 from services.chaos.history import History, decode_uid, encode_value, tp_key
+from services.chaos.replay import RecordingTransport, Replayer
 from services.client import Consumer, FaultInjection, Producer
 from services.client.structs import TopicPartition
 from services.client.transport import Transport
@@ -59,6 +67,7 @@ class Worker:
                                     drop_response_probability=args.cut_probability / 2,
                                     rng=random.Random(args.seed + 2), rpcs=CONSUMER_RPCS)]
         self.last_stats_s = 0.0
+        self.transport: RecordingTransport | None = None
 
     def stopping(self) -> bool:
         if time.monotonic() - self.last_stats_s > STATS_INTERVAL_S:
@@ -71,10 +80,12 @@ class Worker:
                             responses_dropped=sum(c.responses_dropped for c in self.cuts))
 
     def new_producer(self, transactional_id: str) -> Producer:
-        return Producer(self.args.bootstrap, transactional_id=transactional_id, linger_ms=2,
-                        transaction_timeout_ms=self.args.txn_timeout_ms, request_timeout_ms=5000,
-                        delivery_timeout_ms=30_000, max_block_ms=CALL_TIMEOUT_S * 1000,
-                        fault_injection=self.cuts[0])
+        transport = RecordingTransport(request_timeout_ms=5000, fault_injection=self.cuts[0])
+        producer = Producer(self.args.bootstrap, transactional_id=transactional_id, linger_ms=2,
+                            transaction_timeout_ms=self.args.txn_timeout_ms, request_timeout_ms=5000,
+                            delivery_timeout_ms=30_000, max_block_ms=CALL_TIMEOUT_S * 1000, transport=transport)
+        self.transport = transport  # the last producer's, for the replays
+        return producer
 
     def new_consumer(self, **kwargs) -> Consumer:
         transport = Transport(request_timeout_ms=5000, fault_injection=self.cuts[1])
@@ -132,31 +143,46 @@ def close_quietly(client) -> None:
 def run_producer(worker: Worker) -> None:
     args = worker.args
     topics = parse_topics(args.topics)
+    transactional_id = f"chaos-{args.name}"
+    replayer = Replayer(args.dir, args.name, transactional_id, worker.history)
     producer, instance, txn = None, 0, 0
     while not worker.stopping():
         if producer is None:
-            producer = worker.init_producer(f"chaos-{args.name}")
+            producer = worker.init_producer(transactional_id)
+            if producer is not None:
+                replayer.producer_replaced(worker.transport)
             instance += 1
             continue
         txn += 1
+        plan = replayer.plan(txn)
         intent = "abort" if worker.rng.random() < args.abort_probability else "commit"
+        intent = plan.intent or intent
         worker.history.record("begin", txn=txn, instance=instance, intent=intent)
         try:
             producer.begin_transaction()
-            for idx in range(worker.rng.randint(1, 6)):
+            count = worker.rng.randint(1, 6)
+            writes = [*plan.partitions]
+            for _ in range(count):
                 topic = worker.rng.choice(sorted(topics))
-                partition = worker.rng.randrange(topics[topic])
+                writes.append((topic, worker.rng.randrange(topics[topic])))
+            for idx, (topic, partition) in enumerate(writes):
                 uid = f"{args.name}/{txn}/{idx}"
                 worker.history.record("send", txn=txn, idx=idx, uid=uid, topic=topic, partition=partition)
                 future = producer.send(topic, encode_value(args.name, txn, idx, uid), partition=partition)
                 future.add_done_callback(
                     lambda f, t=txn, i=idx, u=uid, tp=topic, p=partition: worker.record_ack(t, i, u, tp, p, f))
+            if plan.deliver:  # the records in the log, the transaction open: the late copy arrives
+                producer.flush(timeout_s=CALL_TIMEOUT_S)
+                time.sleep(plan.delay_s)
+                replayer.deliver(txn)
         except Exception as exc:  # noqa: BLE001 - it never asked to commit
             worker.history.record("end", txn=txn, outcome="aborted", error=repr(exc)[:300])
             close_quietly(producer)
             producer = None
             continue
-        if not worker.end_transaction(producer, txn, intent):
+        ok = worker.end_transaction(producer, txn, intent)
+        replayer.ended(txn, ok, "committed" if intent == "commit" else "aborted")
+        if not ok:
             close_quietly(producer)
             producer = None
         time.sleep(worker.rng.random() * 0.05)

@@ -2,15 +2,18 @@
 aborting, consume-transform-produce with offsets in its transactions, pollers
 of both isolations, under every fault kind (kill -9 and restart of each
 service and ZooKeeper, SIGSTOP/SIGCONT of a coordinator and of a producer,
-connection cuts). The seed is fixed: a failure replays with
+connection cuts, and a producer's COMMIT/ABORT markers, EndTxn and Produce
+delivered again seconds later, into the next transaction). The seed is fixed:
+a failure replays with
 ``txlog chaos run --minutes 1.75 --seed 20240611 --fault-interval-s 6 --keep``."""
 
 from services.chaos.checker import ANOMALIES
 from services.chaos.faults import FAULT_KINDS
+from services.chaos.history import REPLAY_KINDS
 from services.chaos.run import run
 
 SEED = 20240611
-WORKLOAD_S = 105  # each fault kind at least once, at one fault every ~6 s (pauses last 8 s)
+WORKLOAD_S = 105  # each fault kind at least once, at one fault every ~6 s (pauses last 8 s, replays ~3 s)
 
 
 def test_no_anomaly_under_every_kind_of_fault(tmp_path):
@@ -25,3 +28,4 @@ def test_no_anomaly_under_every_kind_of_fault(tmp_path):
     assert summary["stuck_workers"] == [], summary
     missing = [kind for kind in (*FAULT_KINDS, "connection_cuts") if summary["faults"][kind] == 0]
     assert missing == [], f"fault kinds never injected: {missing}; {summary['faults']}"
+    assert set(summary["replay_answers"]) == set(REPLAY_KINDS), summary["replay_answers"]

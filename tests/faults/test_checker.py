@@ -223,3 +223,79 @@ def test_a_record_no_worker_sent_is_unexpected():
     s = clean()
     s.ru.append(["b", 1, 0, None])
     assert_only(s.check(), "unexpected_records")
+
+
+def replay(s, worker, of_txn, into_txn, kind="replay_marker", errors=("INVALID_TXN_STATE",), delivered=True):
+    s.event("replay", worker, kind=kind, seq=0, of_txn=of_txn, into_txn=into_txn, delay_s=1.0, into="next",
+            request={"producer_id": 7, "producer_epoch": of_txn + 1, "committed": True, "partitions": ["a/0"]},
+            answers=[{"address": "127.0.0.1:1", "partition": "a/0", "error": e} for e in errors],
+            delivered=delivered)
+
+
+def test_replays_refused_are_faults_counted_by_kind_not_anomalies():
+    s = clean()
+    replay(s, "p0", 1, 2)
+    replay(s, "p0", 1, 2, kind="replay_end_txn", errors=("PRODUCER_FENCED",))
+    replay(s, "p1", 1, 1, kind="replay_produce", errors=("NONE",))  # a duplicate, answered its offsets
+    replay(s, "p1", 1, 2, kind="replay_produce", errors=("UNAVAILABLE",), delivered=False)
+    result = s.check()
+    assert all(count == 0 for count in result["counts"].values()), result
+    numbers = figures(s.events, {"read_committed": s.rc, "read_uncommitted": s.ru})
+    assert numbers["replays"] == {"replay_marker": 1, "replay_end_txn": 1, "replay_produce": 1}
+    assert numbers["replay_answers"] == {"replay_marker": {"INVALID_TXN_STATE": 1},
+                                         "replay_end_txn": {"PRODUCER_FENCED": 1}, "replay_produce": {"NONE": 1}}
+
+
+def test_no_replay_counts_every_replay_kind_zero():
+    numbers = figures(clean().events, {})
+    assert numbers["replays"] == {"replay_marker": 0, "replay_end_txn": 0, "replay_produce": 0}
+    assert numbers["replay_answers"] == {}
+
+
+def test_an_aborted_transaction_made_visible_by_a_replayed_commit_marker_is_an_aborted_read_naming_it():
+    """Transaction N commits; its COMMIT marker, replayed while N+1 is open, ends N+1 on a/0: N+1's
+    record stays visible after N+1 aborts."""
+    s = Scenario()
+    n = s.txn("p0", 1, [("a", 0, 0)])
+    s.appear([("a", 0, 0, n[0])])
+    s.event("begin", "p0", txn=2, instance=1, intent="abort")
+    s.event("send", "p0", txn=2, idx=0, uid="p0/2/0", topic="a", partition=0)
+    s.event("ack", "p0", txn=2, idx=0, uid="p0/2/0", topic="a", partition=0, offset=2)
+    replay(s, "p0", 1, 2, errors=("NONE",))
+    s.event("abort_start", "p0", txn=2)
+    s.event("end", "p0", txn=2, outcome="aborted")
+    s.appear([("a", 0, 2, "p0/2/0")])
+    result = s.check()
+    assert_only(result, "aborted_reads")
+    example = result["examples"]["aborted_reads"][0]
+    assert example["transaction"] == "p0#2"
+    assert [(r["kind"], r["of_txn"], r["answers"]) for r in example["replays_received"]] == \
+        [("replay_marker", "p0#1", ["NONE"])]
+
+
+def test_a_committed_transaction_hidden_by_a_replayed_abort_marker_is_lost_naming_it():
+    s = Scenario()
+    s.txn("p0", 1, [("a", 0, 0)], outcome="aborted")
+    s.appear([("a", 0, 0, "p0/1/0")], committed=False)
+    s.event("begin", "p0", txn=2, instance=1, intent="commit")
+    for idx, (partition, offset) in enumerate([(0, 2), (1, 0)]):
+        s.event("send", "p0", txn=2, idx=idx, uid=f"p0/2/{idx}", topic="a", partition=partition)
+        s.event("ack", "p0", txn=2, idx=idx, uid=f"p0/2/{idx}", topic="a", partition=partition, offset=offset)
+    replay(s, "p0", 1, 2, errors=("NONE",))
+    s.event("commit_start", "p0", txn=2)
+    s.event("end", "p0", txn=2, outcome="committed")
+    s.appear([("a", 0, 2, "p0/2/0")], committed=False)  # ended by the replayed ABORT on a/0
+    s.appear([("a", 1, 0, "p0/2/1")])
+    result = s.check()
+    assert {k: v for k, v in result["counts"].items() if v} == {"lost_writes": 1, "non_atomic_transactions": 1}
+    for kind in ("lost_writes", "non_atomic_transactions"):
+        assert result["examples"][kind][0]["replays_received"][0]["of_txn"] == "p0#1"
+
+
+def test_a_replay_not_delivered_is_not_named():
+    s = clean()
+    s.rc.append(["a", 0, 1, "p0/2/0"])  # p0#2 aborted, read committed
+    replay(s, "p0", 1, 2, errors=("UNAVAILABLE",), delivered=False)
+    result = s.check()
+    assert_only(result, "aborted_reads")
+    assert "replays_received" not in result["examples"]["aborted_reads"][0]
