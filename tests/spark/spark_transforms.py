@@ -33,13 +33,17 @@ def flaky_counts(records, source, window_ms=60_000):
 
 def slow_counts(records, source, window_ms=60_000):
     """A task reading a partition in SLOW_PARTITIONS (all when unset) sends half its
-    output, then holds its transaction open for SLOW_SECONDS before the rest."""
+    output, then holds its transaction open for SLOW_SECONDS before the rest; with
+    SLOW_UNTIL_FILE, until that file exists (SLOW_SECONDS at most)."""
     outputs = list(count_views(records, source, window_ms))
     slow = _partitions("SLOW_PARTITIONS")
     pause_s = float(os.environ.get("SLOW_SECONDS", "10")) if not slow or source.partition in slow else 0.0
+    release = os.environ.get("SLOW_UNTIL_FILE")
     for i, output in enumerate(outputs):
         if i == len(outputs) // 2 and pause_s:
-            time.sleep(pause_s)
+            deadline = time.monotonic() + pause_s
+            while time.monotonic() < deadline and not (release and os.path.exists(release)):
+                time.sleep(0.1 if release else deadline - time.monotonic())
         yield output
 
 

@@ -121,14 +121,17 @@ def test_tasks_failing_in_their_first_attempt_after_sending_leave_no_trace(spark
     assert aborted and set(aborted) <= {r.value for r in committed}  # copies of what the retries then committed
 
 
-def test_a_zombie_run_beside_a_live_one_lets_one_output_per_range_become_visible(loaded):
-    zombie = run_job_process(loaded, "spark_transforms:slow_counts", {"SLOW_SECONDS": "15"})
+def test_a_zombie_run_beside_a_live_one_lets_one_output_per_range_become_visible(loaded, tmp_path):
+    # the zombie holds transactions open with half its output sent until the second run is over (a fixed
+    # pause raced the second run's start-up on a loaded machine: the zombie sometimes finished first)
+    release = tmp_path / "release-the-zombie"
+    zombie = run_job_process(loaded, "spark_transforms:slow_counts", {"SLOW_SECONDS": "200", "SLOW_UNTIL_FILE": str(release)})
     try:
-        # the zombie holds transactions open with half its output sent; then a second run starts
         wait_until(lambda: open_transactions(loaded, GROUP), 90, "the first run's open transactions")
         live = run_job_process(loaded, "spark_jobs.windowed_counts:count_views", {})
         live_ranges = ranges_reported(live)
     finally:
+        release.touch()
         zombie_ranges = ranges_reported(zombie)
 
     assert_exactly_once(loaded)
