@@ -68,7 +68,7 @@ def one_shape(raw: Raw, partitions: int, transactions: int) -> dict:
             assert producer.send(TOPIC, p, f"r{i}").error.code == 0
         prepare = coordinator_pb2.PrepareTransactionRequest(
             transactional_id=producer.transactional_id, producer_id=producer.producer_id, producer_epoch=producer.producer_epoch)
-        prepares.append(timed_s(lambda: retrying(lambda: coordinator.PrepareTransaction(prepare, timeout=30))))
+        prepares.append(timed_s(lambda request=prepare: retrying(lambda: coordinator.PrepareTransaction(request, timeout=30))))
         ends.append(timed_s(lambda: producer.end(committed=True)))
     return {"prepare_ms": latency_summary(prepares), "end_txn_ms": latency_summary(ends)}
 

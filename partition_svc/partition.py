@@ -182,21 +182,9 @@ class Partition:
         must never end this one). With nothing open, a re-sent marker is a no-op
         (append_marker)."""
         entry = self.producers.get(producer_id)
-        if entry is None:
-            return None
-        if coordinator_epoch < entry.coordinator_epoch:
-            return Reject(
-                ErrorCode.Value("TRANSACTION_COORDINATOR_FENCED"),
-                f"marker for producer {producer_id} carries coordinator epoch {coordinator_epoch}, older than "
-                f"{entry.coordinator_epoch} seen on {self.topic}-{self.index}",
-            )
-        if producer_epoch < entry.producer_epoch:
-            # Settled: a newer epoch wrote here, which happens only after this transaction ended (an open
-            # transaction is always at the entry's epoch: producer_state rule 5).
-            return Reject(
-                ErrorCode.Value("INVALID_PRODUCER_EPOCH"),
-                f"marker for producer {producer_id} epoch {producer_epoch} is older than epoch {entry.producer_epoch}",
-            )
+        refused = self._check_sender("marker", producer_id, producer_epoch, coordinator_epoch)
+        if refused is not None or entry is None:
+            return refused
         if producer_epoch == entry.producer_epoch and self._has_open_transaction(producer_id, entry):
             # Not settled: the coordinator must not count it written (markers.py keeps retrying it).
             return Reject(
@@ -284,19 +272,27 @@ class Partition:
         may be applied: the coordinator epoch is not older than seen here, and no
         newer epoch of the producer wrote here (which would mean the transaction
         ended: settled, nothing can join it)."""
+        return self._check_sender("seal", producer_id, producer_epoch, coordinator_epoch)
+
+    def _check_sender(self, what: str, producer_id: int, producer_epoch: int, coordinator_epoch: int) -> Reject | None:
+        """A marker's or seal's coordinator epoch must not be older than the one
+        seen here (a deposed coordinator), nor its producer epoch older than the
+        producer's here. The latter is settled, not an error: a newer epoch wrote
+        here, which happens only after the transaction ended (an open transaction
+        is always at the entry's epoch: producer_state rule 5)."""
         entry = self.producers.get(producer_id)
         if entry is None:
             return None
         if coordinator_epoch < entry.coordinator_epoch:
             return Reject(
                 ErrorCode.Value("TRANSACTION_COORDINATOR_FENCED"),
-                f"seal for producer {producer_id} carries coordinator epoch {coordinator_epoch}, older than "
+                f"{what} for producer {producer_id} carries coordinator epoch {coordinator_epoch}, older than "
                 f"{entry.coordinator_epoch} seen on {self.topic}-{self.index}",
             )
         if producer_epoch < entry.producer_epoch:
             return Reject(
                 ErrorCode.Value("INVALID_PRODUCER_EPOCH"),
-                f"seal for producer {producer_id} epoch {producer_epoch} is older than epoch {entry.producer_epoch}: "
+                f"{what} for producer {producer_id} epoch {producer_epoch} is older than epoch {entry.producer_epoch}: "
                 "that transaction is over here",
             )
         return None

@@ -10,12 +10,11 @@ import time
 import grpc
 import pytest
 from raw import Raw, batch
-from txn_raw import TxnProducer, retrying
+from txn_raw import TxnProducer, retrying, wait_until
 
 from coordinator_svc.server import STATE_TO_PROTO
 from coordinator_svc.transaction_state import TransactionState
 from services import coordinators, errors
-from services.hashing import partition_for_id
 from services.stubs.txlog.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc, partition_pb2
 
 COMMITTED, UNCOMMITTED = common_pb2.READ_COMMITTED, common_pb2.READ_UNCOMMITTED
@@ -42,18 +41,6 @@ def rpc_error_name(call) -> str:
     with pytest.raises(grpc.RpcError) as info:
         call()
     return errors.from_rpc_error(info.value).name
-
-
-def wait_until(predicate, timeout_s=20, what="condition"):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            if predicate():
-                return
-        except grpc.RpcError:
-            pass  # a restarted service may refuse connections for a moment
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def producer_entry(raw, topic, partition, producer_id):

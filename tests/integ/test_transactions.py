@@ -3,12 +3,11 @@ commits, aborts, the LSO, fencing, timeouts, coordinator failover, bad input."""
 
 import collections
 import concurrent.futures
-import time
 
 import grpc
 import pytest
 from raw import Raw, plain_batch
-from txn_raw import TxnProducer, retrying
+from txn_raw import TxnProducer, retrying, wait_until
 
 from coordinator_svc.server import STATE_TO_PROTO
 from coordinator_svc.transaction_state import TransactionState
@@ -35,18 +34,6 @@ def values(raw, topic, partition, isolation):
 
 def code_name(result):
     return errors.ErrorCode.Name(result.error.code)
-
-
-def wait_until(predicate, timeout_s=15, what="condition"):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            if predicate():
-                return
-        except grpc.RpcError:
-            pass  # a restarted service may refuse connections for a moment
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
 
 
 def rpc_error_name(call):
