@@ -15,7 +15,7 @@ from services import coordinators, errors, names, server
 from services.channels import open_channel
 from services.config import Setting, positive_int
 from services.errors import TxlogError
-from services.producer_ids import ProducerIdSource
+from services.producer_ids import ProducerIdSource, previous_producer
 from services.stubs.txlog.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc, partition_pb2
 
 KIND = coordinators.COORDINATOR_KIND
@@ -79,8 +79,9 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
 
     @server.rpc_handler
     async def InitProducerId(self, request, context):
+        previous_id, previous_epoch = previous_producer(request)
         producer_id, epoch = await self.coordinator.answer_as_owner(request.transactional_id, self.coordinator.handle_init_producer_id(
-            request.transactional_id, request.transaction_timeout_ms, request.producer_id, request.producer_epoch
+            request.transactional_id, request.transaction_timeout_ms, previous_id, previous_epoch
         ))
         return coordinator_pb2.InitProducerIdResponse(producer_id=producer_id, producer_epoch=epoch)
 

@@ -27,10 +27,10 @@ from partition_svc.topics import CONSUMER_OFFSETS, INTERNAL_PREFIX, TopicInfo, T
 from partition_svc.txn_verification import TransactionVerifier
 from services import coordinators, server
 from services.config import Setting, boolean, positive_int
-from services.errors import ErrorCode, TxlogError
+from services.errors import ErrorCode, TxlogError, error_proto
 from services.hashing import partition_for_id
 from services.logs import fields
-from services.names import is_topic_name
+from services.names import check_transactional_id, is_group_id, is_topic_name
 from services.producer_ids import IdempotentProducerInitServicer, ProducerIdSource
 from services.stubs.txlog.v1 import (
     common_pb2,
@@ -59,16 +59,17 @@ SETTINGS = (
 )
 
 NONE = ErrorCode.Value("NONE")
+ACKS_ALL = -1
 # Internal topics, created by the services that own them (names starting "__" are refused otherwise).
 INTERNAL_TOPICS = (CONSUMER_OFFSETS, coordinators.TRANSACTION_STATE_TOPIC)
 
 
 def error(code: str, message: str) -> errors_pb2.Error:
-    return errors_pb2.Error(code=ErrorCode.Value(code), message=message)
+    return error_proto(ErrorCode.Value(code), message)
 
 
 def error_of(exc: TxlogError) -> errors_pb2.Error:
-    return errors_pb2.Error(code=exc.code, message=exc.message)
+    return error_proto(exc.code, exc.message)
 
 
 def request_error(message: str) -> TxlogError:
@@ -105,6 +106,10 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
 
     async def transaction_coordinator(self, transactional_id: str) -> str:
         """The address of the coordinator of a transactional id."""
+        return (await self.find_transaction_coordinator(transactional_id)).address
+
+    async def find_transaction_coordinator(self, transactional_id: str) -> coordinator_pb2.FindCoordinatorResponse:
+        """Who coordinates a transactional id: the owner of its __transaction_state partition."""
         info = await self.topics.get(coordinators.TRANSACTION_STATE_TOPIC)
         if info is None:
             raise TxlogError(ErrorCode.Value("COORDINATOR_NOT_AVAILABLE"), "no transaction coordinator has started yet")
@@ -115,7 +120,21 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
         address = (await self.live_nodes(coordinators.COORDINATOR_KIND)).get(owner[0].node_id)
         if address is None:
             raise TxlogError(ErrorCode.Value("COORDINATOR_NOT_AVAILABLE"), f"coordinator {owner[0].node_id} is not live")
-        return address
+        return coordinator_pb2.FindCoordinatorResponse(
+            coordinator_id=owner[0].node_id, address=address, partition=index, coordinator_epoch=owner[0].coordinator_epoch)
+
+    async def find_group_coordinator(self, group_id: str, info: TopicInfo | None = None) -> coordinator_pb2.FindCoordinatorResponse:
+        """Who coordinates a consumer group: the leader of its __consumer_offsets partition."""
+        validation.check_group_id(group_id)
+        info = info or await self.offsets_topic()
+        index = partition_for_id(group_id, info.partition_count)
+        leader = info.assignment[index]
+        found = coordinator_pb2.FindCoordinatorResponse(coordinator_id=leader, partition=index)
+        address = (await self.live_nodes()).get(leader)
+        if address is None:
+            raise TxlogError(ErrorCode.Value("COORDINATOR_NOT_AVAILABLE"), f"node {leader}, the group's coordinator, is not live")
+        found.address = address
+        return found
 
     async def transaction_log_owner(self, index: int, *, fresh: bool = False):
         """The owner of a __transaction_state partition and its node version (or None),
@@ -235,16 +254,12 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
             for group_id in request.group_ids:
                 entry = reply.group_coordinators.add(key=group_id)
                 try:
-                    validation.check_group_id(group_id)
+                    found = await self.find_group_coordinator(group_id, info)
+                    entry.node_id, entry.address = found.coordinator_id, found.address
                 except TxlogError as exc:
+                    if is_group_id(group_id):
+                        entry.node_id = info.assignment[partition_for_id(group_id, info.partition_count)]
                     entry.error.CopyFrom(error_of(exc))
-                    continue
-                leader = info.assignment[partition_for_id(group_id, info.partition_count)]
-                entry.node_id = leader
-                if leader in live:
-                    entry.address = live[leader]
-                else:
-                    entry.error.CopyFrom(error("COORDINATOR_NOT_AVAILABLE", f"node {leader}, the group's coordinator, is not live"))
         return reply
 
     @server.rpc_handler
@@ -278,8 +293,11 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
 
     @server.rpc_handler
     async def Produce(self, request, context):
-        if request.acks not in (-1, 0, 1):
-            raise request_error(f"acks must be -1 (all), 0 or 1, got {request.acks}")
+        acks = request.acks if request.HasField("acks") else ACKS_ALL  # absent: the safe meaning
+        if acks not in (ACKS_ALL, 0, 1):
+            raise request_error(f"acks must be left out or -1 (all), 1 or 0, got {acks}")
+        if request.timeout_ms < 0:
+            raise request_error(f"timeout_ms must be 0 (no limit) or positive, got {request.timeout_ms}")
         self.check_partition_count(len(request.batches))
         named = {(b.topic, b.partition) for b in request.batches}
         if len(named) != len(request.batches):
@@ -296,9 +314,10 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
             result = reply.results.add(topic=item.topic, partition=item.partition)
             try:
                 partition = await self.hosted(item.topic, item.partition)
+                await self.check_leader_epoch(item, partition)
+                validation.check_batch(item.batch, self.limits)  # first: it gives an absent producer id its -1
                 if item.topic in INTERNAL_TOPICS:
                     await self.check_internal_writer(item.topic, item.partition, item.batch)
-                validation.check_batch(item.batch, self.limits)
                 if item.batch.is_transactional and self.needs_verification(request.transactional_id, item.batch, partition):
                     to_verify.setdefault((item.batch.producer_id, item.batch.producer_epoch), []).append(len(resolved))
                 resolved.append((result, partition))
@@ -322,7 +341,7 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
                 continue
             outcome = partition.check(item.batch)
             if isinstance(outcome, Reject):
-                result.error.CopyFrom(errors_pb2.Error(code=outcome.code, message=outcome.message))
+                result.error.CopyFrom(error_proto(outcome.code, outcome.message))
                 continue
             if isinstance(outcome, Duplicate):
                 result.base_offset = outcome.base_offset
@@ -338,14 +357,40 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
                 on_durable.append(durable)
             result.log_start_offset = partition.log_start_offset
             result.log_append_time_ms = now
+        if acks == 0:  # answered before anything is durable: no offsets to rely on
+            for result in reply.results:
+                result.base_offset = -1
+        waits = []
         if changes:
             written = self.writer.submit(changes)
             written.add_done_callback(lambda _: [callback() for callback in on_durable])
-            if request.acks != 0:
-                await written
-        if duplicates and request.acks != 0:
-            await asyncio.gather(*duplicates)
+            waits.append(written)
+        if acks != 0 and (waits or duplicates):
+            durable = asyncio.gather(*waits, *duplicates)
+            if request.timeout_ms:  # the write goes on; a retry of the same batch is answered as a duplicate
+                try:
+                    await asyncio.wait_for(asyncio.shield(durable), request.timeout_ms / 1000)
+                except TimeoutError:
+                    raise TxlogError(ErrorCode.Value("REQUEST_TIMED_OUT"),
+                                     f"the batches were not durable within timeout_ms {request.timeout_ms}; retry them "
+                                     "(an idempotent retry is answered as a duplicate once they are)") from None
+            else:
+                await durable
         return reply
+
+    async def check_leader_epoch(self, wanted, partition: Partition) -> None:
+        """A PartitionBatch or FetchPartition that names the leader epoch it saw
+        is refused when this leader's differs (absent or -1: no check)."""
+        if not wanted.HasField("leader_epoch") or wanted.leader_epoch == -1:
+            return
+        info = await self.topics.get(partition.topic)
+        current = info.leader_epochs[partition.index] if info is not None else 0
+        if wanted.leader_epoch < current:
+            raise TxlogError(ErrorCode.Value("FENCED_LEADER_EPOCH"),
+                             f"leader epoch {wanted.leader_epoch} of {partition.topic}-{partition.index} is older than {current}; refresh metadata")
+        if wanted.leader_epoch > current:
+            raise TxlogError(ErrorCode.Value("UNKNOWN_LEADER_EPOCH"),
+                             f"leader epoch {wanted.leader_epoch} of {partition.topic}-{partition.index} is newer than {current} known here; refresh metadata")
 
     def needs_verification(self, transactional_id: str, batch, partition: Partition) -> bool:
         """Whether the coordinator must confirm that the partition is in the
@@ -360,7 +405,7 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
 
     @staticmethod
     def not_in_transaction(tp: tuple[str, int], reason: errors_pb2.Error) -> errors_pb2.Error:
-        return errors_pb2.Error(code=reason.code, message=f"the coordinator does not have {tp[0]}-{tp[1]} in this transaction: {reason.message}")
+        return error_proto(reason.code, f"the coordinator does not have {tp[0]}-{tp[1]} in this transaction: {reason.message}")
 
     async def verify_transactional(self, transactional_id: str, batch, partition: Partition) -> None:
         """Raises unless the partition is in the producer's open transaction."""
@@ -407,6 +452,7 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
             records = 0
             try:
                 partition = await self.hosted(wanted.topic, wanted.partition)
+                await self.check_leader_epoch(wanted, partition)
                 payloads, records = self._read(
                     partition, wanted, request.isolation_level, result, bytes_left, records_left, returned_bytes == 0
                 )
@@ -579,7 +625,7 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
             check = partition.check_seal if marker.seal_prepared else partition.check_marker
             refused = check(marker.producer_id, marker.producer_epoch, marker.coordinator_epoch)
             if refused is not None:
-                result.error.CopyFrom(errors_pb2.Error(code=refused.code, message=refused.message))
+                result.error.CopyFrom(error_proto(refused.code, refused.message))
                 continue
             if marker.seal_prepared:
                 written = partition.seal(marker.producer_id, marker.producer_epoch, marker.coordinator_epoch, now)
@@ -635,14 +681,51 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
                 log.info("retention", extra=fields(topic=partition.topic, partition=partition.index, log_start_offset=partition.log_start_offset))
 
 
+class BootstrapCoordinatorServicer(IdempotentProducerInitServicer):
+    """The CoordinatorService rpcs any partition_svc answers, so that a client
+    knowing only the bootstrap addresses needs nothing else: FindCoordinator
+    (transactional ids and groups) and InitProducerId without a transactional
+    id. The transactional rpcs answer NOT_COORDINATOR: they go to the
+    coordinator FindCoordinator names."""
+
+    def __init__(self, source: ProducerIdSource, partitions: PartitionServicer):
+        super().__init__(source)
+        self.partitions = partitions
+
+    @server.rpc_handler
+    async def FindCoordinator(self, request, context):
+        if request.key_type == coordinator_pb2.COORDINATOR_KEY_TYPE_TRANSACTION:
+            check_transactional_id(request.key)
+            return await self.partitions.find_transaction_coordinator(request.key)
+        if request.key_type == coordinator_pb2.COORDINATOR_KEY_TYPE_GROUP:
+            return await self.partitions.find_group_coordinator(request.key)
+        raise request_error(f"unknown key_type {request.key_type}")
+
+
+def _not_a_coordinator(rpc: str):
+    @server.rpc_handler
+    async def handler(self, request, context):
+        raise TxlogError(ErrorCode.Value("NOT_COORDINATOR"),
+                         f"{rpc} is served by transaction coordinators (coordinator_svc), not by partition_svc: ask "
+                         "FindCoordinator (any address) where the transactional id's coordinator is")
+
+    handler.__name__ = rpc
+    return handler
+
+
+for _rpc in coordinator_pb2.DESCRIPTOR.services_by_name["CoordinatorService"].methods_by_name:
+    if _rpc not in ("FindCoordinator", "InitProducerId"):
+        setattr(BootstrapCoordinatorServicer, _rpc, _not_a_coordinator(_rpc))
+
+
 async def build(runtime: server.ServiceRuntime) -> PartitionServicer:
     cfg = runtime.config
     store = LogStore(os.path.join(cfg.data_dir, f"node-{cfg.node_id}"), sync=cfg.fsync)
     servicer = PartitionServicer(runtime, store)
     await servicer.recover()
     runtime.add_servicer(servicer, partition_pb2.DESCRIPTOR.services_by_name["PartitionService"])
-    init = IdempotentProducerInitServicer(ProducerIdSource(runtime.registry, requester_id=cfg.node_id))
-    runtime.add_servicer(init, coordinator_pb2.DESCRIPTOR.services_by_name["CoordinatorService"])
+    bootstrap = BootstrapCoordinatorServicer(ProducerIdSource(runtime.registry, requester_id=cfg.node_id), servicer)
+    runtime.add_servicer(bootstrap, coordinator_pb2.DESCRIPTOR.services_by_name["CoordinatorService"])
     retention = asyncio.ensure_future(servicer.enforce_retention_forever())
 
     async def close() -> None:

@@ -18,7 +18,7 @@ import grpc
 
 from services import errors
 from services.channels import open_channel
-from services.errors import ErrorCode, TxlogError
+from services.errors import ErrorCode, TxlogError, error_proto
 from services.stubs.txlog.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc, errors_pb2
 
 NONE = ErrorCode.Value("NONE")
@@ -51,7 +51,7 @@ class TransactionVerifier:
             try:
                 answer = await self._ask(transactional_id, producer_id, producer_epoch, ask)
             except BaseException as exc:
-                answer = {tp: errors_pb2.Error(code=ErrorCode.Value("UNKNOWN_SERVER_ERROR"), message=str(exc)) for tp in ask}
+                answer = {tp: error_proto(ErrorCode.Value("UNKNOWN_SERVER_ERROR"), str(exc)) for tp in ask}
             for tp in ask:
                 self._in_flight.pop((producer_id, producer_epoch, *tp), None)
             future.set_result(answer)
@@ -80,7 +80,7 @@ class TransactionVerifier:
             return {tp: exc.to_proto() for tp in unknown}
         except grpc.RpcError as exc:
             error = errors.from_rpc_error(exc)
-            return {tp: errors_pb2.Error(code=error.code, message=f"verifying with the coordinator: {error.message}") for tp in unknown}
+            return {tp: error_proto(error.code, f"verifying with the coordinator: {error.message}") for tp in unknown}
         refused = {}
         for result in reply.results:
             tp = (result.partition.topic, result.partition.partition)

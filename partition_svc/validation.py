@@ -68,10 +68,15 @@ def record_bytes(record: common_pb2.Record) -> int:
     return len(record.key) + len(record.value) + sum(len(h.key) + len(h.value) for h in record.headers)
 
 
+PRODUCER_FIELDS = ("producer_id", "producer_epoch", "base_sequence")
+
+
 def check_batch(batch: common_pb2.RecordBatch, limits: BatchLimits) -> None:
     """Raises a TxlogError naming what is wrong with a produced batch's frame
     (its records are checked as the leader gives them offsets:
-    :func:`check_record` and :func:`check_sizes`)."""
+    :func:`check_record` and :func:`check_sizes`). A batch that leaves all of
+    its producer fields out is non-idempotent: they are set to -1 here, the
+    form it is stored and read back in."""
     count = len(batch.records)
     if count == 0:
         raise invalid("a batch needs at least one record")
@@ -79,9 +84,17 @@ def check_batch(batch: common_pb2.RecordBatch, limits: BatchLimits) -> None:
         raise invalid(f"a batch holds {count} records, more than the limit {limits.records_per_batch_max}", "BATCH_TOO_LARGE")
     if batch.control_type != common_pb2.CONTROL_TYPE_DATA or batch.coordinator_epoch != 0:
         raise invalid("producers may not send control batches (control_type and coordinator_epoch are the leader's)")
+    given = [name for name in PRODUCER_FIELDS if batch.HasField(name)]
+    if given and len(given) < len(PRODUCER_FIELDS):
+        missing = [name for name in PRODUCER_FIELDS if name not in given]
+        raise invalid(f"a batch sets {', '.join(given)} but not {', '.join(missing)}: an idempotent batch sets all "
+                      "three, a non-idempotent one none (or all -1)")
+    if not given:  # a non-idempotent batch: stored, and read back, with -1 in all three
+        batch.producer_id = batch.producer_epoch = batch.base_sequence = -1
     if batch.producer_id == -1:
         if batch.producer_epoch != -1 or batch.base_sequence != -1 or batch.is_transactional:
-            raise invalid("a batch without a producer id (-1) needs producer_epoch -1, base_sequence -1 and no transaction")
+            raise invalid("a batch without a producer id needs producer_epoch and base_sequence left out (or -1) "
+                          "and is not transactional")
     elif batch.producer_id < 0:
         raise invalid(f"producer_id must be -1 or >= 0, got {batch.producer_id}")
     else:

@@ -50,6 +50,15 @@ _CLASS_FROM_PROTO = {
 _GRPC_BY_NUMBER = {status.value[0]: status for status in grpc.StatusCode}
 
 
+_CLASS_TO_PROTO = {cls: number for number, cls in _CLASS_FROM_PROTO.items()}
+
+
+def error_proto(code: int, message: str) -> errors_pb2.Error:
+    """The per-item ``Error`` of a result, with its class: every Error a
+    service answers is built here."""
+    return errors_pb2.Error(code=code, message=message, error_class=_CLASS_TO_PROTO[spec_of(code).error_class])
+
+
 @dataclass(frozen=True)
 class ErrorSpec:
     code: int
@@ -111,7 +120,7 @@ class TxlogError(Exception):
         return self.spec.retriable
 
     def to_proto(self) -> errors_pb2.Error:
-        return errors_pb2.Error(code=self.code, message=self.message)
+        return error_proto(self.code, self.message)
 
 
 def to_status(code: int, message: str, *, retry_delay_ms: int = RETRY_DELAY_MS_DEFAULT) -> status_pb2.Status:

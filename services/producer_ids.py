@@ -59,6 +59,24 @@ class ProducerIdSource:
         raise TxlogError(ErrorCode.Value("COORDINATOR_NOT_AVAILABLE"), f"producer_id_svc failed: {last_error}; retry")
 
 
+def previous_producer(request: coordinator_pb2.InitProducerIdRequest) -> tuple[int, int]:
+    """The (producer id, epoch) an InitProducerId names, (-1, -1) when it names
+    none (both left out, or both -1); one without the other is INVALID_REQUEST."""
+    has_id, has_epoch = request.HasField("producer_id"), request.HasField("producer_epoch")
+    if has_id != has_epoch:
+        raise TxlogError(ErrorCode.Value("INVALID_REQUEST"),
+                         "InitProducerId sets one of producer_id and producer_epoch: set both (a producer bumping its own "
+                         "epoch, KIP-360) or neither (a new producer)")
+    if not has_id:
+        return -1, -1
+    if request.producer_id < -1 or request.producer_epoch < -1 or request.producer_epoch > PRODUCER_EPOCH_MAX \
+            or (request.producer_id == -1) != (request.producer_epoch == -1):
+        raise TxlogError(ErrorCode.Value("INVALID_REQUEST"),
+                         f"producer_id and producer_epoch must both be valid (>= 0, 0..{PRODUCER_EPOCH_MAX}) or both -1, "
+                         f"got {request.producer_id}/{request.producer_epoch}")
+    return request.producer_id, request.producer_epoch
+
+
 class IdempotentProducerInitServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
     """Only InitProducerId without a transactional id; the other
     CoordinatorService methods answer UNIMPLEMENTED here."""
@@ -68,13 +86,12 @@ class IdempotentProducerInitServicer(coordinator_pb2_grpc.CoordinatorServiceServ
 
     @rpc_handler
     async def InitProducerId(self, request, context):
+        previous_producer(request)  # checked even though the answer does not depend on it
         if request.transactional_id:
             raise TxlogError(
                 ErrorCode.Value("NOT_COORDINATOR"),
                 "a transactional InitProducerId goes to the coordinator of the id (FindCoordinator / Metadata)",
             )
-        if request.producer_id < -1 or request.producer_epoch < -1 or request.producer_epoch > PRODUCER_EPOCH_MAX:
-            raise TxlogError(ErrorCode.Value("INVALID_REQUEST"), "producer_id and producer_epoch must be -1 or valid values")
         # Always a new id, as Kafka answers an init without a transactional id: an idempotent producer
         # resetting after an unknown outcome (KIP-360) starts afresh at epoch 0. Bumping the epoch of the id
         # it names would let anyone move any producer id's epoch, a transactional one's included, under

@@ -27,7 +27,10 @@ if _version_not_supported:
 
 
 class CoordinatorServiceStub:
-    """Missing associated documentation comment in .proto file."""
+    """Served by coordinator_svc, except where an rpc says otherwise: every
+    partition_svc (any bootstrap address) answers FindCoordinator and
+    InitProducerId without a transactional id, and NOT_COORDINATOR for the rest.
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -93,10 +96,14 @@ class CoordinatorServiceStub:
 
 
 class CoordinatorServiceServicer:
-    """Missing associated documentation comment in .proto file."""
+    """Served by coordinator_svc, except where an rpc says otherwise: every
+    partition_svc (any bootstrap address) answers FindCoordinator and
+    InitProducerId without a transactional id, and NOT_COORDINATOR for the rest.
+    """
 
     def FindCoordinator(self, request, context):
-        """Which coordinator serves a transactional id or a consumer group.
+        """Which coordinator serves a transactional id or a consumer group. Answered
+        by every coordinator_svc and every partition_svc.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -253,7 +260,10 @@ def add_CoordinatorServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class CoordinatorService:
-    """Missing associated documentation comment in .proto file."""
+    """Served by coordinator_svc, except where an rpc says otherwise: every
+    partition_svc (any bootstrap address) answers FindCoordinator and
+    InitProducerId without a transactional id, and NOT_COORDINATOR for the rest.
+    """
 
     @staticmethod
     def FindCoordinator(request,

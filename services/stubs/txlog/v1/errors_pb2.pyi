@@ -149,9 +149,11 @@ GRPC_CODE_FIELD_NUMBER: _ClassVar[int]
 grpc_code: _descriptor.FieldDescriptor
 
 class Error(_message.Message):
-    __slots__ = ("code", "message")
+    __slots__ = ("code", "message", "error_class")
     CODE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CLASS_FIELD_NUMBER: _ClassVar[int]
     code: ErrorCode
     message: str
-    def __init__(self, code: _Optional[_Union[ErrorCode, str]] = ..., message: _Optional[str] = ...) -> None: ...
+    error_class: ErrorClass
+    def __init__(self, code: _Optional[_Union[ErrorCode, str]] = ..., message: _Optional[str] = ..., error_class: _Optional[_Union[ErrorClass, str]] = ...) -> None: ...
