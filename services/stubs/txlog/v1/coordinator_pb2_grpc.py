@@ -132,7 +132,13 @@ class CoordinatorServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def EndTxn(self, request, context):
-        """Commits or aborts the open transaction; answers the bumped producer epoch.
+        """Commits or aborts the open transaction; answers the bumped producer epoch,
+        which the producer's next transaction uses (starting every partition's
+        sequence at 0 again). It answers once the outcome is durable, BEFORE the
+        markers are written: a read_committed reader may not see the records for
+        a moment, and AddPartitionsToTxn of the next transaction may answer
+        CONCURRENT_TRANSACTIONS (retriable) until they are. Aborting a
+        transaction with nothing in it bumps the epoch too.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
