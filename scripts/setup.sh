@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs everything txlog needs on a fresh Debian machine: Java and ZooKeeper
-# from Debian (apt-get, when missing), and the Python packages into .venv.
+# Installs everything txlog needs on a fresh Debian machine: Java, ZooKeeper and
+# Node.js from Debian (apt-get, when missing), the Python packages into .venv,
+# and the Node client's packages into clients/node/node_modules.
 # Idempotent: a second run only checks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -8,6 +9,8 @@ cd "$(dirname "$0")/.."
 need_apt=()
 command -v java >/dev/null 2>&1 || need_apt+=(default-jre-headless)
 [ -f /usr/share/java/zookeeper.jar ] || need_apt+=(zookeeper)
+command -v node >/dev/null 2>&1 || need_apt+=(nodejs)
+command -v npm >/dev/null 2>&1 || need_apt+=(npm)
 if [ ${#need_apt[@]} -gt 0 ]; then
   sudo=""
   [ "$(id -u)" -eq 0 ] || sudo="sudo"
@@ -29,4 +32,25 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   fi
   .venv/bin/python -c "import grpc, kazoo, rocksdict, pyspark, opentelemetry.sdk"
   touch "$stamp"
+fi
+
+# The Node client (clients/node, run by tests/integ/test_node_client.py): its
+# packages exactly as package-lock.json pins them, again whenever the lock file
+# (or package.json) is newer than the last install. None needs an install script.
+for tool in node npm; do
+  if ! command -v "$tool" >/dev/null 2>&1; then
+    echo "setup: $tool is missing (on Debian: apt-get install nodejs npm); the Node client needs it" >&2
+    exit 1
+  fi
+done
+node_stamp=clients/node/node_modules/.txlog-installed
+if [ ! -f "$node_stamp" ] || [ clients/node/package-lock.json -nt "$node_stamp" ] || [ clients/node/package.json -nt "$node_stamp" ]; then
+  echo "setup: installing the Node client's packages (npm ci in clients/node)" >&2
+  if ! (cd clients/node && npm ci --ignore-scripts --no-audit --no-fund) >.venv/npm.log 2>&1; then
+    tail -n 30 .venv/npm.log >&2
+    echo "setup: npm ci failed; the whole log is .venv/npm.log" >&2
+    exit 1
+  fi
+  (cd clients/node && node -e "require('@grpc/grpc-js'); require('@grpc/proto-loader'); require('protobufjs')")
+  touch "$node_stamp"
 fi

@@ -1,0 +1,427 @@
+// A small txlog client for Node: the repository's protos/ loaded at run time
+// (no generated or hand-written message types), errors classified from
+// errors.proto, retries with a deadline, leaders and coordinators looked up and
+// forgotten when they move. demo.js uses it.
+'use strict';
+
+const path = require('path');
+const grpc = require('@grpc/grpc-js');
+const protoLoader = require('@grpc/proto-loader');
+const protobuf = require('protobufjs');
+
+const PROTOS = process.env.TXLOG_PROTOS || path.join(__dirname, '..', '..', 'protos');
+
+// keepCase: field names as in the .proto (producer_id, not producerId).
+// longs: String: every int64 (offsets, producer ids) arrives as a decimal
+//   string; int64 fields may be sent as strings too.
+// defaults: false: a field the server left at its default is ABSENT from the
+//   decoded object, not 0/""/false. proto3 never sends zeros, so offset 0,
+//   producer epoch 0, an Error with code NONE... all come back as `undefined`:
+//   read every number through int() below.
+// enums: String: enum values arrive as their names ("NOT_LEADER").
+// oneofs: true: a proto3 `optional` field that is set is also named by its
+//   synthetic oneof (`_value: "value"`); one that is not set is absent.
+const LOAD_OPTIONS = { keepCase: true, longs: String, enums: String, defaults: false, oneofs: true, includeDirs: [PROTOS] };
+const definition = protoLoader.loadSync(['txlog/v1/partition.proto', 'txlog/v1/coordinator.proto'], LOAD_OPTIONS);
+const v1 = grpc.loadPackageDefinition(definition).txlog.v1;
+
+// An int32/int64 as decoded above: absent means 0 (proto3's default); int64
+// strings become numbers, which is exact below 2^53 (refused above it).
+function int(value) {
+  if (value === undefined || value === null) return 0;
+  const n = Number(value);
+  if (!Number.isSafeInteger(n)) throw new Error(`integer ${value} is beyond what a JS number holds exactly`);
+  return n;
+}
+
+// This client relies on issue 20's contract: fields left out mean the safe
+// thing (a batch without producer fields is not idempotent, an InitProducerId
+// without them names no previous producer, a Produce without acks waits for
+// durability, a Fetch/Produce without leader_epoch skips the check). Protos
+// from before it had plain proto3 scalars there, where leaving a field out
+// sent 0: producer 0 epoch 0 sequence 0, "I am producer 0", acks=0 (no
+// acknowledgement). Refuse to run on such protos rather than send that.
+// (proto-loader shows a proto3 `optional` field as a synthetic oneof `_name`.)
+function hasPresence(messageType, field) {
+  const type = definition[`txlog.v1.${messageType}`].type;
+  return (type.oneofDecl || []).some((oneof) => oneof.name === `_${field}`);
+}
+for (const [messageType, field] of [['RecordBatch', 'producer_id'], ['InitProducerIdRequest', 'producer_id'],
+  ['ProduceRequest', 'acks'], ['PartitionBatch', 'leader_epoch'], ['FetchPartition', 'leader_epoch']]) {
+  if (!hasPresence(messageType, field)) {
+    throw new Error(`${PROTOS}: ${messageType}.${field} is not proto3 optional; these protos predate the contract this client is written for`);
+  }
+}
+
+// --- errors -----------------------------------------------------------------------------
+
+// The class of every ErrorCode, read from its (error_class) enum-value option in
+// errors.proto. Per-item errors carry their class on the wire (Error.error_class);
+// a failed call does not in any form this client can decode (see fromCallError),
+// so it needs this table. @grpc/proto-loader drops enum-value options from what
+// it returns, so errors.proto is read a second time with protobufjs (the
+// library proto-loader is built on), which keeps them.
+const ERROR_CLASS = (() => {
+  const root = new protobuf.Root();
+  root.resolvePath = (origin, target) => (target === 'google/protobuf/descriptor.proto'
+    ? require.resolve('protobufjs/google/protobuf/descriptor.proto')
+    : path.join(PROTOS, target));
+  root.loadSync('txlog/v1/errors.proto', { keepCase: true });
+  const classes = {};
+  const codes = root.lookupEnum('txlog.v1.ErrorCode');
+  for (const [name, options] of Object.entries(codes.valuesOptions || {})) {
+    classes[name] = className(options['(error_class)']);
+  }
+  if (!classes.CONCURRENT_TRANSACTIONS) throw new Error('errors.proto: no (error_class) options found on ErrorCode');
+  return classes;
+})();
+
+function className(protoName) { // ERROR_CLASS_RETRIABLE -> retriable
+  return protoName ? String(protoName).replace(/^ERROR_CLASS_/, '').toLowerCase() : undefined;
+}
+
+class TxlogError extends Error {
+  constructor(code, message, errorClass) {
+    super(`${code}: ${message || ''}`);
+    this.code = code;
+    this.errorClass = errorClass || ERROR_CLASS[code] || 'retriable';
+  }
+  get retriable() { return this.errorClass === 'retriable'; }
+}
+
+// A per-item outcome (txlog.v1.Error in a result). Success is an ABSENT error
+// (the servers set it only on failure) or one whose code is NONE, which with
+// defaults: false also arrives as an absent code.
+function checkItem(error, what) {
+  if (!error || error.code === undefined || error.code === 'NONE' || error.code === 0) return;
+  // errors.proto: a code this client does not know (a newer server's; with
+  // enums: String it stays a number) is retriable whatever error_class says.
+  const known = ERROR_CLASS[error.code] !== undefined;
+  throw new TxlogError(error.code, `${what}: ${error.message || ''}`, known ? className(error.error_class) : 'retriable');
+}
+
+// A failed call. The servers put a google.rpc.Status with an ErrorInfo (reason
+// = the code's name, metadata.class) and a RetryInfo into grpc-status-details-bin,
+// but google/rpc/*.proto is not in protos/, so a client loading only protos/
+// cannot decode it; the status message starts with the code's name
+// ("NOT_COORDINATOR: ..."), which is used here. Plain gRPC failures (server
+// down, deadline passed) are sorted by their status code.
+const GRPC_RETRIABLE = new Set([grpc.status.UNAVAILABLE, grpc.status.DEADLINE_EXCEEDED, grpc.status.CANCELLED,
+  grpc.status.RESOURCE_EXHAUSTED]);
+function fromCallError(err, what) {
+  if (err instanceof TxlogError) return err;
+  if (err.code === undefined) return err; // a bug of ours, not a gRPC failure
+  const named = /^([A-Z][A-Z_]+): /.exec(err.details || '');
+  if (named && ERROR_CLASS[named[1]]) return new TxlogError(named[1], `${what}: ${err.details.slice(named[0].length)}`);
+  const status = Object.keys(grpc.status).find((k) => grpc.status[k] === err.code) || String(err.code);
+  return new TxlogError(`GRPC_${status}`, `${what}: ${err.details}`, GRPC_RETRIABLE.has(err.code) ? 'retriable' : 'fatal');
+}
+
+// --- calls and retries ----------------------------------------------------------------------
+
+const CALL_TIMEOUT_MS = 10000;
+const RETRY_DEADLINE_MS = Number(process.env.TXLOG_RETRY_DEADLINE_MS || 30000);
+const retryCounts = {}; // code -> how many times it was retried (reported by the demo)
+
+function unary(client, method, request, timeoutMs = CALL_TIMEOUT_MS) {
+  return new Promise((resolve, reject) => {
+    client[method](request, { deadline: Date.now() + timeoutMs }, (err, reply) => (err ? reject(err) : resolve(reply)));
+  });
+}
+
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+// Runs `attempt` until it succeeds, a non-retriable error, or the deadline;
+// `onRetriable(err)` forgets what the error says is stale (a leader, a coordinator).
+async function retrying(what, attempt, onRetriable = () => {}) {
+  const deadline = Date.now() + RETRY_DEADLINE_MS;
+  let backoffMs = 50;
+  for (;;) {
+    try {
+      return await attempt();
+    } catch (raw) {
+      const err = fromCallError(raw, what);
+      if (!(err instanceof TxlogError) || !err.retriable || Date.now() + backoffMs > deadline) throw err;
+      retryCounts[err.code] = (retryCounts[err.code] || 0) + 1;
+      process.stderr.write(`txlog: retrying after ${err.message}\n`);
+      onRetriable(err);
+      await sleep(backoffMs); // back off, then ask again: the retriable codes are all "try again shortly"
+      backoffMs = Math.min(backoffMs * 2, 1000);
+    }
+  }
+}
+
+// --- the cluster: bootstrap, metadata, leaders, coordinators ----------------------------------
+
+class Cluster {
+  constructor(bootstrap) {
+    this.bootstrap = bootstrap; // partition_svc addresses
+    this.clients = new Map();
+    this.leaders = new Map(); // "topic/partition" -> {address, leaderId, leaderEpoch}
+    this.coordinators = new Map(); // transactional id -> address
+  }
+
+  client(kind, address) {
+    const key = `${kind}@${address}`;
+    if (!this.clients.has(key)) this.clients.set(key, new v1[kind](address, grpc.credentials.createInsecure()));
+    return this.clients.get(key);
+  }
+
+  partitionSvc(address) { return this.client('PartitionService', address); }
+
+  coordinatorSvc(address) { return this.client('CoordinatorService', address); }
+
+  // A call any partition_svc answers (Metadata, FindCoordinator, InitProducerId
+  // without a transactional id): each bootstrap address in turn until one does.
+  async anyBootstrap(kind, method, request) {
+    let failure;
+    for (const address of this.bootstrap) {
+      try {
+        return await unary(this.client(kind, address), method, request);
+      } catch (err) {
+        failure = err;
+      }
+    }
+    throw failure;
+  }
+
+  metadata(request) { return this.anyBootstrap('PartitionService', 'Metadata', request); }
+
+  // Every partition of a topic with its leader (per-partition errors such as
+  // LEADER_NOT_AVAILABLE and a missing topic, UNKNOWN_TOPIC_OR_PARTITION, are
+  // retriable: the topic may still be being created, a leader restarting).
+  async describeTopic(topic) {
+    return retrying(`Metadata ${topic}`, async () => {
+      const reply = await this.metadata({ topics: [topic] });
+      const found = (reply.topics || [])[0];
+      if (!found) throw new TxlogError('UNKNOWN_TOPIC_OR_PARTITION', `no metadata for ${topic}`);
+      checkItem(found.error, `topic ${topic}`);
+      return (found.partitions || []).map((p) => {
+        checkItem(p.error, `${topic}-${int(p.partition)}`);
+        const leader = { partition: int(p.partition), address: p.leader_address, leaderId: int(p.leader_id), leaderEpoch: int(p.leader_epoch) };
+        this.leaders.set(`${topic}/${leader.partition}`, leader);
+        return leader;
+      });
+    });
+  }
+
+  async leader(topic, partition) {
+    const key = `${topic}/${partition}`;
+    if (!this.leaders.has(key)) await this.describeTopic(topic);
+    const leader = this.leaders.get(key);
+    if (!leader) throw new TxlogError('UNKNOWN_TOPIC_OR_PARTITION', `${topic} has no partition ${partition}`);
+    return leader;
+  }
+
+  forgetLeader(topic, partition) { this.leaders.delete(`${topic}/${partition}`); }
+
+  // The coordinator of a transactional id: FindCoordinator at any partition_svc.
+  async coordinator(transactionalId) {
+    if (!this.coordinators.has(transactionalId)) {
+      const found = await retrying(`FindCoordinator ${transactionalId}`, () => this.anyBootstrap('CoordinatorService',
+        'FindCoordinator', { key: transactionalId, key_type: 'COORDINATOR_KEY_TYPE_TRANSACTION' }));
+      this.coordinators.set(transactionalId, found.address);
+    }
+    return this.coordinators.get(transactionalId);
+  }
+
+  forgetCoordinator(transactionalId) { this.coordinators.delete(transactionalId); }
+
+  close() {
+    for (const client of this.clients.values()) client.close();
+  }
+}
+
+// Errors after which the cached leader or coordinator is stale.
+const LEADER_MOVED = new Set(['NOT_LEADER', 'LEADER_NOT_AVAILABLE', 'FENCED_LEADER_EPOCH', 'UNKNOWN_LEADER_EPOCH',
+  'UNKNOWN_TOPIC_OR_PARTITION', 'GRPC_UNAVAILABLE']);
+const COORDINATOR_MOVED = new Set(['NOT_COORDINATOR', 'COORDINATOR_NOT_AVAILABLE', 'GRPC_UNAVAILABLE']);
+
+// --- producing ---------------------------------------------------------------------------------
+
+// Sequences are int32 and wrap to 0 after 2^31-1 (common.proto).
+const nextSequence = (sequence, records) => (sequence + records) % 2 ** 31;
+
+// A RecordBatch. `producer` is {producerId, producerEpoch, baseSequence} for an
+// idempotent or transactional batch: all three are set, always (setting only
+// some is INVALID_REQUEST). Careful: with defaults: false an epoch 0 answered
+// by InitProducerId arrives as `undefined`, and an undefined field is simply
+// not sent, so copy epochs through int() (0 set explicitly IS sent, these
+// fields being optional). Without `producer` the three are left out: a plain,
+// non-idempotent batch. Record timestamps are left out too: the leader stamps
+// its append time.
+function recordBatch(values, producer, transactional = false) {
+  const batch = { records: values.map((v) => ({ value: Buffer.from(v) })) };
+  if (producer) {
+    batch.producer_id = String(producer.producerId);
+    batch.producer_epoch = int(producer.producerEpoch);
+    batch.base_sequence = int(producer.baseSequence);
+    batch.is_transactional = transactional;
+  }
+  return batch;
+}
+
+// Produces one batch to one partition's leader, retrying retriable errors
+// (after a leader change, to the new leader). Re-sending the same batch is
+// safe for idempotent batches: the leader answers a duplicate with its
+// original offset and appends nothing.
+async function produce(cluster, topic, partition, batch, transactionalId) {
+  return retrying(`Produce ${topic}-${partition}`, async () => {
+    const leader = await cluster.leader(topic, partition);
+    // leader_epoch: the one metadata showed, so a deposed leader refuses the
+    // batch (FENCED_LEADER_EPOCH, retriable) instead of taking it.
+    // acks is left out: absent means all (-1), the answer comes once the batch
+    // is durable and carries its offset (acks=0 would answer base_offset -1).
+    const request = { batches: [{ topic, partition, leader_epoch: leader.leaderEpoch, batch }] };
+    if (transactionalId) request.transactional_id = transactionalId; // transactional batches need it
+    const reply = await unary(cluster.partitionSvc(leader.address), 'Produce', request);
+    const result = (reply.results || [])[0];
+    if (!result) throw new TxlogError('UNKNOWN_SERVER_ERROR', 'Produce answered no result', 'fatal');
+    checkItem(result.error, `Produce ${topic}-${partition}`);
+    return { baseOffset: int(result.base_offset), leaderId: leader.leaderId };
+  }, (err) => { if (LEADER_MOVED.has(err.code)) cluster.forgetLeader(topic, partition); });
+}
+
+// InitProducerId without a transactional id: any partition_svc answers it with
+// a new producer id at epoch 0 (absent from the reply: read through int()).
+// producer_id/producer_epoch are left out: no previous producer.
+async function initIdempotent(cluster) {
+  const reply = await retrying('InitProducerId (idempotent)', () => cluster.anyBootstrap('CoordinatorService', 'InitProducerId', {}));
+  return { producerId: reply.producer_id || '0', producerEpoch: int(reply.producer_epoch) };
+}
+
+// A transactional producer: the coordinator's side of a transaction
+// (InitProducerId, AddPartitionsToTxn, EndTxn) and its batches.
+class TransactionalProducer {
+  constructor(cluster, transactionalId, transactionTimeoutMs = 60000) {
+    this.cluster = cluster;
+    this.transactionalId = transactionalId;
+    this.transactionTimeoutMs = transactionTimeoutMs;
+    this.producerId = undefined; // int64 as a string
+    this.producerEpoch = undefined;
+    this.sequences = new Map(); // "topic/partition" -> next base sequence, per epoch
+  }
+
+  // A call to the id's coordinator; NOT_COORDINATOR and friends: find it again.
+  // CONCURRENT_TRANSACTIONS (the previous transaction is still completing, or
+  // an older incarnation is being fenced) and COORDINATOR_LOAD_IN_PROGRESS: retry.
+  coordinatorCall(method, request, check = () => {}) {
+    return retrying(`${method} ${this.transactionalId}`, async () => {
+      const address = await this.cluster.coordinator(this.transactionalId);
+      const reply = await unary(this.cluster.coordinatorSvc(address), method, request);
+      check(reply);
+      return reply;
+    }, (err) => { if (COORDINATOR_MOVED.has(err.code)) this.cluster.forgetCoordinator(this.transactionalId); });
+  }
+
+  // Registers the id: a producer id and epoch, fencing any older producer
+  // with the same id (whose open transaction the coordinator aborts while we
+  // get CONCURRENT_TRANSACTIONS). No previous producer: its fields left out.
+  async init() {
+    const request = { transactional_id: this.transactionalId, transaction_timeout_ms: this.transactionTimeoutMs };
+    const reply = await this.coordinatorCall('InitProducerId', request);
+    this.startEpoch(reply);
+    return { producerId: this.producerId, producerEpoch: this.producerEpoch };
+  }
+
+  // A new epoch (from InitProducerId or EndTxn) starts every partition at sequence 0.
+  startEpoch(reply) {
+    this.producerId = reply.producer_id || '0';
+    this.producerEpoch = int(reply.producer_epoch);
+    this.sequences.clear();
+  }
+
+  // One transaction: AddPartitionsToTxn for every partition first (a leader
+  // refuses a transactional batch for a partition the coordinator has not
+  // recorded: INVALID_TXN_STATE), then the batches, then EndTxn. EndTxn
+  // answers once the outcome is decided, before the markers are written, with
+  // the bumped epoch the next transaction must use (Transactions V2).
+  async transaction(topic, valuesByPartition, commit) {
+    const partitions = Object.keys(valuesByPartition).map(Number);
+    const epochUsed = this.producerEpoch;
+    const base = { transactional_id: this.transactionalId, producer_id: this.producerId, producer_epoch: this.producerEpoch };
+    const produced = {};
+    try {
+      await this.coordinatorCall('AddPartitionsToTxn', { ...base, partitions: partitions.map((partition) => ({ topic, partition })) },
+        (reply) => {
+          const results = reply.results || [];
+          if (results.length !== partitions.length) throw new TxlogError('UNKNOWN_SERVER_ERROR', 'AddPartitionsToTxn: wrong result count', 'fatal');
+          for (const r of results) checkItem(r.error, `AddPartitionsToTxn ${r.partition.topic}-${int(r.partition.partition)}`);
+        });
+      await Promise.all(partitions.map(async (partition) => { // two leaders, two requests, in parallel
+        const values = valuesByPartition[partition];
+        const key = `${topic}/${partition}`;
+        const baseSequence = this.sequences.get(key) || 0;
+        const batch = recordBatch(values, { producerId: this.producerId, producerEpoch: this.producerEpoch, baseSequence }, true);
+        const { baseOffset, leaderId } = await produce(this.cluster, topic, partition, batch, this.transactionalId);
+        this.sequences.set(key, nextSequence(baseSequence, values.length));
+        produced[partition] = { leader_id: leaderId, base_offset: baseOffset, base_sequence: baseSequence, values };
+      }));
+    } catch (err) {
+      // Abortable (INVALID_TXN_STATE, OUT_OF_ORDER_SEQUENCE, ...): this
+      // transaction can never commit; abort it now rather than let it hold the
+      // partitions' last stable offset until its timeout, then report. Fatal
+      // (PRODUCER_FENCED: another producer has the id): nothing more to send.
+      if (err instanceof TxlogError && err.errorClass === 'abortable') {
+        try {
+          this.startEpoch(await this.coordinatorCall('EndTxn', { ...base, committed: false }));
+          err.message += ' (the transaction was aborted)';
+        } catch (abortErr) {
+          err.message += ` (and its abort failed: ${abortErr.message})`;
+        }
+      }
+      throw err;
+    }
+    const ended = await this.coordinatorCall('EndTxn', { ...base, committed: commit });
+    this.startEpoch(ended);
+    return { committed: commit, producer_id: base.producer_id, epoch_used: epochUsed,
+      epoch_after: this.producerEpoch, producer_id_after: this.producerId, partitions: produced };
+  }
+}
+
+// --- fetching ----------------------------------------------------------------------------------
+
+// Reads a partition from `fromOffset` until everything there is has been read
+// and no transaction is open on it (last stable offset == high watermark), or
+// until `deadline` (ms since the epoch). Long-polls, so it never spins.
+// Answers {records: [{offset, value, producer_id, transactional}], highWatermark,
+// lastStableOffset, settled}.
+async function readPartition(cluster, topic, partition, isolation, deadline, fromOffset = 0) {
+  const records = [];
+  let offset = fromOffset;
+  for (;;) {
+    const result = await retrying(`Fetch ${topic}-${partition}`, async () => {
+      const leader = await cluster.leader(topic, partition);
+      const reply = await unary(cluster.partitionSvc(leader.address), 'Fetch', {
+        isolation_level: isolation,
+        max_wait_ms: 200,
+        partitions: [{ topic, partition, fetch_offset: String(offset), leader_epoch: leader.leaderEpoch }],
+      });
+      const item = (reply.results || [])[0];
+      if (!item) throw new TxlogError('UNKNOWN_SERVER_ERROR', 'Fetch answered no result', 'fatal');
+      checkItem(item.error, `Fetch ${topic}-${partition}`);
+      return item;
+    }, (err) => { if (LEADER_MOVED.has(err.code)) cluster.forgetLeader(topic, partition); });
+    for (const batch of result.batches || []) {
+      for (const record of batch.records || []) {
+        records.push({ offset: int(record.offset), value: record.value ? record.value.toString() : null,
+          producer_id: batch.producer_id === undefined ? null : int(batch.producer_id), transactional: !!batch.is_transactional });
+      }
+    }
+    // next_fetch_offset skips markers and (read_committed) aborted batches;
+    // absent means 0 like every other int64 here.
+    offset = Math.max(offset, int(result.next_fetch_offset));
+    const highWatermark = int(result.high_watermark);
+    const lastStable = int(result.last_stable_offset);
+    const settled = lastStable === highWatermark && offset >= highWatermark;
+    if (settled || Date.now() >= deadline) {
+      return { records, highWatermark, lastStableOffset: lastStable, nextOffset: offset, settled };
+    }
+  }
+}
+
+module.exports = {
+  v1, definition, int, retryCounts, ERROR_CLASS,
+  TxlogError, checkItem, fromCallError, retrying, unary, Cluster,
+  recordBatch, produce, initIdempotent, nextSequence, TransactionalProducer, readPartition,
+};
