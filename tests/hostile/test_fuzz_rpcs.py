@@ -442,6 +442,8 @@ class Hostile:
             return "names the baseline's topic or group"
         if getattr(request, "transactional_id", None) == b.transactional_id and hasattr(request, "producer_epoch"):
             producer_id, epoch = request.producer_id, request.producer_epoch
+            if target.name == "InitProducerId" and not request.HasField("producer_id"):
+                producer_id = epoch = -1  # left out: a new incarnation (the safe default, not producer 0)
             if target.name == "InitProducerId":  # a new incarnation, or KIP-360's bump with the current or last epoch
                 legit = producer_id < 0 or (producer_id == b.producer_id and epoch in (b.producer_epoch, b.producer_epoch - 1))
             else:
