@@ -78,8 +78,9 @@ def previous_producer(request: coordinator_pb2.InitProducerIdRequest) -> tuple[i
 
 
 class IdempotentProducerInitServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
-    """Only InitProducerId without a transactional id; the other
-    CoordinatorService methods answer UNIMPLEMENTED here."""
+    """InitProducerId without a transactional id. partition_svc serves its
+    subclass (partition_svc.server.BootstrapCoordinatorServicer), which adds
+    FindCoordinator and answers NOT_COORDINATOR for the transactional rpcs."""
 
     def __init__(self, source: ProducerIdSource):
         self.source = source

@@ -126,9 +126,9 @@ def proto_services() -> list[ServiceDescriptor]:
 
 # The process kind serving each service; every RPC of a service listed here is fuzzed.
 SERVED_BY = {"ProducerIdService": "producer_id_svc", "CoordinatorService": "coordinator_svc", "PartitionService": "partition_svc"}
-# partition_svc answers InitProducerId for idempotent producers too (its other
-# CoordinatorService methods answer UNIMPLEMENTED, by design).
-ALSO_SERVED = (("CoordinatorService", "InitProducerId", "partition_svc"),)
+# partition_svc answers InitProducerId for idempotent producers and FindCoordinator
+# too (its transactional CoordinatorService methods answer NOT_COORDINATOR, by design).
+ALSO_SERVED = (("CoordinatorService", "InitProducerId", "partition_svc"), ("CoordinatorService", "FindCoordinator", "partition_svc"))
 SERVICES = {s.name: s for s in proto_services() if s.name in SERVED_BY}
 TARGETS = [Target(service, method, SERVED_BY[name]) for name, service in SERVICES.items() for method in service.methods] + [
     Target(SERVICES[name], SERVICES[name].methods_by_name[method], kind) for name, method, kind in ALSO_SERVED

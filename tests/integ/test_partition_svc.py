@@ -8,6 +8,7 @@ import grpc
 import pytest
 from raw import Raw, batch, plain_batch
 
+from services import errors
 from services.stubs.txlog.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc, partition_pb2
 
 LATEST, EARLIEST, LSO, BY_TIME = (
@@ -321,11 +322,12 @@ def test_init_producer_id_for_idempotent_producers(raw):
     assert "NOT_COORDINATOR" in info.value.details()
 
 
-def test_coordinator_rpcs_other_than_init_answer_unimplemented_and_bad_utf8_is_invalid(raw):
+def test_transactional_coordinator_rpcs_answer_not_coordinator_and_bad_utf8_is_invalid(raw):
     channel = grpc.insecure_channel(raw.bootstrap[0])
-    with pytest.raises(grpc.RpcError) as info:
+    with pytest.raises(grpc.RpcError) as info:  # our error, saying where to go: not UNIMPLEMENTED, the word for missing features
         coordinator_pb2_grpc.CoordinatorServiceStub(channel).EndTxn(coordinator_pb2.EndTxnRequest(), timeout=10)
-    assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED and "EndTxn" in info.value.details()
+    assert errors.from_rpc_error(info.value).name == "NOT_COORDINATOR" and "EndTxn" in info.value.details()
+    assert "FindCoordinator" in info.value.details()
     produce = channel.unary_unary("/txlog.v1.PartitionService/Produce", request_serializer=lambda b: b, response_deserializer=lambda b: b)
     with pytest.raises(grpc.RpcError) as info:
         produce(b"\x0a\x02\xff\xfe", timeout=10)  # transactional_id holding invalid UTF-8
