@@ -25,14 +25,14 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1atxlog/v1/producer_id.proto\x12\x08txlog.v1\"H\n\x1a\x41llocateProducerIdsRequest\x12\x19\n\x0crequester_id\x18\x01 \x01(\x03H\x00\x88\x01\x01\x42\x0f\n\r_requester_id\"G\n\x1b\x41llocateProducerIdsResponse\x12\x19\n\x11\x66irst_producer_id\x18\x01 \x01(\x03\x12\r\n\x05\x63ount\x18\x02 \x01(\x05\x32w\n\x11ProducerIdService\x12\x62\n\x13\x41llocateProducerIds\x12$.txlog.v1.AllocateProducerIdsRequest\x1a%.txlog.v1.AllocateProducerIdsResponseB?\n\x0bio.txlog.v1P\x01Z.github.com/txlog/txlog/gen/go/txlog/v1;txlogv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1atxlog/v1/producer_id.proto\x12\x08txlog.v1\"H\n\x1a\x41llocateProducerIdsRequest\x12\x19\n\x0crequester_id\x18\x01 \x01(\x03H\x00\x88\x01\x01\x42\x0f\n\r_requester_id\"G\n\x1b\x41llocateProducerIdsResponse\x12\x19\n\x11\x66irst_producer_id\x18\x01 \x01(\x03\x12\r\n\x05\x63ount\x18\x02 \x01(\x05\x32w\n\x11ProducerIdService\x12\x62\n\x13\x41llocateProducerIds\x12$.txlog.v1.AllocateProducerIdsRequest\x1a%.txlog.v1.AllocateProducerIdsResponseB\x0f\n\x0bio.txlog.v1P\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'txlog.v1.producer_id_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
-  _globals['DESCRIPTOR']._serialized_options = b'\n\013io.txlog.v1P\001Z.github.com/txlog/txlog/gen/go/txlog/v1;txlogv1'
+  _globals['DESCRIPTOR']._serialized_options = b'\n\013io.txlog.v1P\001'
   _globals['_ALLOCATEPRODUCERIDSREQUEST']._serialized_start=40
   _globals['_ALLOCATEPRODUCERIDSREQUEST']._serialized_end=112
   _globals['_ALLOCATEPRODUCERIDSRESPONSE']._serialized_start=114
