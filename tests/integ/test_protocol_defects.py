@@ -60,17 +60,23 @@ def settled(producer, state):
     return lambda: producer.describe().state == STATE_TO_PROTO[state]
 
 
+def commit_one(raw, topic, transactional_id, value):
+    """A producer whose first transaction wrote ``value`` to ``topic``-0 and committed, visibly; with the
+    epoch its markers carried and the coordinator epoch they recorded."""
+    raw.create_topic(topic, 1)
+    producer = TxnProducer(raw, transactional_id).init()
+    producer.add((topic, 0))
+    assert code_name(producer.send(topic, 0, value).error.code) == "NONE"
+    marker_epoch = producer.end(committed=True).producer_epoch
+    wait_until(lambda: values(raw, topic, 0) == [value], what="the commit")
+    return producer, marker_epoch, producer_entry(raw, topic, 0, producer.producer_id).coordinator_epoch
+
+
 # --- defect 1: a late marker of transaction N must not end transaction N+1 ----------------------------
 
 
 def test_a_late_marker_of_the_previous_transaction_never_ends_the_open_one(raw):
-    raw.create_topic("late", 1)
-    producer = TxnProducer(raw, "late-tx").init()
-    producer.add(("late", 0))
-    assert code_name(producer.send("late", 0, "n").error.code) == "NONE"
-    marker_epoch = producer.end(committed=True).producer_epoch  # transaction N's markers carry this epoch
-    wait_until(lambda: values(raw, "late", 0) == ["n"], what="N committed")
-    coordinator_epoch = producer_entry(raw, "late", 0, producer.producer_id).coordinator_epoch
+    producer, marker_epoch, coordinator_epoch = commit_one(raw, "late", "late-tx", "n")  # transaction N
 
     producer.add(("late", 0))  # transaction N+1 writes at the same epoch N's markers carried
     assert code_name(producer.send("late", 0, "m").error.code) == "NONE"
@@ -87,14 +93,8 @@ def test_a_late_marker_of_the_previous_transaction_never_ends_the_open_one(raw):
 
 
 def test_a_re_sent_marker_with_no_transaction_open_is_a_no_op(raw):
-    raw.create_topic("resent", 1)
-    producer = TxnProducer(raw, "resent-tx").init()
-    producer.add(("resent", 0))
-    producer.send("resent", 0, "a")
-    marker_epoch = producer.end(committed=True).producer_epoch
-    wait_until(lambda: values(raw, "resent", 0) == ["a"], what="commit")
+    producer, marker_epoch, coordinator_epoch = commit_one(raw, "resent", "resent-tx", "a")
     end = raw.list_offset("resent", 0, partition_pb2.OFFSET_SPEC_LATEST).offset
-    coordinator_epoch = producer_entry(raw, "resent", 0, producer.producer_id).coordinator_epoch
     assert code_name(write_marker(raw, "resent", 0, producer.producer_id, marker_epoch, True, coordinator_epoch)) == "NONE"
     assert raw.list_offset("resent", 0, partition_pb2.OFFSET_SPEC_LATEST).offset == end  # nothing appended
 
@@ -103,13 +103,7 @@ def test_a_re_sent_marker_with_no_transaction_open_is_a_no_op(raw):
 
 
 def test_a_re_applied_marker_records_the_higher_coordinator_epoch(raw):
-    raw.create_topic("coord-epoch", 1)
-    producer = TxnProducer(raw, "coord-epoch-tx").init()
-    producer.add(("coord-epoch", 0))
-    producer.send("coord-epoch", 0, "a")
-    marker_epoch = producer.end(committed=True).producer_epoch
-    wait_until(lambda: values(raw, "coord-epoch", 0) == ["a"], what="commit")
-    old = producer_entry(raw, "coord-epoch", 0, producer.producer_id).coordinator_epoch
+    producer, marker_epoch, old = commit_one(raw, "coord-epoch", "coord-epoch-tx", "a")
     end = raw.list_offset("coord-epoch", 0, partition_pb2.OFFSET_SPEC_LATEST).offset
     # the new owner after a failover re-sends the marker it found decided: a no-op that still records its epoch
     assert code_name(write_marker(raw, "coord-epoch", 0, producer.producer_id, marker_epoch, True, old + 1)) == "NONE"

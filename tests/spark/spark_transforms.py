@@ -41,10 +41,19 @@ def slow_counts(records, source, window_ms=60_000):
     release = os.environ.get("SLOW_UNTIL_FILE")
     for i, output in enumerate(outputs):
         if i == len(outputs) // 2 and pause_s:
-            deadline = time.monotonic() + pause_s
-            while time.monotonic() < deadline and not (release and os.path.exists(release)):
-                time.sleep(0.1 if release else deadline - time.monotonic())
+            _hold(pause_s, release)
         yield output
+
+
+def _hold(pause_s: float, release: str | None) -> None:
+    """Keeps the task's transaction open: until ``release`` exists (polled, at most
+    ``pause_s``), or, without one, for ``pause_s`` (then the pause is the point)."""
+    if not release:
+        time.sleep(pause_s)
+        return
+    deadline = time.monotonic() + pause_s
+    while not os.path.exists(release) and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 PADDING_BYTES = 200_000  # a header this large pushes the rows before it through every buffer on the way
