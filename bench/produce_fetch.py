@@ -527,7 +527,7 @@ async def fetch_all(channel: grpc.aio.Channel, topic: str, end_offset: int, max_
     with Phase(pids) as phase:
         while offset < end_offset:
             request = partition_pb2.FetchRequest(
-                isolation_level=common_pb2.READ_UNCOMMITTED,
+                isolation_level=common_pb2.ISOLATION_LEVEL_READ_UNCOMMITTED,
                 max_wait_ms=0,
                 max_bytes=max_bytes,
                 partitions=[partition_pb2.FetchPartition(topic=topic, partition=0, fetch_offset=offset)],

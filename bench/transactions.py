@@ -901,16 +901,16 @@ async def measure_fetch(cluster: Cluster, args: argparse.Namespace) -> dict:
              f"{args.aborted_per_committed} aborted transactions of {args.aborted_records} records ({TOPIC_FETCH}-0 on {cluster.name_of(leader)})")
     data = await write_fetch_data(cluster, leader, args)
     progress(f"  {data['committed_records']} committed, {data['aborted_records']} aborted records, end offset {data['end_offset']}")
-    expected = {common_pb2.READ_COMMITTED: data["committed_records"], common_pb2.READ_UNCOMMITTED: data["committed_records"] + data["aborted_records"]}
-    names = {common_pb2.READ_COMMITTED: "read_committed", common_pb2.READ_UNCOMMITTED: "read_uncommitted"}
-    await fetch_pass(cluster, leader, common_pb2.READ_UNCOMMITTED, data["end_offset"], args.fetch_max_bytes)  # warm-up
+    expected = {common_pb2.ISOLATION_LEVEL_READ_COMMITTED: data["committed_records"], common_pb2.ISOLATION_LEVEL_READ_UNCOMMITTED: data["committed_records"] + data["aborted_records"]}
+    names = {common_pb2.ISOLATION_LEVEL_READ_COMMITTED: "read_committed", common_pb2.ISOLATION_LEVEL_READ_UNCOMMITTED: "read_uncommitted"}
+    await fetch_pass(cluster, leader, common_pb2.ISOLATION_LEVEL_READ_UNCOMMITTED, data["end_offset"], args.fetch_max_bytes)  # warm-up
     passes: dict[str, list[dict]] = defaultdict(list)
-    order = (common_pb2.READ_COMMITTED, common_pb2.READ_UNCOMMITTED, common_pb2.READ_UNCOMMITTED, common_pb2.READ_COMMITTED)
+    order = (common_pb2.ISOLATION_LEVEL_READ_COMMITTED, common_pb2.ISOLATION_LEVEL_READ_UNCOMMITTED, common_pb2.ISOLATION_LEVEL_READ_UNCOMMITTED, common_pb2.ISOLATION_LEVEL_READ_COMMITTED)
     for isolation in order * -(-args.fetch_passes // 2):
         run = await fetch_pass(cluster, leader, isolation, data["end_offset"], args.fetch_max_bytes)
         if run["records"] != expected[isolation]:
             raise RuntimeError(f"{names[isolation]}: {run['records']} records returned, {expected[isolation]} expected")
-        if isolation == common_pb2.READ_COMMITTED and run["aborted_records_returned"]:
+        if isolation == common_pb2.ISOLATION_LEVEL_READ_COMMITTED and run["aborted_records_returned"]:
             raise RuntimeError(f"read_committed returned {run['aborted_records_returned']} records of aborted transactions")
         progress(f"  {names[isolation]}: {run['records_per_s']} records/s, {run['mb_per_s']} MB/s, {run['fetch_calls']} calls")
         passes[names[isolation]].append(run)

@@ -136,7 +136,7 @@ class TransactionLogPartition:
             leader = await self.client.leader(TRANSACTION_STATE_TOPIC, self.partition)
             reply = await self.client.stub(leader).Fetch(
                 partition_pb2.FetchRequest(
-                    isolation_level=common_pb2.READ_UNCOMMITTED,
+                    isolation_level=common_pb2.ISOLATION_LEVEL_READ_UNCOMMITTED,
                     partitions=[partition_pb2.FetchPartition(topic=TRANSACTION_STATE_TOPIC, partition=self.partition, fetch_offset=offset)],
                 )
             )

@@ -420,7 +420,7 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
 
     @server.rpc_handler
     async def Fetch(self, request, context):
-        if request.isolation_level not in (common_pb2.READ_UNCOMMITTED, common_pb2.READ_COMMITTED):
+        if request.isolation_level not in (common_pb2.ISOLATION_LEVEL_READ_UNCOMMITTED, common_pb2.ISOLATION_LEVEL_READ_COMMITTED):
             raise request_error(f"unknown isolation_level {request.isolation_level}")
         if request.max_wait_ms < 0 or request.max_bytes < 0 or request.max_records < 0 or request.min_bytes < 0:
             raise request_error("max_wait_ms, min_bytes, max_bytes and max_records must not be negative")
@@ -475,11 +475,11 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
                 ErrorCode.Value("OFFSET_OUT_OF_RANGE"),
                 f"offset {wanted.fetch_offset} is outside [{partition.log_start_offset}, {hw}] of {wanted.topic}-{wanted.partition}",
             )
-        upper = lso if isolation_level == common_pb2.READ_COMMITTED else hw
+        upper = lso if isolation_level == common_pb2.ISOLATION_LEVEL_READ_COMMITTED else hw
         partition_bytes = min(wanted.partition_max_bytes or bytes_left, bytes_left)
         payloads, result.next_fetch_offset, records = partition.read(
             wanted.fetch_offset, upper, partition_bytes, records_left, take_first=take_first,
-            committed=isolation_level == common_pb2.READ_COMMITTED,
+            committed=isolation_level == common_pb2.ISOLATION_LEVEL_READ_COMMITTED,
         )
         return payloads, records
 

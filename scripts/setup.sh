@@ -34,8 +34,9 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   touch "$stamp"
 fi
 
-# The Node client (clients/node, run by tests/integ/test_node_client.py): its
-# packages exactly as package-lock.json pins them, again whenever the lock file
+# The Node client (clients/node, run by tests/integ/test_node_client.py) and
+# buf (its dev dependency; tests/unit/test_proto_contract.py lints protos/ and
+# checks them against the last release): exactly as package-lock.json pins them, again whenever the lock file
 # (or package.json) is newer than the last install. None needs an install script.
 for tool in node npm; do
   if ! command -v "$tool" >/dev/null 2>&1; then
@@ -45,12 +46,18 @@ for tool in node npm; do
 done
 node_stamp=clients/node/node_modules/.txlog-installed
 if [ ! -f "$node_stamp" ] || [ clients/node/package-lock.json -nt "$node_stamp" ] || [ clients/node/package.json -nt "$node_stamp" ]; then
-  echo "setup: installing the Node client's packages (npm ci in clients/node)" >&2
-  if ! (cd clients/node && npm ci --ignore-scripts --no-audit --no-fund) >.venv/npm.log 2>&1; then
+  echo "setup: installing the Node client's packages (npm install in clients/node)" >&2
+  # `npm install --no-save` with the lock file, not `npm ci`: buf's npm package
+  # names a binary package per platform, and a registry that serves only some
+  # platforms (the one here 404s the darwin and win32 ones) leaves those out of
+  # the lock, which `npm ci` refuses; `install` takes the lock's versions and
+  # skips the optional packages it cannot fetch, and --no-save leaves the lock as is.
+  if ! (cd clients/node && npm install --no-save --ignore-scripts --no-audit --no-fund) >.venv/npm.log 2>&1; then
     tail -n 30 .venv/npm.log >&2
-    echo "setup: npm ci failed; the whole log is .venv/npm.log" >&2
+    echo "setup: npm install failed; the whole log is .venv/npm.log" >&2
     exit 1
   fi
   (cd clients/node && node -e "require('@grpc/grpc-js'); require('@grpc/proto-loader'); require('protobufjs')")
+  clients/node/node_modules/.bin/buf --version >/dev/null
   touch "$node_stamp"
 fi

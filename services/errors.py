@@ -27,7 +27,7 @@ from grpc_status import rpc_status
 
 from services.stubs.txlog.v1 import errors_pb2
 
-ErrorCode = errors_pb2.ErrorCode
+ERROR_CODE_PREFIX = "ERROR_CODE_"
 ERROR_DOMAIN = "txlog.v1"
 RETRY_DELAY_MS_DEFAULT = 100
 
@@ -49,6 +49,27 @@ _CLASS_FROM_PROTO = {
 }
 _GRPC_BY_NUMBER = {status.value[0]: status for status in grpc.StatusCode}
 
+
+class ShortNamedErrorCode:
+    """``txlog.v1.ErrorCode`` by the names messages, ``ErrorInfo.reason`` and the
+    docs use: the proto's value names without the ERROR_CODE_ prefix protobuf
+    style gives them. Answers ``Value``/``Name``/``values`` as protobuf's enum
+    wrapper does, so ``ErrorCode.Value("PRODUCER_FENCED")`` reads as the code."""
+
+    @staticmethod
+    def Value(name: str) -> int:  # noqa: N802 - protobuf's enum wrapper API
+        return errors_pb2.ErrorCode.Value(ERROR_CODE_PREFIX + name)
+
+    @staticmethod
+    def Name(number: int) -> str:  # noqa: N802 - protobuf's enum wrapper API
+        return errors_pb2.ErrorCode.Name(number).removeprefix(ERROR_CODE_PREFIX)
+
+    @staticmethod
+    def values() -> list[int]:
+        return errors_pb2.ErrorCode.values()
+
+
+ErrorCode = ShortNamedErrorCode()
 
 _CLASS_TO_PROTO = {cls: number for number, cls in _CLASS_FROM_PROTO.items()}
 
@@ -73,13 +94,13 @@ class ErrorSpec:
 
 def _build_table() -> dict[int, ErrorSpec]:
     table = {}
-    for value in ErrorCode.DESCRIPTOR.values:
+    for value in errors_pb2.ErrorCode.DESCRIPTOR.values:
         options = value.GetOptions()
         if not (options.HasExtension(errors_pb2.error_class) and options.HasExtension(errors_pb2.grpc_code)):
             raise RuntimeError(f"ErrorCode {value.name} lacks its error_class or grpc_code option in errors.proto")
         table[value.number] = ErrorSpec(
             code=value.number,
-            name=value.name,
+            name=value.name.removeprefix(ERROR_CODE_PREFIX),
             error_class=_CLASS_FROM_PROTO[options.Extensions[errors_pb2.error_class]],
             grpc_status=_GRPC_BY_NUMBER[options.Extensions[errors_pb2.grpc_code]],
         )

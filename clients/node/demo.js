@@ -83,8 +83,8 @@ async function main() {
     const deadline = Date.now() + READ_DEADLINE_MS;
     const read = async (isolation) => Object.fromEntries(await Promise.all([a, b].map(async (p) =>
       [p.partition, await txlog.readPartition(cluster, topic, p.partition, isolation, deadline)])));
-    const committedRead = await read('READ_COMMITTED');
-    const uncommittedRead = await read('READ_UNCOMMITTED');
+    const committedRead = await read('ISOLATION_LEVEL_READ_COMMITTED');
+    const uncommittedRead = await read('ISOLATION_LEVEL_READ_UNCOMMITTED');
 
     const ofThisRun = (records) => records.filter((r) => r.value && r.value.startsWith(`${run}:`));
     const committedTxns = out.transactions.filter((t) => t.committed);
@@ -132,6 +132,7 @@ async function main() {
   }
   out.mismatches = mismatches;
   out.retries = txlog.retryCounts;
+  out.retried_errors = txlog.retriedErrors;
   out.elapsed_ms = Date.now() - started;
   out.ok = !out.error && mismatches.length === 0;
   process.stdout.write(`${JSON.stringify(out)}\n`);

@@ -1,6 +1,7 @@
 // A small txlog client for Node: the repository's protos/ loaded at run time
-// (no generated or hand-written message types), errors classified from
-// errors.proto, retries with a deadline, leaders and coordinators looked up and
+// (no generated or hand-written message types), errors classified by what the
+// servers send (Error.error_class; a failed call's google.rpc.Status, decoded
+// with the google/rpc protos in protos/), retries with a deadline, leaders and coordinators looked up and
 // forgotten when they move. demo.js uses it.
 'use strict';
 
@@ -55,64 +56,84 @@ for (const [messageType, field] of [['RecordBatch', 'producer_id'], ['InitProduc
 
 // --- errors -----------------------------------------------------------------------------
 
-// The class of every ErrorCode, read from its (error_class) enum-value option in
-// errors.proto. Per-item errors carry their class on the wire (Error.error_class);
-// a failed call does not in any form this client can decode (see fromCallError),
-// so it needs this table. @grpc/proto-loader drops enum-value options from what
-// it returns, so errors.proto is read a second time with protobufjs (the
-// library proto-loader is built on), which keeps them.
-const ERROR_CLASS = (() => {
-  const root = new protobuf.Root();
-  root.resolvePath = (origin, target) => (target === 'google/protobuf/descriptor.proto'
-    ? require.resolve('protobufjs/google/protobuf/descriptor.proto')
-    : path.join(PROTOS, target));
-  root.loadSync('txlog/v1/errors.proto', { keepCase: true });
-  const classes = {};
-  const codes = root.lookupEnum('txlog.v1.ErrorCode');
-  for (const [name, options] of Object.entries(codes.valuesOptions || {})) {
-    classes[name] = className(options['(error_class)']);
-  }
-  if (!classes.CONCURRENT_TRANSACTIONS) throw new Error('errors.proto: no (error_class) options found on ErrorCode');
-  return classes;
-})();
+// ErrorCode value names carry the ERROR_CODE_ prefix (buf's style); this client,
+// like the servers' messages and ErrorInfo.reason, names codes without it.
+const ERROR_CODE_PREFIX = 'ERROR_CODE_';
+const shortCode = (name) => String(name).replace(ERROR_CODE_PREFIX, '');
 
 function className(protoName) { // ERROR_CLASS_RETRIABLE -> retriable
   return protoName ? String(protoName).replace(/^ERROR_CLASS_/, '').toLowerCase() : undefined;
 }
 
 class TxlogError extends Error {
-  constructor(code, message, errorClass) {
+  constructor(code, message, errorClass, retryDelayMs) {
     super(`${code}: ${message || ''}`);
     this.code = code;
-    this.errorClass = errorClass || ERROR_CLASS[code] || 'retriable';
+    this.errorClass = errorClass || 'retriable';
+    this.retryDelayMs = retryDelayMs;
   }
   get retriable() { return this.errorClass === 'retriable'; }
 }
 
 // A per-item outcome (txlog.v1.Error in a result). Success is an ABSENT error
 // (the servers set it only on failure) or one whose code is NONE, which with
-// defaults: false also arrives as an absent code.
+// defaults: false also arrives as an absent code. The class travels in the
+// message (error_class). With enums: String a code this client's protos do not
+// know (a newer server's) stays a number, and errors.proto says it is then
+// retriable whatever error_class says.
 function checkItem(error, what) {
-  if (!error || error.code === undefined || error.code === 'NONE' || error.code === 0) return;
-  // errors.proto: a code this client does not know (a newer server's; with
-  // enums: String it stays a number) is retriable whatever error_class says.
-  const known = ERROR_CLASS[error.code] !== undefined;
-  throw new TxlogError(error.code, `${what}: ${error.message || ''}`, known ? className(error.error_class) : 'retriable');
+  if (!error || error.code === undefined || error.code === `${ERROR_CODE_PREFIX}NONE` || error.code === 0) return;
+  const known = typeof error.code === 'string';
+  throw new TxlogError(known ? shortCode(error.code) : `UNKNOWN_CODE_${error.code}`, `${what}: ${error.message || ''}`,
+    known ? className(error.error_class) : 'retriable');
 }
 
-// A failed call. The servers put a google.rpc.Status with an ErrorInfo (reason
-// = the code's name, metadata.class) and a RetryInfo into grpc-status-details-bin,
-// but google/rpc/*.proto is not in protos/, so a client loading only protos/
-// cannot decode it; the status message starts with the code's name
-// ("NOT_COORDINATOR: ..."), which is used here. Plain gRPC failures (server
-// down, deadline passed) are sorted by their status code.
+// google.rpc.Status and its details, from the google/rpc protos that ship in
+// protos/ (proto-loader returns service definitions only, so they are read with
+// protobufjs, the library proto-loader is built on; it bundles google/protobuf).
+const RPC = (() => {
+  const root = new protobuf.Root();
+  root.resolvePath = (origin, target) => path.join(PROTOS, target);
+  root.loadSync(['google/rpc/status.proto', 'google/rpc/error_details.proto'], { keepCase: true });
+  return {
+    Status: root.lookupType('google.rpc.Status'),
+    ErrorInfo: root.lookupType('google.rpc.ErrorInfo'),
+    RetryInfo: root.lookupType('google.rpc.RetryInfo'),
+  };
+})();
+
+// The ErrorInfo and RetryInfo delay (ms) a failed call carries in its
+// grpc-status-details-bin trailer, if any.
+function statusDetails(err) {
+  const raw = err.metadata && err.metadata.get('grpc-status-details-bin')[0];
+  if (!raw) return {};
+  const found = {};
+  for (const any of RPC.Status.decode(raw).details) {
+    const typeName = any.type_url.slice(any.type_url.lastIndexOf('/') + 1);
+    if (typeName === 'google.rpc.ErrorInfo') found.info = RPC.ErrorInfo.decode(any.value);
+    if (typeName === 'google.rpc.RetryInfo') {
+      const delay = RPC.RetryInfo.decode(any.value).retry_delay || {};
+      found.retryDelayMs = int(delay.seconds) * 1000 + Math.floor((delay.nanos || 0) / 1e6);
+    }
+  }
+  return found;
+}
+
+// A failed call. Our servers answer with an ErrorInfo (domain txlog.v1, reason =
+// the code's name, metadata.class) and, when retriable, a RetryInfo; the status
+// message is "<code name>: <what was wrong>". Plain gRPC failures (server down,
+// deadline passed) carry none of it and are sorted by their status code.
 const GRPC_RETRIABLE = new Set([grpc.status.UNAVAILABLE, grpc.status.DEADLINE_EXCEEDED, grpc.status.CANCELLED,
   grpc.status.RESOURCE_EXHAUSTED]);
 function fromCallError(err, what) {
   if (err instanceof TxlogError) return err;
   if (err.code === undefined) return err; // a bug of ours, not a gRPC failure
-  const named = /^([A-Z][A-Z_]+): /.exec(err.details || '');
-  if (named && ERROR_CLASS[named[1]]) return new TxlogError(named[1], `${what}: ${err.details.slice(named[0].length)}`);
+  const { info, retryDelayMs } = statusDetails(err);
+  if (info && info.domain === 'txlog.v1') {
+    const prefix = `${info.reason}: `;
+    const message = (err.details || '').startsWith(prefix) ? err.details.slice(prefix.length) : err.details;
+    return new TxlogError(info.reason, `${what}: ${message}`, info.metadata.class, retryDelayMs);
+  }
   const status = Object.keys(grpc.status).find((k) => grpc.status[k] === err.code) || String(err.code);
   return new TxlogError(`GRPC_${status}`, `${what}: ${err.details}`, GRPC_RETRIABLE.has(err.code) ? 'retriable' : 'fatal');
 }
@@ -122,6 +143,8 @@ function fromCallError(err, what) {
 const CALL_TIMEOUT_MS = 10000;
 const RETRY_DEADLINE_MS = Number(process.env.TXLOG_RETRY_DEADLINE_MS || 30000);
 const retryCounts = {}; // code -> how many times it was retried (reported by the demo)
+// code -> its class and the delay the server's RetryInfo asked for, as last decoded
+const retriedErrors = {};
 
 function unary(client, method, request, timeoutMs = CALL_TIMEOUT_MS) {
   return new Promise((resolve, reject) => {
@@ -143,9 +166,12 @@ async function retrying(what, attempt, onRetriable = () => {}) {
       const err = fromCallError(raw, what);
       if (!(err instanceof TxlogError) || !err.retriable || Date.now() + backoffMs > deadline) throw err;
       retryCounts[err.code] = (retryCounts[err.code] || 0) + 1;
+      retriedErrors[err.code] = { class: err.errorClass, retry_delay_ms: err.retryDelayMs };
       process.stderr.write(`txlog: retrying after ${err.message}\n`);
       onRetriable(err);
-      await sleep(backoffMs); // back off, then ask again: the retriable codes are all "try again shortly"
+      // back off, then ask again (the retriable codes are all "try again
+      // shortly"): as long as the server's RetryInfo asks, else exponentially
+      await sleep(err.retryDelayMs !== undefined ? Math.max(err.retryDelayMs, backoffMs) : backoffMs);
       backoffMs = Math.min(backoffMs * 2, 1000);
     }
   }
@@ -421,7 +447,7 @@ async function readPartition(cluster, topic, partition, isolation, deadline, fro
 }
 
 module.exports = {
-  v1, definition, int, retryCounts, ERROR_CLASS,
+  v1, definition, int, retryCounts, retriedErrors,
   TxlogError, checkItem, fromCallError, retrying, unary, Cluster,
   recordBatch, produce, initIdempotent, nextSequence, TransactionalProducer, readPartition,
 };

@@ -63,8 +63,8 @@ class Fetcher:
         self._clock = clock
         self.states: dict[TopicPartition, PartitionState] = {}
         self._round_robin = 0
-        self._isolation = (common_pb2.READ_COMMITTED if config.isolation_level == "read_committed"
-                           else common_pb2.READ_UNCOMMITTED)
+        self._isolation = (common_pb2.ISOLATION_LEVEL_READ_COMMITTED if config.isolation_level == "read_committed"
+                           else common_pb2.ISOLATION_LEVEL_READ_UNCOMMITTED)
 
     # --- assignment and positions ----------------------------------------------------------
 
@@ -101,7 +101,7 @@ class Fetcher:
         pending = {tp: s.reset_to for tp, s in self.states.items() if s.reset_to is not None}
         if not pending:
             return
-        latest = partition_pb2.OFFSET_SPEC_LAST_STABLE if self._isolation == common_pb2.READ_COMMITTED \
+        latest = partition_pb2.OFFSET_SPEC_LAST_STABLE if self._isolation == common_pb2.ISOLATION_LEVEL_READ_COMMITTED \
             else partition_pb2.OFFSET_SPEC_LATEST
         specs = {tp: partition_pb2.OFFSET_SPEC_EARLIEST if strategy == "earliest" else latest
                  for tp, strategy in pending.items()}

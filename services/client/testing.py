@@ -401,7 +401,7 @@ class FakeCluster:
             if not 0 <= item.fetch_offset <= hw:
                 result.error.code = E("OFFSET_OUT_OF_RANGE")
                 continue
-            committed = request.isolation_level == common_pb2.READ_COMMITTED
+            committed = request.isolation_level == common_pb2.ISOLATION_LEVEL_READ_COMMITTED
             limit = partition.last_stable_offset if committed else hw
             end = max(item.fetch_offset, limit if request.max_records <= 0
                       else min(limit, item.fetch_offset + request.max_records))

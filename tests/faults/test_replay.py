@@ -127,7 +127,7 @@ def test_the_marker_request_is_the_coordinators():
 
 
 def test_answers_name_each_partitions_error_and_a_refused_connection_is_not_a_delivery():
-    fenced = errors_pb2.Error(code=errors_pb2.ErrorCode.Value("PRODUCER_FENCED"))
+    fenced = errors_pb2.Error(code=errors_pb2.ERROR_CODE_PRODUCER_FENCED)
     markers = partition_pb2.WriteTxnMarkersResponse(markers=[partition_pb2.TxnMarkerResult(producer_id=7, results=[
         common_pb2.PartitionResult(partition=common_pb2.TopicPartition(topic="a", partition=0), error=fenced),
         common_pb2.PartitionResult(partition=common_pb2.TopicPartition(topic="a", partition=1))])])

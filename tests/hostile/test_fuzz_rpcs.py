@@ -373,7 +373,7 @@ class Hostile:
             ), leader).results[0]
             assert result.error.code == NONE, result.error
             batches.extend(batch.SerializeToString(deterministic=True) for batch in result.batches)
-            upper = result.last_stable_offset if isolation == common_pb2.READ_COMMITTED else result.high_watermark
+            upper = result.last_stable_offset if isolation == common_pb2.ISOLATION_LEVEL_READ_COMMITTED else result.high_watermark
             if result.next_fetch_offset >= upper or result.next_fetch_offset == offset:
                 return batches
             offset = result.next_fetch_offset
@@ -389,8 +389,8 @@ class Hostile:
         }
         for index in range(b.partitions):
             leader = self.leader(b.topic, index)
-            state[f"read_uncommitted-{index}"] = self.read_partition(b.topic, index, common_pb2.READ_UNCOMMITTED)
-            state[f"read_committed-{index}"] = self.read_partition(b.topic, index, common_pb2.READ_COMMITTED)
+            state[f"read_uncommitted-{index}"] = self.read_partition(b.topic, index, common_pb2.ISOLATION_LEVEL_READ_UNCOMMITTED)
+            state[f"read_committed-{index}"] = self.read_partition(b.topic, index, common_pb2.ISOLATION_LEVEL_READ_COMMITTED)
             offsets = self.partition("ListOffsets", partition_pb2.ListOffsetsRequest(partitions=[
                 partition_pb2.ListOffsetsPartition(topic=b.topic, partition=index, spec=spec)
                 for spec in (partition_pb2.OFFSET_SPEC_EARLIEST, partition_pb2.OFFSET_SPEC_LATEST, partition_pb2.OFFSET_SPEC_LAST_STABLE)

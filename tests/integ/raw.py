@@ -60,7 +60,7 @@ class Raw:
         )
         return reply.results[0]
 
-    def fetch(self, topic, partition, offset, isolation=common_pb2.READ_UNCOMMITTED, max_wait_ms=0, stub=None, **limits):
+    def fetch(self, topic, partition, offset, isolation=common_pb2.ISOLATION_LEVEL_READ_UNCOMMITTED, max_wait_ms=0, stub=None, **limits):
         stub = stub or self.leader(topic, partition)
         reply = stub.Fetch(
             partition_pb2.FetchRequest(

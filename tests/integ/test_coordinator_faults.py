@@ -27,7 +27,7 @@ from services.cluster import LocalCluster, health_serving
 from services.hashing import partition_for_id
 from services.stubs.txlog.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc, partition_pb2
 
-COMMITTED, UNCOMMITTED = common_pb2.READ_COMMITTED, common_pb2.READ_UNCOMMITTED
+COMMITTED, UNCOMMITTED = common_pb2.ISOLATION_LEVEL_READ_COMMITTED, common_pb2.ISOLATION_LEVEL_READ_UNCOMMITTED
 STATE_TOPIC = coordinators.TRANSACTION_STATE_TOPIC
 SESSION_TIMEOUT_S = 5
 COORDINATOR_ARGS = [

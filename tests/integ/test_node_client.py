@@ -15,6 +15,7 @@ import pytest
 from raw import Raw
 from txn_raw import TxnProducer, wait_until
 
+from services.errors import RETRY_DELAY_MS_DEFAULT
 from services.stubs.txlog.v1 import common_pb2, coordinator_pb2, partition_pb2
 
 CLIENT = Path(__file__).resolve().parents[2] / "clients" / "node"
@@ -34,7 +35,7 @@ def run_node(bootstrap: str, topic: str, **env) -> tuple[int, dict, str]:
     node = shutil.which("node")
     assert node, "node is not installed: scripts/setup.sh installs it (apt-get install nodejs npm)"
     assert (CLIENT / "node_modules" / "@grpc" / "grpc-js").is_dir(), \
-        "clients/node/node_modules is missing: run scripts/setup.sh (npm ci in clients/node)"
+        "clients/node/node_modules is missing: run scripts/setup.sh (npm install in clients/node)"
     done = subprocess.run([node, str(CLIENT / "demo.js"), bootstrap, topic], capture_output=True, text=True,
                           timeout=NODE_TIMEOUT_S, env={**os.environ, **env})
     lines = done.stdout.strip().splitlines()
@@ -56,7 +57,7 @@ def read(raw, partition, isolation) -> list[tuple[int, str, common_pb2.RecordBat
 
 
 def no_transaction_open(raw, partition) -> bool:
-    result = raw.fetch(TOPIC, partition, 0, isolation=common_pb2.READ_COMMITTED)
+    result = raw.fetch(TOPIC, partition, 0, isolation=common_pb2.ISOLATION_LEVEL_READ_COMMITTED)
     return result.error.code == 0 and result.last_stable_offset == result.high_watermark
 
 
@@ -84,6 +85,10 @@ def test_node_client_produces_commits_aborts_and_reads_committed(raw):
     status, out, stderr = run_node(bootstrap, TOPIC, TXLOG_TRANSACTIONAL_ID=TRANSACTIONAL_ID)
     assert status == 0 and out["ok"] is True and out["mismatches"] == [], (out, stderr)
     assert out["retries"].get("CONCURRENT_TRANSACTIONS", 0) >= 1, out["retries"]
+    # read from the call's google.rpc.Status details (ErrorInfo, RetryInfo),
+    # decoded with the google/rpc protos that ship in protos/
+    assert out["retried_errors"]["CONCURRENT_TRANSACTIONS"] == \
+        {"class": "retriable", "retry_delay_ms": RETRY_DELAY_MS_DEFAULT}, out["retried_errors"]
     assert out["init"]["producer_id"] == zombie.producer_id and out["init"]["producer_epoch"] > zombie.producer_epoch
     found = raw.metadata(partition_pb2.MetadataRequest(transactional_ids=[TRANSACTIONAL_ID])).transaction_coordinators[0]
     assert out["coordinator"] == found.address  # what FindCoordinator told it
@@ -105,8 +110,8 @@ def test_node_client_produces_commits_aborts_and_reads_committed(raw):
     # Read again from Python once no transaction is open (the last EndTxn
     # answered before its markers were written).
     wait_until(lambda: no_transaction_open(raw, a) and no_transaction_open(raw, b), what="both partitions settled")
-    committed = {p: read(raw, p, common_pb2.READ_COMMITTED) for p in (a, b)}
-    everything = {p: read(raw, p, common_pb2.READ_UNCOMMITTED) for p in (a, b)}
+    committed = {p: read(raw, p, common_pb2.ISOLATION_LEVEL_READ_COMMITTED) for p in (a, b)}
+    everything = {p: read(raw, p, common_pb2.ISOLATION_LEVEL_READ_UNCOMMITTED) for p in (a, b)}
 
     wanted = {
         a: [f"{run}:plain-0", f"{run}:idem-0", f"{run}:idem-1", f"{run}:idem-2"]

@@ -16,7 +16,7 @@ from services.client import Admin
 from services.hashing import partition_for_id
 from services.stubs.txlog.v1 import common_pb2, coordinator_pb2, partition_pb2
 
-COMMITTED, UNCOMMITTED = common_pb2.READ_COMMITTED, common_pb2.READ_UNCOMMITTED
+COMMITTED, UNCOMMITTED = common_pb2.ISOLATION_LEVEL_READ_COMMITTED, common_pb2.ISOLATION_LEVEL_READ_UNCOMMITTED
 
 
 @pytest.fixture

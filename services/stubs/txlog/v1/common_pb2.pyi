@@ -11,16 +11,16 @@ DESCRIPTOR: _descriptor.FileDescriptor
 
 class IsolationLevel(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
-    READ_UNCOMMITTED: _ClassVar[IsolationLevel]
-    READ_COMMITTED: _ClassVar[IsolationLevel]
+    ISOLATION_LEVEL_READ_UNCOMMITTED: _ClassVar[IsolationLevel]
+    ISOLATION_LEVEL_READ_COMMITTED: _ClassVar[IsolationLevel]
 
 class ControlType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     CONTROL_TYPE_DATA: _ClassVar[ControlType]
     CONTROL_TYPE_COMMIT: _ClassVar[ControlType]
     CONTROL_TYPE_ABORT: _ClassVar[ControlType]
-READ_UNCOMMITTED: IsolationLevel
-READ_COMMITTED: IsolationLevel
+ISOLATION_LEVEL_READ_UNCOMMITTED: IsolationLevel
+ISOLATION_LEVEL_READ_COMMITTED: IsolationLevel
 CONTROL_TYPE_DATA: ControlType
 CONTROL_TYPE_COMMIT: ControlType
 CONTROL_TYPE_ABORT: ControlType
