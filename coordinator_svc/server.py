@@ -15,7 +15,7 @@ from services import coordinators, errors, names, server
 from services.channels import open_channel
 from services.config import Setting, positive_int
 from services.errors import TxlogError
-from services.producer_ids import ProducerIdSource, previous_producer
+from services.producer_ids import ProducerIdSource, named_producer, previous_producer
 from services.stubs.txlog.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc, partition_pb2
 
 KIND = coordinators.COORDINATOR_KIND
@@ -54,8 +54,16 @@ def describe(meta: TransactionMetadata) -> coordinator_pb2.TransactionDescriptio
     )
 
 
-def handle_of(proto: coordinator_pb2.TransactionHandle) -> Handle:
-    return Handle(proto.transactional_id, proto.producer_id, proto.producer_epoch)
+def handle_of(proto: coordinator_pb2.TransactionHandle, rpc: str) -> Handle:
+    return Handle(proto.transactional_id, *named_producer(proto, f"{rpc}'s handle"))
+
+
+def decision_of(request, rpc: str) -> bool:
+    """Commit (True) or abort: required, since a default would silently abort
+    what the caller meant to commit and be answered just the same."""
+    if not request.HasField("committed"):
+        raise error("INVALID_REQUEST", f"{rpc} leaves out committed: say true to commit or false to abort")
+    return request.committed
 
 
 class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
@@ -90,7 +98,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
         if not request.partitions:
             raise error("INVALID_REQUEST", "the request names no partition")
         results = await self.coordinator.answer_as_owner(request.transactional_id, self.coordinator.handle_add_partitions(
-            request.transactional_id, request.producer_id, request.producer_epoch, topic_partitions(request.partitions), request.verify_only
+            request.transactional_id, *named_producer(request, "AddPartitionsToTxn"), topic_partitions(request.partitions), request.verify_only
         ))
         if any(problem is not None and problem.code in ANSWERS_FROM_STATE for problem in results.values()):
             await self.coordinator.confirm_ownership(request.transactional_id)
@@ -104,13 +112,13 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
     @server.rpc_handler
     async def AddOffsetsToTxn(self, request, context):
         await self.coordinator.answer_as_owner(request.transactional_id, self.coordinator.handle_add_offsets(
-            request.transactional_id, request.producer_id, request.producer_epoch, request.group_id))
+            request.transactional_id, *named_producer(request, "AddOffsetsToTxn"), request.group_id))
         return coordinator_pb2.AddOffsetsToTxnResponse()
 
     @server.rpc_handler
     async def EndTxn(self, request, context):
         producer_id, epoch = await self.coordinator.answer_as_owner(request.transactional_id, self.coordinator.handle_end_txn(
-            request.transactional_id, request.producer_id, request.producer_epoch, request.committed
+            request.transactional_id, *named_producer(request, "EndTxn"), decision_of(request, "EndTxn")
         ))
         return coordinator_pb2.EndTxnResponse(producer_id=producer_id, producer_epoch=epoch)
 
@@ -160,8 +168,9 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
     @server.rpc_handler
     async def AbortTransaction(self, request, context):
         tp = (request.partition.topic, request.partition.partition)
-        if request.producer_id < 0 or not 0 <= request.producer_epoch <= 32767 or request.coordinator_epoch < 0:
-            raise error("INVALID_REQUEST", "producer_id, producer_epoch and coordinator_epoch must be valid (see DescribeProducers)")
+        named_producer(request, "AbortTransaction")
+        if not request.HasField("coordinator_epoch") or request.coordinator_epoch < 0:
+            raise error("INVALID_REQUEST", "AbortTransaction needs the coordinator_epoch DescribeProducers shows (>= 0)")
         names.check_topic_name(tp[0])
         leader = await self.coordinator.client.leader(*tp)
         # The request names the hanging transaction's own epoch (DescribeProducers shows it); a marker ends
@@ -181,7 +190,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
     @server.rpc_handler
     async def PrepareTransaction(self, request, context):
         handle = await self.coordinator.answer_as_owner(request.transactional_id, self.coordinator.handle_prepare(
-            request.transactional_id, request.producer_id, request.producer_epoch, request.prepared_timeout_ms
+            request.transactional_id, *named_producer(request, "PrepareTransaction"), request.prepared_timeout_ms
         ))
         return coordinator_pb2.PrepareTransactionResponse(
             handle=coordinator_pb2.TransactionHandle(
@@ -192,13 +201,14 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
     @server.rpc_handler
     async def CompleteTransaction(self, request, context):
         producer_id, epoch = await self.coordinator.answer_as_owner(
-            request.handle.transactional_id, self.coordinator.handle_complete(handle_of(request.handle), request.committed))
+            request.handle.transactional_id,
+            self.coordinator.handle_complete(handle_of(request.handle, "CompleteTransaction"), decision_of(request, "CompleteTransaction")))
         return coordinator_pb2.CompleteTransactionResponse(producer_id=producer_id, producer_epoch=epoch)
 
     @server.rpc_handler
     async def CommitTransactionGroup(self, request, context):
         await self.coordinator.answer_as_owner(
-            request.group_id, self.coordinator.handle_commit_group(request.group_id, [handle_of(h) for h in request.handles]))
+            request.group_id, self.coordinator.handle_commit_group(request.group_id, [handle_of(h, "CommitTransactionGroup") for h in request.handles]))
         return coordinator_pb2.CommitTransactionGroupResponse()
 
 

@@ -31,7 +31,7 @@ from services.errors import ErrorCode, TxlogError, error_proto
 from services.hashing import partition_for_id
 from services.logs import fields
 from services.names import check_transactional_id, is_group_id, is_topic_name
-from services.producer_ids import IdempotentProducerInitServicer, ProducerIdSource
+from services.producer_ids import IdempotentProducerInitServicer, ProducerIdSource, named_producer
 from services.stubs.txlog.v1 import (
     common_pb2,
     coordinator_pb2,
@@ -521,6 +521,9 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
                 info = await self.topics.get(wanted.topic)
                 if info is None or not 0 <= wanted.partition < info.partition_count:
                     raise TxlogError(ErrorCode.Value("UNKNOWN_TOPIC_OR_PARTITION"), f"{wanted.topic} partition {wanted.partition} does not exist")
+                if not wanted.HasField("offset"):
+                    raise TxlogError(ErrorCode.Value("INVALID_OFFSET"), "offset is required (left out it is not 0, which would "
+                                     "rewind the group to the start)")
                 if wanted.offset < 0:
                     raise TxlogError(ErrorCode.Value("INVALID_OFFSET"), f"offset must not be negative, got {wanted.offset}")
                 if len(wanted.metadata.encode()) > validation.OFFSET_METADATA_BYTES_MAX:
@@ -556,7 +559,7 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
     async def TxnOffsetCommit(self, request, context):
         validation.check_group_id(request.group_id)
         self.check_partition_count(len(request.offsets))
-        check_producer(request.producer_id, request.producer_epoch)
+        named_producer(request, "TxnOffsetCommit")
         offsets_partition = await self.group_partition(request.group_id)
         batch = common_pb2.RecordBatch(producer_id=request.producer_id, producer_epoch=request.producer_epoch)
         await self.verify_transactional(request.transactional_id, batch, offsets_partition)

@@ -77,6 +77,23 @@ def previous_producer(request: coordinator_pb2.InitProducerIdRequest) -> tuple[i
     return request.producer_id, request.producer_epoch
 
 
+def named_producer(request, rpc: str) -> tuple[int, int]:
+    """The (producer id, epoch) a transactional request acts as. Both are
+    required (proto3 optional only so that absence shows): left out they would
+    read as producer 0 at epoch 0, a real id, and be answered PRODUCER_FENCED
+    or INVALID_PRODUCER_ID_MAPPING, which point at the wrong cause."""
+    missing = [name for name in ("producer_id", "producer_epoch") if not request.HasField(name)]
+    if missing:
+        raise TxlogError(ErrorCode.Value("INVALID_REQUEST"),
+                         f"{rpc} leaves out {' and '.join(missing)}: set both to what InitProducerId (or the last "
+                         f"EndTxn) answered")
+    if request.producer_id < 0 or not 0 <= request.producer_epoch <= PRODUCER_EPOCH_MAX:
+        raise TxlogError(ErrorCode.Value("INVALID_REQUEST"),
+                         f"{rpc}: producer_id must be >= 0 and producer_epoch 0..{PRODUCER_EPOCH_MAX}, "
+                         f"got {request.producer_id}/{request.producer_epoch}")
+    return request.producer_id, request.producer_epoch
+
+
 class IdempotentProducerInitServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
     """InitProducerId without a transactional id. partition_svc serves its
     subclass (partition_svc.server.BootstrapCoordinatorServicer), which adds

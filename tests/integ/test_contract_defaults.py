@@ -7,7 +7,7 @@ the real services (they fail on the tree before the contract changed)."""
 import grpc
 import pytest
 from raw import Raw
-from txn_raw import TxnProducer
+from txn_raw import TxnProducer, wait_until
 
 from services import errors
 from services.stubs.txlog.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc, errors_pb2, partition_pb2
@@ -152,3 +152,85 @@ def test_find_coordinator_answers_on_every_partition_svc_address(raw):
             bootstrap.FindCoordinator(coordinator_pb2.FindCoordinatorRequest(
                 key="bad id!", key_type=coordinator_pb2.COORDINATOR_KEY_TYPE_TRANSACTION), timeout=10)
         assert errors.from_rpc_error(info.value).name == "INVALID_TRANSACTIONAL_ID"
+
+
+def test_transactional_requests_that_leave_out_the_producer_or_the_decision_are_refused_and_change_nothing(raw):
+    """Left out, producer_id/producer_epoch would read as producer 0 at epoch 0
+    (answered PRODUCER_FENCED: "close this producer", the wrong cause) and
+    `committed` as "abort" (answered like a commit). Each is INVALID_REQUEST
+    naming the field, and the open transaction goes on untouched."""
+    raw.create_topic("named-producer", 1)
+    tid, group = "named-tx", "named-group"
+    producer = TxnProducer(raw, tid).init()
+    producer.add(("named-producer", 0))
+    assert producer.send("named-producer", 0, "kept").error.code == 0
+    before = producer.describe()
+    who = {"producer_id": producer.producer_id, "producer_epoch": producer.producer_epoch}
+    tp = common_pb2.TopicPartition(topic="named-producer", partition=0)
+    coordinator = producer.coordinator()
+    group_leader = raw.stub(raw.bootstrap[0])  # the check comes before the group is routed
+
+    cases = []
+    for left_out in who:
+        named = {k: v for k, v in who.items() if k != left_out}
+        cases += [
+            (left_out, coordinator.AddPartitionsToTxn,
+             coordinator_pb2.AddPartitionsToTxnRequest(transactional_id=tid, partitions=[tp], **named)),
+            (left_out, coordinator.AddOffsetsToTxn,
+             coordinator_pb2.AddOffsetsToTxnRequest(transactional_id=tid, group_id=group, **named)),
+            (left_out, coordinator.EndTxn, coordinator_pb2.EndTxnRequest(transactional_id=tid, committed=False, **named)),
+            (left_out, coordinator.PrepareTransaction, coordinator_pb2.PrepareTransactionRequest(transactional_id=tid, **named)),
+            (left_out, coordinator.CompleteTransaction, coordinator_pb2.CompleteTransactionRequest(
+                handle=coordinator_pb2.TransactionHandle(transactional_id=tid, **named), committed=False)),
+            (left_out, coordinator.CommitTransactionGroup, coordinator_pb2.CommitTransactionGroupRequest(
+                group_id=tid, handles=[coordinator_pb2.TransactionHandle(transactional_id=tid, **named)])),
+            (left_out, coordinator.AbortTransaction,
+             coordinator_pb2.AbortTransactionRequest(partition=tp, coordinator_epoch=0, **named)),
+            (left_out, group_leader.TxnOffsetCommit, partition_pb2.TxnOffsetCommitRequest(
+                transactional_id=tid, group_id=group, offsets=[partition_pb2.PartitionOffset(topic="named-producer", offset=1)],
+                **named)),
+        ]
+    cases += [
+        ("committed", coordinator.EndTxn, coordinator_pb2.EndTxnRequest(transactional_id=tid, **who)),
+        ("committed", coordinator.CompleteTransaction, coordinator_pb2.CompleteTransactionRequest(
+            handle=coordinator_pb2.TransactionHandle(transactional_id=tid, **who))),
+        ("coordinator_epoch", coordinator.AbortTransaction, coordinator_pb2.AbortTransactionRequest(partition=tp, **who)),
+    ]
+    for field, rpc, request in cases:
+        with pytest.raises(grpc.RpcError) as info:
+            rpc(request, timeout=10)
+        got = errors.from_rpc_error(info.value)
+        assert got.name == "INVALID_REQUEST" and field in got.message, (type(request).__name__, field, got)
+
+    after = producer.describe()
+    assert (after.state, after.producer_id, after.producer_epoch, list(after.partitions)) == \
+        (coordinator_pb2.TRANSACTION_STATE_ONGOING, before.producer_id, before.producer_epoch, [tp])
+    producer.end(committed=True)
+    wait_until(lambda: raw.fetch("named-producer", 0, 0, isolation=common_pb2.ISOLATION_LEVEL_READ_COMMITTED).last_stable_offset == 2,
+               what="the commit marker")
+    fetched = raw.fetch("named-producer", 0, 0, isolation=common_pb2.ISOLATION_LEVEL_READ_COMMITTED)
+    assert [r.value for b in fetched.batches for r in b.records] == [b"kept"]
+
+
+def test_an_offset_commit_that_leaves_out_an_offset_refuses_that_partition_not_rewinds_it(raw):
+    raw.create_topic("committed-offsets", 2)
+    address = raw.stub(raw.bootstrap[0]).Metadata(partition_pb2.MetadataRequest(group_ids=["offsets-group"]), timeout=10)
+    group_leader = raw.stub(address.group_coordinators[0].address)
+
+    def commit(*offsets):
+        return group_leader.OffsetCommit(partition_pb2.OffsetCommitRequest(group_id="offsets-group", offsets=offsets), timeout=10)
+
+    def committed():
+        return {o.partition: o.offset for o in group_leader.OffsetFetch(partition_pb2.OffsetFetchRequest(
+            group_id="offsets-group", partitions=[common_pb2.TopicPartition(topic="committed-offsets", partition=p)
+                                                  for p in (0, 1)]), timeout=10).offsets}
+
+    assert [r.error.code for r in commit(partition_pb2.PartitionOffset(topic="committed-offsets", partition=0, offset=5),
+                                         partition_pb2.PartitionOffset(topic="committed-offsets", partition=1, offset=0)).results] == [0, 0]
+    assert committed() == {0: 5, 1: 0}  # offset 0 set explicitly is a commit of 0
+    reply = commit(partition_pb2.PartitionOffset(topic="committed-offsets", partition=0),
+                   partition_pb2.PartitionOffset(topic="committed-offsets", partition=1, offset=3))
+    refused, taken = reply.results
+    assert code_name(refused.error) == "INVALID_OFFSET" and "required" in refused.error.message
+    assert refused.error.error_class == errors_pb2.ERROR_CLASS_FATAL and taken.error.code == 0
+    assert committed() == {0: 5, 1: 3}  # partition 0 kept its offset; the other item was committed

@@ -27,7 +27,7 @@ from services.stubs.txlog.v1 import common_pb2 as txlog_dot_v1_dot_common__pb2
 from services.stubs.txlog.v1 import errors_pb2 as txlog_dot_v1_dot_errors__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1atxlog/v1/coordinator.proto\x12\x08txlog.v1\x1a\x15txlog/v1/common.proto\x1a\x15txlog/v1/errors.proto\"U\n\x16\x46indCoordinatorRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\x12.\n\x08key_type\x18\x02 \x01(\x0e\x32\x1c.txlog.v1.CoordinatorKeyType\"p\n\x17\x46indCoordinatorResponse\x12\x16\n\x0e\x63oordinator_id\x18\x01 \x01(\x05\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x11\n\tpartition\x18\x03 \x01(\x05\x12\x19\n\x11\x63oordinator_epoch\x18\x04 \x01(\x05\"\xab\x01\n\x15InitProducerIdRequest\x12\x18\n\x10transactional_id\x18\x01 \x01(\t\x12\x1e\n\x16transaction_timeout_ms\x18\x02 \x01(\x05\x12\x18\n\x0bproducer_id\x18\x03 \x01(\x03H\x00\x88\x01\x01\x12\x1b\n\x0eproducer_epoch\x18\x04 \x01(\x05H\x01\x88\x01\x01\x42\x0e\n\x0c_producer_idB\x11\n\x0f_producer_epoch\"E\n\x16InitProducerIdResponse\x12\x13\n\x0bproducer_id\x18\x01 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x02 \x01(\x05\"\xa5\x01\n\x19\x41\x64\x64PartitionsToTxnRequest\x12\x18\n\x10transactional_id\x18\x01 \x01(\t\x12\x13\n\x0bproducer_id\x18\x02 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x03 \x01(\x05\x12,\n\npartitions\x18\x04 \x03(\x0b\x32\x18.txlog.v1.TopicPartition\x12\x13\n\x0bverify_only\x18\x05 \x01(\x08\"H\n\x1a\x41\x64\x64PartitionsToTxnResponse\x12*\n\x07results\x18\x01 \x03(\x0b\x32\x19.txlog.v1.PartitionResult\"q\n\x16\x41\x64\x64OffsetsToTxnRequest\x12\x18\n\x10transactional_id\x18\x01 \x01(\t\x12\x13\n\x0bproducer_id\x18\x02 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x03 \x01(\x05\x12\x10\n\x08group_id\x18\x04 \x01(\t\"\x19\n\x17\x41\x64\x64OffsetsToTxnResponse\"i\n\rEndTxnRequest\x12\x18\n\x10transactional_id\x18\x01 \x01(\t\x12\x13\n\x0bproducer_id\x18\x02 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x03 \x01(\x05\x12\x11\n\tcommitted\x18\x04 \x01(\x08\"=\n\x0e\x45ndTxnResponse\x12\x13\n\x0bproducer_id\x18\x01 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x02 \x01(\x05\"\xba\x01\n\x17ListTransactionsRequest\x12\x31\n\rstate_filters\x18\x01 \x03(\x0e\x32\x1a.txlog.v1.TransactionState\x12\x1b\n\x13producer_id_filters\x18\x02 \x03(\x03\x12\x1a\n\x12\x64uration_filter_ms\x18\x03 \x01(\x03\x12\x12\n\nlocal_only\x18\x04 \x01(\x08\x12\x1f\n\x17transactional_id_prefix\x18\x05 \x01(\t\"\x86\x01\n\x12TransactionListing\x12\x18\n\x10transactional_id\x18\x01 \x01(\t\x12\x13\n\x0bproducer_id\x18\x02 \x01(\x03\x12)\n\x05state\x18\x03 \x01(\x0e\x32\x1a.txlog.v1.TransactionState\x12\x16\n\x0eproducer_epoch\x18\x04 \x01(\x05\"N\n\x18ListTransactionsResponse\x12\x32\n\x0ctransactions\x18\x01 \x03(\x0b\x32\x1c.txlog.v1.TransactionListing\"8\n\x1b\x44\x65scribeTransactionsRequest\x12\x19\n\x11transactional_ids\x18\x01 \x03(\t\"\xd2\x02\n\x16TransactionDescription\x12\x18\n\x10transactional_id\x18\x01 \x01(\t\x12\x1e\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x0f.txlog.v1.Error\x12)\n\x05state\x18\x03 \x01(\x0e\x32\x1a.txlog.v1.TransactionState\x12\x13\n\x0bproducer_id\x18\x04 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x05 \x01(\x05\x12\x1e\n\x16transaction_timeout_ms\x18\x06 \x01(\x05\x12!\n\x19transaction_start_time_ms\x18\x07 \x01(\x03\x12,\n\npartitions\x18\x08 \x03(\x0b\x32\x18.txlog.v1.TopicPartition\x12\x18\n\x10prepared_time_ms\x18\t \x01(\x03\x12\x1b\n\x13prepared_timeout_ms\x18\n \x01(\x03\"V\n\x1c\x44\x65scribeTransactionsResponse\x12\x36\n\x0ctransactions\x18\x01 \x03(\x0b\x32 .txlog.v1.TransactionDescription\"\x8e\x01\n\x17\x41\x62ortTransactionRequest\x12+\n\tpartition\x18\x01 \x01(\x0b\x32\x18.txlog.v1.TopicPartition\x12\x13\n\x0bproducer_id\x18\x02 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x03 \x01(\x05\x12\x19\n\x11\x63oordinator_epoch\x18\x04 \x01(\x05\"\x1a\n\x18\x41\x62ortTransactionResponse\"Z\n\x11TransactionHandle\x12\x18\n\x10transactional_id\x18\x01 \x01(\t\x12\x13\n\x0bproducer_id\x18\x02 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x03 \x01(\x05\"\x7f\n\x19PrepareTransactionRequest\x12\x18\n\x10transactional_id\x18\x01 \x01(\t\x12\x13\n\x0bproducer_id\x18\x02 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x03 \x01(\x05\x12\x1b\n\x13prepared_timeout_ms\x18\x04 \x01(\x03\"I\n\x1aPrepareTransactionResponse\x12+\n\x06handle\x18\x01 \x01(\x0b\x32\x1b.txlog.v1.TransactionHandle\"\\\n\x1a\x43ompleteTransactionRequest\x12+\n\x06handle\x18\x01 \x01(\x0b\x32\x1b.txlog.v1.TransactionHandle\x12\x11\n\tcommitted\x18\x02 \x01(\x08\"J\n\x1b\x43ompleteTransactionResponse\x12\x13\n\x0bproducer_id\x18\x01 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x02 \x01(\x05\"_\n\x1d\x43ommitTransactionGroupRequest\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12,\n\x07handles\x18\x02 \x03(\x0b\x32\x1b.txlog.v1.TransactionHandle\" \n\x1e\x43ommitTransactionGroupResponse*Z\n\x12\x43oordinatorKeyType\x12$\n COORDINATOR_KEY_TYPE_TRANSACTION\x10\x00\x12\x1e\n\x1a\x43OORDINATOR_KEY_TYPE_GROUP\x10\x01*\xf0\x02\n\x10TransactionState\x12!\n\x1dTRANSACTION_STATE_UNSPECIFIED\x10\x00\x12\x1b\n\x17TRANSACTION_STATE_EMPTY\x10\x01\x12\x1d\n\x19TRANSACTION_STATE_ONGOING\x10\x02\x12$\n TRANSACTION_STATE_PREPARE_COMMIT\x10\x03\x12#\n\x1fTRANSACTION_STATE_PREPARE_ABORT\x10\x04\x12%\n!TRANSACTION_STATE_COMPLETE_COMMIT\x10\x05\x12$\n TRANSACTION_STATE_COMPLETE_ABORT\x10\x06\x12\x1a\n\x16TRANSACTION_STATE_DEAD\x10\x07\x12)\n%TRANSACTION_STATE_PREPARE_EPOCH_FENCE\x10\x08\x12\x1e\n\x1aTRANSACTION_STATE_PREPARED\x10\t2\x86\x08\n\x12\x43oordinatorService\x12V\n\x0f\x46indCoordinator\x12 .txlog.v1.FindCoordinatorRequest\x1a!.txlog.v1.FindCoordinatorResponse\x12S\n\x0eInitProducerId\x12\x1f.txlog.v1.InitProducerIdRequest\x1a .txlog.v1.InitProducerIdResponse\x12_\n\x12\x41\x64\x64PartitionsToTxn\x12#.txlog.v1.AddPartitionsToTxnRequest\x1a$.txlog.v1.AddPartitionsToTxnResponse\x12V\n\x0f\x41\x64\x64OffsetsToTxn\x12 .txlog.v1.AddOffsetsToTxnRequest\x1a!.txlog.v1.AddOffsetsToTxnResponse\x12;\n\x06\x45ndTxn\x12\x17.txlog.v1.EndTxnRequest\x1a\x18.txlog.v1.EndTxnResponse\x12Y\n\x10ListTransactions\x12!.txlog.v1.ListTransactionsRequest\x1a\".txlog.v1.ListTransactionsResponse\x12\x65\n\x14\x44\x65scribeTransactions\x12%.txlog.v1.DescribeTransactionsRequest\x1a&.txlog.v1.DescribeTransactionsResponse\x12Y\n\x10\x41\x62ortTransaction\x12!.txlog.v1.AbortTransactionRequest\x1a\".txlog.v1.AbortTransactionResponse\x12_\n\x12PrepareTransaction\x12#.txlog.v1.PrepareTransactionRequest\x1a$.txlog.v1.PrepareTransactionResponse\x12\x62\n\x13\x43ompleteTransaction\x12$.txlog.v1.CompleteTransactionRequest\x1a%.txlog.v1.CompleteTransactionResponse\x12k\n\x16\x43ommitTransactionGroup\x12\'.txlog.v1.CommitTransactionGroupRequest\x1a(.txlog.v1.CommitTransactionGroupResponseB\x0f\n\x0bio.txlog.v1P\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1atxlog/v1/coordinator.proto\x12\x08txlog.v1\x1a\x15txlog/v1/common.proto\x1a\x15txlog/v1/errors.proto\"U\n\x16\x46indCoordinatorRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\x12.\n\x08key_type\x18\x02 \x01(\x0e\x32\x1c.txlog.v1.CoordinatorKeyType\"p\n\x17\x46indCoordinatorResponse\x12\x16\n\x0e\x63oordinator_id\x18\x01 \x01(\x05\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x11\n\tpartition\x18\x03 \x01(\x05\x12\x19\n\x11\x63oordinator_epoch\x18\x04 \x01(\x05\"\xab\x01\n\x15InitProducerIdRequest\x12\x18\n\x10transactional_id\x18\x01 \x01(\t\x12\x1e\n\x16transaction_timeout_ms\x18\x02 \x01(\x05\x12\x18\n\x0bproducer_id\x18\x03 \x01(\x03H\x00\x88\x01\x01\x12\x1b\n\x0eproducer_epoch\x18\x04 \x01(\x05H\x01\x88\x01\x01\x42\x0e\n\x0c_producer_idB\x11\n\x0f_producer_epoch\"E\n\x16InitProducerIdResponse\x12\x13\n\x0bproducer_id\x18\x01 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x02 \x01(\x05\"\xd2\x01\n\x19\x41\x64\x64PartitionsToTxnRequest\x12\x18\n\x10transactional_id\x18\x01 \x01(\t\x12\x18\n\x0bproducer_id\x18\x02 \x01(\x03H\x00\x88\x01\x01\x12\x1b\n\x0eproducer_epoch\x18\x03 \x01(\x05H\x01\x88\x01\x01\x12,\n\npartitions\x18\x04 \x03(\x0b\x32\x18.txlog.v1.TopicPartition\x12\x13\n\x0bverify_only\x18\x05 \x01(\x08\x42\x0e\n\x0c_producer_idB\x11\n\x0f_producer_epoch\"H\n\x1a\x41\x64\x64PartitionsToTxnResponse\x12*\n\x07results\x18\x01 \x03(\x0b\x32\x19.txlog.v1.PartitionResult\"\x9e\x01\n\x16\x41\x64\x64OffsetsToTxnRequest\x12\x18\n\x10transactional_id\x18\x01 \x01(\t\x12\x18\n\x0bproducer_id\x18\x02 \x01(\x03H\x00\x88\x01\x01\x12\x1b\n\x0eproducer_epoch\x18\x03 \x01(\x05H\x01\x88\x01\x01\x12\x10\n\x08group_id\x18\x04 \x01(\tB\x0e\n\x0c_producer_idB\x11\n\x0f_producer_epoch\"\x19\n\x17\x41\x64\x64OffsetsToTxnResponse\"\xa9\x01\n\rEndTxnRequest\x12\x18\n\x10transactional_id\x18\x01 \x01(\t\x12\x18\n\x0bproducer_id\x18\x02 \x01(\x03H\x00\x88\x01\x01\x12\x1b\n\x0eproducer_epoch\x18\x03 \x01(\x05H\x01\x88\x01\x01\x12\x16\n\tcommitted\x18\x04 \x01(\x08H\x02\x88\x01\x01\x42\x0e\n\x0c_producer_idB\x11\n\x0f_producer_epochB\x0c\n\n_committed\"=\n\x0e\x45ndTxnResponse\x12\x13\n\x0bproducer_id\x18\x01 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x02 \x01(\x05\"\xba\x01\n\x17ListTransactionsRequest\x12\x31\n\rstate_filters\x18\x01 \x03(\x0e\x32\x1a.txlog.v1.TransactionState\x12\x1b\n\x13producer_id_filters\x18\x02 \x03(\x03\x12\x1a\n\x12\x64uration_filter_ms\x18\x03 \x01(\x03\x12\x12\n\nlocal_only\x18\x04 \x01(\x08\x12\x1f\n\x17transactional_id_prefix\x18\x05 \x01(\t\"\x86\x01\n\x12TransactionListing\x12\x18\n\x10transactional_id\x18\x01 \x01(\t\x12\x13\n\x0bproducer_id\x18\x02 \x01(\x03\x12)\n\x05state\x18\x03 \x01(\x0e\x32\x1a.txlog.v1.TransactionState\x12\x16\n\x0eproducer_epoch\x18\x04 \x01(\x05\"N\n\x18ListTransactionsResponse\x12\x32\n\x0ctransactions\x18\x01 \x03(\x0b\x32\x1c.txlog.v1.TransactionListing\"8\n\x1b\x44\x65scribeTransactionsRequest\x12\x19\n\x11transactional_ids\x18\x01 \x03(\t\"\xd2\x02\n\x16TransactionDescription\x12\x18\n\x10transactional_id\x18\x01 \x01(\t\x12\x1e\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x0f.txlog.v1.Error\x12)\n\x05state\x18\x03 \x01(\x0e\x32\x1a.txlog.v1.TransactionState\x12\x13\n\x0bproducer_id\x18\x04 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x05 \x01(\x05\x12\x1e\n\x16transaction_timeout_ms\x18\x06 \x01(\x05\x12!\n\x19transaction_start_time_ms\x18\x07 \x01(\x03\x12,\n\npartitions\x18\x08 \x03(\x0b\x32\x18.txlog.v1.TopicPartition\x12\x18\n\x10prepared_time_ms\x18\t \x01(\x03\x12\x1b\n\x13prepared_timeout_ms\x18\n \x01(\x03\"V\n\x1c\x44\x65scribeTransactionsResponse\x12\x36\n\x0ctransactions\x18\x01 \x03(\x0b\x32 .txlog.v1.TransactionDescription\"\xd6\x01\n\x17\x41\x62ortTransactionRequest\x12+\n\tpartition\x18\x01 \x01(\x0b\x32\x18.txlog.v1.TopicPartition\x12\x18\n\x0bproducer_id\x18\x02 \x01(\x03H\x00\x88\x01\x01\x12\x1b\n\x0eproducer_epoch\x18\x03 \x01(\x05H\x01\x88\x01\x01\x12\x1e\n\x11\x63oordinator_epoch\x18\x04 \x01(\x05H\x02\x88\x01\x01\x42\x0e\n\x0c_producer_idB\x11\n\x0f_producer_epochB\x14\n\x12_coordinator_epoch\"\x1a\n\x18\x41\x62ortTransactionResponse\"\x87\x01\n\x11TransactionHandle\x12\x18\n\x10transactional_id\x18\x01 \x01(\t\x12\x18\n\x0bproducer_id\x18\x02 \x01(\x03H\x00\x88\x01\x01\x12\x1b\n\x0eproducer_epoch\x18\x03 \x01(\x05H\x01\x88\x01\x01\x42\x0e\n\x0c_producer_idB\x11\n\x0f_producer_epoch\"\xac\x01\n\x19PrepareTransactionRequest\x12\x18\n\x10transactional_id\x18\x01 \x01(\t\x12\x18\n\x0bproducer_id\x18\x02 \x01(\x03H\x00\x88\x01\x01\x12\x1b\n\x0eproducer_epoch\x18\x03 \x01(\x05H\x01\x88\x01\x01\x12\x1b\n\x13prepared_timeout_ms\x18\x04 \x01(\x03\x42\x0e\n\x0c_producer_idB\x11\n\x0f_producer_epoch\"I\n\x1aPrepareTransactionResponse\x12+\n\x06handle\x18\x01 \x01(\x0b\x32\x1b.txlog.v1.TransactionHandle\"o\n\x1a\x43ompleteTransactionRequest\x12+\n\x06handle\x18\x01 \x01(\x0b\x32\x1b.txlog.v1.TransactionHandle\x12\x16\n\tcommitted\x18\x02 \x01(\x08H\x00\x88\x01\x01\x42\x0c\n\n_committed\"J\n\x1b\x43ompleteTransactionResponse\x12\x13\n\x0bproducer_id\x18\x01 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x02 \x01(\x05\"_\n\x1d\x43ommitTransactionGroupRequest\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12,\n\x07handles\x18\x02 \x03(\x0b\x32\x1b.txlog.v1.TransactionHandle\" \n\x1e\x43ommitTransactionGroupResponse*Z\n\x12\x43oordinatorKeyType\x12$\n COORDINATOR_KEY_TYPE_TRANSACTION\x10\x00\x12\x1e\n\x1a\x43OORDINATOR_KEY_TYPE_GROUP\x10\x01*\xf0\x02\n\x10TransactionState\x12!\n\x1dTRANSACTION_STATE_UNSPECIFIED\x10\x00\x12\x1b\n\x17TRANSACTION_STATE_EMPTY\x10\x01\x12\x1d\n\x19TRANSACTION_STATE_ONGOING\x10\x02\x12$\n TRANSACTION_STATE_PREPARE_COMMIT\x10\x03\x12#\n\x1fTRANSACTION_STATE_PREPARE_ABORT\x10\x04\x12%\n!TRANSACTION_STATE_COMPLETE_COMMIT\x10\x05\x12$\n TRANSACTION_STATE_COMPLETE_ABORT\x10\x06\x12\x1a\n\x16TRANSACTION_STATE_DEAD\x10\x07\x12)\n%TRANSACTION_STATE_PREPARE_EPOCH_FENCE\x10\x08\x12\x1e\n\x1aTRANSACTION_STATE_PREPARED\x10\t2\x86\x08\n\x12\x43oordinatorService\x12V\n\x0f\x46indCoordinator\x12 .txlog.v1.FindCoordinatorRequest\x1a!.txlog.v1.FindCoordinatorResponse\x12S\n\x0eInitProducerId\x12\x1f.txlog.v1.InitProducerIdRequest\x1a .txlog.v1.InitProducerIdResponse\x12_\n\x12\x41\x64\x64PartitionsToTxn\x12#.txlog.v1.AddPartitionsToTxnRequest\x1a$.txlog.v1.AddPartitionsToTxnResponse\x12V\n\x0f\x41\x64\x64OffsetsToTxn\x12 .txlog.v1.AddOffsetsToTxnRequest\x1a!.txlog.v1.AddOffsetsToTxnResponse\x12;\n\x06\x45ndTxn\x12\x17.txlog.v1.EndTxnRequest\x1a\x18.txlog.v1.EndTxnResponse\x12Y\n\x10ListTransactions\x12!.txlog.v1.ListTransactionsRequest\x1a\".txlog.v1.ListTransactionsResponse\x12\x65\n\x14\x44\x65scribeTransactions\x12%.txlog.v1.DescribeTransactionsRequest\x1a&.txlog.v1.DescribeTransactionsResponse\x12Y\n\x10\x41\x62ortTransaction\x12!.txlog.v1.AbortTransactionRequest\x1a\".txlog.v1.AbortTransactionResponse\x12_\n\x12PrepareTransaction\x12#.txlog.v1.PrepareTransactionRequest\x1a$.txlog.v1.PrepareTransactionResponse\x12\x62\n\x13\x43ompleteTransaction\x12$.txlog.v1.CompleteTransactionRequest\x1a%.txlog.v1.CompleteTransactionResponse\x12k\n\x16\x43ommitTransactionGroup\x12\'.txlog.v1.CommitTransactionGroupRequest\x1a(.txlog.v1.CommitTransactionGroupResponseB\x0f\n\x0bio.txlog.v1P\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,10 +35,10 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'txlog.v1.coordinator_pb2', 
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'\n\013io.txlog.v1P\001'
-  _globals['_COORDINATORKEYTYPE']._serialized_start=2749
-  _globals['_COORDINATORKEYTYPE']._serialized_end=2839
-  _globals['_TRANSACTIONSTATE']._serialized_start=2842
-  _globals['_TRANSACTIONSTATE']._serialized_end=3210
+  _globals['_COORDINATORKEYTYPE']._serialized_start=3088
+  _globals['_COORDINATORKEYTYPE']._serialized_end=3178
+  _globals['_TRANSACTIONSTATE']._serialized_start=3181
+  _globals['_TRANSACTIONSTATE']._serialized_end=3549
   _globals['_FINDCOORDINATORREQUEST']._serialized_start=86
   _globals['_FINDCOORDINATORREQUEST']._serialized_end=171
   _globals['_FINDCOORDINATORRESPONSE']._serialized_start=173
@@ -48,47 +48,47 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_INITPRODUCERIDRESPONSE']._serialized_start=461
   _globals['_INITPRODUCERIDRESPONSE']._serialized_end=530
   _globals['_ADDPARTITIONSTOTXNREQUEST']._serialized_start=533
-  _globals['_ADDPARTITIONSTOTXNREQUEST']._serialized_end=698
-  _globals['_ADDPARTITIONSTOTXNRESPONSE']._serialized_start=700
-  _globals['_ADDPARTITIONSTOTXNRESPONSE']._serialized_end=772
-  _globals['_ADDOFFSETSTOTXNREQUEST']._serialized_start=774
-  _globals['_ADDOFFSETSTOTXNREQUEST']._serialized_end=887
-  _globals['_ADDOFFSETSTOTXNRESPONSE']._serialized_start=889
-  _globals['_ADDOFFSETSTOTXNRESPONSE']._serialized_end=914
-  _globals['_ENDTXNREQUEST']._serialized_start=916
-  _globals['_ENDTXNREQUEST']._serialized_end=1021
-  _globals['_ENDTXNRESPONSE']._serialized_start=1023
-  _globals['_ENDTXNRESPONSE']._serialized_end=1084
-  _globals['_LISTTRANSACTIONSREQUEST']._serialized_start=1087
-  _globals['_LISTTRANSACTIONSREQUEST']._serialized_end=1273
-  _globals['_TRANSACTIONLISTING']._serialized_start=1276
-  _globals['_TRANSACTIONLISTING']._serialized_end=1410
-  _globals['_LISTTRANSACTIONSRESPONSE']._serialized_start=1412
-  _globals['_LISTTRANSACTIONSRESPONSE']._serialized_end=1490
-  _globals['_DESCRIBETRANSACTIONSREQUEST']._serialized_start=1492
-  _globals['_DESCRIBETRANSACTIONSREQUEST']._serialized_end=1548
-  _globals['_TRANSACTIONDESCRIPTION']._serialized_start=1551
-  _globals['_TRANSACTIONDESCRIPTION']._serialized_end=1889
-  _globals['_DESCRIBETRANSACTIONSRESPONSE']._serialized_start=1891
-  _globals['_DESCRIBETRANSACTIONSRESPONSE']._serialized_end=1977
-  _globals['_ABORTTRANSACTIONREQUEST']._serialized_start=1980
-  _globals['_ABORTTRANSACTIONREQUEST']._serialized_end=2122
-  _globals['_ABORTTRANSACTIONRESPONSE']._serialized_start=2124
-  _globals['_ABORTTRANSACTIONRESPONSE']._serialized_end=2150
-  _globals['_TRANSACTIONHANDLE']._serialized_start=2152
-  _globals['_TRANSACTIONHANDLE']._serialized_end=2242
-  _globals['_PREPARETRANSACTIONREQUEST']._serialized_start=2244
-  _globals['_PREPARETRANSACTIONREQUEST']._serialized_end=2371
-  _globals['_PREPARETRANSACTIONRESPONSE']._serialized_start=2373
-  _globals['_PREPARETRANSACTIONRESPONSE']._serialized_end=2446
-  _globals['_COMPLETETRANSACTIONREQUEST']._serialized_start=2448
-  _globals['_COMPLETETRANSACTIONREQUEST']._serialized_end=2540
-  _globals['_COMPLETETRANSACTIONRESPONSE']._serialized_start=2542
-  _globals['_COMPLETETRANSACTIONRESPONSE']._serialized_end=2616
-  _globals['_COMMITTRANSACTIONGROUPREQUEST']._serialized_start=2618
-  _globals['_COMMITTRANSACTIONGROUPREQUEST']._serialized_end=2713
-  _globals['_COMMITTRANSACTIONGROUPRESPONSE']._serialized_start=2715
-  _globals['_COMMITTRANSACTIONGROUPRESPONSE']._serialized_end=2747
-  _globals['_COORDINATORSERVICE']._serialized_start=3213
-  _globals['_COORDINATORSERVICE']._serialized_end=4243
+  _globals['_ADDPARTITIONSTOTXNREQUEST']._serialized_end=743
+  _globals['_ADDPARTITIONSTOTXNRESPONSE']._serialized_start=745
+  _globals['_ADDPARTITIONSTOTXNRESPONSE']._serialized_end=817
+  _globals['_ADDOFFSETSTOTXNREQUEST']._serialized_start=820
+  _globals['_ADDOFFSETSTOTXNREQUEST']._serialized_end=978
+  _globals['_ADDOFFSETSTOTXNRESPONSE']._serialized_start=980
+  _globals['_ADDOFFSETSTOTXNRESPONSE']._serialized_end=1005
+  _globals['_ENDTXNREQUEST']._serialized_start=1008
+  _globals['_ENDTXNREQUEST']._serialized_end=1177
+  _globals['_ENDTXNRESPONSE']._serialized_start=1179
+  _globals['_ENDTXNRESPONSE']._serialized_end=1240
+  _globals['_LISTTRANSACTIONSREQUEST']._serialized_start=1243
+  _globals['_LISTTRANSACTIONSREQUEST']._serialized_end=1429
+  _globals['_TRANSACTIONLISTING']._serialized_start=1432
+  _globals['_TRANSACTIONLISTING']._serialized_end=1566
+  _globals['_LISTTRANSACTIONSRESPONSE']._serialized_start=1568
+  _globals['_LISTTRANSACTIONSRESPONSE']._serialized_end=1646
+  _globals['_DESCRIBETRANSACTIONSREQUEST']._serialized_start=1648
+  _globals['_DESCRIBETRANSACTIONSREQUEST']._serialized_end=1704
+  _globals['_TRANSACTIONDESCRIPTION']._serialized_start=1707
+  _globals['_TRANSACTIONDESCRIPTION']._serialized_end=2045
+  _globals['_DESCRIBETRANSACTIONSRESPONSE']._serialized_start=2047
+  _globals['_DESCRIBETRANSACTIONSRESPONSE']._serialized_end=2133
+  _globals['_ABORTTRANSACTIONREQUEST']._serialized_start=2136
+  _globals['_ABORTTRANSACTIONREQUEST']._serialized_end=2350
+  _globals['_ABORTTRANSACTIONRESPONSE']._serialized_start=2352
+  _globals['_ABORTTRANSACTIONRESPONSE']._serialized_end=2378
+  _globals['_TRANSACTIONHANDLE']._serialized_start=2381
+  _globals['_TRANSACTIONHANDLE']._serialized_end=2516
+  _globals['_PREPARETRANSACTIONREQUEST']._serialized_start=2519
+  _globals['_PREPARETRANSACTIONREQUEST']._serialized_end=2691
+  _globals['_PREPARETRANSACTIONRESPONSE']._serialized_start=2693
+  _globals['_PREPARETRANSACTIONRESPONSE']._serialized_end=2766
+  _globals['_COMPLETETRANSACTIONREQUEST']._serialized_start=2768
+  _globals['_COMPLETETRANSACTIONREQUEST']._serialized_end=2879
+  _globals['_COMPLETETRANSACTIONRESPONSE']._serialized_start=2881
+  _globals['_COMPLETETRANSACTIONRESPONSE']._serialized_end=2955
+  _globals['_COMMITTRANSACTIONGROUPREQUEST']._serialized_start=2957
+  _globals['_COMMITTRANSACTIONGROUPREQUEST']._serialized_end=3052
+  _globals['_COMMITTRANSACTIONGROUPRESPONSE']._serialized_start=3054
+  _globals['_COMMITTRANSACTIONGROUPRESPONSE']._serialized_end=3086
+  _globals['_COORDINATORSERVICE']._serialized_start=3552
+  _globals['_COORDINATORSERVICE']._serialized_end=4582
 # @@protoc_insertion_point(module_scope)
