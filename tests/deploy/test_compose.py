@@ -216,13 +216,35 @@ def test_dockerfile_is_multi_stage_on_slim_python_311_with_java_only_in_the_spar
     text = DOCKERFILE.read_text()
     assert re.search(r"^ARG PYTHON_IMAGE=python:3\.11-slim", text, re.MULTILINE)
     stages = dockerfile_stages()
-    assert list(stages) == ["builder", "base", "spark", "service"]  # `service` last: the default target
-    assert stages["builder"][0] == ("FROM", "${PYTHON_IMAGE}")
+    assert list(stages) == ["builder", "spark-builder", "base", "spark", "service"]  # `service` last: the default target
+    assert stages["builder"][0] == ("FROM", "${PYTHON_IMAGE}") and stages["spark-builder"][0] == ("FROM", "builder")
     assert stages["base"][0] == ("FROM", "${PYTHON_IMAGE}")  # the runtime does not carry the build stage
     assert stages["spark"][0] == ("FROM", "base") and stages["service"][0] == ("FROM", "base")
     assert any(i == "COPY" and a.startswith("--from=builder /opt/venv") for i, a in stages["base"])
+    assert any(i == "COPY" and a.startswith("--from=spark-builder /opt/venv") for i, a in stages["spark"])
     assert any(i == "RUN" and "openjdk-17-jre-headless" in a for i, a in stages["spark"])
     assert not any("openjdk" in a for stage in ("builder", "base", "service") for _, a in stages[stage])
+
+
+def requirements(extras: list[str]) -> list[str]:
+    """What docker/requirements.py prints for these extras, run as the Dockerfile runs it."""
+    done = subprocess.run([sys.executable, str(REPO / "docker" / "requirements.py"), *extras],
+                          capture_output=True, text=True, timeout=60, check=True)
+    return done.stdout.split()
+
+
+def test_the_service_image_installs_the_service_extra_and_only_the_spark_image_pyspark():
+    installs = {stage: " ".join(a for i, a in steps if i == "RUN" and "requirements.py" in a)
+                for stage, steps in dockerfile_stages().items()}
+    assert "requirements.py service " in installs["builder"] and "spark" not in installs["builder"]
+    assert "requirements.py spark " in installs["spark-builder"]
+    service = requirements(["service"])
+    names = {re.split(r"[<>=\[ ]", r)[0] for r in service}
+    assert {"grpcio", "kazoo", "rocksdict", "protobuf"} <= names
+    assert not names & {"pyspark", "pandas", "pyarrow", "grpcio-tools", "pytest"}, names
+    assert {"pyspark", "pandas", "pyarrow"} <= {re.split(r"[<>=\[ ]", r)[0] for r in requirements(["spark"])}
+    dev = requirements(["dev"])  # what the README's commands install: everything
+    assert set(service) | set(requirements(["spark"])) <= set(dev) and not any(r.startswith("txlog") for r in dev)
 
 
 def test_runnable_stages_run_as_a_non_root_user_with_a_health_check():
@@ -261,7 +283,7 @@ def dockerignored(path: str, patterns: list[str]) -> bool:
 
 def test_dockerignore_keeps_the_build_context_to_what_the_image_needs():
     patterns = [line.strip() for line in DOCKERIGNORE.read_text().splitlines() if line.strip() and not line.startswith("#")]
-    for path in ("pyproject.toml", "README.md", "docker/healthcheck.py", "services/client/producer.py",
+    for path in ("pyproject.toml", "README.md", "docker/healthcheck.py", "docker/requirements.py", "services/client/producer.py",
                  "services/stubs/txlog/v1/partition_pb2.py", "partition_svc/server.py", "coordinator_svc/server.py",
                  "producer_id_svc/server.py", "spark_jobs/windowed_counts.py"):
         assert not dockerignored(path, patterns), f"{path} is needed by the image"
