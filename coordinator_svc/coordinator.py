@@ -47,7 +47,6 @@ from kazoo.exceptions import BadVersionError, NodeExistsError
 
 from coordinator_svc import transaction_state as ts
 from coordinator_svc.markers import MarkerSender, MarkerSet
-from coordinator_svc.partitions import PartitionClient
 from coordinator_svc.transaction_state import GroupDecision, Handle, TransactionMetadata, TransactionState
 from coordinator_svc.txn_log import FENCE_KEY, TransactionLogPartition
 from services import coordinators, names, zk
@@ -55,12 +54,13 @@ from services.errors import ErrorCode, TxlogError
 from services.hashing import partition_for_id
 from services.logs import fields
 from services.producer_ids import ProducerIdSource
+from services.protocol import CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC
+from services.rpc import PeerClient
 from services.stubs.txlog.v1 import partition_pb2
 
 log = logging.getLogger(__name__)
 S = TransactionState
 COMPLETED = {"partitions": frozenset(), "txn_start_ms": -1, "prepared_ms": -1, "prepared_timeout_ms": 0}  # a Complete* record's resets
-CONSUMER_OFFSETS = "__consumer_offsets"
 GROUP_HANDLES_MAX = 10_000
 # Fatal answers read from an id's state in memory (not from the request alone): given only by a confirmed owner.
 ANSWERS_FROM_STATE = frozenset(ErrorCode.Value(c) for c in (
@@ -101,7 +101,7 @@ class TransactionCoordinator:
         config: CoordinatorConfig,
         zookeeper,
         registry,
-        client: PartitionClient,
+        client: PeerClient,
         producer_ids: ProducerIdSource,
         clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
     ):
@@ -124,18 +124,18 @@ class TransactionCoordinator:
 
     async def ensure_log_topic(self) -> int:
         if self.partition_count is None:
-            count = await self.client.partition_count(coordinators.TRANSACTION_STATE_TOPIC)
+            count = await self.client.partition_count(TRANSACTION_STATE_TOPIC)
             if count is None:
-                reply = await self.client.call(
+                reply = await self.client.call_any_partition_svc(
                     "CreateTopics",
                     partition_pb2.CreateTopicsRequest(
-                        topics=[partition_pb2.CreatableTopic(name=coordinators.TRANSACTION_STATE_TOPIC, partition_count=self.config.transaction_state_partitions)]
+                        topics=[partition_pb2.CreatableTopic(name=TRANSACTION_STATE_TOPIC, partition_count=self.config.transaction_state_partitions)]
                     ),
                 )
                 if reply.results[0].error.code not in (0, ErrorCode.Value("TOPIC_ALREADY_EXISTS")):
                     raise TxlogError(reply.results[0].error.code, reply.results[0].error.message)
-                await self.client.refresh([coordinators.TRANSACTION_STATE_TOPIC])
-                count = await self.client.partition_count(coordinators.TRANSACTION_STATE_TOPIC)
+                await self.client.refresh([TRANSACTION_STATE_TOPIC])
+                count = await self.client.partition_count(TRANSACTION_STATE_TOPIC)
             self.partition_count = count
         return self.partition_count
 
@@ -433,14 +433,14 @@ class TransactionCoordinator:
 
     async def handle_add_offsets(self, transactional_id, producer_id, producer_epoch, group_id) -> None:
         names.check_group_id(group_id)
-        count = await self.client.partition_count(CONSUMER_OFFSETS)
+        count = await self.client.partition_count(CONSUMER_OFFSETS_TOPIC)
         if count is None:  # asking for a group's coordinator creates the topic
-            await self.client.call("Metadata", partition_pb2.MetadataRequest(group_ids=[group_id]))
-            await self.client.refresh([CONSUMER_OFFSETS])
-            count = await self.client.partition_count(CONSUMER_OFFSETS)
+            await self.client.call_any_partition_svc("Metadata", partition_pb2.MetadataRequest(group_ids=[group_id]))
+            await self.client.refresh([CONSUMER_OFFSETS_TOPIC])
+            count = await self.client.partition_count(CONSUMER_OFFSETS_TOPIC)
         if not count:
-            raise error("COORDINATOR_NOT_AVAILABLE", f"{CONSUMER_OFFSETS} is not available yet; retry")
-        partition = (CONSUMER_OFFSETS, partition_for_id(group_id, count))
+            raise error("COORDINATOR_NOT_AVAILABLE", f"{CONSUMER_OFFSETS_TOPIC} is not available yet; retry")
+        partition = (CONSUMER_OFFSETS_TOPIC, partition_for_id(group_id, count))
         results = await self.handle_add_partitions(transactional_id, producer_id, producer_epoch, [partition], False)
         if results[partition] is not None:
             raise results[partition]
@@ -494,7 +494,7 @@ class TransactionCoordinator:
         if changes is None:
             changes = self._bump(meta, await self._spare_ids([meta]))
         to_state = S.PREPARE_COMMIT if committed else S.PREPARE_ABORT
-        if meta.pending_state is not None or meta.state not in to_state.valid_previous_states:
+        if meta.pending_state is not None or meta.state not in ts.VALID_PREVIOUS_STATES[to_state]:
             # something moved the id while a producer id was fetched
             raise error("CONCURRENT_TRANSACTIONS", f"{meta.transactional_id!r} changed meanwhile ({meta.state.value}); retry")
         await self._transition(loaded, meta, to_state, **changes)

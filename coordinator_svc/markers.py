@@ -14,13 +14,10 @@ import logging
 from collections import defaultdict
 from dataclasses import dataclass
 
-import grpc
-
-from coordinator_svc.partitions import PartitionClient
-from services import errors
 from services.errors import ErrorCode, TxlogError
 from services.logs import fields
 from services.retry import RetryPolicy
+from services.rpc import PeerClient, answer_of
 from services.stubs.txlog.v1 import common_pb2, partition_pb2
 
 log = logging.getLogger(__name__)
@@ -50,7 +47,7 @@ class MarkerSet:
 
 
 class MarkerSender:
-    def __init__(self, client: PartitionClient):
+    def __init__(self, client: PeerClient):
         self.client = client
         self.backoff = RetryPolicy(backoff_initial_ms=20, backoff_max_ms=1000)
 
@@ -113,9 +110,8 @@ class MarkerSender:
             ]
         )
         try:
-            reply = await self.client.stub(address).WriteTxnMarkers(request)
-        except grpc.RpcError as exc:
-            error = errors.from_rpc_error(exc)
+            reply = await answer_of(lambda: self.client.stub(address).WriteTxnMarkers(request))
+        except TxlogError as error:
             for _, tp in items:
                 self.client.forget_leader(*tp)
             if error.retriable:

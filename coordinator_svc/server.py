@@ -6,19 +6,18 @@ import asyncio
 import logging
 import sys
 
-import grpc
-
 from coordinator_svc.coordinator import ANSWERS_FROM_STATE, CoordinatorConfig, TransactionCoordinator, error
-from coordinator_svc.partitions import PartitionClient
 from coordinator_svc.transaction_state import Handle, TransactionMetadata, TransactionState
 from services import coordinators, errors, names, server
-from services.channels import open_channel
 from services.config import Setting, positive_int
 from services.errors import TxlogError
 from services.producer_ids import ProducerIdSource, named_producer, previous_producer
+from services.protocol import PRODUCER_EPOCH_MAX
+from services.rpc import PeerClient, answer_of
 from services.stubs.txlog.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc, partition_pb2
 
 KIND = coordinators.COORDINATOR_KIND
+KNOWN_STATES = frozenset(state.to_proto() for state in TransactionState)
 SERVICE = coordinator_pb2.DESCRIPTOR.services_by_name["CoordinatorService"]
 log = logging.getLogger(__name__)
 
@@ -32,8 +31,6 @@ SETTINGS = (
     Setting("ownership_check_interval_ms", 1_000, "how often partition ownership is checked against the live coordinators, ms", positive_int),
 )
 
-STATE_TO_PROTO = {state: coordinator_pb2.TransactionState.Value("TRANSACTION_STATE_" + state.name) for state in TransactionState}
-STATE_FROM_PROTO = {number: state for state, number in STATE_TO_PROTO.items()}
 
 
 def topic_partitions(partitions) -> list[tuple[str, int]]:
@@ -43,7 +40,7 @@ def topic_partitions(partitions) -> list[tuple[str, int]]:
 def describe(meta: TransactionMetadata) -> coordinator_pb2.TransactionDescription:
     return coordinator_pb2.TransactionDescription(
         transactional_id=meta.transactional_id,
-        state=STATE_TO_PROTO[meta.state],
+        state=meta.state.to_proto(),
         producer_id=meta.producer_id,
         producer_epoch=meta.producer_epoch,
         transaction_timeout_ms=meta.txn_timeout_ms,
@@ -79,7 +76,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
             node_id, address, partition, epoch = await self.coordinator.owner_address(request.key)
             return coordinator_pb2.FindCoordinatorResponse(coordinator_id=node_id, address=address, partition=partition, coordinator_epoch=epoch)
         if request.key_type == coordinator_pb2.COORDINATOR_KEY_TYPE_GROUP:
-            reply = await self.coordinator.client.call("Metadata", partition_pb2.MetadataRequest(group_ids=[request.key]))
+            reply = await self.coordinator.client.call_any_partition_svc("Metadata", partition_pb2.MetadataRequest(group_ids=[request.key]))
             found = reply.group_coordinators[0]
             errors.check(found.error)
             return coordinator_pb2.FindCoordinatorResponse(coordinator_id=found.node_id, address=found.address)
@@ -124,34 +121,33 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
 
     @server.rpc_handler
     async def ListTransactions(self, request, context):
-        unknown = [s for s in request.state_filters if s not in STATE_FROM_PROTO]
+        unknown = [s for s in request.state_filters if s not in KNOWN_STATES]
         if unknown or request.duration_filter_ms < 0:
             raise error("INVALID_REQUEST", "state_filters hold an unknown state" if unknown else "duration_filter_ms must not be negative")
         found = self.coordinator.list_local(
-            {STATE_FROM_PROTO[s] for s in request.state_filters}, set(request.producer_id_filters), request.duration_filter_ms,
+            {TransactionState.from_proto(s) for s in request.state_filters}, set(request.producer_id_filters), request.duration_filter_ms,
             request.transactional_id_prefix,
         )
         reply = coordinator_pb2.ListTransactionsResponse(
             transactions=[
                 coordinator_pb2.TransactionListing(
-                    transactional_id=m.transactional_id, producer_id=m.producer_id, state=STATE_TO_PROTO[m.state], producer_epoch=m.producer_epoch
+                    transactional_id=m.transactional_id, producer_id=m.producer_id, state=m.state.to_proto(), producer_epoch=m.producer_epoch
                 )
                 for m in found
             ]
         )
         if not request.local_only:
-            live = await asyncio.to_thread(self.runtime.registry.live, KIND)
+            peers = self.coordinator.client
             local = request.__class__()
             local.CopyFrom(request)
             local.local_only = True
-            for node_id, address in sorted(live.items()):
+            for node_id, address in sorted((await peers.live(KIND)).items()):
                 if node_id == self.runtime.config.node_id:
                     continue
-                async with open_channel(address, timeout_s=10) as channel:
-                    try:
-                        other = await coordinator_pb2_grpc.CoordinatorServiceStub(channel).ListTransactions(local)
-                    except grpc.RpcError as exc:
-                        raise error("COORDINATOR_NOT_AVAILABLE", f"coordinator {node_id} did not answer: {errors.from_rpc_error(exc)}") from None
+                try:
+                    other = await answer_of(lambda a=address: peers.coordinator_stub(a).ListTransactions(local))
+                except TxlogError as exc:
+                    raise error("COORDINATOR_NOT_AVAILABLE", f"coordinator {node_id} did not answer: {exc}") from None
                 reply.transactions.extend(other.transactions)
         return reply
 
@@ -175,14 +171,12 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
         leader = await self.coordinator.client.leader(*tp)
         # The request names the hanging transaction's own epoch (DescribeProducers shows it); a marker ends
         # only a transaction of a lower epoch, so it is written one above, as the coordinator's would be.
-        marker = partition_pb2.TxnMarker(producer_id=request.producer_id, producer_epoch=min(request.producer_epoch + 1, 32767),
+        marker = partition_pb2.TxnMarker(producer_id=request.producer_id, producer_epoch=min(request.producer_epoch + 1, PRODUCER_EPOCH_MAX),
                                          committed=False, coordinator_epoch=request.coordinator_epoch,
                                          partitions=[request.partition])
-        try:
-            reply = await self.coordinator.client.stub(leader).WriteTxnMarkers(
-                partition_pb2.WriteTxnMarkersRequest(markers=[marker]))
-        except grpc.RpcError as exc:  # the leader went away or timed out: its error, not a stack trace
-            raise errors.from_rpc_error(exc) from None
+        # the leader went away or timed out: its error, not a stack trace
+        reply = await answer_of(lambda: self.coordinator.client.stub(leader).WriteTxnMarkers(
+            partition_pb2.WriteTxnMarkersRequest(markers=[marker])))
         errors.check(reply.markers[0].results[0].error)
         log.info("aborted a hanging transaction", extra={"fields": {"topic": tp[0], "partition": tp[1], "producer_id": request.producer_id}})
         return coordinator_pb2.AbortTransactionResponse()
@@ -225,7 +219,7 @@ async def run_every(interval_ms: int, step, what: str) -> None:
 
 async def build(runtime: server.ServiceRuntime) -> CoordinatorServicer:
     cfg = runtime.config
-    client = PartitionClient(runtime.registry)
+    client = PeerClient(runtime.registry)
     coordinator = TransactionCoordinator(
         CoordinatorConfig(
             cfg.node_id, cfg.zookeeper_root, cfg.transaction_state_partitions, cfg.transaction_timeout_ms_max,
@@ -236,7 +230,7 @@ async def build(runtime: server.ServiceRuntime) -> CoordinatorServicer:
         runtime.zookeeper,
         runtime.registry,
         client,
-        ProducerIdSource(runtime.registry, requester_id=cfg.node_id),
+        ProducerIdSource(client, requester_id=cfg.node_id),
     )
     servicer = CoordinatorServicer(coordinator, runtime)
     runtime.add_servicer(servicer, SERVICE)

@@ -54,41 +54,15 @@ request of the zombie is ever answered as a retry.
 
 from __future__ import annotations
 
-import enum
 import json
 from dataclasses import dataclass, field, replace
 
-PRODUCER_EPOCH_MAX = 32767
-NO_PRODUCER_ID = -1
-NO_EPOCH = -1
+from services.protocol import NO_PRODUCER_EPOCH as NO_EPOCH
+from services.protocol import NO_PRODUCER_ID, PRODUCER_EPOCH_MAX, TransactionState
 
 
 class IllegalStateError(RuntimeError):
     """A transition the state machine does not have: a bug, never a client error."""
-
-
-class TransactionState(enum.Enum):
-    EMPTY = "Empty"
-    ONGOING = "Ongoing"
-    PREPARE_COMMIT = "PrepareCommit"
-    PREPARE_ABORT = "PrepareAbort"
-    COMPLETE_COMMIT = "CompleteCommit"
-    COMPLETE_ABORT = "CompleteAbort"
-    DEAD = "Dead"
-    PREPARE_EPOCH_FENCE = "PrepareEpochFence"
-    PREPARED = "Prepared"
-
-    @property
-    def valid_previous_states(self) -> frozenset[TransactionState]:
-        return VALID_PREVIOUS_STATES[self]
-
-    @property
-    def is_complete(self) -> bool:
-        return self in (TransactionState.EMPTY, TransactionState.COMPLETE_COMMIT, TransactionState.COMPLETE_ABORT)
-
-    @property
-    def is_preparing(self) -> bool:
-        return self in (TransactionState.PREPARE_COMMIT, TransactionState.PREPARE_ABORT)
 
 
 S = TransactionState
@@ -257,7 +231,7 @@ def prepare_transition(meta: TransactionMetadata, to_state: TransactionState, **
     ``changes`` are TransactionRecord fields that differ from the current ones."""
     if meta.pending_state is not None:
         raise IllegalStateError(f"{meta.transactional_id}: {meta.pending_state.value} is pending already")
-    if meta.state not in to_state.valid_previous_states:
+    if meta.state not in VALID_PREVIOUS_STATES[to_state]:
         raise IllegalStateError(f"{meta.transactional_id}: illegal transition {meta.state.value} -> {to_state.value}")
     meta.pending_state = to_state
     return replace(meta.record(), state=to_state, **changes)

@@ -22,12 +22,12 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from coordinator_svc.partitions import PartitionClient
 from coordinator_svc.transaction_state import GroupDecision, TransactionRecord
-from services.coordinators import TRANSACTION_STATE_TOPIC
 from services.errors import ErrorCode, TxlogError, spec_of
 from services.logs import fields
+from services.protocol import TRANSACTION_STATE_TOPIC, next_sequence
 from services.retry import RetryPolicy
+from services.rpc import PeerClient, answer_of
 from services.stubs.txlog.v1 import common_pb2, partition_pb2
 
 log = logging.getLogger(__name__)
@@ -44,7 +44,7 @@ def decision_key(decision_id: str) -> bytes:
 
 
 class TransactionLogPartition:
-    def __init__(self, client: PartitionClient, partition: int, producer_id: int, producer_epoch: int, write_deadline_ms: float = 30_000):
+    def __init__(self, client: PeerClient, partition: int, producer_id: int, producer_epoch: int, write_deadline_ms: float = 30_000):
         self.client = client
         self.partition = partition
         self.producer_id = producer_id
@@ -91,7 +91,7 @@ class TransactionLogPartition:
             )
             try:
                 await self.retry.run(lambda b=batch: self._send(b), lambda exc: isinstance(exc, TxlogError) and exc.retriable)
-                self.next_sequence = (self.next_sequence + len(group)) % 2**31
+                self.next_sequence = next_sequence(self.next_sequence, len(group))
                 outcome = None
             except asyncio.CancelledError:
                 raise
@@ -134,12 +134,12 @@ class TransactionLogPartition:
         offset = 0
         while True:
             leader = await self.client.leader(TRANSACTION_STATE_TOPIC, self.partition)
-            reply = await self.client.stub(leader).Fetch(
+            reply = await answer_of(lambda leader=leader, offset=offset: self.client.stub(leader).Fetch(
                 partition_pb2.FetchRequest(
                     isolation_level=common_pb2.ISOLATION_LEVEL_READ_UNCOMMITTED,
                     partitions=[partition_pb2.FetchPartition(topic=TRANSACTION_STATE_TOPIC, partition=self.partition, fetch_offset=offset)],
                 )
-            )
+            ))
             result = reply.results[0]
             if result.error.code == ErrorCode.Value("OFFSET_OUT_OF_RANGE") and offset < result.log_start_offset:
                 offset = result.log_start_offset

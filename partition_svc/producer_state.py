@@ -34,20 +34,10 @@ import json
 from dataclasses import dataclass, field, replace
 
 from services.errors import ErrorCode
+from services.protocol import NO_SEQUENCE, is_behind, last_sequence_of, next_sequence
 
-SEQUENCE_MODULUS = 2**31
 DUPLICATE_CACHE_BATCHES = 5
-NO_SEQUENCE = -1
 NO_OFFSET = -1
-
-
-def last_sequence_of(base_sequence: int, record_count: int) -> int:
-    return (base_sequence + record_count - 1) % SEQUENCE_MODULUS
-
-
-def _is_behind(sequence: int, expected: int) -> bool:
-    """True when ``sequence`` lies before ``expected`` in the wrapping int32 space."""
-    return (sequence - expected) % SEQUENCE_MODULUS >= SEQUENCE_MODULUS // 2
 
 
 @dataclass(frozen=True)
@@ -181,10 +171,10 @@ def check_batch(
                 f"not {base_sequence}",
             )
         return APPEND
-    expected = (entry.last_sequence + 1) % SEQUENCE_MODULUS
+    expected = next_sequence(entry.last_sequence)
     if base_sequence == expected:
         return APPEND
-    if entry.batches and _is_behind(base_sequence, expected) and _is_behind(last_sequence, expected):
+    if entry.batches and is_behind(base_sequence, expected) and is_behind(last_sequence, expected):
         return Reject(
             ErrorCode.Value("DUPLICATE_SEQUENCE"),
             f"producer {producer_id} epoch {producer_epoch}: sequence {base_sequence} was appended before "

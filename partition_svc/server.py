@@ -23,7 +23,7 @@ from partition_svc import log_store, validation, wire
 from partition_svc.log_store import GroupCommitWriter, LogStore
 from partition_svc.partition import Partition, now_ms
 from partition_svc.producer_state import Duplicate, Reject
-from partition_svc.topics import CONSUMER_OFFSETS, INTERNAL_PREFIX, TopicInfo, TopicRegistry, assign_round_robin
+from partition_svc.topics import INTERNAL_PREFIX, TopicInfo, TopicRegistry, assign_round_robin
 from partition_svc.txn_verification import TransactionVerifier
 from services import coordinators, server
 from services.config import Setting, boolean, positive_int
@@ -32,6 +32,8 @@ from services.hashing import partition_for_id
 from services.logs import fields
 from services.names import check_transactional_id, is_group_id, is_topic_name
 from services.producer_ids import IdempotentProducerInitServicer, ProducerIdSource, named_producer
+from services.protocol import CONSUMER_OFFSETS_TOPIC, PRODUCER_EPOCH_MAX, TRANSACTION_STATE_TOPIC
+from services.rpc import PeerClient
 from services.stubs.txlog.v1 import (
     common_pb2,
     coordinator_pb2,
@@ -61,7 +63,7 @@ SETTINGS = (
 NONE = ErrorCode.Value("NONE")
 ACKS_ALL = -1
 # Internal topics, created by the services that own them (names starting "__" are refused otherwise).
-INTERNAL_TOPICS = (CONSUMER_OFFSETS, coordinators.TRANSACTION_STATE_TOPIC)
+INTERNAL_TOPICS = (CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC)
 
 
 def error(code: str, message: str) -> errors_pb2.Error:
@@ -77,8 +79,8 @@ def request_error(message: str) -> TxlogError:
 
 
 def check_producer(producer_id: int, producer_epoch: int) -> None:
-    if producer_id < 0 or not 0 <= producer_epoch <= validation.PRODUCER_EPOCH_MAX:
-        raise request_error(f"producer_id must be >= 0 and producer_epoch 0..{validation.PRODUCER_EPOCH_MAX}, got {producer_id}/{producer_epoch}")
+    if producer_id < 0 or not 0 <= producer_epoch <= PRODUCER_EPOCH_MAX:
+        raise request_error(f"producer_id must be >= 0 and producer_epoch 0..{PRODUCER_EPOCH_MAX}, got {producer_id}/{producer_epoch}")
 
 
 class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
@@ -93,7 +95,8 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
         self.limits = validation.BatchLimits(runtime.config.records_per_batch_max, runtime.config.batch_bytes_max)
         self._live_nodes: dict[str, tuple[float, dict[int, str]]] = {}
         self._owners: dict[int, tuple[float, object]] = {}
-        self.verifier = TransactionVerifier(self.transaction_coordinator)
+        self.peers = PeerClient(runtime.registry)  # coordinators (verification) and producer_id_svc
+        self.verifier = TransactionVerifier(self.transaction_coordinator, self.peers)
 
     # --- where partitions live ------------------------------------------------------
 
@@ -110,13 +113,13 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
 
     async def find_transaction_coordinator(self, transactional_id: str) -> coordinator_pb2.FindCoordinatorResponse:
         """Who coordinates a transactional id: the owner of its __transaction_state partition."""
-        info = await self.topics.get(coordinators.TRANSACTION_STATE_TOPIC)
+        info = await self.topics.get(TRANSACTION_STATE_TOPIC)
         if info is None:
             raise TxlogError(ErrorCode.Value("COORDINATOR_NOT_AVAILABLE"), "no transaction coordinator has started yet")
         index = coordinators.transaction_log_partition(transactional_id, info.partition_count)
         owner = await self.transaction_log_owner(index)
         if owner is None:
-            raise TxlogError(ErrorCode.Value("COORDINATOR_NOT_AVAILABLE"), f"{coordinators.TRANSACTION_STATE_TOPIC} partition {index} has no owner yet")
+            raise TxlogError(ErrorCode.Value("COORDINATOR_NOT_AVAILABLE"), f"{TRANSACTION_STATE_TOPIC} partition {index} has no owner yet")
         address = (await self.live_nodes(coordinators.COORDINATOR_KIND)).get(owner[0].node_id)
         if address is None:
             raise TxlogError(ErrorCode.Value("COORDINATOR_NOT_AVAILABLE"), f"coordinator {owner[0].node_id} is not live")
@@ -151,7 +154,7 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
         only by OffsetCommit/TxnOffsetCommit here, __transaction_state only by the
         coordinator owning the partition (its log producer id, in the owner node).
         A stray record there would stop every later load of the partition."""
-        if topic == coordinators.TRANSACTION_STATE_TOPIC:
+        if topic == TRANSACTION_STATE_TOPIC:
             owner = await self.transaction_log_owner(index, fresh=True)
             if owner is not None and batch.producer_id == owner[0].log_producer_id:
                 return
@@ -196,10 +199,10 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
         return await self.topics.create(info)
 
     async def offsets_topic(self) -> TopicInfo:
-        info = await self.topics.get(CONSUMER_OFFSETS)
+        info = await self.topics.get(CONSUMER_OFFSETS_TOPIC)
         if info is None:
             configs = validation.topic_configs({"cleanup.policy": "compact"}, self.config.record_bytes_max)
-            info = await self.create_topic(CONSUMER_OFFSETS, self.config.offsets_topic_partitions, configs, internal=True)
+            info = await self.create_topic(CONSUMER_OFFSETS_TOPIC, self.config.offsets_topic_partitions, configs, internal=True)
         return info
 
     async def group_partition(self, group_id: str) -> Partition:
@@ -207,11 +210,11 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
         info = await self.offsets_topic()
         index = partition_for_id(group_id, info.partition_count)
         try:
-            return await self.hosted(CONSUMER_OFFSETS, index)
+            return await self.hosted(CONSUMER_OFFSETS_TOPIC, index)
         except TxlogError as exc:
             raise TxlogError(
                 ErrorCode.Value("NOT_COORDINATOR"),
-                f"group {group_id!r} is coordinated by the leader of {CONSUMER_OFFSETS} partition {index}: {exc.message}",
+                f"group {group_id!r} is coordinated by the leader of {CONSUMER_OFFSETS_TOPIC} partition {index}: {exc.message}",
             ) from None
 
     def check_partition_count(self, count: int) -> None:
@@ -727,14 +730,14 @@ async def build(runtime: server.ServiceRuntime) -> PartitionServicer:
     servicer = PartitionServicer(runtime, store)
     await servicer.recover()
     runtime.add_servicer(servicer, partition_pb2.DESCRIPTOR.services_by_name["PartitionService"])
-    bootstrap = BootstrapCoordinatorServicer(ProducerIdSource(runtime.registry, requester_id=cfg.node_id), servicer)
+    bootstrap = BootstrapCoordinatorServicer(ProducerIdSource(servicer.peers, requester_id=cfg.node_id), servicer)
     runtime.add_servicer(bootstrap, coordinator_pb2.DESCRIPTOR.services_by_name["CoordinatorService"])
     retention = asyncio.ensure_future(servicer.enforce_retention_forever())
 
     async def close() -> None:
         retention.cancel()
         await servicer.writer.drain()
-        await servicer.verifier.close()
+        await servicer.peers.close()
         store.close()
 
     runtime.on_stop(close)

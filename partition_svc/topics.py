@@ -25,7 +25,6 @@ from services import zk
 from services.hashing import partition_for_id
 
 INTERNAL_PREFIX = "__"
-CONSUMER_OFFSETS = "__consumer_offsets"
 
 
 @dataclass(frozen=True)

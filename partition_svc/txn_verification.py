@@ -14,22 +14,19 @@ import asyncio
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 
-import grpc
-
-from services import errors
-from services.channels import open_channel
 from services.errors import ErrorCode, TxlogError, error_proto
-from services.stubs.txlog.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc, errors_pb2
+from services.rpc import PeerClient, answer_of
+from services.stubs.txlog.v1 import common_pb2, coordinator_pb2, errors_pb2
 
 NONE = ErrorCode.Value("NONE")
 VERIFIED_ENTRIES_MAX = 100_000
 
 
 class TransactionVerifier:
-    def __init__(self, coordinator_address: Callable[[str], Awaitable[str]]):
+    def __init__(self, coordinator_address: Callable[[str], Awaitable[str]], peers: PeerClient):
         self.coordinator_address = coordinator_address
+        self.peers = peers
         self._verified: OrderedDict[tuple[int, int, str, int], None] = OrderedDict()
-        self._channels: dict[str, grpc.aio.Channel] = {}
         self._in_flight: dict[tuple[int, int, str, int], asyncio.Future] = {}
 
     async def verify(
@@ -64,10 +61,10 @@ class TransactionVerifier:
     async def _ask(self, transactional_id, producer_id, producer_epoch, unknown):
         try:
             address = await self.coordinator_address(transactional_id)
-            channel = self._channels.get(address)
-            if channel is None:
-                channel = self._channels[address] = open_channel(address, timeout_s=10)
-            reply = await coordinator_pb2_grpc.CoordinatorServiceStub(channel).AddPartitionsToTxn(
+        except TxlogError as exc:
+            return {tp: exc.to_proto() for tp in unknown}
+        try:
+            reply = await answer_of(lambda: self.peers.coordinator_stub(address).AddPartitionsToTxn(
                 coordinator_pb2.AddPartitionsToTxnRequest(
                     transactional_id=transactional_id,
                     producer_id=producer_id,
@@ -75,11 +72,8 @@ class TransactionVerifier:
                     partitions=[common_pb2.TopicPartition(topic=t, partition=p) for t, p in unknown],
                     verify_only=True,
                 )
-            )
-        except TxlogError as exc:
-            return {tp: exc.to_proto() for tp in unknown}
-        except grpc.RpcError as exc:
-            error = errors.from_rpc_error(exc)
+            ))
+        except TxlogError as error:
             return {tp: error_proto(error.code, f"verifying with the coordinator: {error.message}") for tp in unknown}
         refused = {}
         for result in reply.results:
@@ -94,7 +88,3 @@ class TransactionVerifier:
         self._verified[key] = None
         while len(self._verified) > VERIFIED_ENTRIES_MAX:
             self._verified.popitem(last=False)
-
-    async def close(self) -> None:
-        for channel in self._channels.values():
-            await channel.close()

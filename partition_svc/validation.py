@@ -7,10 +7,9 @@ from dataclasses import dataclass
 
 from services.errors import ErrorCode, TxlogError
 from services.names import check_group_id, check_topic_name  # noqa: F401 -- the name rules, re-exported
+from services.protocol import PRODUCER_EPOCH_MAX, SEQUENCE_MAX
 from services.stubs.txlog.v1 import common_pb2
 
-PRODUCER_EPOCH_MAX = 32767
-SEQUENCE_MAX = 2**31 - 1
 TIMESTAMP_MS_MAX = 2**53
 HEADERS_PER_RECORD_MAX = 1000
 OFFSET_METADATA_BYTES_MAX = 4096

@@ -273,6 +273,7 @@ class LocalCluster:
         import posixpath
 
         from services import coordinators, zk
+        from services.protocol import TRANSACTION_STATE_TOPIC
         from services.stubs.txlog.v1 import coordinator_pb2, coordinator_pb2_grpc
 
         nodes = sorted(int(n.rsplit("-", 1)[1]) for n, p in self.state.services.items() if p.kind == "coordinator_svc")
@@ -284,7 +285,7 @@ class LocalCluster:
                 try:
                     owners_path = coordinators.owners_path(self.state.zookeeper_root)
                     topic = json.loads(client.get(posixpath.join(
-                        self.state.zookeeper_root, "topics", coordinators.TRANSACTION_STATE_TOPIC))[0])
+                        self.state.zookeeper_root, "topics", TRANSACTION_STATE_TOPIC))[0])
                     owners = [coordinators.PartitionOwner.decode(client.get(posixpath.join(owners_path, str(i)))[0]).node_id
                               for i in range(topic["partitions"])]
                     if owners == [nodes[i % len(nodes)] for i in range(len(owners))]:

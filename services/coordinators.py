@@ -24,12 +24,11 @@ from kazoo.exceptions import NoNodeError
 
 from services import names, zk
 from services.hashing import partition_for_id
+from services.protocol import PRODUCER_EPOCHS
 
-TRANSACTION_STATE_TOPIC = "__transaction_state"
 COORDINATOR_KIND = "coordinator_svc"
 
 
-LOG_PRODUCER_EPOCHS = 32768  # producer epochs 0..32767
 
 
 @dataclass(frozen=True)
@@ -47,13 +46,13 @@ class PartitionOwner:
 
     @property
     def log_producer_epoch(self) -> int:
-        return self.coordinator_epoch % LOG_PRODUCER_EPOCHS
+        return self.coordinator_epoch % PRODUCER_EPOCHS
 
     def successor(self, node_id: int) -> PartitionOwner:
         """The next owner, on ``node_id``; its log producer id is this one's,
         or -1 when the epoch wraps and the caller must take a new one."""
         epoch = self.coordinator_epoch + 1
-        return PartitionOwner(node_id, epoch, -1 if epoch % LOG_PRODUCER_EPOCHS == 0 else self.log_producer_id)
+        return PartitionOwner(node_id, epoch, -1 if epoch % PRODUCER_EPOCHS == 0 else self.log_producer_id)
 
     def encode(self) -> bytes:
         return json.dumps(

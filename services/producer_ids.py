@@ -12,21 +12,18 @@ from __future__ import annotations
 
 import asyncio
 
-import grpc
-
-from services import errors
-from services.channels import open_channel
 from services.errors import ErrorCode, TxlogError
+from services.protocol import PRODUCER_EPOCH_MAX
+from services.rpc import PeerClient, answer_of
 from services.server import rpc_handler
-from services.stubs.txlog.v1 import coordinator_pb2, coordinator_pb2_grpc, producer_id_pb2, producer_id_pb2_grpc
-from services.zk import ServiceRegistry
+from services.stubs.txlog.v1 import coordinator_pb2, coordinator_pb2_grpc, producer_id_pb2
 
-PRODUCER_EPOCH_MAX = 32767
+ALLOCATION_TIMEOUT_S = 5.0
 
 
 class ProducerIdSource:
-    def __init__(self, registry: ServiceRegistry, requester_id: int):
-        self.registry = registry
+    def __init__(self, peers: PeerClient, requester_id: int):
+        self.peers = peers
         self.requester_id = requester_id
         self._next = 0
         self._end = 0  # exclusive
@@ -42,20 +39,18 @@ class ProducerIdSource:
             return producer_id
 
     async def _allocate_block(self) -> tuple[int, int]:
-        live = await asyncio.to_thread(self.registry.live, "producer_id_svc")
+        live = await self.peers.live("producer_id_svc")
         if not live:
             raise TxlogError(ErrorCode.Value("COORDINATOR_NOT_AVAILABLE"), "no producer_id_svc is running; retry")
         last_error = None
+        request = producer_id_pb2.AllocateProducerIdsRequest(requester_id=self.requester_id)
         for address in live.values():
-            async with open_channel(address, timeout_s=5) as channel:
-                stub = producer_id_pb2_grpc.ProducerIdServiceStub(channel)
-                try:
-                    reply = await stub.AllocateProducerIds(
-                        producer_id_pb2.AllocateProducerIdsRequest(requester_id=self.requester_id)
-                    )
-                    return reply.first_producer_id, reply.count
-                except grpc.RpcError as exc:
-                    last_error = errors.from_rpc_error(exc)
+            try:
+                reply = await answer_of(lambda a=address: self.peers.producer_id_stub(a).AllocateProducerIds(
+                    request, timeout=ALLOCATION_TIMEOUT_S))
+                return reply.first_producer_id, reply.count
+            except TxlogError as exc:
+                last_error = exc
         raise TxlogError(ErrorCode.Value("COORDINATOR_NOT_AVAILABLE"), f"producer_id_svc failed: {last_error}; retry")
 
 

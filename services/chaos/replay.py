@@ -56,7 +56,7 @@ import grpc
 from services.chaos.history import REPLAY_KINDS
 from services.client.transport import Transport
 from services.errors import ErrorCode, from_rpc_error
-from services.producer_ids import PRODUCER_EPOCH_MAX
+from services.protocol import PRODUCER_EPOCH_MAX
 from services.stubs.txlog.v1 import (
     common_pb2,
     coordinator_pb2,

@@ -51,6 +51,7 @@ from services.client.structs import (
 from services.client.transport import Transport
 from services.client.txn_requests import CommitTransactionGroupHandler, CompleteTransactionHandler, CoordinatorClient
 from services.errors import ErrorCode
+from services.protocol import OPEN_TRANSACTION_STATES, TRANSACTION_STATE_TOPIC, TransactionState
 from services.stubs.txlog.v1 import common_pb2, coordinator_pb2, partition_pb2
 
 NONE = ErrorCode.Value("NONE")
@@ -58,21 +59,10 @@ TOPICS_PER_CALL_MAX = 10_000
 TRANSACTIONAL_IDS_PER_CALL_MAX = 10_000
 MAX_TRANSACTION_TIMEOUT_MS_DEFAULT = 15 * 60 * 1000  # the coordinators' default maximum
 ADMIN_KEY = "txlog-admin"  # a transactional id whose coordinator is asked for cluster-wide answers
-TRANSACTION_STATE_TOPIC = "__transaction_state"
-# Coordinator state names (as Kafka prints them) <-> the protocol's enum.
-TRANSACTION_STATES = {
-    "Empty": coordinator_pb2.TRANSACTION_STATE_EMPTY,
-    "Ongoing": coordinator_pb2.TRANSACTION_STATE_ONGOING,
-    "PrepareCommit": coordinator_pb2.TRANSACTION_STATE_PREPARE_COMMIT,
-    "PrepareAbort": coordinator_pb2.TRANSACTION_STATE_PREPARE_ABORT,
-    "CompleteCommit": coordinator_pb2.TRANSACTION_STATE_COMPLETE_COMMIT,
-    "CompleteAbort": coordinator_pb2.TRANSACTION_STATE_COMPLETE_ABORT,
-    "Dead": coordinator_pb2.TRANSACTION_STATE_DEAD,
-    "PrepareEpochFence": coordinator_pb2.TRANSACTION_STATE_PREPARE_EPOCH_FENCE,
-    "Prepared": coordinator_pb2.TRANSACTION_STATE_PREPARED,
-}
+# Coordinator state names (as Kafka prints them, what the SDK shows) <-> the protocol's enum.
+TRANSACTION_STATES = {state.value: state.to_proto() for state in TransactionState}
 STATE_NAMES = {number: name for name, number in TRANSACTION_STATES.items()}
-OPEN_STATES = frozenset({"Ongoing", "Prepared", "PrepareCommit", "PrepareAbort", "PrepareEpochFence"})
+OPEN_STATES = frozenset(state.value for state in OPEN_TRANSACTION_STATES)
 
 
 def state_number(name: str) -> int:

@@ -46,8 +46,7 @@ from __future__ import annotations
 
 from services.client.accumulator import BatchState, ProducerBatch
 from services.client.structs import TopicPartition
-
-SEQUENCE_MODULUS = 2**31  # int32 sequences wrap to 0 after 2^31-1
+from services.protocol import next_sequence
 
 
 class IllegalStateError(RuntimeError):
@@ -61,10 +60,6 @@ _LEGAL_PREVIOUS: dict[BatchState, frozenset[BatchState]] = {
     BatchState.HELD: frozenset({BatchState.IN_FLIGHT, BatchState.AWAITING_RETRY}),
     BatchState.DONE: frozenset({BatchState.IN_FLIGHT, BatchState.AWAITING_RETRY, BatchState.HELD}),
 }
-
-
-def add_sequence(sequence: int, count: int) -> int:
-    return (sequence + count) % SEQUENCE_MODULUS
 
 
 class PartitionSequences:
@@ -144,7 +139,7 @@ class PartitionSequences:
         if self.idempotent:
             batch.producer_id, batch.producer_epoch = producer_id, producer_epoch
             batch.base_sequence = self.next_sequence
-            self.next_sequence = add_sequence(self.next_sequence, batch.record_count)
+            self.next_sequence = next_sequence(self.next_sequence, batch.record_count)
         batch.order = self._next_order
         self._next_order += 1
         self._transition(batch, BatchState.IN_FLIGHT)
@@ -214,7 +209,7 @@ class PartitionSequences:
             if self.idempotent:
                 batch.producer_id, batch.producer_epoch = producer_id, producer_epoch
                 batch.base_sequence = self.next_sequence
-                self.next_sequence = add_sequence(self.next_sequence, batch.record_count)
+                self.next_sequence = next_sequence(self.next_sequence, batch.record_count)
             self._transition(batch, BatchState.AWAITING_RETRY)
             batch.retry_at_ms = 0.0
         self.broken = False

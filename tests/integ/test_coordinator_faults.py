@@ -20,15 +20,15 @@ import pytest
 from raw import Raw, plain_batch
 from txn_raw import TxnProducer
 
-from coordinator_svc.server import STATE_TO_PROTO
 from coordinator_svc.transaction_state import TransactionState
 from services import coordinators, errors, zk
 from services.cluster import LocalCluster, health_serving
 from services.hashing import partition_for_id
+from services.protocol import TRANSACTION_STATE_TOPIC
 from services.stubs.txlog.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc, partition_pb2
 
 COMMITTED, UNCOMMITTED = common_pb2.ISOLATION_LEVEL_READ_COMMITTED, common_pb2.ISOLATION_LEVEL_READ_UNCOMMITTED
-STATE_TOPIC = coordinators.TRANSACTION_STATE_TOPIC
+STATE_TOPIC = TRANSACTION_STATE_TOPIC
 SESSION_TIMEOUT_S = 5
 COORDINATOR_ARGS = [
     "--transaction-check-interval-ms", "200",
@@ -36,11 +36,11 @@ COORDINATOR_ARGS = [
     "--zookeeper-session-timeout-s", str(SESSION_TIMEOUT_S),
 ]
 TAKEOVER_TIMEOUT_S = 40  # session expiry + ownership check + load, with room for a slow machine
-ONGOING = STATE_TO_PROTO[TransactionState.ONGOING]
-EMPTY = STATE_TO_PROTO[TransactionState.EMPTY]
-PREPARE_ABORT = STATE_TO_PROTO[TransactionState.PREPARE_ABORT]
-COMPLETE_ABORT = STATE_TO_PROTO[TransactionState.COMPLETE_ABORT]
-COMPLETE_COMMIT = STATE_TO_PROTO[TransactionState.COMPLETE_COMMIT]
+ONGOING = TransactionState.ONGOING.to_proto()
+EMPTY = TransactionState.EMPTY.to_proto()
+PREPARE_ABORT = TransactionState.PREPARE_ABORT.to_proto()
+COMPLETE_ABORT = TransactionState.COMPLETE_ABORT.to_proto()
+COMPLETE_COMMIT = TransactionState.COMPLETE_COMMIT.to_proto()
 # answers that only say "not here / not yet; retry"
 NOT_SERVING_HERE = {"NOT_COORDINATOR", "COORDINATOR_LOAD_IN_PROGRESS", "COORDINATOR_NOT_AVAILABLE"}
 

@@ -12,7 +12,6 @@ import pytest
 from raw import Raw, batch
 from txn_raw import TxnProducer, retrying, wait_until
 
-from coordinator_svc.server import STATE_TO_PROTO
 from coordinator_svc.transaction_state import TransactionState
 from services import coordinators, errors
 from services.stubs.txlog.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc, partition_pb2
@@ -57,7 +56,7 @@ def write_marker(raw, topic, partition, producer_id, producer_epoch, committed, 
 
 
 def settled(producer, state):
-    return lambda: producer.describe().state == STATE_TO_PROTO[state]
+    return lambda: producer.describe().state == state.to_proto()
 
 
 def commit_one(raw, topic, transactional_id, value):
@@ -170,7 +169,7 @@ def test_a_fenced_zombie_epoch_is_neither_current_nor_last(raw):
     assert rpc_error_name(lambda: coordinator.InitProducerId(coordinator_pb2.InitProducerIdRequest(
         transactional_id="fence-tx", transaction_timeout_ms=60_000, producer_id=-1, producer_epoch=-1), timeout=10)) \
         == "CONCURRENT_TRANSACTIONS"
-    wait_until(lambda: zombie.describe().state == STATE_TO_PROTO[TransactionState.COMPLETE_ABORT], what="the fence's abort")
+    wait_until(lambda: zombie.describe().state == TransactionState.COMPLETE_ABORT.to_proto(), what="the fence's abort")
     pid, epoch = zombie.producer_id, zombie.producer_epoch
     for committed in (False, True):
         assert rpc_error_name(lambda c=committed: coordinator.EndTxn(coordinator_pb2.EndTxnRequest(
@@ -251,7 +250,7 @@ def test_aborting_an_empty_transaction_bumps_the_epoch_and_a_late_add_is_fenced(
         transactional_id="empty-abort-tx", producer_id=producer.producer_id, producer_epoch=old_epoch,
         partitions=[common_pb2.TopicPartition(topic="empty-abort", partition=0)]), timeout=10)
     assert rpc_error_name(late) == "PRODUCER_FENCED"
-    assert producer.describe().state == STATE_TO_PROTO[TransactionState.COMPLETE_ABORT]
+    assert producer.describe().state == TransactionState.COMPLETE_ABORT.to_proto()
     # the retried abort answers the same epoch
     again = coordinator.EndTxn(coordinator_pb2.EndTxnRequest(transactional_id="empty-abort-tx", producer_id=producer.producer_id,
                                                               producer_epoch=old_epoch, committed=False), timeout=10)
@@ -413,6 +412,6 @@ def test_a_group_commit_retried_while_its_members_complete_answers_ok(raw):
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         answers = [a for batch_of in pool.map(lambda _: retries(), range(4)) for a in batch_of]
     assert set(answers) <= {"NONE", "CONCURRENT_TRANSACTIONS"}, sorted(set(answers))
-    wait_until(lambda: members[-1].describe().state == STATE_TO_PROTO[TransactionState.COMPLETE_COMMIT], what="the group's completion")
+    wait_until(lambda: members[-1].describe().state == TransactionState.COMPLETE_COMMIT.to_proto(), what="the group's completion")
     states = {m.describe().state for m in members[::50]}
-    assert states == {STATE_TO_PROTO[TransactionState.COMPLETE_COMMIT]}
+    assert states == {TransactionState.COMPLETE_COMMIT.to_proto()}

@@ -9,7 +9,6 @@ import pytest
 from raw import Raw, plain_batch
 from txn_raw import TxnProducer, retrying, wait_until
 
-from coordinator_svc.server import STATE_TO_PROTO
 from coordinator_svc.transaction_state import TransactionState
 from services import errors
 from services.client import Admin
@@ -59,7 +58,7 @@ def test_commit_is_atomic_across_two_instances_and_abort_leaves_nothing_committe
     for p in (0, 1):
         assert code_name(producer.send("atomic", p, f"a{p}")) == "NONE"
     producer.end(committed=False)
-    wait_until(lambda: producer.describe().state == STATE_TO_PROTO[TransactionState.COMPLETE_ABORT], what="abort")
+    wait_until(lambda: producer.describe().state == TransactionState.COMPLETE_ABORT.to_proto(), what="abort")
     for p in (0, 1):
         assert values(raw, "atomic", p, COMMITTED) == [f"c{p}"]
         assert values(raw, "atomic", p, UNCOMMITTED) == [f"c{p}", f"a{p}"]  # markers are never returned
@@ -74,7 +73,7 @@ def test_an_open_transaction_holds_the_lso_over_later_commits(raw):
     second.add(("lso", 0))
     assert code_name(second.send("lso", 0, "second")) == "NONE"
     second.end(committed=True)
-    wait_until(lambda: second.describe().state == STATE_TO_PROTO[TransactionState.COMPLETE_COMMIT], what="second commit")
+    wait_until(lambda: second.describe().state == TransactionState.COMPLETE_COMMIT.to_proto(), what="second commit")
     assert raw.list_offset("lso", 0, partition_pb2.OFFSET_SPEC_LAST_STABLE).offset == 0
     assert values(raw, "lso", 0, COMMITTED) == []  # the later commit waits behind the open transaction
     first.end(committed=True)
@@ -102,7 +101,7 @@ def test_a_timed_out_transaction_is_aborted_and_its_late_commit_changes_nothing(
     producer = TxnProducer(raw, "slow-tx", timeout_ms=1000).init()
     producer.add(("slow", 0))
     assert code_name(producer.send("slow", 0, "too-late")) == "NONE"
-    wait_until(lambda: producer.describe().state == STATE_TO_PROTO[TransactionState.COMPLETE_ABORT], what="timeout abort")
+    wait_until(lambda: producer.describe().state == TransactionState.COMPLETE_ABORT.to_proto(), what="timeout abort")
     assert raw.list_offset("slow", 0, partition_pb2.OFFSET_SPEC_LAST_STABLE).offset == 2
     # the next incarnation begins a transaction; then the paused producer's EndTxn arrives (KAFKA-17754)
     successor = TxnProducer(raw, "slow-tx").init()
@@ -110,7 +109,7 @@ def test_a_timed_out_transaction_is_aborted_and_its_late_commit_changes_nothing(
     assert code_name(successor.send("slow", 0, "next")) == "NONE"
     assert rpc_error_name(lambda: producer.end(committed=True)) == "PRODUCER_FENCED"
     assert code_name(producer.send("slow", 0, "zombie")) == "PRODUCER_FENCED"
-    assert successor.describe().state == STATE_TO_PROTO[TransactionState.ONGOING]
+    assert successor.describe().state == TransactionState.ONGOING.to_proto()
     successor.end(committed=True)
     wait_until(lambda: values(raw, "slow", 0, COMMITTED) == ["next"], what="successor's commit")
 
@@ -133,7 +132,7 @@ def test_another_coordinator_completes_a_commit_decided_before_a_crash(raw, txn_
     txn_cluster.kill(coordinator_name)  # the coordinator dies with the markers unsent
     txn_cluster.start(data_leader_name)
     wait_until(lambda: values(raw, "failover", 0, COMMITTED) == ["decided"], timeout_s=40, what="the other coordinator's markers")
-    assert producer.describe().state == STATE_TO_PROTO[TransactionState.COMPLETE_COMMIT]
+    assert producer.describe().state == TransactionState.COMPLETE_COMMIT.to_proto()
     txn_cluster.start(coordinator_name)
 
 
@@ -224,7 +223,7 @@ def test_bad_transactional_requests_get_clear_errors_and_change_nothing(raw):
     unknown = TxnProducer(raw, "never-initialised")
     unknown.producer_id, unknown.producer_epoch = 123456, 0
     assert rpc_error_name(lambda: unknown.end(committed=True)) == "INVALID_PRODUCER_ID_MAPPING"
-    assert producer.describe().state == STATE_TO_PROTO[TransactionState.ONGOING]
+    assert producer.describe().state == TransactionState.ONGOING.to_proto()
     assert raw.produce("strict", 1, plain_batch(["plain"])).error.code == 0
     producer.end(committed=False)
 
@@ -286,7 +285,7 @@ def test_transactional_ids_idle_past_their_expiration_are_removed(expiring_clust
         busy = TxnProducer(raw, "busy-tx").init()
         busy.add(("idle", 0))  # Ongoing: never expires while open (its timeout aborts it instead)
         wait_until(lambda: idle.describe().error.code == errors.ErrorCode.Value("TRANSACTIONAL_ID_NOT_FOUND"), what="expiration")
-        assert busy.describe().state == STATE_TO_PROTO[TransactionState.ONGOING]
+        assert busy.describe().state == TransactionState.ONGOING.to_proto()
         again = TxnProducer(raw, "idle-tx").init()  # a removed id starts afresh
         assert again.producer_epoch == 0 and again.producer_id != idle.producer_id
     finally:

@@ -25,10 +25,11 @@ from services.client import Admin, Producer
 from services.client.errors import ClientError
 from services.client.structs import TransactionHandle, TransactionListing
 from services.hashing import partition_for_id
+from services.protocol import TRANSACTION_STATE_TOPIC
 from services.stubs.txlog.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc, partition_pb2
 
 COMMITTED, UNCOMMITTED = common_pb2.ISOLATION_LEVEL_READ_COMMITTED, common_pb2.ISOLATION_LEVEL_READ_UNCOMMITTED
-STATE_TOPIC = coordinators.TRANSACTION_STATE_TOPIC
+STATE_TOPIC = TRANSACTION_STATE_TOPIC
 PREPARED_TIMEOUT_MS_DEFAULT = 24 * 3600 * 1000  # the coordinator's --prepared-transaction-timeout-ms default
 TAKEOVER_TIMEOUT_S = 60  # ZooKeeper session expiry (10 s) + ownership check + load, with room for a slow machine
 

@@ -54,26 +54,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from services.client.errors import error_for
-from services.client.sequences import SEQUENCE_MODULUS
 from services.client.structs import TopicPartition
 from services.client.transport import FaultInjection
 from services.errors import ErrorCode
+from services.protocol import CONSUMER_OFFSETS_TOPIC, PRODUCER_EPOCH_MAX, SEQUENCE_MODULUS, TransactionState
 from services.stubs.txlog.v1 import common_pb2, coordinator_pb2, errors_pb2, partition_pb2
 
 E = ErrorCode.Value
 
 
-OFFSETS_TP = TopicPartition("__consumer_offsets", 0)  # the fake's one offsets partition, for every group
-STATE_TO_PROTO = {
-    "Empty": coordinator_pb2.TRANSACTION_STATE_EMPTY,
-    "Ongoing": coordinator_pb2.TRANSACTION_STATE_ONGOING,
-    "PrepareCommit": coordinator_pb2.TRANSACTION_STATE_PREPARE_COMMIT,
-    "PrepareAbort": coordinator_pb2.TRANSACTION_STATE_PREPARE_ABORT,
-    "CompleteCommit": coordinator_pb2.TRANSACTION_STATE_COMPLETE_COMMIT,
-    "CompleteAbort": coordinator_pb2.TRANSACTION_STATE_COMPLETE_ABORT,
-    "Dead": coordinator_pb2.TRANSACTION_STATE_DEAD,
-    "PrepareEpochFence": coordinator_pb2.TRANSACTION_STATE_PREPARE_EPOCH_FENCE,
-}
+OFFSETS_TP = TopicPartition(CONSUMER_OFFSETS_TOPIC, 0)  # the fake's one offsets partition, for every group
 
 
 @dataclass
@@ -304,7 +294,7 @@ class FakeCluster:
     def _handle_InitProducerId(self, address, request):  # noqa: N802
         if request.transactional_id:
             return self._init_transactional(address, request)
-        if request.producer_id >= 0 and 0 <= request.producer_epoch < 32767:  # KIP-360 bump
+        if request.producer_id >= 0 and 0 <= request.producer_epoch < PRODUCER_EPOCH_MAX:  # KIP-360 bump
             return coordinator_pb2.InitProducerIdResponse(producer_id=request.producer_id,
                                                           producer_epoch=request.producer_epoch + 1)
         self.next_producer_id += 1
@@ -563,7 +553,7 @@ class FakeCluster:
         response = coordinator_pb2.ListTransactionsResponse()
         now = self.now_ms()
         for txn in sorted(self.transactions.values(), key=lambda t: t.transactional_id):
-            state = STATE_TO_PROTO[txn.state]
+            state = TransactionState(txn.state).to_proto()
             if request.state_filters and state not in request.state_filters:
                 continue
             if request.producer_id_filters and txn.producer_id not in request.producer_id_filters:
@@ -586,7 +576,7 @@ class FakeCluster:
                                           error=errors_pb2.Error(code=E("TRANSACTIONAL_ID_NOT_FOUND"), message="fake"))
             else:
                 response.transactions.add(
-                    transactional_id=transactional_id, state=STATE_TO_PROTO[txn.state], producer_id=txn.producer_id,
+                    transactional_id=transactional_id, state=TransactionState(txn.state).to_proto(), producer_id=txn.producer_id,
                     producer_epoch=txn.producer_epoch, transaction_timeout_ms=txn.timeout_ms,
                     transaction_start_time_ms=txn.start_ms,
                     partitions=[common_pb2.TopicPartition(topic=t, partition=p) for t, p in sorted(txn.partitions)])

@@ -4,10 +4,10 @@ seeks, resets, and the limits of a poll."""
 import time
 
 import pytest
+from fake_cluster import FakeCluster
 
 from services.client import Consumer, NoOffsetForPartitionError, Producer
 from services.client.structs import TopicPartition
-from services.client.testing import FakeCluster
 
 TP0, TP1 = TopicPartition("t", 0), TopicPartition("t", 1)
 

@@ -1,5 +1,5 @@
 """The producer's sender against an in-memory fake of the partition servers
-(``services.client.testing.FakeCluster``, which applies the leader's sequence
+(``tests/unit/fake_cluster.py: FakeCluster``, which applies the leader's sequence
 rules): every record exactly once and in order through lost answers, lost
 requests, reordered requests and leader moves; failures sorted as the error
 table says. Faulty runs print their seed; rerun with it to replay."""
@@ -8,11 +8,11 @@ import random
 import time
 
 import pytest
+from fake_cluster import FakeCluster
 
 from services.client import DeliveryTimeoutError, FaultInjection, Producer
 from services.client.errors import ClientClosedError, ClientTimeoutError, RecordTooLargeError
 from services.client.structs import TopicPartition
-from services.client.testing import FakeCluster
 from services.errors import ErrorCode
 
 E = ErrorCode.Value

@@ -4,8 +4,9 @@ in-flight window, the order of re-sends, held batches and the reset."""
 import pytest
 
 from services.client.accumulator import BatchState, ProducerBatch
-from services.client.sequences import SEQUENCE_MODULUS, IllegalStateError, PartitionSequences
+from services.client.sequences import IllegalStateError, PartitionSequences
 from services.client.structs import TopicPartition, build_record
+from services.protocol import SEQUENCE_MODULUS
 
 TP = TopicPartition("t", 0)
 PID, EPOCH = 7, 0

@@ -6,13 +6,13 @@ import json
 import time
 
 import pytest
+from fake_cluster import FakeCluster
 
 from services import cli
 from services.client import Admin, Producer
 from services.client import console as console_module
 from services.client.admin import state_number
 from services.client.structs import TopicPartition
-from services.client.testing import FakeCluster
 from services.errors import ErrorCode
 
 E = ErrorCode.Value

@@ -1,5 +1,5 @@
 """The transactional Producer against an in-memory fake of the coordinator and
-the partition leaders (``services.client.testing.FakeCluster``): commit and
+the partition leaders (``tests/unit/fake_cluster.py: FakeCluster``): commit and
 abort flows, epochs and sequences across transactions, fencing, abortable
 errors, retries, coordinator moves, offsets in transactions, and the calls
 the state refuses. Only the network is fake; the SDK's code is the real one."""
@@ -8,6 +8,7 @@ import threading
 import time
 
 import pytest
+from fake_cluster import OFFSETS_TP, FakeCluster
 
 from services.client import (
     ClientTimeoutError,
@@ -23,7 +24,6 @@ from services.client import (
 )
 from services.client.errors import FatalError
 from services.client.structs import TopicPartition
-from services.client.testing import OFFSETS_TP, FakeCluster
 from services.errors import ErrorCode
 
 E = ErrorCode.Value

@@ -47,7 +47,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule, run_state_machine_as_test
 
-from coordinator_svc.coordinator import CONSUMER_OFFSETS, CoordinatorConfig, LoadedPartition, TransactionCoordinator
+from coordinator_svc.coordinator import CoordinatorConfig, LoadedPartition, TransactionCoordinator
 from coordinator_svc.markers import MarkerSet
 from coordinator_svc.transaction_state import (
     VALID_PREVIOUS_STATES,
@@ -61,6 +61,7 @@ from coordinator_svc.txn_log import DECISION_KEY_PREFIX, FENCE_KEY, decision_key
 from services.coordinators import PartitionOwner
 from services.errors import ErrorCode, TxlogError
 from services.hashing import partition_for_id
+from services.protocol import CONSUMER_OFFSETS_TOPIC
 
 S = TransactionState
 
@@ -93,7 +94,7 @@ TIDS = ("g/a", "g/b")  # one transaction group: one log partition, committable t
 TOPIC_PARTITIONS = (("events", 0), ("events", 1))
 OFFSETS_GROUP = "etl"
 OFFSETS_PARTITIONS = 4
-OFFSETS_PARTITION = (CONSUMER_OFFSETS, partition_for_id(OFFSETS_GROUP, OFFSETS_PARTITIONS))
+OFFSETS_PARTITION = (CONSUMER_OFFSETS_TOPIC, partition_for_id(OFFSETS_GROUP, OFFSETS_PARTITIONS))
 TXN_TIMEOUT_MS = 1_000
 PREPARED_TIMEOUT_MS = 3_000
 START_MS = 1_000_000
@@ -237,7 +238,7 @@ class CountingProducerIds:
 class FixedPartitionClient:
     """Stands in for PartitionClient: the partition counts of the topics that exist."""
 
-    COUNTS = {"events": len(TOPIC_PARTITIONS), CONSUMER_OFFSETS: OFFSETS_PARTITIONS}
+    COUNTS = {"events": len(TOPIC_PARTITIONS), CONSUMER_OFFSETS_TOPIC: OFFSETS_PARTITIONS}
 
     async def partition_count(self, topic: str) -> int | None:
         return self.COUNTS.get(topic)

@@ -5,7 +5,8 @@ never producer 0 at epoch 0."""
 import pytest
 
 from services.errors import TxlogError
-from services.producer_ids import PRODUCER_EPOCH_MAX, named_producer, previous_producer
+from services.producer_ids import named_producer, previous_producer
+from services.protocol import PRODUCER_EPOCH_MAX
 from services.stubs.txlog.v1 import coordinator_pb2, partition_pb2
 
 

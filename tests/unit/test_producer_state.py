@@ -7,15 +7,14 @@ import pytest
 from partition_svc.producer_state import (
     APPEND,
     DUPLICATE_CACHE_BATCHES,
-    SEQUENCE_MODULUS,
     Duplicate,
     ProducerStateEntry,
     Reject,
     after_append,
     check_batch,
-    last_sequence_of,
 )
 from services.errors import ErrorCode
+from services.protocol import SEQUENCE_MODULUS, last_sequence_of
 
 PID = 42
 

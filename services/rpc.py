@@ -1,0 +1,125 @@
+"""The one client txlog's processes use to call each other: the coordinator
+calling partition leaders (transaction log, markers, group offsets) and
+producer_id_svc, a partition leader asking a coordinator to verify a
+transaction and producer_id_svc for ids.
+
+One channel per address, kept for the process's life (channels reconnect by
+themselves); the live instances of a kind from the ZooKeeper registry; the
+partition leaders from Metadata, cached for :data:`METADATA_TTL_S` and
+forgotten by whoever sees NOT_LEADER; a failed call comes back as the
+:class:`~services.errors.TxlogError` it stands for. Retrying is the caller's
+choice (:class:`services.retry.RetryPolicy`): only the caller knows whether a
+repeat is safe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import grpc
+
+from services import errors
+from services.channels import CALL_TIMEOUT_S_DEFAULT, open_channel
+from services.errors import ErrorCode, TxlogError
+from services.stubs.txlog.v1 import (
+    coordinator_pb2_grpc,
+    partition_pb2,
+    partition_pb2_grpc,
+    producer_id_pb2_grpc,
+)
+from services.zk import ServiceRegistry
+
+METADATA_TTL_S = 30.0
+NONE = ErrorCode.Value("NONE")
+Reply = TypeVar("Reply")
+
+
+async def answer_of(call: Callable[[], Awaitable[Reply]]) -> Reply:
+    """``call()``'s answer; a failed call raised as the TxlogError it stands for."""
+    try:
+        return await call()
+    except grpc.RpcError as exc:
+        raise errors.from_rpc_error(exc) from None
+
+
+class PeerClient:
+    def __init__(self, registry: ServiceRegistry, timeout_s: float = CALL_TIMEOUT_S_DEFAULT):
+        self.registry = registry
+        self.timeout_s = timeout_s
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._leaders: dict[tuple[str, int], tuple[str, float]] = {}
+        self._partition_counts: dict[str, int] = {}
+
+    # --- channels and stubs ------------------------------------------------------------
+
+    def channel(self, address: str) -> grpc.aio.Channel:
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = self._channels[address] = open_channel(address, timeout_s=self.timeout_s)
+        return channel
+
+    def stub(self, address: str) -> partition_pb2_grpc.PartitionServiceStub:
+        """A partition_svc at ``address``."""
+        return partition_pb2_grpc.PartitionServiceStub(self.channel(address))
+
+    def coordinator_stub(self, address: str) -> coordinator_pb2_grpc.CoordinatorServiceStub:
+        return coordinator_pb2_grpc.CoordinatorServiceStub(self.channel(address))
+
+    def producer_id_stub(self, address: str) -> producer_id_pb2_grpc.ProducerIdServiceStub:
+        return producer_id_pb2_grpc.ProducerIdServiceStub(self.channel(address))
+
+    async def live(self, kind: str) -> dict[int, str]:
+        """{node id: address} of the live instances of a service kind."""
+        return await asyncio.to_thread(self.registry.live, kind)
+
+    async def any_partition_svc(self) -> partition_pb2_grpc.PartitionServiceStub:
+        live = await self.live("partition_svc")
+        if not live:
+            raise TxlogError(ErrorCode.Value("LEADER_NOT_AVAILABLE"), "no partition_svc is live")
+        return self.stub(sorted(live.values())[0])
+
+    async def call_any_partition_svc(self, method: str, request):
+        """A PartitionService call on any live instance (Metadata, CreateTopics)."""
+        stub = await self.any_partition_svc()
+        return await answer_of(lambda: getattr(stub, method)(request))
+
+    # --- partition leaders -------------------------------------------------------------
+
+    async def refresh(self, topics: list[str]) -> None:
+        reply = await self.call_any_partition_svc("Metadata", partition_pb2.MetadataRequest(topics=topics))
+        now = time.monotonic()
+        for topic in reply.topics:
+            if topic.error.code != NONE:
+                continue
+            self._partition_counts[topic.name] = len(topic.partitions)
+            for p in topic.partitions:
+                if p.error.code == NONE:
+                    self._leaders[(topic.name, p.partition)] = (p.leader_address, now)
+                else:
+                    self._leaders.pop((topic.name, p.partition), None)
+
+    async def leader(self, topic: str, partition: int) -> str:
+        known = self._leaders.get((topic, partition))
+        if known is None or time.monotonic() - known[1] > METADATA_TTL_S:
+            await self.refresh([topic])
+            known = self._leaders.get((topic, partition))
+        if known is None:
+            raise TxlogError(ErrorCode.Value("LEADER_NOT_AVAILABLE"), f"{topic[:300]}-{partition} has no live leader")
+        return known[0]
+
+    def forget_leader(self, topic: str, partition: int) -> None:
+        self._leaders.pop((topic, partition), None)
+
+    async def partition_count(self, topic: str) -> int | None:
+        """The topic's partition count (partition counts never change), None if it does not exist."""
+        if topic not in self._partition_counts:
+            await self.refresh([topic])
+        return self._partition_counts.get(topic)
+
+    async def close(self) -> None:
+        for channel in self._channels.values():
+            await channel.close()
+        self._channels.clear()
