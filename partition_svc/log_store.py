@@ -46,6 +46,27 @@ FLAG_COMMIT = 4
 BLOB_BYTES_MIN = 4096
 
 
+def metadata_value(log_start_offset: int, next_offset: int, size_bytes: int) -> bytes:
+    return json.dumps({"log_start_offset": log_start_offset, "next_offset": next_offset, "size_bytes": size_bytes}).encode()
+
+
+def aborted_span_value(first_offset: int, last_offset: int) -> bytes:
+    return json.dumps({"first": first_offset, "last": last_offset}).encode()
+
+
+def group_offset_value(offset: int, metadata: str, commit_ms: int) -> bytes:
+    return json.dumps({"offset": offset, "metadata": metadata, "commit_ms": commit_ms}).encode()
+
+
+def offset_of(group_offset_value: bytes) -> int:
+    return json.loads(group_offset_value)["offset"]
+
+
+def _offset_and_metadata(raw: bytes) -> tuple[int, str]:
+    committed = json.loads(raw)
+    return committed["offset"], committed["metadata"]
+
+
 def partition_key(topic: str, partition: int) -> bytes:
     return topic.encode() + b"\x00" + partition.to_bytes(4, "big")
 
@@ -163,6 +184,46 @@ class LogStore:
     def producers(self, pkey: bytes) -> Iterator[bytes]:
         for _, value in self.items(b"P" + pkey):
             yield value
+
+    def batch(self, pkey: bytes, base_offset: int) -> bytes | None:
+        return self.get(log_key(pkey, base_offset))
+
+    def metadata(self, pkey: bytes) -> dict | None:
+        raw = self.get(meta_key(pkey))
+        return None if raw is None else json.loads(raw)
+
+    def aborted_spans(self, pkey: bytes) -> dict[int, list[tuple[int, int]]]:
+        """{producer id: [(first, last offset)]} of the partition's aborted
+        transactions, each producer's in offset order."""
+        spans: dict[int, list[tuple[int, int]]] = {}
+        prefix = b"A" + pkey
+        for key, value in self.items(prefix):
+            span = json.loads(value)
+            spans.setdefault(int.from_bytes(key[len(prefix):len(prefix) + 8], "big"), []).append((span["first"], span["last"]))
+        return spans
+
+    def pending_offsets(self, pkey: bytes) -> dict[int, dict[bytes, bytes]]:
+        """{producer id: {G key: offset value}} committed in open transactions."""
+        pending: dict[int, dict[bytes, bytes]] = {}
+        prefix = b"X" + pkey
+        for key, value in self.items(prefix):
+            producer_id = int.from_bytes(key[len(prefix):len(prefix) + 8], "big")
+            pending.setdefault(producer_id, {})[key[len(prefix) + 8:]] = value
+        return pending
+
+    def group_offsets(self, group_id: str, partitions: list[tuple[str, int]] | None = None) -> list[tuple[str, int, int, str]]:
+        """(topic, partition, offset, metadata) committed by the group: of the
+        partitions named (-1 and "" where none is), or of every partition."""
+        if partitions:
+            found = []
+            for topic, partition in partitions:
+                raw = self.get(group_offset_key(group_id, topic, partition))
+                committed = json.loads(raw) if raw else {"offset": -1, "metadata": ""}
+                found.append((topic, partition, committed["offset"], committed["metadata"]))
+            return found
+        prefix = group_prefix(group_id)
+        return [(key[len(prefix):-5].decode(), int.from_bytes(key[-4:], "big"), *_offset_and_metadata(raw))
+                for key, raw in self.items(prefix)]
 
     def write(self, changes: list[tuple[bytes, bytes | None]]) -> None:
         """Applies changes in order, atomically; a value of None deletes the key."""

@@ -13,31 +13,64 @@ Invariants:
   sequences at the marker's (bumped) epoch, and records the coordinator epoch:
   a marker with an older coordinator epoch is refused. An aborted transaction
   enters the aborted index, and read_committed reads skip its batches.
+
+Every change goes through one door per request kind (:meth:`Partition.produce`,
+:meth:`~Partition.write_marker`, :meth:`~Partition.seal_prepared`,
+:meth:`~Partition.commit_offsets`, :meth:`~Partition.commit_txn_offsets`,
+:meth:`~Partition.enforce_retention`): each checks, applies the change in
+memory and hands it to the writer in one synchronous call, with no await
+inside, so the writer receives changes in the order the memory took them (an
+earlier change can never overwrite a later one's producer state or metadata on
+disk), and answers with a value: a :class:`Reject` (nothing changed) or a
+future that completes once the change is durable (the high watermark has
+moved over it by then).
 """
 
 from __future__ import annotations
 
 import asyncio
 import bisect
-import json
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import Protocol
 
 from partition_svc import log_store, producer_state, validation
 from partition_svc.log_store import LogStore, StoredBatchHeader
 from partition_svc.producer_state import Append, Duplicate, ProducerStateEntry, Reject
-from services.errors import ErrorCode
+from services.errors import ErrorCode, TxlogError
 from services.stubs.txlog.v1 import common_pb2
+
+Changes = list[tuple[bytes, bytes | None]]
+
+
+class Writer(Protocol):
+    """Where a partition's changes go: log_store.GroupCommitWriter, which
+    completes the futures in submission order once the changes are durable."""
+
+    def submit(self, changes: Changes) -> asyncio.Future: ...
+
+
+@dataclass(frozen=True)
+class Produced:
+    """A batch taken: at ``base_offset``..``last_offset`` (appended now, or the
+    original offsets of a duplicate), ``durable`` once it is (a duplicate: once
+    its original is)."""
+
+    base_offset: int
+    last_offset: int
+    durable: asyncio.Future
+    duplicate: bool = False
 
 
 class Partition:
-    def __init__(self, topic: str, index: int, configs: dict[str, str], store: LogStore):
+    def __init__(self, topic: str, index: int, configs: dict[str, str], store: LogStore, writer: Writer):
         self.topic = topic
         self.index = index
         self.configs = configs
         self.store = store
+        self.writer = writer
         self.pkey = log_store.partition_key(topic, index)
         self.log_start_offset = 0
         self.next_offset = 0
@@ -58,9 +91,8 @@ class Partition:
     # --- recovery -----------------------------------------------------------------
 
     def _recover(self) -> None:
-        raw = self.store.get(log_store.meta_key(self.pkey))
-        if raw is not None:
-            meta = json.loads(raw)
+        meta = self.store.metadata(self.pkey)
+        if meta is not None:
             self.log_start_offset = meta["log_start_offset"]
             self.next_offset = meta["next_offset"]
             self.size_bytes = meta["size_bytes"]
@@ -71,18 +103,11 @@ class Partition:
         for value in self.store.producers(self.pkey):
             entry = ProducerStateEntry.from_json(value)
             self.producers[entry.producer_id] = entry
-        prefix = b"A" + self.pkey
-        for key, value in self.store.items(prefix):
-            span = json.loads(value)
-            self.aborted.setdefault(int.from_bytes(key[len(prefix):len(prefix) + 8], "big"), []).append((span["first"], span["last"]))
-        prefix = b"X" + self.pkey
-        for key, value in self.store.items(prefix):
-            producer_id = int.from_bytes(key[len(prefix):len(prefix) + 8], "big")
-            self.pending_offsets.setdefault(producer_id, {})[key[len(prefix) + 8:]] = value
+        self.aborted = self.store.aborted_spans(self.pkey)
+        self.pending_offsets = self.store.pending_offsets(self.pkey)
 
     def metadata_change(self) -> tuple[bytes, bytes]:
-        meta = {"log_start_offset": self.log_start_offset, "next_offset": self.next_offset, "size_bytes": self.size_bytes}
-        return log_store.meta_key(self.pkey), json.dumps(meta).encode()
+        return log_store.meta_key(self.pkey), log_store.metadata_value(self.log_start_offset, self.next_offset, self.size_bytes)
 
     # --- offsets ------------------------------------------------------------------
 
@@ -94,6 +119,74 @@ class Partition:
     @property
     def record_bytes_max(self) -> int:
         return int(self.configs["max.record.bytes"])
+
+    # --- the doors --------------------------------------------------------------------
+
+    def produce(self, batch: common_pb2.RecordBatch, now_ms: int, limits: validation.BatchLimits) -> Produced | Reject:
+        """One batch of a Produce, checked against its producer's state: a
+        duplicate is answered its original offsets, a new batch is appended and
+        submitted. A bad record is a Reject, with nothing changed."""
+        outcome = self.check(batch)
+        if isinstance(outcome, Reject):
+            return outcome
+        if isinstance(outcome, Duplicate):
+            return Produced(outcome.base_offset, outcome.last_offset, asyncio.ensure_future(self.wait_durable(outcome.last_offset)),
+                            duplicate=True)
+        try:
+            base, changes, durable = self._append(batch, now_ms, limits)
+        except TxlogError as exc:
+            return Reject(exc.code, exc.message)
+        return Produced(base, base + len(batch.records) - 1, self._submit(changes, durable))
+
+    def write_marker(
+        self, producer_id: int, producer_epoch: int, coordinator_epoch: int, committed: bool, now_ms: int
+    ) -> Reject | asyncio.Future | None:
+        """A COMMIT/ABORT marker (check_marker, then _apply_marker); None when
+        there was nothing to change."""
+        refused = self.check_marker(producer_id, producer_epoch, coordinator_epoch)
+        if refused is not None:
+            return refused
+        written = self._apply_marker(producer_id, producer_epoch, coordinator_epoch, committed, now_ms)
+        return None if written is None else self._submit(*written)
+
+    def seal_prepared(self, producer_id: int, producer_epoch: int, coordinator_epoch: int, now_ms: int) -> Reject | asyncio.Future | None:
+        """The seal of a prepared transaction (check_seal, then _apply_seal); None
+        when it is sealed already."""
+        refused = self.check_seal(producer_id, producer_epoch, coordinator_epoch)
+        if refused is not None:
+            return refused
+        written = self._apply_seal(producer_id, producer_epoch, coordinator_epoch, now_ms)
+        return None if written is None else self._submit(*written)
+
+    def commit_offsets(self, offsets: list[tuple[bytes, bytes]], now_ms: int, limits: validation.BatchLimits) -> asyncio.Future:
+        """Consumer offsets committed outside a transaction (this is a
+        __consumer_offsets partition): a batch in the log, and the view
+        OffsetFetch reads, in one write."""
+        batch = common_pb2.RecordBatch(producer_id=-1, producer_epoch=-1, base_sequence=-1,
+                                       records=[common_pb2.Record(key=k, value=v) for k, v in offsets])
+        _, changes, durable = self._append(batch, now_ms, limits)
+        return self._submit(changes + offsets, durable)
+
+    def commit_txn_offsets(
+        self, producer_id: int, producer_epoch: int, offsets: list[tuple[bytes, bytes]], now_ms: int
+    ) -> Reject | asyncio.Future | None:
+        """Consumer offsets committed in the producer's transaction; None when
+        every one was older than an offset pending already."""
+        written = self._apply_txn_offsets(producer_id, producer_epoch, offsets, now_ms)
+        if isinstance(written, Reject) or written is None:
+            return written
+        return self._submit(*written)
+
+    def enforce_retention(self, now_ms: int) -> asyncio.Future | None:
+        """Deletes what retention.ms/bytes and compaction let go; None when nothing."""
+        changes = self._retention_changes(now_ms) + self._compaction_changes()
+        return self.writer.submit(changes) if changes else None
+
+    def _submit(self, changes: Changes, on_durable: Callable[[], None]) -> asyncio.Future:
+        written = self.writer.submit(changes)
+        # Added before anyone awaits the future: the high watermark has moved by the time they resume.
+        written.add_done_callback(lambda _: on_durable())
+        return written
 
     # --- appending ----------------------------------------------------------------
 
@@ -109,7 +202,7 @@ class Partition:
             batch.is_transactional,
         )
 
-    def append(
+    def _append(
         self, batch: common_pb2.RecordBatch, now_ms: int, limits: validation.BatchLimits
     ) -> tuple[int, list[tuple[bytes, bytes]], Callable[[], None]]:
         """Checks the batch's records while giving them offsets, then updates the
@@ -180,7 +273,7 @@ class Partition:
         LOWER epoch: a marker whose epoch equals that of the transaction open here
         is a late copy of the previous transaction's marker and is refused (it
         must never end this one). With nothing open, a re-sent marker is a no-op
-        (append_marker)."""
+        (_apply_marker)."""
         entry = self.producers.get(producer_id)
         refused = self._check_sender("marker", producer_id, producer_epoch, coordinator_epoch)
         if refused is not None or entry is None:
@@ -198,7 +291,7 @@ class Partition:
     def _has_open_transaction(self, producer_id: int, entry: ProducerStateEntry) -> bool:
         return entry.has_open_transaction or bool(self.pending_offsets.get(producer_id))
 
-    def append_marker(
+    def _apply_marker(
         self, producer_id: int, producer_epoch: int, coordinator_epoch: int, committed: bool, now_ms: int
     ) -> tuple[list[tuple[bytes, bytes | None]], Callable[[], None]] | None:
         """Writes a COMMIT/ABORT control batch closing the producer's transaction.
@@ -231,7 +324,7 @@ class Partition:
         changes: list[tuple[bytes, bytes | None]] = [(log_store.log_key(self.pkey, offset), value)]
         if not committed and open_first >= 0:
             self.aborted.setdefault(producer_id, []).append((open_first, offset))
-            changes.append((log_store.aborted_key(self.pkey, producer_id, open_first), json.dumps({"first": open_first, "last": offset}).encode()))
+            changes.append((log_store.aborted_key(self.pkey, producer_id, open_first), log_store.aborted_span_value(open_first, offset)))
         for group_key, offset_value in (pending or {}).items():
             changes.append((log_store.pending_offset_key(self.pkey, producer_id, group_key), None))
             if committed:
@@ -297,7 +390,7 @@ class Partition:
             )
         return None
 
-    def seal(
+    def _apply_seal(
         self, producer_id: int, producer_epoch: int, coordinator_epoch: int, now_ms: int
     ) -> tuple[list[tuple[bytes, bytes | None]], Callable[[], None]] | None:
         """Records that the producer's transaction at ``producer_epoch`` is
@@ -313,9 +406,9 @@ class Partition:
         self.producers[producer_id] = entry
         return [(log_store.producer_key(self.pkey, producer_id), entry.to_json())], self._durable_callback()
 
-    def append_txn_offsets(
+    def _apply_txn_offsets(
         self, producer_id: int, producer_epoch: int, offsets: list[tuple[bytes, bytes]], now_ms: int
-    ) -> tuple[list[tuple[bytes, bytes | None]], Callable[[], None]] | Reject:
+    ) -> tuple[list[tuple[bytes, bytes | None]], Callable[[], None]] | Reject | None:
         """Appends consumer offsets committed in the producer's transaction (this
         is a __consumer_offsets partition); they take effect with its COMMIT marker."""
         entry = self.producers.get(producer_id)
@@ -338,9 +431,9 @@ class Partition:
         # Within one transaction a partition's pending offset only moves forward: TxnOffsetCommit has no
         # sequence, so an earlier request delivered late must not take back a later one's offset.
         pending = self.pending_offsets.get(producer_id, {}) if entry is not None and producer_epoch == entry.producer_epoch else {}
-        offsets = [(key, value) for key, value in offsets if key not in pending or _offset_of(value) >= _offset_of(pending[key])]
+        offsets = [(key, value) for key, value in offsets if key not in pending or log_store.offset_of(value) >= log_store.offset_of(pending[key])]
         if not offsets:
-            return [], lambda: None
+            return None
         batch = common_pb2.RecordBatch(
             producer_id=producer_id,
             producer_epoch=producer_epoch,
@@ -452,7 +545,7 @@ class Partition:
                 break
             if header.max_timestamp_ms < timestamp_ms or header.is_control:
                 continue
-            batch = common_pb2.RecordBatch.FromString(log_store.payload_of(self.store.get(log_store.log_key(self.pkey, header.base_offset))))
+            batch = common_pb2.RecordBatch.FromString(log_store.payload_of(self.store.batch(self.pkey, header.base_offset)))
             for record in batch.records:
                 if record.timestamp_ms >= timestamp_ms:
                     return record.offset, record.timestamp_ms
@@ -460,7 +553,7 @@ class Partition:
 
     # --- retention ----------------------------------------------------------------
 
-    def retention_changes(self, now_ms: int) -> list[tuple[bytes, bytes | None]]:
+    def _retention_changes(self, now_ms: int) -> list[tuple[bytes, bytes | None]]:
         """Deletes whole batches from the log start while they are older than
         retention.ms or the log is larger than retention.bytes, never at or past
         the LSO; applies the new log start in memory and returns the changes."""
@@ -499,7 +592,7 @@ class Partition:
         return changes
 
 
-    def compaction_changes(self) -> list[tuple[bytes, bytes | None]]:
+    def _compaction_changes(self) -> list[tuple[bytes, bytes | None]]:
         """For cleanup.policy=compact: deletes every batch below the LSO all of
         whose records have a newer record with the same key (the newest record
         of every key stays), and the batches of aborted transactions; applies it
@@ -539,10 +632,6 @@ class Partition:
         changes: list[tuple[bytes, bytes | None]] = [(log_store.log_key(self.pkey, h.base_offset), None) for h in doomed]
         changes.append(self.metadata_change())
         return changes
-
-
-def _offset_of(value: bytes) -> int:
-    return json.loads(value)["offset"]
 
 
 def now_ms() -> int:

@@ -12,17 +12,15 @@ bad batch, a sequence error) is that partition's ``error``; the others proceed.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import sys
 import time
-from collections.abc import Callable
 
 from partition_svc import log_store, validation, wire
 from partition_svc.log_store import GroupCommitWriter, LogStore
 from partition_svc.partition import Partition, now_ms
-from partition_svc.producer_state import Duplicate, Reject
+from partition_svc.producer_state import Reject
 from partition_svc.topics import INTERNAL_PREFIX, TopicInfo, TopicRegistry, assign_round_robin
 from partition_svc.txn_verification import TransactionVerifier
 from services import coordinators, server
@@ -177,7 +175,7 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
             )
         partition = self.partitions.get((topic, index))
         if partition is None:
-            partition = Partition(topic, index, info.configs, self.store)
+            partition = Partition(topic, index, info.configs, self.store, self.writer)
             self.partitions[(topic, index)] = partition
         return partition
 
@@ -306,11 +304,6 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
         if len(named) != len(request.batches):
             raise request_error("the request names a partition twice; put its records in one batch")
         reply = partition_pb2.ProduceResponse()
-        # First every lookup (which may await ZooKeeper), then every check and
-        # append with no await until the changes are submitted: the writer must
-        # receive changes in the order the in-memory state took them, or a later
-        # append's metadata or producer state could be overwritten on disk by an
-        # earlier one's.
         resolved: list[tuple[object, Partition | None]] = []
         to_verify: dict[tuple[int, int], list[int]] = {}
         for item in request.batches:
@@ -335,41 +328,24 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
                     result, partition = resolved[i]
                     result.error.CopyFrom(self.not_in_transaction(tp, refused[tp]))
                     resolved[i] = (result, None)
-        changes: list = []
-        on_durable: list = []
-        duplicates: list = []
+        durables = []
         now = now_ms()
         for item, (result, partition) in zip(request.batches, resolved, strict=True):
             if partition is None:
                 continue
-            outcome = partition.check(item.batch)
+            outcome = partition.produce(item.batch, now, self.limits)
             if isinstance(outcome, Reject):
                 result.error.CopyFrom(error_proto(outcome.code, outcome.message))
                 continue
-            if isinstance(outcome, Duplicate):
-                result.base_offset = outcome.base_offset
-                duplicates.append(partition.wait_durable(outcome.last_offset))
-            else:
-                try:
-                    base, partition_changes, durable = partition.append(item.batch, now, self.limits)
-                except TxlogError as exc:
-                    result.error.CopyFrom(error_of(exc))
-                    continue
-                result.base_offset = base
-                changes.extend(partition_changes)
-                on_durable.append(durable)
+            result.base_offset = outcome.base_offset
             result.log_start_offset = partition.log_start_offset
             result.log_append_time_ms = now
+            durables.append(outcome.durable)
         if acks == 0:  # answered before anything is durable: no offsets to rely on
             for result in reply.results:
                 result.base_offset = -1
-        waits = []
-        if changes:
-            written = self.writer.submit(changes)
-            written.add_done_callback(lambda _: [callback() for callback in on_durable])
-            waits.append(written)
-        if acks != 0 and (waits or duplicates):
-            durable = asyncio.gather(*waits, *duplicates)
+        elif durables:
+            durable = asyncio.gather(*durables)
             if request.timeout_ms:  # the write goes on; a retry of the same batch is answered as a duplicate
                 try:
                     await asyncio.wait_for(asyncio.shield(durable), request.timeout_ms / 1000)
@@ -535,13 +511,8 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
                 result.error.CopyFrom(error_of(exc))
                 continue
             key = log_store.group_offset_key(group_id, wanted.topic, wanted.partition)
-            records.append((key, json.dumps({"offset": wanted.offset, "metadata": wanted.metadata, "commit_ms": now}).encode()))
+            records.append((key, log_store.group_offset_value(wanted.offset, wanted.metadata, now)))
         return records
-
-    async def persist(self, changes: list, durable: Callable[[], None]) -> None:
-        written = self.writer.submit(changes)
-        written.add_done_callback(lambda _: durable())
-        await written
 
     @server.rpc_handler
     async def OffsetCommit(self, request, context):
@@ -551,11 +522,7 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
         reply = partition_pb2.OffsetCommitResponse()
         records = await self.offset_records(request.group_id, request.offsets, reply.results)
         if records:
-            batch = common_pb2.RecordBatch(
-                producer_id=-1, producer_epoch=-1, base_sequence=-1, records=[common_pb2.Record(key=k, value=v) for k, v in records]
-            )
-            _, changes, durable = offsets_partition.append(batch, now_ms(), self.limits)
-            await self.persist(changes + records, durable)  # the log, then the view read by OffsetFetch
+            await offsets_partition.commit_offsets(records, now_ms(), self.limits)
         return reply
 
     @server.rpc_handler
@@ -569,11 +536,11 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
         reply = partition_pb2.TxnOffsetCommitResponse()
         records = await self.offset_records(request.group_id, request.offsets, reply.results)
         if records:
-            outcome = offsets_partition.append_txn_offsets(request.producer_id, request.producer_epoch, records, now_ms())
+            outcome = offsets_partition.commit_txn_offsets(request.producer_id, request.producer_epoch, records, now_ms())
             if isinstance(outcome, Reject):
                 raise TxlogError(outcome.code, outcome.message)
-            if outcome[0]:  # nothing when every offset was older than one pending already
-                await self.persist(*outcome)
+            if outcome is not None:  # None when every offset was older than one pending already
+                await outcome
         return reply
 
     @server.rpc_handler
@@ -592,18 +559,10 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
                 ErrorCode.Value("UNSTABLE_OFFSET_COMMIT"),
                 f"group {request.group_id!r} has offsets pending in an open transaction; retry once it ends",
             )
-        reply = partition_pb2.OffsetFetchResponse()
-        if request.partitions:
-            for wanted in request.partitions:
-                raw = self.store.get(log_store.group_offset_key(request.group_id, wanted.topic, wanted.partition))
-                committed = json.loads(raw) if raw else {"offset": -1, "metadata": ""}
-                reply.offsets.add(topic=wanted.topic, partition=wanted.partition, offset=committed["offset"], metadata=committed["metadata"])
-        else:
-            for key, raw in self.store.items(prefix):
-                topic, index = key[len(prefix):-5].decode(), int.from_bytes(key[-4:], "big")
-                committed = json.loads(raw)
-                reply.offsets.add(topic=topic, partition=index, offset=committed["offset"], metadata=committed["metadata"])
-        return reply
+        found = self.store.group_offsets(request.group_id, [(p.topic, p.partition) for p in request.partitions])
+        return partition_pb2.OffsetFetchResponse(offsets=[
+            partition_pb2.FetchedOffset(topic=topic, partition=index, offset=offset, metadata=metadata)
+            for topic, index, offset, metadata in found])
 
     # --- WriteTxnMarkers ---------------------------------------------------------------
 
@@ -626,22 +585,18 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
                     targets.append((marker, result, await self.hosted(tp.topic, tp.partition)))
                 except TxlogError as exc:
                     result.error.CopyFrom(error_of(exc))
-        changes, callbacks, now = [], [], now_ms()
-        for marker, result, partition in targets:  # no await from here to the submit (see Produce)
-            check = partition.check_seal if marker.seal_prepared else partition.check_marker
-            refused = check(marker.producer_id, marker.producer_epoch, marker.coordinator_epoch)
-            if refused is not None:
-                result.error.CopyFrom(error_proto(refused.code, refused.message))
-                continue
+        durables, now = [], now_ms()
+        for marker, result, partition in targets:
             if marker.seal_prepared:
-                written = partition.seal(marker.producer_id, marker.producer_epoch, marker.coordinator_epoch, now)
+                outcome = partition.seal_prepared(marker.producer_id, marker.producer_epoch, marker.coordinator_epoch, now)
             else:
-                written = partition.append_marker(marker.producer_id, marker.producer_epoch, marker.coordinator_epoch, marker.committed, now)
-            if written is not None:
-                changes.extend(written[0])
-                callbacks.append(written[1])
-        if changes:
-            await self.persist(changes, lambda: [callback() for callback in callbacks])
+                outcome = partition.write_marker(marker.producer_id, marker.producer_epoch, marker.coordinator_epoch,
+                                                 marker.committed, now)
+            if isinstance(outcome, Reject):
+                result.error.CopyFrom(error_proto(outcome.code, outcome.message))
+            elif outcome is not None:
+                durables.append(outcome)
+        await asyncio.gather(*durables)
         return reply
 
     # --- DescribeProducers -----------------------------------------------------------
@@ -681,9 +636,9 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
     async def enforce_retention(self) -> None:
         now = now_ms()
         for partition in list(self.partitions.values()):
-            changes = partition.retention_changes(now) + partition.compaction_changes()
-            if changes:
-                await self.writer.submit(changes)
+            written = partition.enforce_retention(now)
+            if written is not None:
+                await written
                 log.info("retention", extra=fields(topic=partition.topic, partition=partition.index, log_start_offset=partition.log_start_offset))
 
 

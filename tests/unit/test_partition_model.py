@@ -1,8 +1,10 @@
 """One partition's idempotence, transactions, LSO and reads against a reference model.
 
-The REAL partition core runs: :class:`partition_svc.partition.Partition` on a real
-RocksDB :class:`LogStore` in a temporary directory, written through a real
-:class:`GroupCommitWriter`. Beside it, :class:`Model` is a small reference of one
+The REAL partition core runs: :class:`partition_svc.partition.Partition`, driven
+through its doors (produce, write_marker, seal_prepared, commit_txn_offsets) as the
+server drives it, on a real RocksDB :class:`LogStore` in a temporary directory,
+whose writes and acknowledgements a ``ScriptedWriter`` makes when the machine says
+(the server's GroupCommitWriter makes them as soon as it can). Beside it, :class:`Model` is a small reference of one
 partition written from DESIGN.md ("Idempotent produce", "Transactions", "Reading"),
 the rule list of ``partition_svc/producer_state.py`` and the docstrings of
 ``partition.py``; it imports nothing of partition_svc's logic (plain dataclasses,
@@ -19,8 +21,8 @@ A hypothesis ``RuleBasedStateMachine`` interleaves at random:
   fence), at the epoch of the open transaction (refused), at an older epoch, from the
   current, an older or a new (failed-over) coordinator epoch; and replays of any
   earlier marker request at any later time;
-- seals of prepared transactions (check_seal/seal) and their replays;
-- TxnOffsetCommit (append_txn_offsets) and its delayed replays;
+- seals of prepared transactions (seal_prepared) and their replays;
+- TxnOffsetCommit (commit_txn_offsets) and its delayed replays;
 - durability as the server does it: each change is applied in memory at once, written
   by the writer later (``write``), and its durable callback run later still (``ack``);
 - crashes (``crash``): the store is closed and reopened, so whatever was applied in
@@ -84,11 +86,12 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
+from scripted_writer import ScriptedWriter
 
 from partition_svc import log_store, validation
-from partition_svc.log_store import GroupCommitWriter, LogStore
+from partition_svc.log_store import LogStore
 from partition_svc.partition import Partition
-from partition_svc.producer_state import Append, Duplicate, Reject
+from partition_svc.producer_state import Reject
 from services.errors import ErrorCode
 from services.stubs.txlog.v1 import common_pb2
 
@@ -359,10 +362,9 @@ class Model:
 
 @dataclass
 class Op:
-    """A change applied in memory, written later, its durable callback run later still."""
+    """A change applied in memory and submitted to the writer, written later,
+    acknowledged (the partition's durable callback run) later still."""
 
-    changes: list
-    durable: object  # the real callback
     after: MState  # the model's memory once it was applied: what the disk holds once it is written
     end: int  # the model's next offset then: the high watermark once it is durable
     records: list  # (offset, value) it appended, acknowledged with it
@@ -396,8 +398,8 @@ class PartitionMachine(RuleBasedStateMachine):
         # sync=False: a crash here is the process dying (close and reopen), which keeps what was written;
         # fsync only matters to a machine crash, which no test can stage, and costs most of the run time.
         self.store = LogStore(os.path.join(self.dir, "db"), sync=False)
-        self.writer = GroupCommitWriter(self.store)
-        self.partition = Partition("t", 0, CONFIGS, self.store)
+        self.writer = ScriptedWriter(self.store)
+        self.partition = Partition("t", 0, CONFIGS, self.store, self.writer)
 
     def teardown(self):
         if self.store.db is not None:
@@ -413,10 +415,11 @@ class PartitionMachine(RuleBasedStateMachine):
 
     # --- durability: apply now, write later, acknowledge later still ---
 
-    def track(self, written, records=()) -> Op:
-        changes, durable = written
+    def track(self, records=()) -> Op:
+        """The submission the partition just made, with what the model expects of it."""
+        assert len(self.writer.unwritten) == len(self.unwritten) + 1, "a door that changed something submits it once"
         self.ops += 1
-        op = Op(changes, durable, copy.deepcopy(self.model.live), self.model.live.next_offset, list(records), self.ops)
+        op = Op(copy.deepcopy(self.model.live), self.model.live.next_offset, list(records), self.ops)
         self.unwritten.append(op)
         return op
 
@@ -431,10 +434,7 @@ class PartitionMachine(RuleBasedStateMachine):
         ops, self.unwritten = self.unwritten[:k], self.unwritten[k:]
         if not ops:
             return
-
-        async def group_commit():
-            await asyncio.gather(*[self.writer.submit(op.changes) for op in ops])
-        self.loop.run_until_complete(group_commit())
+        self.writer.write(len(ops))  # one group commit
         self.unacked += ops
         self.model.durable = copy.deepcopy(ops[-1].after)
 
@@ -442,8 +442,9 @@ class PartitionMachine(RuleBasedStateMachine):
     @rule(k=st.integers(1, 4))
     def ack(self, k):
         ops, self.unacked = self.unacked[:k], self.unacked[k:]
-        for op in ops:  # in submission order, as the writer completes its futures
-            self.call(op.durable)
+        self.writer.acknowledge(len(ops))  # in submission order, as the writer completes its futures
+        self.loop.run_until_complete(asyncio.sleep(0))  # the partition's durable callbacks run
+        for op in ops:
             self.model.hw = op.end
             self.model.closing.pop(op.ident, None)
             self.model.settling.pop(op.ident, None)
@@ -480,20 +481,18 @@ class PartitionMachine(RuleBasedStateMachine):
     def send(self, r: ProduceReq) -> tuple:
         b = common_pb2.RecordBatch(producer_id=r.pid, producer_epoch=r.epoch, base_sequence=r.seq,
                                    is_transactional=r.transactional, records=[common_pb2.Record(value=v) for v in r.values])
-        real = self.partition.check(b)
+        real = self.call(self.partition.produce, b, NOW, LIMITS)
         if isinstance(real, Reject):
             got = reject(ErrorCode.Name(real.code))
-        elif isinstance(real, Duplicate):
+        elif real.duplicate:
             got = ("duplicate", real.base_offset, real.last_offset)
         else:
-            assert isinstance(real, Append), real
-            base, changes, durable = self.call(self.partition.append, b, NOW, LIMITS)
-            got = ("append", base)
+            got = ("append", real.base_offset)
         expected = self.model.produce(r)
         self.say(f"{r} -> {got}")
         assert got == expected, f"{r}: the partition answered {got}, the model {expected}"
         if got[0] == "append":
-            self.track((changes, durable), [(got[1] + i, v) for i, v in enumerate(r.values)])
+            self.track([(got[1] + i, v) for i, v in enumerate(r.values)])
             if r.pid >= 0:
                 self.appended[r.pid].append(r)
         return got
@@ -557,16 +556,13 @@ class PartitionMachine(RuleBasedStateMachine):
     def send_marker(self, r: MarkerReq) -> tuple:
         before = self.partition.producers.get(r.pid)
         end_before = self.partition.next_offset
-        refused = self.partition.check_marker(r.pid, r.epoch, r.coordinator_epoch)
-        written = None
-        if refused is not None:
-            got = reject(ErrorCode.Name(refused.code))
+        written = self.call(self.partition.write_marker, r.pid, r.epoch, r.coordinator_epoch, r.commit, NOW)
+        if isinstance(written, Reject):
+            got = reject(ErrorCode.Name(written.code))
+        elif written is None:
+            got = ("noop",)
         else:
-            written = self.call(self.partition.append_marker, r.pid, r.epoch, r.coordinator_epoch, r.commit, NOW)
-            if written is None:
-                got = ("noop",)
-            else:
-                got = ("write", "control" if self.partition.next_offset > end_before else "coordinator epoch")
+            got = ("write", "control" if self.partition.next_offset > end_before else "coordinator epoch")
         expected = self.model.marker(r)
         self.say(f"{r} -> {got}")
         assert got == expected[:2], f"{r}: the partition answered {got}, the model {expected}"
@@ -574,8 +570,8 @@ class PartitionMachine(RuleBasedStateMachine):
             assert before.producer_epoch < r.epoch, (
                 f"{r} ended the transaction open since {before.current_txn_first_offset} at epoch {before.producer_epoch}: "
                 "a marker ends only a transaction of a lower epoch")
-        if written is not None:
-            op = self.track(written)
+        if got[0] == "write":
+            op = self.track()
             if got[1] == "control":
                 first, decided = expected[2], expected[3]
                 if first is not None:
@@ -601,18 +597,16 @@ class PartitionMachine(RuleBasedStateMachine):
         self.settle_if(durable)
 
     def send_seal(self, r: SealReq) -> tuple:
-        refused = self.partition.check_seal(r.pid, r.epoch, r.coordinator_epoch)
-        written = None
-        if refused is not None:
-            got = reject(ErrorCode.Name(refused.code))
+        written = self.call(self.partition.seal_prepared, r.pid, r.epoch, r.coordinator_epoch, NOW)
+        if isinstance(written, Reject):
+            got = reject(ErrorCode.Name(written.code))
         else:
-            written = self.call(self.partition.seal, r.pid, r.epoch, r.coordinator_epoch, NOW)
             got = ("noop",) if written is None else ("write",)
         expected = self.model.seal(r)
         self.say(f"{r} -> {got}")
         assert got == expected, f"{r}: the partition answered {got}, the model {expected}"
-        if written is not None:
-            self.track(written)
+        if got == ("write",):
+            self.track()
         return got
 
     @rule(target=seals, pid=st.sampled_from(PIDS), epoch=st.sampled_from(["current", "current", "next", "older"]),
@@ -639,10 +633,10 @@ class PartitionMachine(RuleBasedStateMachine):
     def send_offsets(self, r: OffsetsReq) -> tuple:
         end_before = self.partition.next_offset
         records = [(key, offset_value(offset)) for key, offset in r.offsets]
-        real = self.call(self.partition.append_txn_offsets, r.pid, r.epoch, records, NOW)
+        real = self.call(self.partition.commit_txn_offsets, r.pid, r.epoch, records, NOW)
         if isinstance(real, Reject):
             got = reject(ErrorCode.Name(real.code))
-        elif not real[0]:
+        elif real is None:
             got = ("nothing",)
         else:
             got = ("write", end_before)
@@ -651,7 +645,7 @@ class PartitionMachine(RuleBasedStateMachine):
         assert got == expected, f"{r}: the partition answered {got}, the model {expected}"
         if got[0] == "write":
             kept = self.model.live.log[-1].records
-            self.track(real, [(end_before + i, value) for i, (_, value) in enumerate(kept)])
+            self.track([(end_before + i, value) for i, (_, value) in enumerate(kept)])
         return got
 
     @rule(target=offset_commits, pid=st.sampled_from(PIDS), epoch=st.sampled_from(["current", "current", "older", "newer"]),

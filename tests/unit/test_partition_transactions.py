@@ -5,10 +5,11 @@ all of it after reopening the store."""
 import asyncio
 
 import pytest
+from scripted_writer import ScriptedWriter
 
 from partition_svc import log_store, validation
-from partition_svc.log_store import GroupCommitWriter, LogStore
-from partition_svc.partition import Partition
+from partition_svc.log_store import LogStore
+from partition_svc.partition import Partition, Produced
 from partition_svc.producer_state import APPEND, Reject
 from services.errors import ErrorCode
 from services.stubs.txlog.v1 import common_pb2
@@ -29,26 +30,29 @@ class Harness:
     def __init__(self, path):
         self.path = path
         self.store = LogStore(path)
-        self.writer = GroupCommitWriter(self.store)
-        self.partition = Partition("t", 0, CONFIGS, self.store)
+        self.writer = ScriptedWriter(self.store)
+        self.partition = Partition("t", 0, CONFIGS, self.store, self.writer)
+
+    async def durable(self, outcome):
+        """A door's outcome, written and acknowledged when it is a write."""
+        if isinstance(outcome, asyncio.Future):
+            await self.writer.settle()
+            await outcome
+            return "written"
+        return outcome
 
     async def produce(self, b):
         assert self.partition.check(b) == APPEND
-        base, changes, durable = self.partition.append(b, NOW, LIMITS)
-        await self.writer.submit(changes)
-        durable()
-        return base
+        produced = self.partition.produce(b, NOW, LIMITS)
+        assert isinstance(produced, Produced) and not produced.duplicate
+        await self.durable(produced.durable)
+        return produced.base_offset
 
     async def marker(self, pid, epoch, committed, coordinator_epoch=0):
-        refused = self.partition.check_marker(pid, epoch, coordinator_epoch)
-        if refused is not None:
-            return refused
-        written = self.partition.append_marker(pid, epoch, coordinator_epoch, committed, NOW)
-        if written is None:
-            return None
-        await self.writer.submit(written[0])
-        written[1]()
-        return "written"
+        return await self.durable(self.partition.write_marker(pid, epoch, coordinator_epoch, committed, NOW))
+
+    async def txn_offsets(self, pid, epoch, offsets):
+        return await self.durable(self.partition.commit_txn_offsets(pid, epoch, offsets, NOW))
 
     def read(self, committed):
         payloads, _, _ = self.partition.read(0, self.partition.last_stable_offset if committed else self.partition.high_watermark,
@@ -125,9 +129,7 @@ def test_offsets_committed_in_a_transaction_apply_only_with_its_commit(tmp_path)
 
     async def scenario():
         h = Harness(str(tmp_path / "db"))
-        written = h.partition.append_txn_offsets(7, 0, [(group_key, b'{"offset": 10}')], NOW)
-        await h.writer.submit(written[0])
-        written[1]()
+        assert await h.txn_offsets(7, 0, [(group_key, b'{"offset": 10}')]) == "written"
         assert h.partition.has_pending_offsets(log_store.group_prefix("g"))
         assert h.store.get(group_key) is None
         assert h.partition.last_stable_offset == 0
@@ -145,11 +147,9 @@ def test_offsets_committed_in_a_transaction_apply_only_with_its_commit(tmp_path)
     assert not h.partition.has_pending_offsets(log_store.group_prefix("g"))
 
     async def aborted_then_fenced():
-        written = h.partition.append_txn_offsets(7, 1, [(group_key, b'{"offset": 20}')], NOW)
-        await h.writer.submit(written[0])
-        written[1]()
+        assert await h.txn_offsets(7, 1, [(group_key, b'{"offset": 20}')]) == "written"
         assert await h.marker(7, 2, committed=False) == "written"
-        stale = h.partition.append_txn_offsets(7, 1, [(group_key, b'{"offset": 30}')], NOW)
+        stale = await h.txn_offsets(7, 1, [(group_key, b'{"offset": 30}')])
         assert isinstance(stale, Reject) and stale.code == ErrorCode.Value("PRODUCER_FENCED")
 
     run(aborted_then_fenced())
@@ -164,8 +164,7 @@ def test_retention_keeps_the_aborted_index_only_for_the_log_it_covers(tmp_path, 
         await h.marker(1, 1, committed=committed)
         await h.produce(batch(-1, -1, -1, ["later"], transactional=False))
         h.partition.configs = dict(CONFIGS, **{"retention.bytes": "0"})
-        changes = h.partition.retention_changes(NOW)
-        await h.writer.submit(changes)
+        assert await h.durable(h.partition.enforce_retention(NOW)) == "written"
         return h
 
     h = run(scenario())
@@ -203,7 +202,7 @@ def test_compaction_keeps_a_committed_record_that_only_an_aborted_one_supersedes
         assert await h.marker(1, 2, committed=False) == "written"    # offset 3
         await h.produce(keyed(-1, -1, -1, [("other", "x")], transactional=False))  # offset 4
         assert h.read(committed=True) == ["committed", "x"]
-        await h.writer.submit(h.partition.compaction_changes())
+        assert await h.durable(h.partition.enforce_retention(NOW)) == "written"
         assert h.read(committed=True) == ["committed", "x"]           # the committed value of k survives
         assert h.read(committed=False) == ["committed", "x"]          # the aborted batch is gone
         assert sorted(offset for offset, _ in h.store.batches(h.partition.pkey, 0)) == [0, 1, 3, 4]  # markers kept
@@ -219,14 +218,14 @@ def test_offsets_a_commit_marker_decided_stay_unstable_until_the_marker_is_durab
 
     async def scenario():
         h = Harness(str(tmp_path / "db"))
-        written = h.partition.append_txn_offsets(7, 0, [(group_key, b'{"offset": 10}')], NOW)
-        await h.writer.submit(written[0])
-        written[1]()
-        changes, durable = h.partition.append_marker(7, 1, 0, True, NOW)
+        assert await h.txn_offsets(7, 0, [(group_key, b'{"offset": 10}')]) == "written"
+        marker = h.partition.write_marker(7, 1, 0, True, NOW)
         assert h.store.get(group_key) is None  # not written yet
         assert h.partition.has_pending_offsets(log_store.group_prefix("g"))  # so still unstable
-        await h.writer.submit(changes)
-        durable()
+        h.writer.write()
+        assert h.store.get(group_key) is not None  # written, not acknowledged: still unstable
+        assert h.partition.has_pending_offsets(log_store.group_prefix("g"))
+        assert await h.durable(marker) == "written"
         assert h.store.get(group_key) == b'{"offset": 10}'
         assert not h.partition.has_pending_offsets(log_store.group_prefix("g"))
 
@@ -240,9 +239,7 @@ def test_pending_offsets_make_only_their_own_partitions_unstable(tmp_path):
 
     async def scenario():
         h = Harness(str(tmp_path / "db"))
-        written = h.partition.append_txn_offsets(7, 0, [(mine, b'{"offset": 10}')], NOW)
-        await h.writer.submit(written[0])
-        written[1]()
+        assert await h.txn_offsets(7, 0, [(mine, b'{"offset": 10}')]) == "written"
         prefix = log_store.group_prefix("g")
         assert h.partition.has_pending_offsets(prefix, [mine])
         assert not h.partition.has_pending_offsets(prefix, [other])
@@ -292,13 +289,11 @@ def test_the_lso_waits_for_the_marker_to_be_durable(tmp_path):
         h = Harness(str(tmp_path / "db"))
         await h.produce(batch(1, 0, 0, ["a"]))
         assert h.partition.last_stable_offset == 0
-        changes, durable = h.partition.append_marker(1, 1, 0, True, NOW)
+        h.partition.write_marker(1, 1, 0, True, NOW)
         assert h.partition.last_stable_offset == 0  # applied in memory, not durable: still held
         h.reopen()  # the crash: the marker's changes were never written
         assert h.partition.last_stable_offset == 0 and h.read(committed=True) == []
-        changes, durable = h.partition.append_marker(1, 1, 0, True, NOW)
-        await h.writer.submit(changes)
-        durable()
+        assert await h.marker(1, 1, committed=True) == "written"
         assert h.partition.last_stable_offset == h.partition.high_watermark == 2
         assert h.read(committed=True) == ["a"]
     run(scenario())
@@ -312,13 +307,11 @@ def test_a_sealed_transaction_takes_no_more_records_or_offsets_until_its_marker(
         h = Harness(str(tmp_path / "db"))
         await h.produce(batch(1, 0, 0, ["a"]))
         assert h.partition.check_seal(1, 0, 0) is None
-        changes, durable = h.partition.seal(1, 0, 0, NOW)
-        await h.writer.submit(changes)
-        durable()
-        assert h.partition.seal(1, 0, 0, NOW) is None  # sealed already
+        assert await h.durable(h.partition.seal_prepared(1, 0, 0, NOW)) == "written"
+        assert h.partition.seal_prepared(1, 0, 0, NOW) is None  # sealed already
         h.reopen()
         assert ErrorCode.Name(h.partition.check(batch(1, 0, 1, ["z"])).code) == "INVALID_TXN_STATE"
-        refused = h.partition.append_txn_offsets(1, 0, [(group_key, b'{"offset": 9}')], NOW)
+        refused = await h.txn_offsets(1, 0, [(group_key, b'{"offset": 9}')])
         assert ErrorCode.Name(refused.code) == "INVALID_TXN_STATE"
         assert await h.marker(1, 1, committed=True) == "written"
         assert h.read(committed=True) == ["a"]
@@ -332,10 +325,7 @@ def test_a_late_txn_offset_commit_never_moves_a_pending_offset_back(tmp_path):
 
     async def scenario():
         h = Harness(str(tmp_path / "db"))
-        for value in (b'{"offset": 10}', b'{"offset": 4}'):
-            changes, durable = h.partition.append_txn_offsets(7, 0, [(group_key, value)], NOW)
-            if changes:
-                await h.writer.submit(changes)
-            durable()
+        assert await h.txn_offsets(7, 0, [(group_key, b'{"offset": 10}')]) == "written"
+        assert await h.txn_offsets(7, 0, [(group_key, b'{"offset": 4}')]) is None  # behind the pending one: nothing
         assert h.partition.pending_offsets[7][group_key] == b'{"offset": 10}'
     run(scenario())
