@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 
 from kazoo.exceptions import BadVersionError, NodeExistsError
 
+from coordinator_svc import transaction_core as core
 from coordinator_svc import transaction_state as ts
 from coordinator_svc.markers import MarkerSender, MarkerSet
 from coordinator_svc.transaction_state import GroupDecision, Handle, TransactionMetadata, TransactionState
@@ -60,15 +61,14 @@ from services.stubs.txlog.v1 import partition_pb2
 
 log = logging.getLogger(__name__)
 S = TransactionState
-COMPLETED = {"partitions": frozenset(), "txn_start_ms": -1, "prepared_ms": -1, "prepared_timeout_ms": 0}  # a Complete* record's resets
+COMPLETED = core.COMPLETED
 GROUP_HANDLES_MAX = 10_000
 # Fatal answers read from an id's state in memory (not from the request alone): given only by a confirmed owner.
 ANSWERS_FROM_STATE = frozenset(ErrorCode.Value(c) for c in (
     "INVALID_PRODUCER_ID_MAPPING", "PRODUCER_FENCED", "INVALID_PRODUCER_EPOCH", "INVALID_TXN_STATE", "TRANSACTIONAL_ID_NOT_FOUND"))
 
 
-def error(code: str, message: str) -> TxlogError:
-    return TxlogError(ErrorCode.Value(code), message)
+error = core.error
 
 
 @dataclass
@@ -277,37 +277,54 @@ class TransactionCoordinator:
     def check_transactional_id(transactional_id: str) -> None:
         names.check_transactional_id(transactional_id)
 
-    def _existing(self, loaded: LoadedPartition, transactional_id: str, producer_id: int) -> TransactionMetadata:
-        meta = loaded.transactions.get(transactional_id)
-        if meta is None or meta.state is S.DEAD:
-            raise error("INVALID_PRODUCER_ID_MAPPING", f"transactional id {transactional_id!r} is unknown: call InitProducerId first")
-        if producer_id != meta.producer_id:
-            raise error(
-                "INVALID_PRODUCER_ID_MAPPING",
-                f"producer id {producer_id} is not the one of transactional id {transactional_id!r} ({meta.producer_id})",
-            )
-        if meta.pending_state is not None:
-            raise error("CONCURRENT_TRANSACTIONS", f"a {meta.pending_state.value} of {transactional_id!r} is in flight; retry")
-        return meta
+    async def _carry_out(self, loaded: LoadedPartition, transactional_id: str, decide: Callable[[TransactionMetadata | None, list[int]], core.Outcome]):
+        """Decides (transaction_core) and carries the outcome out: producer ids
+        the decision needs are fetched first, then it is decided again with them,
+        so there is no await between a decision and the transition it names."""
+        spare_ids: list[int] = []
+        for _ in range(3):
+            meta = loaded.transactions.get(transactional_id)
+            outcome = decide(meta, spare_ids)
+            if isinstance(outcome, core.NeedProducerIds):
+                spare_ids += [await self.producer_ids.next_id() for _ in range(outcome.count)]
+                continue
+            return await self._apply(loaded, transactional_id, meta, outcome)
+        raise error("CONCURRENT_TRANSACTIONS", f"{transactional_id!r} kept changing while producer ids were fetched; retry")
+
+    async def _apply(self, loaded: LoadedPartition, transactional_id: str, meta: TransactionMetadata | None, outcome: core.Outcome):
+        if isinstance(outcome, core.Refuse):
+            raise outcome.error
+        if isinstance(outcome, core.Reply):
+            if outcome.then is core.Then.SEAL:
+                await self._seal(loaded, meta)
+            return self._answer(outcome.value, meta)
+        if meta is None or meta.state is S.DEAD:  # a new id: not in the log until its first record is
+            meta = loaded.transactions[transactional_id] = TransactionMetadata(transactional_id, ts.NO_PRODUCER_ID, ts.NO_EPOCH, 0)
+        if outcome.fence:
+            ts.check_transition(meta, S.PREPARE_EPOCH_FENCE)
+        await self._transition(loaded, meta, outcome.to_state, **outcome.changes)
+        if outcome.then is core.Then.COMPLETE:
+            loaded.completing[meta.transactional_id] = asyncio.Event()
+            self._spawn(loaded, self._complete(loaded, meta))
+        elif outcome.then is core.Then.SEAL:
+            await self._seal(loaded, meta)
+        if isinstance(outcome.reply, TxlogError):
+            raise outcome.reply
+        return self._answer(outcome.reply, meta)
 
     @staticmethod
-    def _check_epoch(meta: TransactionMetadata, producer_epoch: int) -> None:
-        if producer_epoch < meta.producer_epoch:
-            raise error(
-                "PRODUCER_FENCED",
-                f"producer epoch {producer_epoch} of {meta.transactional_id!r} was fenced by epoch {meta.producer_epoch}: "
-                "a newer producer with this transactional id exists, or the transaction was aborted; close this producer",
-            )
-        if producer_epoch > meta.producer_epoch:
-            raise error("INVALID_PRODUCER_EPOCH", f"producer epoch {producer_epoch} is newer than {meta.producer_epoch}, which the coordinator knows")
+    def _answer(value, meta: TransactionMetadata | None):
+        return (meta.producer_id, meta.producer_epoch) if value is core.Answer.PRODUCER else value
 
     async def _transition(self, loaded: LoadedPartition, meta: TransactionMetadata, to_state: TransactionState, **changes) -> None:
-        """Write, then apply."""
+        """Write, then apply. A new id whose first record fails to be written is forgotten."""
         record = ts.prepare_transition(meta, to_state, last_update_ms=self.clock_ms(), **changes)
         try:
             await loaded.log.write(record)
         except BaseException:
             ts.abandon_transition(meta)
+            if meta.state is S.EMPTY and meta.producer_id == ts.NO_PRODUCER_ID and loaded.transactions.get(meta.transactional_id) is meta:
+                loaded.transactions.pop(meta.transactional_id)
             raise
         ts.complete_transition(meta, record)
 
@@ -320,71 +337,8 @@ class TransactionCoordinator:
         if not 1 <= timeout_ms <= self.config.transaction_timeout_ms_max:
             raise error("INVALID_TRANSACTION_TIMEOUT", f"transaction_timeout_ms must be 1..{self.config.transaction_timeout_ms_max}, got {timeout_ms}")
         loaded = self.loaded_partition(transactional_id)
-        meta = loaded.transactions.get(transactional_id)
-        if meta is None or meta.state is S.DEAD:
-            new_id = await self.producer_ids.next_id()
-            meta = loaded.transactions.get(transactional_id)  # another init may have created it meanwhile
-            if meta is None or meta.state is S.DEAD:
-                return await self._register(loaded, transactional_id, new_id, timeout_ms)
-        if meta.pending_state is not None:
-            raise error("CONCURRENT_TRANSACTIONS", f"a {meta.pending_state.value} of {transactional_id!r} is in flight; retry")
-        kip360 = producer_id >= 0  # a producer that knows its id and epoch asks for a bump (KIP-360)
-        if kip360 and ts.is_retried_init(meta, producer_id, producer_epoch):
-            return meta.producer_id, meta.producer_epoch  # its first attempt bumped the epoch; the answer was lost
-        if kip360 and (producer_id != meta.producer_id or producer_epoch != meta.producer_epoch):
-            raise error(
-                "PRODUCER_FENCED",
-                f"producer {producer_id} epoch {producer_epoch} is not the current one of {transactional_id!r}; close this producer",
-            )
-        if meta.state in ts.UNDECIDED_STATES:
-            if kip360:  # the current producer's own transaction: aborted as its EndTxn(abort) would
-                await self._begin_completion(loaded, meta, committed=False)
-            else:  # a new incarnation: the previous one is a zombie, fenced
-                await self._fence_and_abort(loaded, meta)
-            raise error("CONCURRENT_TRANSACTIONS", f"aborting the open transaction of {transactional_id!r} first; retry")
-        if meta.state.is_preparing:
-            raise error("CONCURRENT_TRANSACTIONS", f"the last transaction of {transactional_id!r} is completing; retry")
-        bumped = ts.bumped_epoch(meta.producer_id, meta.producer_epoch)
-        if bumped is None:
-            new_id, new_epoch, previous = await self.producer_ids.next_id(), 0, meta.producer_id
-        else:
-            (new_id, new_epoch), previous = bumped, meta.previous_producer_id
-        # The last epoch recognises a retry of this init: only the requester's own epoch (a new
-        # incarnation names none, and the epoch it replaces must not be taken for a retry).
-        await self._transition(
-            loaded, meta, S.EMPTY, producer_id=new_id, producer_epoch=new_epoch, previous_producer_id=previous,
-            last_producer_epoch=producer_epoch if kip360 else ts.NO_EPOCH, txn_timeout_ms=timeout_ms,
-            partitions=frozenset(), txn_start_ms=-1,
-        )
-        return new_id, new_epoch
-
-    async def _register(self, loaded: LoadedPartition, transactional_id: str, producer_id: int, timeout_ms: int) -> tuple[int, int]:
-        """A new transactional id: its first record, EMPTY at epoch 0. No await
-        between the caller's check that the id is new and the pending state."""
-        meta = TransactionMetadata(transactional_id, producer_id, 0, timeout_ms, pending_state=S.EMPTY)
-        loaded.transactions[transactional_id] = meta
-        record = ts.TransactionRecord(transactional_id, producer_id, ts.NO_PRODUCER_ID, 0, ts.NO_EPOCH, timeout_ms, S.EMPTY, frozenset(), -1, self.clock_ms())
-        try:
-            await loaded.log.write(record)
-        except BaseException:
-            loaded.transactions.pop(transactional_id, None)
-            raise
-        ts.complete_transition(meta, record)
-        return meta.producer_id, meta.producer_epoch
-
-    async def _fence_and_abort(self, loaded: LoadedPartition, meta: TransactionMetadata) -> None:
-        """Aborts an Ongoing or Prepared transaction whose producer is replaced by
-        a new incarnation: PREPARE_EPOCH_FENCE bumps the epoch and the abort bumps
-        it again, so the zombie's epoch is neither the current nor the last one."""
-        ts.prepare_transition(meta, S.PREPARE_EPOCH_FENCE)
-        ts.abandon_transition(meta)  # the fence is pending-only: the PrepareAbort below is what is written
-        fenced = ts.fenced_epoch(meta.producer_id, meta.producer_epoch)
-        if fenced is not None:
-            changes = {"producer_epoch": fenced[1], "last_producer_epoch": fenced[2]}
-        else:  # exhausted: a new id; the markers carry the old one at the last epoch, which no zombie holds
-            changes = {"producer_id": await self.producer_ids.next_id(), "producer_epoch": 0,
-                       "previous_producer_id": meta.producer_id, "last_producer_epoch": ts.PRODUCER_EPOCH_MAX}
-        await self._begin_completion(loaded, meta, committed=False, changes=changes)
+        return await self._carry_out(loaded, transactional_id, lambda meta, spare_ids: core.decide_init(
+            meta, transactional_id, timeout_ms, producer_id, producer_epoch, spare_ids))
 
     # --- AddPartitionsToTxn, AddOffsetsToTxn -------------------------------------------
 
@@ -393,32 +347,17 @@ class TransactionCoordinator:
         self.check_transactional_id(transactional_id)
         loaded = self.loaded_partition(transactional_id)
         if verify_only:
-            meta = loaded.transactions.get(transactional_id)
-            if meta is not None and meta.producer_id == producer_id:
-                self._check_epoch(meta, producer_epoch)  # a zombie is fenced, not merely refused
-            ok = meta is not None and meta.producer_id == producer_id and meta.producer_epoch == producer_epoch and meta.state is S.ONGOING
-            return {
-                tp: None if ok and tp in meta.partitions else error("INVALID_TXN_STATE", f"{tp[0]}-{tp[1]} is not in an open transaction of producer {producer_id} epoch {producer_epoch}")
-                for tp in partitions
-            }
+            verified = core.verify_partitions(loaded.transactions.get(transactional_id), producer_id, producer_epoch, partitions)
+            if isinstance(verified, core.Refuse):
+                raise verified.error
+            return verified
         done = loaded.completing.get(transactional_id)
         if done is not None and not done.is_set():  # the previous transaction is completing: wait rather than bounce the client
             with contextlib.suppress(TimeoutError):  # still completing: CONCURRENT_TRANSACTIONS below
                 await asyncio.wait_for(done.wait(), timeout=5)
         unknown = await self._unknown_partitions(partitions)
-        # No await from here to the transition: a concurrent AddPartitions/AddOffsets of the same id
-        # must see this one pending (CONCURRENT_TRANSACTIONS), never slip in between check and write.
-        meta = self._existing(loaded, transactional_id, producer_id)
-        self._check_epoch(meta, producer_epoch)
-        if meta.state.is_preparing:
-            raise error("CONCURRENT_TRANSACTIONS", f"the last transaction of {transactional_id!r} is completing; retry")
-        if meta.state is S.PREPARED:
-            raise error("INVALID_TXN_STATE", f"the transaction of {transactional_id!r} is prepared: it takes nothing more; complete it first")
-        wanted = frozenset(tp for tp in partitions if tp not in unknown)
-        if wanted and not (meta.state is S.ONGOING and wanted <= meta.partitions):
-            start = meta.txn_start_ms if meta.state is S.ONGOING else self.clock_ms()
-            await self._transition(loaded, meta, S.ONGOING, partitions=meta.partitions | wanted, txn_start_ms=start)
-        return {tp: unknown.get(tp) for tp in partitions}
+        return await self._carry_out(loaded, transactional_id, lambda meta, _: core.decide_add_partitions(
+            meta, transactional_id, producer_id, producer_epoch, partitions, unknown, self.clock_ms()))
 
     async def _unknown_partitions(self, partitions) -> dict:
         """The partitions that do not exist; metadata is asked again only on a miss."""
@@ -450,56 +389,8 @@ class TransactionCoordinator:
     async def handle_end_txn(self, transactional_id, producer_id, producer_epoch, committed) -> tuple[int, int]:
         self.check_transactional_id(transactional_id)
         loaded = self.loaded_partition(transactional_id)
-        meta = loaded.transactions.get(transactional_id)
-        retry = meta is not None and ts.settled(meta) and ts.is_retried_end(meta, producer_id, producer_epoch)
-        if not retry:
-            meta = self._existing(loaded, transactional_id, producer_id)
-        outcome_commit = {S.PREPARE_COMMIT, S.COMPLETE_COMMIT}
-        outcome_abort = {S.PREPARE_ABORT, S.COMPLETE_ABORT}
-        if retry and meta.state in outcome_commit | outcome_abort:
-            # A retried EndTxn whose first attempt was applied (Transactions V2 table).
-            if (meta.state in outcome_commit) == committed:
-                return meta.producer_id, meta.producer_epoch
-            if committed:  # the coordinator aborted it (timeout): the commit never happened
-                raise error("PRODUCER_FENCED", f"the transaction of {transactional_id!r} was aborted by the coordinator (timeout or fence); close this producer")
-            raise error("INVALID_TXN_STATE", f"the transaction of {transactional_id!r} committed already; it cannot be aborted")
-        if retry:  # the retry of an EndTxn whose transaction is long over: the id moved on
-            meta = self._existing(loaded, transactional_id, producer_id)
-        self._check_epoch(meta, producer_epoch)
-        if meta.state.is_preparing:
-            raise error("CONCURRENT_TRANSACTIONS", f"the last transaction of {transactional_id!r} is completing; retry")
-        if meta.state not in ts.UNDECIDED_STATES and committed:
-            raise error("INVALID_TXN_STATE", f"{transactional_id!r} has no open transaction to commit (nothing was added to it)")
-        # Aborting a transaction with nothing in it bumps the epoch too (Transactions V2): a late
-        # AddPartitions of the old epoch is then fenced instead of opening a phantom transaction.
-        await self._begin_completion(loaded, meta, committed)
-        return meta.producer_id, meta.producer_epoch
-
-    @staticmethod
-    def _bump(meta: TransactionMetadata, spare_ids: list[int]) -> dict:
-        """The record changes of deciding ``meta``'s transaction: the epoch bumped;
-        when it is exhausted, a new producer id from ``spare_ids`` at epoch 0 (the
-        markers carry the old one, ts.marker_producer)."""
-        bumped = ts.bumped_epoch(meta.producer_id, meta.producer_epoch)
-        if bumped is not None:
-            return {"producer_epoch": bumped[1], "last_producer_epoch": meta.producer_epoch}
-        return {"producer_id": spare_ids.pop(), "producer_epoch": 0, "previous_producer_id": meta.producer_id, "last_producer_epoch": meta.producer_epoch}
-
-    async def _spare_ids(self, metas) -> list[int]:
-        """New producer ids for those of ``metas`` whose epoch is exhausted."""
-        return [await self.producer_ids.next_id() for m in metas if ts.bumped_epoch(m.producer_id, m.producer_epoch) is None]
-
-    async def _begin_completion(self, loaded: LoadedPartition, meta: TransactionMetadata, committed: bool, changes: dict | None = None) -> None:
-        """Writes the decision (Prepare*, epoch bumped), then completes it in the background."""
-        if changes is None:
-            changes = self._bump(meta, await self._spare_ids([meta]))
-        to_state = S.PREPARE_COMMIT if committed else S.PREPARE_ABORT
-        if meta.pending_state is not None or meta.state not in ts.VALID_PREVIOUS_STATES[to_state]:
-            # something moved the id while a producer id was fetched
-            raise error("CONCURRENT_TRANSACTIONS", f"{meta.transactional_id!r} changed meanwhile ({meta.state.value}); retry")
-        await self._transition(loaded, meta, to_state, **changes)
-        loaded.completing[meta.transactional_id] = asyncio.Event()
-        self._spawn(loaded, self._complete(loaded, meta))
+        return await self._carry_out(loaded, transactional_id, lambda meta, spare_ids: core.decide_end_txn(
+            meta, transactional_id, producer_id, producer_epoch, committed, spare_ids))
 
     async def _complete(self, loaded: LoadedPartition, meta: TransactionMetadata) -> None:
         committed = meta.state is S.PREPARE_COMMIT
@@ -533,19 +424,7 @@ class TransactionCoordinator:
             raise error("INVALID_TRANSACTION_TIMEOUT", f"prepared_timeout_ms must be 0 (the default, {limit}) or 1..{limit}, got {prepared_timeout_ms}")
         loaded = self.loaded_partition(transactional_id)
         handle = Handle(transactional_id, producer_id, producer_epoch)
-        meta = loaded.transactions.get(transactional_id)
-        if meta is not None and meta.pending_state is None and ts.is_prepared_as(meta, handle):
-            await self._seal(loaded, meta)  # a retry whose first attempt was applied: it may not have sealed
-            return handle
-        meta = self._existing(loaded, transactional_id, producer_id)
-        self._check_epoch(meta, producer_epoch)
-        if meta.state.is_preparing:
-            raise error("CONCURRENT_TRANSACTIONS", f"the last transaction of {transactional_id!r} is completing; retry")
-        now = self.clock_ms()
-        start = meta.txn_start_ms if meta.state is S.ONGOING else now
-        await self._transition(loaded, meta, S.PREPARED, prepared_ms=now, prepared_timeout_ms=timeout_ms, txn_start_ms=start)
-        await self._seal(loaded, meta)
-        return handle
+        return await self._carry_out(loaded, transactional_id, lambda meta, _: core.decide_prepare(meta, handle, timeout_ms, self.clock_ms()))
 
     async def _seal(self, loaded: LoadedPartition, meta: TransactionMetadata) -> None:
         """Tells every partition of a PREPARED transaction that it takes nothing
@@ -564,48 +443,22 @@ class TransactionCoordinator:
         except TxlogError as exc:
             loaded.log.broken = f"sealing {meta.transactional_id!r} failed: {exc}"
 
-    def _check_handle(self, loaded: LoadedPartition, handle: Handle) -> TransactionMetadata:
-        """The prepared transaction ``handle`` names; raises (as for a producer's
-        request with that id and epoch) unless it is Prepared at that epoch."""
-        meta = self._existing(loaded, handle.transactional_id, handle.producer_id)
-        self._check_epoch(meta, handle.producer_epoch)
-        if meta.state is not S.PREPARED:
-            raise error("INVALID_TXN_STATE", f"the transaction of {handle.transactional_id!r} is {meta.state.value}, "
-                                             "not Prepared: call PrepareTransaction first")
-        return meta
-
-    @staticmethod
-    def _check_outcome(meta: TransactionMetadata, handle: Handle, committed: bool) -> bool:
-        """True when the transaction ``handle`` names was decided as asked
-        already (a repeat); raises when it was decided the other way."""
-        decided = ts.decided_as(meta, handle)
-        if decided is None:
-            return False
-        if decided == committed:
-            return True
-        if committed:
-            raise error(
-                "PRODUCER_FENCED",
-                f"the transaction of {handle.transactional_id!r} was aborted (CompleteTransaction(abort), its prepared timeout, "
-                "or a new producer with its id): it cannot commit",
-            )
-        raise error("INVALID_TXN_STATE", f"the transaction of {handle.transactional_id!r} was committed already: it cannot be aborted")
-
     async def handle_complete(self, handle: Handle, committed: bool) -> tuple[int, int]:
         self.check_transactional_id(handle.transactional_id)
         loaded = self.loaded_partition(handle.transactional_id)
-        meta = loaded.transactions.get(handle.transactional_id)
-        if meta is not None and ts.settled(meta) and self._check_outcome(meta, handle, committed):
-            return meta.producer_id, meta.producer_epoch
-        meta = self._check_handle(loaded, handle)
-        await self._begin_completion(loaded, meta, committed)
-        return meta.producer_id, meta.producer_epoch
+        return await self._carry_out(loaded, handle.transactional_id, lambda meta, spare_ids: core.decide_complete(
+            meta, handle, committed, spare_ids))
 
     def _group_members(self, loaded: LoadedPartition, handles: list[Handle]) -> list[TransactionMetadata] | None:
         """The members to commit, all PREPARED as their handles say; None when the
         group was committed already (a repeat). Raises, changing nothing, otherwise."""
         metas = [loaded.transactions.get(h.transactional_id) for h in handles]
-        done = [m is not None and ts.settled(m) and self._check_outcome(m, h, True) for m, h in zip(metas, handles, strict=True)]
+        done = []
+        for m, h in zip(metas, handles, strict=True):
+            repeat = core.repeated_outcome(m, h, True)
+            if isinstance(repeat, core.Refuse):
+                raise repeat.error
+            done.append(repeat)
         if all(done):
             return None
         if any(done):
@@ -614,7 +467,11 @@ class TransactionCoordinator:
                 f"{sum(done)} of the {len(handles)} transactions were committed already (e.g. "
                 f"{next(h.transactional_id for h, d in zip(handles, done, strict=True) if d)!r}) and the others not: a group commits once, whole",
             )
-        return [self._check_handle(loaded, handle) for handle in handles]
+        for meta, handle in zip(metas, handles, strict=True):
+            refused = core.check_handle(meta, handle)
+            if refused is not None:
+                raise refused.error
+        return metas
 
     async def handle_commit_group(self, group_id: str, handles: list[Handle]) -> None:
         names.check_transaction_group(group_id)
@@ -649,7 +506,12 @@ class TransactionCoordinator:
             raise error("CONCURRENT_TRANSACTIONS", f"the members of group {group_id!r} kept changing; retry")
         now = self.clock_ms()
         decision = GroupDecision(uuid.uuid4().hex, group_id, tuple(handles), now)
-        records = [ts.prepare_transition(m, S.PREPARE_COMMIT, last_update_ms=now, **self._bump(m, spare_ids)) for m in metas]
+        records = []
+        for m in metas:
+            changes = core.epoch_bump(m, spare_ids)
+            if ts.bumped_epoch(m.producer_id, m.producer_epoch) is None:
+                spare_ids = spare_ids[1:]  # that id is taken
+            records.append(ts.prepare_transition(m, S.PREPARE_COMMIT, last_update_ms=now, **changes))
         try:
             await loaded.log.write_decision_then(decision, records)
         except BaseException:
@@ -672,7 +534,9 @@ class TransactionCoordinator:
             if meta is None:
                 continue
             if ts.is_prepared_as(meta, handle):
-                changes = self._bump(meta, await self._spare_ids([meta]))
+                changes = core.epoch_bump(meta, [])
+                if isinstance(changes, core.NeedProducerIds):
+                    changes = core.epoch_bump(meta, [await self.producer_ids.next_id()])
                 records.append(ts.prepare_transition(meta, S.PREPARE_COMMIT, last_update_ms=self.clock_ms(), **changes))
                 members.append(meta)
             elif meta.state is S.PREPARE_COMMIT and ts.decided_as(meta, handle):
@@ -729,13 +593,11 @@ class TransactionCoordinator:
             for meta in list(loaded.transactions.values()):
                 if meta.pending_state is not None:
                     continue
-                timed_out = (meta.state is S.ONGOING and meta.txn_start_ms + meta.txn_timeout_ms < now) or (
-                    meta.state is S.PREPARED and meta.prepared_ms + meta.prepared_timeout_ms < now
-                )
-                if timed_out:
+                if core.timed_out(meta, now):
                     log.info("aborting a timed-out transaction", extra=fields(transactional_id=meta.transactional_id, state=meta.state.value))
                     try:
-                        await self._begin_completion(loaded, meta, committed=False)
+                        await self._carry_out(loaded, meta.transactional_id, lambda m, spare_ids: core.decide_timeout(m, now, spare_ids)
+                                              or core.Reply())
                     except TxlogError as exc:
                         log.warning("timeout abort failed", extra=fields(transactional_id=meta.transactional_id, error=str(exc)))
                 elif meta.state.is_complete and meta.last_update_ms + self.config.transactional_id_expiration_ms < now:

@@ -226,13 +226,18 @@ class TransactionMetadata:
         )
 
 
-def prepare_transition(meta: TransactionMetadata, to_state: TransactionState, **changes) -> TransactionRecord:
-    """Checks the edge, marks it pending and returns the record to write.
-    ``changes`` are TransactionRecord fields that differ from the current ones."""
+def check_transition(meta: TransactionMetadata, to_state: TransactionState) -> None:
+    """Raises IllegalStateError unless ``to_state`` may follow the id's state now."""
     if meta.pending_state is not None:
         raise IllegalStateError(f"{meta.transactional_id}: {meta.pending_state.value} is pending already")
     if meta.state not in VALID_PREVIOUS_STATES[to_state]:
         raise IllegalStateError(f"{meta.transactional_id}: illegal transition {meta.state.value} -> {to_state.value}")
+
+
+def prepare_transition(meta: TransactionMetadata, to_state: TransactionState, **changes) -> TransactionRecord:
+    """Checks the edge, marks it pending and returns the record to write.
+    ``changes`` are TransactionRecord fields that differ from the current ones."""
+    check_transition(meta, to_state)
     meta.pending_state = to_state
     return replace(meta.record(), state=to_state, **changes)
 
