@@ -49,6 +49,7 @@ baseline the benchmark compares with.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import logging
@@ -62,9 +63,11 @@ from pyspark import TaskContext
 
 from services import names
 from services.client import Admin, Consumer, Producer
-from services.client.admin import MAX_TRANSACTION_TIMEOUT_MS_DEFAULT, OPEN_STATES
+from services.client.admin import MAX_TRANSACTION_TIMEOUT_MS_DEFAULT
 from services.client.errors import ProducerFencedError
 from services.client.structs import ConsumerRecord
+from services.client.two_phase import wait_until
+from services.protocol import TransactionState
 from spark_jobs import options, planning, reading
 from spark_jobs.writing import SendFailures, abort_quietly
 
@@ -327,14 +330,15 @@ class _Counted:
 
 def _wait_until_finished(job: EosJob, tid: str) -> None:
     """Until the transaction that fenced us is no longer open, at most its timeout
-    (the coordinator aborts it then) plus a margin."""
-    deadline = time.monotonic() + job.transaction_timeout_ms / 1000 + 10
+    (the coordinator aborts it then) plus a margin; past that the caller goes on
+    and is fenced again, or fences it."""
     with Admin(job.bootstrap) as admin:
-        while time.monotonic() < deadline:
+        def finished() -> bool:
             (description,) = admin.describe_transactions([tid])
-            if description.state not in OPEN_STATES:
-                return
-            time.sleep(0.2)
+            return not TransactionState(description.state).is_open
+
+        with contextlib.suppress(TimeoutError):
+            wait_until(finished, job.transaction_timeout_ms / 1000 + 10, f"transaction {tid} still open")
 
 
 def _result(offsets, start, status, records_in, records_out, attempt, fenced_rounds, tid, producer) -> RangeResult:

@@ -9,6 +9,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
+from services.client.two_phase import new_run_id
 from spark_jobs import options, planning, reading, writing
 
 SCHEMA = ("topic string, partition int, offset long, key binary, value binary, "
@@ -38,7 +39,7 @@ class TxlogDataSource(DataSource):
         parsed = options.parse_write(self.options)
         writing.check_schema(schema)
         writing.check_topic(parsed)
-        run = writing.new_run_id()
+        run = new_run_id()
         if parsed.transactional_id_prefix:
             writing.abort_earlier_runs(parsed.bootstrap, parsed.transactional_id_prefix, run)
         return writing.TxlogWriter(parsed, run)

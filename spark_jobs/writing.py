@@ -2,7 +2,8 @@
 
 With ``transactionalIdPrefix`` P the whole write commits atomically: every
 record of the job becomes visible to read_committed readers at once, or none
-does. It is two-phase:
+does. It is the SDK's two-phase group write (services/client/two_phase.py),
+driven from Spark's DataSourceWriter hooks:
 
 1. On the driver, the write gets a run id R, and first aborts what earlier
    runs of P left undecided (a driver killed between its tasks' prepares and
@@ -40,10 +41,7 @@ from __future__ import annotations
 
 import datetime
 import logging
-import os
-import re
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -53,15 +51,12 @@ from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 from pyspark.sql.types import ArrayType, BinaryType, IntegerType, LongType, StringType, StructType, TimestampType
 
 from services.client import Admin, Consumer, Producer, TransactionHandle
-from services.client.admin import OPEN_STATES
-from services.client.errors import ClientError, InvalidTxnStateError, ProducerFencedError
+from services.client.errors import ClientError
+from services.client.two_phase import GroupWrite, task_transactional_id
 from spark_jobs.options import OptionError, WriteOptions
 
 log = logging.getLogger("spark_jobs.writing")
 
-# Transactions a run leaves undecided: Ongoing (an attempt died while writing) and
-# Prepared (nobody committed it). Prepare* and Complete* are decided already.
-UNDECIDED_STATES = ("Ongoing", "Prepared")
 EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 BYTES_TYPES = (BinaryType, StringType)
 COLUMN_TYPES = {
@@ -102,20 +97,6 @@ def check_topic(options: WriteOptions) -> None:
             consumer.partitions_for(options.topic, timeout_s=30)
         except ClientError as exc:
             raise OptionError(f"txlog: cannot write to topic {options.topic!r}: {exc}") from None
-
-
-def new_run_id() -> str:
-    """Unique per write: milliseconds since the epoch (runs sort by age) and randomness."""
-    return f"r{int(time.time() * 1000)}-{os.urandom(3).hex()}"
-
-
-def transactional_id(prefix: str, run: str, task_partition: int, task_attempt_id: int) -> str:
-    return f"{prefix}/{run}.p{task_partition}.t{task_attempt_id}"
-
-
-def task_id_pattern(prefix: str) -> re.Pattern:
-    """Matches the transactional ids of every run's tasks under ``prefix``; group 1 is the run."""
-    return re.compile(re.escape(prefix) + r"/(r\d+-[0-9a-f]+)\.p\d+\.t\d+")
 
 
 @dataclass(frozen=True)
@@ -172,7 +153,7 @@ class TxlogWriter(DataSourceArrowWriter):
         context = TaskContext.get()
         task_partition, attempt = context.partitionId(), context.attemptNumber()
         prefix = self.options.transactional_id_prefix
-        tid = transactional_id(prefix, self.run, task_partition, context.taskAttemptId()) if prefix else None
+        tid = task_transactional_id(prefix, self.run, task_partition, context.taskAttemptId()) if prefix else None
         failures = SendFailures()
         records = 0
         handle = None
@@ -205,10 +186,7 @@ class TxlogWriter(DataSourceArrowWriter):
         if prefix:
             handles = [m.handle for m in messages] + list(self.options.group_commit_with)
             with Admin(self.options.bootstrap) as admin:
-                # the others first, markers written: see the module docstring, step 3
-                aborted = abort_others_settled(admin, self.options.bootstrap, prefix, self.run,
-                                               keep={h.transactional_id for h in handles})
-                admin.commit_transaction_group(prefix, handles)
+                aborted = GroupWrite(admin, self.options.bootstrap, prefix, self.run).commit(handles)
             log.info("txlog write committed: %d records to %s in %d tasks as one group commit of %s (run %s); "
                      "aborted %d other attempts", total, self.options.topic, len(messages), prefix, self.run,
                      len(aborted))
@@ -221,7 +199,7 @@ class TxlogWriter(DataSourceArrowWriter):
         prefix = self.options.transactional_id_prefix
         if prefix:
             with Admin(self.options.bootstrap) as admin:
-                aborted = abort_run(admin, self.options.bootstrap, prefix, self.run, keep=set())
+                aborted = GroupWrite(admin, self.options.bootstrap, prefix, self.run).abort()
             log.warning("txlog write aborted: run %s of %s; aborted transactions %s", self.run, prefix, aborted)
         else:
             log.warning("txlog write failed: %d tasks had finished and their rows stay visible",
@@ -235,65 +213,7 @@ def abort_quietly(producer: Producer) -> None:
         log.warning("aborting the task's transaction failed: %s", exc)
 
 
-def abort_run(admin: Admin, bootstrap: str, prefix: str, run: str, keep: set[str]) -> list[str]:
-    """Aborts every undecided transaction of ``run`` but those in ``keep``."""
-    pattern = task_id_pattern(prefix)
-    listings = [t for t in admin.list_transactions(states=UNDECIDED_STATES, prefix=f"{prefix}/{run}.")
-                if pattern.fullmatch(t.transactional_id) and t.transactional_id not in keep]
-    return abort_undecided(admin, bootstrap, listings)
-
-
-def abort_others_settled(admin: Admin, bootstrap: str, prefix: str, run: str, keep: set[str],
-                         timeout_s: float = 120) -> list[str]:
-    """Aborts every transaction of ``run`` outside ``keep`` and waits until none
-    is open or completing (an abort returns once it is decided; its markers
-    follow). One a late attempt opens meanwhile is aborted in the next round."""
-    pattern = task_id_pattern(prefix)
-    deadline = time.monotonic() + timeout_s
-    aborted: list[str] = []
-    while True:
-        aborted += abort_run(admin, bootstrap, prefix, run, keep)
-        busy = sorted(t.transactional_id for t in admin.list_transactions(states=OPEN_STATES, prefix=f"{prefix}/{run}.")
-                      if pattern.fullmatch(t.transactional_id) and t.transactional_id not in keep)
-        if not busy:
-            return aborted
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"transactions {busy[:10]} of run {run} of {prefix!r} were still open or completing "
-                               f"after {timeout_s:.0f} s; the write is not committed")
-        time.sleep(0.1)
-
-
 def abort_earlier_runs(bootstrap: str, prefix: str, run: str) -> list[str]:
-    """Aborts the undecided task transactions of every run of ``prefix`` but ``run``:
-    what a run whose driver died before its group commit left behind."""
-    pattern = task_id_pattern(prefix)
+    """What a run of ``prefix`` whose driver died before its group commit left undecided."""
     with Admin(bootstrap) as admin:
-        listings = []
-        for t in admin.list_transactions(states=UNDECIDED_STATES, prefix=f"{prefix}/"):
-            matched = pattern.fullmatch(t.transactional_id)
-            if matched and matched.group(1) != run:
-                listings.append(t)
-        aborted = abort_undecided(admin, bootstrap, listings)
-    if aborted:
-        log.warning("aborted %d undecided transactions of earlier runs of %s: %s", len(aborted), prefix, aborted)
-    return aborted
-
-
-def abort_undecided(admin: Admin, bootstrap: str, listings) -> list[str]:
-    """Prepared ones by their handle; Ongoing ones by a new producer with the id,
-    which fences the attempt still writing (if any) and aborts its transaction.
-    One a group decision committed meanwhile stays committed."""
-    aborted = []
-    for listing in listings:
-        try:
-            if listing.state == "Prepared":
-                admin.complete_transaction(listing.handle, False)
-            else:
-                with Producer(bootstrap, transactional_id=listing.transactional_id) as producer:
-                    producer.init_transactions()
-            aborted.append(listing.transactional_id)
-        except InvalidTxnStateError as exc:  # decided as committed: that is its outcome
-            log.info("%s was committed meanwhile: %s", listing.transactional_id, exc)
-        except ProducerFencedError:  # someone else ended it already
-            pass
-    return aborted
+        return GroupWrite(admin, bootstrap, prefix, run).abort_earlier_runs()

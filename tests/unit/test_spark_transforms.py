@@ -29,20 +29,13 @@ from pyspark.sql.types import (
 
 from services import names
 from services.client.structs import ConsumerRecord
+from services.client.two_phase import new_run_id, task_id_pattern, task_transactional_id
 from spark_jobs import sample_events, schedule, windowed_counts
 from spark_jobs.eos import OutputRecord
 from spark_jobs.options import OptionError
 from spark_jobs.planning import OffsetRange
 from spark_jobs.windowed_counts import MALFORMED, count_views, section_of
-from spark_jobs.writing import (
-    SendFailures,
-    check_schema,
-    new_run_id,
-    rows,
-    send_row,
-    task_id_pattern,
-    transactional_id,
-)
+from spark_jobs.writing import SendFailures, check_schema, rows, send_row
 
 # --- OffsetRange.split ----------------------------------------------------------------------------
 
@@ -406,13 +399,13 @@ def test_check_schema_rejects_what_a_topic_cannot_hold(schema, says):
 
 
 def test_a_write_tasks_transactional_id_is_in_the_prefixs_group_and_names_run_partition_and_attempt():
-    tid = transactional_id("copy-job", "r1700000000000-0a1b2c", 17, 42)
+    tid = task_transactional_id("copy-job", "r1700000000000-0a1b2c", 17, 42)
     assert tid == "copy-job/r1700000000000-0a1b2c.p17.t42"
     assert names.transaction_group(tid) == "copy-job" and names.is_transactional_id(tid)
     assert task_id_pattern("copy-job").fullmatch(tid).group(1) == "r1700000000000-0a1b2c"
     assert task_id_pattern("copy-job").fullmatch("copy-job/offsets") is None  # a job's offsets are no task's
     assert task_id_pattern("copy").fullmatch(tid) is None  # another prefix's runs are not ours
-    assert transactional_id("copy-job", new_run_id(), 0, 0) != transactional_id("copy-job", new_run_id(), 0, 0)
+    assert task_transactional_id("copy-job", new_run_id(), 0, 0) != task_transactional_id("copy-job", new_run_id(), 0, 0)
 
 
 def _futures(count):
