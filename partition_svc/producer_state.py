@@ -196,8 +196,10 @@ def after_append(
     base_offset: int,
     timestamp_ms: int,
     is_transactional: bool,
+    cache_batches: int = DUPLICATE_CACHE_BATCHES,
 ) -> ProducerStateEntry:
-    """The state once a batch that passed ``check_batch`` is appended."""
+    """The state once a batch that passed ``check_batch`` is appended; the last
+    ``cache_batches`` batches are kept to answer duplicates (tests shrink it)."""
     batch = BatchMetadata(
         base_sequence, last_sequence_of(base_sequence, record_count), base_offset, base_offset + record_count - 1, timestamp_ms
     )
@@ -209,7 +211,7 @@ def after_append(
         txn_first = base_offset
     return replace(
         entry,
-        batches=(*entry.batches, batch)[-DUPLICATE_CACHE_BATCHES:],
+        batches=(*entry.batches, batch)[-cache_batches:],
         last_timestamp_ms=timestamp_ms,
         current_txn_first_offset=txn_first,
     )

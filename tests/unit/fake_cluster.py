@@ -5,14 +5,10 @@ interface (``call`` / ``close``) and answers Metadata, InitProducerId (empty
 transactional id), Produce, Fetch and ListOffsets the way partition_svc does,
 including the leader's idempotence rules of DESIGN.md ("Idempotent produce"):
 
-1. a batch whose sequence range equals one of the producer's last
-   ``duplicate_cache_size`` batches (same epoch) is a duplicate: success with
-   its original base offset, nothing appended;
-2. an epoch below the known one: INVALID_PRODUCER_EPOCH;
-3. a new epoch must start at sequence 0 (else OUT_OF_ORDER_SEQUENCE); an unknown
-   producer id with a sequence other than 0: UNKNOWN_PRODUCER_ID;
-4. same epoch: the sequence must be last+1 (int32 wrap); one at or below the last
-   that is not cached: DUPLICATE_SEQUENCE; else OUT_OF_ORDER_SEQUENCE.
+the real ones, ``partition_svc.producer_state.check_batch`` and
+``after_append`` on the real ``ProducerStateEntry`` (duplicates of the last 5
+batches answered their original offsets, fenced and out-of-order batches
+refused, transactional rules 5 and 6), so the fake cannot drift from them.
 
 Faults tests can script: answers dropped after the append or requests dropped
 before it (``fault_injection``), random delays that reorder concurrent requests
@@ -51,13 +47,15 @@ import random
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from partition_svc import producer_state
+from partition_svc.producer_state import ProducerStateEntry
 from services.client.errors import error_for
 from services.client.structs import TopicPartition
 from services.client.transport import FaultInjection
 from services.errors import ErrorCode
-from services.protocol import CONSUMER_OFFSETS_TOPIC, PRODUCER_EPOCH_MAX, SEQUENCE_MODULUS, TransactionState
+from services.protocol import CONSUMER_OFFSETS_TOPIC, PRODUCER_EPOCH_MAX, TransactionState
 from services.stubs.txlog.v1 import common_pb2, coordinator_pb2, errors_pb2, partition_pb2
 
 E = ErrorCode.Value
@@ -67,18 +65,9 @@ OFFSETS_TP = TopicPartition(CONSUMER_OFFSETS_TOPIC, 0)  # the fake's one offsets
 
 
 @dataclass
-class _ProducerEntry:
-    producer_epoch: int
-    last_sequence: int
-    cache: deque = field(default_factory=deque)  # (first_sequence, last_sequence, base_offset)
-    last_timestamp_ms: int = -1
-    coordinator_epoch: int = -1
-
-
-@dataclass
 class FakePartition:
     records: list[common_pb2.Record] = field(default_factory=list)
-    producers: dict[int, _ProducerEntry] = field(default_factory=dict)
+    producers: dict[int, ProducerStateEntry] = field(default_factory=dict)  # the leaders' own producer state
     open_txns: dict[int, list[int]] = field(default_factory=dict)  # producer id -> offsets of its open transaction
     aborted: set[int] = field(default_factory=set)  # offsets of aborted records
     markers: list[tuple[int, int, bool]] = field(default_factory=list)  # (producer id, epoch, committed)
@@ -119,14 +108,15 @@ class FakeCluster:
         topics: dict[str, int],
         *,
         addresses: tuple[str, ...] = ("fake-a:1", "fake-b:2"),
-        duplicate_cache_size: int = 5,
         delay_ms_max: float = 0.0,
         fault_injection: FaultInjection | None = None,
         rng: random.Random | None = None,
         topic_configs: dict[str, dict[str, str]] | None = None,
         coordinator_address: str = "fake-coordinator:9",
+        duplicate_cache_size: int = producer_state.DUPLICATE_CACHE_BATCHES,
     ):
         self.topic_configs = topic_configs or {}
+        self.duplicate_cache_size = duplicate_cache_size
         self.addresses = addresses
         self.partitions: dict[TopicPartition, FakePartition] = {}
         self.leaders: dict[TopicPartition, str] = {}
@@ -134,7 +124,6 @@ class FakeCluster:
         self.topics: dict[str, int] = {}
         for topic, count in topics.items():
             self.create_topic(topic, count)
-        self.duplicate_cache_size = duplicate_cache_size
         self.delay_ms_max = delay_ms_max
         self.fault_injection = fault_injection
         self.rng = rng or random.Random(0)
@@ -225,7 +214,8 @@ class FakeCluster:
         offset = partition.high_watermark
         partition.records.append(common_pb2.Record(offset=offset, value=b"hanging"))
         partition.open_txns.setdefault(producer_id, []).append(offset)
-        partition.producers[producer_id] = _ProducerEntry(producer_epoch, 0, last_timestamp_ms=last_timestamp_ms)
+        partition.producers[producer_id] = ProducerStateEntry(producer_id, producer_epoch, last_timestamp_ms=last_timestamp_ms,
+                                                              current_txn_first_offset=offset)
         return offset
 
     # --- the Transport interface --------------------------------------------------------------
@@ -328,30 +318,17 @@ class FakeCluster:
                 return code, -1
         partition = self.partitions[tp]
         count = len(batch.records)
-        if batch.producer_id >= 0:
-            first, last = batch.base_sequence, (batch.base_sequence + count - 1) % SEQUENCE_MODULUS
+        if batch.producer_id >= 0:  # the leaders' rules themselves (partition_svc/producer_state.py)
             entry = partition.producers.get(batch.producer_id)
-            if entry is not None and entry.producer_epoch == batch.producer_epoch:
-                for cached_first, cached_last, base_offset in entry.cache:
-                    if (cached_first, cached_last) == (first, last):
-                        return E("NONE"), base_offset  # rule 1
-            if entry is not None and batch.producer_epoch < entry.producer_epoch:  # rule 2
-                return (E("PRODUCER_FENCED") if batch.is_transactional else E("INVALID_PRODUCER_EPOCH")), -1
-            if entry is None or batch.producer_epoch > entry.producer_epoch:
-                if first != 0:  # rule 3
-                    return (E("UNKNOWN_PRODUCER_ID") if entry is None else E("OUT_OF_ORDER_SEQUENCE")), -1
-                entry = _ProducerEntry(batch.producer_epoch, -1)
-                partition.producers[batch.producer_id] = entry
-            else:
-                gap = (first - (entry.last_sequence + 1)) % SEQUENCE_MODULUS
-                if gap != 0:  # rule 4
-                    return (E("DUPLICATE_SEQUENCE") if gap >= SEQUENCE_MODULUS // 2 else E("OUT_OF_ORDER_SEQUENCE")), -1
-            base_offset = partition.high_watermark
-            entry.last_sequence = last
-            entry.last_timestamp_ms = self.now_ms()
-            entry.cache.append((first, last, base_offset))
-            while len(entry.cache) > self.duplicate_cache_size:
-                entry.cache.popleft()
+            outcome = producer_state.check_batch(entry, batch.producer_id, batch.producer_epoch, batch.base_sequence, count,
+                                                 batch.is_transactional)
+            if isinstance(outcome, producer_state.Reject):
+                return outcome.code, -1
+            if isinstance(outcome, producer_state.Duplicate):
+                return E("NONE"), outcome.base_offset
+            partition.producers[batch.producer_id] = producer_state.after_append(
+                entry, batch.producer_id, batch.producer_epoch, batch.base_sequence, count, partition.high_watermark,
+                self.now_ms(), batch.is_transactional, self.duplicate_cache_size)
         base_offset = partition.high_watermark
         for record in batch.records:
             stored = common_pb2.Record()
@@ -522,10 +499,10 @@ class FakeCluster:
         if not committed:
             partition.aborted.update(offsets)
         partition.markers.append((producer_id, producer_epoch, committed))
-        if entry is None:
-            entry = partition.producers[producer_id] = _ProducerEntry(producer_epoch, -1)
-        entry.producer_epoch, entry.last_sequence, entry.coordinator_epoch = producer_epoch, -1, self.coordinator_epoch
-        entry.cache.clear()
+        # as a leader applies a marker: the transaction closed, sequences restart at the marker's epoch
+        partition.producers[producer_id] = replace(
+            entry or ProducerStateEntry(producer_id, producer_epoch), producer_epoch=producer_epoch, batches=(),
+            coordinator_epoch=self.coordinator_epoch, current_txn_first_offset=producer_state.NO_OFFSET, txn_prepared=False)
         return E("NONE")
 
     def _verify(self, transactional_id: str, producer_id: int, producer_epoch: int, tp: TopicPartition) -> int:

@@ -4,6 +4,7 @@ against the in-memory fake coordinator and leaders."""
 
 import json
 import time
+from dataclasses import replace
 
 import pytest
 from fake_cluster import FakeCluster
@@ -115,7 +116,9 @@ def test_find_hanging_finds_a_transaction_no_coordinator_knows_and_abort_clears_
 def test_an_open_transaction_of_a_live_producer_is_not_hanging_until_it_outlives_every_timeout(fake, two_producers):
     with _admin(fake) as admin:
         assert admin.find_hanging() == []
-        fake.partitions[T0].producers[two_producers[0].producer_id].last_timestamp_ms -= 20 * 60 * 1000
+        producers = fake.partitions[T0].producers
+        pid = two_producers[0].producer_id
+        producers[pid] = replace(producers[pid], last_timestamp_ms=producers[pid].last_timestamp_ms - 20 * 60 * 1000)
         (hanging,) = admin.find_hanging()
         assert hanging.partition == 0 and "max_transaction_timeout_ms" in hanging.reason
         assert admin.find_hanging(max_transaction_timeout_ms=60 * 60 * 1000) == []
