@@ -70,6 +70,7 @@ class ShortNamedErrorCode:
 
 
 ErrorCode = ShortNamedErrorCode()
+NONE = ErrorCode.Value("NONE")
 
 _CLASS_TO_PROTO = {cls: number for number, cls in _CLASS_FROM_PROTO.items()}
 
@@ -212,6 +213,6 @@ def from_rpc_error(error: grpc.RpcError) -> TxlogError:
 
 def check(error: errors_pb2.Error) -> None:
     """Raises the TxlogError of a per-item Error message unless it is NONE."""
-    if error.code != ErrorCode.Value("NONE"):
+    if error.code != NONE:
         raise TxlogError(error.code, error.message)
 
