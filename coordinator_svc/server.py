@@ -6,7 +6,8 @@ import asyncio
 import logging
 import sys
 
-from coordinator_svc.coordinator import ANSWERS_FROM_STATE, CoordinatorConfig, TransactionCoordinator, error
+from coordinator_svc.coordinator import TransactionCoordinator, error
+from coordinator_svc.state_manager import ANSWERS_FROM_STATE, CoordinatorConfig
 from coordinator_svc.transaction_state import Handle, TransactionMetadata, TransactionState
 from services import coordinators, errors, names, server
 from services.config import Setting, positive_int
@@ -72,8 +73,8 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
     async def FindCoordinator(self, request, context):
         if request.key_type == coordinator_pb2.COORDINATOR_KEY_TYPE_TRANSACTION:
             TransactionCoordinator.check_transactional_id(request.key)
-            await self.coordinator.ensure_log_topic()
-            node_id, address, partition, epoch = await self.coordinator.owner_address(request.key)
+            await self.coordinator.state.ensure_log_topic()
+            node_id, address, partition, epoch = await self.coordinator.state.owner_address(request.key)
             return coordinator_pb2.FindCoordinatorResponse(coordinator_id=node_id, address=address, partition=partition, coordinator_epoch=epoch)
         if request.key_type == coordinator_pb2.COORDINATOR_KEY_TYPE_GROUP:
             reply = await self.coordinator.client.call_any_partition_svc("Metadata", partition_pb2.MetadataRequest(group_ids=[request.key]))
@@ -85,7 +86,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
     @server.rpc_handler
     async def InitProducerId(self, request, context):
         previous_id, previous_epoch = previous_producer(request)
-        producer_id, epoch = await self.coordinator.answer_as_owner(request.transactional_id, self.coordinator.handle_init_producer_id(
+        producer_id, epoch = await self.coordinator.state.answer_as_owner(request.transactional_id, self.coordinator.handle_init_producer_id(
             request.transactional_id, request.transaction_timeout_ms, previous_id, previous_epoch
         ))
         return coordinator_pb2.InitProducerIdResponse(producer_id=producer_id, producer_epoch=epoch)
@@ -94,11 +95,11 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
     async def AddPartitionsToTxn(self, request, context):
         if not request.partitions:
             raise error("INVALID_REQUEST", "the request names no partition")
-        results = await self.coordinator.answer_as_owner(request.transactional_id, self.coordinator.handle_add_partitions(
+        results = await self.coordinator.state.answer_as_owner(request.transactional_id, self.coordinator.handle_add_partitions(
             request.transactional_id, *named_producer(request, "AddPartitionsToTxn"), topic_partitions(request.partitions), request.verify_only
         ))
         if any(problem is not None and problem.code in ANSWERS_FROM_STATE for problem in results.values()):
-            await self.coordinator.confirm_ownership(request.transactional_id)
+            await self.coordinator.state.confirm_ownership(request.transactional_id)
         reply = coordinator_pb2.AddPartitionsToTxnResponse()
         for (topic, partition), problem in results.items():
             result = reply.results.add(partition=common_pb2.TopicPartition(topic=topic, partition=partition))
@@ -108,13 +109,13 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
 
     @server.rpc_handler
     async def AddOffsetsToTxn(self, request, context):
-        await self.coordinator.answer_as_owner(request.transactional_id, self.coordinator.handle_add_offsets(
+        await self.coordinator.state.answer_as_owner(request.transactional_id, self.coordinator.handle_add_offsets(
             request.transactional_id, *named_producer(request, "AddOffsetsToTxn"), request.group_id))
         return coordinator_pb2.AddOffsetsToTxnResponse()
 
     @server.rpc_handler
     async def EndTxn(self, request, context):
-        producer_id, epoch = await self.coordinator.answer_as_owner(request.transactional_id, self.coordinator.handle_end_txn(
+        producer_id, epoch = await self.coordinator.state.answer_as_owner(request.transactional_id, self.coordinator.handle_end_txn(
             request.transactional_id, *named_producer(request, "EndTxn"), decision_of(request, "EndTxn")
         ))
         return coordinator_pb2.EndTxnResponse(producer_id=producer_id, producer_epoch=epoch)
@@ -124,7 +125,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
         unknown = [s for s in request.state_filters if s not in KNOWN_STATES]
         if unknown or request.duration_filter_ms < 0:
             raise error("INVALID_REQUEST", "state_filters hold an unknown state" if unknown else "duration_filter_ms must not be negative")
-        found = self.coordinator.list_local(
+        found = self.coordinator.state.list_local(
             {TransactionState.from_proto(s) for s in request.state_filters}, set(request.producer_id_filters), request.duration_filter_ms,
             request.transactional_id_prefix,
         )
@@ -156,7 +157,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
         reply = coordinator_pb2.DescribeTransactionsResponse()
         for transactional_id in request.transactional_ids:
             try:
-                reply.transactions.append(describe(self.coordinator.describe(transactional_id)))
+                reply.transactions.append(describe(self.coordinator.state.describe(transactional_id)))
             except TxlogError as exc:
                 reply.transactions.add(transactional_id=transactional_id, error=exc.to_proto())
         return reply
@@ -183,7 +184,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
 
     @server.rpc_handler
     async def PrepareTransaction(self, request, context):
-        handle = await self.coordinator.answer_as_owner(request.transactional_id, self.coordinator.handle_prepare(
+        handle = await self.coordinator.state.answer_as_owner(request.transactional_id, self.coordinator.handle_prepare(
             request.transactional_id, *named_producer(request, "PrepareTransaction"), request.prepared_timeout_ms
         ))
         return coordinator_pb2.PrepareTransactionResponse(
@@ -194,14 +195,14 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
 
     @server.rpc_handler
     async def CompleteTransaction(self, request, context):
-        producer_id, epoch = await self.coordinator.answer_as_owner(
+        producer_id, epoch = await self.coordinator.state.answer_as_owner(
             request.handle.transactional_id,
             self.coordinator.handle_complete(handle_of(request.handle, "CompleteTransaction"), decision_of(request, "CompleteTransaction")))
         return coordinator_pb2.CompleteTransactionResponse(producer_id=producer_id, producer_epoch=epoch)
 
     @server.rpc_handler
     async def CommitTransactionGroup(self, request, context):
-        await self.coordinator.answer_as_owner(
+        await self.coordinator.state.answer_as_owner(
             request.group_id, self.coordinator.handle_commit_group(request.group_id, [handle_of(h, "CommitTransactionGroup") for h in request.handles]))
         return coordinator_pb2.CommitTransactionGroupResponse()
 
@@ -235,7 +236,7 @@ async def build(runtime: server.ServiceRuntime) -> CoordinatorServicer:
     servicer = CoordinatorServicer(coordinator, runtime)
     runtime.add_servicer(servicer, SERVICE)
     loops = [
-        asyncio.ensure_future(run_every(cfg.ownership_check_interval_ms, coordinator.balance, "balancing transaction log partitions")),
+        asyncio.ensure_future(run_every(cfg.ownership_check_interval_ms, coordinator.state.balance, "balancing transaction log partitions")),
         asyncio.ensure_future(run_every(cfg.transaction_check_interval_ms, coordinator.abort_timed_out, "aborting timed-out transactions")),
     ]
 

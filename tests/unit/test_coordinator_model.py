@@ -47,8 +47,9 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule, run_state_machine_as_test
 
-from coordinator_svc.coordinator import CoordinatorConfig, LoadedPartition, TransactionCoordinator
+from coordinator_svc.coordinator import TransactionCoordinator
 from coordinator_svc.markers import MarkerSet
+from coordinator_svc.state_manager import CoordinatorConfig, LoadedPartition
 from coordinator_svc.transaction_state import (
     VALID_PREVIOUS_STATES,
     GroupDecision,
@@ -321,12 +322,12 @@ class Harness:
             node_id=1, zookeeper_root="/txlog", transaction_state_partitions=1, transaction_timeout_ms_max=60_000,
             transactional_id_expiration_ms=10**12, ownership_lease_ms=10**9, prepared_transaction_timeout_ms=10_000,
         )
-        self.coordinator = TransactionCoordinator(config, None, None, FixedPartitionClient(), self.ids, clock_ms=lambda: self.now_ms)
-        self.coordinator.markers = self.markers
-        self.coordinator.partition_count = 1
+        self.coordinator = TransactionCoordinator(config, None, None, FixedPartitionClient(), self.ids, clock_ms=lambda: self.now_ms,
+                                                  markers=self.markers)
+        self.coordinator.state.partition_count = 1
         owner = PartitionOwner(node_id=1, coordinator_epoch=3, log_producer_id=900)
         self.loaded = LoadedPartition(0, owner, self.log, loaded=True, confirmed_s=time.monotonic())
-        self.coordinator.partitions[0] = self.loaded
+        self.coordinator.state.partitions[0] = self.loaded
 
     def close(self) -> None:
         tasks = list(self.loaded.tasks)
