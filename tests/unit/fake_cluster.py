@@ -20,16 +20,15 @@ The SDK's code under test is the real one; only the network is fake.
 Transactions
 ------------
 The fake also plays one transaction coordinator (at ``coordinator_address``)
-and the group coordinator (the first partition server), following the
-coordinator's protocol (DESIGN.md "Transactions", Kafka's Transactions V2):
-InitProducerId with a transactional id (a new id at epoch 0; an id whose
-transaction is Ongoing is fenced -- its transaction aborted with the epoch
-bumped -- and answered CONCURRENT_TRANSACTIONS; else epoch + 1; KIP-360 bumps
-with the current id and epoch), AddPartitionsToTxn, AddOffsetsToTxn, EndTxn
-(markers at the bumped epoch; a retried EndTxn whose first attempt was applied
-answers the same epoch), TxnOffsetCommit (pending offsets applied by the COMMIT
-marker), OffsetCommit/OffsetFetch, ListTransactions, DescribeTransactions,
-AbortTransaction and DescribeProducers. Leaders verify transactional batches
+and the group coordinator (the first partition server). Its decisions are the
+coordinator's own rules (``coordinator_svc.transaction_core`` on the real
+``TransactionMetadata`` and state table), carried out at once: the log write,
+and for a decided transaction the markers and Complete*, happen within the
+call (so InitProducerId fencing an open transaction answers
+CONCURRENT_TRANSACTIONS with the abort already complete). It answers
+InitProducerId, AddPartitionsToTxn, AddOffsetsToTxn, EndTxn, TxnOffsetCommit
+(pending offsets applied by the COMMIT marker), OffsetCommit/OffsetFetch,
+ListTransactions, DescribeTransactions, AbortTransaction and DescribeProducers. Leaders verify transactional batches
 with the coordinator (an older epoch: PRODUCER_FENCED; a partition not in the
 transaction: INVALID_TXN_STATE) and fence batches whose epoch is below the one
 a marker set. Fetch honours ``read_committed`` (nothing at or above the LSO,
@@ -49,13 +48,17 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from coordinator_svc import transaction_core as core
+from coordinator_svc import transaction_state as ts
+from coordinator_svc.transaction_state import TransactionMetadata
 from partition_svc import producer_state
 from partition_svc.producer_state import ProducerStateEntry
-from services.client.errors import error_for
+from services.client.errors import ClientError, error_for
 from services.client.structs import TopicPartition
 from services.client.transport import FaultInjection
-from services.errors import ErrorCode
-from services.protocol import CONSUMER_OFFSETS_TOPIC, PRODUCER_EPOCH_MAX, TransactionState
+from services.errors import ErrorCode, TxlogError
+from services.protocol import CONSUMER_OFFSETS_TOPIC
+from services.protocol import TransactionState as S
 from services.stubs.txlog.v1 import common_pb2, coordinator_pb2, errors_pb2, partition_pb2
 
 E = ErrorCode.Value
@@ -84,20 +87,6 @@ class FakePartition:
     def visible(self, offset: int) -> bool:
         """Whether ``read_committed`` may return the record at ``offset``."""
         return offset < self.last_stable_offset and offset not in self.aborted
-
-
-@dataclass
-class FakeTransaction:
-    """The fake coordinator's record of one transactional id."""
-
-    transactional_id: str
-    producer_id: int
-    producer_epoch: int
-    timeout_ms: int
-    state: str = "Empty"
-    last_epoch: int = -1  # the epoch before the last EndTxn bump, to recognise a retried EndTxn
-    partitions: set[TopicPartition] = field(default_factory=set)
-    start_ms: int = -1
 
 
 class FakeCluster:
@@ -140,7 +129,7 @@ class FakeCluster:
         self.coordinator_addresses = {coordinator_address}  # every fake coordinator (all answer FindCoordinator)
         self.coordinator_available = True  # False: Metadata answers COORDINATOR_NOT_AVAILABLE for ids
         self.coordinator_epoch = 0
-        self.transactions: dict[str, FakeTransaction] = {}
+        self.transactions: dict[str, TransactionMetadata] = {}  # the coordinator's, driven by its own rules
         self.group_offsets: dict[str, dict[TopicPartition, int]] = {}
         self.pending_offsets: dict[int, dict[str, dict[TopicPartition, int]]] = {}  # pid -> group -> offsets
         self.end_txns: list[tuple[str, bool, int, int]] = []  # (id, committed, epoch asked, epoch answered)
@@ -198,13 +187,15 @@ class FakeCluster:
     def start_other_producer(self, transactional_id: str) -> tuple[int, int]:
         """What a second producer's init_transactions() does to the first: its
         open transaction is aborted and its epoch fenced. Returns the new (id, epoch)."""
-        txn = self.transactions[transactional_id]
-        if txn.state == "Ongoing":
-            self._complete(txn, committed=False)
-        txn.producer_epoch += 1
-        txn.last_epoch = -1
-        txn.state = "Empty"
-        return txn.producer_id, txn.producer_epoch
+        meta = self.transactions[transactional_id]
+        for _ in range(2):  # as the real producer does: CONCURRENT_TRANSACTIONS while the open one is aborted, then again
+            try:
+                return self._carry_out(transactional_id, lambda m, ids: core.decide_init(m, transactional_id, meta.txn_timeout_ms,
+                                                                                      -1, -1, ids))
+            except ClientError as exc:
+                if ErrorCode.Name(exc.code) != "CONCURRENT_TRANSACTIONS":
+                    raise
+        raise AssertionError("fake: the second init of a new incarnation is never concurrent")
 
     def inject_open_transaction(self, tp: TopicPartition, producer_id: int, producer_epoch: int,
                                 last_timestamp_ms: int) -> int:
@@ -284,10 +275,7 @@ class FakeCluster:
     def _handle_InitProducerId(self, address, request):  # noqa: N802
         if request.transactional_id:
             return self._init_transactional(address, request)
-        if request.producer_id >= 0 and 0 <= request.producer_epoch < PRODUCER_EPOCH_MAX:  # KIP-360 bump
-            return coordinator_pb2.InitProducerIdResponse(producer_id=request.producer_id,
-                                                          producer_epoch=request.producer_epoch + 1)
-        self.next_producer_id += 1
+        self.next_producer_id += 1  # always a new id, as partition_svc answers (issue 12)
         return coordinator_pb2.InitProducerIdResponse(producer_id=self.next_producer_id, producer_epoch=0)
 
     def _handle_Produce(self, address, request):  # noqa: N802
@@ -385,105 +373,84 @@ class FakeCluster:
         if address != self.coordinator_address:
             raise error_for(E("NOT_COORDINATOR"), f"fake: {address} is not the transaction coordinator")
 
-    def _existing(self, transactional_id: str, producer_id: int) -> FakeTransaction:
-        txn = self.transactions.get(transactional_id)
-        if txn is None or txn.producer_id != producer_id:
-            raise error_for(E("INVALID_PRODUCER_ID_MAPPING"),
-                            f"fake: producer id {producer_id} is not the one of {transactional_id!r}")
-        return txn
+    def _carry_out(self, transactional_id: str, decide):
+        """The coordinator's own rules (coordinator_svc/transaction_core.py), its
+        outcome carried out at once: the log write, and for a decided
+        transaction the markers and Complete*, happen within the call."""
+        spare = [self.next_producer_id + 1]
+        meta = self.transactions.get(transactional_id)
+        outcome = decide(meta, spare)
+        assert not isinstance(outcome, core.NeedProducerIds), outcome  # one spare id always suffices here
+        if isinstance(outcome, core.Refuse):
+            raise error_for(outcome.error.code, f"fake: {outcome.error.message}")
+        if isinstance(outcome, core.Reply):
+            return self._answer(outcome.value, meta)
+        if meta is None:
+            meta = self.transactions[transactional_id] = TransactionMetadata(transactional_id, ts.NO_PRODUCER_ID, ts.NO_EPOCH, 0)
+        if outcome.changes.get("producer_id") == spare[0]:
+            self.next_producer_id = spare[0]
+        if outcome.fence:
+            ts.check_transition(meta, S.PREPARE_EPOCH_FENCE)
+        self._transition(meta, outcome.to_state, **outcome.changes)
+        if outcome.then is core.Then.COMPLETE:
+            committed = meta.state is S.PREPARE_COMMIT
+            producer_id, producer_epoch = ts.marker_producer(meta)
+            for tp in sorted(meta.partitions):
+                self._write_marker(tp, producer_id, producer_epoch, committed)
+            self._transition(meta, S.COMPLETE_COMMIT if committed else S.COMPLETE_ABORT, **core.COMPLETED)
+        if isinstance(outcome.reply, TxlogError):
+            raise error_for(outcome.reply.code, f"fake: {outcome.reply.message}")
+        return self._answer(outcome.reply, meta)
+
+    def _transition(self, meta: TransactionMetadata, to_state: S, **changes) -> None:
+        ts.complete_transition(meta, ts.prepare_transition(meta, to_state, last_update_ms=self.now_ms(), **changes))
 
     @staticmethod
-    def _check_epoch(txn: FakeTransaction, producer_epoch: int) -> None:
-        if producer_epoch < txn.producer_epoch:
-            raise error_for(E("PRODUCER_FENCED"),
-                            f"fake: epoch {producer_epoch} of {txn.transactional_id!r} is fenced by {txn.producer_epoch}")
-        if producer_epoch > txn.producer_epoch:
-            raise error_for(E("INVALID_PRODUCER_EPOCH"), f"fake: epoch {producer_epoch} is newer than {txn.producer_epoch}")
+    def _answer(value, meta):
+        return (meta.producer_id, meta.producer_epoch) if value is core.Answer.PRODUCER else value
 
     def _init_transactional(self, address, request):
         self._at_coordinator(address)
-        transactional_id = request.transactional_id
-        txn = self.transactions.get(transactional_id)
-        if txn is None:
-            self.next_producer_id += 1
-            txn = FakeTransaction(transactional_id, self.next_producer_id, 0, request.transaction_timeout_ms)
-            self.transactions[transactional_id] = txn
-            return coordinator_pb2.InitProducerIdResponse(producer_id=txn.producer_id, producer_epoch=0)
-        # KIP-360: the producer's current epoch, or the one before the last bump (its retry), as Kafka accepts.
-        if request.producer_id >= 0 and (request.producer_id != txn.producer_id
-                                         or request.producer_epoch not in (txn.producer_epoch, txn.last_epoch)):
-            raise error_for(E("PRODUCER_FENCED"), f"fake: producer {request.producer_id} epoch "
-                                                  f"{request.producer_epoch} is not the current one")
-        if txn.state == "Ongoing":  # fence the previous incarnation: abort its transaction, epoch bumped
-            self._complete(txn, committed=False)
-            raise error_for(E("CONCURRENT_TRANSACTIONS"), "fake: aborting the open transaction of a previous producer")
-        txn.producer_epoch += 1
-        txn.last_epoch = -1
-        txn.state = "Empty"
-        txn.timeout_ms = request.transaction_timeout_ms
-        return coordinator_pb2.InitProducerIdResponse(producer_id=txn.producer_id, producer_epoch=txn.producer_epoch)
+        producer_id = request.producer_id if request.HasField("producer_id") else -1
+        producer_epoch = request.producer_epoch if request.HasField("producer_epoch") else -1
+        producer_id, producer_epoch = self._carry_out(request.transactional_id, lambda meta, ids: core.decide_init(
+            meta, request.transactional_id, request.transaction_timeout_ms, producer_id, producer_epoch, ids))
+        return coordinator_pb2.InitProducerIdResponse(producer_id=producer_id, producer_epoch=producer_epoch)
 
     def _handle_AddPartitionsToTxn(self, address, request):  # noqa: N802
         self._at_coordinator(address)
-        txn = self._existing(request.transactional_id, request.producer_id)
-        self._check_epoch(txn, request.producer_epoch)
         script = self._add_partitions_scripts.popleft() if self._add_partitions_scripts else (lambda _: None)
-        response = coordinator_pb2.AddPartitionsToTxnResponse()
-        added = set()
-        for item in request.partitions:
-            tp = TopicPartition(item.topic, item.partition)
-            result = response.results.add(partition=item)
+        wanted = [TopicPartition(item.topic, item.partition) for item in request.partitions]
+        unknown = {}
+        for tp in wanted:
             code = script(tp)
             if code is None and tp not in self.partitions:
                 code = E("UNKNOWN_TOPIC_OR_PARTITION")
             if code is not None:
-                result.error.CopyFrom(errors_pb2.Error(code=code, message="fake"))
-            else:
-                added.add(tp)
-        self._open(txn, added)
+                unknown[tp] = TxlogError(code, "fake")
+        answers = self._carry_out(request.transactional_id, lambda meta, _: core.decide_add_partitions(
+            meta, request.transactional_id, request.producer_id, request.producer_epoch, wanted, unknown, self.now_ms()))
+        response = coordinator_pb2.AddPartitionsToTxnResponse()
+        for item, tp in zip(request.partitions, wanted, strict=True):
+            result = response.results.add(partition=item)
+            if answers[tp] is not None:
+                result.error.CopyFrom(errors_pb2.Error(code=answers[tp].code, message=answers[tp].message))
         return response
-
-    def _open(self, txn: FakeTransaction, tps: set[TopicPartition]) -> None:
-        if not tps:
-            return
-        if txn.state != "Ongoing":
-            txn.state, txn.start_ms, txn.last_epoch = "Ongoing", self.now_ms(), -1
-        txn.partitions |= tps
 
     def _handle_AddOffsetsToTxn(self, address, request):  # noqa: N802
         self._at_coordinator(address)
-        txn = self._existing(request.transactional_id, request.producer_id)
-        self._check_epoch(txn, request.producer_epoch)
-        self._open(txn, {OFFSETS_TP})
+        answers = self._carry_out(request.transactional_id, lambda meta, _: core.decide_add_partitions(
+            meta, request.transactional_id, request.producer_id, request.producer_epoch, [OFFSETS_TP], {}, self.now_ms()))
+        if answers[OFFSETS_TP] is not None:
+            raise error_for(answers[OFFSETS_TP].code, "fake")
         return coordinator_pb2.AddOffsetsToTxnResponse()
 
     def _handle_EndTxn(self, address, request):  # noqa: N802
         self._at_coordinator(address)
-        txn = self._existing(request.transactional_id, request.producer_id)
-        epoch = request.producer_epoch
-        if epoch == txn.last_epoch and epoch + 1 == txn.producer_epoch \
-                and txn.state in ("CompleteCommit", "CompleteAbort"):  # a retry whose first attempt was applied
-            if (txn.state == "CompleteCommit") == request.committed:
-                self.end_txns.append((txn.transactional_id, request.committed, epoch, txn.producer_epoch))
-                return coordinator_pb2.EndTxnResponse(producer_id=txn.producer_id, producer_epoch=txn.producer_epoch)
-            if request.committed:
-                raise error_for(E("PRODUCER_FENCED"), "fake: the coordinator aborted this transaction")
-            raise error_for(E("INVALID_TXN_STATE"), "fake: the transaction committed already")
-        self._check_epoch(txn, epoch)
-        if txn.state == "Ongoing":
-            self._complete(txn, request.committed)
-        elif request.committed:
-            raise error_for(E("INVALID_TXN_STATE"), f"fake: {txn.transactional_id!r} has no open transaction to commit")
-        self.end_txns.append((txn.transactional_id, request.committed, epoch, txn.producer_epoch))
-        return coordinator_pb2.EndTxnResponse(producer_id=txn.producer_id, producer_epoch=txn.producer_epoch)
-
-    def _complete(self, txn: FakeTransaction, committed: bool) -> None:
-        """Prepare* with the epoch bumped, the markers, Complete* (all at once)."""
-        txn.last_epoch, txn.producer_epoch = txn.producer_epoch, txn.producer_epoch + 1
-        for tp in sorted(txn.partitions):
-            self._write_marker(tp, txn.producer_id, txn.producer_epoch, committed)
-        txn.state = "CompleteCommit" if committed else "CompleteAbort"
-        txn.partitions, txn.start_ms = set(), -1
+        producer_id, producer_epoch = self._carry_out(request.transactional_id, lambda meta, ids: core.decide_end_txn(
+            meta, request.transactional_id, request.producer_id, request.producer_epoch, request.committed, ids))
+        self.end_txns.append((request.transactional_id, request.committed, request.producer_epoch, producer_epoch))
+        return coordinator_pb2.EndTxnResponse(producer_id=producer_id, producer_epoch=producer_epoch)
 
     def _write_marker(self, tp: TopicPartition, producer_id: int, producer_epoch: int, committed: bool) -> int:
         if tp == OFFSETS_TP:
@@ -506,17 +473,14 @@ class FakeCluster:
         return E("NONE")
 
     def _verify(self, transactional_id: str, producer_id: int, producer_epoch: int, tp: TopicPartition) -> int:
-        """The leader's check, with the coordinator, that ``tp`` is in the producer's open transaction."""
-        txn = self.transactions.get(transactional_id)
-        if not transactional_id or txn is None or txn.producer_id != producer_id:
+        """The leader's check, with the coordinator, that ``tp`` is in the producer's open transaction (KIP-890)."""
+        meta = self.transactions.get(transactional_id)
+        if not transactional_id or meta is None or meta.producer_id != producer_id:
             return E("INVALID_PRODUCER_ID_MAPPING")
-        if producer_epoch < txn.producer_epoch:
-            return E("PRODUCER_FENCED")
-        if producer_epoch > txn.producer_epoch:
-            return E("INVALID_PRODUCER_EPOCH")
-        if txn.state != "Ongoing" or tp not in txn.partitions:
-            return E("INVALID_TXN_STATE")
-        return E("NONE")
+        verified = core.verify_partitions(meta, producer_id, producer_epoch, [tp])
+        if isinstance(verified, core.Refuse):
+            return verified.error.code
+        return E("NONE") if verified[tp] is None else verified[tp].code
 
     def _handle_FindCoordinator(self, address, request):  # noqa: N802
         if address not in self.coordinator_addresses:
@@ -530,13 +494,13 @@ class FakeCluster:
         response = coordinator_pb2.ListTransactionsResponse()
         now = self.now_ms()
         for txn in sorted(self.transactions.values(), key=lambda t: t.transactional_id):
-            state = TransactionState(txn.state).to_proto()
+            state = txn.state.to_proto()
             if request.state_filters and state not in request.state_filters:
                 continue
             if request.producer_id_filters and txn.producer_id not in request.producer_id_filters:
                 continue
-            if request.duration_filter_ms and not (txn.state == "Ongoing"
-                                                   and now - txn.start_ms > request.duration_filter_ms):
+            if request.duration_filter_ms and not (txn.state is S.ONGOING
+                                                   and now - txn.txn_start_ms > request.duration_filter_ms):
                 continue
             response.transactions.add(transactional_id=txn.transactional_id, producer_id=txn.producer_id, state=state)
         return response
@@ -553,9 +517,9 @@ class FakeCluster:
                                           error=errors_pb2.Error(code=E("TRANSACTIONAL_ID_NOT_FOUND"), message="fake"))
             else:
                 response.transactions.add(
-                    transactional_id=transactional_id, state=TransactionState(txn.state).to_proto(), producer_id=txn.producer_id,
-                    producer_epoch=txn.producer_epoch, transaction_timeout_ms=txn.timeout_ms,
-                    transaction_start_time_ms=txn.start_ms,
+                    transactional_id=transactional_id, state=txn.state.to_proto(), producer_id=txn.producer_id,
+                    producer_epoch=txn.producer_epoch, transaction_timeout_ms=txn.txn_timeout_ms,
+                    transaction_start_time_ms=txn.txn_start_ms,
                     partitions=[common_pb2.TopicPartition(topic=t, partition=p) for t, p in sorted(txn.partitions)])
         return response
 

@@ -108,7 +108,7 @@ def test_records_follow_a_leader_move_after_a_metadata_refresh():
     assert produce_addresses[0] == fake.addresses[0] and produce_addresses[-1] == fake.addresses[1]
 
 
-def test_a_rejected_batch_fails_alone_and_the_partition_recovers_with_a_bumped_epoch():
+def test_a_rejected_batch_fails_alone_and_the_partition_recovers_with_a_new_producer_id():
     fake = FakeCluster({"t": 1})
     tp = TopicPartition("t", 0)
     with _producer(fake, linger_ms=0, batch_size_bytes=60) as producer:
@@ -123,8 +123,9 @@ def test_a_rejected_batch_fails_alone_and_the_partition_recovers_with_a_bumped_e
         assert producer.stats.producer_id_resets == 1
     assert [f.result(timeout=0).offset for f in after] == [1, 2, 3, 4, 5]
     assert fake.values(tp) == [b"a", b"c0", b"c1", b"c2", b"c3", b"c4"]
+    # the reset (KIP-360) takes a new producer id, as partition_svc answers every InitProducerId without a transactional id
     entry = fake.partitions[tp].producers
-    assert [e.producer_epoch for e in entry.values()] == [1]
+    assert len(entry) == 2 and [e.producer_epoch for e in entry.values()] == [0, 0]
 
 
 def test_held_batches_are_resent_in_order_after_the_epoch_bump():
