@@ -1223,3 +1223,33 @@ def test_a_group_commit_retried_while_its_complete_commit_records_are_written_an
     assert checked.send(group(*handles)) == ("ok", None)
     checked.release()
     assert ok(checked, group(*handles)) is None
+
+
+# --- every pair of concurrent requests, exhaustively ------------------------------------------------------
+
+PAIR_REQUESTS = {
+    "init": lambda pid, epoch: init("g/a"),
+    "kip360": lambda pid, epoch: init("g/a", pid, epoch),
+    "add": lambda pid, epoch: add("g/a", pid, epoch, TOPIC_PARTITIONS[1]),
+    "end-commit": lambda pid, epoch: end("g/a", pid, epoch, True),
+    "end-abort": lambda pid, epoch: end("g/a", pid, epoch, False),
+    "prepare": lambda pid, epoch: prepare("g/a", pid, epoch),
+    "complete-commit": lambda pid, epoch: complete(Handle("g/a", pid, epoch), True),
+    "zombie-end": lambda pid, epoch: end("g/a", pid, epoch - 1, True),
+}
+
+
+@pytest.mark.parametrize("start", ["empty", "ongoing", "prepared"])
+@pytest.mark.parametrize("first, second", list(itertools.product(PAIR_REQUESTS, repeat=2)))
+def test_every_pair_of_concurrent_requests_of_one_id_keeps_every_guarantee(checked, start, first, second):
+    """Both requests are in flight together (the first's log write pending while
+    the second is decided); the checker compares both answers, the log, the
+    markers and the fenced epochs with every order the model allows."""
+    pid, epoch = ok(checked, init("g/a"))
+    pid, epoch = ok(checked, init("g/a", pid, epoch))  # epoch 1, so a zombie's epoch 0 exists
+    if start != "empty":
+        ok(checked, add("g/a", pid, epoch))
+    if start == "prepared":
+        ok(checked, prepare("g/a", pid, epoch))
+    outcomes = checked.send_together([PAIR_REQUESTS[first](pid, epoch), PAIR_REQUESTS[second](pid, epoch)])
+    assert all(o[0] in ("ok", "err") for o in outcomes), outcomes
