@@ -60,7 +60,6 @@ from services.stubs.txlog.v1 import partition_pb2
 log = logging.getLogger(__name__)
 S = TransactionState
 COMPLETED = core.COMPLETED
-GROUP_HANDLES_MAX = 10_000
 
 
 error = core.error
@@ -286,69 +285,31 @@ class TransactionCoordinator:
         return await self._carry_out(loaded, handle.transactional_id, lambda meta, spare_ids: core.decide_complete(
             meta, handle, committed, spare_ids))
 
-    def _group_members(self, loaded: LoadedPartition, handles: list[Handle]) -> list[TransactionMetadata] | None:
-        """The members to commit, all PREPARED as their handles say; None when the
-        group was committed already (a repeat). Raises, changing nothing, otherwise."""
-        metas = [loaded.transactions.get(h.transactional_id) for h in handles]
-        done = []
-        for m, h in zip(metas, handles, strict=True):
-            repeat = core.repeated_outcome(m, h, True)
-            if isinstance(repeat, core.Refuse):
-                raise repeat.error
-            done.append(repeat)
-        if all(done):
-            return None
-        if any(done):
-            raise error(
-                "INVALID_TXN_STATE",
-                f"{sum(done)} of the {len(handles)} transactions were committed already (e.g. "
-                f"{next(h.transactional_id for h, d in zip(handles, done, strict=True) if d)!r}) and the others not: a group commits once, whole",
-            )
-        for meta, handle in zip(metas, handles, strict=True):
-            refused = core.check_handle(meta, handle)
-            if refused is not None:
-                raise refused.error
-        return metas
-
     async def handle_commit_group(self, group_id: str, handles: list[Handle]) -> None:
         names.check_transaction_group(group_id)
-        if not handles:
-            raise error("INVALID_REQUEST", "the request names no transaction handle")
-        if len(handles) > GROUP_HANDLES_MAX:
-            raise error("INVALID_REQUEST", f"at most {GROUP_HANDLES_MAX} handles per group commit, got {len(handles)}")
-        seen = set()
         for handle in handles:
             self.check_transactional_id(handle.transactional_id)
-            member_group = names.transaction_group(handle.transactional_id)
-            if member_group != group_id:
-                raise error(
-                    "INVALID_REQUEST",
-                    f"transactional id {handle.transactional_id!r} belongs to group {names.quoted(member_group)}, not "
-                    f"{names.quoted(group_id)}: a group commit takes only its own ids (<group>/<member>)",
-                )
-            if handle.transactional_id in seen:
-                raise error("INVALID_REQUEST", f"transactional id {handle.transactional_id!r} is named twice")
-            seen.add(handle.transactional_id)
+        refused = core.check_group_request(group_id, handles)
+        if refused is not None:
+            raise refused.error
         loaded = self.state.loaded_partition(group_id)  # every member's partition is the group's
         spare_ids: list[int] = []
-        for _ in range(3):  # producer ids for exhausted epochs are fetched first: no await between check and decision
-            metas = self._group_members(loaded, handles)
-            if metas is None:
-                return
-            exhausted = sum(1 for m in metas if ts.bumped_epoch(m.producer_id, m.producer_epoch) is None)
-            if exhausted <= len(spare_ids):
+        for _ in range(3):  # producer ids for exhausted epochs are fetched first: no await between decision and transitions
+            outcome = core.decide_group_commit([loaded.transactions.get(h.transactional_id) for h in handles], handles, spare_ids)
+            if not isinstance(outcome, core.NeedProducerIds):
                 break
-            spare_ids.extend([await self.producer_ids.next_id() for _ in range(exhausted - len(spare_ids))])
+            spare_ids += [await self.producer_ids.next_id() for _ in range(outcome.count)]
         else:
             raise error("CONCURRENT_TRANSACTIONS", f"the members of group {group_id!r} kept changing; retry")
+        if isinstance(outcome, core.Refuse):
+            raise outcome.error
+        if isinstance(outcome, core.Reply):
+            return
         now = self.clock_ms()
         decision = GroupDecision(uuid.uuid4().hex, group_id, tuple(handles), now)
-        records = []
-        for m in metas:
-            changes = core.epoch_bump(m, spare_ids)
-            if ts.bumped_epoch(m.producer_id, m.producer_epoch) is None:
-                spare_ids = spare_ids[1:]  # that id is taken
-            records.append(ts.prepare_transition(m, S.PREPARE_COMMIT, last_update_ms=now, **changes))
+        metas = list(outcome.members)
+        records = [ts.prepare_transition(m, S.PREPARE_COMMIT, last_update_ms=now, **changes)
+                   for m, changes in zip(metas, outcome.changes, strict=True)]
         try:
             await loaded.log.write_decision_then(decision, records)
         except BaseException:

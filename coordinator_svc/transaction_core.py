@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 from coordinator_svc import transaction_state as ts
 from coordinator_svc.transaction_state import Handle, TransactionMetadata, TransactionState
+from services import names
 from services.errors import ErrorCode, TxlogError
 
 S = TransactionState
@@ -316,6 +317,73 @@ def decide_complete(meta: TransactionMetadata | None, handle: Handle, committed:
     if refused is not None:
         return refused
     return decide(meta, committed, spare_ids, reply=Answer.PRODUCER)
+
+
+# --- CommitTransactionGroup ---------------------------------------------------------------
+
+
+GROUP_HANDLES_MAX = 10_000
+
+
+def check_group_request(group_id: str, handles: list[Handle]) -> Refuse | None:
+    """A group commit names 1..GROUP_HANDLES_MAX ids of its own group, each once."""
+    if not handles:
+        return Refuse(error("INVALID_REQUEST", "the request names no transaction handle"))
+    if len(handles) > GROUP_HANDLES_MAX:
+        return Refuse(error("INVALID_REQUEST", f"at most {GROUP_HANDLES_MAX} handles per group commit, got {len(handles)}"))
+    seen = set()
+    for handle in handles:
+        member_group = names.transaction_group(handle.transactional_id)
+        if member_group != group_id:
+            return Refuse(error(
+                "INVALID_REQUEST",
+                f"transactional id {handle.transactional_id!r} belongs to group {names.quoted(member_group)}, not "
+                f"{names.quoted(group_id)}: a group commit takes only its own ids (<group>/<member>)",
+            ))
+        if handle.transactional_id in seen:
+            return Refuse(error("INVALID_REQUEST", f"transactional id {handle.transactional_id!r} is named twice"))
+        seen.add(handle.transactional_id)
+    return None
+
+
+@dataclass(frozen=True)
+class GroupCommit:
+    """The members to move to PREPARE_COMMIT together, each with its record changes."""
+
+    members: tuple[TransactionMetadata, ...]
+    changes: tuple[dict, ...]
+
+
+def decide_group_commit(metas: list[TransactionMetadata | None], handles: list[Handle],
+                        spare_ids: list[int]) -> Refuse | Reply | GroupCommit | NeedProducerIds:
+    """All members PREPARED as their handles say are committed as one; a repeat
+    of a group already committed is answered; anything else changes nothing."""
+    done = []
+    for meta, handle in zip(metas, handles, strict=True):
+        repeat = repeated_outcome(meta, handle, True)
+        if isinstance(repeat, Refuse):
+            return repeat
+        done.append(repeat)
+    if all(done):
+        return Reply()
+    if any(done):
+        example = next(h.transactional_id for h, d in zip(handles, done, strict=True) if d)
+        return Refuse(error("INVALID_TXN_STATE", f"{sum(done)} of the {len(handles)} transactions were committed already (e.g. "
+                                                 f"{example!r}) and the others not: a group commits once, whole"))
+    for meta, handle in zip(metas, handles, strict=True):
+        refused = check_handle(meta, handle)
+        if refused is not None:
+            return refused
+    exhausted = sum(1 for m in metas if ts.bumped_epoch(m.producer_id, m.producer_epoch) is None)
+    if exhausted > len(spare_ids):
+        return NeedProducerIds(exhausted - len(spare_ids))
+    changes, spare = [], list(spare_ids)
+    for meta in metas:
+        bump = epoch_bump(meta, spare)
+        if "previous_producer_id" in bump:  # an exhausted epoch took a spare id
+            spare.pop(0)
+        changes.append(bump)
+    return GroupCommit(tuple(metas), tuple(changes))
 
 
 # --- timers ------------------------------------------------------------------------------

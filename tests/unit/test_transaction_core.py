@@ -159,3 +159,36 @@ def test_a_transaction_past_its_timeout_is_aborted_and_a_prepared_one_by_its_own
     assert core.decide_timeout(prepared, NOW, []) is None  # the transaction timeout does not apply once prepared
     assert core.decide_timeout(replace(prepared, prepared_timeout_ms=99), NOW, []).to_state is S.PREPARE_ABORT
     assert core.decide_timeout(replace(ongoing, pending_state=S.PREPARE_ABORT), NOW, []) is None
+
+
+# --- CommitTransactionGroup --------------------------------------------------------------------
+
+
+def member(name, state=S.PREPARED, epoch=3, **fields) -> TransactionMetadata:
+    return TransactionMetadata(f"g/{name}", 7, epoch, 60_000, state=state, **fields)
+
+
+def test_a_group_commits_every_prepared_member_together_or_refuses_whole():
+    a, b = member("a"), member("b", epoch=PRODUCER_EPOCH_MAX - 1)
+    handles = [Handle("g/a", 7, 3), Handle("g/b", 7, PRODUCER_EPOCH_MAX - 1)]
+    assert core.decide_group_commit([a, b], handles, []) == NeedProducerIds(1)  # b's epoch is exhausted
+    outcome = core.decide_group_commit([a, b], handles, [2000])
+    assert [c["producer_epoch"] for c in outcome.changes] == [4, 0] and outcome.changes[1]["producer_id"] == 2000
+    ongoing = replace(b, state=S.ONGOING)
+    assert refused(core.decide_group_commit([a, ongoing], handles, [2000])) == "INVALID_TXN_STATE"  # not prepared: nothing
+
+
+def test_a_repeated_group_commit_is_answered_and_a_half_committed_one_refused():
+    handles = [Handle("g/a", 7, 3), Handle("g/b", 7, 3)]
+    done = member("a", S.COMPLETE_COMMIT, epoch=4, last_producer_epoch=3)
+    assert core.decide_group_commit([done, replace(done, transactional_id="g/b")], handles, []) == Reply()
+    assert refused(core.decide_group_commit([done, member("b")], handles, [])) == "INVALID_TXN_STATE"
+    aborted = replace(done, state=S.COMPLETE_ABORT)
+    assert refused(core.decide_group_commit([aborted, member("b")], handles, [])) == "PRODUCER_FENCED"
+
+
+def test_a_group_commit_takes_only_its_own_ids_each_once():
+    assert refused(core.check_group_request("g", [])) == "INVALID_REQUEST"
+    assert refused(core.check_group_request("g", [Handle("h/a", 7, 3)])) == "INVALID_REQUEST"
+    assert refused(core.check_group_request("g", [Handle("g/a", 7, 3), Handle("g/a", 7, 3)])) == "INVALID_REQUEST"
+    assert core.check_group_request("g", [Handle("g/a", 7, 3), Handle("g/b", 8, 1)]) is None
