@@ -398,14 +398,16 @@ class TransactionCoordinator:
                                               or core.Reply())
                     except TxlogError as exc:
                         log.warning("timeout abort failed", extra=fields(transactional_id=meta.transactional_id, error=str(exc)))
-                elif meta.state.is_complete and meta.last_update_ms + self.config.transactional_id_expiration_ms < now:
+                elif core.expired(meta, now, self.config.transactional_id_expiration_ms):
+                    record = ts.prepare_transition(meta, S.DEAD, last_update_ms=now)
                     try:
-                        ts.prepare_transition(meta, S.DEAD)
-                        await loaded.log.append(meta.transactional_id.encode(), None)
-                        loaded.transactions.pop(meta.transactional_id, None)
-                        log.info("transactional id expired", extra=fields(transactional_id=meta.transactional_id))
+                        await loaded.log.append(meta.transactional_id.encode(), None)  # a tombstone: the id leaves the log
                     except TxlogError:
                         ts.abandon_transition(meta)
+                        continue
+                    ts.complete_transition(meta, record)
+                    loaded.transactions.pop(meta.transactional_id, None)
+                    log.info("transactional id expired", extra=fields(transactional_id=meta.transactional_id))
 
     # --- admin -------------------------------------------------------------------------------
 

@@ -397,6 +397,11 @@ def timed_out(meta: TransactionMetadata, now_ms: int) -> bool:
         meta.state is S.PREPARED and meta.prepared_ms + meta.prepared_timeout_ms < now_ms)
 
 
+def expired(meta: TransactionMetadata, now_ms: int, expiration_ms: int) -> bool:
+    """An id idle in a settled state past its expiration: its record is removed (DEAD)."""
+    return meta.pending_state is None and meta.state.is_complete and meta.last_update_ms + expiration_ms < now_ms
+
+
 def decide_timeout(meta: TransactionMetadata | None, now_ms: int, spare_ids: list[int]) -> Transit | NeedProducerIds | None:
     """The abort of a timed-out transaction; None when there is nothing to do."""
     return decide(meta, False, spare_ids) if meta is not None and timed_out(meta, now_ms) else None

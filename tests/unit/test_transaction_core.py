@@ -192,3 +192,10 @@ def test_a_group_commit_takes_only_its_own_ids_each_once():
     assert refused(core.check_group_request("g", [Handle("h/a", 7, 3)])) == "INVALID_REQUEST"
     assert refused(core.check_group_request("g", [Handle("g/a", 7, 3), Handle("g/a", 7, 3)])) == "INVALID_REQUEST"
     assert core.check_group_request("g", [Handle("g/a", 7, 3), Handle("g/b", 8, 1)]) is None
+
+
+def test_an_id_idle_past_its_expiration_expires_only_when_settled():
+    idle = meta(S.COMPLETE_COMMIT, last_update_ms=NOW - 1001)
+    assert core.expired(idle, NOW, 1000) and not core.expired(replace(idle, last_update_ms=NOW - 1000), NOW, 1000)
+    assert not core.expired(replace(idle, state=S.ONGOING), NOW, 1000)
+    assert not core.expired(replace(idle, pending_state=S.ONGOING), NOW, 1000)
