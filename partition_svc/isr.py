@@ -1,0 +1,71 @@
+"""The in-sync replicas of a partition and its high watermark, as its leader
+computes them: pure, no I/O, time passed in (issue 14, replication; Kafka's
+ISR with ``replica.lag.time.max.ms`` and ``min.insync.replicas``).
+
+- A follower is caught up when its log end offset has reached the leader's;
+  the leader remembers the last time each follower was caught up.
+- A follower in the ISR that has not been caught up for ``lag_max_ms`` is
+  dropped from it, and one whose log end went backwards (a wiped disk) at
+  once; one outside that reaches the leader's high watermark, and
+  has been caught up, is added back. The leader is always in its ISR.
+- The high watermark is the smallest log end offset in the ISR: every record
+  below it is on every in-sync replica. It never moves backwards.
+- ``acks=all`` needs at least ``min_insync`` replicas in the ISR: fewer, and a
+  produce is refused before anything is appended (NOT_ENOUGH_REPLICAS).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class FollowerProgress:
+    log_end_offset: int = 0
+    last_caught_up_ms: int = -1
+
+
+@dataclass
+class ReplicaSet:
+    leader: int
+    isr: frozenset[int]
+    followers: dict[int, FollowerProgress] = field(default_factory=dict)  # every replica but the leader
+    high_watermark: int = 0
+
+    def on_fetch(self, follower: int, log_end_offset: int, leader_log_end: int, now_ms: int) -> None:
+        """A follower fetched from ``log_end_offset``: it holds everything below it."""
+        progress = self.followers.setdefault(follower, FollowerProgress())
+        if log_end_offset < progress.log_end_offset:
+            # it holds less than it did (its disk was wiped, or it truncated): out of sync at once, whatever
+            # the lag time, so it is never counted, nor elected, for records it no longer has
+            progress.last_caught_up_ms = -1
+        progress.log_end_offset = log_end_offset
+        if log_end_offset >= leader_log_end:
+            progress.last_caught_up_ms = now_ms
+
+    def isr_change(self, leader_log_end: int, now_ms: int, lag_max_ms: int) -> frozenset[int] | None:
+        """The ISR as it should be now, or None when it stays. The new ISR must be
+        written (a conditional ZooKeeper write) before it takes effect."""
+        wanted = {self.leader}
+        for node, progress in self.followers.items():
+            lagging = progress.last_caught_up_ms < 0 or now_ms - progress.last_caught_up_ms > lag_max_ms
+            if node in self.isr and not lagging:
+                wanted.add(node)
+            elif node not in self.isr and not lagging and progress.log_end_offset >= self.high_watermark:
+                wanted.add(node)
+        wanted_isr = frozenset(wanted)
+        return None if wanted_isr == self.isr else wanted_isr
+
+    def advance_high_watermark(self, leader_log_end: int) -> bool:
+        """Moves the high watermark to the smallest log end offset in the ISR
+        (never back); True when it moved."""
+        ends = [leader_log_end] + [self.followers[n].log_end_offset if n in self.followers else 0
+                                   for n in self.isr if n != self.leader]
+        candidate = min(ends)
+        if candidate > self.high_watermark:
+            self.high_watermark = candidate
+            return True
+        return False
+
+    def enough_replicas(self, min_insync: int) -> bool:
+        return len(self.isr) >= min_insync

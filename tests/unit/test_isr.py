@@ -1,0 +1,62 @@
+"""The ISR and high watermark a leader keeps (partition_svc/isr.py)."""
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from partition_svc.isr import ReplicaSet
+
+LAG_MS = 10_000
+
+
+def test_the_high_watermark_waits_for_every_in_sync_replica():
+    replicas = ReplicaSet(leader=1, isr=frozenset({1, 2, 3}))
+    replicas.on_fetch(2, 10, leader_log_end=10, now_ms=0)
+    assert not replicas.advance_high_watermark(10)  # replica 3 has nothing yet
+    replicas.on_fetch(3, 7, leader_log_end=10, now_ms=0)
+    assert replicas.advance_high_watermark(10) and replicas.high_watermark == 7
+
+
+def test_a_lagging_follower_leaves_the_isr_and_comes_back_once_caught_up():
+    replicas = ReplicaSet(leader=1, isr=frozenset({1, 2, 3}))
+    replicas.on_fetch(2, 10, 10, now_ms=0)
+    replicas.on_fetch(3, 10, 10, now_ms=0)
+    replicas.advance_high_watermark(10)
+    replicas.on_fetch(2, 20, 20, now_ms=LAG_MS + 1)
+    replicas.on_fetch(3, 12, 20, now_ms=LAG_MS + 1)  # fetching, but not caught up since 0
+    assert replicas.isr_change(20, LAG_MS + 1, LAG_MS) == frozenset({1, 2})
+    replicas.isr = frozenset({1, 2})
+    assert not replicas.enough_replicas(3) and replicas.enough_replicas(2)
+    replicas.advance_high_watermark(20)
+    assert replicas.high_watermark == 20  # no longer held back by 3
+    replicas.on_fetch(3, 20, 20, now_ms=LAG_MS + 5)
+    assert replicas.isr_change(20, LAG_MS + 5, LAG_MS) == frozenset({1, 2, 3})
+    replicas.isr = frozenset({1, 2, 3})
+    assert replicas.isr_change(20, LAG_MS + 5, LAG_MS) is None
+
+
+@given(st.lists(st.tuples(st.sampled_from([2, 3]), st.integers(0, 50), st.integers(0, 5)), max_size=30))
+def test_the_high_watermark_never_moves_back_nor_past_an_isr_member(fetches):
+    replicas = ReplicaSet(leader=1, isr=frozenset({1, 2, 3}))
+    leader_end, now, seen = 0, 0, 0
+    for follower, end, grow in fetches:
+        leader_end += grow
+        now += 1000
+        replicas.on_fetch(follower, min(end, leader_end), leader_end, now)
+        change = replicas.isr_change(leader_end, now, LAG_MS)
+        if change is not None:
+            replicas.isr = change
+        replicas.advance_high_watermark(leader_end)
+        assert replicas.high_watermark >= seen
+        seen = replicas.high_watermark
+        for node in replicas.isr - {1}:
+            assert replicas.high_watermark <= replicas.followers[node].log_end_offset
+        assert 1 in replicas.isr
+
+
+def test_a_follower_whose_log_went_backwards_leaves_the_isr_at_once():
+    replicas = ReplicaSet(leader=1, isr=frozenset({1, 2}))
+    replicas.on_fetch(2, 30, 30, now_ms=0)
+    replicas.advance_high_watermark(30)
+    replicas.on_fetch(2, 0, 30, now_ms=1)  # restarted with an empty disk, well within the lag time
+    assert replicas.isr_change(30, 1, LAG_MS) == frozenset({1})
+    assert replicas.high_watermark == 30  # never back
