@@ -82,8 +82,7 @@ class TransactionCoordinator:
         self.markers = markers or MarkerSender(client)
         self.producer_ids = producer_ids
         self.clock_ms = clock_ms
-        self.state = TransactionStateManager(config, zookeeper, registry, client, producer_ids, clock_ms, monotonic)
-        self.state.on_loaded = self._resume
+        self.state = TransactionStateManager(config, zookeeper, registry, client, producer_ids, self._resume, clock_ms, monotonic)
 
     # --- ownership of __transaction_state partitions ------------------------------------
 
@@ -109,10 +108,6 @@ class TransactionCoordinator:
             elif meta.state is S.PREPARED:  # the previous owner may have stopped before sealing it
                 self.state.spawn(loaded, self._seal_quietly(loaded, meta))
 
-    @staticmethod
-    def check_transactional_id(transactional_id: str) -> None:
-        names.check_transactional_id(transactional_id)
-
     async def _carry_out(self, loaded: LoadedPartition, transactional_id: str, decide: Callable[[TransactionMetadata | None, list[int]], core.Outcome]):
         """Decides (transaction_core) and carries the outcome out: producer ids
         the decision needs are fetched first, then it is decided again with them,
@@ -134,11 +129,17 @@ class TransactionCoordinator:
             if outcome.then is core.Then.SEAL:
                 await self._seal(loaded, meta)
             return self._answer(outcome.value, meta)
-        if meta is None or meta.state is S.DEAD:  # a new id: not in the log until its first record is
+        new = meta is None or meta.state is S.DEAD
+        if new:  # not in the log until its first record is: forgotten again if that write fails
             meta = loaded.transactions[transactional_id] = TransactionMetadata(transactional_id, ts.NO_PRODUCER_ID, ts.NO_EPOCH, 0)
         if outcome.fence:
             ts.check_transition(meta, S.PREPARE_EPOCH_FENCE)
-        await self._transition(loaded, meta, outcome.to_state, **outcome.changes)
+        try:
+            await self._transition(loaded, meta, outcome.to_state, **outcome.changes)
+        except BaseException:
+            if new and loaded.transactions.get(transactional_id) is meta:
+                loaded.transactions.pop(transactional_id)
+            raise
         if outcome.then is core.Then.COMPLETE:
             loaded.completing[meta.transactional_id] = asyncio.Event()
             self.state.spawn(loaded, self._complete(loaded, meta))
@@ -153,14 +154,12 @@ class TransactionCoordinator:
         return (meta.producer_id, meta.producer_epoch) if value is core.Answer.PRODUCER else value
 
     async def _transition(self, loaded: LoadedPartition, meta: TransactionMetadata, to_state: TransactionState, **changes) -> None:
-        """Write, then apply. A new id whose first record fails to be written is forgotten."""
+        """Write, then apply."""
         record = ts.prepare_transition(meta, to_state, last_update_ms=self.clock_ms(), **changes)
         try:
             await loaded.log.write(record)
         except BaseException:
             ts.abandon_transition(meta)
-            if meta.state is S.EMPTY and meta.producer_id == ts.NO_PRODUCER_ID and loaded.transactions.get(meta.transactional_id) is meta:
-                loaded.transactions.pop(meta.transactional_id)
             raise
         ts.complete_transition(meta, record)
 
@@ -169,7 +168,7 @@ class TransactionCoordinator:
     async def handle_init_producer_id(self, transactional_id: str, timeout_ms: int, producer_id: int, producer_epoch: int) -> tuple[int, int]:
         if not transactional_id:
             return await self.producer_ids.next_id(), 0
-        self.check_transactional_id(transactional_id)
+        names.check_transactional_id(transactional_id)
         if not 1 <= timeout_ms <= self.config.transaction_timeout_ms_max:
             raise error("INVALID_TRANSACTION_TIMEOUT", f"transaction_timeout_ms must be 1..{self.config.transaction_timeout_ms_max}, got {timeout_ms}")
         loaded = self.state.loaded_partition(transactional_id)
@@ -180,7 +179,7 @@ class TransactionCoordinator:
 
     async def handle_add_partitions(self, transactional_id, producer_id, producer_epoch, partitions, verify_only) -> dict:
         """{(topic, partition): None (ok) or a TxlogError}."""
-        self.check_transactional_id(transactional_id)
+        names.check_transactional_id(transactional_id)
         loaded = self.state.loaded_partition(transactional_id)
         if verify_only:
             verified = core.verify_partitions(loaded.transactions.get(transactional_id), producer_id, producer_epoch, partitions)
@@ -223,7 +222,7 @@ class TransactionCoordinator:
     # --- EndTxn ------------------------------------------------------------------------------
 
     async def handle_end_txn(self, transactional_id, producer_id, producer_epoch, committed) -> tuple[int, int]:
-        self.check_transactional_id(transactional_id)
+        names.check_transactional_id(transactional_id)
         loaded = self.state.loaded_partition(transactional_id)
         return await self._carry_out(loaded, transactional_id, lambda meta, spare_ids: core.decide_end_txn(
             meta, transactional_id, producer_id, producer_epoch, committed, spare_ids))
@@ -253,7 +252,7 @@ class TransactionCoordinator:
     # --- two-phase: PrepareTransaction, CompleteTransaction, CommitTransactionGroup ------------
 
     async def handle_prepare(self, transactional_id: str, producer_id: int, producer_epoch: int, prepared_timeout_ms: int) -> Handle:
-        self.check_transactional_id(transactional_id)
+        names.check_transactional_id(transactional_id)
         limit = self.config.prepared_transaction_timeout_ms
         timeout_ms = prepared_timeout_ms or limit
         if not 1 <= timeout_ms <= limit:
@@ -280,7 +279,7 @@ class TransactionCoordinator:
             loaded.log.broken = f"sealing {meta.transactional_id!r} failed: {exc}"
 
     async def handle_complete(self, handle: Handle, committed: bool) -> tuple[int, int]:
-        self.check_transactional_id(handle.transactional_id)
+        names.check_transactional_id(handle.transactional_id)
         loaded = self.state.loaded_partition(handle.transactional_id)
         return await self._carry_out(loaded, handle.transactional_id, lambda meta, spare_ids: core.decide_complete(
             meta, handle, committed, spare_ids))
@@ -288,7 +287,7 @@ class TransactionCoordinator:
     async def handle_commit_group(self, group_id: str, handles: list[Handle]) -> None:
         names.check_transaction_group(group_id)
         for handle in handles:
-            self.check_transactional_id(handle.transactional_id)
+            names.check_transactional_id(handle.transactional_id)
         refused = core.check_group_request(group_id, handles)
         if refused is not None:
             raise refused.error

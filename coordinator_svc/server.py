@@ -72,7 +72,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
     @server.rpc_handler
     async def FindCoordinator(self, request, context):
         if request.key_type == coordinator_pb2.COORDINATOR_KEY_TYPE_TRANSACTION:
-            TransactionCoordinator.check_transactional_id(request.key)
+            names.check_transactional_id(request.key)
             await self.coordinator.state.ensure_log_topic()
             node_id, address, partition, epoch = await self.coordinator.state.owner_address(request.key)
             return coordinator_pb2.FindCoordinatorResponse(coordinator_id=node_id, address=address, partition=partition, coordinator_epoch=epoch)

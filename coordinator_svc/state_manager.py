@@ -63,6 +63,7 @@ class CoordinatorConfig:
 
 class TransactionStateManager:
     def __init__(self, config: CoordinatorConfig, zookeeper, registry, client: PeerClient, producer_ids: ProducerIdSource,
+                 on_loaded: Callable[[LoadedPartition, list[GroupDecision]], Awaitable[None]],
                  clock_ms: Callable[[], int], monotonic: Callable[[], float] = time.monotonic):
         self.config = config
         self.zookeeper = zookeeper
@@ -78,8 +79,8 @@ class TransactionStateManager:
         # answering from state another owner may have changed since. Shorter than
         # the ZooKeeper session timeout, after which another owner can take over.
         self.lease_s = config.ownership_lease_ms / 1000
-        # What the coordinator does once a partition's records are in memory (resume its decisions).
-        self.on_loaded: Callable[[LoadedPartition, list[GroupDecision]], Awaitable[None]] = _nothing_to_resume
+        # What the coordinator does once a partition's records are in memory: resume its decisions, mark it loaded.
+        self.on_loaded = on_loaded
 
     async def ensure_log_topic(self) -> int:
         if self.partition_count is None:
@@ -252,7 +253,3 @@ class TransactionStateManager:
         if address is None:
             raise error("COORDINATOR_NOT_AVAILABLE", f"coordinator {current[0].node_id} is not live; retry")
         return current[0].node_id, address, index, current[0].coordinator_epoch
-
-
-async def _nothing_to_resume(loaded: LoadedPartition, decisions: list[GroupDecision]) -> None:
-    loaded.loaded = True

@@ -154,9 +154,7 @@ def decide_init(meta: TransactionMetadata | None, transactional_id: str, timeout
     if meta is None or meta.state is S.DEAD:  # a new id: its first record, EMPTY at epoch 0
         if not spare_ids:
             return NeedProducerIds(1)
-        return Transit(S.EMPTY, {"producer_id": spare_ids[0], "producer_epoch": 0, "previous_producer_id": ts.NO_PRODUCER_ID,
-                                 "last_producer_epoch": ts.NO_EPOCH, "txn_timeout_ms": timeout_ms, "partitions": frozenset(),
-                                 "txn_start_ms": -1}, reply=Answer.PRODUCER)
+        return registered(spare_ids[0], 0, ts.NO_PRODUCER_ID, ts.NO_EPOCH, timeout_ms)
     if meta.pending_state is not None:
         return concurrent(meta)
     kip360 = producer_id >= 0
@@ -184,9 +182,16 @@ def decide_init(meta: TransactionMetadata | None, transactional_id: str, timeout
         (new_id, new_epoch), previous = bumped, meta.previous_producer_id
     # The last epoch recognises a retry of this init: only the requester's own epoch (a new
     # incarnation names none, and the epoch it replaces must not be taken for a retry).
-    return Transit(S.EMPTY, {"producer_id": new_id, "producer_epoch": new_epoch, "previous_producer_id": previous,
-                             "last_producer_epoch": producer_epoch if kip360 else ts.NO_EPOCH, "txn_timeout_ms": timeout_ms,
-                             "partitions": frozenset(), "txn_start_ms": -1}, reply=Answer.PRODUCER)
+    return registered(new_id, new_epoch, previous, producer_epoch if kip360 else ts.NO_EPOCH, timeout_ms)
+
+
+def registered(producer_id: int, producer_epoch: int, previous_producer_id: int, last_producer_epoch: int,
+               timeout_ms: int) -> Transit:
+    """EMPTY with a producer (re)registered, answered its id and epoch."""
+    return Transit(S.EMPTY, {"producer_id": producer_id, "producer_epoch": producer_epoch,
+                             "previous_producer_id": previous_producer_id, "last_producer_epoch": last_producer_epoch,
+                             "txn_timeout_ms": timeout_ms, "partitions": frozenset(), "txn_start_ms": -1},
+                   reply=Answer.PRODUCER)
 
 
 def fence(meta: TransactionMetadata, spare_ids: list[int], reply: object) -> Transit | NeedProducerIds:

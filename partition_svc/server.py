@@ -29,8 +29,8 @@ from services.errors import ErrorCode, TxlogError, error_proto
 from services.hashing import partition_for_id
 from services.logs import fields
 from services.names import check_transactional_id, is_group_id, is_topic_name
-from services.producer_ids import IdempotentProducerInitServicer, ProducerIdSource, named_producer
-from services.protocol import CONSUMER_OFFSETS_TOPIC, PRODUCER_EPOCH_MAX, TRANSACTION_STATE_TOPIC
+from services.producer_ids import IdempotentProducerInitServicer, ProducerIdSource, check_producer, named_producer
+from services.protocol import CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC
 from services.rpc import PeerClient
 from services.stubs.txlog.v1 import (
     common_pb2,
@@ -74,11 +74,6 @@ def error_of(exc: TxlogError) -> errors_pb2.Error:
 
 def request_error(message: str) -> TxlogError:
     return TxlogError(ErrorCode.Value("INVALID_REQUEST"), message)
-
-
-def check_producer(producer_id: int, producer_epoch: int) -> None:
-    if producer_id < 0 or not 0 <= producer_epoch <= PRODUCER_EPOCH_MAX:
-        raise request_error(f"producer_id must be >= 0 and producer_epoch 0..{PRODUCER_EPOCH_MAX}, got {producer_id}/{producer_epoch}")
 
 
 class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
@@ -572,7 +567,7 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
             raise request_error("the request holds no marker")
         self.check_partition_count(sum(len(m.partitions) for m in request.markers))
         for marker in request.markers:
-            check_producer(marker.producer_id, marker.producer_epoch)
+            check_producer(marker.producer_id, marker.producer_epoch, "WriteTxnMarkers")
             if marker.coordinator_epoch < 0:
                 raise request_error(f"coordinator_epoch must not be negative, got {marker.coordinator_epoch}")
         reply = partition_pb2.WriteTxnMarkersResponse()

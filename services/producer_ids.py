@@ -72,6 +72,14 @@ def previous_producer(request: coordinator_pb2.InitProducerIdRequest) -> tuple[i
     return request.producer_id, request.producer_epoch
 
 
+def check_producer(producer_id: int, producer_epoch: int, what: str) -> None:
+    """A producer id and epoch as every request that acts as a producer must name them."""
+    if producer_id < 0 or not 0 <= producer_epoch <= PRODUCER_EPOCH_MAX:
+        raise TxlogError(ErrorCode.Value("INVALID_REQUEST"),
+                         f"{what}: producer_id must be >= 0 and producer_epoch 0..{PRODUCER_EPOCH_MAX}, "
+                         f"got {producer_id}/{producer_epoch}")
+
+
 def named_producer(request, rpc: str) -> tuple[int, int]:
     """The (producer id, epoch) a transactional request acts as. Both are
     required (proto3 optional only so that absence shows): left out they would
@@ -82,10 +90,7 @@ def named_producer(request, rpc: str) -> tuple[int, int]:
         raise TxlogError(ErrorCode.Value("INVALID_REQUEST"),
                          f"{rpc} leaves out {' and '.join(missing)}: set both to what InitProducerId (or the last "
                          f"EndTxn) answered")
-    if request.producer_id < 0 or not 0 <= request.producer_epoch <= PRODUCER_EPOCH_MAX:
-        raise TxlogError(ErrorCode.Value("INVALID_REQUEST"),
-                         f"{rpc}: producer_id must be >= 0 and producer_epoch 0..{PRODUCER_EPOCH_MAX}, "
-                         f"got {request.producer_id}/{request.producer_epoch}")
+    check_producer(request.producer_id, request.producer_epoch, rpc)
     return request.producer_id, request.producer_epoch
 
 

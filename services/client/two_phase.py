@@ -111,9 +111,11 @@ class GroupWrite:
         time round."""
         aborted: list[str] = []
 
-        def settled() -> bool:
-            aborted.extend(self.abort(keep))
-            return not self._of_run(OPEN_TRANSACTION_STATES, keep)
+        def settled() -> bool:  # one listing a round: abort the undecided, and go on while anything is open
+            still_open = self._of_run(OPEN_TRANSACTION_STATES, keep)
+            aborted.extend(abort_undecided(self.admin, self.bootstrap,
+                                           [t for t in still_open if TransactionState(t.state) in UNDECIDED]))
+            return not still_open
 
         wait_until(settled, timeout_s, f"transactions of run {self.run} of {self.prefix!r} were still open or completing; "
                                        "the write is not committed")

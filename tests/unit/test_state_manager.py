@@ -38,7 +38,8 @@ def clock():
 
 @pytest.fixture
 def manager(clock):
-    state = TransactionStateManager(CONFIG, None, None, None, None, clock_ms=lambda: 1_000, monotonic=clock)
+    state = TransactionStateManager(CONFIG, None, None, None, None, on_loaded=None, clock_ms=lambda: 1_000,
+                                    monotonic=clock)  # nothing is loaded here
     state.partition_count = 4
     return state
 
