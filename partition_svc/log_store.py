@@ -4,7 +4,9 @@ Key layout (``pkey`` = topic UTF-8, NUL, partition as 4-byte big-endian):
 
     L pkey offset(8B BE)       a record batch, keyed by its base offset: a fixed
                                header (BATCH_HEADER) then the RecordBatch protobuf
-    M pkey                     partition metadata, JSON: log_start_offset, next_offset, size_bytes
+    M pkey                     partition metadata, JSON: log_start_offset, next_offset, size_bytes,
+                               high_watermark (what this replica last knew was replicated)
+    E pkey epoch(4B BE)        the leader-epoch cache: the first offset written in that epoch
     P pkey producer_id(8B BE)  the producer's state (producer_state.ProducerStateEntry)
     A pkey producer_id(8B) first_offset(8B)
                                an aborted transaction: JSON {"first", "last"} (the
@@ -31,7 +33,7 @@ import json
 import logging
 import os
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
@@ -46,8 +48,13 @@ FLAG_COMMIT = 4
 BLOB_BYTES_MIN = 4096
 
 
-def metadata_value(log_start_offset: int, next_offset: int, size_bytes: int) -> bytes:
-    return json.dumps({"log_start_offset": log_start_offset, "next_offset": next_offset, "size_bytes": size_bytes}).encode()
+def metadata_value(log_start_offset: int, next_offset: int, size_bytes: int, high_watermark: int) -> bytes:
+    return json.dumps({"log_start_offset": log_start_offset, "next_offset": next_offset, "size_bytes": size_bytes,
+                       "high_watermark": high_watermark}).encode()
+
+
+def offset_value(offset: int) -> bytes:
+    return offset.to_bytes(8, "big")
 
 
 def aborted_span_value(first_offset: int, last_offset: int) -> bytes:
@@ -77,6 +84,10 @@ def log_key(pkey: bytes, offset: int) -> bytes:
 
 def meta_key(pkey: bytes) -> bytes:
     return b"M" + pkey
+
+
+def epoch_key(pkey: bytes, epoch: int) -> bytes:
+    return b"E" + pkey + epoch.to_bytes(4, "big")
 
 
 def producer_key(pkey: bytes, producer_id: int) -> bytes:
@@ -184,6 +195,20 @@ class LogStore:
     def producers(self, pkey: bytes) -> Iterator[bytes]:
         for _, value in self.items(b"P" + pkey):
             yield value
+
+    def leader_epochs(self, pkey: bytes) -> list[tuple[int, int]]:
+        """The leader-epoch cache: (epoch, start offset) in epoch order."""
+        prefix = b"E" + pkey
+        return [(int.from_bytes(key[len(prefix):], "big"), int.from_bytes(value, "big")) for key, value in self.items(prefix)]
+
+    def derived_keys(self, pkey: bytes, owns_group: Callable[[str], bool] | None = None) -> list[bytes]:
+        """Every key derived from the partition's log: producer states, the
+        aborted index, pending offsets and, for a __consumer_offsets partition
+        (``owns_group`` says which groups it holds), the groups' committed offsets."""
+        keys = [key for kind in (b"P", b"A", b"X") for key, _ in self.items(kind + pkey)]
+        if owns_group is not None:
+            keys += [key for key, _ in self.items(b"G") if owns_group(key[1:key.index(b"\x00")].decode())]
+        return keys
 
     def batch(self, pkey: bytes, base_offset: int) -> bytes | None:
         return self.get(log_key(pkey, base_offset))

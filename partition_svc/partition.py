@@ -1,9 +1,18 @@
-"""One partition this instance leads: its offsets, producer states and log.
+"""One partition replica on this instance, leader or follower: its offsets,
+producer states and log.
 
 Invariants:
-- Offsets are assigned in order at append time; ``high_watermark`` only moves
-  over appends that are durable, in order, so a reader never sees a record that
-  a crash could take back, nor a gap.
+- Offsets are assigned in order at append time (by the leader; a follower
+  stores the leader's batches at the leader's offsets). ``durable_end`` moves
+  over appends that are durable here, in order. The ``high_watermark`` is the
+  smallest durable end among the in-sync replicas (isr.ReplicaSet), so a
+  reader never sees a record that a crash, or a failover, could take back,
+  nor a gap; it never moves backwards while this replica leads.
+- Everything a replica knows besides the log (producer states, the aborted
+  index, pending and committed group offsets, seals) is a function of the log:
+  every batch kind has one effect function (``_effect_*``), which the leader
+  applies when it appends, a follower when it stores the leader's batch, and a
+  rebuild after truncation when it replays the log.
 - The last stable offset (LSO) is the first offset of the oldest open
   transaction, else the high watermark; no read_committed read goes past it,
   and retention never deletes past it.
@@ -22,8 +31,9 @@ memory and hands it to the writer in one synchronous call, with no await
 inside, so the writer receives changes in the order the memory took them (an
 earlier change can never overwrite a later one's producer state or metadata on
 disk), and answers with a value: a :class:`Reject` (nothing changed) or a
-future that completes once the change is durable (the high watermark has
-moved over it by then).
+future that completes once the change is replicated (below the high
+watermark), with True, or False when this replica stopped leading first (its
+fate is then the new leader's to decide).
 """
 
 from __future__ import annotations
@@ -37,9 +47,13 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from partition_svc import log_store, producer_state, validation
+from partition_svc.isr import FollowerProgress, ReplicaSet
+from partition_svc.leader_epochs import LeaderEpochCache
 from partition_svc.log_store import LogStore, StoredBatchHeader
 from partition_svc.producer_state import Append, Duplicate, ProducerStateEntry, Reject
 from services.errors import ErrorCode, TxlogError
+from services.hashing import partition_for_id
+from services.protocol import CONSUMER_OFFSETS_TOPIC
 from services.stubs.txlog.v1 import common_pb2
 
 Changes = list[tuple[bytes, bytes | None]]
@@ -55,36 +69,50 @@ class Writer(Protocol):
 @dataclass(frozen=True)
 class Produced:
     """A batch taken: at ``base_offset``..``last_offset`` (appended now, or the
-    original offsets of a duplicate), ``durable`` once it is (a duplicate: once
-    its original is)."""
+    original offsets of a duplicate); ``durable`` completes once it is durable
+    here (acks=1), ``replicated`` once it is below the high watermark (acks=all:
+    True, or False when this replica stopped leading first)."""
 
     base_offset: int
     last_offset: int
     durable: asyncio.Future
+    replicated: asyncio.Future
     duplicate: bool = False
 
 
 class Partition:
-    def __init__(self, topic: str, index: int, configs: dict[str, str], store: LogStore, writer: Writer):
+    def __init__(self, topic: str, index: int, configs: dict[str, str], store: LogStore, writer: Writer, *, node_id: int = 0,
+                 partition_count: int = 1, sole_replica: bool = True):
         self.topic = topic
         self.index = index
+        self.partition_count = partition_count
         self.configs = configs
         self.store = store
         self.writer = writer
+        self.node_id = node_id
         self.pkey = log_store.partition_key(topic, index)
         self.log_start_offset = 0
         self.next_offset = 0
+        self.durable_end = 0
         self.high_watermark = 0
         self.size_bytes = 0
         self.producers: dict[int, ProducerStateEntry] = {}
-        self._in_flight: deque[tuple[int, asyncio.Future]] = deque()  # (end offset, durable) in offset order
-        self._data_arrived = asyncio.Event()
+        self.epochs = LeaderEpochCache()
+        # A sole replica leads at epoch 0 from the start; a replicated one follows until the controller says.
+        self.leader_epoch = 0 if sole_replica else -1
+        self.replica_set: ReplicaSet | None = ReplicaSet(node_id, frozenset({node_id})) if sole_replica else None
+        self.leader_high_watermark = 0  # a follower's: the leader's, as its last fetch answered
+        self._in_flight: deque[tuple[int, asyncio.Future]] = deque()  # (end offset, written) in offset order
+        # (end offset, future, callback) of the leader's appends, completed once the high watermark passes them.
+        self._replicating: deque[tuple[int, asyncio.Future, Callable[[], None] | None]] = deque()
+        self._data_arrived = asyncio.Event()  # the high watermark moved
+        self._log_end_moved = asyncio.Event()  # durable_end moved
         self.aborted: dict[int, list[tuple[int, int]]] = {}  # producer id -> [(first, last offset)]
         self.pending_offsets: dict[int, dict[bytes, bytes]] = {}  # producer id -> {G key: value}
-        # Offsets a marker decided, until the marker is durable: the G keys they become are not written yet,
+        # Offsets a marker decided, until the marker is replicated: the G keys they become are not there yet,
         # so OffsetFetch(require_stable) must still call them unstable rather than answer the old offset.
         self.settling_offsets: dict[int, dict[bytes, bytes]] = {}  # id(the dict) -> the dict
-        # First offsets of transactions whose marker is applied in memory but not durable yet: they hold the LSO.
+        # First offsets of transactions whose marker is applied in memory but not replicated yet: they hold the LSO.
         self.closing_transactions: dict[object, int] = {}
         self._recover()
 
@@ -99,7 +127,18 @@ class Partition:
         last = self.store.batch_at_or_before(self.pkey, 2**63 - 1)
         if last is not None:  # the log itself is the authority on where it ends
             self.next_offset = max(self.next_offset, log_store.decode_header(*last).last_offset + 1)
-        self.high_watermark = self.next_offset
+        self.durable_end = self.next_offset
+        # What this replica last knew was replicated; a sole replica moves it to its log end when it leads.
+        self.high_watermark = min(meta.get("high_watermark", self.next_offset), self.next_offset) if meta else self.next_offset
+        self.leader_high_watermark = self.high_watermark
+        self.epochs = LeaderEpochCache(self.store.leader_epochs(self.pkey))
+        self._load_derived_state()
+        if self.replica_set is not None:
+            self.replica_set.high_watermark = self.high_watermark
+            self._advance_high_watermark()
+
+    def _load_derived_state(self) -> None:
+        self.producers = {}
         for value in self.store.producers(self.pkey):
             entry = ProducerStateEntry.from_json(value)
             self.producers[entry.producer_id] = entry
@@ -107,7 +146,8 @@ class Partition:
         self.pending_offsets = self.store.pending_offsets(self.pkey)
 
     def metadata_change(self) -> tuple[bytes, bytes]:
-        return log_store.meta_key(self.pkey), log_store.metadata_value(self.log_start_offset, self.next_offset, self.size_bytes)
+        return log_store.meta_key(self.pkey), log_store.metadata_value(
+            self.log_start_offset, self.next_offset, self.size_bytes, self.high_watermark)
 
     # --- offsets ------------------------------------------------------------------
 
@@ -120,6 +160,70 @@ class Partition:
     def record_bytes_max(self) -> int:
         return int(self.configs["max.record.bytes"])
 
+    @property
+    def min_insync_replicas(self) -> int:
+        return int(self.configs.get("min.insync.replicas", "1"))
+
+    # --- roles --------------------------------------------------------------------
+
+    @property
+    def is_leader(self) -> bool:
+        return self.replica_set is not None
+
+    @property
+    def epoch_start_offset(self) -> int:
+        """Where this replica's current leader epoch started in its log."""
+        return self.epochs.entries[-1][1] if self.epochs.entries and self.epochs.latest_epoch == self.leader_epoch else 0
+
+    def become_leader(self, leader_epoch: int, isr: frozenset[int], now_ms: int) -> None:
+        """Leads from now at ``leader_epoch``, with ``isr`` as the controller or
+        the last ISR change wrote it. Records where the epoch starts (the log
+        end), so followers can find where their logs diverge. Every follower
+        in the ISR counts as caught up now: each gets the lag time to fetch
+        before it can be dropped (as in Kafka)."""
+        if self.is_leader and leader_epoch == self.leader_epoch:
+            self.replica_set.isr = isr
+            self._advance_high_watermark()
+            return
+        self.leader_epoch = leader_epoch
+        if self.epochs.assign(leader_epoch, self.next_offset):
+            self.writer.submit([(log_store.epoch_key(self.pkey, leader_epoch), log_store.offset_value(self.next_offset))])
+        self.replica_set = ReplicaSet(self.node_id, isr, high_watermark=self.high_watermark,
+                                      followers={n: FollowerProgress(0, now_ms) for n in isr if n != self.node_id})
+        self._advance_high_watermark()
+
+    def become_follower(self, leader_epoch: int) -> None:
+        """Stops leading (if it did): whoever waits for replication is told
+        False, and what only a leader holds in memory is dropped."""
+        self.leader_epoch = leader_epoch
+        if self.replica_set is None:
+            return
+        self.replica_set = None
+        self.leader_high_watermark = self.high_watermark
+        waiting, self._replicating = self._replicating, deque()
+        for _, future, _ in waiting:
+            if not future.done():
+                future.set_result(False)
+        self.closing_transactions.clear()
+        self.settling_offsets.clear()
+        self._wake("_data_arrived")
+
+    def isr_changed(self, isr: frozenset[int]) -> None:
+        """The ISR as written to ZooKeeper (by this leader or the controller)."""
+        if self.replica_set is not None:
+            self.replica_set.isr = isr
+            self._advance_high_watermark()
+
+    def check_enough_replicas(self) -> Reject | None:
+        """acks=all is refused before anything is appended while the ISR is
+        smaller than min.insync.replicas."""
+        isr = len(self.replica_set.isr) if self.replica_set is not None else 0
+        if isr < self.min_insync_replicas:
+            return Reject(ErrorCode.Value("NOT_ENOUGH_REPLICAS"),
+                          f"{self.topic}-{self.index} has {isr} in-sync replicas, fewer than its min.insync.replicas "
+                          f"{self.min_insync_replicas}: nothing was appended")
+        return None
+
     # --- the doors --------------------------------------------------------------------
 
     def produce(self, batch: common_pb2.RecordBatch, now_ms: int, limits: validation.BatchLimits) -> Produced | Reject:
@@ -131,32 +235,43 @@ class Partition:
             return outcome
         if isinstance(outcome, Duplicate):
             return Produced(outcome.base_offset, outcome.last_offset, asyncio.ensure_future(self.wait_durable(outcome.last_offset)),
-                            duplicate=True)
+                            asyncio.ensure_future(self.wait_replicated(outcome.last_offset)), duplicate=True)
         try:
-            base, changes, durable = self._append(batch, now_ms, limits)
+            base, changes = self._append(batch, now_ms, limits)
         except TxlogError as exc:
             return Reject(exc.code, exc.message)
-        return Produced(base, base + len(batch.records) - 1, self._submit(changes, durable))
+        written, replicated = self._submit(changes)
+        return Produced(base, base + len(batch.records) - 1, written, replicated)
 
     def write_marker(
         self, producer_id: int, producer_epoch: int, coordinator_epoch: int, committed: bool, now_ms: int
     ) -> Reject | asyncio.Future | None:
-        """A COMMIT/ABORT marker (check_marker, then _apply_marker); None when
-        there was nothing to change."""
+        """A COMMIT/ABORT marker (check_marker, then the marker batch); None
+        when there was nothing to change. A marker whose transaction is closed
+        here already is written again only to record a higher coordinator
+        epoch (so the previous owner's late re-send is fenced on every replica)."""
         refused = self.check_marker(producer_id, producer_epoch, coordinator_epoch)
         if refused is not None:
             return refused
-        written = self._apply_marker(producer_id, producer_epoch, coordinator_epoch, committed, now_ms)
-        return None if written is None else self._submit(*written)
+        entry = self.producers.get(producer_id)
+        if (entry is not None and entry.producer_epoch == producer_epoch and not self._has_open_transaction(producer_id, entry)
+                and coordinator_epoch <= entry.coordinator_epoch):
+            return None
+        control = common_pb2.CONTROL_TYPE_COMMIT if committed else common_pb2.CONTROL_TYPE_ABORT
+        return self._append_control(producer_id, producer_epoch, coordinator_epoch, control, now_ms)
 
     def seal_prepared(self, producer_id: int, producer_epoch: int, coordinator_epoch: int, now_ms: int) -> Reject | asyncio.Future | None:
-        """The seal of a prepared transaction (check_seal, then _apply_seal); None
-        when it is sealed already."""
+        """The seal of a prepared transaction (check_seal, then a PREPARED
+        control batch): from now on no batch or offset of that epoch is taken
+        here (a zombie of the preparing process cannot add to what the
+        handle's holder commits). None when it is sealed already."""
         refused = self.check_seal(producer_id, producer_epoch, coordinator_epoch)
         if refused is not None:
             return refused
-        written = self._apply_seal(producer_id, producer_epoch, coordinator_epoch, now_ms)
-        return None if written is None else self._submit(*written)
+        entry = self.producers.get(producer_id)
+        if entry is not None and entry.producer_epoch == producer_epoch and entry.txn_prepared and coordinator_epoch <= entry.coordinator_epoch:
+            return None
+        return self._append_control(producer_id, producer_epoch, coordinator_epoch, common_pb2.CONTROL_TYPE_PREPARED, now_ms)
 
     def commit_offsets(self, offsets: list[tuple[bytes, bytes]], now_ms: int, limits: validation.BatchLimits) -> asyncio.Future:
         """Consumer offsets committed outside a transaction (this is a
@@ -164,29 +279,55 @@ class Partition:
         OffsetFetch reads, in one write."""
         batch = common_pb2.RecordBatch(producer_id=-1, producer_epoch=-1, base_sequence=-1,
                                        records=[common_pb2.Record(key=k, value=v) for k, v in offsets])
-        _, changes, durable = self._append(batch, now_ms, limits)
-        return self._submit(changes + offsets, durable)
+        _, changes = self._append(batch, now_ms, limits)
+        return self._submit(changes)[1]
 
     def commit_txn_offsets(
         self, producer_id: int, producer_epoch: int, offsets: list[tuple[bytes, bytes]], now_ms: int
     ) -> Reject | asyncio.Future | None:
-        """Consumer offsets committed in the producer's transaction; None when
-        every one was older than an offset pending already."""
-        written = self._apply_txn_offsets(producer_id, producer_epoch, offsets, now_ms)
-        if isinstance(written, Reject) or written is None:
-            return written
-        return self._submit(*written)
+        """Consumer offsets committed in the producer's transaction (this is a
+        __consumer_offsets partition); they take effect with its COMMIT marker.
+        None when every one was older than an offset pending already."""
+        entry = self.producers.get(producer_id)
+        refused = self._check_txn_offsets(producer_id, producer_epoch, entry)
+        if refused is not None:
+            return refused
+        # Within one transaction a partition's pending offset only moves forward: TxnOffsetCommit has no
+        # sequence, so an earlier request delivered late must not take back a later one's offset.
+        pending = self.pending_offsets.get(producer_id, {}) if entry is not None and producer_epoch == entry.producer_epoch else {}
+        offsets = [(key, value) for key, value in offsets if key not in pending or log_store.offset_of(value) >= log_store.offset_of(pending[key])]
+        if not offsets:
+            return None
+        batch = common_pb2.RecordBatch(
+            producer_id=producer_id,
+            producer_epoch=producer_epoch,
+            base_sequence=-1,
+            is_transactional=True,
+            records=[common_pb2.Record(key=key, value=value) for key, value in offsets],
+        )
+        base, value = self._append_internal(batch, log_store.FLAG_TRANSACTIONAL, now_ms)
+        changes = [(log_store.log_key(self.pkey, base), value), *self._effect_txn_offsets(producer_id, producer_epoch, offsets, base, now_ms)]
+        changes.append(self.metadata_change())
+        return self._submit(changes)[1]
 
     def enforce_retention(self, now_ms: int) -> asyncio.Future | None:
         """Deletes what retention.ms/bytes and compaction let go; None when nothing."""
         changes = self._retention_changes(now_ms) + self._compaction_changes()
         return self.writer.submit(changes) if changes else None
 
-    def _submit(self, changes: Changes, on_durable: Callable[[], None]) -> asyncio.Future:
+    def _submit(self, changes: Changes, on_replicated: Callable[[], None] | None = None) -> tuple[asyncio.Future, asyncio.Future]:
+        """Hands an append's changes to the writer: (written: durable here,
+        replicated: below the high watermark, True; False if leadership went
+        first). ``on_replicated`` runs when the high watermark passes."""
+        end = self.next_offset
         written = self.writer.submit(changes)
-        # Added before anyone awaits the future: the high watermark has moved by the time they resume.
-        written.add_done_callback(lambda _: on_durable())
-        return written
+        self._in_flight.append((end, written))
+        # Added before anyone awaits the future: durable_end has moved by the time they resume.
+        written.add_done_callback(lambda _: self._on_written())
+        replicated = asyncio.get_running_loop().create_future()
+        self._replicating.append((end, replicated, on_replicated))
+        self._advance_high_watermark()
+        return written, replicated
 
     # --- appending ----------------------------------------------------------------
 
@@ -202,13 +343,11 @@ class Partition:
             batch.is_transactional,
         )
 
-    def _append(
-        self, batch: common_pb2.RecordBatch, now_ms: int, limits: validation.BatchLimits
-    ) -> tuple[int, list[tuple[bytes, bytes]], Callable[[], None]]:
+    def _append(self, batch: common_pb2.RecordBatch, now_ms: int, limits: validation.BatchLimits) -> tuple[int, Changes]:
         """Checks the batch's records while giving them offsets, then updates the
-        in-memory state. Returns the base offset, the changes to persist, and the
-        callback to run once they are durable. Only for a batch whose check()
-        was Append; raises TxlogError, with nothing changed, for a bad record."""
+        in-memory state. Returns the base offset and the changes to persist.
+        Only for a batch whose check() was Append; raises TxlogError, with
+        nothing changed, for a bad record."""
         base = self.next_offset
         count = len(batch.records)
         batch.base_offset = base
@@ -232,25 +371,12 @@ class Partition:
         self.size_bytes += len(value)
         changes = [(log_store.log_key(self.pkey, base), value)]
         if batch.producer_id >= 0:
-            entry = producer_state.after_append(
-                self.producers.get(batch.producer_id),
-                batch.producer_id,
-                batch.producer_epoch,
-                batch.base_sequence,
-                count,
-                base,
-                max_timestamp_ms,
-                batch.is_transactional,
-            )
-            self.producers[batch.producer_id] = entry
-            changes.append((log_store.producer_key(self.pkey, batch.producer_id), entry.to_json()))
+            changes += self._effect_data(batch.producer_id, batch.producer_epoch, batch.base_sequence, count, base,
+                                         max_timestamp_ms, batch.is_transactional)
+        elif self.topic == CONSUMER_OFFSETS_TOPIC:
+            changes += [(r.key, r.value) for r in batch.records]
         changes.append(self.metadata_change())
-        return base, changes, self._durable_callback()
-
-    def _durable_callback(self) -> Callable[[], None]:
-        durable = asyncio.get_running_loop().create_future()
-        self._in_flight.append((self.next_offset, durable))
-        return lambda: self._mark_durable(durable)
+        return base, changes
 
     def _append_internal(self, batch: common_pb2.RecordBatch, flags: int, now_ms: int) -> tuple[int, bytes]:
         """Gives a batch the leader writes itself (markers, offsets) its offsets."""
@@ -265,6 +391,198 @@ class Partition:
         self.size_bytes += len(value)
         return base, value
 
+    def _append_control(self, producer_id: int, producer_epoch: int, coordinator_epoch: int, control: int,
+                        now_ms: int) -> asyncio.Future:
+        """Appends a control batch (COMMIT, ABORT, PREPARED) and applies its
+        effect. A transaction closed by a marker holds the LSO until the marker
+        is replicated: a failover before that can take the marker back, and a
+        read_committed reader must never see the LSO move backwards."""
+        marker = common_pb2.RecordBatch(
+            producer_id=producer_id,
+            producer_epoch=producer_epoch,
+            base_sequence=-1,
+            is_transactional=True,
+            control_type=control,
+            coordinator_epoch=coordinator_epoch,
+            records=[common_pb2.Record(timestamp_ms=now_ms)],
+        )
+        flags = log_store.FLAG_TRANSACTIONAL | log_store.FLAG_CONTROL | (log_store.FLAG_COMMIT if control == common_pb2.CONTROL_TYPE_COMMIT else 0)
+        entry = self.producers.get(producer_id)
+        open_first = entry.current_txn_first_offset if entry is not None else producer_state.NO_OFFSET
+        settling = self.pending_offsets.get(producer_id) if control != common_pb2.CONTROL_TYPE_PREPARED else None
+        offset, value = self._append_internal(marker, flags, now_ms)
+        changes = [(log_store.log_key(self.pkey, offset), value), *self._effect_control(marker, offset, now_ms)]
+        changes.append(self.metadata_change())
+        closing_key = object()
+        if control != common_pb2.CONTROL_TYPE_PREPARED and open_first >= 0:
+            self.closing_transactions[closing_key] = open_first
+        if settling:
+            self.settling_offsets[id(settling)] = settling
+
+        def settled() -> None:
+            self.closing_transactions.pop(closing_key, None)
+            if settling:
+                self.settling_offsets.pop(id(settling), None)
+
+        return self._submit(changes, settled)[1]
+
+    # --- what each stored batch does (the leader's appends, a follower's, a rebuild's replay) ----
+
+    def _effect_data(self, producer_id: int, producer_epoch: int, base_sequence: int, count: int, base: int,
+                     max_timestamp_ms: int, is_transactional: bool) -> Changes:
+        entry = producer_state.after_append(self.producers.get(producer_id), producer_id, producer_epoch, base_sequence,
+                                            count, base, max_timestamp_ms, is_transactional)
+        self.producers[producer_id] = entry
+        return [(log_store.producer_key(self.pkey, producer_id), entry.to_json())]
+
+    def _effect_control(self, marker: common_pb2.RecordBatch, offset: int, timestamp_ms: int) -> Changes:
+        if marker.control_type == common_pb2.CONTROL_TYPE_PREPARED:
+            return self._effect_seal(marker.producer_id, marker.producer_epoch, marker.coordinator_epoch, timestamp_ms)
+        return self._effect_marker(marker.producer_id, marker.producer_epoch, marker.coordinator_epoch,
+                                   marker.control_type == common_pb2.CONTROL_TYPE_COMMIT, offset, timestamp_ms)
+
+    def _effect_marker(self, producer_id: int, producer_epoch: int, coordinator_epoch: int, committed: bool, offset: int,
+                       timestamp_ms: int) -> Changes:
+        """A COMMIT/ABORT marker at ``offset`` closes the producer's open
+        transaction (an ABORT enters the aborted index; a COMMIT makes its
+        pending offsets the group's), resets its sequences at the marker's
+        epoch and records the coordinator epoch. With nothing open it only
+        records a higher coordinator epoch (a repeated marker)."""
+        entry = self.producers.get(producer_id)
+        if entry is not None and entry.producer_epoch == producer_epoch and not self._has_open_transaction(producer_id, entry):
+            entry = replace(entry, coordinator_epoch=max(coordinator_epoch, entry.coordinator_epoch))
+            self.producers[producer_id] = entry
+            return [(log_store.producer_key(self.pkey, producer_id), entry.to_json())]
+        open_first = entry.current_txn_first_offset if entry is not None else producer_state.NO_OFFSET
+        changes: Changes = []
+        if not committed and open_first >= 0:
+            self.aborted.setdefault(producer_id, []).append((open_first, offset))
+            changes.append((log_store.aborted_key(self.pkey, producer_id, open_first), log_store.aborted_span_value(open_first, offset)))
+        for group_key, offset_value in self.pending_offsets.pop(producer_id, {}).items():
+            changes.append((log_store.pending_offset_key(self.pkey, producer_id, group_key), None))
+            if committed:
+                changes.append((group_key, offset_value))
+        entry = replace(
+            entry or ProducerStateEntry(producer_id, producer_epoch),
+            producer_epoch=producer_epoch,
+            batches=(),
+            last_timestamp_ms=timestamp_ms,
+            coordinator_epoch=coordinator_epoch,
+            current_txn_first_offset=producer_state.NO_OFFSET,
+            txn_prepared=False,
+        )
+        self.producers[producer_id] = entry
+        changes.append((log_store.producer_key(self.pkey, producer_id), entry.to_json()))
+        return changes
+
+    def _effect_seal(self, producer_id: int, producer_epoch: int, coordinator_epoch: int, timestamp_ms: int) -> Changes:
+        entry = self.producers.get(producer_id)
+        if entry is None or entry.producer_epoch != producer_epoch:  # nothing of this transaction written here yet
+            entry = replace(entry or ProducerStateEntry(producer_id, producer_epoch), producer_epoch=producer_epoch, batches=())
+        entry = replace(entry, txn_prepared=True, coordinator_epoch=max(coordinator_epoch, entry.coordinator_epoch),
+                        last_timestamp_ms=timestamp_ms)
+        self.producers[producer_id] = entry
+        return [(log_store.producer_key(self.pkey, producer_id), entry.to_json())]
+
+    def _effect_txn_offsets(self, producer_id: int, producer_epoch: int, offsets: list[tuple[bytes, bytes]], base: int,
+                            timestamp_ms: int) -> Changes:
+        previous = self.producers.get(producer_id) or ProducerStateEntry(producer_id, producer_epoch)
+        if previous.producer_epoch != producer_epoch:
+            previous = replace(previous, producer_epoch=producer_epoch, batches=(), txn_prepared=False)
+        first = previous.current_txn_first_offset if previous.current_txn_first_offset >= 0 else base
+        entry = replace(previous, last_timestamp_ms=timestamp_ms, current_txn_first_offset=first)
+        self.producers[producer_id] = entry
+        self.pending_offsets.setdefault(producer_id, {}).update(offsets)
+        changes: Changes = [(log_store.pending_offset_key(self.pkey, producer_id, key), v) for key, v in offsets]
+        changes.append((log_store.producer_key(self.pkey, producer_id), entry.to_json()))
+        return changes
+
+    def _effect_stored(self, base_offset: int, value: bytes) -> Changes:
+        """The effect of one stored batch, whichever kind, as its leader applied it."""
+        header = log_store.decode_header(base_offset, value)
+        if header.producer_id < 0 and self.topic != CONSUMER_OFFSETS_TOPIC:
+            return []
+        batch = common_pb2.RecordBatch.FromString(log_store.payload_of(value))
+        if header.is_control:
+            return self._effect_control(batch, base_offset, header.max_timestamp_ms)
+        if self.topic == CONSUMER_OFFSETS_TOPIC:
+            offsets = [(r.key, r.value) for r in batch.records]
+            if header.is_transactional:
+                return self._effect_txn_offsets(header.producer_id, header.producer_epoch, offsets, base_offset, header.max_timestamp_ms)
+            return offsets
+        return self._effect_data(header.producer_id, header.producer_epoch, batch.base_sequence, header.record_count,
+                                 base_offset, header.max_timestamp_ms, header.is_transactional)
+
+    # --- a follower's log ------------------------------------------------------------
+
+    def append_replicated(self, batches: list[tuple[int, int, bytes]], leader_high_watermark: int) -> asyncio.Future | None:
+        """Stores the leader's batches ((base offset, leader epoch, stored
+        value), in offset order from this replica's log end) at the leader's
+        offsets, with their effects; the future completes once they are
+        durable. None when there was nothing to store."""
+        self.leader_high_watermark = max(self.leader_high_watermark, leader_high_watermark)
+        changes: Changes = []
+        for base_offset, epoch, value in batches:
+            if base_offset != self.next_offset:
+                raise ValueError(f"{self.topic}-{self.index}: the leader sent offset {base_offset}, the log ends at {self.next_offset}")
+            if self.epochs.assign(epoch, base_offset):
+                changes.append((log_store.epoch_key(self.pkey, epoch), log_store.offset_value(base_offset)))
+            changes.append((log_store.log_key(self.pkey, base_offset), value))
+            changes += self._effect_stored(base_offset, value)
+            self.next_offset = log_store.decode_header(base_offset, value).last_offset + 1
+            self.size_bytes += len(value)
+        if not changes:
+            self._advance_high_watermark()
+            return None
+        changes.append(self.metadata_change())
+        return self._submit(changes)[0]
+
+    def truncate_to(self, offset: int) -> asyncio.Future | None:
+        """Removes the log from ``offset`` on (where it diverges from the
+        leader's) and rebuilds every state derived from the log by replaying
+        what is left; None when the log ends there already."""
+        if offset >= self.next_offset:
+            # An epoch this replica started at its log end and never wrote in (a leader that took no write)
+            # is not in the leader's log either: forgotten, or every fetch would be told the logs diverge.
+            gone = [e for e, start in self.epochs.entries if start >= offset]
+            self.epochs.truncate_from_end(offset)
+            return self.writer.submit([(log_store.epoch_key(self.pkey, e), None) for e in gone]) if gone else None
+        changes: Changes = [(key, None) for key, _ in self.store.items(b"L" + self.pkey, log_store.log_key(self.pkey, offset))]
+        owns_group = (lambda group: partition_for_id(group, self.partition_count) == self.index) if self.topic == CONSUMER_OFFSETS_TOPIC else None
+        changes += [(key, None) for key in self.store.derived_keys(self.pkey, owns_group)]
+        self.epochs.truncate_from_end(offset)
+        changes += [(key, None) for key, _ in self.store.items(b"E" + self.pkey)]
+        changes += [(log_store.epoch_key(self.pkey, e), log_store.offset_value(start)) for e, start in self.epochs.entries]
+        self.producers, self.aborted, self.pending_offsets = {}, {}, {}
+        self.next_offset = max(offset, self.log_start_offset)
+        self.durable_end = min(self.durable_end, self.next_offset)
+        self.high_watermark = min(self.high_watermark, self.next_offset)
+        self.size_bytes = 0
+        for base_offset, value in self.store.batches(self.pkey, self.log_start_offset):
+            if base_offset >= offset:
+                break
+            self.size_bytes += len(value)
+            changes += self._effect_stored(base_offset, value)
+        changes.append(self.metadata_change())
+        return self.writer.submit(changes)
+
+    def restart_log_at(self, offset: int) -> asyncio.Future:
+        """Drops the whole log and starts it empty at ``offset`` (the leader's
+        log start, when retention there deleted what this replica lacks)."""
+        changes: Changes = [(key, None) for key, _ in self.store.items(b"L" + self.pkey)]
+        self.truncate_to(self.log_start_offset)
+        self.log_start_offset = self.next_offset = self.durable_end = offset
+        self.high_watermark = min(self.high_watermark, offset)
+        self.epochs = LeaderEpochCache()
+        changes += [(key, None) for key, _ in self.store.items(b"E" + self.pkey)]
+        changes.append(self.metadata_change())
+        return self.writer.submit(changes)
+
+    def epoch_of(self, offset: int) -> int:
+        """The leader epoch the batch at ``offset`` was written in."""
+        index = bisect.bisect_right([start for _, start in self.epochs.entries], offset) - 1
+        return self.epochs.entries[index][0] if index >= 0 else 0
+
     # --- transactions -----------------------------------------------------------------
 
     def check_marker(self, producer_id: int, producer_epoch: int, coordinator_epoch: int) -> Reject | None:
@@ -273,7 +591,7 @@ class Partition:
         LOWER epoch: a marker whose epoch equals that of the transaction open here
         is a late copy of the previous transaction's marker and is refused (it
         must never end this one). With nothing open, a re-sent marker is a no-op
-        (_apply_marker)."""
+        (write_marker)."""
         entry = self.producers.get(producer_id)
         refused = self._check_sender("marker", producer_id, producer_epoch, coordinator_epoch)
         if refused is not None or entry is None:
@@ -290,75 +608,6 @@ class Partition:
 
     def _has_open_transaction(self, producer_id: int, entry: ProducerStateEntry) -> bool:
         return entry.has_open_transaction or bool(self.pending_offsets.get(producer_id))
-
-    def _apply_marker(
-        self, producer_id: int, producer_epoch: int, coordinator_epoch: int, committed: bool, now_ms: int
-    ) -> tuple[list[tuple[bytes, bytes | None]], Callable[[], None]] | None:
-        """Writes a COMMIT/ABORT control batch closing the producer's transaction.
-        With nothing open and the producer at the marker's epoch already, the same
-        marker was applied before (a coordinator retrying after a crash): nothing
-        is written but a higher coordinator epoch, so the previous owner's late
-        re-send is fenced; None when there is nothing at all to change. Only after
-        check_marker passed."""
-        entry = self.producers.get(producer_id)
-        open_first = entry.current_txn_first_offset if entry is not None else producer_state.NO_OFFSET
-        pending = self.pending_offsets.get(producer_id)
-        if entry is not None and open_first < 0 and not pending and entry.producer_epoch == producer_epoch:
-            if coordinator_epoch <= entry.coordinator_epoch:
-                return None
-            entry = replace(entry, coordinator_epoch=coordinator_epoch)
-            self.producers[producer_id] = entry
-            return [(log_store.producer_key(self.pkey, producer_id), entry.to_json())], self._durable_callback()
-        control = common_pb2.CONTROL_TYPE_COMMIT if committed else common_pb2.CONTROL_TYPE_ABORT
-        marker = common_pb2.RecordBatch(
-            producer_id=producer_id,
-            producer_epoch=producer_epoch,
-            base_sequence=-1,
-            is_transactional=True,
-            control_type=control,
-            coordinator_epoch=coordinator_epoch,
-            records=[common_pb2.Record(timestamp_ms=now_ms)],
-        )
-        flags = log_store.FLAG_TRANSACTIONAL | log_store.FLAG_CONTROL | (log_store.FLAG_COMMIT if committed else 0)
-        offset, value = self._append_internal(marker, flags, now_ms)
-        changes: list[tuple[bytes, bytes | None]] = [(log_store.log_key(self.pkey, offset), value)]
-        if not committed and open_first >= 0:
-            self.aborted.setdefault(producer_id, []).append((open_first, offset))
-            changes.append((log_store.aborted_key(self.pkey, producer_id, open_first), log_store.aborted_span_value(open_first, offset)))
-        for group_key, offset_value in (pending or {}).items():
-            changes.append((log_store.pending_offset_key(self.pkey, producer_id, group_key), None))
-            if committed:
-                changes.append((group_key, offset_value))
-        settling = self.pending_offsets.pop(producer_id, None)
-        if settling:
-            self.settling_offsets[id(settling)] = settling
-        previous = entry or ProducerStateEntry(producer_id, producer_epoch)
-        entry = replace(
-            previous,
-            producer_epoch=producer_epoch,
-            batches=(),
-            last_timestamp_ms=now_ms,
-            coordinator_epoch=coordinator_epoch,
-            current_txn_first_offset=producer_state.NO_OFFSET,
-            txn_prepared=False,
-        )
-        self.producers[producer_id] = entry
-        changes.append((log_store.producer_key(self.pkey, producer_id), entry.to_json()))
-        changes.append(self.metadata_change())
-        # The transaction holds the LSO until its marker is durable: a crash before that takes the marker
-        # back, and a read_committed reader must never see the LSO move backwards.
-        closing_key = object()
-        if open_first >= 0:
-            self.closing_transactions[closing_key] = open_first
-        durable = self._durable_callback()
-
-        def settled() -> None:
-            durable()
-            self.closing_transactions.pop(closing_key, None)
-            if settling:
-                self.settling_offsets.pop(id(settling), None)
-
-        return changes, settled
 
     def check_seal(self, producer_id: int, producer_epoch: int, coordinator_epoch: int) -> Reject | None:
         """Whether the seal of a prepared transaction (its own epoch, not bumped)
@@ -390,28 +639,7 @@ class Partition:
             )
         return None
 
-    def _apply_seal(
-        self, producer_id: int, producer_epoch: int, coordinator_epoch: int, now_ms: int
-    ) -> tuple[list[tuple[bytes, bytes | None]], Callable[[], None]] | None:
-        """Records that the producer's transaction at ``producer_epoch`` is
-        prepared: from now on no batch or offset of that epoch is taken here
-        (a zombie of the preparing process cannot add to what the handle's holder
-        commits). None when it is sealed already. Only after check_seal passed."""
-        entry = self.producers.get(producer_id)
-        if entry is not None and entry.producer_epoch == producer_epoch and entry.txn_prepared and coordinator_epoch <= entry.coordinator_epoch:
-            return None
-        if entry is None or entry.producer_epoch != producer_epoch:  # nothing of this transaction written here yet
-            entry = replace(entry or ProducerStateEntry(producer_id, producer_epoch), producer_epoch=producer_epoch, batches=())
-        entry = replace(entry, txn_prepared=True, coordinator_epoch=max(coordinator_epoch, entry.coordinator_epoch), last_timestamp_ms=now_ms)
-        self.producers[producer_id] = entry
-        return [(log_store.producer_key(self.pkey, producer_id), entry.to_json())], self._durable_callback()
-
-    def _apply_txn_offsets(
-        self, producer_id: int, producer_epoch: int, offsets: list[tuple[bytes, bytes]], now_ms: int
-    ) -> tuple[list[tuple[bytes, bytes | None]], Callable[[], None]] | Reject | None:
-        """Appends consumer offsets committed in the producer's transaction (this
-        is a __consumer_offsets partition); they take effect with its COMMIT marker."""
-        entry = self.producers.get(producer_id)
+    def _check_txn_offsets(self, producer_id: int, producer_epoch: int, entry: ProducerStateEntry | None) -> Reject | None:
         if entry is not None and producer_epoch < entry.producer_epoch:
             return Reject(
                 ErrorCode.Value("PRODUCER_FENCED"),
@@ -428,32 +656,7 @@ class Partition:
                 f"producer {producer_id}: the transaction of epoch {entry.producer_epoch} is still open on this partition; "
                 f"offsets of epoch {producer_epoch} cannot start before it ends",
             )
-        # Within one transaction a partition's pending offset only moves forward: TxnOffsetCommit has no
-        # sequence, so an earlier request delivered late must not take back a later one's offset.
-        pending = self.pending_offsets.get(producer_id, {}) if entry is not None and producer_epoch == entry.producer_epoch else {}
-        offsets = [(key, value) for key, value in offsets if key not in pending or log_store.offset_of(value) >= log_store.offset_of(pending[key])]
-        if not offsets:
-            return None
-        batch = common_pb2.RecordBatch(
-            producer_id=producer_id,
-            producer_epoch=producer_epoch,
-            base_sequence=-1,
-            is_transactional=True,
-            records=[common_pb2.Record(key=key, value=value) for key, value in offsets],
-        )
-        base, value = self._append_internal(batch, log_store.FLAG_TRANSACTIONAL, now_ms)
-        previous = entry or ProducerStateEntry(producer_id, producer_epoch)
-        if previous.producer_epoch != producer_epoch:
-            previous = replace(previous, producer_epoch=producer_epoch, batches=(), txn_prepared=False)
-        first = previous.current_txn_first_offset if previous.current_txn_first_offset >= 0 else base
-        entry = replace(previous, last_timestamp_ms=now_ms, current_txn_first_offset=first)
-        self.producers[producer_id] = entry
-        self.pending_offsets.setdefault(producer_id, {}).update(offsets)
-        changes: list[tuple[bytes, bytes | None]] = [(log_store.log_key(self.pkey, base), value)]
-        changes += [(log_store.pending_offset_key(self.pkey, producer_id, key), v) for key, v in offsets]
-        changes.append((log_store.producer_key(self.pkey, producer_id), entry.to_json()))
-        changes.append(self.metadata_change())
-        return changes, self._durable_callback()
+        return None
 
     def has_pending_offsets(self, group_key_prefix: bytes, keys: list[bytes] | None = None) -> bool:
         """Whether offsets of the group are pending in a transaction (or settling): of the
@@ -473,23 +676,68 @@ class Partition:
         index = bisect.bisect_right(spans, (offset, 2**63)) - 1
         return index >= 0 and spans[index][0] <= offset <= spans[index][1]
 
-    def _mark_durable(self, durable: asyncio.Future) -> None:
-        durable.set_result(None)
-        advanced = False
+    # --- durability and the high watermark ---------------------------------------------
+
+    def _on_written(self) -> None:
+        moved = False
         while self._in_flight and self._in_flight[0][1].done():
-            self.high_watermark = self._in_flight.popleft()[0]
-            advanced = True
-        if advanced:
-            self._data_arrived.set()
-            self._data_arrived = asyncio.Event()
+            self.durable_end = self._in_flight.popleft()[0]
+            moved = True
+        if moved:
+            self._wake("_log_end_moved")
+            self._advance_high_watermark()
+
+    def _advance_high_watermark(self) -> None:
+        """Moves the high watermark as far as the replicas allow (a leader: the
+        ISR's smallest durable end; a follower: its leader's, within its own
+        log) and completes the appends it passed."""
+        if self.replica_set is not None:
+            self.replica_set.advance_high_watermark(self.durable_end)
+            candidate = self.replica_set.high_watermark
+        else:
+            candidate = min(self.leader_high_watermark, self.durable_end)
+        if candidate > self.high_watermark:
+            self.high_watermark = candidate
+            self._wake("_data_arrived")
+        while self._replicating and self._replicating[0][0] <= self.high_watermark:
+            _, future, on_replicated = self._replicating.popleft()
+            if on_replicated is not None:
+                on_replicated()
+            if not future.done():
+                future.set_result(True)
+
+    def follower_fetched(self, follower: int, log_end_offset: int, now_ms: int) -> None:
+        """A follower fetched from ``log_end_offset``: it holds everything below."""
+        if self.replica_set is not None:
+            self.replica_set.on_fetch(follower, log_end_offset, self.durable_end, now_ms)
+            self._advance_high_watermark()
+
+    def _wake(self, name: str) -> None:
+        # A new event each time: whoever took the old one before the move and waits on it after returns at once.
+        getattr(self, name).set()
+        setattr(self, name, asyncio.Event())
 
     async def wait_durable(self, offset: int) -> None:
-        """Returns once ``offset`` is below the high watermark."""
+        """Returns once ``offset`` is durable here."""
+        while self.durable_end <= offset:
+            await self._log_end_moved.wait()
+
+    async def wait_replicated(self, offset: int) -> bool:
+        """True once ``offset`` is below the high watermark; False if this
+        replica stops leading first."""
         while self.high_watermark <= offset:
+            if not self.is_leader:
+                return False
             await self._data_arrived.wait()
+        return True
 
     def data_arrived(self) -> asyncio.Event:
+        """Set once the high watermark moves (a new event is made then)."""
         return self._data_arrived
+
+    def log_end_moved(self) -> asyncio.Event:
+        """Set once durable_end moves (a new event is made then)."""
+        return self._log_end_moved
 
     # --- reading ------------------------------------------------------------------
 

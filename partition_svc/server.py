@@ -17,11 +17,14 @@ import os
 import sys
 import time
 
-from partition_svc import log_store, validation, wire
+from partition_svc import log_store, placement, validation, wire
+from partition_svc.controller import Controller, PartitionStates
 from partition_svc.log_store import GroupCommitWriter, LogStore
 from partition_svc.partition import Partition, now_ms
 from partition_svc.producer_state import Reject
-from partition_svc.topics import INTERNAL_PREFIX, TopicInfo, TopicRegistry, assign_round_robin
+from partition_svc.replica_manager import ReplicaManager
+from partition_svc.replication import ReplicationServicer
+from partition_svc.topics import INTERNAL_PREFIX, TopicInfo, TopicRegistry
 from partition_svc.txn_verification import TransactionVerifier
 from services import coordinators, server
 from services.config import Setting, boolean, positive_int
@@ -31,13 +34,14 @@ from services.logs import fields
 from services.names import check_transactional_id, is_group_id, is_topic_name
 from services.producer_ids import IdempotentProducerInitServicer, ProducerIdSource, check_producer, named_producer
 from services.protocol import CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC
-from services.rpc import PeerClient
+from services.rpc import PeerClient, answer_of
 from services.stubs.txlog.v1 import (
     common_pb2,
     coordinator_pb2,
     errors_pb2,
     partition_pb2,
     partition_pb2_grpc,
+    replication_pb2,
 )
 
 KIND = "partition_svc"
@@ -56,10 +60,25 @@ SETTINGS = (
     Setting("fetch_wait_ms_max", 30_000, "longest long-poll a Fetch may ask for, ms (longer asks are cut)", positive_int),
     Setting("retention_check_interval_ms", 30_000, "how often retention and compaction run, ms", positive_int),
     Setting("live_nodes_cache_ms", 1_000, "how long the list of live instances is reused, ms", positive_int),
+    Setting("rack", "", "this instance's rack (or zone): replicas of a partition go to different racks when every instance has one"),
+    Setting("default_replication_factor", 3, "replication factor of a topic created without one (capped at the live instances)",
+            positive_int),
+    Setting("internal_topic_replication_factor", 3, "replication factor of __transaction_state and __consumer_offsets "
+            "(capped at the live instances when they are created)", positive_int),
+    Setting("internal_topic_min_insync_replicas", 2, "min.insync.replicas of the internal topics (capped at their "
+            "replication factor - 1, so one instance may be down)", positive_int),
+    Setting("replica_lag_time_max_ms", 10_000, "a follower not caught up for this long leaves the ISR, ms", positive_int),
+    Setting("replica_fetch_wait_ms", 500, "how long a follower's fetch waits for new data at the leader, ms", positive_int),
+    Setting("replica_fetch_bytes_max", 16 * 1024 * 1024, "most bytes one follower fetch returns", positive_int),
+    Setting("controller_pass_interval_ms", 5_000, "how often the controller checks every partition besides when "
+            "instances come and go, ms", positive_int),
+    Setting("partition_state_refresh_ms", 5_000, "how often an instance reads every partition state again (missed "
+            "controller messages), ms", positive_int),
 )
 
 NONE = ErrorCode.Value("NONE")
 ACKS_ALL = -1
+LEADER_AND_ISR_TIMEOUT_S = 5.0
 # Internal topics, created by the services that own them (names starting "__" are refused otherwise).
 INTERNAL_TOPICS = (CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC)
 
@@ -84,12 +103,22 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
         self.store = store
         self.writer = GroupCommitWriter(store)
         self.topics = TopicRegistry(runtime.zookeeper, runtime.config.zookeeper_root)
-        self.partitions: dict[tuple[str, int], Partition] = {}
         self.limits = validation.BatchLimits(runtime.config.records_per_batch_max, runtime.config.batch_bytes_max)
         self._live_nodes: dict[str, tuple[float, dict[int, str]]] = {}
         self._owners: dict[int, tuple[float, object]] = {}
-        self.peers = PeerClient(runtime.registry)  # coordinators (verification) and producer_id_svc
+        self.peers = PeerClient(runtime.registry)  # coordinators (verification), producer_id_svc, other replicas
         self.verifier = TransactionVerifier(self.transaction_coordinator, self.peers)
+        cfg = runtime.config
+        self.replicas = ReplicaManager(self.node_id, store, self.writer, self.topics, self.peers, self.live_nodes,
+                                       lag_max_ms=cfg.replica_lag_time_max_ms, fetch_wait_ms=cfg.replica_fetch_wait_ms,
+                                       fetch_bytes_max=cfg.replica_fetch_bytes_max)
+        self.controller = Controller(runtime.zookeeper, cfg.zookeeper_root, self.node_id, KIND, self.topics, self.announce,
+                                     pass_interval_ms=cfg.controller_pass_interval_ms)
+
+    @property
+    def partitions(self) -> dict[tuple[str, int], Partition]:
+        """Every replica this instance holds, leader or follower."""
+        return self.replicas.partitions
 
     # --- where partitions live ------------------------------------------------------
 
@@ -124,7 +153,8 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
         validation.check_group_id(group_id)
         info = info or await self.offsets_topic()
         index = partition_for_id(group_id, info.partition_count)
-        leader = info.assignment[index]
+        state = await self.replicas.state(CONSUMER_OFFSETS_TOPIC, index)
+        leader = state.leader if state is not None else -1
         found = coordinator_pb2.FindCoordinatorResponse(coordinator_id=leader, partition=index)
         address = (await self.live_nodes()).get(leader)
         if address is None:
@@ -156,46 +186,42 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
 
     async def hosted(self, topic: str, index: int) -> Partition:
         """The partition, if this instance leads it; else a TxlogError saying where to go."""
-        partition = self.partitions.get((topic, index))
-        if partition is not None:
-            return partition
-        info = await self.topics.get(topic) if is_topic_name(topic) else None
-        if info is None or not 0 <= index < info.partition_count:
+        if not is_topic_name(topic):
             raise TxlogError(ErrorCode.Value("UNKNOWN_TOPIC_OR_PARTITION"), f"{topic[:300]!r} partition {index} does not exist")
-        leader = info.assignment[index]
-        if leader != self.node_id:
-            raise TxlogError(
-                ErrorCode.Value("NOT_LEADER"),
-                f"{topic} partition {index} is led by node {leader}, not node {self.node_id}; refresh metadata",
-            )
-        partition = self.partitions.get((topic, index))
-        if partition is None:
-            partition = Partition(topic, index, info.configs, self.store, self.writer)
-            self.partitions[(topic, index)] = partition
-        return partition
+        return await self.replicas.leader(topic, index)
 
-    async def recover(self) -> None:
-        """Opens every partition this instance has data for."""
-        for pkey, _ in list(self.store.partitions()):
-            topic, index = pkey[:-5].decode(), int.from_bytes(pkey[-4:], "big")
-            try:
-                await self.hosted(topic, index)
-            except TxlogError as exc:
-                log.warning("partition data not led here any more", extra=fields(topic=topic, partition=index, error=str(exc)))
-        log.info("recovered partitions", extra=fields(count=len(self.partitions)))
-
-    async def create_topic(self, name: str, partition_count: int, configs: dict, internal: bool = False) -> TopicInfo:
-        live = await self.live_nodes()
-        if not live:
+    async def create_topic(self, name: str, partition_count: int, configs: dict[str, str], replication_factor: int | None,
+                           internal: bool = False) -> TopicInfo:
+        """Creates the topic with its replicas placed over the live instances
+        (placement.py, rack-aware), or returns it if it exists. Without a
+        replication factor: the cluster's default, capped at the live instances."""
+        nodes = await asyncio.to_thread(self.runtime.registry.live_details, KIND)
+        if not nodes:
             raise TxlogError(ErrorCode.Value("LEADER_NOT_AVAILABLE"), "no partition_svc instance is live to host partitions")
-        info = TopicInfo(name, partition_count, configs, assign_round_robin(name, partition_count, list(live)), (0,) * partition_count, internal)
-        return await self.topics.create(info)
+        if replication_factor is None:
+            wanted = self.config.internal_topic_replication_factor if internal else self.config.default_replication_factor
+            replication_factor = min(wanted, len(nodes))
+        if not 1 <= replication_factor <= len(nodes):
+            raise TxlogError(ErrorCode.Value("INVALID_REPLICATION_FACTOR"),
+                             f"replication factor must be 1..{len(nodes)} (the live partition_svc instances), got {replication_factor}")
+        if internal and "min.insync.replicas" not in configs:
+            # Capped below the replication factor: with fewer than 3 instances, one may still be down.
+            min_insync = max(1, min(self.config.internal_topic_min_insync_replicas, replication_factor - 1))
+            configs = dict(configs, **{"min.insync.replicas": str(min_insync)})
+        configs = validation.topic_configs(configs, self.config.record_bytes_max, replication_factor)
+        racks = {node: (details.get("rack") or None) for node, details in nodes.items()}
+        start = partition_for_id(name, len(nodes))
+        replicas = placement.assign_replicas(partition_count, replication_factor, racks, start=start, shift=start)
+        info = TopicInfo(name, partition_count, configs, tuple(tuple(r) for r in replicas), internal)
+        created = await self.topics.create(info, self.replicas.controller_epoch)
+        self.controller.wake()
+        return created
 
     async def offsets_topic(self) -> TopicInfo:
         info = await self.topics.get(CONSUMER_OFFSETS_TOPIC)
         if info is None:
-            configs = validation.topic_configs({"cleanup.policy": "compact"}, self.config.record_bytes_max)
-            info = await self.create_topic(CONSUMER_OFFSETS_TOPIC, self.config.offsets_topic_partitions, configs, internal=True)
+            info = await self.create_topic(CONSUMER_OFFSETS_TOPIC, self.config.offsets_topic_partitions, {"cleanup.policy": "compact"},
+                                           None, internal=True)
         return info
 
     async def group_partition(self, group_id: str) -> Partition:
@@ -233,12 +259,16 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
                 continue
             topic.is_internal = info.internal
             topic.configs.update(info.configs)
-            for index, (leader, epoch) in enumerate(zip(info.assignment, info.leader_epochs, strict=True)):
-                entry = topic.partitions.add(partition=index, leader_id=leader, leader_epoch=epoch)
+            for index in range(info.partition_count):
+                state = await self.replicas.state(name, index)
+                leader = state.leader if state is not None else -1
+                entry = topic.partitions.add(partition=index, leader_id=leader, leader_epoch=state.leader_epoch if state else 0,
+                                             replicas=info.replicas[index], isr=state.isr if state else ())
                 if leader in live:
                     entry.leader_address = live[leader]
                 else:
-                    entry.error.CopyFrom(error("LEADER_NOT_AVAILABLE", f"node {leader} leading partition {index} is not live"))
+                    entry.error.CopyFrom(error("LEADER_NOT_AVAILABLE", f"partition {index} has no live leader (leader {leader}, "
+                                                                       f"in-sync replicas {list(entry.isr)})"))
         for transactional_id in request.transactional_ids:
             entry = reply.transaction_coordinators.add(key=transactional_id)
             try:
@@ -254,7 +284,8 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
                     entry.node_id, entry.address = found.coordinator_id, found.address
                 except TxlogError as exc:
                     if is_group_id(group_id):
-                        entry.node_id = info.assignment[partition_for_id(group_id, info.partition_count)]
+                        state = await self.replicas.state(CONSUMER_OFFSETS_TOPIC, partition_for_id(group_id, info.partition_count))
+                        entry.node_id = state.leader if state is not None else -1
                     entry.error.CopyFrom(error_of(exc))
         return reply
 
@@ -272,10 +303,15 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
                     raise TxlogError(ErrorCode.Value("INVALID_TOPIC"), f"names starting with {INTERNAL_PREFIX!r} are internal")
                 validation.check_partition_count(wanted.partition_count, self.config.partitions_per_topic_max)
                 configs = dict(wanted.configs, **({"cleanup.policy": "compact"} if internal else {}))
-                configs = validation.topic_configs(configs, self.config.record_bytes_max)
+                replication_factor = wanted.replication_factor if wanted.HasField("replication_factor") else None
+                if replication_factor is not None and replication_factor < 1:
+                    raise TxlogError(ErrorCode.Value("INVALID_REPLICATION_FACTOR"),
+                                     f"replication factor must be at least 1, got {replication_factor}")
+                validation.topic_configs(configs, self.config.record_bytes_max, replication_factor or 2**31)
                 if request.validate_only:
                     continue
-                info = await self.create_topic(wanted.name, wanted.partition_count, configs, internal=internal)
+                info = await self.create_topic(wanted.name, wanted.partition_count, configs, replication_factor, internal=internal)
+                result.replication_factor = info.replication_factor
                 if info.partition_count != wanted.partition_count:
                     raise TxlogError(
                         ErrorCode.Value("TOPIC_ALREADY_EXISTS"),
@@ -323,42 +359,59 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
                     result, partition = resolved[i]
                     result.error.CopyFrom(self.not_in_transaction(tp, refused[tp]))
                     resolved[i] = (result, None)
-        durables = []
+        taken: list[tuple[object, Partition, asyncio.Future]] = []
         now = now_ms()
         for item, (result, partition) in zip(request.batches, resolved, strict=True):
             if partition is None:
                 continue
-            outcome = partition.produce(item.batch, now, self.limits)
+            refused = partition.check_enough_replicas() if acks == ACKS_ALL else None
+            outcome = refused or partition.produce(item.batch, now, self.limits)
             if isinstance(outcome, Reject):
                 result.error.CopyFrom(error_proto(outcome.code, outcome.message))
                 continue
             result.base_offset = outcome.base_offset
             result.log_start_offset = partition.log_start_offset
             result.log_append_time_ms = now
-            durables.append(outcome.durable)
+            taken.append((result, partition, outcome.replicated if acks == ACKS_ALL else outcome.durable))
         if acks == 0:  # answered before anything is durable: no offsets to rely on
             for result in reply.results:
                 result.base_offset = -1
-        elif durables:
-            durable = asyncio.gather(*durables)
+        elif taken:
+            done = asyncio.gather(*(future for _, _, future in taken))
             if request.timeout_ms:  # the write goes on; a retry of the same batch is answered as a duplicate
                 try:
-                    await asyncio.wait_for(asyncio.shield(durable), request.timeout_ms / 1000)
+                    await asyncio.wait_for(asyncio.shield(done), request.timeout_ms / 1000)
                 except TimeoutError:
                     raise TxlogError(ErrorCode.Value("REQUEST_TIMED_OUT"),
-                                     f"the batches were not durable within timeout_ms {request.timeout_ms}; retry them "
-                                     "(an idempotent retry is answered as a duplicate once they are)") from None
+                                     f"the batches were not {'replicated' if acks == ACKS_ALL else 'durable'} within timeout_ms "
+                                     f"{request.timeout_ms}; retry them (an idempotent retry is answered as a duplicate once "
+                                     "they are)") from None
             else:
-                await durable
+                await done
+            if acks == ACKS_ALL:
+                for result, partition, future in taken:
+                    self.check_replicated(result, partition, future.result())
         return reply
+
+    @staticmethod
+    def check_replicated(result, partition: Partition, replicated: bool) -> None:
+        """What an acks=all append turned into once it was replicated, or
+        once leadership went first: the error its result must carry, if any."""
+        if not replicated:
+            result.error.CopyFrom(error("NOT_LEADER", f"{partition.topic}-{partition.index} stopped being led here before "
+                                        "the batch was replicated; refresh metadata and retry (an idempotent retry is "
+                                        "answered as a duplicate if it survived)"))
+        elif partition.check_enough_replicas() is not None:
+            result.error.CopyFrom(error("NOT_ENOUGH_REPLICAS_AFTER_APPEND",
+                                        f"{partition.topic}-{partition.index} was appended, but its in-sync replicas fell "
+                                        f"below min.insync.replicas {partition.min_insync_replicas} before it was acknowledged"))
 
     async def check_leader_epoch(self, wanted, partition: Partition) -> None:
         """A PartitionBatch or FetchPartition that names the leader epoch it saw
         is refused when this leader's differs (absent or -1: no check)."""
         if not wanted.HasField("leader_epoch") or wanted.leader_epoch == -1:
             return
-        info = await self.topics.get(partition.topic)
-        current = info.leader_epochs[partition.index] if info is not None else 0
+        current = partition.leader_epoch
         if wanted.leader_epoch < current:
             raise TxlogError(ErrorCode.Value("FENCED_LEADER_EPOCH"),
                              f"leader epoch {wanted.leader_epoch} of {partition.topic}-{partition.index} is older than {current}; refresh metadata")
@@ -442,6 +495,7 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
         return wire.fetch_response(encoded_results), waits, returned_bytes
 
     def _read(self, partition, wanted, isolation_level, result, bytes_left, records_left, take_first) -> tuple[list[bytes], int]:
+        check_settled(partition)
         hw, lso = partition.high_watermark, partition.last_stable_offset
         result.high_watermark, result.last_stable_offset, result.log_start_offset = hw, lso, partition.log_start_offset
         if not partition.log_start_offset <= wanted.fetch_offset <= hw:
@@ -465,6 +519,7 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
             result = reply.results.add(topic=wanted.topic, partition=wanted.partition, offset=-1, timestamp_ms=-1)
             try:
                 partition = await self.hosted(wanted.topic, wanted.partition)
+                check_settled(partition)
                 if wanted.spec == partition_pb2.OFFSET_SPEC_EARLIEST:
                     result.offset = partition.log_start_offset
                 elif wanted.spec == partition_pb2.OFFSET_SPEC_LATEST:
@@ -516,8 +571,8 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
         offsets_partition = await self.group_partition(request.group_id)
         reply = partition_pb2.OffsetCommitResponse()
         records = await self.offset_records(request.group_id, request.offsets, reply.results)
-        if records:
-            await offsets_partition.commit_offsets(records, now_ms(), self.limits)
+        if records and not await offsets_partition.commit_offsets(records, now_ms(), self.limits):
+            raise not_replicated(offsets_partition)
         return reply
 
     @server.rpc_handler
@@ -534,8 +589,8 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
             outcome = offsets_partition.commit_txn_offsets(request.producer_id, request.producer_epoch, records, now_ms())
             if isinstance(outcome, Reject):
                 raise TxlogError(outcome.code, outcome.message)
-            if outcome is not None:  # None when every offset was older than one pending already
-                await outcome
+            if outcome is not None and not await outcome:  # None when every offset was older than one pending already
+                raise not_replicated(offsets_partition)
         return reply
 
     @server.rpc_handler
@@ -580,7 +635,7 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
                     targets.append((marker, result, await self.hosted(tp.topic, tp.partition)))
                 except TxlogError as exc:
                     result.error.CopyFrom(error_of(exc))
-        durables, now = [], now_ms()
+        written, now = [], now_ms()
         for marker, result, partition in targets:
             if marker.seal_prepared:
                 outcome = partition.seal_prepared(marker.producer_id, marker.producer_epoch, marker.coordinator_epoch, now)
@@ -590,8 +645,11 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
             if isinstance(outcome, Reject):
                 result.error.CopyFrom(error_proto(outcome.code, outcome.message))
             elif outcome is not None:
-                durables.append(outcome)
-        await asyncio.gather(*durables)
+                written.append((result, partition, outcome))
+        # A marker counts as written only once it is replicated (below the high watermark).
+        replicated = await asyncio.gather(*(future for _, _, future in written))
+        for (result, partition, _), done in zip(written, replicated, strict=True):
+            self.check_replicated(result, partition, done)
         return reply
 
     # --- DescribeProducers -----------------------------------------------------------
@@ -618,6 +676,36 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
                 )
         return reply
 
+    # --- replication -------------------------------------------------------------------
+
+    async def announce(self, controller_epoch: int, addresses: dict[int, str], changed: PartitionStates, newcomers: set[int],
+                       everything: PartitionStates) -> None:
+        """The controller's LeaderAndIsr: the changed states to every live
+        instance, every state to those that are new or restarted."""
+        def request(states: PartitionStates) -> replication_pb2.LeaderAndIsrRequest:
+            return replication_pb2.LeaderAndIsrRequest(controller_id=self.node_id, controller_epoch=controller_epoch, partitions=[
+                replication_pb2.PartitionState(topic=info.name, partition=index, leader=state.leader,
+                                               leader_epoch=state.leader_epoch, isr=state.isr, replicas=info.replicas[index],
+                                               zk_version=state.zk_version, controller_epoch=state.controller_epoch)
+                for info, index, state in states])
+
+        async def tell(node: int, address: str) -> None:
+            states = everything if node in newcomers else changed
+            if not states:
+                return
+            try:
+                # wait_for_ready: a channel still backing off from the instance's last life reconnects first
+                reply = await answer_of(lambda: self.peers.replication_stub(address).LeaderAndIsr(
+                    request(states), wait_for_ready=True, timeout=LEADER_AND_ISR_TIMEOUT_S))
+            except TxlogError as exc:  # it reads the states itself when it next resyncs
+                log.warning("LeaderAndIsr not delivered", extra=fields(node=node, error=exc.message))
+                return
+            refused = [r for r in reply.results if r.error.code != NONE]
+            if refused:
+                log.warning("LeaderAndIsr refused in part", extra=fields(node=node, first=refused[0].error.message))
+
+        await asyncio.gather(*(tell(node, address) for node, address in addresses.items()))
+
     # --- background work -------------------------------------------------------------
 
     async def enforce_retention_forever(self) -> None:
@@ -635,6 +723,22 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
             if written is not None:
                 await written
                 log.info("retention", extra=fields(topic=partition.topic, partition=partition.index, log_start_offset=partition.log_start_offset))
+
+
+def check_settled(partition: Partition) -> None:
+    """A new leader answers reads only once its high watermark has reached
+    the start of its epoch: below that, it could show a high watermark or LSO
+    behind what the previous leader showed (KIP-207's OFFSET_NOT_AVAILABLE)."""
+    if partition.high_watermark < partition.epoch_start_offset:
+        raise TxlogError(ErrorCode.Value("OFFSET_NOT_AVAILABLE"),
+                         f"{partition.topic}-{partition.index} has a new leader still catching its high watermark up to "
+                         f"{partition.epoch_start_offset}; retry shortly")
+
+
+def not_replicated(partition: Partition) -> TxlogError:
+    return TxlogError(ErrorCode.Value("NOT_COORDINATOR"),
+                      f"{partition.topic}-{partition.index} stopped being led here before the offsets were replicated; "
+                      "find the group coordinator again and retry")
 
 
 class BootstrapCoordinatorServicer(IdempotentProducerInitServicer):
@@ -678,14 +782,24 @@ async def build(runtime: server.ServiceRuntime) -> PartitionServicer:
     cfg = runtime.config
     store = LogStore(os.path.join(cfg.data_dir, f"node-{cfg.node_id}"), sync=cfg.fsync)
     servicer = PartitionServicer(runtime, store)
-    await servicer.recover()
+    if cfg.rack:
+        runtime.registration_details["rack"] = cfg.rack
+    await servicer.replicas.recover()
     runtime.add_servicer(servicer, partition_pb2.DESCRIPTOR.services_by_name["PartitionService"])
+    runtime.add_servicer(ReplicationServicer(servicer.replicas, cfg.fetch_wait_ms_max),
+                         replication_pb2.DESCRIPTOR.services_by_name["ReplicationService"])
     bootstrap = BootstrapCoordinatorServicer(ProducerIdSource(servicer.peers, requester_id=cfg.node_id), servicer)
     runtime.add_servicer(bootstrap, coordinator_pb2.DESCRIPTOR.services_by_name["CoordinatorService"])
-    retention = asyncio.ensure_future(servicer.enforce_retention_forever())
+    background = [asyncio.ensure_future(work) for work in (
+        servicer.enforce_retention_forever(),
+        servicer.controller.run_forever(),
+        servicer.replicas.maintain_forever(cfg.partition_state_refresh_ms),
+    )]
 
     async def close() -> None:
-        retention.cancel()
+        for task in background:
+            task.cancel()
+        await servicer.replicas.close()
         await servicer.writer.drain()
         await servicer.peers.close()
         store.close()

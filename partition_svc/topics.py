@@ -1,28 +1,28 @@
-"""Topics in ZooKeeper: ``<root>/topics/<name>`` holds JSON
-``{"partitions": N, "configs": {...}, "assignment": [node_id, ...],
-"leader_epochs": [epoch, ...], "internal": bool}``.
+"""Topics and partition states in ZooKeeper, as Kafka's ZooKeeper mode kept them.
 
-A topic is created once with a create that fails if the node exists, so two
-concurrent creations of one name cannot both win; partitions are assigned
-round-robin over the partition_svc instances live at that moment, starting at an
-offset derived from the name (so several small topics do not all start on the
-same instance). Topics are never changed after creation (until replication
-brings leader changes), so an instance caches what it read.
+    <root>/topics/<name>                          JSON {"partitions", "configs", "replicas": [[node, ...], ...], "internal"}
+    <root>/topics/<name>/partitions/<p>/state     JSON {"leader", "leader_epoch", "isr", "controller_epoch"}
 
-Leader epochs start at 0; the replication issue will bump them on failover.
+A topic is created once, its node and every partition's state in one
+ZooKeeper transaction that fails if the topic exists, so two concurrent
+creations of one name cannot both win. Its replica lists (the preferred
+leader first) change only by reassignment. A partition state changes only by
+a conditional write on its znode version (the controller electing a leader,
+the leader changing its ISR): a writer whose view is stale fails and reads
+again, so no decision is ever taken on an outdated ISR.
 """
 
 from __future__ import annotations
 
 import json
 import posixpath
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import NodeExistsError, NoNodeError
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
+from partition_svc.election import LeaderAndIsr, initial_state
 from services import zk
-from services.hashing import partition_for_id
 
 INTERNAL_PREFIX = "__"
 
@@ -32,32 +32,21 @@ class TopicInfo:
     name: str
     partition_count: int
     configs: dict
-    assignment: tuple[int, ...]
-    leader_epochs: tuple[int, ...]
+    replicas: tuple[tuple[int, ...], ...]
     internal: bool
 
+    @property
+    def replication_factor(self) -> int:
+        return len(self.replicas[0])
+
     def encode(self) -> bytes:
-        return json.dumps(
-            {
-                "partitions": self.partition_count,
-                "configs": self.configs,
-                "assignment": list(self.assignment),
-                "leader_epochs": list(self.leader_epochs),
-                "internal": self.internal,
-            },
-            sort_keys=True,
-        ).encode()
+        return json.dumps({"partitions": self.partition_count, "configs": self.configs,
+                           "replicas": [list(r) for r in self.replicas], "internal": self.internal}, sort_keys=True).encode()
 
     @classmethod
     def decode(cls, name: str, data: bytes) -> TopicInfo:
         raw = json.loads(data)
-        return cls(name, raw["partitions"], raw["configs"], tuple(raw["assignment"]), tuple(raw["leader_epochs"]), raw["internal"])
-
-
-def assign_round_robin(name: str, partition_count: int, live_nodes: list[int]) -> tuple[int, ...]:
-    nodes = sorted(live_nodes)
-    start = partition_for_id(name, len(nodes))
-    return tuple(nodes[(start + p) % len(nodes)] for p in range(partition_count))
+        return cls(name, raw["partitions"], raw["configs"], tuple(tuple(r) for r in raw["replicas"]), raw["internal"])
 
 
 class TopicRegistry:
@@ -66,8 +55,11 @@ class TopicRegistry:
         self.base = posixpath.join(root, "topics")
         self._cache: dict[str, TopicInfo] = {}
 
-    async def get(self, name: str) -> TopicInfo | None:
-        info = self._cache.get(name)
+    def state_path(self, topic: str, partition: int) -> str:
+        return posixpath.join(self.base, topic, "partitions", str(partition), "state")
+
+    async def get(self, name: str, *, fresh: bool = False) -> TopicInfo | None:
+        info = None if fresh else self._cache.get(name)
         if info is not None:
             return info
         try:
@@ -78,15 +70,25 @@ class TopicRegistry:
         self._cache[name] = info
         return info
 
-    async def create(self, info: TopicInfo) -> TopicInfo:
-        """Creates the topic; if it exists already, returns the existing one instead."""
-        try:
-            await zk.call(self.client, "create", posixpath.join(self.base, info.name), info.encode(), makepath=True)
-        except NodeExistsError:
-            existing = await self.get(info.name)
+    async def create(self, info: TopicInfo, controller_epoch: int) -> TopicInfo:
+        """Creates the topic with its partitions' first states; if it exists
+        already, returns the existing one instead."""
+        transaction = self.client.transaction()
+        transaction.create(posixpath.join(self.base, info.name), info.encode())
+        transaction.create(posixpath.join(self.base, info.name, "partitions"), b"")
+        for index, replicas in enumerate(info.replicas):
+            transaction.create(posixpath.join(self.base, info.name, "partitions", str(index)), b"")
+            transaction.create(self.state_path(info.name, index), initial_state(replicas, controller_epoch).encode())
+        await zk.call(self.client, "ensure_path", self.base)
+        results = await zk.commit(self.client, transaction)
+        if any(isinstance(r, NodeExistsError) for r in results):
+            existing = await self.get(info.name, fresh=True)
             if existing is None:
-                raise
+                raise NodeExistsError(f"topic {info.name} was being created and deleted")
             return existing
+        failed = [r for r in results if isinstance(r, Exception)]
+        if failed:
+            raise failed[0]
         self._cache[info.name] = info
         return info
 
@@ -95,3 +97,32 @@ class TopicRegistry:
             return sorted(await zk.call(self.client, "get_children", self.base))
         except NoNodeError:
             return []
+
+    async def state(self, topic: str, partition: int) -> LeaderAndIsr | None:
+        try:
+            data, stat = await zk.call(self.client, "get", self.state_path(topic, partition))
+        except NoNodeError:
+            return None
+        return LeaderAndIsr.decode(data, stat.version)
+
+    async def write_state(self, topic: str, partition: int, state: LeaderAndIsr,
+                          controller: tuple[str, int] | None = None) -> LeaderAndIsr | None:
+        """Writes ``state`` if the znode is still at ``state.zk_version`` (the
+        version the decision was taken on) and, for the ``controller`` (the
+        controller-epoch path and the version it set), while that controller
+        is still the one; the state as written (its new version), or None when
+        someone else wrote first."""
+        path = self.state_path(topic, partition)
+        if controller is None:
+            try:
+                stat = await zk.call(self.client, "set", path, state.encode(), version=state.zk_version)
+            except (BadVersionError, NoNodeError):
+                return None
+            return replace(state, zk_version=stat.version)
+        transaction = self.client.transaction()
+        transaction.check(*controller)
+        transaction.set_data(path, state.encode(), version=state.zk_version)
+        results = await zk.commit(self.client, transaction)
+        if any(isinstance(r, Exception) for r in results):
+            return None
+        return replace(state, zk_version=results[1].version)

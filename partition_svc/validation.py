@@ -20,6 +20,8 @@ TOPIC_CONFIG_DEFAULTS = {
     "retention.bytes": "-1",  # -1: no size limit
     "max.record.bytes": str(1024 * 1024),
     "cleanup.policy": "delete",
+    "min.insync.replicas": "1",  # acks=all needs this many in-sync replicas
+    "unclean.leader.election.enable": "false",  # true: a replica outside the ISR may lead (may lose records)
 }
 
 
@@ -43,7 +45,7 @@ def _int_config(key: str, value: str, low: int, high: int) -> int:
     return number
 
 
-def topic_configs(configs: dict[str, str], record_bytes_max: int) -> dict[str, str]:
+def topic_configs(configs: dict[str, str], record_bytes_max: int, replication_factor: int = 1) -> dict[str, str]:
     """The full configuration of a new topic: defaults overlaid with ``configs``, checked."""
     unknown = sorted(set(configs) - set(TOPIC_CONFIG_DEFAULTS))
     if unknown:
@@ -54,6 +56,11 @@ def topic_configs(configs: dict[str, str], record_bytes_max: int) -> dict[str, s
     _int_config("max.record.bytes", merged["max.record.bytes"], 1, record_bytes_max)
     if merged["cleanup.policy"] not in ("delete", "compact"):
         raise invalid(f"topic config cleanup.policy must be delete or compact, not {merged['cleanup.policy'][:100]!r}", "INVALID_CONFIG")
+    # Above the replication factor, acks=all could never be answered.
+    _int_config("min.insync.replicas", merged["min.insync.replicas"], 1, replication_factor)
+    if merged["unclean.leader.election.enable"] not in ("true", "false"):
+        raise invalid("topic config unclean.leader.election.enable must be true or false, not "
+                      f"{merged['unclean.leader.election.enable'][:100]!r}", "INVALID_CONFIG")
     return merged
 
 

@@ -13,7 +13,7 @@
 Client commands (each takes --bootstrap HOST:PORT[,...] or --dir DIR, which reads
 the bootstrap addresses from DIR/cluster.json):
 
-    txlog topics create NAME --partitions N [--config k=v ...]
+    txlog topics create NAME --partitions N [--replication-factor R] [--config k=v ...]
     txlog topics list
     txlog topics describe NAME
     txlog produce TOPIC [--key-separator SEP] [--partition P]        lines from stdin
@@ -51,7 +51,7 @@ from services.stubs.txlog.v1 import producer_id_pb2, producer_id_pb2_grpc
 def _cluster(args) -> int:
     cluster = LocalCluster(args.dir)
     if args.action == "up":
-        state = cluster.up()
+        state = cluster.up(partition_svcs=args.partition_svcs)
         if any(p.kind == "coordinator_svc" for p in state.services.values()):
             cluster.wait_until_coordinators_settle()  # so that the first transactions meet no partition moving
         print(json.dumps({"dir": state.dir, "zookeeper": state.zookeeper, "bootstrap": state.bootstrap,
@@ -126,7 +126,7 @@ def _topics(args) -> int:
     bootstrap = _bootstrap(args)
     if args.action == "create":
         console.topics_create(bootstrap, args.name, args.partitions, console.parse_configs(args.config), sys.stdout,
-                              timeout_s=args.timeout_s)
+                              replication_factor=args.replication_factor, timeout_s=args.timeout_s)
     elif args.action == "list":
         console.topics_list(bootstrap, sys.stdout, timeout_s=args.timeout_s)
     elif args.action == "describe":
@@ -189,8 +189,11 @@ def _add_client_commands(commands) -> None:
     create = topic_actions.add_parser("create", help="create a topic (no error if it exists with the same count)")
     create.add_argument("name")
     create.add_argument("--partitions", type=int, required=True, help="partition count")
+    create.add_argument("--replication-factor", type=int, help="instances holding each partition (default: the "
+                        "cluster's default.replication.factor, capped at the live instances)")
     create.add_argument("--config", action="append", metavar="KEY=VALUE",
-                        help="a topic config (retention.ms, retention.bytes, max.record.bytes, cleanup.policy)")
+                        help="a topic config (retention.ms, retention.bytes, max.record.bytes, cleanup.policy, "
+                             "min.insync.replicas, unclean.leader.election.enable)")
     describe = topic_actions.add_parser("describe", help="partitions, leaders and configs as JSON")
     describe.add_argument("name")
     listing = topic_actions.add_parser("list", help="topic names, one per line")
@@ -271,6 +274,9 @@ def parser() -> argparse.ArgumentParser:
                               ("status", "show what runs")):
         sub = cluster_actions.add_parser(action, help=help_text)
         sub.add_argument("--dir", required=True, help="folder for data, logs and cluster.json")
+        if action == "up":
+            sub.add_argument("--partition-svcs", type=int, default=3,
+                             help="how many partition_svc instances (default: %(default)s, so topics get 3 replicas)")
     for action, help_text in (("kill", "SIGKILL one process"), ("start", "start one process again")):
         sub = cluster_actions.add_parser(action, help=help_text)
         sub.add_argument("--dir", required=True, help="the cluster's folder")

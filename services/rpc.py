@@ -29,6 +29,7 @@ from services.stubs.txlog.v1 import (
     partition_pb2,
     partition_pb2_grpc,
     producer_id_pb2_grpc,
+    replication_pb2_grpc,
 )
 from services.zk import ServiceRegistry
 
@@ -64,6 +65,10 @@ class PeerClient:
     def stub(self, address: str) -> partition_pb2_grpc.PartitionServiceStub:
         """A partition_svc at ``address``."""
         return partition_pb2_grpc.PartitionServiceStub(self.channel(address))
+
+    def replication_stub(self, address: str) -> replication_pb2_grpc.ReplicationServiceStub:
+        """The replication rpcs of a partition_svc at ``address`` (internal)."""
+        return replication_pb2_grpc.ReplicationServiceStub(self.channel(address))
 
     def coordinator_stub(self, address: str) -> coordinator_pb2_grpc.CoordinatorServiceStub:
         return coordinator_pb2_grpc.CoordinatorServiceStub(self.channel(address))

@@ -159,6 +159,7 @@ class ServiceRuntime:
         self._stopping = False
         self._stopped = asyncio.Event()
         self._on_stop: list[Callable[[], Awaitable[None]]] = []
+        self.registration_details: dict[str, str] = {}  # stored in the ZooKeeper registration beside the address
 
     def on_stop(self, callback: Callable[[], Awaitable[None]]) -> None:
         """Runs ``callback`` after the server has stopped taking and finishing
@@ -198,7 +199,7 @@ class ServiceRuntime:
         self.address = advertised(self.config.listen, self.port, self.config.advertised_address)
         await self.server.start()
         zk.add_state_listener(self.zookeeper, self._on_zookeeper_state)
-        self.registry.register(self.kind, self.config.node_id, self.address)
+        self.registry.register(self.kind, self.config.node_id, self.address, self.registration_details)
         await self.set_serving(self.zookeeper.connected)
         log.info("serving", extra=fields(address=self.address, services=self.service_names))
         return self.port

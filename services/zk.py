@@ -56,6 +56,16 @@ def connect(hosts: str, session_timeout_s: float = 10.0, start_timeout_s: float 
 async def call(client: KazooClient, method: str, *args, **kwargs):
     """Awaits ``client.<method>_async(*args)``; connection problems become
     ZOOKEEPER_UNAVAILABLE, other kazoo exceptions (NoNode, BadVersion...) pass through."""
+    return await _awaited(client, client, method, *args, **kwargs)
+
+
+async def commit(client: KazooClient, transaction) -> list:
+    """Awaits a kazoo transaction's commit: one result per operation, an
+    exception instance for each that failed (all fail together)."""
+    return await _awaited(client, transaction, "commit")
+
+
+async def _awaited(client: KazooClient, target, method: str, *args, **kwargs):
     if client.state != KazooState.CONNECTED:
         raise unavailable(f"session {client.state.lower()}")
     loop = asyncio.get_running_loop()
@@ -73,7 +83,7 @@ async def call(client: KazooClient, method: str, *args, **kwargs):
         loop.call_soon_threadsafe(settle)
 
     try:
-        getattr(client, method + "_async")(*args, **kwargs).rawlink(done)
+        getattr(target, method + "_async")(*args, **kwargs).rawlink(done)
         return await future
     except CONNECTION_ERRORS as exc:
         raise unavailable(type(exc).__name__) from exc
@@ -92,9 +102,10 @@ class ServiceRegistry:
         base = posixpath.join(self.root, "services", kind)
         return base if node_id is None else posixpath.join(base, str(node_id))
 
-    def register(self, kind: str, node_id: int, address: str) -> None:
+    def register(self, kind: str, node_id: int, address: str, details: dict | None = None) -> None:
+        """``details`` (a rack, say) are stored beside the address for live_details."""
         path = self.path(kind, node_id)
-        data = json.dumps({"address": address, "pid": os.getpid(), "node_id": node_id}).encode()
+        data = json.dumps({**(details or {}), "address": address, "pid": os.getpid(), "node_id": node_id}).encode()
         self._registered[path] = data
         self._write(path, data)
 
@@ -108,6 +119,10 @@ class ServiceRegistry:
 
     def live(self, kind: str) -> dict[int, str]:
         """node_id -> address of the live instances of a kind."""
+        return {node_id: details["address"] for node_id, details in self.live_details(kind).items()}
+
+    def live_details(self, kind: str) -> dict[int, dict]:
+        """node_id -> what each live instance of a kind registered (address, details)."""
         base = self.path(kind)
         try:
             children = self.client.get_children(base)
@@ -124,7 +139,7 @@ class ServiceRegistry:
             except CONNECTION_ERRORS as exc:
                 raise unavailable(type(exc).__name__) from exc
             info = json.loads(data)
-            instances[int(info["node_id"])] = info["address"]
+            instances[int(info["node_id"])] = info
         return instances
 
     def _write(self, path: str, data: bytes) -> None:

@@ -90,7 +90,8 @@ def describe(info: TopicInfo) -> TopicDescription:
         name=info.name,
         partitions=tuple(
             PartitionDescription(p.partition, p.leader_id, p.leader_address, p.leader_epoch,
-                                 ErrorCode.Name(p.error_code) if p.error_code in ErrorCode.values() else str(p.error_code))
+                                 ErrorCode.Name(p.error_code) if p.error_code in ErrorCode.values() else str(p.error_code),
+                                 p.replicas, p.isr)
             for p in info.partitions
         ),
         is_internal=info.is_internal,
@@ -136,24 +137,29 @@ class Admin:
 
     def create_topics(
         self,
-        topics: Iterable[tuple[str, int]],
+        topics: Iterable[tuple[str, int] | tuple[str, int, int]],
         configs: Mapping[str, str] | None = None,
         *,
         validate_only: bool = False,
         timeout_s: float | None = None,
     ) -> dict[str, int]:
-        """Creates ``topics`` ((name, partition_count) pairs; ``configs`` apply to
-        each); returns {name: partition count}. Raises the first topic's error
-        that is not retriable (TOPIC_ALREADY_EXISTS for a different count,
-        INVALID_TOPIC, INVALID_PARTITIONS, INVALID_CONFIG...)."""
-        wanted = [(name, count) for name, count in topics]
+        """Creates ``topics`` ((name, partition_count) or (name, partition_count,
+        replication_factor) tuples; without a replication factor the cluster's
+        default; ``configs`` apply to each); returns {name: partition count}.
+        Raises the first topic's error that is not retriable
+        (TOPIC_ALREADY_EXISTS for a different count, INVALID_TOPIC,
+        INVALID_PARTITIONS, INVALID_REPLICATION_FACTOR, INVALID_CONFIG...)."""
+        wanted = []
+        for topic in topics:
+            if not isinstance(topic, tuple) or len(topic) not in (2, 3) or not isinstance(topic[0], str) or any(
+                    not isinstance(n, int) or isinstance(n, bool) for n in topic[1:]):
+                raise TypeError("a topic is (name: str, partition_count: int[, replication_factor: int]), "
+                                f"not {topic!r}")
+            wanted.append((topic[0], (topic[1], topic[2] if len(topic) == 3 else None)))
         if not wanted:
             return {}
         if len(wanted) > TOPICS_PER_CALL_MAX:
             raise ValueError(f"at most {TOPICS_PER_CALL_MAX} topics per call, not {len(wanted)}")
-        for name, count in wanted:
-            if not isinstance(name, str) or not isinstance(count, int) or isinstance(count, bool):
-                raise TypeError(f"a topic is (name: str, partition_count: int), not {(name, count)!r}")
         timeout_ms = self._timeout_ms(timeout_s)
         return self._run(self._create_topics(wanted, dict(configs or {}), validate_only, timeout_ms), timeout_ms,
                          "create_topics")
@@ -165,8 +171,9 @@ class Admin:
 
         async def attempt() -> None:
             request = partition_pb2.CreateTopicsRequest(
-                topics=[partition_pb2.CreatableTopic(name=name, partition_count=count, configs=configs)
-                        for name, count in pending.items()],
+                topics=[partition_pb2.CreatableTopic(name=name, partition_count=count, configs=configs,
+                                                     replication_factor=replication_factor)
+                        for name, (count, replication_factor) in pending.items()],
                 validate_only=validate_only,
             )
             response = await self._metadata.call_any("CreateTopics", request, timeout_ms=self._request_timeout_ms)
@@ -175,7 +182,7 @@ class Admin:
                 if result.name not in pending:
                     continue
                 if result.error.code == NONE:
-                    created[result.name] = result.partition_count or pending[result.name]
+                    created[result.name] = result.partition_count or pending[result.name][0]
                     del pending[result.name]
                     continue
                 error = from_proto(result.error)

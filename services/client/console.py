@@ -63,9 +63,10 @@ def _admin(bootstrap: str, timeout_s: float) -> Admin:
 
 
 def topics_create(bootstrap: str, name: str, partitions: int, configs: dict[str, str], out: TextIO, *,
-                  timeout_s: float = TIMEOUT_S_DEFAULT) -> None:
+                  replication_factor: int | None = None, timeout_s: float = TIMEOUT_S_DEFAULT) -> None:
     with _admin(bootstrap, timeout_s) as admin:
-        created = admin.create_topics([(name, partitions)], configs)
+        wanted = (name, partitions) if replication_factor is None else (name, partitions, replication_factor)
+        created = admin.create_topics([wanted], configs)
     out.write(f"topic {name} has {created[name]} partition(s)\n")
 
 
@@ -83,8 +84,8 @@ def topics_describe(bootstrap: str, name: str, out: TextIO, *, timeout_s: float 
         "is_internal": topic.is_internal,
         "configs": topic.configs,
         "partitions": [
-            {"partition": p.partition, "leader_id": p.leader_id, "leader_address": p.leader_address,
-             "leader_epoch": p.leader_epoch, "error": p.error}
+            {"partition": p.partition, "leader": p.leader_id, "leader_id": p.leader_id, "leader_address": p.leader_address,
+             "leader_epoch": p.leader_epoch, "replicas": list(p.replicas), "isr": list(p.isr), "error": p.error}
             for p in topic.partitions
         ],
     }, indent=2) + "\n")

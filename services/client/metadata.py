@@ -63,6 +63,8 @@ class PartitionInfo:
     leader_epoch: int
     error_code: int = NONE
     error_message: str = ""
+    replicas: tuple[int, ...] = ()
+    isr: tuple[int, ...] = ()
 
     @property
     def has_leader(self) -> bool:
@@ -88,7 +90,7 @@ def topic_info(proto: partition_pb2.TopicMetadata) -> TopicInfo:
         sorted(
             (
                 PartitionInfo(proto.name, p.partition, p.leader_id, p.leader_address, p.leader_epoch,
-                              p.error.code, p.error.message)
+                              p.error.code, p.error.message, tuple(p.replicas), tuple(p.isr))
                 for p in proto.partitions
             ),
             key=lambda p: p.partition,

@@ -72,6 +72,8 @@ class PartitionDescription:
     leader_address: str
     leader_epoch: int
     error: str = "NONE"
+    replicas: tuple[int, ...] = ()  # node ids, the preferred leader first
+    isr: tuple[int, ...] = ()  # node ids of the in-sync replicas
 
 
 @dataclass(frozen=True)

@@ -43,13 +43,16 @@ COMPLETE_ABORT = TransactionState.COMPLETE_ABORT.to_proto()
 COMPLETE_COMMIT = TransactionState.COMPLETE_COMMIT.to_proto()
 # answers that only say "not here / not yet; retry"
 NOT_SERVING_HERE = {"NOT_COORDINATOR", "COORDINATOR_LOAD_IN_PROGRESS", "COORDINATOR_NOT_AVAILABLE"}
+SINGLE_REPLICA_ARGS = ["--default-replication-factor", "1", "--internal-topic-replication-factor", "1"]
 
 
 @pytest.fixture
 def fault_cluster(tmp_path):
-    """ZooKeeper, producer_id_svc, two partition_svc, two coordinator_svc with fast checks and a 5 s session."""
+    """ZooKeeper, producer_id_svc, two partition_svc, two coordinator_svc with fast checks and a 5 s session.
+    Every partition has one replica: these tests stop a partition's only instance to hold its markers back
+    (tests/integ/test_replication.py is where partitions fail over)."""
     local = LocalCluster(tmp_path / "cluster")
-    local.up(service_args={"coordinator_svc": COORDINATOR_ARGS})
+    local.up(service_args={"coordinator_svc": COORDINATOR_ARGS, "partition_svc": SINGLE_REPLICA_ARGS})
     yield local
     for name in local.state.services:  # a test that failed mid-pause must not leave a stopped process behind
         local.kill(name, signal.SIGCONT)

@@ -264,11 +264,11 @@ class Model:
             if r.epoch == p.epoch:
                 if r.coordinator_epoch <= p.coordinator_epoch:
                     return ("noop",)
+                # written again, changing nothing but the coordinator epoch (in the log, so replicas learn it too)
                 p.coordinator_epoch = r.coordinator_epoch
+                self.append_control(r.pid, r.epoch, r.commit)
                 return ("write", "coordinator epoch")
-        offset = s.next_offset
-        s.next_offset += 1
-        s.log.append(MBatch(offset, offset, r.pid, r.epoch, True, True, r.commit, [], None))
+        offset = self.append_control(r.pid, r.epoch, r.commit)
         first = p.txn_first if p is not None else None
         decided = set()
         if first is not None:
@@ -302,7 +302,15 @@ class Model:
             p.epoch, p.batches = r.epoch, []
         p.prepared = True
         p.coordinator_epoch = max(p.coordinator_epoch, r.coordinator_epoch)
+        self.append_control(r.pid, r.epoch, False)  # a PREPARED control batch: the seal is in the log
         return ("write",)
+
+    def append_control(self, pid: int, epoch: int, commit: bool) -> int:
+        s = self.live
+        offset = s.next_offset
+        s.next_offset += 1
+        s.log.append(MBatch(offset, offset, pid, epoch, True, True, commit, [], None))
+        return offset
 
     def txn_offsets(self, r: OffsetsReq) -> tuple:
         s = self.live
@@ -555,14 +563,15 @@ class PartitionMachine(RuleBasedStateMachine):
 
     def send_marker(self, r: MarkerReq) -> tuple:
         before = self.partition.producers.get(r.pid)
-        end_before = self.partition.next_offset
+        closed_before = (before is not None and before.producer_epoch == r.epoch and before.current_txn_first_offset < 0
+                         and not self.partition.pending_offsets.get(r.pid))
         written = self.call(self.partition.write_marker, r.pid, r.epoch, r.coordinator_epoch, r.commit, NOW)
         if isinstance(written, Reject):
             got = reject(ErrorCode.Name(written.code))
         elif written is None:
             got = ("noop",)
         else:
-            got = ("write", "control" if self.partition.next_offset > end_before else "coordinator epoch")
+            got = ("write", "coordinator epoch" if closed_before else "control")
         expected = self.model.marker(r)
         self.say(f"{r} -> {got}")
         assert got == expected[:2], f"{r}: the partition answered {got}, the model {expected}"
@@ -786,19 +795,20 @@ def test_the_model_and_the_partition_by_hand_through_a_late_marker_a_seal_and_a_
         assert m.send_offsets(OffsetsReq(1, 1, ((GROUP_KEYS[0], 7),))) == reject("INVALID_TXN_STATE")
         m.settle_if(True)
         agree()
-        assert m.send_marker(MarkerReq(1, 2, 0, False)) == ("write", "control")  # offset 6, never written:
+        assert m.send_marker(MarkerReq(1, 2, 0, False)) == ("write", "control")  # offset 7 (the seal is 6), never written:
         m.crash()
         agree()
-        assert m.partition.last_stable_offset == 5 and m.partition.high_watermark == 6  # N+1 is open again
+        assert m.partition.last_stable_offset == 5 and m.partition.high_watermark == 7  # N+1 is open again
         assert m.send_marker(MarkerReq(1, 2, 1, False)) == ("write", "control")  # re-sent by a new coordinator
         m.settle_if(True)
         agree()
-        assert m.partition.aborted == {1: [(5, 6)]} and m.partition.last_stable_offset == 7
+        assert m.partition.aborted == {1: [(5, 7)]} and m.partition.last_stable_offset == 8
         assert [v for _, _, v in m.real_read(True)] == [b"a1", b"a2", b"b"]
         assert m.send_marker(MarkerReq(1, 2, 0, False)) == reject("TRANSACTION_COORDINATOR_FENCED")
-        assert m.send_marker(MarkerReq(1, 2, 2, False)) == ("write", "coordinator epoch")  # nothing open: no control batch
+        # nothing open: a control batch that only records the higher coordinator epoch (offset 8)
+        assert m.send_marker(MarkerReq(1, 2, 2, False)) == ("write", "coordinator epoch")
         assert m.send(ProduceReq(1, 1, 0, (b"n",), True)) == reject("PRODUCER_FENCED")
-        assert m.send(ProduceReq(1, 2, 0, (b"m",), True)) == ("append", 7)
+        assert m.send(ProduceReq(1, 2, 0, (b"m",), True)) == ("append", 9)
         m.settle_if(True)
         agree()
     finally:

@@ -273,8 +273,9 @@ def test_a_re_applied_marker_records_a_higher_coordinator_epoch(tmp_path):
         await h.produce(batch(1, 0, 0, ["a"]))
         assert await h.marker(1, 1, committed=True, coordinator_epoch=3) == "written"
         end = h.partition.next_offset
-        assert await h.marker(1, 1, committed=True, coordinator_epoch=4) == "written"  # only the producer state
-        assert h.partition.next_offset == end
+        # written again (so that every replica records the higher epoch), changing nothing else
+        assert await h.marker(1, 1, committed=True, coordinator_epoch=4) == "written"
+        assert h.partition.next_offset == end + 1
         h.reopen()
         assert h.partition.producers[1].coordinator_epoch == 4
         fenced = await h.marker(1, 1, committed=True, coordinator_epoch=3)

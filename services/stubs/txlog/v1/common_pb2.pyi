@@ -19,11 +19,13 @@ class ControlType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CONTROL_TYPE_DATA: _ClassVar[ControlType]
     CONTROL_TYPE_COMMIT: _ClassVar[ControlType]
     CONTROL_TYPE_ABORT: _ClassVar[ControlType]
+    CONTROL_TYPE_PREPARED: _ClassVar[ControlType]
 ISOLATION_LEVEL_READ_UNCOMMITTED: IsolationLevel
 ISOLATION_LEVEL_READ_COMMITTED: IsolationLevel
 CONTROL_TYPE_DATA: ControlType
 CONTROL_TYPE_COMMIT: ControlType
 CONTROL_TYPE_ABORT: ControlType
+CONTROL_TYPE_PREPARED: ControlType
 
 class TopicPartition(_message.Message):
     __slots__ = ("topic", "partition")

@@ -42,18 +42,22 @@ class NodeInfo(_message.Message):
     def __init__(self, node_id: _Optional[int] = ..., address: _Optional[str] = ...) -> None: ...
 
 class PartitionMetadata(_message.Message):
-    __slots__ = ("partition", "error", "leader_id", "leader_address", "leader_epoch")
+    __slots__ = ("partition", "error", "leader_id", "leader_address", "leader_epoch", "replicas", "isr")
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     LEADER_ID_FIELD_NUMBER: _ClassVar[int]
     LEADER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    ISR_FIELD_NUMBER: _ClassVar[int]
     partition: int
     error: _errors_pb2.Error
     leader_id: int
     leader_address: str
     leader_epoch: int
-    def __init__(self, partition: _Optional[int] = ..., error: _Optional[_Union[_errors_pb2.Error, _Mapping]] = ..., leader_id: _Optional[int] = ..., leader_address: _Optional[str] = ..., leader_epoch: _Optional[int] = ...) -> None: ...
+    replicas: _containers.RepeatedScalarFieldContainer[int]
+    isr: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, partition: _Optional[int] = ..., error: _Optional[_Union[_errors_pb2.Error, _Mapping]] = ..., leader_id: _Optional[int] = ..., leader_address: _Optional[str] = ..., leader_epoch: _Optional[int] = ..., replicas: _Optional[_Iterable[int]] = ..., isr: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class TopicMetadata(_message.Message):
     __slots__ = ("name", "error", "is_internal", "partitions", "configs")
@@ -101,7 +105,7 @@ class MetadataResponse(_message.Message):
     def __init__(self, brokers: _Optional[_Iterable[_Union[NodeInfo, _Mapping]]] = ..., topics: _Optional[_Iterable[_Union[TopicMetadata, _Mapping]]] = ..., transaction_coordinators: _Optional[_Iterable[_Union[CoordinatorMetadata, _Mapping]]] = ..., group_coordinators: _Optional[_Iterable[_Union[CoordinatorMetadata, _Mapping]]] = ...) -> None: ...
 
 class CreatableTopic(_message.Message):
-    __slots__ = ("name", "partition_count", "configs")
+    __slots__ = ("name", "partition_count", "configs", "replication_factor")
     class ConfigsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -112,10 +116,12 @@ class CreatableTopic(_message.Message):
     NAME_FIELD_NUMBER: _ClassVar[int]
     PARTITION_COUNT_FIELD_NUMBER: _ClassVar[int]
     CONFIGS_FIELD_NUMBER: _ClassVar[int]
+    REPLICATION_FACTOR_FIELD_NUMBER: _ClassVar[int]
     name: str
     partition_count: int
     configs: _containers.ScalarMap[str, str]
-    def __init__(self, name: _Optional[str] = ..., partition_count: _Optional[int] = ..., configs: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    replication_factor: int
+    def __init__(self, name: _Optional[str] = ..., partition_count: _Optional[int] = ..., configs: _Optional[_Mapping[str, str]] = ..., replication_factor: _Optional[int] = ...) -> None: ...
 
 class CreateTopicsRequest(_message.Message):
     __slots__ = ("topics", "validate_only")
@@ -126,14 +132,16 @@ class CreateTopicsRequest(_message.Message):
     def __init__(self, topics: _Optional[_Iterable[_Union[CreatableTopic, _Mapping]]] = ..., validate_only: _Optional[bool] = ...) -> None: ...
 
 class CreateTopicResult(_message.Message):
-    __slots__ = ("name", "error", "partition_count")
+    __slots__ = ("name", "error", "partition_count", "replication_factor")
     NAME_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     PARTITION_COUNT_FIELD_NUMBER: _ClassVar[int]
+    REPLICATION_FACTOR_FIELD_NUMBER: _ClassVar[int]
     name: str
     error: _errors_pb2.Error
     partition_count: int
-    def __init__(self, name: _Optional[str] = ..., error: _Optional[_Union[_errors_pb2.Error, _Mapping]] = ..., partition_count: _Optional[int] = ...) -> None: ...
+    replication_factor: int
+    def __init__(self, name: _Optional[str] = ..., error: _Optional[_Union[_errors_pb2.Error, _Mapping]] = ..., partition_count: _Optional[int] = ..., replication_factor: _Optional[int] = ...) -> None: ...
 
 class CreateTopicsResponse(_message.Message):
     __slots__ = ("results",)

@@ -1,0 +1,192 @@
+"""The controller: one partition_svc instance, elected in ZooKeeper, that
+elects partition leaders (Kafka's controller in ZooKeeper mode).
+
+Election: the instance that creates the ephemeral ``<root>/controller`` node
+is the controller; it then bumps ``<root>/controller_epoch`` (a conditional
+write) and makes every partition-state write a ZooKeeper transaction that
+checks that node's version, so a deposed controller (paused past its session,
+say) can never write once another has taken over. Instances refuse
+LeaderAndIsr from an older controller epoch than they have seen.
+
+Work: on every change of the live partition_svc registrations (a ZooKeeper
+watch), every new topic, and every ``controller_pass_interval_ms`` besides,
+a pass reads every partition's state and applies election.py's rules:
+leaders of gone or restarted instances are replaced from the ISR, gone
+followers leave the ISR, preferred leaders take leadership back. Each state
+it changes is written conditionally (on the znode version it read) and sent
+with LeaderAndIsr to every live instance; an instance that is new or
+restarted gets every state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import posixpath
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+from kazoo.recipe.watchers import ChildrenWatch
+
+from partition_svc import election
+from partition_svc.election import LeaderAndIsr
+from partition_svc.topics import TopicInfo, TopicRegistry
+from services import zk
+from services.errors import TxlogError
+from services.logs import fields
+
+log = logging.getLogger(__name__)
+
+PartitionStates = list[tuple[TopicInfo, int, LeaderAndIsr]]
+# (controller epoch, {node id: address}, the states changed, nodes that get every state, every state)
+Announce = Callable[[int, dict[int, str], PartitionStates, set[int], PartitionStates], Awaitable[None]]
+
+
+class Controller:
+    def __init__(self, client: KazooClient, root: str, node_id: int, kind: str, topics: TopicRegistry, announce: Announce,
+                 *, pass_interval_ms: int = 5_000):
+        self.client = client
+        self.root = root
+        self.node_id = node_id
+        self.topics = topics
+        self.announce = announce
+        self.pass_interval_ms = pass_interval_ms
+        self.registrations = posixpath.join(root, "services", kind)
+        self.controller_path = posixpath.join(root, "controller")
+        self.epoch_path = posixpath.join(root, "controller_epoch")
+        self.epoch = -1
+        self.epoch_version = -1
+        self.active = False
+        self._sessions: dict[int, int] = {}  # node id -> ZooKeeper session of its registration, at the last pass
+        self._topics_seen: set[str] = set()
+        self._wake = asyncio.Event()
+
+    def wake(self) -> None:
+        """Runs a pass soon (a topic was created here)."""
+        self._wake.set()
+
+    async def run_forever(self) -> None:
+        loop = asyncio.get_running_loop()
+
+        def wake(_children=None) -> None:
+            loop.call_soon_threadsafe(self._wake.set)
+
+        for path in (self.registrations, self.topics.base):
+            await zk.call(self.client, "ensure_path", path)
+            ChildrenWatch(self.client, path, wake)
+        self.client.DataWatch(self.controller_path, lambda *_: wake())
+        while True:
+            self._wake.clear()
+            try:
+                if not self.active:
+                    await self._try_to_become_controller()
+                if self.active:
+                    await self.run_pass()
+            except TxlogError as exc:  # ZooKeeper out of reach: the next pass tries again
+                log.warning("controller pass failed", extra=fields(error=exc.message))
+            except Exception:
+                log.exception("controller pass failed")
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.pass_interval_ms / 1000)
+            except TimeoutError:
+                pass
+
+    async def _try_to_become_controller(self) -> None:
+        try:
+            await zk.call(self.client, "create", self.controller_path, json.dumps({"node_id": self.node_id}).encode(),
+                          ephemeral=True, makepath=True)
+        except NodeExistsError:
+            return
+        while True:
+            try:
+                data, stat = await zk.call(self.client, "get", self.epoch_path)
+            except NoNodeError:
+                try:
+                    await zk.call(self.client, "create", self.epoch_path, b"1", makepath=True)
+                    self.epoch, self.epoch_version = 1, 0
+                    break
+                except NodeExistsError:
+                    continue
+            try:
+                written = await zk.call(self.client, "set", self.epoch_path, str(int(data) + 1).encode(), version=stat.version)
+            except BadVersionError:
+                continue
+            self.epoch, self.epoch_version = int(data) + 1, written.version
+            break
+        self.active = True
+        self._sessions.clear()
+        self._topics_seen.clear()
+        log.info("elected controller", extra=fields(controller_epoch=self.epoch))
+
+    async def _still_controller(self) -> bool:
+        try:
+            data, stat = await zk.call(self.client, "get", self.controller_path)
+        except NoNodeError:
+            data, stat = None, None
+        mine = data is not None and json.loads(data)["node_id"] == self.node_id and stat.ephemeralOwner == self.client.client_id[0]
+        if not mine:
+            self.active = False
+            log.warning("no longer the controller", extra=fields(controller_epoch=self.epoch))
+        return mine
+
+    async def live_sessions(self) -> dict[int, tuple[str, int]]:
+        """{node id: (address, session)} of the live instances."""
+        try:
+            children = await zk.call(self.client, "get_children", self.registrations)
+        except NoNodeError:
+            return {}
+        found = {}
+        for child in children:
+            try:
+                data, stat = await zk.call(self.client, "get", posixpath.join(self.registrations, child))
+            except NoNodeError:
+                continue
+            info = json.loads(data)
+            found[int(info["node_id"])] = (info["address"], stat.ephemeralOwner)
+        return found
+
+    async def run_pass(self) -> None:
+        if not await self._still_controller():
+            return
+        sessions = await self.live_sessions()
+        live = set(sessions)
+        restarted = {n for n, (_, session) in sessions.items() if n in self._sessions and self._sessions[n] != session}
+        newcomers = {n for n in live if n not in self._sessions} | restarted
+        changed: PartitionStates = []
+        everything: PartitionStates = []
+        names = await self.topics.names()
+        for name in names:
+            info = await self.topics.get(name)
+            if info is None:
+                continue
+            states = await asyncio.gather(*(self.topics.state(name, p) for p in range(info.partition_count)))
+            unclean = info.configs.get("unclean.leader.election.enable") == "true"
+            for index, state in enumerate(states):
+                if state is None:
+                    continue
+                replicas = info.replicas[index]
+                wanted = election.after_restarts(replicas, state, live, restarted, unclean=unclean)
+                wanted = election.preferred_leader(replicas, wanted, live)
+                if wanted != state:
+                    written = await self.topics.write_state(name, index, replace(wanted, controller_epoch=self.epoch),
+                                                            (self.epoch_path, self.epoch_version))
+                    if written is None:
+                        if not await self._still_controller():
+                            return
+                        self._wake.set()  # someone (the leader changing its ISR) wrote first: decide again
+                        continue
+                    log.info("partition state", extra=fields(topic=name, partition=index, leader=written.leader,
+                                                             leader_epoch=written.leader_epoch, isr=list(written.isr)))
+                    state = written
+                    changed.append((info, index, state))
+                elif name not in self._topics_seen:
+                    changed.append((info, index, state))
+                everything.append((info, index, state))
+        self._topics_seen = set(names)
+        self._sessions = {n: session for n, (_, session) in sessions.items()}
+        addresses = {n: address for n, (address, _) in sessions.items()}
+        if changed or newcomers:
+            await self.announce(self.epoch, addresses, changed, newcomers, everything)

@@ -1,0 +1,95 @@
+"""What the controller decides for one partition: pure, no I/O (issue 14,
+replication; Kafka's controller in ZooKeeper mode).
+
+A partition's state is its leader, leader epoch and in-sync replicas (ISR).
+The rules, all here:
+
+- A live leader keeps leading; followers that are gone leave the ISR (the
+  leader stays in it).
+- A gone leader is replaced by the first replica, in preference order, that
+  is live and in the ISR: every record the old leader acknowledged is on it.
+  The leader epoch grows by one, so the old leader is fenced everywhere.
+- With no such replica the partition goes offline (leader -1, epoch + 1) and
+  keeps its last ISR, so that the first of them to come back leads again;
+  only with ``unclean.leader.election.enable`` may a live replica outside the
+  ISR lead (it may lack acknowledged records: Kafka's trade of durability
+  for availability, off by default).
+- The ISR is never emptied.
+- The preferred leader (the first replica) takes leadership back once it is
+  live and in the ISR (it caught up).
+
+A node that restarted (a new ZooKeeper session under the same node id) is
+treated as gone and back: it leaves the ISR and rejoins as a follower once it
+has caught up, because its log may lack what it did not sync.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, replace
+
+NO_LEADER = -1
+
+
+@dataclass(frozen=True)
+class LeaderAndIsr:
+    leader: int
+    leader_epoch: int
+    isr: tuple[int, ...]
+    controller_epoch: int = 0
+    zk_version: int = -1  # the znode version this was read at or written as; not stored
+
+    def encode(self) -> bytes:
+        return json.dumps({"leader": self.leader, "leader_epoch": self.leader_epoch, "isr": list(self.isr),
+                           "controller_epoch": self.controller_epoch}, sort_keys=True).encode()
+
+    @classmethod
+    def decode(cls, data: bytes, zk_version: int) -> LeaderAndIsr:
+        raw = json.loads(data)
+        return cls(raw["leader"], raw["leader_epoch"], tuple(raw["isr"]), raw["controller_epoch"], zk_version)
+
+    def newer_than(self, other: LeaderAndIsr | None) -> bool:
+        return other is None or (self.leader_epoch, self.zk_version) > (other.leader_epoch, other.zk_version)
+
+
+def initial_state(replicas: Sequence[int], controller_epoch: int) -> LeaderAndIsr:
+    return LeaderAndIsr(replicas[0], 0, tuple(replicas), controller_epoch)
+
+
+def after_liveness(replicas: Sequence[int], state: LeaderAndIsr, live: Collection[int], *, unclean: bool) -> LeaderAndIsr:
+    """The state once the controller has seen which nodes are ``live`` (the
+    same object when nothing changes)."""
+    if state.leader in live:
+        isr = tuple(n for n in state.isr if n in live)
+        return state if isr == state.isr else replace(state, isr=isr)
+    candidates = [r for r in replicas if r in live and r in state.isr]
+    if candidates:
+        leader = candidates[0]
+        return replace(state, leader=leader, leader_epoch=state.leader_epoch + 1,
+                       isr=tuple(n for n in state.isr if n in live))
+    if unclean:
+        survivors = [r for r in replicas if r in live]
+        if survivors:
+            return replace(state, leader=survivors[0], leader_epoch=state.leader_epoch + 1, isr=(survivors[0],))
+    if state.leader == NO_LEADER:
+        return state
+    return replace(state, leader=NO_LEADER, leader_epoch=state.leader_epoch + 1)
+
+
+def after_restarts(replicas: Sequence[int], state: LeaderAndIsr, live: Collection[int], restarted: Collection[int],
+                   *, unclean: bool) -> LeaderAndIsr:
+    """:func:`after_liveness`, with the ``restarted`` nodes first treated as
+    gone (they leave the ISR unless they are all that is left of it) and then
+    as back."""
+    departed = after_liveness(replicas, state, [n for n in live if n not in restarted], unclean=unclean)
+    return after_liveness(replicas, departed, live, unclean=unclean)
+
+
+def preferred_leader(replicas: Sequence[int], state: LeaderAndIsr, live: Collection[int]) -> LeaderAndIsr:
+    """Leadership back to the preferred replica once it is live and in sync
+    (the same object when it leads already or cannot)."""
+    preferred = replicas[0]
+    if state.leader == preferred or preferred not in live or preferred not in state.isr:
+        return state
+    return replace(state, leader=preferred, leader_epoch=state.leader_epoch + 1)

@@ -1,0 +1,212 @@
+"""This instance's replicas: which partitions it holds, whether it leads or
+follows each, and the partition states it knows (issue 14, replication).
+
+A state (leader, leader epoch, ISR, from ZooKeeper) reaches an instance by
+the controller's LeaderAndIsr, by a read when a request names a partition it
+has not heard of, and by a resync of every state every
+``partition_state_refresh_ms`` (so a lost LeaderAndIsr delays, never
+breaks). A state is taken only when newer than the one known (leader epoch,
+then znode version). Taking it makes this replica the leader (become_leader)
+or a follower fetching from the leader (replica_fetcher.py).
+
+A leader changes its partition's ISR itself, as Kafka's did in ZooKeeper
+mode: a follower that caught up joins, one that lags for
+``replica_lag_time_max_ms`` leaves, each by a conditional write on the
+version it knows; a write that fails (the controller wrote first) re-reads
+the state and takes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+
+from partition_svc.election import LeaderAndIsr
+from partition_svc.log_store import GroupCommitWriter, LogStore
+from partition_svc.partition import Partition, now_ms
+from partition_svc.replica_fetcher import ReplicaFetcher
+from partition_svc.topics import TopicInfo, TopicRegistry
+from services.errors import ErrorCode, TxlogError
+from services.logs import fields
+from services.rpc import PeerClient
+
+log = logging.getLogger(__name__)
+
+Key = tuple[str, int]
+
+
+class ReplicaManager:
+    def __init__(self, node_id: int, store: LogStore, writer: GroupCommitWriter, topics: TopicRegistry, peers: PeerClient,
+                 live_nodes: Callable[[], Awaitable[dict[int, str]]], *, lag_max_ms: int, fetch_wait_ms: int,
+                 fetch_bytes_max: int):
+        self.node_id = node_id
+        self.store = store
+        self.writer = writer
+        self.topics = topics
+        self.peers = peers
+        self.live_nodes = live_nodes
+        self.lag_max_ms = lag_max_ms
+        self.fetch_wait_ms = fetch_wait_ms
+        self.fetch_bytes_max = fetch_bytes_max
+        self.partitions: dict[Key, Partition] = {}
+        self.states: dict[Key, LeaderAndIsr] = {}
+        self.controller_epoch = 0
+        self.fetchers: dict[int, ReplicaFetcher] = {}
+        self._isr_writes: set[Key] = set()
+
+    # --- states -----------------------------------------------------------------------
+
+    async def state(self, topic: str, index: int, *, fresh: bool = False) -> LeaderAndIsr | None:
+        """The partition's state as known here (read from ZooKeeper when not
+        known yet, or when ``fresh``); None when the partition does not exist."""
+        known = self.states.get((topic, index))
+        if known is not None and not fresh:
+            return known
+        info = await self.topics.get(topic)
+        if info is None or not 0 <= index < info.partition_count:
+            return None
+        state = await self.topics.state(topic, index)
+        if state is not None:
+            await self.take(info, index, state)
+        return self.states.get((topic, index))
+
+    async def take(self, info: TopicInfo, index: int, state: LeaderAndIsr) -> None:
+        """Takes a partition state if it is newer than the one known, and acts on it."""
+        key = (info.name, index)
+        if not state.newer_than(self.states.get(key)):
+            return
+        self.states[key] = state
+        replicas = info.replicas[index]
+        partition = self.partitions.get(key)
+        if self.node_id not in replicas:
+            self._stop_following(key)
+            if partition is not None:
+                partition.become_follower(state.leader_epoch)
+            return
+        if partition is None:
+            partition = self.partitions[key] = Partition(info.name, index, info.configs, self.store, self.writer,
+                                                         node_id=self.node_id, partition_count=info.partition_count,
+                                                         sole_replica=False)
+        if state.leader == self.node_id:
+            self._stop_following(key)
+            was_leader = partition.is_leader
+            partition.become_leader(state.leader_epoch, frozenset(state.isr), now_ms())
+            if not was_leader:
+                log.info("leading", extra=fields(topic=info.name, partition=index, leader_epoch=state.leader_epoch,
+                                                 isr=list(state.isr), log_end=partition.next_offset))
+        else:
+            partition.become_follower(state.leader_epoch)
+            if state.leader in self.fetchers and self.fetchers[state.leader].follows(key, state.leader_epoch):
+                return  # an ISR change only
+            self._stop_following(key)
+            if state.leader >= 0:
+                fetcher = self.fetchers.get(state.leader)
+                if fetcher is None:
+                    fetcher = self.fetchers[state.leader] = ReplicaFetcher(self, state.leader)
+                fetcher.add(key, partition, state.leader_epoch)
+
+    def _stop_following(self, key: Key) -> None:
+        for fetcher in self.fetchers.values():
+            fetcher.remove(key)
+
+    async def refresh(self, topic: str, index: int) -> None:
+        """Reads the partition's state again (a fetch answered that this
+        replica's view is stale)."""
+        await self.state(topic, index, fresh=True)
+
+    async def resync(self) -> None:
+        """Reads every partition state (the safety net under LeaderAndIsr)."""
+        for name in await self.topics.names():
+            info = await self.topics.get(name)
+            if info is None:
+                continue
+            states = await asyncio.gather(*(self.topics.state(name, p) for p in range(info.partition_count)))
+            for index, state in enumerate(states):
+                if state is not None:
+                    await self.take(info, index, state)
+
+    async def recover(self) -> None:
+        """Takes the state of every partition this instance has data for."""
+        for pkey, _ in list(self.store.partitions()):
+            topic, index = pkey[:-5].decode(), int.from_bytes(pkey[-4:], "big")
+            try:
+                await self.state(topic, index)
+            except TxlogError as exc:
+                log.warning("partition state unreadable", extra=fields(topic=topic, partition=index, error=exc.message))
+        log.info("recovered partitions", extra=fields(count=len(self.partitions)))
+
+    # --- leading --------------------------------------------------------------------
+
+    async def leader(self, topic: str, index: int) -> Partition:
+        """The partition, if this instance leads it; else a TxlogError saying where to go."""
+        partition = self.partitions.get((topic, index))
+        if partition is not None and partition.is_leader:
+            return partition
+        state = await self.state(topic, index)
+        if state is None:
+            raise TxlogError(ErrorCode.Value("UNKNOWN_TOPIC_OR_PARTITION"), f"{topic[:300]!r} partition {index} does not exist")
+        partition = self.partitions.get((topic, index))
+        if partition is not None and partition.is_leader:
+            return partition
+        if state.leader < 0:
+            raise TxlogError(ErrorCode.Value("LEADER_NOT_AVAILABLE"),
+                             f"{topic} partition {index} has no leader: no replica in its ISR {list(state.isr)} is live")
+        raise TxlogError(ErrorCode.Value("NOT_LEADER"),
+                         f"{topic} partition {index} is led by node {state.leader}, not node {self.node_id}; refresh metadata")
+
+    def follower_fetched(self, partition: Partition, follower: int, log_end_offset: int) -> None:
+        partition.follower_fetched(follower, log_end_offset, now_ms())
+        self.check_isr(partition)
+
+    def check_isr(self, partition: Partition) -> None:
+        """Starts an ISR change when the leader's view of its followers calls for one."""
+        key = (partition.topic, partition.index)
+        if not partition.is_leader or key in self._isr_writes:
+            return
+        wanted = partition.replica_set.isr_change(partition.durable_end, now_ms(), self.lag_max_ms)
+        if wanted is not None:
+            self._isr_writes.add(key)
+            asyncio.ensure_future(self._write_isr(partition, wanted))
+
+    async def _write_isr(self, partition: Partition, wanted: frozenset[int]) -> None:
+        key = (partition.topic, partition.index)
+        try:
+            state = self.states.get(key)
+            if state is None or state.leader != self.node_id or not partition.is_leader:
+                return
+            written = await self.topics.write_state(partition.topic, partition.index, replace(state, isr=tuple(sorted(wanted))))
+            if written is None:  # the controller wrote first: take what it wrote
+                await self.refresh(*key)
+                return
+            self.states[key] = written
+            partition.isr_changed(frozenset(written.isr))
+            log.info("ISR changed", extra=fields(topic=partition.topic, partition=partition.index, isr=list(written.isr),
+                                                 was=list(state.isr), high_watermark=partition.high_watermark))
+        except TxlogError as exc:
+            log.warning("ISR change not written", extra=fields(topic=partition.topic, partition=partition.index, error=exc.message))
+        finally:
+            self._isr_writes.discard(key)
+
+    async def maintain_forever(self, refresh_ms: int) -> None:
+        """Shrinks the ISRs of lagging followers (every half lag time) and
+        resyncs every state (every ``refresh_ms``)."""
+        last_resync = 0.0
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(min(self.lag_max_ms, refresh_ms) / 2000)
+            try:
+                for partition in list(self.partitions.values()):
+                    self.check_isr(partition)
+                if loop.time() - last_resync >= refresh_ms / 1000:
+                    last_resync = loop.time()
+                    await self.resync()
+            except TxlogError as exc:
+                log.warning("replica maintenance failed", extra=fields(error=exc.message))
+            except Exception:
+                log.exception("replica maintenance failed")
+
+    async def close(self) -> None:
+        for fetcher in self.fetchers.values():
+            await fetcher.close()

@@ -1,0 +1,131 @@
+"""The gRPC face of replication (replication.proto): LeaderAndIsr from the
+controller, ReplicaFetch and OffsetForLeaderEpoch from followers. Internal:
+only the cluster's own instances call these.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from partition_svc.election import LeaderAndIsr
+from partition_svc.partition import Partition
+from partition_svc.replica_manager import ReplicaManager
+from services import server
+from services.errors import ErrorCode, TxlogError, error_proto
+from services.stubs.txlog.v1 import common_pb2, replication_pb2, replication_pb2_grpc
+
+
+def _error(exc: TxlogError):
+    return error_proto(exc.code, exc.message)
+
+
+def check_epoch(partition: Partition, wanted_epoch: int) -> None:
+    """A replica request names the leader epoch it follows; it must be this leader's."""
+    if wanted_epoch < partition.leader_epoch:
+        raise TxlogError(ErrorCode.Value("FENCED_LEADER_EPOCH"),
+                         f"leader epoch {wanted_epoch} of {partition.topic}-{partition.index} is older than {partition.leader_epoch}")
+    if wanted_epoch > partition.leader_epoch:
+        raise TxlogError(ErrorCode.Value("UNKNOWN_LEADER_EPOCH"),
+                         f"leader epoch {wanted_epoch} of {partition.topic}-{partition.index} is newer than {partition.leader_epoch} "
+                         "known here")
+
+
+class ReplicationServicer(replication_pb2_grpc.ReplicationServiceServicer):
+    def __init__(self, replicas: ReplicaManager, fetch_wait_ms_max: int):
+        self.replicas = replicas
+        self.fetch_wait_ms_max = fetch_wait_ms_max
+
+    @server.rpc_handler
+    async def LeaderAndIsr(self, request, context):
+        if request.controller_epoch < self.replicas.controller_epoch:
+            raise TxlogError(ErrorCode.Value("STALE_CONTROLLER_EPOCH"),
+                             f"controller epoch {request.controller_epoch} is older than {self.replicas.controller_epoch} "
+                             "seen here: a deposed controller")
+        self.replicas.controller_epoch = request.controller_epoch
+        reply = replication_pb2.LeaderAndIsrResponse()
+        for wanted in request.partitions:
+            result = reply.results.add(partition=common_pb2.TopicPartition(topic=wanted.topic, partition=wanted.partition))
+            try:
+                info = await self.replicas.topics.get(wanted.topic)
+                if info is None or not 0 <= wanted.partition < info.partition_count:
+                    raise TxlogError(ErrorCode.Value("UNKNOWN_TOPIC_OR_PARTITION"), f"{wanted.topic}-{wanted.partition} does not exist")
+                state = LeaderAndIsr(wanted.leader, wanted.leader_epoch, tuple(wanted.isr), wanted.controller_epoch, wanted.zk_version)
+                await self.replicas.take(info, wanted.partition, state)
+            except TxlogError as exc:
+                result.error.CopyFrom(_error(exc))
+        return reply
+
+    async def _leading(self, topic: str, index: int, leader_epoch: int) -> Partition:
+        partition = await self.replicas.leader(topic, index)
+        check_epoch(partition, leader_epoch)
+        return partition
+
+    @server.rpc_handler
+    async def OffsetForLeaderEpoch(self, request, context):
+        reply = replication_pb2.OffsetForLeaderEpochResponse()
+        for wanted in request.partitions:
+            result = reply.results.add(topic=wanted.topic, partition=wanted.partition, leader_epoch=-1, end_offset=-1)
+            try:
+                partition = await self._leading(wanted.topic, wanted.partition, wanted.current_leader_epoch)
+                result.leader_epoch, result.end_offset = partition.epochs.end_offset_for(wanted.leader_epoch, partition.durable_end)
+            except TxlogError as exc:
+                result.error.CopyFrom(_error(exc))
+        return reply
+
+    @server.rpc_handler
+    async def ReplicaFetch(self, request, context):
+        leading = []  # (wanted, the partition or None, what keeps the follower from fetching or None)
+        for wanted in request.partitions:
+            try:
+                partition = await self._leading(wanted.topic, wanted.partition, wanted.leader_epoch)
+                leading.append((wanted, partition, self._progress(request.replica_id, wanted, partition)))
+            except TxlogError as exc:
+                leading.append((wanted, None, exc))
+        reply = self._collect(leading, request.max_bytes)
+        wait_ms = min(request.max_wait_ms, self.fetch_wait_ms_max)
+        if wait_ms > 0 and not any(r.batches or r.HasField("error") or r.HasField("diverging_epoch") for r in reply.results):
+            events = [p.log_end_moved() for _, p, outcome in leading if p is not None and outcome is None]
+            if events:
+                waiters = [asyncio.ensure_future(e.wait()) for e in events]
+                try:
+                    await asyncio.wait(waiters, timeout=wait_ms / 1000, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    for waiter in waiters:
+                        waiter.cancel()
+                reply = self._collect(leading, request.max_bytes)
+        return reply
+
+    def _progress(self, follower: int, wanted, partition: Partition):
+        """Records the follower's progress; what keeps it from fetching
+        (diverging logs, an offset out of range), or None."""
+        if wanted.last_fetched_epoch >= 0:
+            epoch, end = partition.epochs.end_offset_for(wanted.last_fetched_epoch, partition.durable_end)
+            if epoch != wanted.last_fetched_epoch or end < wanted.fetch_offset:
+                return replication_pb2.EpochEndOffset(epoch=epoch, end_offset=end)
+        if wanted.fetch_offset < partition.log_start_offset:
+            return TxlogError(ErrorCode.Value("OFFSET_OUT_OF_RANGE"),
+                              f"offset {wanted.fetch_offset} is below the log start {partition.log_start_offset}")
+        if wanted.fetch_offset <= partition.durable_end:
+            self.replicas.follower_fetched(partition, follower, wanted.fetch_offset)
+        return None
+
+    def _collect(self, leading, bytes_max: int) -> replication_pb2.ReplicaFetchResponse:
+        reply = replication_pb2.ReplicaFetchResponse()
+        left = bytes_max or 2**62
+        for wanted, partition, outcome in leading:
+            result = reply.results.add(topic=wanted.topic, partition=wanted.partition)
+            if isinstance(outcome, TxlogError):
+                result.error.CopyFrom(_error(outcome))
+                if partition is not None:
+                    result.log_start_offset = partition.log_start_offset
+                continue
+            result.high_watermark, result.log_start_offset = partition.high_watermark, partition.log_start_offset
+            if outcome is not None:
+                result.diverging_epoch.CopyFrom(outcome)
+                continue
+            for base_offset, value in partition.store.batches(partition.pkey, wanted.fetch_offset):
+                if base_offset >= partition.durable_end or (left <= 0 and result.batches):
+                    break
+                result.batches.add(base_offset=base_offset, leader_epoch=partition.epoch_of(base_offset), value=value)
+                left -= len(value)
+        return reply

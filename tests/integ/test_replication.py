@@ -1,0 +1,297 @@
+"""Replication through the real services (issue 14): three partition_svc
+processes, topics with three replicas, leaders killed, paused and wiped.
+
+Settings are shortened so that failures are noticed quickly (a 4 s ZooKeeper
+session, a 2 s replica lag time); every wait is for a condition, with a deadline.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import posixpath
+import shutil
+import signal
+import threading
+import time
+
+import grpc
+import pytest
+from kazoo.client import KazooClient
+
+from services.client import Admin, Producer, console
+from services.cluster import LocalCluster
+from services.errors import ErrorCode
+from services.stubs.txlog.v1 import common_pb2, partition_pb2
+from tests.integ.raw import Raw
+
+SESSION_S = 4
+FAST = ["--zookeeper-session-timeout-s", str(SESSION_S), "--replica-lag-time-max-ms", "2000",
+        "--controller-pass-interval-ms", "1000", "--partition-state-refresh-ms", "1000"]
+FAILOVER_TIMEOUT_S = 60
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    """ZooKeeper, producer_id_svc and three partition_svc (no coordinator)."""
+    local = LocalCluster(tmp_path / "cluster")
+    local.up(producer_id_svcs=1, partition_svcs=3, coordinator_svcs=0, service_args={"partition_svc": FAST})
+    yield local
+    for name in local.state.services:  # a test that failed mid-pause must not leave a stopped process behind
+        local.kill(name, signal.SIGCONT)
+    local.down(grace_s=5)
+
+
+@pytest.fixture
+def raw(cluster):
+    return Raw(cluster)
+
+
+@pytest.fixture
+def zk(cluster):
+    client = KazooClient(hosts=cluster.state.zookeeper)
+    client.start(timeout=30)
+    yield client
+    client.stop()
+    client.close()
+
+
+def wait_for(probe, timeout_s=FAILOVER_TIMEOUT_S, what="condition"):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            value = probe()
+        except grpc.RpcError:
+            value = None
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.1)
+
+
+def partition_meta(raw: Raw, topic: str, partition: int) -> partition_pb2.PartitionMetadata:
+    reply = raw.metadata(partition_pb2.MetadataRequest(topics=[topic]))
+    return reply.topics[0].partitions[partition]
+
+
+def name_of(node_id: int) -> str:
+    return f"partition_svc-{node_id}"
+
+
+def create(bootstrap: str, topic: str, partitions: int, replication_factor: int, **configs) -> None:
+    with Admin(bootstrap) as admin:
+        assert admin.create_topics([(topic, partitions, replication_factor)], configs) == {topic: partitions}
+
+
+def fully_replicated(raw: Raw, topic: str, partition: int, replicas: int = 3):
+    meta = partition_meta(raw, topic, partition)
+    return meta if meta.error.code == 0 and len(meta.isr) == replicas else None
+
+
+def read_values(raw: Raw, topic: str, partition: int, isolation=common_pb2.ISOLATION_LEVEL_READ_UNCOMMITTED) -> list[bytes]:
+    """Every record of the partition, from whoever leads it now (retried while leadership settles)."""
+    def attempt():
+        values, offset = [], 0
+        while True:
+            result = raw.fetch(topic, partition, offset, isolation=isolation)
+            if result.error.code != 0:
+                return None
+            values += [r.value for b in result.batches for r in b.records]
+            if result.next_fetch_offset >= (result.last_stable_offset if isolation else result.high_watermark):
+                return (values,)
+            offset = result.next_fetch_offset
+    return wait_for(attempt, what=f"a readable leader of {topic}-{partition}")[0]
+
+
+def test_a_topic_is_replicated_and_described_with_leader_replicas_and_isr(cluster, raw):
+    create(cluster.state.bootstrap, "described", 3, 3, **{"min.insync.replicas": "2"})
+    for p in range(3):
+        meta = wait_for(lambda p=p: fully_replicated(raw, "described", p), what="every replica in sync")
+        assert sorted(meta.replicas) == [0, 1, 2] and meta.leader_id == meta.replicas[0]
+    leaders = {partition_meta(raw, "described", p).leader_id for p in range(3)}
+    assert leaders == {0, 1, 2}  # leaders spread: one partition led by each instance
+
+    with Admin(cluster.state.bootstrap) as admin:
+        with pytest.raises(Exception) as refused:
+            admin.create_topics([("too-many", 1, 4)])
+        assert "INVALID_REPLICATION_FACTOR" in repr(refused.value)
+        with pytest.raises(Exception) as refused:
+            admin.create_topics([("min-isr-too-high", 1, 2)], {"min.insync.replicas": "3"})
+        assert "INVALID_CONFIG" in repr(refused.value)
+        assert "too-many" not in admin.list_topics() and "min-isr-too-high" not in admin.list_topics()
+
+    out = io.StringIO()
+    console.topics_describe(cluster.state.bootstrap, "described", out)
+    described = json.loads(out.getvalue())
+    for entry in described["partitions"]:
+        assert set(entry) >= {"partition", "leader", "leader_epoch", "replicas", "isr"}
+        assert entry["leader"] in entry["isr"] and sorted(entry["replicas"]) == [0, 1, 2]
+
+
+def test_killing_the_leader_loses_no_acknowledged_record_and_the_idempotent_producer_carries_on(cluster, raw):
+    create(cluster.state.bootstrap, "failover", 1, 3, **{"min.insync.replicas": "2"})
+    first = wait_for(lambda: fully_replicated(raw, "failover", 0), what="every replica in sync")
+    acked: list[bytes] = []
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def produce() -> None:
+        try:
+            with Producer(cluster.state.bootstrap, linger_ms=1, delivery_timeout_ms=120_000) as producer:
+                i = 0
+                while not stop.is_set():
+                    futures = [(f"v{i + j}".encode(), producer.send("failover", f"v{i + j}", partition=0)) for j in range(20)]
+                    for value, future in futures:
+                        future.result(timeout=120)
+                        acked.append(value)
+                    i += 20
+        except BaseException as exc:  # noqa: BLE001 (reported by the test)
+            errors.append(exc)
+
+    worker = threading.Thread(target=produce)
+    worker.start()
+    try:
+        wait_for(lambda: len(acked) >= 200, what="records acknowledged before the kill")
+        cluster.kill(name_of(first.leader_id))
+        killed_at = len(acked)
+        second = wait_for(lambda: (m := partition_meta(raw, "failover", 0)).error.code == 0 and m.leader_id != first.leader_id
+                          and m, what="a new leader")
+        assert second.leader_epoch > first.leader_epoch and second.leader_id in first.isr
+        wait_for(lambda: len(acked) >= killed_at + 200, what="records acknowledged by the new leader")
+    finally:
+        stop.set()
+        worker.join(timeout=180)
+    assert not errors, errors
+    values = read_values(raw, "failover", 0)
+    assert len(values) == len(set(values)), "a record was written twice"
+    assert set(acked) <= set(values), f"acknowledged records lost: {sorted(set(acked) - set(values))[:10]}"
+
+    cluster.start(name_of(first.leader_id))  # it comes back as a follower, catches up, and leads again (preferred)
+    back = wait_for(lambda: (m := partition_meta(raw, "failover", 0)).leader_id == first.leader_id and len(m.isr) == 3 and m,
+                    what="the preferred leader back in the ISR and leading")
+    assert back.leader_epoch > second.leader_epoch
+    assert read_values(raw, "failover", 0) == values
+
+
+def test_acks_all_is_refused_below_min_insync_replicas_and_nothing_is_appended(cluster, raw):
+    create(cluster.state.bootstrap, "min-isr", 1, 3, **{"min.insync.replicas": "2"})
+    meta = wait_for(lambda: fully_replicated(raw, "min-isr", 0), what="every replica in sync")
+    followers = [n for n in meta.replicas if n != meta.leader_id]
+    for node in followers:
+        cluster.kill(name_of(node))
+    wait_for(lambda: list(partition_meta(raw, "min-isr", 0).isr) == [meta.leader_id], what="the ISR shrunk to the leader")
+    leader = raw.leader("min-isr", 0)
+    batch = common_pb2.RecordBatch(records=[common_pb2.Record(value=b"refused")])
+    result = raw.produce("min-isr", 0, batch, stub=leader, acks=-1)
+    assert ErrorCode.Name(result.error.code) == "NOT_ENOUGH_REPLICAS", result
+    assert "min.insync.replicas" in result.error.message
+    assert read_values(raw, "min-isr", 0) == []  # nothing was appended
+    result = raw.produce("min-isr", 0, common_pb2.RecordBatch(records=[common_pb2.Record(value=b"one")]), stub=leader, acks=1)
+    assert result.error.code == 0 and result.base_offset == 0  # acks=1 needs only the leader
+    for node in followers:
+        cluster.start(name_of(node))
+    wait_for(lambda: fully_replicated(raw, "min-isr", 0), what="the followers back in sync")
+    result = raw.produce("min-isr", 0, common_pb2.RecordBatch(records=[common_pb2.Record(value=b"two")]), stub=leader, acks=-1)
+    assert result.error.code == 0 and result.base_offset == 1
+
+
+def test_a_wiped_follower_rebuilds_from_the_leader_and_can_lead_with_the_same_producer_state(cluster, raw):
+    create(cluster.state.bootstrap, "wiped", 1, 3)
+    meta = wait_for(lambda: fully_replicated(raw, "wiped", 0), what="every replica in sync")
+    producer_id = raw.producer_id()
+    leader = raw.leader("wiped", 0)
+
+    def batch(seq: int, value: bytes) -> common_pb2.RecordBatch:
+        return common_pb2.RecordBatch(producer_id=producer_id, producer_epoch=0, base_sequence=seq, records=[common_pb2.Record(value=value)])
+
+    for seq, value in enumerate([b"a", b"b", b"c"]):
+        assert raw.produce("wiped", 0, batch(seq, value), stub=leader).error.code == 0
+
+    wiped = [n for n in meta.replicas if n != meta.leader_id][0]
+    cluster.kill(name_of(wiped))
+    shutil.rmtree(cluster.dir / name_of(wiped))
+    cluster.start(name_of(wiped))
+    wait_for(lambda: fully_replicated(raw, "wiped", 0), what="the wiped follower back in the ISR")
+    # the other two go: the wiped one, in the ISR, must lead with the same log and producer state
+    for node in meta.replicas:
+        if node != wiped:
+            cluster.kill(name_of(node))
+    wait_for(lambda: partition_meta(raw, "wiped", 0).leader_id == wiped, what="the rebuilt replica leading")
+    assert read_values(raw, "wiped", 0) == [b"a", b"b", b"c"]
+    stub = raw.leader("wiped", 0)
+    duplicate = raw.produce("wiped", 0, batch(2, b"c"), stub=stub, acks=1)
+    assert duplicate.error.code == 0 and duplicate.base_offset == 2  # a retry is answered its original offset
+    gap = raw.produce("wiped", 0, batch(5, b"f"), stub=stub, acks=1)
+    assert ErrorCode.Name(gap.error.code) == "OUT_OF_ORDER_SEQUENCE", gap
+    assert read_values(raw, "wiped", 0) == [b"a", b"b", b"c"]
+
+
+def test_unclean_leader_election_is_off_by_default(cluster, raw):
+    create(cluster.state.bootstrap, "clean", 1, 3)
+    meta = wait_for(lambda: fully_replicated(raw, "clean", 0), what="every replica in sync")
+    laggard, survivor = [n for n in meta.replicas if n != meta.leader_id]
+    cluster.kill(name_of(laggard))
+    wait_for(lambda: laggard not in partition_meta(raw, "clean", 0).isr, what="the stopped follower out of the ISR")
+    raw.produce("clean", 0, common_pb2.RecordBatch(records=[common_pb2.Record(value=b"only-in-isr")]))
+    cluster.kill(name_of(meta.leader_id))
+    cluster.kill(name_of(survivor))
+    cluster.start(name_of(laggard))
+    # the laggard lacks an acknowledged record: it must not lead, the partition stays offline
+    offline = wait_for(lambda: (m := partition_meta(raw, "clean", 0)).leader_id == -1 and m, what="the partition offline")
+    assert ErrorCode.Name(offline.error.code) == "LEADER_NOT_AVAILABLE" and laggard not in offline.isr
+    cluster.start(name_of(survivor))
+    wait_for(lambda: partition_meta(raw, "clean", 0).leader_id == survivor, what="an ISR member leading again")
+    assert read_values(raw, "clean", 0) == [b"only-in-isr"]
+
+
+def test_controller_failover_elects_another_controller_that_keeps_electing_leaders(cluster, raw, zk):
+    create(cluster.state.bootstrap, "ctl", 3, 3)
+    for p in range(3):
+        wait_for(lambda p=p: fully_replicated(raw, "ctl", p), what="every replica in sync")
+    path = posixpath.join("/txlog", "controller")
+    controller = json.loads(zk.get(path)[0])["node_id"]
+    epoch = int(zk.get("/txlog/controller_epoch")[0])
+    cluster.kill(name_of(controller))
+    def new_controller():
+        node = json.loads(zk.get(path)[0])["node_id"] if zk.exists(path) else controller
+        return node != controller and node
+
+    new = wait_for(new_controller, what="a new controller")
+    assert int(zk.get("/txlog/controller_epoch")[0]) > epoch
+    led = [p for p in range(3) if partition_meta(raw, "ctl", p).replicas[0] == controller]
+    for p in led:  # the dead controller's partitions were moved by the new one
+        wait_for(lambda p=p: partition_meta(raw, "ctl", p).leader_id not in (controller, -1), what="a new leader")
+    assert new != controller
+
+
+def test_a_paused_leader_is_fenced_and_its_unreplicated_tail_truncated(cluster, raw):
+    # a long lag time: the followers stay in the ISR while paused, so that one of them can take over
+    create(cluster.state.bootstrap, "paused", 1, 3)
+    meta = wait_for(lambda: fully_replicated(raw, "paused", 0), what="every replica in sync")
+    old_leader = raw.leader("paused", 0)
+    assert raw.produce("paused", 0, common_pb2.RecordBatch(records=[common_pb2.Record(value=b"acked")]), stub=old_leader).error.code == 0
+    followers = [n for n in meta.replicas if n != meta.leader_id]
+    for node in followers:
+        cluster.kill(name_of(node), signal.SIGSTOP)
+    try:
+        tail = raw.produce("paused", 0, common_pb2.RecordBatch(records=[common_pb2.Record(value=b"unreplicated")]),
+                           stub=old_leader, acks=1)
+        assert tail.error.code == 0 and tail.base_offset == 1
+        cluster.kill(name_of(meta.leader_id), signal.SIGSTOP)
+    finally:
+        for node in followers:
+            cluster.kill(name_of(node), signal.SIGCONT)
+    try:
+        new = wait_for(lambda: (m := partition_meta(raw, "paused", 0)).leader_id in followers and m, what="a follower leading")
+        assert new.leader_epoch > meta.leader_epoch
+        assert raw.produce("paused", 0, common_pb2.RecordBatch(records=[common_pb2.Record(value=b"after")])).error.code == 0
+    finally:
+        cluster.kill(name_of(meta.leader_id), signal.SIGCONT)
+    # the resumed old leader refuses writes at its old epoch, whatever it believed
+    stale = raw.produce("paused", 0, common_pb2.RecordBatch(records=[common_pb2.Record(value=b"zombie")]), stub=old_leader)
+    assert ErrorCode.Name(stale.error.code) in ("NOT_LEADER", "FENCED_LEADER_EPOCH", "NOT_ENOUGH_REPLICAS_AFTER_APPEND"), stale
+    # it rejoins as a follower, truncates its tail, and leads again once in sync (the preferred replica)
+    wait_for(lambda: partition_meta(raw, "paused", 0).leader_id == meta.leader_id and fully_replicated(raw, "paused", 0),
+             what="the old leader back in sync and leading")
+    assert read_values(raw, "paused", 0) == [b"acked", b"after"]
