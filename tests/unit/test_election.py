@@ -1,0 +1,75 @@
+"""The controller's rules (partition_svc/election.py): examples and properties."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from partition_svc.election import NO_LEADER, LeaderAndIsr, after_liveness, after_restarts, initial_state, preferred_leader
+
+REPLICAS = (1, 2, 3)
+
+
+def test_a_live_leader_keeps_leading_and_gone_followers_leave_the_isr():
+    state = LeaderAndIsr(1, 4, (1, 2, 3))
+    assert after_liveness(REPLICAS, state, {1, 2, 3}, unclean=False) is state
+    assert after_liveness(REPLICAS, state, {1, 3}, unclean=False) == LeaderAndIsr(1, 4, (1, 3))
+
+
+def test_a_gone_leader_is_replaced_by_the_first_live_isr_member_in_preference_order():
+    state = LeaderAndIsr(1, 4, (3, 1, 2))
+    assert after_liveness(REPLICAS, state, {2, 3}, unclean=False) == LeaderAndIsr(2, 5, (3, 2))
+
+
+def test_no_live_isr_member_leaves_the_partition_offline_with_its_last_isr_unless_unclean():
+    state = LeaderAndIsr(1, 4, (1, 2))
+    offline = after_liveness(REPLICAS, state, {3}, unclean=False)
+    assert offline == LeaderAndIsr(NO_LEADER, 5, (1, 2))
+    assert after_liveness(REPLICAS, offline, {3}, unclean=False) is offline  # no new epoch while nothing changes
+    assert after_liveness(REPLICAS, offline, {2, 3}, unclean=False) == LeaderAndIsr(2, 6, (2,))  # an ISR member is back
+    assert after_liveness(REPLICAS, state, {3}, unclean=True) == LeaderAndIsr(3, 5, (3,))
+
+
+def test_a_restarted_node_leaves_the_isr_unless_it_is_all_that_is_left():
+    state = LeaderAndIsr(1, 4, (1, 2, 3))
+    assert after_restarts(REPLICAS, state, {1, 2, 3}, {1}, unclean=False) == LeaderAndIsr(2, 5, (2, 3))
+    alone = LeaderAndIsr(1, 4, (1,))
+    # every ISR member restarted (a whole-cluster restart): the last one leads again rather than nobody
+    assert after_restarts(REPLICAS, alone, {1, 2, 3}, {1}, unclean=False) == LeaderAndIsr(1, 6, (1,))
+
+
+def test_the_preferred_leader_leads_again_once_live_and_in_sync():
+    state = LeaderAndIsr(2, 5, (2, 3))
+    assert preferred_leader(REPLICAS, state, {1, 2, 3}) is state  # not in the ISR yet
+    caught_up = LeaderAndIsr(2, 5, (2, 3, 1))
+    assert preferred_leader(REPLICAS, caught_up, {1, 2, 3}) == LeaderAndIsr(1, 6, (2, 3, 1))
+    assert initial_state((3, 1, 2), controller_epoch=7) == LeaderAndIsr(3, 0, (3, 1, 2), 7)
+
+
+def test_a_state_is_ordered_by_leader_epoch_then_znode_version():
+    assert LeaderAndIsr(1, 5, (1,), zk_version=0).newer_than(LeaderAndIsr(1, 4, (1, 2), zk_version=9))
+    assert LeaderAndIsr(1, 5, (1,), zk_version=3).newer_than(LeaderAndIsr(1, 5, (1, 2), zk_version=2))
+    assert not LeaderAndIsr(1, 5, (1,), zk_version=2).newer_than(LeaderAndIsr(1, 5, (1, 2), zk_version=2))
+    assert LeaderAndIsr.decode(LeaderAndIsr(2, 3, (2, 1), 4).encode(), 8) == LeaderAndIsr(2, 3, (2, 1), 4, 8)
+
+
+nodes = st.sets(st.sampled_from(REPLICAS))
+
+
+@given(st.sampled_from([*REPLICAS, NO_LEADER]), st.integers(0, 100), st.lists(st.sampled_from(REPLICAS), min_size=1, unique=True),
+       nodes, nodes, st.booleans())
+def test_every_decision_keeps_the_rules(leader, epoch, isr, live, restarted, unclean):
+    if leader != NO_LEADER and leader not in isr:
+        isr = [leader, *isr]
+    state = LeaderAndIsr(leader, epoch, tuple(isr))
+    after = after_restarts(REPLICAS, state, live, restarted & live, unclean=unclean)
+    assert after.isr, "the ISR is never emptied"
+    if after.leader != NO_LEADER:
+        assert after.leader in after.isr and after.leader in live
+        if not unclean:
+            assert after.leader in state.isr, "a clean election picks an ISR member"
+    assert set(after.isr) <= set(state.isr) or (unclean and after.isr == (after.leader,))
+    if after.leader != state.leader:
+        assert after.leader_epoch > state.leader_epoch, "a leader change always bumps the epoch"
+    else:
+        assert after.leader_epoch >= state.leader_epoch

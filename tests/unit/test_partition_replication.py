@@ -1,0 +1,155 @@
+"""A leader's and a follower's Partition on real RocksDB stores (issue 14):
+the follower stores the leader's batches byte for byte and rebuilds every
+state derived from the log (producer states, the aborted index, pending and
+committed group offsets, seals) exactly as the leader has it; truncation
+replays what is left; the high watermark and acks=all wait for the ISR."""
+
+from __future__ import annotations
+
+import asyncio
+
+from partition_svc import log_store, validation
+from partition_svc.log_store import GroupCommitWriter, LogStore
+from partition_svc.partition import Partition
+from partition_svc.producer_state import Reject
+from services.errors import ErrorCode
+from services.protocol import CONSUMER_OFFSETS_TOPIC
+from services.stubs.txlog.v1 import common_pb2
+
+CONFIGS = validation.topic_configs({}, 1 << 20)
+LIMITS = validation.BatchLimits(10_000, 1 << 24)
+NOW = 1_700_000_000_000
+LEADER, FOLLOWER = 0, 1
+
+
+def batch(pid, epoch, seq, values, transactional=False):
+    return common_pb2.RecordBatch(producer_id=pid, producer_epoch=epoch, base_sequence=seq, is_transactional=transactional,
+                                  records=[common_pb2.Record(value=v.encode()) for v in values])
+
+
+def replica(tmp_path, name: str, node_id: int, topic: str = "t") -> Partition:
+    store = LogStore(str(tmp_path / name))
+    partition = Partition(topic, 0, CONFIGS, store, GroupCommitWriter(store), node_id=node_id, sole_replica=False)
+    return partition
+
+
+async def ship(leader: Partition, follower: Partition) -> None:
+    """One follower fetch: the follower's progress counted, the leader's batches stored (once durable there)."""
+    if leader.next_offset:
+        await leader.wait_durable(leader.next_offset - 1)
+    leader.follower_fetched(FOLLOWER, follower.next_offset, NOW)
+    batches = [(base, leader.epoch_of(base), value) for base, value in leader.store.batches(leader.pkey, follower.next_offset)
+               if base < leader.durable_end]
+    written = follower.append_replicated(batches, leader.high_watermark)
+    if written is not None:
+        await written
+    leader.follower_fetched(FOLLOWER, follower.next_offset, NOW)
+
+
+async def drained(*partitions: Partition) -> None:
+    """Every write submitted is done (asyncio.run would cancel a write in flight, which stops the process)."""
+    for partition in partitions:
+        await partition.writer.drain()
+
+
+def derived(partition: Partition) -> tuple:
+    return (partition.producers, partition.aborted, partition.pending_offsets, partition.next_offset,
+            list(partition.store.items(b"G")), partition.epochs.entries)
+
+
+def test_a_follower_rebuilds_producer_state_markers_and_seals_and_acks_wait_for_it(tmp_path):
+    async def scenario():
+        leader, follower = replica(tmp_path, "leader", LEADER), replica(tmp_path, "follower", FOLLOWER)
+        leader.become_leader(3, frozenset({LEADER, FOLLOWER}), NOW)
+        follower.become_follower(3)
+        plain = leader.produce(batch(7, 0, 0, ["a", "b"]), NOW, LIMITS)
+        await plain.durable
+        assert not plain.replicated.done() and leader.high_watermark == 0  # on the leader only: not acknowledged
+        await ship(leader, follower)
+        assert await plain.replicated and leader.high_watermark == 2
+        txn = leader.produce(batch(8, 0, 0, ["t1"], transactional=True), NOW, LIMITS)
+        sealed = leader.seal_prepared(9, 2, 1, NOW)
+        aborted = leader.write_marker(8, 1, 1, False, NOW)
+        await ship(leader, follower)
+        await ship(leader, follower)
+        assert await txn.replicated and await sealed and await aborted
+        assert derived(follower) == derived(leader)
+        assert follower.aborted == {8: [(2, 4)]} and follower.producers[9].txn_prepared
+        assert follower.high_watermark == leader.high_watermark == 5
+        # the follower leads now, with the leader's answers: a duplicate, a fenced epoch, a sealed transaction
+        follower.become_leader(4, frozenset({FOLLOWER}), NOW)
+        retry = follower.produce(batch(7, 0, 0, ["a", "b"]), NOW, LIMITS)
+        assert retry.duplicate and retry.base_offset == 0
+        fenced = follower.produce(batch(8, 0, 1, ["late"], transactional=True), NOW, LIMITS)
+        zombie = follower.produce(batch(9, 2, 0, ["zombie"], transactional=True), NOW, LIMITS)
+        assert isinstance(fenced, Reject) and isinstance(zombie, Reject)
+        assert ErrorCode.Name(zombie.code) == "INVALID_TXN_STATE"
+        await drained(leader, follower)
+    asyncio.run(scenario())
+
+
+def test_group_offsets_committed_in_and_out_of_transactions_are_rebuilt_on_a_follower(tmp_path):
+    async def scenario():
+        leader = replica(tmp_path, "leader", LEADER, CONSUMER_OFFSETS_TOPIC)
+        follower = replica(tmp_path, "follower", FOLLOWER, CONSUMER_OFFSETS_TOPIC)
+        leader.become_leader(1, frozenset({LEADER, FOLLOWER}), NOW)
+        follower.become_follower(1)
+        key = log_store.group_offset_key("g", "t", 0)
+        plain = leader.commit_offsets([(key, log_store.group_offset_value(5, "", NOW))], NOW, LIMITS)
+        pending = leader.commit_txn_offsets(4, 0, [(key, log_store.group_offset_value(9, "m", NOW))], NOW)
+        await ship(leader, follower)
+        assert await plain and await pending
+        assert follower.store.group_offsets("g") == [("t", 0, 5, "")] and follower.pending_offsets == leader.pending_offsets
+        committed = leader.write_marker(4, 1, 0, True, NOW)
+        await ship(leader, follower)
+        await ship(leader, follower)
+        assert await committed
+        assert follower.store.group_offsets("g") == leader.store.group_offsets("g") == [("t", 0, 9, "m")]
+        assert follower.pending_offsets == {}
+        await drained(leader, follower)
+    asyncio.run(scenario())
+
+
+def test_truncation_removes_a_diverging_tail_and_replays_what_is_left(tmp_path):
+    async def scenario():
+        old, new = replica(tmp_path, "old", LEADER), replica(tmp_path, "new", FOLLOWER)
+        old.become_leader(1, frozenset({LEADER, FOLLOWER}), NOW)
+        new.become_follower(1)
+        await old.produce(batch(7, 0, 0, ["a"]), NOW, LIMITS).durable
+        await ship(old, new)
+        # the old leader takes a transaction nobody else sees, then loses leadership
+        await old.produce(batch(8, 0, 0, ["lost"], transactional=True), NOW, LIMITS).durable
+        await old.produce(batch(7, 0, 1, ["lost-too"]), NOW, LIMITS).durable
+        old.become_follower(2)
+        new.become_leader(2, frozenset({FOLLOWER}), NOW)
+        await new.produce(batch(7, 0, 1, ["b"]), NOW, LIMITS).durable
+        assert old.last_stable_offset <= 1 and 8 in old.producers
+        epoch, end = new.epochs.end_offset_for(old.epochs.latest_epoch, new.durable_end)
+        assert (epoch, end) == (1, 1)
+        await old.truncate_to(end)
+        assert old.next_offset == 1 and 8 not in old.producers and old.producers[7].last_sequence == 0
+        reopened = Partition("t", 0, CONFIGS, old.store, old.writer, node_id=LEADER, sole_replica=False)
+        assert derived(reopened) == derived(old)  # what truncation wrote is what a restart finds
+        old.leader_high_watermark = 0
+        written = old.append_replicated([(base, new.epoch_of(base), value) for base, value in new.store.batches(new.pkey, 1)], 2)
+        await written
+        assert [h.producer_id for h in old.headers()] == [7, 7] and old.epochs.entries == new.epochs.entries
+        assert old.producers == new.producers
+        await drained(old, new)
+    asyncio.run(scenario())
+
+
+def test_a_leader_that_loses_leadership_tells_its_waiters_and_drops_its_lso_holds(tmp_path):
+    async def scenario():
+        leader = replica(tmp_path, "leader", LEADER)
+        leader.become_leader(1, frozenset({LEADER, FOLLOWER}), NOW)
+        produced = leader.produce(batch(7, 0, 0, ["a"]), NOW, LIMITS)
+        await produced.durable
+        assert leader.check_enough_replicas() is None
+        leader.configs = dict(CONFIGS, **{"min.insync.replicas": "3"})
+        assert ErrorCode.Name(leader.check_enough_replicas().code) == "NOT_ENOUGH_REPLICAS"
+        leader.become_follower(2)
+        assert await produced.replicated is False
+        assert await leader.wait_replicated(0) is False
+        await drained(leader)
+    asyncio.run(scenario())

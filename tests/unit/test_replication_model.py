@@ -1,0 +1,254 @@
+"""Replication's pure cores together against the one rule that matters: an
+acknowledged record is never lost (issue 14).
+
+A hypothesis state machine runs three replicas of one partition with the real
+cores (election.py for the controller, isr.ReplicaSet for the leader's ISR
+and high watermark, leader_epochs for the follower's truncation) and a model
+of what is acknowledged. The network is hostile: fetch answers arrive late,
+twice or out of order; the controller's LeaderAndIsr reaches each replica
+late, so deposed leaders (zombies) keep taking appends; replicas die and
+restart (their logs are durable); ZooKeeper writes are conditional on the
+version the writer knew, as in partition_svc.
+
+Checked after every step: every acknowledged record is, at its offset, in the
+log of every replica in the ISR (so in whichever one the controller elects
+next), and the leader's high watermark never moves back within its epoch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from partition_svc import election
+from partition_svc.election import NO_LEADER, LeaderAndIsr
+from partition_svc.isr import FollowerProgress, ReplicaSet
+from partition_svc.leader_epochs import AskAgain, LeaderEpochCache, truncation_step
+
+REPLICAS = (1, 2, 3)
+LAG_MAX_MS = 3_000
+
+
+@dataclass
+class Replica:
+    node: int
+    log: list = field(default_factory=list)  # (leader epoch, value) per offset
+    epochs: LeaderEpochCache = field(default_factory=LeaderEpochCache)
+    high_watermark: int = 0
+    alive: bool = True
+    known: LeaderAndIsr | None = None  # the state it acts on (LeaderAndIsr reaches it late)
+    replica_set: ReplicaSet | None = None  # set while it believes it leads
+    truncated: bool = False
+
+    def leads(self) -> bool:
+        return self.alive and self.replica_set is not None
+
+
+@dataclass(frozen=True)
+class FetchAnswer:
+    follower: int
+    leader: int
+    leader_epoch: int
+    from_offset: int
+    entries: tuple
+    leader_high_watermark: int
+
+
+class Replication(RuleBasedStateMachine):
+    def __init__(self):
+        super().__init__()
+        self.replicas = {n: Replica(n) for n in REPLICAS}
+        self.zk = election.initial_state(REPLICAS, controller_epoch=1)
+        self.zk_version = 0
+        self.now_ms = 0
+        self.in_flight: list[FetchAnswer] = []
+        self.pending: list[tuple[int, int, int, str]] = []  # (leader, epoch, offset, value) awaiting acknowledgement
+        self.acked: dict[int, str] = {}
+        self.restarted: set[int] = set()
+        self.hw_seen: dict[tuple[int, int], int] = {}
+        self.counter = 0
+        for node in REPLICAS:
+            self.inform(node)
+
+    # --- ZooKeeper and the controller ---------------------------------------------------------
+
+    def write_state(self, state: LeaderAndIsr, known_version: int) -> bool:
+        """A conditional write: only on the version the writer read."""
+        if known_version != self.zk_version:
+            return False
+        self.zk, self.zk_version = replace(state, zk_version=self.zk_version + 1), self.zk_version + 1
+        return True
+
+    @rule()
+    def controller_pass(self):
+        live = {n for n, r in self.replicas.items() if r.alive}
+        wanted = election.after_restarts(REPLICAS, self.zk, live, self.restarted & live, unclean=False)
+        wanted = election.preferred_leader(REPLICAS, wanted, live)
+        self.restarted &= {n for n in self.restarted if not self.replicas[n].alive}
+        if wanted != self.zk:
+            self.write_state(wanted, self.zk_version)
+
+    @rule(node=st.sampled_from(REPLICAS))
+    def inform(self, node):
+        """The controller's LeaderAndIsr reaches one replica (late, maybe after others)."""
+        replica = self.replicas[node]
+        if not replica.alive or (replica.known is not None and not self.zk.newer_than(replica.known)):
+            return
+        self.take(replica, self.zk)
+
+    def take(self, replica: Replica, state: LeaderAndIsr) -> None:
+        previous, replica.known = replica.known, state
+        if state.leader == replica.node:
+            if replica.replica_set is not None and previous is not None and previous.leader_epoch == state.leader_epoch:
+                replica.replica_set.isr = frozenset(state.isr)
+            else:
+                replica.epochs.assign(state.leader_epoch, len(replica.log))
+                replica.replica_set = ReplicaSet(replica.node, frozenset(state.isr), high_watermark=replica.high_watermark,
+                                                 followers={n: FollowerProgress(0, self.now_ms) for n in state.isr if n != replica.node})
+            self.advance(replica)
+        else:
+            replica.replica_set = None
+            if previous is None or previous.leader_epoch != state.leader_epoch:
+                replica.truncated = False
+
+    # --- the leader ----------------------------------------------------------------------------
+
+    @rule()
+    def append(self):
+        """A producer appends (acks=all) to whichever replica believes it leads: a zombie too."""
+        leaders = [r for r in self.replicas.values() if r.leads()]
+        if not leaders:
+            return
+        self.counter += 1
+        for replica in leaders:
+            value = f"v{self.counter}@{replica.node}"
+            replica.log.append((replica.known.leader_epoch, value))
+            self.pending.append((replica.node, replica.known.leader_epoch, len(replica.log) - 1, value))
+            self.advance(replica)
+
+    def advance(self, leader: Replica) -> None:
+        leader.replica_set.advance_high_watermark(len(leader.log))
+        key = (leader.node, leader.known.leader_epoch)
+        assert leader.replica_set.high_watermark >= self.hw_seen.get(key, 0), "the high watermark moved back"
+        self.hw_seen[key] = leader.replica_set.high_watermark
+        leader.high_watermark = leader.replica_set.high_watermark
+        for entry in list(self.pending):
+            node, epoch, offset, value = entry
+            r = self.replicas[node]
+            if not r.leads() or r.known.leader_epoch != epoch:
+                self.pending.remove(entry)  # the producer is told NOT_LEADER: not acknowledged
+            elif r.high_watermark > offset:
+                assert r.log[offset] == (epoch, value)
+                self.acked[offset] = value
+                self.pending.remove(entry)
+
+    def change_isr(self, leader: Replica) -> None:
+        wanted = leader.replica_set.isr_change(len(leader.log), self.now_ms, LAG_MAX_MS)
+        if wanted is None:
+            return
+        if self.write_state(replace(leader.known, isr=tuple(sorted(wanted))), leader.known.zk_version):
+            leader.known = self.zk
+            leader.replica_set.isr = wanted
+            self.advance(leader)
+        else:  # someone wrote first: the leader reads the state again
+            self.take(leader, self.zk)
+
+    @rule(ms=st.sampled_from([500, 2_000, 4_000]))
+    def time_passes(self, ms):
+        self.now_ms += ms
+        for replica in self.replicas.values():
+            if replica.leads():
+                self.change_isr(replica)
+
+    # --- followers -----------------------------------------------------------------------------
+
+    @rule(node=st.sampled_from(REPLICAS))
+    def fetch(self, node):
+        follower = self.replicas[node]
+        if not follower.alive or follower.known is None or follower.known.leader in (node, NO_LEADER):
+            return
+        leader = self.replicas[follower.known.leader]
+        if not leader.leads() or leader.known.leader_epoch != follower.known.leader_epoch:
+            return  # refused (not the leader, or another epoch): the follower waits for news
+        if not follower.truncated:
+            self.truncate(follower, leader)
+        leader.replica_set.on_fetch(node, len(follower.log), len(leader.log), self.now_ms)
+        self.advance(leader)
+        self.change_isr(leader)
+        if leader.leads():
+            self.in_flight.append(FetchAnswer(node, leader.node, leader.known.leader_epoch, len(follower.log),
+                                              tuple(leader.log[len(follower.log):]), leader.high_watermark))
+
+    def truncate(self, follower: Replica, leader: Replica) -> None:
+        asked = follower.epochs.latest_epoch
+        while True:
+            if asked < 0:
+                offset = 0
+                break
+            epoch, end = leader.epochs.end_offset_for(asked, len(leader.log))
+            step = truncation_step(follower.epochs, len(follower.log), epoch, end)
+            if not isinstance(step, AskAgain):
+                offset = step
+                break
+            asked = step.epoch
+        if offset < len(follower.log):
+            del follower.log[offset:]
+        follower.epochs.truncate_from_end(offset)
+        follower.high_watermark = min(follower.high_watermark, offset)
+        follower.truncated = True
+
+    @precondition(lambda self: self.in_flight)
+    @rule(data=st.data(), twice=st.booleans())
+    def deliver(self, data, twice):
+        """A fetch answer arrives: any of those in flight (reordered), maybe again later (duplicated)."""
+        answer = data.draw(st.sampled_from(self.in_flight))
+        if not twice:
+            self.in_flight.remove(answer)
+        follower = self.replicas[answer.follower]
+        if (not follower.alive or follower.known is None or follower.known.leader != answer.leader
+                or follower.known.leader_epoch != answer.leader_epoch or not follower.truncated
+                or len(follower.log) != answer.from_offset):
+            return  # stale: the follower drops it (a changed leader, or an offset that is not its log end)
+        for offset, (epoch, value) in enumerate(answer.entries, start=answer.from_offset):
+            follower.epochs.assign(epoch, offset)
+            follower.log.append((epoch, value))
+        follower.high_watermark = max(follower.high_watermark, min(answer.leader_high_watermark, len(follower.log)))
+
+    # --- failures ------------------------------------------------------------------------------
+
+    @precondition(lambda self: sum(r.alive for r in self.replicas.values()) > 1)
+    @rule(node=st.sampled_from(REPLICAS))
+    def kill(self, node):
+        replica = self.replicas[node]
+        replica.alive = False
+        replica.replica_set = None
+
+    @rule(node=st.sampled_from(REPLICAS))
+    def restart(self, node):
+        replica = self.replicas[node]
+        if replica.alive:
+            return
+        replica.alive, replica.known, replica.truncated = True, None, False
+        self.restarted.add(node)
+
+    # --- what must hold ------------------------------------------------------------------------
+
+    @invariant()
+    def every_acknowledged_record_is_on_every_isr_member(self):
+        for node in self.zk.isr:
+            log = self.replicas[node].log
+            for offset, value in self.acked.items():
+                assert offset < len(log) and log[offset][1] == value, (
+                    f"replica {node}, in the ISR {self.zk.isr}, lacks acknowledged {value!r} at {offset}: {log}")
+
+    @invariant()
+    def the_isr_is_never_empty_and_holds_the_leader(self):
+        assert self.zk.isr
+        assert self.zk.leader == NO_LEADER or self.zk.leader in self.zk.isr
+
+
+ReplicationTest = Replication.TestCase
+ReplicationTest.settings = settings(max_examples=300, stateful_step_count=60, deadline=None)
