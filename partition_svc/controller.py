@@ -158,15 +158,25 @@ class Controller:
         changed: PartitionStates = []
         everything: PartitionStates = []
         names = await self.topics.names()
+        reassignments = await self.topics.reassignments()
         for name in names:
-            info = await self.topics.get(name)
-            if info is None:
+            versioned = await self.topics.versioned(name)
+            if versioned is None:
                 continue
+            info, version = versioned
             states = await asyncio.gather(*(self.topics.state(name, p) for p in range(info.partition_count)))
             unclean = info.configs.get("unclean.leader.election.enable") == "true"
             for index, state in enumerate(states):
                 if state is None:
                     continue
+                target = reassignments.get((name, index))
+                if target is not None:
+                    moved = await self._reassign(info, version, index, state, target, live)
+                    if moved is None:
+                        continue
+                    if moved != (info, version, state):
+                        info, version, state = moved
+                        changed.append((info, index, state))
                 replicas = info.replicas[index]
                 wanted = election.after_restarts(replicas, state, live, restarted, unclean=unclean)
                 wanted = election.preferred_leader(replicas, wanted, live)
@@ -190,3 +200,45 @@ class Controller:
         addresses = {n: address for n, (address, _) in sessions.items()}
         if changed or newcomers:
             await self.announce(self.epoch, addresses, changed, newcomers, everything)
+
+    async def _reassign(self, info: TopicInfo, version: int, index: int, state: LeaderAndIsr, target: tuple[int, ...],
+                        live: set[int]) -> tuple[TopicInfo, int, LeaderAndIsr] | None:
+        """One step of a reassignment (KIP-455): first the target's new
+        replicas join the replica list (they start following and catching up);
+        once every target replica is in the ISR, leadership moves into the
+        target if it must (a new leader epoch), the ISR and the replica list
+        become the target's, and the old replicas are told to go. Returns the
+        topic, its version and the state after the step (the same when
+        nothing could be done yet), or None when a write lost a race (the
+        next pass decides again)."""
+        current = info.replicas[index]
+        if set(target) - set(current):
+            written = await self.topics.write_replicas(info, index, current + tuple(t for t in target if t not in current), version)
+            if written is None:
+                self._wake.set()
+                return None
+            log.info("reassignment: replicas added", extra=fields(topic=info.name, partition=index, replicas=list(written.replicas[index])))
+            return written, version + 1, state
+        if current == target:
+            await self.topics.reassignment_done(info.name, index)
+            return info, version, state
+        if not set(target) <= set(state.isr):
+            return info, version, state  # the new replicas are still catching up
+        wanted = replace(state, isr=tuple(n for n in state.isr if n in target), controller_epoch=self.epoch)
+        if state.leader not in target:
+            leaders = [t for t in target if t in live and t in state.isr]
+            if not leaders:
+                return info, version, state
+            wanted = replace(wanted, leader=leaders[0], leader_epoch=state.leader_epoch + 1)
+        written_state = await self.topics.write_state(info.name, index, wanted, (self.epoch_path, self.epoch_version))
+        if written_state is None:
+            self._wake.set()
+            return None
+        written = await self.topics.write_replicas(info, index, target, version)
+        if written is None:
+            self._wake.set()
+            return info, version, written_state
+        await self.topics.reassignment_done(info.name, index)
+        log.info("reassignment done", extra=fields(topic=info.name, partition=index, replicas=list(target),
+                                                   leader=written_state.leader, leader_epoch=written_state.leader_epoch))
+        return written, version + 1, written_state

@@ -86,6 +86,7 @@ class Partition:
         self.topic = topic
         self.index = index
         self.partition_count = partition_count
+        self.replicas: tuple[int, ...] = (node_id,)  # every replica, as the topic's assignment says
         self.configs = configs
         self.store = store
         self.writer = writer
@@ -577,6 +578,13 @@ class Partition:
         changes += [(key, None) for key, _ in self.store.items(b"E" + self.pkey)]
         changes.append(self.metadata_change())
         return self.writer.submit(changes)
+
+    async def delete(self) -> None:
+        """Deletes this replica's copy of the partition (a reassignment moved it away)."""
+        owns_group = (lambda group: partition_for_id(group, self.partition_count) == self.index) if self.topic == CONSUMER_OFFSETS_TOPIC else None
+        changes: Changes = [(key, None) for kind in (b"L", b"E", b"M") for key, _ in self.store.items(kind + self.pkey)]
+        changes += [(key, None) for key in self.store.derived_keys(self.pkey, owns_group)]
+        await self.writer.submit(changes)
 
     def epoch_of(self, offset: int) -> int:
         """The leader epoch the batch at ``offset`` was written in."""

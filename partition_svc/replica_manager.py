@@ -30,6 +30,7 @@ from partition_svc.replica_fetcher import ReplicaFetcher
 from partition_svc.topics import TopicInfo, TopicRegistry
 from services.errors import ErrorCode, TxlogError
 from services.logs import fields
+from services.names import is_topic_name
 from services.rpc import PeerClient
 
 log = logging.getLogger(__name__)
@@ -64,6 +65,8 @@ class ReplicaManager:
         known = self.states.get((topic, index))
         if known is not None and not fresh:
             return known
+        if not is_topic_name(topic):
+            return None
         info = await self.topics.get(topic)
         if info is None or not 0 <= index < info.partition_count:
             return None
@@ -72,23 +75,40 @@ class ReplicaManager:
             await self.take(info, index, state)
         return self.states.get((topic, index))
 
-    async def take(self, info: TopicInfo, index: int, state: LeaderAndIsr) -> None:
-        """Takes a partition state if it is newer than the one known, and acts on it."""
+    async def take(self, info: TopicInfo, index: int, state: LeaderAndIsr, replicas: tuple[int, ...] | None = None) -> None:
+        """Takes a partition state if it is newer than the one known, and acts
+        on it. ``replicas`` come with the controller's LeaderAndIsr, which is
+        authoritative: a replica it leaves out (a reassignment moved it away)
+        deletes its copy of the partition."""
         key = (info.name, index)
-        if not state.newer_than(self.states.get(key)):
+        if replicas is not None:
+            self.topics.learned_replicas(info.name, index, replicas)
+            if key in self.partitions and self.node_id in replicas:
+                self.partitions[key].replicas = replicas  # a reassignment added followers: the leader serves them
+        known = self.states.get(key)
+        joined = replicas is not None and self.node_id in replicas and key not in self.partitions  # a reassignment added it
+        if state.newer_than(known):
+            self.states[key] = state
+        elif joined:
+            state = known
+        else:
             return
-        self.states[key] = state
-        replicas = info.replicas[index]
         partition = self.partitions.get(key)
-        if self.node_id not in replicas:
+        if self.node_id not in (replicas or info.replicas[index]):
             self._stop_following(key)
             if partition is not None:
                 partition.become_follower(state.leader_epoch)
+                if replicas is not None:
+                    del self.partitions[key]
+                    await partition.delete()
+                    log.info("replica removed", extra=fields(topic=info.name, partition=index, replicas=list(replicas)))
             return
+        replicas = replicas or info.replicas[index]
         if partition is None:
             partition = self.partitions[key] = Partition(info.name, index, info.configs, self.store, self.writer,
                                                          node_id=self.node_id, partition_count=info.partition_count,
                                                          sole_replica=False)
+        partition.replicas = tuple(replicas)
         if state.leader == self.node_id:
             self._stop_following(key)
             was_leader = partition.is_leader
@@ -119,7 +139,7 @@ class ReplicaManager:
     async def resync(self) -> None:
         """Reads every partition state (the safety net under LeaderAndIsr)."""
         for name in await self.topics.names():
-            info = await self.topics.get(name)
+            info = await self.topics.get(name, fresh=True)  # replica lists change by reassignment
             if info is None:
                 continue
             states = await asyncio.gather(*(self.topics.state(name, p) for p in range(info.partition_count)))

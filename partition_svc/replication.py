@@ -12,6 +12,7 @@ from partition_svc.partition import Partition
 from partition_svc.replica_manager import ReplicaManager
 from services import server
 from services.errors import ErrorCode, TxlogError, error_proto
+from services.names import is_topic_name
 from services.stubs.txlog.v1 import common_pb2, replication_pb2, replication_pb2_grpc
 
 
@@ -46,11 +47,11 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServiceServicer):
         for wanted in request.partitions:
             result = reply.results.add(partition=common_pb2.TopicPartition(topic=wanted.topic, partition=wanted.partition))
             try:
-                info = await self.replicas.topics.get(wanted.topic)
+                info = await self.replicas.topics.get(wanted.topic) if is_topic_name(wanted.topic) else None
                 if info is None or not 0 <= wanted.partition < info.partition_count:
                     raise TxlogError(ErrorCode.Value("UNKNOWN_TOPIC_OR_PARTITION"), f"{wanted.topic}-{wanted.partition} does not exist")
                 state = LeaderAndIsr(wanted.leader, wanted.leader_epoch, tuple(wanted.isr), wanted.controller_epoch, wanted.zk_version)
-                await self.replicas.take(info, wanted.partition, state)
+                await self.replicas.take(info, wanted.partition, state, tuple(wanted.replicas))
             except TxlogError as exc:
                 result.error.CopyFrom(_error(exc))
         return reply
@@ -97,7 +98,12 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServiceServicer):
 
     def _progress(self, follower: int, wanted, partition: Partition):
         """Records the follower's progress; what keeps it from fetching
-        (diverging logs, an offset out of range), or None."""
+        (not a follower, diverging logs, an offset out of range), or None."""
+        if follower == partition.node_id or follower not in partition.replicas:
+            return TxlogError(ErrorCode.Value("INVALID_REQUEST"),
+                              f"node {follower} is not a follower of {partition.topic}-{partition.index} (replicas {list(partition.replicas)})")
+        if wanted.fetch_offset < 0:
+            return TxlogError(ErrorCode.Value("INVALID_REQUEST"), f"fetch_offset must not be negative, got {wanted.fetch_offset}")
         if wanted.last_fetched_epoch >= 0:
             epoch, end = partition.epochs.end_offset_for(wanted.last_fetched_epoch, partition.durable_end)
             if epoch != wanted.last_fetched_epoch or end < wanted.fetch_offset:

@@ -63,6 +63,8 @@ SETTINGS = (
     Setting("rack", "", "this instance's rack (or zone): replicas of a partition go to different racks when every instance has one"),
     Setting("default_replication_factor", 3, "replication factor of a topic created without one (capped at the live instances)",
             positive_int),
+    Setting("min_insync_replicas", 1, "min.insync.replicas of a topic created without one (capped at its replication "
+            "factor - 1, so one instance may be down)", positive_int),
     Setting("internal_topic_replication_factor", 3, "replication factor of __transaction_state and __consumer_offsets "
             "(capped at the live instances when they are created)", positive_int),
     Setting("internal_topic_min_insync_replicas", 2, "min.insync.replicas of the internal topics (capped at their "
@@ -204,10 +206,10 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
         if not 1 <= replication_factor <= len(nodes):
             raise TxlogError(ErrorCode.Value("INVALID_REPLICATION_FACTOR"),
                              f"replication factor must be 1..{len(nodes)} (the live partition_svc instances), got {replication_factor}")
-        if internal and "min.insync.replicas" not in configs:
+        if "min.insync.replicas" not in configs:
             # Capped below the replication factor: with fewer than 3 instances, one may still be down.
-            min_insync = max(1, min(self.config.internal_topic_min_insync_replicas, replication_factor - 1))
-            configs = dict(configs, **{"min.insync.replicas": str(min_insync)})
+            wanted = self.config.internal_topic_min_insync_replicas if internal else self.config.min_insync_replicas
+            configs = dict(configs, **{"min.insync.replicas": str(max(1, min(wanted, replication_factor - 1)))})
         configs = validation.topic_configs(configs, self.config.record_bytes_max, replication_factor)
         racks = {node: (details.get("rack") or None) for node, details in nodes.items()}
         start = partition_for_id(name, len(nodes))
@@ -674,6 +676,51 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
                     coordinator_epoch=entry.coordinator_epoch,
                     current_txn_start_offset=entry.current_txn_first_offset,
                 )
+        return reply
+
+    # --- reassignment ------------------------------------------------------------------
+
+    @server.rpc_handler
+    async def AlterPartitionReassignments(self, request, context):
+        if not request.reassignments:
+            raise request_error("the request names no reassignment")
+        self.check_partition_count(len(request.reassignments))
+        named = [(r.topic, r.partition) for r in request.reassignments]
+        if len(set(named)) != len(named):
+            raise request_error("the request names a partition twice")
+        live = await asyncio.to_thread(self.runtime.registry.live, KIND)
+        reply = partition_pb2.AlterPartitionReassignmentsResponse()
+        for wanted in request.reassignments:
+            result = reply.results.add(partition=common_pb2.TopicPartition(topic=wanted.topic, partition=wanted.partition))
+            try:
+                info = await self.topics.get(wanted.topic) if is_topic_name(wanted.topic) else None
+                if info is None or not 0 <= wanted.partition < info.partition_count:
+                    raise TxlogError(ErrorCode.Value("UNKNOWN_TOPIC_OR_PARTITION"),
+                                     f"{wanted.topic[:300]!r} partition {wanted.partition} does not exist")
+                target = tuple(wanted.replicas)
+                if not target or len(set(target)) != len(target):
+                    raise TxlogError(ErrorCode.Value("INVALID_REPLICATION_FACTOR"),
+                                     f"the target replicas must be distinct node ids, at least one, got {list(target)[:20]}")
+                gone = sorted(set(target) - set(live))
+                if gone:
+                    raise TxlogError(ErrorCode.Value("INVALID_REPLICATION_FACTOR"),
+                                     f"nodes {gone[:20]} are not live partition_svc instances (live: {sorted(live)})")
+                if int(info.configs.get("min.insync.replicas", "1")) > len(target):
+                    raise TxlogError(ErrorCode.Value("INVALID_REPLICATION_FACTOR"),
+                                     f"{len(target)} replicas are fewer than the topic's min.insync.replicas {info.configs['min.insync.replicas']}")
+                await self.topics.request_reassignment(wanted.topic, wanted.partition, target)
+            except TxlogError as exc:
+                result.error.CopyFrom(error_of(exc))
+        self.controller.wake()
+        return reply
+
+    @server.rpc_handler
+    async def ListPartitionReassignments(self, request, context):
+        reply = partition_pb2.ListPartitionReassignmentsResponse()
+        for (topic, index), target in sorted((await self.topics.reassignments()).items()):
+            info = await self.topics.get(topic, fresh=True)
+            current = info.replicas[index] if info is not None and index < info.partition_count else ()
+            reply.reassignments.add(topic=topic, partition=index, replicas=current, target_replicas=target)
         return reply
 
     # --- replication -------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
     <root>/topics/<name>                          JSON {"partitions", "configs", "replicas": [[node, ...], ...], "internal"}
     <root>/topics/<name>/partitions/<p>/state     JSON {"leader", "leader_epoch", "isr", "controller_epoch"}
+    <root>/reassignments/<name>/<p>               JSON {"target": [node, ...]}: a reassignment the controller carries out
 
 A topic is created once, its node and every partition's state in one
 ZooKeeper transaction that fails if the topic exists, so two concurrent
@@ -53,6 +54,7 @@ class TopicRegistry:
     def __init__(self, client: KazooClient, root: str):
         self.client = client
         self.base = posixpath.join(root, "topics")
+        self.reassignments_base = posixpath.join(root, "reassignments")
         self._cache: dict[str, TopicInfo] = {}
 
     def state_path(self, topic: str, partition: int) -> str:
@@ -91,6 +93,67 @@ class TopicRegistry:
             raise failed[0]
         self._cache[info.name] = info
         return info
+
+    async def versioned(self, name: str) -> tuple[TopicInfo, int] | None:
+        """The topic as stored now, with its znode version (for a conditional rewrite)."""
+        try:
+            data, stat = await zk.call(self.client, "get", posixpath.join(self.base, name))
+        except NoNodeError:
+            return None
+        info = TopicInfo.decode(name, data)
+        self._cache[name] = info
+        return info, stat.version
+
+    async def write_replicas(self, info: TopicInfo, index: int, replicas: tuple[int, ...], version: int) -> TopicInfo | None:
+        """Rewrites one partition's replica list if the topic is still at
+        ``version``; the topic as written, or None when someone wrote first."""
+        changed = replace(info, replicas=tuple(replicas if i == index else r for i, r in enumerate(info.replicas)))
+        try:
+            await zk.call(self.client, "set", posixpath.join(self.base, info.name), changed.encode(), version=version)
+        except (BadVersionError, NoNodeError):
+            return None
+        self._cache[info.name] = changed
+        return changed
+
+    def learned_replicas(self, name: str, index: int, replicas: tuple[int, ...]) -> None:
+        """The controller said so: the cached topic takes the partition's new replica list."""
+        info = self._cache.get(name)
+        if info is not None and 0 <= index < info.partition_count and info.replicas[index] != replicas:
+            self._cache[name] = replace(info, replicas=tuple(replicas if i == index else r for i, r in enumerate(info.replicas)))
+
+    async def request_reassignment(self, topic: str, index: int, target: tuple[int, ...]) -> None:
+        path = posixpath.join(self.reassignments_base, topic, str(index))
+        data = json.dumps({"target": list(target)}).encode()
+        try:
+            await zk.call(self.client, "create", path, data, makepath=True)
+        except NodeExistsError:
+            await zk.call(self.client, "set", path, data)
+
+    async def reassignments(self) -> dict[tuple[str, int], tuple[int, ...]]:
+        """Every reassignment in progress: {(topic, partition): target replicas}."""
+        found = {}
+        try:
+            topics = await zk.call(self.client, "get_children", self.reassignments_base)
+        except NoNodeError:
+            return found
+        for topic in topics:
+            try:
+                indexes = await zk.call(self.client, "get_children", posixpath.join(self.reassignments_base, topic))
+            except NoNodeError:
+                continue
+            for index in indexes:
+                try:
+                    data, _ = await zk.call(self.client, "get", posixpath.join(self.reassignments_base, topic, index))
+                except NoNodeError:
+                    continue
+                found[(topic, int(index))] = tuple(json.loads(data)["target"])
+        return found
+
+    async def reassignment_done(self, topic: str, index: int) -> None:
+        try:
+            await zk.call(self.client, "delete", posixpath.join(self.reassignments_base, topic, str(index)))
+        except NoNodeError:
+            pass
 
     async def names(self) -> list[str]:
         try:

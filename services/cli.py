@@ -16,6 +16,7 @@ the bootstrap addresses from DIR/cluster.json):
     txlog topics create NAME --partitions N [--replication-factor R] [--config k=v ...]
     txlog topics list
     txlog topics describe NAME
+    txlog partitions under-replicated | reassign (--file F | --topic T --partition P --replicas N,N) [--wait] | rebalance [--execute]
     txlog produce TOPIC [--key-separator SEP] [--partition P]        lines from stdin
     txlog consume TOPIC [--from-beginning] [--group G] [--max-records N] [--to-end]
                         [--timeout-ms MS] [--isolation read_committed|read_uncommitted]
@@ -44,6 +45,7 @@ import grpc
 from services import errors
 from services.channels import open_channel
 from services.client import console
+from services.client.structs import TopicPartition
 from services.cluster import ClusterError, LocalCluster
 from services.stubs.txlog.v1 import producer_id_pb2, producer_id_pb2_grpc
 
@@ -151,6 +153,23 @@ def _consume(args) -> int:
     return 0
 
 
+def _partitions(args) -> int:
+    bootstrap = _bootstrap(args)
+    if args.action == "under-replicated":
+        console.partitions_under_replicated(bootstrap, sys.stdout, timeout_s=args.timeout_s)
+    elif args.action == "reassign":
+        if args.file:
+            plan = console.parse_reassignment_file(open(args.file).read())
+        elif args.topic is not None and args.partition is not None and args.replicas:
+            plan = {TopicPartition(args.topic, args.partition): [int(n) for n in args.replicas.split(",")]}
+        else:
+            raise console.invalid("reassign needs --file F, or --topic T --partition P --replicas N,N,N")
+        console.partitions_reassign(bootstrap, plan, sys.stdout, wait=args.wait, timeout_s=args.timeout_s)
+    elif args.action == "rebalance":
+        console.partitions_rebalance(bootstrap, args.execute, sys.stdout, timeout_s=args.timeout_s)
+    return 0
+
+
 def _producers(args) -> int:
     console.producers_describe(_bootstrap(args), args.topic, args.partition, sys.stdout, timeout_s=args.timeout_s)
     return 0
@@ -225,6 +244,21 @@ def _add_client_commands(commands) -> None:
     consume.add_argument("--key-separator", default="\t", help="separator for --print-key (default: tab)")
     _add_bootstrap(consume)
     consume.set_defaults(run=_consume)
+
+    partitions = commands.add_parser("partitions", help="replicas: under-replicated partitions, reassignment, rebalancing")
+    partition_actions = partitions.add_subparsers(dest="action", required=True)
+    under = partition_actions.add_parser("under-replicated", help="JSON lines: partitions whose ISR is smaller than their replicas")
+    reassign = partition_actions.add_parser("reassign", help="move replicas to other instances without downtime")
+    reassign.add_argument("--file", help='Kafka\'s reassignment JSON: {"partitions": [{"topic", "partition", "replicas"}]}')
+    reassign.add_argument("--topic")
+    reassign.add_argument("--partition", type=int)
+    reassign.add_argument("--replicas", help="comma-separated node ids, the preferred leader first")
+    reassign.add_argument("--wait", action="store_true", help="return once every reassignment is done")
+    rebalance = partition_actions.add_parser("rebalance", help="print a plan spreading replicas over every live instance")
+    rebalance.add_argument("--execute", action="store_true", help="start the plan's reassignments")
+    for sub in (under, reassign, rebalance):
+        _add_bootstrap(sub)
+    partitions.set_defaults(run=_partitions)
 
     producers = commands.add_parser("producers", help="producer states of partitions")
     producer_actions = producers.add_subparsers(dest="action", required=True)

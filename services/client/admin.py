@@ -40,6 +40,7 @@ from services.client.structs import (
     HangingTransaction,
     OffsetAndTimestamp,
     PartitionDescription,
+    PartitionReassignment,
     ProducerDescription,
     TopicDescription,
     TopicPartition,
@@ -243,6 +244,64 @@ class Admin:
                 raise from_proto(proto.error)
             out.append(describe(self._metadata.topic(name)))
         return out
+
+    # --- replicas -----------------------------------------------------------------------------------
+
+    def alter_partition_reassignments(self, reassignments: Mapping, *, timeout_s: float | None = None) -> None:
+        """Moves partitions' replicas: {(topic, partition): [node ids, the
+        preferred leader first]}. Returns once the controller has them; it adds
+        the new replicas, waits until they are in sync, then drops the old
+        ones (list_partition_reassignments shows what is still under way).
+        Raises the first partition's error (UNKNOWN_TOPIC_OR_PARTITION,
+        INVALID_REPLICATION_FACTOR for a node that is not live...)."""
+        request = partition_pb2.AlterPartitionReassignmentsRequest()
+        for key, replicas in reassignments.items():
+            tp = as_tp(key)
+            replicas = list(replicas)
+            if not replicas or any(not isinstance(n, int) or isinstance(n, bool) for n in replicas):
+                raise TypeError(f"the replicas of {tp} must be node ids (ints), not {replicas!r}")
+            request.reassignments.add(topic=tp.topic, partition=tp.partition, replicas=replicas)
+        if not request.reassignments:
+            return
+        timeout_ms = self._timeout_ms(timeout_s)
+
+        async def attempt():
+            response = await self._metadata.call_any("AlterPartitionReassignments", request, timeout_ms=self._request_timeout_ms)
+            for result in response.results:
+                if result.error.code != NONE:
+                    raise from_proto(result.error)
+
+        self._run(with_retries(attempt, metadata=self._metadata, policy=self._policy(timeout_ms)), timeout_ms,
+                  "alter_partition_reassignments")
+
+    def list_partition_reassignments(self, *, timeout_s: float | None = None) -> dict[TopicPartition, PartitionReassignment]:
+        """The reassignments under way: {TopicPartition: (replicas now, target replicas)}."""
+        timeout_ms = self._timeout_ms(timeout_s)
+
+        async def attempt():
+            return await self._metadata.call_any("ListPartitionReassignments", partition_pb2.ListPartitionReassignmentsRequest(),
+                                                 timeout_ms=self._request_timeout_ms)
+
+        response = self._run(with_retries(attempt, metadata=self._metadata, policy=self._policy(timeout_ms)), timeout_ms,
+                             "list_partition_reassignments")
+        return {TopicPartition(r.topic, r.partition): PartitionReassignment(tuple(r.replicas), tuple(r.target_replicas))
+                for r in response.reassignments}
+
+    def live_partition_nodes(self, *, timeout_s: float | None = None) -> list[int]:
+        """Node ids of the live partition_svc instances."""
+        timeout_ms = self._timeout_ms(timeout_s)
+
+        async def attempt():
+            return await self._metadata.fetch(())
+
+        response = self._run(with_retries(attempt, metadata=self._metadata, policy=self._policy(timeout_ms)), timeout_ms,
+                             "live_partition_nodes")
+        return sorted(b.node_id for b in response.brokers)
+
+    def under_replicated_partitions(self, *, timeout_s: float | None = None) -> list[tuple[TopicPartition, PartitionDescription]]:
+        """Every partition whose ISR is smaller than its replica list (or that has no leader)."""
+        return [(TopicPartition(topic.name, p.partition), p) for topic in self.describe_topics(None, timeout_s=timeout_s)
+                for p in topic.partitions if len(p.isr) < len(p.replicas) or p.leader_id < 0]
 
     # --- offsets and producers -----------------------------------------------------------------------
 

@@ -91,6 +91,72 @@ def topics_describe(bootstrap: str, name: str, out: TextIO, *, timeout_s: float 
     }, indent=2) + "\n")
 
 
+def partitions_under_replicated(bootstrap: str, out: TextIO, *, timeout_s: float = TIMEOUT_S_DEFAULT) -> int:
+    """JSON lines, one per partition whose ISR is smaller than its replicas (or without a leader); the count."""
+    with _admin(bootstrap, timeout_s) as admin:
+        found = admin.under_replicated_partitions()
+    for tp, p in found:
+        out.write(json.dumps({"topic": tp.topic, "partition": tp.partition, "leader": p.leader_id,
+                              "leader_epoch": p.leader_epoch, "replicas": list(p.replicas), "isr": list(p.isr)}) + "\n")
+    return len(found)
+
+
+def parse_reassignment_file(text: str) -> dict[TopicPartition, list[int]]:
+    """Kafka's reassignment JSON: {"partitions": [{"topic", "partition", "replicas"}, ...]}."""
+    try:
+        entries = json.loads(text)["partitions"]
+        return {TopicPartition(e["topic"], int(e["partition"])): [int(n) for n in e["replicas"]] for e in entries}
+    except (ValueError, KeyError, TypeError) as exc:
+        raise invalid(f'a reassignment file is {{"partitions": [{{"topic", "partition", "replicas"}}, ...]}}: {exc}') from None
+
+
+def partitions_reassign(bootstrap: str, plan: dict[TopicPartition, list[int]], out: TextIO, *, wait: bool = False,
+                        timeout_s: float = TIMEOUT_S_DEFAULT) -> None:
+    """Starts the reassignments (and with ``wait``, returns once they are done)."""
+    with _admin(bootstrap, timeout_s) as admin:
+        admin.alter_partition_reassignments(plan)
+        out.write(f"reassigning {len(plan)} partition(s)\n")
+        deadline = time.monotonic() + timeout_s
+        while wait and set(admin.list_partition_reassignments()) & set(plan):
+            if time.monotonic() > deadline:
+                raise ClientError(ErrorCode.Value("REQUEST_TIMED_OUT"), f"reassignments still under way after {timeout_s} s")
+            time.sleep(0.2)
+        if wait:
+            out.write("done\n")
+
+
+def rebalance_plan(topics, nodes: list[int]) -> dict[TopicPartition, list[int]]:
+    """Replicas spread evenly over ``nodes``: partition p of a topic of
+    replication factor r goes to r consecutive nodes starting at p (shifted
+    per topic), so leaders and followers are spread alike. Only partitions
+    whose replicas change are in the plan."""
+    nodes = sorted(nodes)
+    plan = {}
+    for topic in topics:
+        for p in topic.partitions:
+            factor = min(len(p.replicas), len(nodes))
+            start = (sum(topic.name.encode()) + p.partition) % len(nodes)
+            target = [nodes[(start + i) % len(nodes)] for i in range(factor)]
+            if target != list(p.replicas):
+                plan[TopicPartition(topic.name, p.partition)] = target
+    return plan
+
+
+def partitions_rebalance(bootstrap: str, execute: bool, out: TextIO, *, timeout_s: float = TIMEOUT_S_DEFAULT) -> None:
+    """Prints a plan spreading every topic's replicas over all live instances
+    (Kafka's reassignment JSON); with ``execute``, starts it."""
+    with _admin(bootstrap, timeout_s) as admin:
+        topics = admin.describe_topics(None)
+        nodes = admin.live_partition_nodes()
+        plan = rebalance_plan(topics, nodes)
+        out.write(json.dumps({"version": 1, "partitions": [
+            {"topic": tp.topic, "partition": tp.partition, "replicas": replicas} for tp, replicas in sorted(plan.items())]},
+            indent=2) + "\n")
+        if execute and plan:
+            admin.alter_partition_reassignments(plan)
+            out.write(f"reassigning {len(plan)} partition(s)\n")
+
+
 def producers_describe(bootstrap: str, topic: str, partition: int | None, out: TextIO, *,
                        timeout_s: float = TIMEOUT_S_DEFAULT) -> None:
     with _admin(bootstrap, timeout_s) as admin:

@@ -65,6 +65,14 @@ class OffsetAndTimestamp(NamedTuple):
     timestamp_ms: int
 
 
+class PartitionReassignment(NamedTuple):
+    """A reassignment under way: the replicas now (the target's new ones
+    included while they catch up) and the target."""
+
+    replicas: tuple[int, ...]
+    target_replicas: tuple[int, ...]
+
+
 @dataclass(frozen=True)
 class PartitionDescription:
     partition: int

@@ -125,7 +125,8 @@ def proto_services() -> list[ServiceDescriptor]:
 
 
 # The process kind serving each service; every RPC of a service listed here is fuzzed.
-SERVED_BY = {"ProducerIdService": "producer_id_svc", "CoordinatorService": "coordinator_svc", "PartitionService": "partition_svc"}
+SERVED_BY = {"ProducerIdService": "producer_id_svc", "CoordinatorService": "coordinator_svc", "PartitionService": "partition_svc",
+             "ReplicationService": "partition_svc"}
 # partition_svc answers InitProducerId for idempotent producers and FindCoordinator
 # too (its transactional CoordinatorService methods answer NOT_COORDINATOR, by design).
 ALSO_SERVED = (("CoordinatorService", "InitProducerId", "partition_svc"), ("CoordinatorService", "FindCoordinator", "partition_svc"))

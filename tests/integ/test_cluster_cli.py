@@ -19,11 +19,12 @@ def test_cluster_up_kill_start_down(tmp_path):
     try:
         txlog("cluster", "up", "--dir", directory)
         state = json.loads((tmp_path / "c" / "cluster.json").read_text())
-        assert set(state["services"]) == {
-            "zookeeper", "producer_id_svc-0", "partition_svc-0", "partition_svc-1", "coordinator_svc-0", "coordinator_svc-1"
+        assert set(state["services"]) == {  # three partition_svc by default: topics get three replicas
+            "zookeeper", "producer_id_svc-0", "partition_svc-0", "partition_svc-1", "partition_svc-2",
+            "coordinator_svc-0", "coordinator_svc-1"
         }
         assert state["zookeeper"] == state["services"]["zookeeper"]["address"]
-        assert state["bootstrap"].split(",") == [state["services"][f"partition_svc-{i}"]["address"] for i in (0, 1)]
+        assert state["bootstrap"].split(",") == [state["services"][f"partition_svc-{i}"]["address"] for i in (0, 1, 2)]
         assert all(health_serving(address) for address in state["bootstrap"].split(","))
         zk_address = state["zookeeper"]
         pid_address = state["services"]["producer_id_svc-0"]["address"]

@@ -104,10 +104,13 @@ def test_a_re_sent_marker_with_no_transaction_open_is_a_no_op(raw):
 def test_a_re_applied_marker_records_the_higher_coordinator_epoch(raw):
     producer, marker_epoch, old = commit_one(raw, "coord-epoch", "coord-epoch-tx", "a")
     end = raw.list_offset("coord-epoch", 0, partition_pb2.OFFSET_SPEC_LATEST).offset
-    # the new owner after a failover re-sends the marker it found decided: a no-op that still records its epoch
+    # the new owner after a failover re-sends the marker it found decided: written again only to record its
+    # epoch (a control batch, so that every replica has it), changing nothing a reader sees
+    committed_before = raw.read_all("coord-epoch", 0)
     assert code_name(write_marker(raw, "coord-epoch", 0, producer.producer_id, marker_epoch, True, old + 1)) == "NONE"
     assert producer_entry(raw, "coord-epoch", 0, producer.producer_id).coordinator_epoch == old + 1
-    assert raw.list_offset("coord-epoch", 0, partition_pb2.OFFSET_SPEC_LATEST).offset == end
+    assert raw.list_offset("coord-epoch", 0, partition_pb2.OFFSET_SPEC_LATEST).offset == end + 1
+    assert raw.read_all("coord-epoch", 0) == committed_before
     # so the paused old owner's late re-send is fenced
     assert code_name(write_marker(raw, "coord-epoch", 0, producer.producer_id, marker_epoch, True, old)) == "TRANSACTION_COORDINATOR_FENCED"
 

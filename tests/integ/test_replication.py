@@ -295,3 +295,62 @@ def test_a_paused_leader_is_fenced_and_its_unreplicated_tail_truncated(cluster, 
     wait_for(lambda: partition_meta(raw, "paused", 0).leader_id == meta.leader_id and fully_replicated(raw, "paused", 0),
              what="the old leader back in sync and leading")
     assert read_values(raw, "paused", 0) == [b"acked", b"after"]
+
+
+def test_reassignment_under_load_moves_replicas_without_losing_a_record(cluster, raw):
+    create(cluster.state.bootstrap, "moved", 1, 2)
+    before = wait_for(lambda: fully_replicated(raw, "moved", 0, 2), what="both replicas in sync")
+    spare = ({0, 1, 2} - set(before.replicas)).pop()
+    target = [spare, before.replicas[1]]  # the leader's replica moves to the spare instance
+    acked: list[bytes] = []
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def produce() -> None:
+        try:
+            with Producer(cluster.state.bootstrap, linger_ms=1) as producer:
+                i = 0
+                while not stop.is_set():
+                    value = f"m{i}".encode()
+                    producer.send("moved", value, partition=0).result(timeout=120)
+                    acked.append(value)
+                    i += 1
+        except BaseException as exc:  # noqa: BLE001 (reported by the test)
+            errors.append(exc)
+
+    worker = threading.Thread(target=produce)
+    worker.start()
+    try:
+        wait_for(lambda: len(acked) >= 50, what="records before the reassignment")
+        with Admin(cluster.state.bootstrap) as admin:
+            with pytest.raises(Exception) as refused:
+                admin.alter_partition_reassignments({("moved", 0): [spare, 7]})
+            assert "INVALID_REPLICATION_FACTOR" in repr(refused.value) and "not live" in str(refused.value)
+            admin.alter_partition_reassignments({("moved", 0): target})
+            wait_for(lambda: not admin.list_partition_reassignments(), what="the reassignment done")
+        after = wait_for(lambda: (m := partition_meta(raw, "moved", 0)).error.code == 0 and list(m.replicas) == target
+                         and sorted(m.isr) == sorted(target) and m, what="the target replicas in sync")
+        assert after.leader_id in target and after.leader_epoch > before.leader_epoch
+        count = len(acked)
+        wait_for(lambda: len(acked) >= count + 50, what="records after the reassignment")
+    finally:
+        stop.set()
+        worker.join(timeout=180)
+    assert not errors, errors
+    values = read_values(raw, "moved", 0)
+    assert len(values) == len(set(values)) and set(acked) <= set(values)
+
+    out = io.StringIO()
+    assert console.partitions_under_replicated(cluster.state.bootstrap, out) == 0
+    cluster.kill(name_of(after.leader_id))
+    wait_for(lambda: console.partitions_under_replicated(cluster.state.bootstrap, io.StringIO()) >= 1,
+             what="the partition listed as under-replicated")
+    listed = [json.loads(line) for line in _under_replicated(cluster.state.bootstrap).splitlines()]
+    moved = [entry for entry in listed if entry["topic"] == "moved"]
+    assert moved and after.leader_id not in moved[0]["isr"] and moved[0]["replicas"] == target
+
+
+def _under_replicated(bootstrap: str) -> str:
+    out = io.StringIO()
+    console.partitions_under_replicated(bootstrap, out)
+    return out.getvalue()

@@ -185,7 +185,7 @@ def test_a_prepared_transaction_outlives_the_transaction_timeout_until_its_handl
     assert describe(admin, tid) == prepared
     assert values(raw, "held", 0, COMMITTED) == []
     assert values(raw, "held", 0, UNCOMMITTED) == ["held-0", "held-1", "held-2"]
-    assert offsets(raw, "held", 0) == (0, 3)  # it holds the last stable offset at its first record
+    assert offsets(raw, "held", 0) == (0, 4)  # it holds the last stable offset at its first record (3 records, the seal)
     assert raw.list_offset("held", 0, partition_pb2.OFFSET_SPEC_LAST_STABLE).offset == 0
     assert admin.list_transactions(states=["Prepared"], prefix="p1/") == [
         TransactionListing(tid, handle.producer_id, "Prepared", handle.producer_epoch)]
@@ -197,7 +197,7 @@ def test_a_prepared_transaction_outlives_the_transaction_timeout_until_its_handl
     done = wait_state(admin, tid, "CompleteCommit")
     assert (done.producer_id, done.producer_epoch) == (handle.producer_id, handle.producer_epoch + 1)
     assert (done.prepared_time_ms, done.prepared_timeout_ms, done.transaction_start_time_ms) == (-1, 0, -1)
-    assert offsets(raw, "held", 0) == (4, 4)  # three records and the COMMIT marker
+    assert offsets(raw, "held", 0) == (5, 5)  # three records, the PREPARED seal and the COMMIT marker
 
 
 # --- 2. the prepared timeout aborts --------------------------------------------------------
@@ -223,7 +223,7 @@ def test_the_prepared_timeout_aborts_and_the_handle_can_then_only_abort(raw, adm
     after = wait_for(aborted, 20, "the prepared timeout to abort it")
     assert seen[-1][0] >= first.prepared_time_ms + 1500, seen
     assert (after.producer_id, after.producer_epoch) == (handle.producer_id, handle.producer_epoch + 1)
-    wait_for(lambda: offsets(raw, "expire", 0) == (3, 3), 10, "the ABORT marker")
+    wait_for(lambda: offsets(raw, "expire", 0) == (4, 4), 10, "the ABORT marker")  # 2 records, the seal, the marker
     assert values(raw, "expire", 0, COMMITTED) == []
     assert values(raw, "expire", 0, UNCOMMITTED) == ["e-0", "e-1"]
 
@@ -231,7 +231,7 @@ def test_the_prepared_timeout_aborts_and_the_handle_can_then_only_abort(raw, adm
     admin.complete_transaction(handle, False)  # it was aborted: aborting it again is a repeat
     admin.complete_transaction(handle, False)
     assert describe(admin, tid) == after
-    assert offsets(raw, "expire", 0) == (3, 3) and values(raw, "expire", 0, COMMITTED) == []
+    assert offsets(raw, "expire", 0) == (4, 4) and values(raw, "expire", 0, COMMITTED) == []
 
 
 # --- 3. CompleteTransaction: repeats, refusals, bad input -----------------------------------
@@ -266,7 +266,7 @@ def test_complete_transaction_repeats_and_every_refusal_change_nothing(raw, admi
     ]
     for call, expected in refusals:
         assert error_name(call) == expected
-        unchanged(prepared, ["first"], 3)  # first, its marker, second
+        unchanged(prepared, ["first"], 4)  # first, its marker, second, its PREPARED seal
 
     # bad input straight to the coordinator
     def complete_raw(transactional_id, committed=True):
@@ -294,11 +294,11 @@ def test_complete_transaction_repeats_and_every_refusal_change_nothing(raw, admi
             coordinator_pb2.TransactionHandle(transactional_id=h.transactional_id, producer_id=h.producer_id, producer_epoch=h.producer_epoch)
             for h in handles])
         assert error_name(lambda r=request: stub.CommitTransactionGroup(r, timeout=10)) == "INVALID_REQUEST", (bad_group, handles)
-    unchanged(prepared, ["first"], 3)
+    unchanged(prepared, ["first"], 4)
     # a repeated PrepareTransaction of the prepared transaction is a retry: it changes nothing either
     assert stub.PrepareTransaction(coordinator_pb2.PrepareTransactionRequest(
         transactional_id=tid, producer_id=handle.producer_id, producer_epoch=handle.producer_epoch), timeout=10).handle.producer_epoch == handle.producer_epoch
-    unchanged(prepared, ["first"], 3)
+    unchanged(prepared, ["first"], 4)  # the repeated seal wrote nothing
 
     admin.complete_transaction(handle, True)
     wait_for(lambda: values(raw, "once", 0, COMMITTED) == ["first", "second"], 15, "the commit")
@@ -315,9 +315,9 @@ def test_complete_transaction_repeats_and_every_refusal_change_nothing(raw, admi
     ]
     for call, expected in after_commit:
         assert error_name(call) == expected
-        unchanged(committed, ["first", "second"], 4)
+        unchanged(committed, ["first", "second"], 5)  # first, marker, second, seal, marker
     time.sleep(0.5)  # a second COMMIT marker, had a repeat sent one, would have landed by now
-    unchanged(committed, ["first", "second"], 4)
+    unchanged(committed, ["first", "second"], 5)
     assert values(raw, "once", 0, UNCOMMITTED) == ["first", "second"]  # the data is there once
 
 
@@ -354,7 +354,8 @@ def test_a_group_commit_is_all_or_nothing_and_takes_only_its_own_prepared_member
         assert (done.producer_id, done.producer_epoch) == (handle.producer_id, handle.producer_epoch + 1)
     wait_for(lambda: decided_then_removed(raw, index, handles), 10, "the decision record and its tombstone")
     for p in (0, 1):
-        wait_for(lambda p=p: offsets(raw, "grouped", p) == (6, 6), 10, "every marker")  # 3 records, 3 markers each
+        # 3 records, 3 seals, 3 markers each
+        wait_for(lambda p=p: offsets(raw, "grouped", p) == (9, 9), 10, "every marker")
     committed_a = describe(admin, "g1/a")
 
     admin.commit_transaction_group("g1", handles)  # a repeat: OK
@@ -423,7 +424,7 @@ def test_a_new_producer_with_the_id_fences_and_aborts_the_prepared_transaction(r
     assert error_name(lambda: stub.InitProducerId(init, timeout=10)) == "CONCURRENT_TRANSACTIONS"  # aborting the prepared one
     aborted = wait_state(admin, tid, "CompleteAbort")
     assert (aborted.producer_id, aborted.producer_epoch) == (handle.producer_id, handle.producer_epoch + 2)  # fenced: bumped twice
-    wait_for(lambda: offsets(raw, "fenced", 0) == (2, 2), 10, "the ABORT marker")
+    wait_for(lambda: offsets(raw, "fenced", 0) == (3, 3), 10, "the ABORT marker")  # the record, its seal, the marker
     assert values(raw, "fenced", 0, COMMITTED) == [] and values(raw, "fenced", 0, UNCOMMITTED) == ["old"]
     for committed in (True, False):  # fenced: the handle's epoch is neither current nor last, not even for an abort
         assert error_name(lambda c=committed: admin.complete_transaction(handle, c)) == "PRODUCER_FENCED"
@@ -487,7 +488,11 @@ def test_a_group_commit_decided_before_its_coordinator_died_is_finished_by_the_o
             assert (done.producer_id, done.producer_epoch) == (handle.producer_id, handle.producer_epoch + 1)
         for p in (0, 1):
             assert values(raw, "decided", p, COMMITTED) == expected[p]
-            assert offsets(raw, "decided", p) == (6, 6)  # 3 records and 3 markers each: none written twice
+            # 3 records each, none written twice; every transaction closed (its seal, its marker, and the new
+            # owner's re-sent marker where it recorded a higher coordinator epoch: control batches readers skip)
+            assert values(raw, "decided", p, UNCOMMITTED) == expected[p]
+            lso, hw = offsets(raw, "decided", p)
+            assert lso == hw and 9 <= hw <= 12, (lso, hw)
         # only the other coordinator can have finished it
         new_address = wait_for(lambda: (lambda a: a if a != old_address else None)(coordinator_address(raw, group)), 20, "routing to the new owner")
         found = coordinator_stub(raw, new_address).FindCoordinator(coordinator_pb2.FindCoordinatorRequest(key=group), timeout=10)
@@ -534,7 +539,8 @@ def test_a_decision_record_found_at_load_commits_the_members_it_names_and_only_t
         assert describe(admin, bystander) == bystander_before
         assert (bystander_before.producer_id, bystander_before.producer_epoch) == handles[bystander][1:]
         assert values(raw, "resumed", 0, UNCOMMITTED) == [*named, bystander]
-        assert offsets(raw, "resumed", 0)[0] == 2  # the bystander holds the last stable offset at its record
+        # the bystander holds the last stable offset at its record (each member: its record, its seal)
+        assert offsets(raw, "resumed", 0)[0] == 4
         wait_for(lambda: decided_then_removed(raw, index, [handles[t] for t in named]), 10, "the decision's tombstone")
         assert decision_records(raw, index).keys() == {b"#decision:test-decision"}
         assert {(t.transactional_id, t.state) for t in admin.list_transactions(prefix="rg/")} == {

@@ -5,7 +5,14 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from partition_svc.election import NO_LEADER, LeaderAndIsr, after_liveness, after_restarts, initial_state, preferred_leader
+from partition_svc.election import (
+    NO_LEADER,
+    LeaderAndIsr,
+    after_liveness,
+    after_restarts,
+    initial_state,
+    preferred_leader,
+)
 
 REPLICAS = (1, 2, 3)
 

@@ -85,6 +85,16 @@ class PartitionServiceStub:
                 request_serializer=txlog_dot_v1_dot_partition__pb2.DescribeProducersRequest.SerializeToString,
                 response_deserializer=txlog_dot_v1_dot_partition__pb2.DescribeProducersResponse.FromString,
                 _registered_method=True)
+        self.AlterPartitionReassignments = channel.unary_unary(
+                '/txlog.v1.PartitionService/AlterPartitionReassignments',
+                request_serializer=txlog_dot_v1_dot_partition__pb2.AlterPartitionReassignmentsRequest.SerializeToString,
+                response_deserializer=txlog_dot_v1_dot_partition__pb2.AlterPartitionReassignmentsResponse.FromString,
+                _registered_method=True)
+        self.ListPartitionReassignments = channel.unary_unary(
+                '/txlog.v1.PartitionService/ListPartitionReassignments',
+                request_serializer=txlog_dot_v1_dot_partition__pb2.ListPartitionReassignmentsRequest.SerializeToString,
+                response_deserializer=txlog_dot_v1_dot_partition__pb2.ListPartitionReassignmentsResponse.FromString,
+                _registered_method=True)
 
 
 class PartitionServiceServicer:
@@ -160,6 +170,22 @@ class PartitionServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AlterPartitionReassignments(self, request, context):
+        """Moves partitions' replicas to other instances without downtime (KIP-455):
+        the new replicas are added and catch up; once they are all in the ISR,
+        leadership moves into the target if it must and the old replicas go.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListPartitionReassignments(self, request, context):
+        """The reassignments still in progress.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PartitionServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -212,6 +238,16 @@ def add_PartitionServiceServicer_to_server(servicer, server):
                     servicer.DescribeProducers,
                     request_deserializer=txlog_dot_v1_dot_partition__pb2.DescribeProducersRequest.FromString,
                     response_serializer=txlog_dot_v1_dot_partition__pb2.DescribeProducersResponse.SerializeToString,
+            ),
+            'AlterPartitionReassignments': grpc.unary_unary_rpc_method_handler(
+                    servicer.AlterPartitionReassignments,
+                    request_deserializer=txlog_dot_v1_dot_partition__pb2.AlterPartitionReassignmentsRequest.FromString,
+                    response_serializer=txlog_dot_v1_dot_partition__pb2.AlterPartitionReassignmentsResponse.SerializeToString,
+            ),
+            'ListPartitionReassignments': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListPartitionReassignments,
+                    request_deserializer=txlog_dot_v1_dot_partition__pb2.ListPartitionReassignmentsRequest.FromString,
+                    response_serializer=txlog_dot_v1_dot_partition__pb2.ListPartitionReassignmentsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -484,6 +520,60 @@ class PartitionService:
             '/txlog.v1.PartitionService/DescribeProducers',
             txlog_dot_v1_dot_partition__pb2.DescribeProducersRequest.SerializeToString,
             txlog_dot_v1_dot_partition__pb2.DescribeProducersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AlterPartitionReassignments(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/txlog.v1.PartitionService/AlterPartitionReassignments',
+            txlog_dot_v1_dot_partition__pb2.AlterPartitionReassignmentsRequest.SerializeToString,
+            txlog_dot_v1_dot_partition__pb2.AlterPartitionReassignmentsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListPartitionReassignments(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/txlog.v1.PartitionService/ListPartitionReassignments',
+            txlog_dot_v1_dot_partition__pb2.ListPartitionReassignmentsRequest.SerializeToString,
+            txlog_dot_v1_dot_partition__pb2.ListPartitionReassignmentsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,305 @@
+"""Benchmark: what replication costs and how fast it recovers (issue 14).
+
+On one local cluster of real processes (ZooKeeper, producer_id_svc, three
+partition_svc, one coordinator_svc; services/cluster.py), with 1 KB records:
+
+* throughput: one idempotent producer, hand-built RecordBatches of
+  ``--batch-records`` records, ``--in-flight`` requests outstanding, to one
+  partition with replication factor 1 (acks=all is then the leader's synced
+  write) and to one with replication factor 3 (acks=all waits for both
+  followers to fetch and sync). The baseline is the RF1 figure of the same run
+  on the same cluster; target RF3 >= 60% of RF1 (Kafka publishes about half
+  for three synchronous replicas);
+* latency: one-record produces, one at a time, p50/p99, RF1 and RF3;
+* failover: kill -9 of an RF3 partition's leader while a loop produces
+  one-record batches with acks=all to whoever the metadata names as leader;
+  the time from the kill to the first acknowledgement by the new leader,
+  beside the ZooKeeper session timeout the cluster runs with (target <=
+  session timeout + 2 s);
+* rejoin: a follower killed, its data directory wiped and started again after
+  ``--rejoin-mb`` MB were written: the time until it is back in the ISR, and
+  that time scaled to a GB;
+* transactions: ``--commits`` transactions of one record to each of 8 RF3
+  partitions through the SDK's transactional Producer; commit_transaction()
+  latency p50/p99 (target p99 <= 30 ms).
+
+Prints one JSON object to stdout; progress goes to stderr. Run it as
+``python bench/replication.py [--records N] [--session-timeout-s S]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import grpc
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from services.client import Producer  # noqa: E402
+from services.cluster import LocalCluster  # noqa: E402
+from services.stubs.txlog.v1 import (  # noqa: E402
+    common_pb2,
+    coordinator_pb2,
+    coordinator_pb2_grpc,
+    partition_pb2,
+    partition_pb2_grpc,
+)
+
+VALUE = b"v" * 1024
+KEY_BYTES = 8
+RECORD_BYTES = KEY_BYTES + len(VALUE)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--records", type=int, default=100_000, help="records per throughput run (default: %(default)s)")
+    parser.add_argument("--batch-records", type=int, default=500, help="records per produced batch (default: %(default)s)")
+    parser.add_argument("--in-flight", type=int, default=4, help="produce requests outstanding (default: %(default)s)")
+    parser.add_argument("--latency-samples", type=int, default=300, help="one-record produces per latency run")
+    parser.add_argument("--session-timeout-s", type=float, default=6.0, help="the services' ZooKeeper session timeout")
+    parser.add_argument("--rejoin-mb", type=int, default=200, help="MB written before a follower is wiped")
+    parser.add_argument("--commits", type=int, default=200, help="transactions in the commit-latency run")
+    return parser.parse_args(argv)
+
+
+def say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def percentiles(samples_ms: list[float]) -> dict:
+    ordered = sorted(samples_ms)
+    return {"p50": round(statistics.median(ordered), 2), "p99": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))], 2),
+            "samples": len(ordered)}
+
+
+class Client:
+    def __init__(self, cluster: LocalCluster):
+        self.cluster = cluster
+        self.channels: dict[str, grpc.aio.Channel] = {}
+
+    def stub(self, address: str) -> partition_pb2_grpc.PartitionServiceStub:
+        if address not in self.channels:
+            self.channels[address] = grpc.aio.insecure_channel(address, options=[("grpc.max_receive_message_length", 64 << 20),
+                                                                                  ("grpc.max_send_message_length", 64 << 20)])
+        return partition_pb2_grpc.PartitionServiceStub(self.channels[address])
+
+    def live_addresses(self) -> list[str]:
+        return [p.address for name, p in self.cluster.state.services.items() if name.startswith("partition_svc")]
+
+    async def metadata(self, topic: str) -> partition_pb2.PartitionMetadata:
+        for address in self.live_addresses():
+            try:
+                reply = await self.stub(address).Metadata(partition_pb2.MetadataRequest(topics=[topic]), timeout=5)
+                return reply.topics[0].partitions[0]
+            except grpc.RpcError:
+                continue
+        raise RuntimeError("no partition_svc answers Metadata")
+
+    async def create(self, topic: str, partitions: int, replication_factor: int) -> None:
+        reply = await self.stub(self.live_addresses()[0]).CreateTopics(partition_pb2.CreateTopicsRequest(topics=[
+            partition_pb2.CreatableTopic(name=topic, partition_count=partitions, replication_factor=replication_factor,
+                                         configs={"min.insync.replicas": str(min(2, replication_factor))})]), timeout=30)
+        assert reply.results[0].error.code == 0, reply
+        for p in range(partitions):
+            await self.wait(lambda p=p: self.in_sync(topic, p, replication_factor), 60, f"{topic}-{p} in sync")
+
+    async def in_sync(self, topic: str, partition: int, replicas: int) -> bool:
+        for address in self.live_addresses():
+            try:
+                reply = await self.stub(address).Metadata(partition_pb2.MetadataRequest(topics=[topic]), timeout=5)
+            except grpc.RpcError:
+                continue
+            meta = reply.topics[0].partitions[partition]
+            return meta.error.code == 0 and len(meta.isr) == replicas
+        return False
+
+    @staticmethod
+    async def wait(probe, timeout_s: float, what: str) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not await probe():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"timed out waiting for {what}")
+            await asyncio.sleep(0.05)
+
+    async def producer_id(self) -> int:
+        channel = self.channels.get(self.live_addresses()[0]) or grpc.aio.insecure_channel(self.live_addresses()[0])
+        reply = await coordinator_pb2_grpc.CoordinatorServiceStub(channel).InitProducerId(
+            coordinator_pb2.InitProducerIdRequest(), timeout=30)
+        return reply.producer_id
+
+
+def batch(producer_id: int, sequence: int, count: int, start: int) -> common_pb2.RecordBatch:
+    return common_pb2.RecordBatch(producer_id=producer_id, producer_epoch=0, base_sequence=sequence, records=[
+        common_pb2.Record(key=(start + i).to_bytes(KEY_BYTES, "big"), value=VALUE) for i in range(count)])
+
+
+async def throughput(client: Client, topic: str, args: argparse.Namespace) -> dict:
+    leader = (await client.metadata(topic)).leader_address
+    stub = client.stub(leader)
+    producer_id = await client.producer_id()
+    requests = [partition_pb2.ProduceRequest(acks=-1, batches=[partition_pb2.PartitionBatch(
+        topic=topic, partition=0, batch=batch(producer_id, i * args.batch_records, args.batch_records, i * args.batch_records))])
+        for i in range(args.records // args.batch_records)]
+    window = asyncio.Semaphore(args.in_flight)
+
+    async def send(request) -> None:
+        async with window:
+            reply = await stub.Produce(request, timeout=120)
+            assert reply.results[0].error.code == 0, reply.results[0].error
+
+    started = time.perf_counter()
+    tasks = []
+    for request in requests:  # in order: a window of in-flight requests, sequences never skip ahead
+        await window.acquire()
+        window.release()
+        tasks.append(asyncio.ensure_future(send(request)))
+        await asyncio.sleep(0)
+    await asyncio.gather(*tasks)
+    seconds = time.perf_counter() - started
+    records = len(requests) * args.batch_records
+    return {"records": records, "seconds": round(seconds, 3), "records_per_s": round(records / seconds),
+            "mb_per_s": round(records * RECORD_BYTES / seconds / 1e6, 2)}
+
+
+async def latency(client: Client, topic: str, samples: int) -> dict:
+    stub = client.stub((await client.metadata(topic)).leader_address)
+    times = []
+    for i in range(samples):
+        request = partition_pb2.ProduceRequest(acks=-1, batches=[partition_pb2.PartitionBatch(
+            topic=topic, partition=0, batch=common_pb2.RecordBatch(records=[common_pb2.Record(value=VALUE)]))])
+        started = time.perf_counter()
+        reply = await stub.Produce(request, timeout=30)
+        times.append((time.perf_counter() - started) * 1000)
+        assert reply.results[0].error.code == 0 or i > 0, reply
+    return percentiles(times)
+
+
+async def failover(client: Client, cluster: LocalCluster, topic: str) -> dict:
+    leader = await client.metadata(topic)
+    name = next(n for n, p in cluster.state.services.items() if p.address == leader.leader_address)
+    request = partition_pb2.ProduceRequest(acks=-1, batches=[partition_pb2.PartitionBatch(
+        topic=topic, partition=0, batch=common_pb2.RecordBatch(records=[common_pb2.Record(value=b"after")]))])
+    cluster.kill(name)
+    killed = time.perf_counter()
+    attempts = 0
+    while True:
+        attempts += 1
+        try:
+            meta = await client.metadata(topic)
+            if meta.error.code == 0 and meta.leader_address != leader.leader_address:
+                reply = await client.stub(meta.leader_address).Produce(request, timeout=5)
+                if reply.results[0].error.code == 0:
+                    break
+        except grpc.RpcError:
+            pass
+        await asyncio.sleep(0.02)
+    seconds = time.perf_counter() - killed
+    cluster.start(name)
+    await client.wait(lambda: client.in_sync(topic, 0, 3), 120, "the killed leader back in sync")
+    return {"seconds_to_first_ack": round(seconds, 3), "attempts": attempts, "killed": name}
+
+
+async def rejoin(client: Client, cluster: LocalCluster, topic: str, args: argparse.Namespace) -> dict:
+    meta = await client.metadata(topic)
+    stub = client.stub(meta.leader_address)
+    producer_id = await client.producer_id()
+    count = args.rejoin_mb * 1_000_000 // RECORD_BYTES // args.batch_records
+    for i in range(count):
+        reply = await stub.Produce(partition_pb2.ProduceRequest(acks=1, batches=[partition_pb2.PartitionBatch(
+            topic=topic, partition=0, batch=batch(producer_id, i * args.batch_records, args.batch_records, i))]), timeout=120)
+        assert reply.results[0].error.code == 0, reply
+    await client.wait(lambda: client.in_sync(topic, 0, 3), 300, "every replica caught up")
+    follower = next(n for n in meta.replicas if n != meta.leader_id)
+    name = f"partition_svc-{follower}"
+    cluster.kill(name)
+    shutil.rmtree(Path(cluster.dir) / name)
+    cluster.start(name)
+    started = time.perf_counter()
+    await client.wait(lambda: client.in_sync(topic, 0, 3), 600, "the wiped follower back in the ISR")
+    seconds = time.perf_counter() - started
+    mb = count * args.batch_records * RECORD_BYTES / 1e6
+    return {"mb": round(mb, 1), "seconds": round(seconds, 3), "seconds_per_gb": round(seconds / mb * 1000, 2)}
+
+
+def commit_latency(bootstrap: str, topic: str, commits: int) -> dict:
+    times = []
+    with Producer(bootstrap, transactional_id="bench-replication", linger_ms=0) as producer:
+        producer.init_transactions()
+        for i in range(commits + 10):
+            producer.begin_transaction()
+            for p in range(8):
+                producer.send(topic, value=b"x", partition=p)
+            started = time.perf_counter()
+            producer.commit_transaction()
+            if i >= 10:  # the first ones pay for connections and metadata
+                times.append((time.perf_counter() - started) * 1000)
+    return percentiles(times)
+
+
+async def measure(cluster: LocalCluster, args: argparse.Namespace) -> dict:
+    client = Client(cluster)
+    say("creating topics")
+    await client.create("rf1", 1, 1)
+    await client.create("rf3", 1, 3)
+    say("throughput")
+    rf1 = await throughput(client, "rf1", args)
+    rf3 = await throughput(client, "rf3", args)
+    say("latency")
+    latency_rf1 = await latency(client, "rf1", args.latency_samples)
+    latency_rf3 = await latency(client, "rf3", args.latency_samples)
+    say("transactions")
+    await client.create("txn8", 8, 3)
+    commits = await asyncio.to_thread(commit_latency, cluster.state.bootstrap, "txn8", args.commits)
+    say("failover")
+    await client.create("failover", 1, 3)
+    failed_over = await failover(client, cluster, "failover")
+    say("rejoin")
+    await client.create("rejoin", 1, 3)
+    rejoined = await rejoin(client, cluster, "rejoin", args)
+    ratio = round(rf3["mb_per_s"] / rf1["mb_per_s"], 3)
+    return {
+        "throughput": {"rf1_acks_all": rf1, "rf3_acks_all": rf3, "rf3_vs_rf1": ratio, "target_rf3_vs_rf1": 0.6,
+                       "meets_target": ratio >= 0.6},
+        "produce_latency_ms": {"rf1_acks_all": latency_rf1, "rf3_acks_all": latency_rf3},
+        "failover": {**failed_over, "zookeeper_session_timeout_s": args.session_timeout_s,
+                     "target_s": args.session_timeout_s + 2, "meets_target": failed_over["seconds_to_first_ack"] <= args.session_timeout_s + 2},
+        "wiped_follower_rejoin": rejoined,
+        "transaction_commit_ms_8_partitions_rf3": {**commits, "target_p99": 30, "meets_target": commits["p99"] <= 30},
+    }
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="txlog-bench-replication-") as workdir:
+        cluster = LocalCluster(Path(workdir) / "cluster")
+        session = ["--zookeeper-session-timeout-s", str(args.session_timeout_s)]
+        cluster.up(producer_id_svcs=1, partition_svcs=3, coordinator_svcs=1,
+                   service_args={"partition_svc": session, "coordinator_svc": session})
+        try:
+            figures = asyncio.run(measure(cluster, args))
+        finally:
+            for name in cluster.state.services:
+                cluster.kill(name, signal.SIGCONT)
+            cluster.down(grace_s=5)
+    print(json.dumps({
+        "benchmark": "replication: RF3 acks=all against RF1 on the same cluster, failover, rejoin, transactions",
+        "parameters": {"records": args.records, "records_per_batch": args.batch_records, "in_flight": args.in_flight,
+                       "record_bytes": RECORD_BYTES, "fsync": True, "mb": "10^6 bytes of payload"},
+        "machine": {"cpus": os.cpu_count()},
+        **figures,
+    }, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
