@@ -22,3 +22,4 @@ bench: setup
 	.venv/bin/python bench/transactions.py
 	.venv/bin/python bench/prepare.py
 	.venv/bin/python bench/spark_eos.py
+	.venv/bin/python bench/replication.py

@@ -215,6 +215,14 @@ class Partition:
             self.replica_set.isr = isr
             self._advance_high_watermark()
 
+    def not_leading(self) -> Reject | None:
+        """Only a leader appends: a request that found this replica leading
+        and awaited something before its change may find it a follower now,
+        whose log is the leader's alone to write."""
+        if self.replica_set is None:
+            return Reject(ErrorCode.Value("NOT_LEADER"), f"{self.topic}-{self.index} is no longer led here; refresh metadata")
+        return None
+
     def check_enough_replicas(self) -> Reject | None:
         """acks=all is refused before anything is appended while the ISR is
         smaller than min.insync.replicas."""
@@ -231,7 +239,7 @@ class Partition:
         """One batch of a Produce, checked against its producer's state: a
         duplicate is answered its original offsets, a new batch is appended and
         submitted. A bad record is a Reject, with nothing changed."""
-        outcome = self.check(batch)
+        outcome = self.not_leading() or self.check(batch)
         if isinstance(outcome, Reject):
             return outcome
         if isinstance(outcome, Duplicate):
@@ -251,7 +259,7 @@ class Partition:
         when there was nothing to change. A marker whose transaction is closed
         here already is written again only to record a higher coordinator
         epoch (so the previous owner's late re-send is fenced on every replica)."""
-        refused = self.check_marker(producer_id, producer_epoch, coordinator_epoch)
+        refused = self.not_leading() or self.check_marker(producer_id, producer_epoch, coordinator_epoch)
         if refused is not None:
             return refused
         entry = self.producers.get(producer_id)
@@ -266,7 +274,7 @@ class Partition:
         control batch): from now on no batch or offset of that epoch is taken
         here (a zombie of the preparing process cannot add to what the
         handle's holder commits). None when it is sealed already."""
-        refused = self.check_seal(producer_id, producer_epoch, coordinator_epoch)
+        refused = self.not_leading() or self.check_seal(producer_id, producer_epoch, coordinator_epoch)
         if refused is not None:
             return refused
         entry = self.producers.get(producer_id)
@@ -274,10 +282,13 @@ class Partition:
             return None
         return self._append_control(producer_id, producer_epoch, coordinator_epoch, common_pb2.CONTROL_TYPE_PREPARED, now_ms)
 
-    def commit_offsets(self, offsets: list[tuple[bytes, bytes]], now_ms: int, limits: validation.BatchLimits) -> asyncio.Future:
+    def commit_offsets(self, offsets: list[tuple[bytes, bytes]], now_ms: int, limits: validation.BatchLimits) -> asyncio.Future | Reject:
         """Consumer offsets committed outside a transaction (this is a
         __consumer_offsets partition): a batch in the log, and the view
         OffsetFetch reads, in one write."""
+        refused = self.not_leading()
+        if refused is not None:
+            return refused
         batch = common_pb2.RecordBatch(producer_id=-1, producer_epoch=-1, base_sequence=-1,
                                        records=[common_pb2.Record(key=k, value=v) for k, v in offsets])
         _, changes = self._append(batch, now_ms, limits)
@@ -290,7 +301,7 @@ class Partition:
         __consumer_offsets partition); they take effect with its COMMIT marker.
         None when every one was older than an offset pending already."""
         entry = self.producers.get(producer_id)
-        refused = self._check_txn_offsets(producer_id, producer_epoch, entry)
+        refused = self.not_leading() or self._check_txn_offsets(producer_id, producer_epoch, entry)
         if refused is not None:
             return refused
         # Within one transaction a partition's pending offset only moves forward: TxnOffsetCommit has no

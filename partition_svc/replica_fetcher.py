@@ -161,8 +161,13 @@ class ReplicaFetcher:
             if result.HasField("diverging_epoch"):
                 followed.truncated = False
                 continue
-            durable = followed.partition.append_replicated(
-                [(b.base_offset, b.leader_epoch, b.value) for b in result.batches], result.high_watermark)
+            try:
+                durable = followed.partition.append_replicated(
+                    [(b.base_offset, b.leader_epoch, b.value) for b in result.batches], result.high_watermark)
+            except ValueError as exc:  # the logs disagree where they should not: find where again
+                log.error("replica log out of step with the leader", extra=fields(topic=key[0], partition=key[1], error=str(exc)))
+                followed.truncated = False
+                continue
             if durable is not None:
                 written.append(durable)
         if written:

@@ -573,8 +573,10 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
         offsets_partition = await self.group_partition(request.group_id)
         reply = partition_pb2.OffsetCommitResponse()
         records = await self.offset_records(request.group_id, request.offsets, reply.results)
-        if records and not await offsets_partition.commit_offsets(records, now_ms(), self.limits):
-            raise not_replicated(offsets_partition)
+        if records:
+            outcome = offsets_partition.commit_offsets(records, now_ms(), self.limits)
+            if isinstance(outcome, Reject) or not await outcome:
+                raise not_replicated(offsets_partition)
         return reply
 
     @server.rpc_handler
@@ -589,6 +591,8 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
         records = await self.offset_records(request.group_id, request.offsets, reply.results)
         if records:
             outcome = offsets_partition.commit_txn_offsets(request.producer_id, request.producer_epoch, records, now_ms())
+            if isinstance(outcome, Reject) and outcome.code == ErrorCode.Value("NOT_LEADER"):
+                raise not_replicated(offsets_partition)
             if isinstance(outcome, Reject):
                 raise TxlogError(outcome.code, outcome.message)
             if outcome is not None and not await outcome:  # None when every offset was older than one pending already

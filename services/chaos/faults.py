@@ -5,6 +5,11 @@ its seed (what the faults meet depends on timing, as in Jepsen).
 Kinds (``FAULT_KINDS``):
 
     kill_partition      kill -9 a partition_svc, start it again (same data, same address)
+    kill_leader         kill -9 the leader of a busy partition (one of the workload's), start it again
+    wipe_replica        kill -9 a partition_svc, delete its data directory, start it again: it
+                        rebuilds every replica it holds from the leaders
+    pause_leader        SIGSTOP the leader of a busy partition past its ZooKeeper session, SIGCONT:
+                        it wakes a deposed leader, fenced by the new leader epoch, its tail truncated
     kill_coordinator    kill -9 a coordinator_svc, start it again
     kill_producer_id    kill -9 the producer_id_svc, start it again
     kill_zookeeper      kill -9 ZooKeeper, start it again (its data folder survives)
@@ -27,13 +32,17 @@ Client connection cuts (a request dropped, an answer lost) are injected inside
 the workers by their FaultInjection; the run adds up their counts.
 
 Every fault is recorded (kind, target, start, end) in ``Nemesis.log``; ``heal()``
-resumes and restarts whatever a fault left stopped or dead.
+resumes and restarts whatever a fault left stopped or dead. Before a fault that
+takes a replica away (the four partition_svc kinds), the nemesis waits until
+every partition is fully replicated again, so that at most one replica of each
+partition is down at a time (the condition replication is built for).
 """
 
 from __future__ import annotations
 
 import os
 import random
+import shutil
 import signal
 import threading
 import time
@@ -41,10 +50,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from services.chaos.replay import REPLAY_KINDS, Order, wait_done, write_order
+from services.client import Admin
 from services.cluster import LocalCluster, pid_alive
 
-FAULT_KINDS = ("kill_partition", "kill_coordinator", "kill_producer_id", "kill_zookeeper",
+REPLICA_KINDS = ("kill_partition", "kill_leader", "wipe_replica", "pause_leader")
+FAULT_KINDS = (*REPLICA_KINDS, "kill_coordinator", "kill_producer_id", "kill_zookeeper",
                "pause_coordinator", "pause_producer", *REPLAY_KINDS)
+REPLICATED_WAIT_S = 90.0  # how long the nemesis waits for every partition to be in sync before a replica fault
 DOWN_S_RANGE = (0.5, 3.0)  # how long a killed process stays dead
 REPLAY_DELAY_S_RANGE = (1.0, 2.5)  # how late a replay comes (below the workers' transaction timeout)
 REPLAY_WAIT_S = 20.0  # how long the nemesis waits for the worker to deliver a replay
@@ -70,6 +82,8 @@ class Nemesis:
     interval_s: float
     producer_pids: dict[str, int]  # worker name -> pid, for pause_producer
     coordinator_pause_s: float = 8.0  # longer than the coordinators' ZooKeeper session
+    leader_pause_s: float = 8.0  # longer than the partition_svc ZooKeeper session
+    topics: tuple[str, ...] = ()  # the workload's topics, whose leaders kill_leader and pause_leader pick
     producer_pause_s: float = 8.0  # longer than the workers' transaction timeout
     directory: Path | None = None  # the run's folder, where replay orders go
     kinds: tuple[str, ...] = FAULT_KINDS  # the kinds to inject (a run limited to some)
@@ -109,8 +123,12 @@ class Nemesis:
             self.inject(kind)
 
     def inject(self, kind: str) -> FaultEvent:
+        waited = self._wait_replicated() if kind in REPLICA_KINDS else ""
         target = {
             "kill_partition": lambda: self.rng.choice(self.names("partition_svc")),
+            "kill_leader": self._busy_leader,
+            "wipe_replica": lambda: self.rng.choice(self.names("partition_svc")),
+            "pause_leader": self._busy_leader,
             "kill_coordinator": lambda: self.rng.choice(self.names("coordinator_svc")),
             "kill_producer_id": lambda: self.rng.choice(self.names("producer_id_svc")),
             "kill_zookeeper": lambda: "zookeeper",
@@ -120,13 +138,17 @@ class Nemesis:
             "replay_end_txn": lambda: self.rng.choice(sorted(self.producer_pids)),
             "replay_produce": lambda: self.rng.choice(sorted(self.producer_pids)),
         }[kind]()
-        event = FaultEvent(kind, target, time.time())
+        event = FaultEvent(kind, target, time.time(), detail=waited)
         self.log.append(event)
         try:
-            if kind.startswith("kill_"):
+            if kind.startswith("kill_") or kind == "wipe_replica":
                 self.cluster.kill(target, signal.SIGKILL)
+                if kind == "wipe_replica":
+                    shutil.rmtree(Path(self.cluster.dir) / target, ignore_errors=True)
                 self._stop.wait(self.rng.uniform(*DOWN_S_RANGE))
                 self.cluster.start(target)
+            elif kind == "pause_leader":
+                self._pause(self.cluster.state.services[target].pid, self.leader_pause_s)
             elif kind == "pause_coordinator":
                 self._pause(self.cluster.state.services[target].pid, self.coordinator_pause_s)
             elif kind == "pause_producer":
@@ -137,6 +159,30 @@ class Nemesis:
             event.error = repr(exc)[:300]
         event.end_s = time.time()
         return event
+
+    def _busy_leader(self) -> str:
+        """The process leading one of the workload's partitions, drawn at random."""
+        with Admin(self.cluster.state.bootstrap, default_api_timeout_ms=20_000) as admin:
+            leaders = sorted({p.leader_id for t in admin.describe_topics(list(self.topics)) for p in t.partitions if p.leader_id >= 0})
+        if not leaders:
+            raise RuntimeError(f"no partition of {self.topics} has a leader")
+        return f"partition_svc-{self.rng.choice(leaders)}"
+
+    def _wait_replicated(self) -> str:
+        """Waits (bounded) until no partition is under-replicated; what it saw."""
+        deadline = time.monotonic() + REPLICATED_WAIT_S
+        while not self._stop.is_set():
+            try:
+                with Admin(self.cluster.state.bootstrap, default_api_timeout_ms=10_000) as admin:
+                    under = admin.under_replicated_partitions()
+            except Exception as exc:  # noqa: BLE001 - a cluster in the middle of a fault: ask again
+                under = [exc]
+            if not under:
+                return ""
+            if time.monotonic() > deadline:
+                return f"{len(under)} partition(s) still under-replicated after {REPLICATED_WAIT_S:.0f} s"
+            self._stop.wait(0.5)
+        return ""
 
     def _replay(self, event: FaultEvent) -> None:
         into = "same" if event.kind == "replay_produce" and self.rng.random() < 0.5 else "next"

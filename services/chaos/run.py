@@ -45,6 +45,11 @@ PRODUCER_WORKERS = 3
 TXN_TIMEOUT_MS = 6000
 COORDINATOR_ARGS = ["--transaction-check-interval-ms", "200", "--ownership-check-interval-ms", "300",
                     "--zookeeper-session-timeout-s", "5"]
+# Three instances, every partition on all three (min.insync.replicas 2): any one may be killed, paused or wiped.
+PARTITION_SESSION_S = 5
+PARTITION_ARGS = ["--zookeeper-session-timeout-s", str(PARTITION_SESSION_S), "--min-insync-replicas", "2",
+                  "--replica-lag-time-max-ms", "4000", "--controller-pass-interval-ms", "1000",
+                  "--partition-state-refresh-ms", "2000"]
 WORKER_STOP_TIMEOUT_S = 90.0
 FINAL_READ_TIMEOUT_S = 60.0
 OPEN_STATES = ("Ongoing", "PrepareCommit", "PrepareAbort", "PrepareEpochFence")
@@ -152,7 +157,7 @@ def run(duration_s: float, *, seed: int | None = None, directory: str | Path | N
     nemesis = None
     nemesis_started_s = time.time()
     try:
-        cluster.up(service_args={"coordinator_svc": COORDINATOR_ARGS})
+        cluster.up(partition_svcs=3, service_args={"coordinator_svc": COORDINATOR_ARGS, "partition_svc": PARTITION_ARGS})
         cluster.wait_until_coordinators_settle()
         with Admin(cluster.state.bootstrap) as admin:
             admin.create_topics(list(TOPICS.items()))
@@ -161,7 +166,8 @@ def run(duration_s: float, *, seed: int | None = None, directory: str | Path | N
             f"for {duration_s:.0f} s")
         nemesis = Nemesis(cluster, random.Random(seed), fault_interval_s,
                           {name: p.pid for name, p in workers.items() if name.startswith("p")},
-                          producer_pause_s=TXN_TIMEOUT_MS / 1000 + 2, directory=directory, kinds=kinds)
+                          producer_pause_s=TXN_TIMEOUT_MS / 1000 + 2, directory=directory, kinds=kinds,
+                          leader_pause_s=PARTITION_SESSION_S + 2, topics=tuple(TOPICS))
         nemesis_started_s = time.time()
         nemesis.start()
         time.sleep(duration_s)

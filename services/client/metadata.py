@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from services.client.errors import Action, ClientError, action_for, error_for, from_proto
 from services.client.structs import TopicPartition
@@ -98,6 +98,18 @@ def topic_info(proto: partition_pb2.TopicMetadata) -> TopicInfo:
     )
     return TopicInfo(proto.name, partitions, proto.error.code, proto.error.message, proto.is_internal,
                      dict(proto.configs))
+
+
+def newest_leaders(fresh: TopicInfo, known: TopicInfo | None) -> TopicInfo:
+    """``fresh``, but a partition whose leader epoch is older than the one
+    known keeps the known leader (Kafka's KIP-232): a server that has not
+    heard of a failover yet must not send the client back to a deposed leader,
+    which could answer from a log behind the one it already read."""
+    if known is None or not known.exists or len(known.partitions) != len(fresh.partitions):
+        return fresh
+    partitions = tuple(old if old.leader_epoch > new.leader_epoch else new
+                       for new, old in zip(fresh.partitions, known.partitions, strict=True))
+    return replace(fresh, partitions=partitions)
 
 
 class Metadata:
@@ -228,7 +240,7 @@ class Metadata:
     def _apply(self, response: partition_pb2.MetadataResponse) -> None:
         topics = dict(self._topics)
         for proto in response.topics:
-            topics[proto.name] = topic_info(proto)
+            topics[proto.name] = newest_leaders(topic_info(proto), topics.get(proto.name))
         self._topics = topics
         brokers = [b.address for b in response.brokers if b.address]
         if brokers:

@@ -1,11 +1,13 @@
 """The chaos workload, short, on a real local cluster: producers committing and
 aborting, consume-transform-produce with offsets in its transactions, pollers
-of both isolations, under every fault kind (kill -9 and restart of each
-service and ZooKeeper, SIGSTOP/SIGCONT of a coordinator and of a producer,
+of both isolations, on three partition_svc with every partition replicated
+three times, under every fault kind (kill -9 and restart of each service and
+ZooKeeper, of a busy partition's leader, a replica's data directory wiped,
+SIGSTOP/SIGCONT of a leader, of a coordinator and of a producer,
 connection cuts, and a producer's COMMIT/ABORT markers, EndTxn and Produce
 delivered again seconds later, into the next transaction). The seed is fixed:
 a failure replays with
-``txlog chaos run --minutes 1.75 --seed 20240611 --fault-interval-s 6 --keep``."""
+``txlog chaos run --minutes 2.7 --seed 20240611 --fault-interval-s 6 --keep``."""
 
 from services.chaos.checker import ANOMALIES
 from services.chaos.faults import FAULT_KINDS
@@ -13,7 +15,7 @@ from services.chaos.history import REPLAY_KINDS
 from services.chaos.run import run
 
 SEED = 20240611
-WORKLOAD_S = 105  # each fault kind at least once, at one fault every ~6 s (pauses last 8 s, replays ~3 s)
+WORKLOAD_S = 160  # each of the 12 fault kinds at least once, at one fault every ~6 s (pauses last 8 s, replays ~3 s)
 
 
 def test_no_anomaly_under_every_kind_of_fault(tmp_path):

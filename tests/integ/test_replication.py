@@ -354,3 +354,71 @@ def _under_replicated(bootstrap: str) -> str:
     out = io.StringIO()
     console.partitions_under_replicated(bootstrap, out)
     return out.getvalue()
+
+
+@pytest.fixture
+def txn_cluster3(tmp_path):
+    """Three partition_svc and a coordinator: the transaction log replicated too."""
+    local = LocalCluster(tmp_path / "cluster")
+    local.up(producer_id_svcs=1, partition_svcs=3, coordinator_svcs=1,
+             service_args={"partition_svc": [*FAST, "--min-insync-replicas", "2"]})
+    local.wait_until_coordinators_settle()
+    yield local
+    local.down(grace_s=5)
+
+
+def test_killing_the_leader_under_committing_transactions_loses_nothing_and_the_lso_never_goes_back(txn_cluster3):
+    cluster = txn_cluster3
+    raw = Raw(cluster)
+    create(cluster.state.bootstrap, "txn-failover", 1, 3)
+    first = wait_for(lambda: fully_replicated(raw, "txn-failover", 0), what="every replica in sync")
+    committed: list[bytes] = []
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    stable_offsets: list[int] = []
+
+    def transact() -> None:
+        try:
+            with Producer(cluster.state.bootstrap, transactional_id="failover-tx", linger_ms=1,
+                          transaction_timeout_ms=60_000) as producer:
+                producer.init_transactions()
+                n = 0
+                while not stop.is_set():
+                    producer.begin_transaction()
+                    values = [f"t{n}-{i}".encode() for i in range(5)]
+                    for value in values:
+                        producer.send("txn-failover", value, partition=0)
+                    producer.commit_transaction()
+                    committed.extend(values)
+                    n += 1
+        except BaseException as exc:  # noqa: BLE001 (reported by the test)
+            errors.append(exc)
+
+    def watch_lso() -> None:
+        while not stop.is_set():
+            try:
+                meta = partition_meta(raw, "txn-failover", 0)
+                result = raw.fetch("txn-failover", 0, 0, isolation=common_pb2.ISOLATION_LEVEL_READ_COMMITTED,
+                                   stub=raw.stub(meta.leader_address), max_bytes=1)
+                if result.error.code == 0:
+                    stable_offsets.append(result.last_stable_offset)
+            except (grpc.RpcError, IndexError):
+                pass
+
+    workers = [threading.Thread(target=transact), threading.Thread(target=watch_lso)]
+    for worker in workers:
+        worker.start()
+    try:
+        wait_for(lambda: len(committed) >= 50, what="transactions committed before the kill")
+        cluster.kill(name_of(first.leader_id))
+        count = len(committed)
+        wait_for(lambda: len(committed) >= count + 50, what="transactions committed on the new leader")
+    finally:
+        stop.set()
+        for worker in workers:
+            worker.join(timeout=180)
+    assert not errors, errors
+    assert stable_offsets == sorted(stable_offsets), "the last stable offset moved backwards"
+    values = read_values(raw, "txn-failover", 0, common_pb2.ISOLATION_LEVEL_READ_COMMITTED)
+    assert len(values) == len(set(values)), "a committed record was read twice"
+    assert set(committed) <= set(values), f"committed records lost: {sorted(set(committed) - set(values))[:10]}"

@@ -151,5 +151,12 @@ def test_a_leader_that_loses_leadership_tells_its_waiters_and_drops_its_lso_hold
         leader.become_follower(2)
         assert await produced.replicated is False
         assert await leader.wait_replicated(0) is False
+        # a request that found it leading and awaited something meanwhile must not append to a follower's log
+        key = log_store.group_offset_key("g", "t", 0)
+        for refused in (leader.produce(batch(7, 0, 1, ["late"]), NOW, LIMITS), leader.write_marker(7, 1, 0, True, NOW),
+                        leader.seal_prepared(7, 0, 0, NOW), leader.commit_offsets([(key, b"{}")], NOW, LIMITS),
+                        leader.commit_txn_offsets(7, 0, [(key, b"{}")], NOW)):
+            assert isinstance(refused, Reject) and ErrorCode.Name(refused.code) == "NOT_LEADER", refused
+        assert leader.next_offset == 1
         await drained(leader)
     asyncio.run(scenario())
