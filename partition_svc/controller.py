@@ -12,7 +12,9 @@ Work: on every change of the live partition_svc registrations (a ZooKeeper
 watch), every new topic, and every ``controller_pass_interval_ms`` besides,
 a pass reads every partition's state and applies election.py's rules:
 leaders of gone or restarted instances are replaced from the ISR, gone
-followers leave the ISR, preferred leaders take leadership back. Each state
+followers leave the ISR, preferred leaders take leadership back. A restart
+is an instance registered after the state's last write (its registration's
+czxid above the state's mzxid), so it is found from ZooKeeper alone. Each state
 it changes is written conditionally (on the znode version it read) and sent
 with LeaderAndIsr to every live instance; an instance that is new or
 restarted gets every state.
@@ -132,8 +134,8 @@ class Controller:
             log.warning("no longer the controller", extra=fields(controller_epoch=self.epoch))
         return mine
 
-    async def live_sessions(self) -> dict[int, tuple[str, int]]:
-        """{node id: (address, session)} of the live instances."""
+    async def live_sessions(self) -> dict[int, tuple[str, int, int]]:
+        """{node id: (address, session, the ZooKeeper transaction that registered it)} of the live instances."""
         try:
             children = await zk.call(self.client, "get_children", self.registrations)
         except NoNodeError:
@@ -145,7 +147,7 @@ class Controller:
             except NoNodeError:
                 continue
             info = json.loads(data)
-            found[int(info["node_id"])] = (info["address"], stat.ephemeralOwner)
+            found[int(info["node_id"])] = (info["address"], stat.ephemeralOwner, stat.czxid)
         return found
 
     async def run_pass(self) -> None:
@@ -153,8 +155,8 @@ class Controller:
             return
         sessions = await self.live_sessions()
         live = set(sessions)
-        restarted = {n for n, (_, session) in sessions.items() if n in self._sessions and self._sessions[n] != session}
-        newcomers = {n for n in live if n not in self._sessions} | restarted
+        newcomers = {n for n, (_, session, _) in sessions.items() if self._sessions.get(n) != session}
+        registered = {n: czxid for n, (_, _, czxid) in sessions.items()}
         changed: PartitionStates = []
         everything: PartitionStates = []
         names = await self.topics.names()
@@ -178,6 +180,9 @@ class Controller:
                         info, version, state = moved
                         changed.append((info, index, state))
                 replicas = info.replicas[index]
+                # registered since the state's last write: restarted (or new) since; found from ZooKeeper alone,
+                # so a new controller sees the restarts its predecessor had not handled
+                restarted = {n for n in live if registered[n] > state.zk_mzxid}
                 wanted = election.after_restarts(replicas, state, live, restarted, unclean=unclean)
                 wanted = election.preferred_leader(replicas, wanted, live)
                 if wanted != state:
@@ -196,8 +201,8 @@ class Controller:
                     changed.append((info, index, state))
                 everything.append((info, index, state))
         self._topics_seen = set(names)
-        self._sessions = {n: session for n, (_, session) in sessions.items()}
-        addresses = {n: address for n, (address, _) in sessions.items()}
+        self._sessions = {n: session for n, (_, session, _) in sessions.items()}
+        addresses = {n: address for n, (address, _, _) in sessions.items()}
         if changed or newcomers:
             await self.announce(self.epoch, addresses, changed, newcomers, everything)
 

@@ -18,9 +18,10 @@ The rules, all here:
 - The preferred leader (the first replica) takes leadership back once it is
   live and in the ISR (it caught up).
 
-A node that restarted (a new ZooKeeper session under the same node id) is
-treated as gone and back: it leaves the ISR and rejoins as a follower once it
-has caught up, because its log may lack what it did not sync.
+A node that restarted since the state was written (its registration is newer
+than the state's last write) is treated as gone and back: it leaves the ISR
+and rejoins as a follower once it has caught up, because its log may lack
+what it did not sync, and it never leads on a state from before its restart.
 """
 
 from __future__ import annotations
@@ -39,15 +40,16 @@ class LeaderAndIsr:
     isr: tuple[int, ...]
     controller_epoch: int = 0
     zk_version: int = -1  # the znode version this was read at or written as; not stored
+    zk_mzxid: int = -1  # the ZooKeeper transaction of that write; not stored
 
     def encode(self) -> bytes:
         return json.dumps({"leader": self.leader, "leader_epoch": self.leader_epoch, "isr": list(self.isr),
                            "controller_epoch": self.controller_epoch}, sort_keys=True).encode()
 
     @classmethod
-    def decode(cls, data: bytes, zk_version: int) -> LeaderAndIsr:
+    def decode(cls, data: bytes, zk_version: int, zk_mzxid: int = -1) -> LeaderAndIsr:
         raw = json.loads(data)
-        return cls(raw["leader"], raw["leader_epoch"], tuple(raw["isr"]), raw["controller_epoch"], zk_version)
+        return cls(raw["leader"], raw["leader_epoch"], tuple(raw["isr"]), raw["controller_epoch"], zk_version, zk_mzxid)
 
     def newer_than(self, other: LeaderAndIsr | None) -> bool:
         return other is None or (self.leader_epoch, self.zk_version) > (other.leader_epoch, other.zk_version)

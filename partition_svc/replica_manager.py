@@ -1,6 +1,12 @@
 """This instance's replicas: which partitions it holds, whether it leads or
 follows each, and the partition states it knows (issue 14, replication).
 
+A replica leads only on a state written after this instance registered in
+its current ZooKeeper session (the state's mzxid above its registration's
+czxid): a restarted instance must not resume leading on its old state, from
+a log and a high watermark that may be behind what its successor had; the
+controller sees the restart and writes a new state.
+
 A state (leader, leader epoch, ISR, from ZooKeeper) reaches an instance by
 the controller's LeaderAndIsr, by a read when a request names a partition it
 has not heard of, and by a resync of every state every
@@ -28,6 +34,7 @@ from partition_svc.log_store import GroupCommitWriter, LogStore
 from partition_svc.partition import Partition, now_ms
 from partition_svc.replica_fetcher import ReplicaFetcher
 from partition_svc.topics import TopicInfo, TopicRegistry
+from services import zk
 from services.errors import ErrorCode, TxlogError
 from services.logs import fields
 from services.names import is_topic_name
@@ -40,8 +47,10 @@ Key = tuple[str, int]
 
 class ReplicaManager:
     def __init__(self, node_id: int, store: LogStore, writer: GroupCommitWriter, topics: TopicRegistry, peers: PeerClient,
-                 live_nodes: Callable[[], Awaitable[dict[int, str]]], *, lag_max_ms: int, fetch_wait_ms: int,
-                 fetch_bytes_max: int):
+                 live_nodes: Callable[[], Awaitable[dict[int, str]]], registration_path: str, *, lag_max_ms: int,
+                 fetch_wait_ms: int, fetch_bytes_max: int):
+        self.registration_path = registration_path
+        self._registration: tuple[int, int] | None = None  # (ZooKeeper session, czxid of this instance's registration)
         self.node_id = node_id
         self.store = store
         self.writer = writer
@@ -109,7 +118,12 @@ class ReplicaManager:
                                                          node_id=self.node_id, partition_count=info.partition_count,
                                                          sole_replica=False)
         partition.replicas = tuple(replicas)
-        if state.leader == self.node_id:
+        if state.leader == self.node_id and state.zk_mzxid <= await self.registered_at():
+            self._stop_following(key)
+            partition.become_follower(state.leader_epoch)
+            log.info("not leading on a state from before this instance registered; the controller decides again",
+                     extra=fields(topic=info.name, partition=index, leader_epoch=state.leader_epoch))
+        elif state.leader == self.node_id:
             self._stop_following(key)
             was_leader = partition.is_leader
             partition.become_leader(state.leader_epoch, frozenset(state.isr), now_ms())
@@ -126,6 +140,18 @@ class ReplicaManager:
                 if fetcher is None:
                     fetcher = self.fetchers[state.leader] = ReplicaFetcher(self, state.leader)
                 fetcher.add(key, partition, state.leader_epoch)
+
+    async def registered_at(self) -> int:
+        """The ZooKeeper transaction that registered this instance in its
+        current session (2**63 until it has: nothing is new enough to lead on)."""
+        session = self.topics.client.client_id[0] if self.topics.client.client_id else None
+        if self._registration is not None and self._registration[0] == session:
+            return self._registration[1]
+        stat = await zk.call(self.topics.client, "exists", self.registration_path)
+        if stat is None or stat.ephemeralOwner != session:
+            return 2**63
+        self._registration = (session, stat.czxid)
+        return stat.czxid
 
     def _stop_following(self, key: Key) -> None:
         for fetcher in self.fetchers.values():

@@ -50,7 +50,8 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServiceServicer):
                 info = await self.replicas.topics.get(wanted.topic) if is_topic_name(wanted.topic) else None
                 if info is None or not 0 <= wanted.partition < info.partition_count:
                     raise TxlogError(ErrorCode.Value("UNKNOWN_TOPIC_OR_PARTITION"), f"{wanted.topic}-{wanted.partition} does not exist")
-                state = LeaderAndIsr(wanted.leader, wanted.leader_epoch, tuple(wanted.isr), wanted.controller_epoch, wanted.zk_version)
+                state = LeaderAndIsr(wanted.leader, wanted.leader_epoch, tuple(wanted.isr), wanted.controller_epoch,
+                                     wanted.zk_version, wanted.zk_mzxid)
                 await self.replicas.take(info, wanted.partition, state, tuple(wanted.replicas))
             except TxlogError as exc:
                 result.error.CopyFrom(_error(exc))

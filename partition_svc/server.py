@@ -112,7 +112,7 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
         self.verifier = TransactionVerifier(self.transaction_coordinator, self.peers)
         cfg = runtime.config
         self.replicas = ReplicaManager(self.node_id, store, self.writer, self.topics, self.peers, self.live_nodes,
-                                       lag_max_ms=cfg.replica_lag_time_max_ms, fetch_wait_ms=cfg.replica_fetch_wait_ms,
+                                       runtime.registry.path(KIND, self.node_id), lag_max_ms=cfg.replica_lag_time_max_ms, fetch_wait_ms=cfg.replica_fetch_wait_ms,
                                        fetch_bytes_max=cfg.replica_fetch_bytes_max)
         self.controller = Controller(runtime.zookeeper, cfg.zookeeper_root, self.node_id, KIND, self.topics, self.announce,
                                      pass_interval_ms=cfg.controller_pass_interval_ms)
@@ -737,7 +737,8 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
             return replication_pb2.LeaderAndIsrRequest(controller_id=self.node_id, controller_epoch=controller_epoch, partitions=[
                 replication_pb2.PartitionState(topic=info.name, partition=index, leader=state.leader,
                                                leader_epoch=state.leader_epoch, isr=state.isr, replicas=info.replicas[index],
-                                               zk_version=state.zk_version, controller_epoch=state.controller_epoch)
+                                               zk_version=state.zk_version, controller_epoch=state.controller_epoch,
+                                               zk_mzxid=state.zk_mzxid)
                 for info, index, state in states])
 
         async def tell(node: int, address: str) -> None:

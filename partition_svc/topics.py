@@ -166,7 +166,7 @@ class TopicRegistry:
             data, stat = await zk.call(self.client, "get", self.state_path(topic, partition))
         except NoNodeError:
             return None
-        return LeaderAndIsr.decode(data, stat.version)
+        return LeaderAndIsr.decode(data, stat.version, stat.mzxid)
 
     async def write_state(self, topic: str, partition: int, state: LeaderAndIsr,
                           controller: tuple[str, int] | None = None) -> LeaderAndIsr | None:
@@ -181,11 +181,11 @@ class TopicRegistry:
                 stat = await zk.call(self.client, "set", path, state.encode(), version=state.zk_version)
             except (BadVersionError, NoNodeError):
                 return None
-            return replace(state, zk_version=stat.version)
+            return replace(state, zk_version=stat.version, zk_mzxid=stat.mzxid)
         transaction = self.client.transaction()
         transaction.check(*controller)
         transaction.set_data(path, state.encode(), version=state.zk_version)
         results = await zk.commit(self.client, transaction)
         if any(isinstance(r, Exception) for r in results):
             return None
-        return replace(state, zk_version=results[1].version)
+        return replace(state, zk_version=results[1].version, zk_mzxid=results[1].mzxid)

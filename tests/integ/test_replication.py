@@ -266,7 +266,6 @@ def test_controller_failover_elects_another_controller_that_keeps_electing_leade
 
 
 def test_a_paused_leader_is_fenced_and_its_unreplicated_tail_truncated(cluster, raw):
-    # a long lag time: the followers stay in the ISR while paused, so that one of them can take over
     create(cluster.state.bootstrap, "paused", 1, 3)
     meta = wait_for(lambda: fully_replicated(raw, "paused", 0), what="every replica in sync")
     old_leader = raw.leader("paused", 0)
@@ -275,9 +274,9 @@ def test_a_paused_leader_is_fenced_and_its_unreplicated_tail_truncated(cluster, 
     for node in followers:
         cluster.kill(name_of(node), signal.SIGSTOP)
     try:
-        tail = raw.produce("paused", 0, common_pb2.RecordBatch(records=[common_pb2.Record(value=b"unreplicated")]),
-                           stub=old_leader, acks=1)
-        assert tail.error.code == 0 and tail.base_offset == 1
+        # acks=1 while the followers are stopped: a fetch already answered may still carry it to them, or not
+        maybe = raw.produce("paused", 0, common_pb2.RecordBatch(records=[common_pb2.Record(value=b"maybe")]), stub=old_leader, acks=1)
+        assert maybe.error.code == 0 and maybe.base_offset == 1
         cluster.kill(name_of(meta.leader_id), signal.SIGSTOP)
     finally:
         for node in followers:
@@ -288,13 +287,20 @@ def test_a_paused_leader_is_fenced_and_its_unreplicated_tail_truncated(cluster, 
         assert raw.produce("paused", 0, common_pb2.RecordBatch(records=[common_pb2.Record(value=b"after")])).error.code == 0
     finally:
         cluster.kill(name_of(meta.leader_id), signal.SIGCONT)
-    # the resumed old leader refuses writes at its old epoch, whatever it believed
-    stale = raw.produce("paused", 0, common_pb2.RecordBatch(records=[common_pb2.Record(value=b"zombie")]), stub=old_leader)
-    assert ErrorCode.Name(stale.error.code) in ("NOT_LEADER", "FENCED_LEADER_EPOCH", "NOT_ENOUGH_REPLICAS_AFTER_APPEND"), stale
-    # it rejoins as a follower, truncates its tail, and leads again once in sync (the preferred replica)
+    # the resumed old leader, before it hears of its successor, may still take an acks=1 write at its old epoch:
+    # that tail exists only on it
+    zombie = raw.produce("paused", 0, common_pb2.RecordBatch(records=[common_pb2.Record(value=b"zombie")]), stub=old_leader, acks=1)
+    if zombie.error.code != 0:
+        assert ErrorCode.Name(zombie.error.code) in ("NOT_LEADER", "FENCED_LEADER_EPOCH", "LEADER_NOT_AVAILABLE"), zombie
+    # acks=all at its old epoch never succeeds: the followers no longer fetch from it
+    stale = raw.produce("paused", 0, common_pb2.RecordBatch(records=[common_pb2.Record(value=b"stale")]), stub=old_leader)
+    assert ErrorCode.Name(stale.error.code) in ("NOT_LEADER", "FENCED_LEADER_EPOCH", "LEADER_NOT_AVAILABLE",
+                                                 "NOT_ENOUGH_REPLICAS_AFTER_APPEND"), stale
+    # it rejoins as a follower, truncates what only it has, and leads again once in sync (the preferred replica)
     wait_for(lambda: partition_meta(raw, "paused", 0).leader_id == meta.leader_id and fully_replicated(raw, "paused", 0),
              what="the old leader back in sync and leading")
-    assert read_values(raw, "paused", 0) == [b"acked", b"after"]
+    values = read_values(raw, "paused", 0)
+    assert values in ([b"acked", b"after"], [b"acked", b"maybe", b"after"]), values
 
 
 def test_reassignment_under_load_moves_replicas_without_losing_a_record(cluster, raw):
@@ -419,6 +425,12 @@ def test_killing_the_leader_under_committing_transactions_loses_nothing_and_the_
             worker.join(timeout=180)
     assert not errors, errors
     assert stable_offsets == sorted(stable_offsets), "the last stable offset moved backwards"
+
+    def settled():  # EndTxn answers before the markers are written: wait until the last one is
+        result = raw.fetch("txn-failover", 0, 0, max_bytes=1)
+        return result.error.code == 0 and result.last_stable_offset == result.high_watermark
+
+    wait_for(settled, what="the last transaction's markers")
     values = read_values(raw, "txn-failover", 0, common_pb2.ISOLATION_LEVEL_READ_COMMITTED)
     assert len(values) == len(set(values)), "a committed record was read twice"
     assert set(committed) <= set(values), f"committed records lost: {sorted(set(committed) - set(values))[:10]}"

@@ -10,7 +10,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class PartitionState(_message.Message):
-    __slots__ = ("topic", "partition", "leader", "leader_epoch", "isr", "replicas", "zk_version", "controller_epoch")
+    __slots__ = ("topic", "partition", "leader", "leader_epoch", "isr", "replicas", "zk_version", "controller_epoch", "zk_mzxid")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     LEADER_FIELD_NUMBER: _ClassVar[int]
@@ -19,6 +19,7 @@ class PartitionState(_message.Message):
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     ZK_VERSION_FIELD_NUMBER: _ClassVar[int]
     CONTROLLER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    ZK_MZXID_FIELD_NUMBER: _ClassVar[int]
     topic: str
     partition: int
     leader: int
@@ -27,7 +28,8 @@ class PartitionState(_message.Message):
     replicas: _containers.RepeatedScalarFieldContainer[int]
     zk_version: int
     controller_epoch: int
-    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., leader: _Optional[int] = ..., leader_epoch: _Optional[int] = ..., isr: _Optional[_Iterable[int]] = ..., replicas: _Optional[_Iterable[int]] = ..., zk_version: _Optional[int] = ..., controller_epoch: _Optional[int] = ...) -> None: ...
+    zk_mzxid: int
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., leader: _Optional[int] = ..., leader_epoch: _Optional[int] = ..., isr: _Optional[_Iterable[int]] = ..., replicas: _Optional[_Iterable[int]] = ..., zk_version: _Optional[int] = ..., controller_epoch: _Optional[int] = ..., zk_mzxid: _Optional[int] = ...) -> None: ...
 
 class LeaderAndIsrRequest(_message.Message):
     __slots__ = ("controller_id", "controller_epoch", "partitions")
