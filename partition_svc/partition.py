@@ -531,12 +531,14 @@ class Partition:
         """Stores the leader's batches ((base offset, leader epoch, stored
         value), in offset order from this replica's log end) at the leader's
         offsets, with their effects; the future completes once they are
-        durable. None when there was nothing to store."""
+        durable. None when there was nothing to store. A batch may start past
+        the log end: compaction on the leader removed the batches between
+        (offsets are never reused, so the gap stays a gap)."""
         self.leader_high_watermark = max(self.leader_high_watermark, leader_high_watermark)
         changes: Changes = []
         for base_offset, epoch, value in batches:
-            if base_offset != self.next_offset:
-                raise ValueError(f"{self.topic}-{self.index}: the leader sent offset {base_offset}, the log ends at {self.next_offset}")
+            if base_offset < self.next_offset:
+                raise ValueError(f"{self.topic}-{self.index}: the leader sent offset {base_offset}, below the log end {self.next_offset}")
             if self.epochs.assign(epoch, base_offset):
                 changes.append((log_store.epoch_key(self.pkey, epoch), log_store.offset_value(base_offset)))
             changes.append((log_store.log_key(self.pkey, base_offset), value))

@@ -167,6 +167,7 @@ class ReplicaFetcher:
             except ValueError as exc:  # the logs disagree where they should not: find where again
                 log.error("replica log out of step with the leader", extra=fields(topic=key[0], partition=key[1], error=str(exc)))
                 followed.truncated = False
+                refused += 1
                 continue
             if durable is not None:
                 written.append(durable)

@@ -160,3 +160,26 @@ def test_a_leader_that_loses_leadership_tells_its_waiters_and_drops_its_lso_hold
         assert leader.next_offset == 1
         await drained(leader)
     asyncio.run(scenario())
+
+
+def test_a_follower_takes_a_compacted_log_with_its_gaps(tmp_path):
+    """Found by the chaos run: compaction on the leader removes batches from the middle of the log, so the
+    batch after a follower's log end may start further on; it is stored there, the gap staying a gap."""
+    async def scenario():
+        configs = validation.topic_configs({"cleanup.policy": "compact"}, 1 << 20)
+        leader, follower = replica(tmp_path, "leader", LEADER), replica(tmp_path, "follower", FOLLOWER)
+        leader.configs = follower.configs = configs
+        leader.become_leader(1, frozenset({LEADER}), NOW)
+        follower.become_follower(1)
+        for value in ("old", "new", "other"):
+            keyed = common_pb2.RecordBatch(producer_id=-1, producer_epoch=-1, base_sequence=-1,  # no producer
+                                           records=[common_pb2.Record(key=b"k" if value != "other" else b"o", value=value.encode())])
+            await leader.produce(keyed, NOW, LIMITS).durable
+        await leader.enforce_retention(NOW)
+        assert [h.base_offset for h in leader.headers(0)] == [1, 2]  # "old" compacted away at offset 0
+        await ship(leader, follower)
+        assert follower.next_offset == 3 and [h.base_offset for h in follower.headers(0)] == [1, 2]
+        payloads, _, _ = follower.read(0, 3, 1 << 20, 100, take_first=True)
+        assert [r.value for p in payloads for r in common_pb2.RecordBatch.FromString(p).records] == [b"new", b"other"]
+        await drained(leader, follower)
+    asyncio.run(scenario())
