@@ -104,6 +104,40 @@ def read_values(raw: Raw, topic: str, partition: int, isolation=common_pb2.ISOLA
     return wait_for(attempt, what=f"a readable leader of {topic}-{partition}")[0]
 
 
+class BackgroundProducer:
+    """An idempotent SDK producer sending to partition 0 of ``topic`` in a thread, ``window`` records at a
+    time, until the block ends; ``acked`` holds what was acknowledged, in order."""
+
+    def __init__(self, bootstrap: str, topic: str, window: int = 20):
+        self.bootstrap, self.topic, self.window = bootstrap, topic, window
+        self.acked: list[bytes] = []
+        self.errors: list[BaseException] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run)
+
+    def __enter__(self) -> BackgroundProducer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._stop.set()
+        self._thread.join(timeout=180)
+
+    def _run(self) -> None:
+        try:
+            with Producer(self.bootstrap, linger_ms=1, delivery_timeout_ms=120_000) as producer:
+                i = 0
+                while not self._stop.is_set():
+                    values = [f"{self.topic}-{i + j}".encode() for j in range(self.window)]
+                    futures = [producer.send(self.topic, value, partition=0) for value in values]
+                    for value, future in zip(values, futures, strict=True):
+                        future.result(timeout=120)
+                        self.acked.append(value)
+                    i += self.window
+        except BaseException as exc:  # noqa: BLE001 (reported by the test)
+            self.errors.append(exc)
+
+
 def test_a_topic_is_replicated_and_described_with_leader_replicas_and_isr(cluster, raw):
     create(cluster.state.bootstrap, "described", 3, 3, **{"min.insync.replicas": "2"})
     for p in range(3):
@@ -132,26 +166,8 @@ def test_a_topic_is_replicated_and_described_with_leader_replicas_and_isr(cluste
 def test_killing_the_leader_loses_no_acknowledged_record_and_the_idempotent_producer_carries_on(cluster, raw):
     create(cluster.state.bootstrap, "failover", 1, 3, **{"min.insync.replicas": "2"})
     first = wait_for(lambda: fully_replicated(raw, "failover", 0), what="every replica in sync")
-    acked: list[bytes] = []
-    stop = threading.Event()
-    errors: list[BaseException] = []
-
-    def produce() -> None:
-        try:
-            with Producer(cluster.state.bootstrap, linger_ms=1, delivery_timeout_ms=120_000) as producer:
-                i = 0
-                while not stop.is_set():
-                    futures = [(f"v{i + j}".encode(), producer.send("failover", f"v{i + j}", partition=0)) for j in range(20)]
-                    for value, future in futures:
-                        future.result(timeout=120)
-                        acked.append(value)
-                    i += 20
-        except BaseException as exc:  # noqa: BLE001 (reported by the test)
-            errors.append(exc)
-
-    worker = threading.Thread(target=produce)
-    worker.start()
-    try:
+    with BackgroundProducer(cluster.state.bootstrap, "failover") as producing:
+        acked = producing.acked
         wait_for(lambda: len(acked) >= 200, what="records acknowledged before the kill")
         cluster.kill(name_of(first.leader_id))
         killed_at = len(acked)
@@ -159,10 +175,7 @@ def test_killing_the_leader_loses_no_acknowledged_record_and_the_idempotent_prod
                           and m, what="a new leader")
         assert second.leader_epoch > first.leader_epoch and second.leader_id in first.isr
         wait_for(lambda: len(acked) >= killed_at + 200, what="records acknowledged by the new leader")
-    finally:
-        stop.set()
-        worker.join(timeout=180)
-    assert not errors, errors
+    assert not producing.errors, producing.errors
     values = read_values(raw, "failover", 0)
     assert len(values) == len(set(values)), "a record was written twice"
     assert set(acked) <= set(values), f"acknowledged records lost: {sorted(set(acked) - set(values))[:10]}"
@@ -308,25 +321,8 @@ def test_reassignment_under_load_moves_replicas_without_losing_a_record(cluster,
     before = wait_for(lambda: fully_replicated(raw, "moved", 0, 2), what="both replicas in sync")
     spare = ({0, 1, 2} - set(before.replicas)).pop()
     target = [spare, before.replicas[1]]  # the leader's replica moves to the spare instance
-    acked: list[bytes] = []
-    stop = threading.Event()
-    errors: list[BaseException] = []
-
-    def produce() -> None:
-        try:
-            with Producer(cluster.state.bootstrap, linger_ms=1) as producer:
-                i = 0
-                while not stop.is_set():
-                    value = f"m{i}".encode()
-                    producer.send("moved", value, partition=0).result(timeout=120)
-                    acked.append(value)
-                    i += 1
-        except BaseException as exc:  # noqa: BLE001 (reported by the test)
-            errors.append(exc)
-
-    worker = threading.Thread(target=produce)
-    worker.start()
-    try:
+    with BackgroundProducer(cluster.state.bootstrap, "moved", window=1) as producing:
+        acked = producing.acked
         wait_for(lambda: len(acked) >= 50, what="records before the reassignment")
         with Admin(cluster.state.bootstrap) as admin:
             with pytest.raises(Exception) as refused:
@@ -339,10 +335,7 @@ def test_reassignment_under_load_moves_replicas_without_losing_a_record(cluster,
         assert after.leader_id in target and after.leader_epoch > before.leader_epoch
         count = len(acked)
         wait_for(lambda: len(acked) >= count + 50, what="records after the reassignment")
-    finally:
-        stop.set()
-        worker.join(timeout=180)
-    assert not errors, errors
+    assert not producing.errors, producing.errors
     values = read_values(raw, "moved", 0)
     assert len(values) == len(set(values)) and set(acked) <= set(values)
 
