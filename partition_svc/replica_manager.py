@@ -90,6 +90,9 @@ class ReplicaManager:
         authoritative: a replica it leaves out (a reassignment moved it away)
         deletes its copy of the partition."""
         key = (info.name, index)
+        # The one await, before anything changes: from here to the role taken nothing else may run, or a
+        # request could find the partition created but its role not set yet.
+        registered_at = await self.registered_at() if state.leader == self.node_id else 0
         if replicas is not None:
             self.topics.learned_replicas(info.name, index, replicas)
             if key in self.partitions and self.node_id in replicas:
@@ -118,11 +121,12 @@ class ReplicaManager:
                                                          node_id=self.node_id, partition_count=info.partition_count,
                                                          sole_replica=False)
         partition.replicas = tuple(replicas)
-        if state.leader == self.node_id and state.zk_mzxid <= await self.registered_at():
+        if state.leader == self.node_id and state.zk_mzxid <= registered_at:
             self._stop_following(key)
             partition.become_follower(state.leader_epoch)
             log.info("not leading on a state from before this instance registered; the controller decides again",
-                     extra=fields(topic=info.name, partition=index, leader_epoch=state.leader_epoch))
+                     extra=fields(topic=info.name, partition=index, leader_epoch=state.leader_epoch,
+                                  state_mzxid=state.zk_mzxid, registered_at=registered_at))
         elif state.leader == self.node_id:
             self._stop_following(key)
             was_leader = partition.is_leader
@@ -199,6 +203,10 @@ class ReplicaManager:
         if state.leader < 0:
             raise TxlogError(ErrorCode.Value("LEADER_NOT_AVAILABLE"),
                              f"{topic} partition {index} has no leader: no replica in its ISR {list(state.isr)} is live")
+        if state.leader == self.node_id:
+            raise TxlogError(ErrorCode.Value("LEADER_NOT_AVAILABLE"),
+                             f"{topic} partition {index}: node {self.node_id} restarted since it was elected; the controller "
+                             "elects a leader again (retry shortly)")
         raise TxlogError(ErrorCode.Value("NOT_LEADER"),
                          f"{topic} partition {index} is led by node {state.leader}, not node {self.node_id}; refresh metadata")
 

@@ -281,7 +281,24 @@ def test_consumer_group_offsets_compacted_and_recovered(raw, txlog_cluster):
     name = next(n for n, p in txlog_cluster.state.services.items() if p.address == coordinator)
     txlog_cluster.kill(name)
     txlog_cluster.start(name)
-    assert fetched() == {("src", 0): (400, "m0"), ("src", 1): (401, "m1")}
+
+    def fetched_from_the_coordinator():  # wherever it is now: the offsets partition may have a new leader
+        found = raw.stub(raw.bootstrap[0]).Metadata(partition_pb2.MetadataRequest(group_ids=["g1"]), timeout=10).group_coordinators[0]
+        if found.error.code:
+            return None
+        reply = raw.stub(found.address).OffsetFetch(partition_pb2.OffsetFetchRequest(group_id="g1"), timeout=10)
+        return {(o.topic, o.partition): (o.offset, o.metadata) for o in reply.offsets}
+
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            found = fetched_from_the_coordinator()
+        except grpc.RpcError:
+            found = None
+        if found is not None or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert found == {("src", 0): (400, "m0"), ("src", 1): (401, "m1")}
 
 
 def test_retention_by_size_and_by_time_deletes_whole_batches_from_the_start(raw):
