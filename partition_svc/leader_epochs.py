@@ -48,6 +48,11 @@ class LeaderEpochCache:
         end = self.entries[index + 1][1] if index + 1 < len(self.entries) else log_end_offset
         return self.entries[index][0], end
 
+    def epoch_at(self, offset: int) -> int:
+        """The epoch the record at ``offset`` was written in (0 before every known epoch)."""
+        index = bisect.bisect_right(self.entries, offset, key=lambda entry: entry[1]) - 1
+        return self.entries[index][0] if index >= 0 else 0
+
     def truncate_from_end(self, offset: int) -> None:
         """The log was truncated to end before ``offset``: epochs starting at or after it are gone."""
         self.entries = [(e, start) for e, start in self.entries if start < offset]

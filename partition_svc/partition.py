@@ -562,8 +562,7 @@ class Partition:
             self.epochs.truncate_from_end(offset)
             return self.writer.submit([(log_store.epoch_key(self.pkey, e), None) for e in gone]) if gone else None
         changes: Changes = [(key, None) for key, _ in self.store.items(b"L" + self.pkey, log_store.log_key(self.pkey, offset))]
-        owns_group = (lambda group: partition_for_id(group, self.partition_count) == self.index) if self.topic == CONSUMER_OFFSETS_TOPIC else None
-        changes += [(key, None) for key in self.store.derived_keys(self.pkey, owns_group)]
+        changes += [(key, None) for key in self.store.derived_keys(self.pkey, self._owns_group())]
         self.epochs.truncate_from_end(offset)
         changes += [(key, None) for key, _ in self.store.items(b"E" + self.pkey)]
         changes += [(log_store.epoch_key(self.pkey, e), log_store.offset_value(start)) for e, start in self.epochs.entries]
@@ -583,26 +582,29 @@ class Partition:
     def restart_log_at(self, offset: int) -> asyncio.Future:
         """Drops the whole log and starts it empty at ``offset`` (the leader's
         log start, when retention there deleted what this replica lacks)."""
-        changes: Changes = [(key, None) for key, _ in self.store.items(b"L" + self.pkey)]
-        self.truncate_to(self.log_start_offset)
+        changes = self._wipe_changes()
+        self.producers, self.aborted, self.pending_offsets = {}, {}, {}
         self.log_start_offset = self.next_offset = self.durable_end = offset
         self.high_watermark = min(self.high_watermark, offset)
+        self.size_bytes = 0
         self.epochs = LeaderEpochCache()
-        changes += [(key, None) for key, _ in self.store.items(b"E" + self.pkey)]
-        changes.append(self.metadata_change())
+        changes.append(self.metadata_change())  # after the wipe's delete of the same key
         return self.writer.submit(changes)
 
     async def delete(self) -> None:
         """Deletes this replica's copy of the partition (a reassignment moved it away)."""
-        owns_group = (lambda group: partition_for_id(group, self.partition_count) == self.index) if self.topic == CONSUMER_OFFSETS_TOPIC else None
-        changes: Changes = [(key, None) for kind in (b"L", b"E", b"M") for key, _ in self.store.items(kind + self.pkey)]
-        changes += [(key, None) for key in self.store.derived_keys(self.pkey, owns_group)]
-        await self.writer.submit(changes)
+        await self.writer.submit(self._wipe_changes())
 
-    def epoch_of(self, offset: int) -> int:
-        """The leader epoch the batch at ``offset`` was written in."""
-        index = bisect.bisect_right([start for _, start in self.epochs.entries], offset) - 1
-        return self.epochs.entries[index][0] if index >= 0 else 0
+    def _wipe_changes(self) -> Changes:
+        """Deletes of every key of this partition: log, epochs, metadata and what derives from the log."""
+        changes: Changes = [(key, None) for kind in (b"L", b"E", b"M") for key, _ in self.store.items(kind + self.pkey)]
+        return changes + [(key, None) for key in self.store.derived_keys(self.pkey, self._owns_group())]
+
+    def _owns_group(self) -> Callable[[str], bool] | None:
+        """For a __consumer_offsets partition, which groups' committed offsets it holds."""
+        if self.topic != CONSUMER_OFFSETS_TOPIC:
+            return None
+        return lambda group: partition_for_id(group, self.partition_count) == self.index
 
     # --- transactions -----------------------------------------------------------------
 

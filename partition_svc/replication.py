@@ -133,6 +133,6 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServiceServicer):
             for base_offset, value in partition.store.batches(partition.pkey, wanted.fetch_offset):
                 if base_offset >= partition.durable_end or (left <= 0 and result.batches):
                     break
-                result.batches.add(base_offset=base_offset, leader_epoch=partition.epoch_of(base_offset), value=value)
+                result.batches.add(base_offset=base_offset, leader_epoch=partition.epochs.epoch_at(base_offset), value=value)
                 left -= len(value)
         return reply

@@ -9,6 +9,7 @@ import pytest
 from raw import Raw, batch, plain_batch
 
 from services import errors
+from services.client.two_phase import wait_until
 from services.stubs.txlog.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc, partition_pb2
 
 LATEST, EARLIEST, LSO, BY_TIME = (
@@ -282,23 +283,21 @@ def test_consumer_group_offsets_compacted_and_recovered(raw, txlog_cluster):
     txlog_cluster.kill(name)
     txlog_cluster.start(name)
 
-    def fetched_from_the_coordinator():  # wherever it is now: the offsets partition may have a new leader
-        found = raw.stub(raw.bootstrap[0]).Metadata(partition_pb2.MetadataRequest(group_ids=["g1"]), timeout=10).group_coordinators[0]
-        if found.error.code:
-            return None
-        reply = raw.stub(found.address).OffsetFetch(partition_pb2.OffsetFetchRequest(group_id="g1"), timeout=10)
-        return {(o.topic, o.partition): (o.offset, o.metadata) for o in reply.offsets}
+    found = []
 
-    deadline = time.monotonic() + 60
-    while True:
+    def fetched_from_the_coordinator() -> bool:  # wherever it is now: the offsets partition may have a new leader
         try:
-            found = fetched_from_the_coordinator()
+            where = raw.stub(raw.bootstrap[0]).Metadata(partition_pb2.MetadataRequest(group_ids=["g1"]), timeout=10).group_coordinators[0]
+            if where.error.code:
+                return False
+            reply = raw.stub(where.address).OffsetFetch(partition_pb2.OffsetFetchRequest(group_id="g1"), timeout=10)
         except grpc.RpcError:
-            found = None
-        if found is not None or time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
-    assert found == {("src", 0): (400, "m0"), ("src", 1): (401, "m1")}
+            return False
+        found.append({(o.topic, o.partition): (o.offset, o.metadata) for o in reply.offsets})
+        return True
+
+    wait_until(fetched_from_the_coordinator, 60, "the group's coordinator after the restart")
+    assert found[-1] == {("src", 0): (400, "m0"), ("src", 1): (401, "m1")}
 
 
 def test_retention_by_size_and_by_time_deletes_whole_batches_from_the_start(raw):

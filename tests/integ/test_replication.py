@@ -13,13 +13,13 @@ import posixpath
 import shutil
 import signal
 import threading
-import time
 
 import grpc
 import pytest
 from kazoo.client import KazooClient
 
 from services.client import Admin, Producer, console
+from services.client.two_phase import wait_until
 from services.cluster import LocalCluster
 from services.errors import ErrorCode
 from services.stubs.txlog.v1 import common_pb2, partition_pb2
@@ -57,17 +57,19 @@ def zk(cluster):
 
 
 def wait_for(probe, timeout_s=FAILOVER_TIMEOUT_S, what="condition"):
-    deadline = time.monotonic() + timeout_s
-    while True:
+    """``probe()``'s first truthy answer (a failed call counts as none), asked again with back-off until
+    ``timeout_s`` (services.client.two_phase.wait_until)."""
+    answers = []
+
+    def answered() -> bool:
         try:
-            value = probe()
+            answers.append(probe())
         except grpc.RpcError:
-            value = None
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.1)
+            answers.append(None)
+        return bool(answers[-1])
+
+    wait_until(answered, timeout_s, f"waiting for {what}")
+    return answers[-1]
 
 
 def partition_meta(raw: Raw, topic: str, partition: int) -> partition_pb2.PartitionMetadata:

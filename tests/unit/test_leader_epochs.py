@@ -80,3 +80,9 @@ def test_the_follower_truncates_to_exactly_where_the_logs_diverge(common, contin
     l_log += [base + 2 * i + 2 for i, count in enumerate(leader_tail) for _ in range(count)]
     expected = next((o for o in range(min(len(f_log), len(l_log))) if f_log[o] != l_log[o]), min(len(f_log), len(l_log)))
     assert rounds(cache_of(f_log), len(f_log), cache_of(l_log), len(l_log)) == expected
+
+
+def test_the_epoch_of_an_offset_is_the_last_one_started_at_or_before_it():
+    cache = LeaderEpochCache([(0, 0), (3, 10), (5, 10), (7, 25)])
+    assert [cache.epoch_at(o) for o in (0, 9, 10, 24, 25, 1000)] == [0, 0, 5, 5, 7, 7]
+    assert LeaderEpochCache().epoch_at(4) == 0

@@ -38,7 +38,7 @@ async def ship(leader: Partition, follower: Partition) -> None:
     if leader.next_offset:
         await leader.wait_durable(leader.next_offset - 1)
     leader.follower_fetched(FOLLOWER, follower.next_offset, NOW)
-    batches = [(base, leader.epoch_of(base), value) for base, value in leader.store.batches(leader.pkey, follower.next_offset)
+    batches = [(base, leader.epochs.epoch_at(base), value) for base, value in leader.store.batches(leader.pkey, follower.next_offset)
                if base < leader.durable_end]
     written = follower.append_replicated(batches, leader.high_watermark)
     if written is not None:
@@ -131,7 +131,7 @@ def test_truncation_removes_a_diverging_tail_and_replays_what_is_left(tmp_path):
         reopened = Partition("t", 0, CONFIGS, old.store, old.writer, node_id=LEADER, sole_replica=False)
         assert derived(reopened) == derived(old)  # what truncation wrote is what a restart finds
         old.leader_high_watermark = 0
-        written = old.append_replicated([(base, new.epoch_of(base), value) for base, value in new.store.batches(new.pkey, 1)], 2)
+        written = old.append_replicated([(base, new.epochs.epoch_at(base), value) for base, value in new.store.batches(new.pkey, 1)], 2)
         await written
         assert [h.producer_id for h in old.headers()] == [7, 7] and old.epochs.entries == new.epochs.entries
         assert old.producers == new.producers
