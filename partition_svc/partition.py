@@ -46,13 +46,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from partition_svc import log_store, producer_state, validation
+from partition_svc import log_store, producer_state, validation, wire
 from partition_svc.isr import FollowerProgress, ReplicaSet
-from partition_svc.leader_epochs import LeaderEpochCache
 from partition_svc.log_store import LogStore, StoredBatchHeader
 from partition_svc.producer_state import Append, Duplicate, ProducerStateEntry, Reject
 from services.errors import ErrorCode, TxlogError
 from services.hashing import partition_for_id
+from services.leader_epochs import LeaderEpochCache
 from services.protocol import CONSUMER_OFFSETS_TOPIC
 from services.stubs.txlog.v1 import common_pb2
 
@@ -341,6 +341,17 @@ class Partition:
         self._advance_high_watermark()
         return written, replicated
 
+    def check_leader_epoch(self, seen: int) -> None:
+        """A request naming the leader epoch it saw (a client's metadata, a
+        follower's LeaderAndIsr) must name this leader's."""
+        if seen < self.leader_epoch:
+            raise TxlogError(ErrorCode.Value("FENCED_LEADER_EPOCH"),
+                             f"leader epoch {seen} of {self.topic}-{self.index} is older than {self.leader_epoch}; refresh metadata")
+        if seen > self.leader_epoch:
+            raise TxlogError(ErrorCode.Value("UNKNOWN_LEADER_EPOCH"),
+                             f"leader epoch {seen} of {self.topic}-{self.index} is newer than {self.leader_epoch} known here; "
+                             "refresh metadata")
+
     # --- appending ----------------------------------------------------------------
 
     def check(self, batch: common_pb2.RecordBatch) -> Append | Duplicate | Reject:
@@ -363,6 +374,7 @@ class Partition:
         base = self.next_offset
         count = len(batch.records)
         batch.base_offset = base
+        batch.ClearField("partition_leader_epoch")  # a fetch says it
         max_timestamp_ms = 0
         for i, record in enumerate(batch.records):
             record.offset = base + i
@@ -772,7 +784,9 @@ class Partition:
         ``take_first`` the first batch is taken whatever its size (so a consumer
         always makes progress); records before fetch_offset are trimmed from the
         first batch; with ``committed``, batches of aborted transactions are
-        skipped. Returns (payloads, offset to fetch next, record count)."""
+        skipped; each batch says the leader epoch it was written in
+        (partition_leader_epoch). Returns (payloads, offset to fetch next,
+        record count)."""
         payloads: list[bytes] = []
         if fetch_offset >= upper_offset:
             return payloads, fetch_offset, 0
@@ -800,7 +814,7 @@ class Partition:
                 batch = common_pb2.RecordBatch.FromString(payload)
                 del batch.records[: fetch_offset - base_offset]
                 payload = batch.SerializeToString()
-            payloads.append(payload)
+            payloads.append(b"".join((payload, wire.leader_epoch_field(self.epochs.epoch_at(base_offset)))))
             taken_bytes += header.stored_bytes
             taken_records += count
         return payloads, next_offset, taken_records

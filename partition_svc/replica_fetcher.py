@@ -18,9 +18,9 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from partition_svc.leader_epochs import AskAgain, truncation_step
 from partition_svc.partition import Partition
 from services.errors import ErrorCode, TxlogError
+from services.leader_epochs import AskAgain, truncation_step
 from services.logs import fields
 from services.rpc import answer_of
 from services.stubs.txlog.v1 import replication_pb2

@@ -20,17 +20,6 @@ def _error(exc: TxlogError):
     return error_proto(exc.code, exc.message)
 
 
-def check_epoch(partition: Partition, wanted_epoch: int) -> None:
-    """A replica request names the leader epoch it follows; it must be this leader's."""
-    if wanted_epoch < partition.leader_epoch:
-        raise TxlogError(ErrorCode.Value("FENCED_LEADER_EPOCH"),
-                         f"leader epoch {wanted_epoch} of {partition.topic}-{partition.index} is older than {partition.leader_epoch}")
-    if wanted_epoch > partition.leader_epoch:
-        raise TxlogError(ErrorCode.Value("UNKNOWN_LEADER_EPOCH"),
-                         f"leader epoch {wanted_epoch} of {partition.topic}-{partition.index} is newer than {partition.leader_epoch} "
-                         "known here")
-
-
 class ReplicationServicer(replication_pb2_grpc.ReplicationServiceServicer):
     def __init__(self, replicas: ReplicaManager, fetch_wait_ms_max: int):
         self.replicas = replicas
@@ -59,7 +48,7 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServiceServicer):
 
     async def _leading(self, topic: str, index: int, leader_epoch: int) -> Partition:
         partition = await self.replicas.leader(topic, index)
-        check_epoch(partition, leader_epoch)
+        partition.check_leader_epoch(leader_epoch)
         return partition
 
     @server.rpc_handler

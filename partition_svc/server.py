@@ -411,15 +411,8 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
     async def check_leader_epoch(self, wanted, partition: Partition) -> None:
         """A PartitionBatch or FetchPartition that names the leader epoch it saw
         is refused when this leader's differs (absent or -1: no check)."""
-        if not wanted.HasField("leader_epoch") or wanted.leader_epoch == -1:
-            return
-        current = partition.leader_epoch
-        if wanted.leader_epoch < current:
-            raise TxlogError(ErrorCode.Value("FENCED_LEADER_EPOCH"),
-                             f"leader epoch {wanted.leader_epoch} of {partition.topic}-{partition.index} is older than {current}; refresh metadata")
-        if wanted.leader_epoch > current:
-            raise TxlogError(ErrorCode.Value("UNKNOWN_LEADER_EPOCH"),
-                             f"leader epoch {wanted.leader_epoch} of {partition.topic}-{partition.index} is newer than {current} known here; refresh metadata")
+        if wanted.HasField("leader_epoch") and wanted.leader_epoch != -1:
+            partition.check_leader_epoch(wanted.leader_epoch)
 
     def needs_verification(self, transactional_id: str, batch, partition: Partition) -> bool:
         """Whether the coordinator must confirm that the partition is in the
@@ -511,7 +504,26 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
             wanted.fetch_offset, upper, partition_bytes, records_left, take_first=take_first,
             committed=isolation_level == common_pb2.ISOLATION_LEVEL_READ_COMMITTED,
         )
+        if result.next_fetch_offset > wanted.fetch_offset:
+            result.next_fetch_epoch = partition.epochs.epoch_at(result.next_fetch_offset - 1)
         return payloads, records
+
+    @server.rpc_handler
+    async def EpochEndOffsets(self, request, context):
+        self.check_partition_count(len(request.partitions))
+        reply = partition_pb2.EpochEndOffsetsResponse()
+        for wanted in request.partitions:
+            result = reply.results.add(topic=wanted.topic, partition=wanted.partition, leader_epoch=-1, end_offset=-1)
+            try:
+                if wanted.leader_epoch < 0:
+                    raise request_error(f"leader_epoch must not be negative, got {wanted.leader_epoch}")
+                partition = await self.hosted(wanted.topic, wanted.partition)
+                if wanted.HasField("current_leader_epoch") and wanted.current_leader_epoch != -1:
+                    partition.check_leader_epoch(wanted.current_leader_epoch)
+                result.leader_epoch, result.end_offset = partition.epochs.end_offset_for(wanted.leader_epoch, partition.durable_end)
+            except TxlogError as exc:
+                result.error.CopyFrom(error_of(exc))
+        return reply
 
     @server.rpc_handler
     async def ListOffsets(self, request, context):

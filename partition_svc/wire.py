@@ -11,8 +11,11 @@ partition_svc's CPU in bench/produce_fetch.py.)
 
 from __future__ import annotations
 
-from services.stubs.txlog.v1 import partition_pb2
+from functools import cache
 
+from services.stubs.txlog.v1 import common_pb2, partition_pb2
+
+VARINT = 0
 LENGTH_DELIMITED = 2
 
 
@@ -33,7 +36,15 @@ def field_tag(message_class, field_name: str) -> bytes:
 
 
 RESULTS_TAG = field_tag(partition_pb2.FetchResponse, "results")
+LEADER_EPOCH_TAG = varint(common_pb2.RecordBatch.DESCRIPTOR.fields_by_name["partition_leader_epoch"].number << 3 | VARINT)
 BATCHES_TAG = field_tag(partition_pb2.FetchPartitionResult, "batches")
+
+
+@cache
+def leader_epoch_field(epoch: int) -> bytes:
+    """RecordBatch.partition_leader_epoch encoded: appended to a stored batch's
+    bytes, it sets the field (the last occurrence of a scalar field wins)."""
+    return LEADER_EPOCH_TAG + varint(epoch & 0xFFFFFFFFFFFFFFFF)
 
 
 def partition_result(result: partition_pb2.FetchPartitionResult, batch_payloads: list[bytes]) -> bytes:

@@ -138,6 +138,21 @@ class NoOffsetForPartitionError(FatalError):
         super().__init__(_code("OFFSET_OUT_OF_RANGE"), message)
 
 
+class LogTruncationError(FatalError):
+    """The log a consumer read from was truncated below its position (an
+    unclean leader election lost records it had returned; KIP-320), and
+    ``auto_offset_reset`` is ``"none"``. ``divergent_offset`` is the first
+    offset the logs may disagree at (-1: unknown): seek() to go on."""
+
+    def __init__(self, topic: str, partition: int, position: int, divergent_offset: int):
+        where = f"at offset {divergent_offset}" if divergent_offset >= 0 else "before every epoch it still has"
+        super().__init__(_code("OFFSET_OUT_OF_RANGE"),
+                         f"{topic}-{partition} was truncated below the position {position}: the leader's log diverges from "
+                         f"what this consumer read {where}; seek() to go on")
+        self.position = position
+        self.divergent_offset = divergent_offset
+
+
 class ConcurrentTransactionsError(RetriableError):
     """CONCURRENT_TRANSACTIONS: the coordinator is completing, or fencing, a
     transaction of this transactional id. The producer retries by itself."""

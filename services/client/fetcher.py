@@ -11,6 +11,15 @@ Guarantees
 * At most ``max_poll_records`` records per poll and ``fetch_max_bytes`` per
   Fetch request (and ``max_partition_fetch_bytes`` per partition); one request
   per leader, in parallel, each a long poll of at most ``fetch_max_wait_ms``.
+* A truncated log is noticed, not read past (KIP-320): each partition keeps
+  the leader epochs of what it read below its position (where each began, as
+  a replica does); once metadata names a new leader epoch, the partition is
+  fetched again only after EpochEndOffsets rounds with the new leader find
+  where its log and what was read agree (services.leader_epochs, the
+  followers' own rule). Agreement below the position means records this
+  consumer returned are gone (an unclean election): the position goes back
+  there, or, with ``auto_offset_reset`` ``"none"``, poll raises
+  LogTruncationError until the application seeks.
 
 Error Handling
 --------------
@@ -24,21 +33,24 @@ to each of the request's partitions.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from services.client.config import ConsumerConfig
-from services.client.errors import ClientError, NoOffsetForPartitionError, from_proto
+from services.client.errors import ClientError, LogTruncationError, NoOffsetForPartitionError, from_proto
 from services.client.metadata import Metadata
 from services.client.requests import PARTITIONS_PER_REQUEST_MAX, call_leaders, retry_policy, sort_error
 from services.client.structs import ConsumerRecord, TopicPartition, consumer_record
 from services.errors import ErrorCode
+from services.leader_epochs import AskAgain, LeaderEpochCache, truncation_step
 from services.stubs.txlog.v1 import common_pb2, partition_pb2
 
 NONE = ErrorCode.Value("NONE")
 OFFSET_OUT_OF_RANGE = ErrorCode.Value("OFFSET_OUT_OF_RANGE")
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -46,9 +58,13 @@ class PartitionState:
     """What the consumer knows of one assigned partition."""
 
     position: int | None = None  # the offset of the next record to return
+    read_epochs: LeaderEpochCache = field(default_factory=LeaderEpochCache)  # of what was read below the position
+    fetched_under_epoch: int | None = None  # the leader epoch of the leader last fetched from
+    asking_epoch: int | None = None  # a validation round's next epoch to ask about (KIP-279's rounds)
     reset_to: str | None = None  # "earliest" / "latest" when a reset is pending
     buffer: deque[ConsumerRecord] = field(default_factory=deque)
     buffer_next_offset: int | None = None  # where fetching continues after the buffer
+    buffer_next_epoch: int | None = None  # the leader epoch of the offsets skipped up to buffer_next_offset
     high_watermark: int = -1
     last_stable_offset: int = -1
     fetch_error: ClientError | None = None
@@ -75,6 +91,7 @@ class Fetcher:
     def seek(self, tp: TopicPartition, offset: int) -> None:
         state = self._state(tp)
         state.position, state.reset_to = offset, None
+        state.read_epochs, state.asking_epoch = LeaderEpochCache(), None  # what was read no longer leads here
         state.buffer.clear()
         state.buffer_next_offset = None
 
@@ -82,6 +99,7 @@ class Fetcher:
         state = self._state(tp)
         state.reset_to = strategy
         state.position = None
+        state.read_epochs, state.asking_epoch = LeaderEpochCache(), None
         state.buffer.clear()
         state.buffer_next_offset = None
 
@@ -134,9 +152,11 @@ class Fetcher:
             while state.buffer and len(out) < max_records:
                 record = state.buffer.popleft()
                 out.append(record)
+                _read_in(state, record.leader_epoch, record.offset)
                 state.position = record.offset + 1
             if not state.buffer and state.buffer_next_offset is not None:
                 if state.position is None or state.buffer_next_offset > state.position:
+                    _read_in(state, state.buffer_next_epoch, state.position)
                     state.position = state.buffer_next_offset
                 state.buffer_next_offset = None
             if len(out) >= max_records:
@@ -147,10 +167,18 @@ class Fetcher:
         return [tp for tp, s in self.states.items() if s.position is not None and not s.buffer]
 
     async def fetch_once(self, max_wait_ms: float) -> None:
-        """One round: a Fetch to each leader of the fetchable partitions."""
+        """One round: the positions of partitions whose leader changed
+        validated, then a Fetch to each leader of the fetchable partitions.
+        Metadata marked stale (a leader that stopped answering or leading) is
+        read again first: a consumer follows its partitions' leaders."""
+        if self._metadata.needs_refresh():
+            await self._refresh_metadata()
+        unvalidated = await self._validate_positions()
         by_leader: dict[str, list[TopicPartition]] = {}
         missing_leader = False
         for tp in self.fetchable():
+            if tp in unvalidated:
+                continue
             leader = self._metadata.leader(tp)
             if leader is None:
                 missing_leader = True
@@ -158,11 +186,7 @@ class Fetcher:
             by_leader.setdefault(leader.leader_address, []).append(tp)
         if missing_leader:
             self._metadata.request_update()
-            try:
-                await self._metadata.refresh()
-            except ClientError as exc:
-                if not exc.retriable:
-                    raise
+            await self._refresh_metadata()
         if not by_leader:
             await asyncio.sleep(min(self._config.retry_backoff_ms, max_wait_ms) / 1000)
             return
@@ -170,8 +194,16 @@ class Fetcher:
                                for address, tps in by_leader.items()
                                for i in range(0, len(tps), PARTITIONS_PER_REQUEST_MAX)))
 
+    async def _refresh_metadata(self) -> None:
+        try:
+            await self._metadata.refresh()
+        except ClientError as exc:
+            if not exc.retriable:
+                raise
+
     async def _fetch_from(self, address: str, tps: list[TopicPartition], max_wait_ms: float) -> None:
         positions = {tp: self.states[tp].position for tp in tps}
+        epochs = {tp: self._leader_epoch(tp) for tp in tps}
         request = partition_pb2.FetchRequest(
             isolation_level=self._isolation,
             max_wait_ms=int(max_wait_ms),
@@ -181,7 +213,7 @@ class Fetcher:
             partitions=[
                 partition_pb2.FetchPartition(topic=tp.topic, partition=tp.partition, fetch_offset=positions[tp],
                                              partition_max_bytes=self._config.max_partition_fetch_bytes,
-                                             leader_epoch=self._leader_epoch(tp))
+                                             leader_epoch=epochs[tp])
                 for tp in tps
             ],
         )
@@ -200,7 +232,7 @@ class Fetcher:
             if state is None or tp not in positions or state.position != positions[tp] or state.buffer:
                 continue  # unassigned or sought meanwhile: this answer is stale
             if result.error.code == NONE:
-                self._take(tp, state, result, positions[tp])
+                self._take(tp, state, result, positions[tp], epochs[tp])
             elif result.error.code == OFFSET_OUT_OF_RANGE:
                 self._out_of_range(tp, state, positions[tp], result)
             else:
@@ -211,24 +243,96 @@ class Fetcher:
         if retry_later:
             await asyncio.sleep(self._config.retry_backoff_ms / 1000)
 
+    # --- KIP-320: positions checked against a new leader's log ------------------------------------
+
+    def _needs_validation(self, state: PartitionState, leader_epoch: int) -> bool:
+        return (state.position is not None and state.read_epochs.latest_epoch >= 0 and not state.buffer
+                and state.fetched_under_epoch is not None and leader_epoch != state.fetched_under_epoch)
+
+    async def _validate_positions(self) -> set[TopicPartition]:
+        """An EpochEndOffsets round for every position fetched under another
+        leader epoch than metadata names now; the partitions still unvalidated."""
+        by_leader: dict[str, dict[TopicPartition, tuple[int, int, int]]] = {}
+        for tp, state in self.states.items():
+            leader = self._metadata.leader(tp)
+            if leader is not None and self._needs_validation(state, leader.leader_epoch):
+                asked = state.asking_epoch if state.asking_epoch is not None else state.read_epochs.latest_epoch
+                by_leader.setdefault(leader.leader_address, {})[tp] = (state.position, asked, leader.leader_epoch)
+        if not by_leader:
+            return set()
+        unvalidated: set[TopicPartition] = set()
+        await asyncio.gather(*(self._validate_at(address, asked, unvalidated) for address, asked in by_leader.items()))
+        return unvalidated
+
+    async def _validate_at(self, address: str, asked: dict[TopicPartition, tuple[int, int, int]],
+                           unvalidated: set[TopicPartition]) -> None:
+        request = partition_pb2.EpochEndOffsetsRequest(partitions=[
+            partition_pb2.EpochEndOffsetsPartition(topic=tp.topic, partition=tp.partition, leader_epoch=epoch,
+                                                   current_leader_epoch=leader_epoch)
+            for tp, (_, epoch, leader_epoch) in asked.items()])
+        try:
+            response = await self._transport.call(address, "EpochEndOffsets", request, timeout_ms=self._config.request_timeout_ms)
+        except ClientError as exc:
+            if not sort_error(exc, self._metadata):
+                raise
+            unvalidated.update(asked)
+            return
+        for result in response.results:
+            tp = TopicPartition(result.topic, result.partition)
+            state = self.states.get(tp)
+            if tp not in asked or state is None or state.position != asked[tp][0] or state.buffer:
+                continue  # unassigned or sought meanwhile
+            if result.error.code != NONE:
+                exc = from_proto(result.error)
+                if not sort_error(exc, self._metadata):
+                    state.fetch_error = exc
+                unvalidated.add(tp)
+                continue
+            if not self._validated(tp, state, asked[tp][2], result):
+                unvalidated.add(tp)
+
+    def _validated(self, tp: TopicPartition, state: PartitionState, leader_epoch: int, result) -> bool:
+        """Acts on one answer; False when another round (or the application) must follow."""
+        step = truncation_step(state.read_epochs, state.position, result.leader_epoch, result.end_offset)
+        if isinstance(step, AskAgain):
+            state.asking_epoch = step.epoch
+            return False
+        state.asking_epoch = None
+        if step >= state.position:
+            state.fetched_under_epoch = leader_epoch
+            return True
+        if self._config.auto_offset_reset == "none":
+            state.fetch_error = LogTruncationError(tp.topic, tp.partition, state.position, step)
+            return False  # validated again (and raised again) until the application seeks
+        log.warning("log truncation detected: %s-%d was read to %d; the leader's log diverges from it at %d",
+                    tp.topic, tp.partition, state.position, step)
+        state.read_epochs.truncate_from_end(step)
+        state.position = step
+        state.fetched_under_epoch = leader_epoch
+        return True
+
     def _leader_epoch(self, tp: TopicPartition) -> int:
         leader = self._metadata.leader(tp)
         return leader.leader_epoch if leader is not None else -1
 
-    def _take(self, tp: TopicPartition, state: PartitionState, result, fetch_offset: int) -> None:
+    def _take(self, tp: TopicPartition, state: PartitionState, result, fetch_offset: int, leader_epoch: int) -> None:
         state.high_watermark = result.high_watermark
         state.last_stable_offset = result.last_stable_offset
-        next_offset = fetch_offset
+        state.fetched_under_epoch = leader_epoch if leader_epoch >= 0 else None
+        next_offset, skipped_epoch = fetch_offset, None
         for batch in result.batches:
+            epoch = batch.partition_leader_epoch if batch.HasField("partition_leader_epoch") else None
             for record in batch.records:
                 if record.offset >= fetch_offset:
-                    state.buffer.append(consumer_record(tp.topic, tp.partition, record))
+                    state.buffer.append(consumer_record(tp.topic, tp.partition, record, epoch))
                     next_offset = record.offset + 1
         if result.next_fetch_offset > next_offset:
             next_offset = result.next_fetch_offset
+            skipped_epoch = result.next_fetch_epoch if result.HasField("next_fetch_epoch") else None
         if state.buffer:
-            state.buffer_next_offset = next_offset
+            state.buffer_next_offset, state.buffer_next_epoch = next_offset, skipped_epoch
         elif next_offset > fetch_offset:
+            _read_in(state, skipped_epoch, fetch_offset)
             state.position = next_offset
 
     def _out_of_range(self, tp: TopicPartition, state: PartitionState, fetch_offset: int, result) -> None:
@@ -239,6 +343,19 @@ class Fetcher:
                 f"[{result.log_start_offset}, {result.high_watermark}] and auto_offset_reset is 'none'")
             return
         self.request_reset(tp, strategy)
+
+
+def _read_in(state: PartitionState, epoch: int | None, offset: int) -> None:
+    """What was read from ``offset`` on was written in ``epoch`` (None: the
+    server did not say). Offsets skipped unseen (markers, aborted batches) are
+    entered from the first of them: an epoch placed too early only makes a
+    truncation go back over offsets that return nothing."""
+    if epoch is None or epoch == state.read_epochs.latest_epoch:
+        return
+    try:
+        state.read_epochs.assign(epoch, offset)
+    except ValueError:  # an older epoch after a newer one: what was read cannot be placed, so start over from here
+        state.read_epochs = LeaderEpochCache([(epoch, offset)])
 
 
 async def list_offsets(

@@ -55,6 +55,7 @@ class ConsumerRecord(NamedTuple):
     value: bytes | None
     headers: list[tuple[str, bytes | None]]
     timestamp_ms: int
+    leader_epoch: int | None = None  # the leader epoch the record was written in, when the server said
 
 
 class OffsetAndTimestamp(NamedTuple):
@@ -206,7 +207,7 @@ def record_payload_bytes(record: common_pb2.Record) -> int:
     return len(record.key) + len(record.value) + sum(len(h.key) + len(h.value) for h in record.headers)
 
 
-def consumer_record(topic: str, partition: int, record: common_pb2.Record) -> ConsumerRecord:
+def consumer_record(topic: str, partition: int, record: common_pb2.Record, leader_epoch: int | None = None) -> ConsumerRecord:
     return ConsumerRecord(
         topic=topic,
         partition=partition,
@@ -215,4 +216,5 @@ def consumer_record(topic: str, partition: int, record: common_pb2.Record) -> Co
         value=record.value if record.HasField("value") else None,
         headers=[(h.key, h.value if h.HasField("value") else None) for h in record.headers],
         timestamp_ms=record.timestamp_ms,
+        leader_epoch=leader_epoch,
     )

@@ -18,7 +18,7 @@ import grpc
 import pytest
 from kazoo.client import KazooClient
 
-from services.client import Admin, Producer, console
+from services.client import Admin, Consumer, LogTruncationError, Producer, TopicPartition, console
 from services.client.two_phase import wait_until
 from services.cluster import LocalCluster
 from services.errors import ErrorCode
@@ -258,6 +258,65 @@ def test_unclean_leader_election_is_off_by_default(cluster, raw):
     cluster.start(name_of(survivor))
     wait_for(lambda: partition_meta(raw, "clean", 0).leader_id == survivor, what="an ISR member leading again")
     assert read_values(raw, "clean", 0) == [b"only-in-isr"]
+
+
+def test_a_consumer_detects_a_log_truncated_by_an_unclean_election_and_reads_the_new_records(cluster, raw):
+    """KIP-320 through the real services: a consumer read 4 records from a
+    leader; the only replica left (elected uncleanly) has the first 2 and takes
+    2 new ones at the same offsets. The consumer must go back and return them
+    (one with auto_offset_reset='none' must raise LogTruncationError), not
+    wait at offset 4 having silently missed them."""
+    with Admin(cluster.state.bootstrap) as admin:
+        admin.create_topics([("dirty", 1, 3)], {"unclean.leader.election.enable": "true"})
+    meta = wait_for(lambda: fully_replicated(raw, "dirty", 0), what="every replica in sync")
+    laggard, other = [n for n in meta.replicas if n != meta.leader_id]
+    raw.produce("dirty", 0, common_pb2.RecordBatch(records=[common_pb2.Record(value=v) for v in (b"a0", b"a1")]))
+    wait_for(lambda: fully_replicated(raw, "dirty", 0), what="the first records on every replica")
+    cluster.kill(name_of(laggard))
+    wait_for(lambda: laggard not in partition_meta(raw, "dirty", 0).isr, what="the stopped follower out of the ISR")
+    raw.produce("dirty", 0, common_pb2.RecordBatch(records=[common_pb2.Record(value=v) for v in (b"b0", b"b1")]))
+    tp = TopicPartition("dirty", 0)
+    consumers = {reset: Consumer(cluster.state.bootstrap, isolation_level="read_uncommitted", auto_offset_reset=reset,
+                                 fetch_max_wait_ms=100) for reset in ("earliest", "none")}
+    try:
+        for consumer in consumers.values():
+            consumer.assign([tp])
+            consumer.seek(tp, 0)
+            read = []
+            wait_until(lambda c=consumer, r=read: r.extend(x.value for x in c.poll(0.5)) or len(r) >= 4, 60, "the first 4 records")
+            assert read == [b"a0", b"a1", b"b0", b"b1"]
+        cluster.kill(name_of(meta.leader_id))
+        cluster.kill(name_of(other))
+        cluster.start(name_of(laggard))
+        wait_for(lambda: partition_meta(raw, "dirty", 0).leader_id == laggard, what="the laggard elected uncleanly")
+        raw.produce("dirty", 0, common_pb2.RecordBatch(records=[common_pb2.Record(value=v) for v in (b"c0", b"c1")]))
+        assert read_values(raw, "dirty", 0) == [b"a0", b"a1", b"c0", b"c1"]
+        new = partition_meta(raw, "dirty", 0)
+        asked = [partition_pb2.EpochEndOffsetsPartition(topic="dirty", partition=0, leader_epoch=e, current_leader_epoch=c)
+                 for e, c in ((meta.leader_epoch, new.leader_epoch), (meta.leader_epoch, meta.leader_epoch), (-1, new.leader_epoch))]
+        answers = raw.stub(new.leader_address).EpochEndOffsets(partition_pb2.EpochEndOffsetsRequest(partitions=asked)).results
+        assert (answers[0].leader_epoch, answers[0].end_offset) == (meta.leader_epoch, 2)  # the old epoch ends at 2 here
+        assert [ErrorCode.Name(a.error.code) for a in answers[1:]] == ["FENCED_LEADER_EPOCH", "INVALID_REQUEST"]
+        after = []
+        lenient = consumers["earliest"]
+        wait_until(lambda: after.extend((x.offset, x.value) for x in lenient.poll(0.5)) or len(after) >= 2, 60,
+                   "the new records at offsets 2 and 3")
+        assert after == [(2, b"c0"), (3, b"c1")] and lenient.position(tp) == 4
+        strict = consumers["none"]
+        raised = []
+
+        def truncation_raised() -> bool:
+            try:
+                strict.poll(0.5)
+            except LogTruncationError as exc:
+                raised.append(exc)
+            return bool(raised)
+
+        wait_until(truncation_raised, 60, "LogTruncationError")
+        assert raised[0].position == 4 and raised[0].divergent_offset == 2
+    finally:
+        for consumer in consumers.values():
+            consumer.close()
 
 
 def test_controller_failover_elects_another_controller_that_keeps_electing_leaders(cluster, raw, zk):

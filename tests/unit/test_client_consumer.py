@@ -127,3 +127,21 @@ def test_poll_returns_empty_within_its_timeout_while_no_server_answers():
         assert time.monotonic() - started < 2
         fake.unreachable.clear()
         assert len(_poll_all(consumer, 5)) == 5
+
+
+def test_a_consumer_follows_its_partitions_leader_when_the_old_one_stops_answering():
+    """Found with issue 14's truncation test: a Fetch that failed against a dead
+    leader marked metadata stale, but nothing read it again, so the consumer
+    kept asking the dead address for good."""
+    fake = _filled([5])
+    consumer = _consumer(fake, isolation_level="read_uncommitted")
+    consumer.assign([TP0])
+    assert [r.offset for r in _poll_all(consumer, 5)] == [0, 1, 2, 3, 4]
+    old = fake.leaders[TP0]
+    fake.move_leader(TP0, next(a for a in fake.addresses if a != old))
+    fake.unreachable.add(old)
+    with Producer(fake.leaders[TP0], transport=fake, linger_ms=0) as producer:
+        producer.send("t", b"after", partition=0).result(timeout=10)
+    records = _poll_all(consumer, 1)
+    assert [(r.offset, r.value) for r in records] == [(5, b"after")]
+    consumer.close()

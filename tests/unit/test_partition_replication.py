@@ -183,3 +183,26 @@ def test_a_follower_takes_a_compacted_log_with_its_gaps(tmp_path):
         assert [r.value for p in payloads for r in common_pb2.RecordBatch.FromString(p).records] == [b"new", b"other"]
         await drained(leader, follower)
     asyncio.run(scenario())
+
+
+def test_fetched_batches_say_the_leader_epoch_they_were_written_in(tmp_path):
+    """KIP-320's input: every batch read carries partition_leader_epoch, on the
+    leader that wrote it and on a follower that copied it; a producer cannot set it."""
+    async def scenario():
+        leader, follower = replica(tmp_path, "leader", LEADER), replica(tmp_path, "follower", FOLLOWER)
+        leader.become_leader(3, frozenset({LEADER}), NOW)
+        follower.become_follower(3)
+        forged = batch(-1, -1, -1, ["a"])
+        forged.partition_leader_epoch = 99
+        await leader.produce(forged, NOW, LIMITS).durable
+        leader.become_follower(5)
+        leader.become_leader(5, frozenset({LEADER}), NOW)
+        await leader.produce(batch(-1, -1, -1, ["b", "c"]), NOW, LIMITS).durable
+        await ship(leader, follower)
+        for partition in (leader, follower):
+            payloads, next_offset, _ = partition.read(0, 3, 1 << 20, 100, take_first=True)
+            read = [common_pb2.RecordBatch.FromString(p) for p in payloads]
+            assert [(b.base_offset, b.partition_leader_epoch) for b in read] == [(0, 3), (1, 5)] and next_offset == 3
+            assert partition.epochs.end_offset_for(4, 3) == (3, 1)  # EpochEndOffsets: epoch 3 ends where 5 starts
+        await drained(leader, follower)
+    asyncio.run(scenario())

@@ -58,7 +58,7 @@ class Record(_message.Message):
     def __init__(self, offset: _Optional[int] = ..., timestamp_ms: _Optional[int] = ..., key: _Optional[bytes] = ..., value: _Optional[bytes] = ..., headers: _Optional[_Iterable[_Union[Header, _Mapping]]] = ...) -> None: ...
 
 class RecordBatch(_message.Message):
-    __slots__ = ("base_offset", "producer_id", "producer_epoch", "base_sequence", "is_transactional", "control_type", "coordinator_epoch", "records")
+    __slots__ = ("base_offset", "producer_id", "producer_epoch", "base_sequence", "is_transactional", "control_type", "coordinator_epoch", "records", "partition_leader_epoch")
     BASE_OFFSET_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -67,6 +67,7 @@ class RecordBatch(_message.Message):
     CONTROL_TYPE_FIELD_NUMBER: _ClassVar[int]
     COORDINATOR_EPOCH_FIELD_NUMBER: _ClassVar[int]
     RECORDS_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     base_offset: int
     producer_id: int
     producer_epoch: int
@@ -75,7 +76,8 @@ class RecordBatch(_message.Message):
     control_type: ControlType
     coordinator_epoch: int
     records: _containers.RepeatedCompositeFieldContainer[Record]
-    def __init__(self, base_offset: _Optional[int] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., base_sequence: _Optional[int] = ..., is_transactional: _Optional[bool] = ..., control_type: _Optional[_Union[ControlType, str]] = ..., coordinator_epoch: _Optional[int] = ..., records: _Optional[_Iterable[_Union[Record, _Mapping]]] = ...) -> None: ...
+    partition_leader_epoch: int
+    def __init__(self, base_offset: _Optional[int] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., base_sequence: _Optional[int] = ..., is_transactional: _Optional[bool] = ..., control_type: _Optional[_Union[ControlType, str]] = ..., coordinator_epoch: _Optional[int] = ..., records: _Optional[_Iterable[_Union[Record, _Mapping]]] = ..., partition_leader_epoch: _Optional[int] = ...) -> None: ...
 
 class PartitionResult(_message.Message):
     __slots__ = ("partition", "error")

@@ -226,7 +226,7 @@ class FetchRequest(_message.Message):
     def __init__(self, isolation_level: _Optional[_Union[_common_pb2.IsolationLevel, str]] = ..., max_wait_ms: _Optional[int] = ..., min_bytes: _Optional[int] = ..., max_bytes: _Optional[int] = ..., max_records: _Optional[int] = ..., partitions: _Optional[_Iterable[_Union[FetchPartition, _Mapping]]] = ...) -> None: ...
 
 class FetchPartitionResult(_message.Message):
-    __slots__ = ("topic", "partition", "error", "high_watermark", "last_stable_offset", "log_start_offset", "batches", "next_fetch_offset")
+    __slots__ = ("topic", "partition", "error", "high_watermark", "last_stable_offset", "log_start_offset", "batches", "next_fetch_offset", "next_fetch_epoch")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
@@ -235,6 +235,7 @@ class FetchPartitionResult(_message.Message):
     LOG_START_OFFSET_FIELD_NUMBER: _ClassVar[int]
     BATCHES_FIELD_NUMBER: _ClassVar[int]
     NEXT_FETCH_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    NEXT_FETCH_EPOCH_FIELD_NUMBER: _ClassVar[int]
     topic: str
     partition: int
     error: _errors_pb2.Error
@@ -243,7 +244,8 @@ class FetchPartitionResult(_message.Message):
     log_start_offset: int
     batches: _containers.RepeatedCompositeFieldContainer[_common_pb2.RecordBatch]
     next_fetch_offset: int
-    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., error: _Optional[_Union[_errors_pb2.Error, _Mapping]] = ..., high_watermark: _Optional[int] = ..., last_stable_offset: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., batches: _Optional[_Iterable[_Union[_common_pb2.RecordBatch, _Mapping]]] = ..., next_fetch_offset: _Optional[int] = ...) -> None: ...
+    next_fetch_epoch: int
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., error: _Optional[_Union[_errors_pb2.Error, _Mapping]] = ..., high_watermark: _Optional[int] = ..., last_stable_offset: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., batches: _Optional[_Iterable[_Union[_common_pb2.RecordBatch, _Mapping]]] = ..., next_fetch_offset: _Optional[int] = ..., next_fetch_epoch: _Optional[int] = ...) -> None: ...
 
 class FetchResponse(_message.Message):
     __slots__ = ("results",)
@@ -288,6 +290,44 @@ class ListOffsetsResponse(_message.Message):
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[ListOffsetsPartitionResult]
     def __init__(self, results: _Optional[_Iterable[_Union[ListOffsetsPartitionResult, _Mapping]]] = ...) -> None: ...
+
+class EpochEndOffsetsPartition(_message.Message):
+    __slots__ = ("topic", "partition", "leader_epoch", "current_leader_epoch")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    CURRENT_LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partition: int
+    leader_epoch: int
+    current_leader_epoch: int
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., leader_epoch: _Optional[int] = ..., current_leader_epoch: _Optional[int] = ...) -> None: ...
+
+class EpochEndOffsetsRequest(_message.Message):
+    __slots__ = ("partitions",)
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    partitions: _containers.RepeatedCompositeFieldContainer[EpochEndOffsetsPartition]
+    def __init__(self, partitions: _Optional[_Iterable[_Union[EpochEndOffsetsPartition, _Mapping]]] = ...) -> None: ...
+
+class EpochEndOffsetsResult(_message.Message):
+    __slots__ = ("topic", "partition", "error", "leader_epoch", "end_offset")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    END_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partition: int
+    error: _errors_pb2.Error
+    leader_epoch: int
+    end_offset: int
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., error: _Optional[_Union[_errors_pb2.Error, _Mapping]] = ..., leader_epoch: _Optional[int] = ..., end_offset: _Optional[int] = ...) -> None: ...
+
+class EpochEndOffsetsResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[EpochEndOffsetsResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[EpochEndOffsetsResult, _Mapping]]] = ...) -> None: ...
 
 class TxnMarker(_message.Message):
     __slots__ = ("producer_id", "producer_epoch", "committed", "coordinator_epoch", "partitions", "transactional_id", "seal_prepared")

@@ -60,6 +60,11 @@ class PartitionServiceStub:
                 request_serializer=txlog_dot_v1_dot_partition__pb2.ListOffsetsRequest.SerializeToString,
                 response_deserializer=txlog_dot_v1_dot_partition__pb2.ListOffsetsResponse.FromString,
                 _registered_method=True)
+        self.EpochEndOffsets = channel.unary_unary(
+                '/txlog.v1.PartitionService/EpochEndOffsets',
+                request_serializer=txlog_dot_v1_dot_partition__pb2.EpochEndOffsetsRequest.SerializeToString,
+                response_deserializer=txlog_dot_v1_dot_partition__pb2.EpochEndOffsetsResponse.FromString,
+                _registered_method=True)
         self.WriteTxnMarkers = channel.unary_unary(
                 '/txlog.v1.PartitionService/WriteTxnMarkers',
                 request_serializer=txlog_dot_v1_dot_partition__pb2.WriteTxnMarkersRequest.SerializeToString,
@@ -130,6 +135,15 @@ class PartitionServiceServicer:
 
     def ListOffsets(self, request, context):
         """Offsets of partitions: earliest, latest, last stable, or by timestamp.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EpochEndOffsets(self, request, context):
+        """Where leader epochs end in the leader's log (KIP-320): a consumer whose
+        leader changed asks where the epoch of its position ends; an end below its
+        position means the log it read from was truncated (an unclean election).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -213,6 +227,11 @@ def add_PartitionServiceServicer_to_server(servicer, server):
                     servicer.ListOffsets,
                     request_deserializer=txlog_dot_v1_dot_partition__pb2.ListOffsetsRequest.FromString,
                     response_serializer=txlog_dot_v1_dot_partition__pb2.ListOffsetsResponse.SerializeToString,
+            ),
+            'EpochEndOffsets': grpc.unary_unary_rpc_method_handler(
+                    servicer.EpochEndOffsets,
+                    request_deserializer=txlog_dot_v1_dot_partition__pb2.EpochEndOffsetsRequest.FromString,
+                    response_serializer=txlog_dot_v1_dot_partition__pb2.EpochEndOffsetsResponse.SerializeToString,
             ),
             'WriteTxnMarkers': grpc.unary_unary_rpc_method_handler(
                     servicer.WriteTxnMarkers,
@@ -385,6 +404,33 @@ class PartitionService:
             '/txlog.v1.PartitionService/ListOffsets',
             txlog_dot_v1_dot_partition__pb2.ListOffsetsRequest.SerializeToString,
             txlog_dot_v1_dot_partition__pb2.ListOffsetsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EpochEndOffsets(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/txlog.v1.PartitionService/EpochEndOffsets',
+            txlog_dot_v1_dot_partition__pb2.EpochEndOffsetsRequest.SerializeToString,
+            txlog_dot_v1_dot_partition__pb2.EpochEndOffsetsResponse.FromString,
             options,
             channel_credentials,
             insecure,

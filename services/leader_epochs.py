@@ -1,5 +1,6 @@
 """Leader epochs and where a replica's log diverges from its leader's: pure,
-no I/O (issue 14, replication; Kafka's KIP-101, KIP-279 and KIP-320).
+no I/O (issue 14, replication; Kafka's KIP-101, KIP-279 and KIP-320). Shared: followers
+use it against their leader, consumers against the leader they read from.
 
 Every replica keeps, for each leader epoch it has seen in its log, the offset
 of the first record written in that epoch. A follower that starts fetching
