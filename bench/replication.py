@@ -9,7 +9,9 @@ partition_svc, one coordinator_svc; services/cluster.py), with 1 KB records:
   write) and to one with replication factor 3 (acks=all waits for both
   followers to fetch and sync). The baseline is the RF1 figure of the same run
   on the same cluster; target RF3 >= 60% of RF1 (Kafka publishes about half
-  for three synchronous replicas);
+  for three synchronous replicas). Beside each figure, the CPU seconds each
+  process spent per 100 MB (leader, followers, this client), from /proc: on a
+  machine with fewer cores than processes, RF3's ratio is bounded by the sum;
 * latency: one-record produces, one at a time, p50/p99, RF1 and RF3;
 * failover: kill -9 of an RF3 partition's leader while a loop produces
   one-record batches with acks=all to whoever the metadata names as leader;
@@ -150,13 +152,24 @@ def check_produced(reply: partition_pb2.ProduceResponse) -> None:
     assert reply.results[0].error.code == 0, reply.results[0].error
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process, from /proc/<pid>/stat."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 async def throughput(client: Client, topic: str, args: argparse.Namespace) -> dict:
     """Batches without a producer id: several requests in flight may reach the
     leader out of order, which an idempotent producer's sequences would refuse
     (the SDK retries those; a raw pipeline does not). The replication work per
     byte is the same."""
-    leader = (await client.metadata(topic)).leader_address
+    meta = await client.metadata(topic)
+    leader = meta.leader_address
     stub = client.stub(leader)
+    pids = {"client": os.getpid(), "leader": next(p.pid for p in client.cluster.state.services.values() if p.address == leader),
+            **{f"follower_{n}": client.cluster.state.services[f"partition_svc-{n}"].pid for n in meta.replicas if n != meta.leader_id}}
+    cpu_before = {role: cpu_seconds(pid) for role, pid in pids.items()}
     requests = [partition_pb2.ProduceRequest(acks=-1, batches=[partition_pb2.PartitionBatch(
         topic=topic, partition=0, batch=batch(-1, -1, args.batch_records, i * args.batch_records))])
         for i in range(args.records // args.batch_records)]
@@ -170,8 +183,11 @@ async def throughput(client: Client, topic: str, args: argparse.Namespace) -> di
         check_produced(await in_flight.popleft())
     seconds = time.perf_counter() - started
     records = len(requests) * args.batch_records
+    per_100_mb = 100e6 / (records * RECORD_BYTES)
+    cpu = {role: round((cpu_seconds(pid) - cpu_before[role]) * per_100_mb, 3) for role, pid in pids.items()}
     return {"records": records, "seconds": round(seconds, 3), "records_per_s": round(records / seconds),
-            "mb_per_s": round(records * RECORD_BYTES / seconds / 1e6, 2)}
+            "mb_per_s": round(records * RECORD_BYTES / seconds / 1e6, 2), "cpu_seconds_per_100_mb": cpu,
+            "cores_busy": round(sum(cpu.values()) / per_100_mb / seconds, 2)}
 
 
 async def latency(client: Client, topic: str, samples: int) -> dict:
