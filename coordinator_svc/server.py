@@ -220,7 +220,7 @@ async def run_every(interval_ms: int, step, what: str) -> None:
 
 async def build(runtime: server.ServiceRuntime) -> CoordinatorServicer:
     cfg = runtime.config
-    client = PeerClient(runtime.registry)
+    client = PeerClient(runtime.registry, tls_files=runtime.tls_files)
     coordinator = TransactionCoordinator(
         CoordinatorConfig(
             cfg.node_id, cfg.zookeeper_root, cfg.transaction_state_partitions, cfg.transaction_timeout_ms_max,

@@ -108,7 +108,7 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
         self.limits = validation.BatchLimits(runtime.config.records_per_batch_max, runtime.config.batch_bytes_max)
         self._live_nodes: dict[str, tuple[float, dict[int, str]]] = {}
         self._owners: dict[int, tuple[float, object]] = {}
-        self.peers = PeerClient(runtime.registry)  # coordinators (verification), producer_id_svc, other replicas
+        self.peers = PeerClient(runtime.registry, tls_files=runtime.tls_files)  # coordinators (verification), producer_id_svc, other replicas
         self.verifier = TransactionVerifier(self.transaction_coordinator, self.peers)
         cfg = runtime.config
         self.replicas = ReplicaManager(self.node_id, store, self.writer, self.topics, self.peers, self.live_nodes,

@@ -9,13 +9,15 @@ by the client SDK's request handlers, which know the sequence and epoch rules.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
 from collections.abc import Iterable
 
 import grpc
 from opentelemetry.sdk.trace import TracerProvider
 
-from services import telemetry
+from services import telemetry, tls
 
 CALL_TIMEOUT_S_DEFAULT = 10.0
 
@@ -91,17 +93,59 @@ def open_channel(
     timeout_s: float = CALL_TIMEOUT_S_DEFAULT,
     tracer_provider: TracerProvider | None = None,
     max_message_bytes: int = 64 * 1024 * 1024,
+    credentials: grpc.ChannelCredentials | None = None,
 ) -> grpc.aio.Channel:
-    """An insecure aio channel with default deadlines, safe retries and tracing.
+    """An aio channel with default deadlines, safe retries and tracing; TLS
+    with ``credentials`` (services.tls.ChannelCredentials.get()), else plaintext.
 
     Create it inside the event loop that will use it."""
-    return grpc.aio.insecure_channel(
-        address,
-        options=[
-            ("grpc.service_config", service_config()),
-            ("grpc.enable_retries", 1),
-            ("grpc.max_receive_message_length", max_message_bytes),
-            ("grpc.max_send_message_length", max_message_bytes),
-        ],
-        interceptors=[_DefaultDeadline(timeout_s), *telemetry.client_interceptors(tracer_provider)],
-    )
+    options = [
+        ("grpc.service_config", service_config()),
+        ("grpc.enable_retries", 1),
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+    ]
+    interceptors = [_DefaultDeadline(timeout_s), *telemetry.client_interceptors(tracer_provider)]
+    if credentials is not None:
+        return grpc.aio.secure_channel(address, credentials, options=options, interceptors=interceptors)
+    return grpc.aio.insecure_channel(address, options=options, interceptors=interceptors)
+
+
+class ChannelCache:
+    """Channels by address, opened on first use. With TLS files, a channel is
+    opened again once the files change (a rotated client certificate); the
+    old one is closed after its calls in flight had time to finish."""
+
+    CLOSE_GRACE_S = 30.0
+
+    def __init__(self, *, timeout_s: float = CALL_TIMEOUT_S_DEFAULT, tracer_provider: TracerProvider | None = None,
+                 max_message_bytes: int = 64 * 1024 * 1024, tls_files: tls.TlsFiles | None = None):
+        self._open = functools.partial(open_channel, timeout_s=timeout_s, tracer_provider=tracer_provider,
+                                       max_message_bytes=max_message_bytes)
+        self._credentials = tls.ChannelCredentials(tls_files) if tls_files is not None and tls_files.enabled else None
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._closing: set[asyncio.Task] = set()
+
+    def get(self, address: str) -> grpc.aio.Channel:
+        channel = self._channels.get(address)
+        if channel is not None and self._credentials is not None and self._credentials.changed():
+            self._retire_all()
+            channel = None
+        if channel is None:
+            credentials = self._credentials.get() if self._credentials is not None else None
+            channel = self._channels[address] = self._open(address, credentials=credentials)
+        return channel
+
+    def _retire_all(self) -> None:
+        old, self._channels = list(self._channels.values()), {}
+        for channel in old:
+            task = asyncio.ensure_future(channel.close(grace=self.CLOSE_GRACE_S))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+
+    async def close(self) -> None:
+        channels, self._channels = list(self._channels.values()), {}
+        for channel in channels:
+            await channel.close()
+        for task in list(self._closing):
+            task.cancel()

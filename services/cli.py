@@ -1,6 +1,8 @@
 """The ``txlog`` command line.
 
-    txlog cluster up --dir DIR           start ZooKeeper and the services locally
+    txlog cluster up --dir DIR [--tls]   start ZooKeeper and the services locally (--tls: mutual
+                                         TLS with a throwaway CA under DIR/tls)
+    txlog tls issue --dir DIR NAME       a client certificate for User:NAME (DIR/tls/NAME.pem)
     txlog cluster down --dir DIR         stop them (SIGTERM, then SIGKILL)
     txlog cluster kill --dir DIR NAME    SIGKILL one process (NAME as in cluster.json)
     txlog cluster start --dir DIR NAME   start it again, same data and address
@@ -11,7 +13,8 @@
                                          exits 1 when the checker found an anomaly
 
 Client commands (each takes --bootstrap HOST:PORT[,...] or --dir DIR, which reads
-the bootstrap addresses from DIR/cluster.json):
+the bootstrap addresses from DIR/cluster.json, and --tls-ca/--tls-cert/--tls-key
+PEM files; with --dir of a TLS cluster they default to its admin's):
 
     txlog topics create NAME --partitions N [--replication-factor R] [--config k=v ...]
     txlog topics list
@@ -39,25 +42,28 @@ import argparse
 import asyncio
 import json
 import sys
+from pathlib import Path
 
 import grpc
 
-from services import errors
+from services import certs, errors
 from services.channels import open_channel
 from services.client import console
 from services.client.structs import TopicPartition
+from services.client.transport import tls_files
 from services.cluster import ClusterError, LocalCluster
 from services.stubs.txlog.v1 import producer_id_pb2, producer_id_pb2_grpc
+from services.tls import ChannelCredentials, TlsFiles
 
 
 def _cluster(args) -> int:
     cluster = LocalCluster(args.dir)
     if args.action == "up":
-        state = cluster.up(partition_svcs=args.partition_svcs)
+        state = cluster.up(partition_svcs=args.partition_svcs, tls=args.tls)
         if any(p.kind == "coordinator_svc" for p in state.services.values()):
             cluster.wait_until_coordinators_settle()  # so that the first transactions meet no partition moving
         print(json.dumps({"dir": state.dir, "zookeeper": state.zookeeper, "bootstrap": state.bootstrap,
-                          "services": cluster.status()}, indent=2))
+                          "tls": state.tls, "services": cluster.status()}, indent=2))
     elif args.action == "down":
         cluster.down()
         print(f"stopped the cluster in {cluster.dir}")
@@ -72,6 +78,15 @@ def _cluster(args) -> int:
     return 0
 
 
+def _tls(args) -> int:
+    cluster = LocalCluster(args.dir)
+    if cluster.state is None or not cluster.state.tls:
+        raise ClusterError(f"the cluster in {cluster.dir} does not run TLS; start it with `txlog cluster up --tls --dir {args.dir}`")
+    cert, key = certs.issue(Path(cluster.state.tls["dir"]), args.name)
+    print(json.dumps({"principal": f"User:{args.name}", "tls_ca": cluster.state.tls["ca"], "tls_cert": str(cert), "tls_key": str(key)}))
+    return 0
+
+
 def _producer_id_address(args) -> str:
     if args.address:
         return args.address
@@ -82,8 +97,9 @@ def _producer_id_address(args) -> str:
     return cluster.address(names[0])
 
 
-async def _allocate(address: str, requester_id: int, count: int) -> list[dict]:
-    async with open_channel(address) as channel:
+async def _allocate(address: str, requester_id: int, count: int, tls_files: TlsFiles | None) -> list[dict]:
+    credentials = ChannelCredentials(tls_files).get() if tls_files is not None else None
+    async with open_channel(address, credentials=credentials) as channel:
         stub = producer_id_pb2_grpc.ProducerIdServiceStub(channel)
         blocks = []
         for _ in range(count):
@@ -93,7 +109,9 @@ async def _allocate(address: str, requester_id: int, count: int) -> list[dict]:
 
 
 def _producer_ids(args) -> int:
-    blocks = asyncio.run(_allocate(_producer_id_address(args), args.requester_id, args.count))
+    target = _bootstrap(args) if args.dir else console.Target("", args.tls_ca, args.tls_cert, args.tls_key)
+    files = tls_files(target.tls_ca, target.tls_cert, target.tls_key)
+    blocks = asyncio.run(_allocate(_producer_id_address(args), args.requester_id, args.count, files))
     for block in blocks:
         print(json.dumps(block))
     return 0
@@ -113,15 +131,19 @@ def _chaos(args) -> int:
     return 1 if summary["anomalies"] else 0
 
 
-def _bootstrap(args) -> str:
-    if args.bootstrap:
-        return args.bootstrap
+def _bootstrap(args) -> console.Target:
+    """Where a client command goes: --bootstrap, or a local cluster's (--dir);
+    TLS files from --tls-*, else, with --dir, the cluster's admin's."""
+    explicit = {"tls_ca": args.tls_ca, "tls_cert": args.tls_cert, "tls_key": args.tls_key}
+    if getattr(args, "bootstrap", None):
+        return console.Target(args.bootstrap, **explicit)
     cluster = LocalCluster(args.dir)
     if cluster.state is None:
         raise ClusterError(f"no cluster in {cluster.dir} (no cluster.json); run `txlog cluster up --dir {args.dir}`")
-    if not cluster.state.bootstrap:
+    if not cluster.state.bootstrap and args.command != "producer-ids":
         raise ClusterError(f"the cluster in {cluster.dir} runs no partition_svc (cluster.json has no bootstrap)")
-    return cluster.state.bootstrap
+    defaults = cluster.client_tls()
+    return console.Target(cluster.state.bootstrap, **{k: v or defaults.get(k) for k, v in explicit.items()})
 
 
 def _topics(args) -> int:
@@ -197,7 +219,15 @@ def _transactions(args) -> int:
 def _add_bootstrap(sub: argparse.ArgumentParser) -> None:
     where = sub.add_mutually_exclusive_group(required=True)
     where.add_argument("--bootstrap", help="comma-separated partition_svc addresses host:port")
-    where.add_argument("--dir", help="a local cluster's folder (reads the bootstrap from DIR/cluster.json)")
+    where.add_argument("--dir", help="a local cluster's folder (reads the bootstrap, and with TLS the admin's "
+                                     "certificate, from DIR/cluster.json)")
+    _add_tls_options(sub)
+
+
+def _add_tls_options(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("--tls-ca", help="PEM CA bundle that verifies the servers (turns TLS on)")
+    sub.add_argument("--tls-cert", help="PEM client certificate, for servers that require one (mutual TLS)")
+    sub.add_argument("--tls-key", help="PEM key of --tls-cert")
     sub.add_argument("--timeout-s", type=float, default=console.TIMEOUT_S_DEFAULT,
                      help="how long to wait for servers that do not answer (default: %(default)s)")
 
@@ -311,11 +341,21 @@ def parser() -> argparse.ArgumentParser:
         if action == "up":
             sub.add_argument("--partition-svcs", type=int, default=3,
                              help="how many partition_svc instances (default: %(default)s, so topics get 3 replicas)")
+            sub.add_argument("--tls", action="store_true",
+                             help="mutual TLS on every port, with a throwaway CA and certificates under DIR/tls "
+                                  "(clients of the cluster use DIR/tls/admin.pem by default)")
     for action, help_text in (("kill", "SIGKILL one process"), ("start", "start one process again")):
         sub = cluster_actions.add_parser(action, help=help_text)
         sub.add_argument("--dir", required=True, help="the cluster's folder")
         sub.add_argument("name", help="process name as in cluster.json, e.g. producer_id_svc-0")
     cluster.set_defaults(run=_cluster)
+
+    tls_command = commands.add_parser("tls", help="certificates of a local TLS cluster")
+    tls_actions = tls_command.add_subparsers(dest="action", required=True)
+    issue = tls_actions.add_parser("issue", help="a client certificate for principal User:NAME, signed by the cluster's CA")
+    issue.add_argument("--dir", required=True, help="the cluster's folder (started with --tls)")
+    issue.add_argument("name", help="the principal's name: the certificate's CN; files DIR/tls/NAME.pem and NAME-key.pem")
+    tls_command.set_defaults(run=_tls)
 
     pids = commands.add_parser("producer-ids", help="producer id blocks")
     pid_actions = pids.add_subparsers(dest="action", required=True)
@@ -325,6 +365,7 @@ def parser() -> argparse.ArgumentParser:
     where.add_argument("--address", help="host:port of a producer_id_svc")
     allocate.add_argument("--requester-id", type=int, default=0)
     allocate.add_argument("--count", type=int, default=1, help="how many blocks")
+    _add_tls_options(allocate)
     pids.set_defaults(run=_producer_ids)
 
     chaos = commands.add_parser("chaos", help="fault injection with a history checker")
@@ -347,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return args.run(args)
-    except ClusterError as exc:
+    except (ClusterError, certs.CertificateError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except grpc.RpcError as exc:

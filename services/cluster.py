@@ -8,7 +8,11 @@ and address) are the ones users can inject.
 ``DIR/cluster.json`` holds, for each process by name (``zookeeper``,
 ``producer_id_svc-0``, ...), its kind, address, pid, command and log file, plus
 ``zookeeper`` (the connection string) and ``bootstrap`` (the comma-separated
-partition_svc addresses clients start from).
+partition_svc addresses clients start from). A cluster started with ``tls``
+also has ``tls``: the CA (``DIR/tls/ca.pem``) and the super user's
+certificate and key (``admin.pem``, ``admin-key.pem``) that clients of the
+local cluster use by default; every service then has its own certificate
+(``DIR/tls/<name>.pem``) and requires clients to present one (mutual TLS).
 """
 
 from __future__ import annotations
@@ -27,12 +31,15 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from services import certs
+
 ZOOKEEPER_JARS = ("/usr/share/java/zookeeper.jar", "/usr/share/java/slf4j-simple.jar")
 ZOOKEEPER_ROOT = "/txlog"
 STATE_FILE = "cluster.json"
 READY_TIMEOUT_S = 60.0
 STOP_GRACE_S = 10.0
 DATA_DIR_KINDS = ("partition_svc",)  # services that keep data: each gets DIR/<name> as --data-dir
+ADMIN = "admin"  # the local cluster's super user (User:admin)
 
 
 class ClusterError(RuntimeError):
@@ -69,8 +76,18 @@ def zookeeper_ruok(address: str, timeout_s: float = 1.0) -> bool:
         return False
 
 
-def health_serving(address: str, timeout_s: float = 1.0) -> bool:
-    with grpc.insecure_channel(address) as channel:
+def sync_channel(address: str, tls: dict | None = None) -> grpc.Channel:
+    """A blocking channel to a service of the cluster, with the admin's
+    certificate when the cluster runs TLS (``ClusterState.tls``)."""
+    if not tls:
+        return grpc.insecure_channel(address)
+    read = lambda path: Path(path).read_bytes()  # noqa: E731
+    credentials = grpc.ssl_channel_credentials(read(tls["ca"]), read(tls["key"]), read(tls["cert"]))
+    return grpc.secure_channel(address, credentials)
+
+
+def health_serving(address: str, timeout_s: float = 1.0, tls: dict | None = None) -> bool:
+    with sync_channel(address, tls) as channel:
         try:
             reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout_s)
         except grpc.RpcError:
@@ -95,6 +112,7 @@ class ClusterState:
     zookeeper_root: str = ZOOKEEPER_ROOT
     bootstrap: str = ""
     services: dict[str, ProcessInfo] = field(default_factory=dict)
+    tls: dict[str, str] | None = None  # {"dir", "ca", "cert", "key"}: the CA and the admin's certificate
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -149,9 +167,32 @@ class LocalCluster:
             "--node-id", str(node_id),
             "--zookeeper", self.state.zookeeper,
             "--zookeeper-root", self.state.zookeeper_root,
+            *self._tls_args(name),
             *(extra or []),
         ]
         return ProcessInfo(name, kind, address, command, str(self.dir / "logs" / f"{name}.log"))
+
+    def _tls_args(self, name: str) -> list[str]:
+        if not self.state.tls:
+            return []
+        directory = Path(self.state.tls["dir"])
+        cert, key = directory / f"{name}.pem", directory / f"{name}-key.pem"
+        if not cert.exists():
+            certs.issue(directory, name, server=True)
+        return ["--tls-ca", self.state.tls["ca"], "--tls-cert", str(cert), "--tls-key", str(key)]
+
+    def _enable_tls(self) -> None:
+        """A throwaway CA under DIR/tls, and the super user's certificate for local clients."""
+        directory = self.dir / "tls"
+        ca = certs.create_ca(directory)
+        cert, key = certs.issue(directory, ADMIN)
+        self.state.tls = {"dir": str(directory), "ca": str(ca), "cert": str(cert), "key": str(key)}
+
+    def client_tls(self) -> dict[str, str]:
+        """The SDK's tls_ca= / tls_cert= / tls_key= for the admin of this cluster ({} without TLS)."""
+        if not self.state or not self.state.tls:
+            return {}
+        return {"tls_ca": self.state.tls["ca"], "tls_cert": self.state.tls["cert"], "tls_key": self.state.tls["key"]}
 
     # --- lifecycle ------------------------------------------------------------------
 
@@ -162,15 +203,19 @@ class LocalCluster:
         partition_svcs: int = 2,
         coordinator_svcs: int = 2,
         service_args: dict[str, list[str]] | None = None,
+        tls: bool = False,
     ) -> ClusterState:
         """Starts ZooKeeper and the services; returns when every one is healthy.
-        ``service_args`` adds flags per kind, e.g. {"partition_svc": ["--fsync", "false"]}."""
+        ``service_args`` adds flags per kind, e.g. {"partition_svc": ["--fsync", "false"]};
+        ``tls``: mutual TLS on every port, with certificates from a throwaway CA."""
         service_args = service_args or {}
         if self.state is not None and any(pid_alive(p.pid) for p in self.state.services.values()):
             raise ClusterError(f"a cluster is already running from {self.dir}; run `txlog cluster down --dir {self.dir}` first")
         (self.dir / "logs").mkdir(parents=True, exist_ok=True)
         zk_port = free_port()
         self.state = ClusterState(dir=str(self.dir), zookeeper=f"127.0.0.1:{zk_port}")
+        if tls:
+            self._enable_tls()
         zookeeper = self._zookeeper_process(zk_port)
         self.state.services[zookeeper.name] = zookeeper
         try:
@@ -220,7 +265,8 @@ class LocalCluster:
     def wait_ready(self, name: str, timeout_s: float = READY_TIMEOUT_S) -> None:
         info = self.state.services[name]
         deadline = time.monotonic() + timeout_s
-        probe = zookeeper_ruok if info.kind == "zookeeper" else health_serving
+        tls = self.state.tls
+        probe = zookeeper_ruok if info.kind == "zookeeper" else lambda address: health_serving(address, tls=tls)
         while time.monotonic() < deadline:
             if not pid_alive(info.pid):
                 raise ClusterError(f"{name} exited during start-up; see {info.log}:\n{tail(info.log)}")
@@ -290,7 +336,7 @@ class LocalCluster:
                               for i in range(topic["partitions"])]
                     if owners == [nodes[i % len(nodes)] for i in range(len(owners))]:
                         for address in addresses:
-                            with grpc.insecure_channel(address) as channel:
+                            with sync_channel(address, self.state.tls) as channel:
                                 coordinator_pb2_grpc.CoordinatorServiceStub(channel).ListTransactions(
                                     coordinator_pb2.ListTransactionsRequest(local_only=True), timeout=5)
                         return

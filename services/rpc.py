@@ -22,7 +22,7 @@ from typing import TypeVar
 import grpc
 
 from services import errors
-from services.channels import CALL_TIMEOUT_S_DEFAULT, open_channel
+from services.channels import CALL_TIMEOUT_S_DEFAULT, ChannelCache
 from services.errors import ErrorCode, TxlogError
 from services.stubs.txlog.v1 import (
     coordinator_pb2_grpc,
@@ -31,6 +31,7 @@ from services.stubs.txlog.v1 import (
     producer_id_pb2_grpc,
     replication_pb2_grpc,
 )
+from services.tls import TlsFiles
 from services.zk import ServiceRegistry
 
 METADATA_TTL_S = 30.0
@@ -47,20 +48,19 @@ async def answer_of(call: Callable[[], Awaitable[Reply]]) -> Reply:
 
 
 class PeerClient:
-    def __init__(self, registry: ServiceRegistry, timeout_s: float = CALL_TIMEOUT_S_DEFAULT):
+    def __init__(self, registry: ServiceRegistry, timeout_s: float = CALL_TIMEOUT_S_DEFAULT, tls_files: TlsFiles | None = None):
+        """``tls_files``: this instance's own certificate, key and CA (its
+        --tls-* settings): other instances see it as the client of their calls."""
         self.registry = registry
         self.timeout_s = timeout_s
-        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._channels = ChannelCache(timeout_s=timeout_s, tls_files=tls_files)
         self._leaders: dict[tuple[str, int], tuple[str, float]] = {}
         self._partition_counts: dict[str, int] = {}
 
     # --- channels and stubs ------------------------------------------------------------
 
     def channel(self, address: str) -> grpc.aio.Channel:
-        channel = self._channels.get(address)
-        if channel is None:
-            channel = self._channels[address] = open_channel(address, timeout_s=self.timeout_s)
-        return channel
+        return self._channels.get(address)
 
     def stub(self, address: str) -> partition_pb2_grpc.PartitionServiceStub:
         """A partition_svc at ``address``."""
@@ -125,6 +125,4 @@ class PeerClient:
         return self._partition_counts.get(topic)
 
     async def close(self) -> None:
-        for channel in self._channels.values():
-            await channel.close()
-        self._channels.clear()
+        await self._channels.close()

@@ -22,6 +22,7 @@ import functools
 import logging
 import signal
 import socket
+import sys
 from collections.abc import Awaitable, Callable, Sequence
 from types import SimpleNamespace
 
@@ -32,7 +33,7 @@ from grpc_reflection.v1alpha import reflection
 from opentelemetry.sdk.trace.export import SpanExporter
 
 from services import config as config_mod
-from services import errors, logs, telemetry, zk
+from services import errors, logs, telemetry, tls, zk
 from services.errors import ErrorCode, TxlogError
 from services.logs import fields
 
@@ -40,6 +41,12 @@ log = logging.getLogger(__name__)
 
 SERVER_SETTINGS: tuple[config_mod.Setting, ...] = (
     config_mod.Setting("grpc_max_message_bytes", 64 * 1024 * 1024, "largest gRPC message accepted or sent, bytes", config_mod.positive_int),
+    config_mod.Setting("tls_cert", "", "PEM certificate chain of this instance; with tls_key, its port and its calls to other "
+                       "instances use TLS (re-read when the file changes); empty: plaintext"),
+    config_mod.Setting("tls_key", "", "PEM private key of tls_cert"),
+    config_mod.Setting("tls_ca", "", "PEM CA bundle that verifies the certificates of clients and of other instances"),
+    config_mod.Setting("tls_client_auth", "required", "with TLS: 'required' refuses clients without a certificate tls_ca "
+                       "signed (mutual TLS); 'none' asks for none", str, tls.CLIENT_AUTH_CHOICES),
 )
 
 
@@ -160,6 +167,8 @@ class ServiceRuntime:
         self._stopped = asyncio.Event()
         self._on_stop: list[Callable[[], Awaitable[None]]] = []
         self.registration_details: dict[str, str] = {}  # stored in the ZooKeeper registration beside the address
+        self.tls_files = tls.files_from(cfg)
+        self.tls_files.check(server=True)  # a bad TLS setting stops the process before it binds, naming the setting
 
     def on_stop(self, callback: Callable[[], Awaitable[None]]) -> None:
         """Runs ``callback`` after the server has stopped taking and finishing
@@ -193,7 +202,8 @@ class ServiceRuntime:
         reflection.enable_server_reflection(
             [*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], self.server
         )
-        self.port = self.server.add_insecure_port(self.config.listen)
+        self.port = (self.server.add_secure_port(self.config.listen, tls.server_credentials(self.tls_files, getattr(self.config, "tls_client_auth", "required")))
+                     if self.tls_files.enabled else self.server.add_insecure_port(self.config.listen))
         if self.port == 0:
             raise RuntimeError(f"cannot listen on {self.config.listen}")
         self.address = advertised(self.config.listen, self.port, self.config.advertised_address)
@@ -201,7 +211,7 @@ class ServiceRuntime:
         zk.add_state_listener(self.zookeeper, self._on_zookeeper_state)
         self.registry.register(self.kind, self.config.node_id, self.address, self.registration_details)
         await self.set_serving(self.zookeeper.connected)
-        log.info("serving", extra=fields(address=self.address, services=self.service_names))
+        log.info("serving", extra=fields(address=self.address, services=self.service_names, tls=self.tls_files.enabled))
         return self.port
 
     async def set_serving(self, serving: bool) -> None:
@@ -264,5 +274,10 @@ def run(
         await runtime.start()
         await runtime.serve_until_signal()
 
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    except tls.TlsConfigError as exc:
+        log.error("cannot start: %s", exc)
+        print(f"{kind}: {exc}", file=sys.stderr)
+        return 2
     return 0

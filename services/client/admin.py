@@ -49,7 +49,7 @@ from services.client.structs import (
     TransactionListing,
     as_tp,
 )
-from services.client.transport import Transport
+from services.client.transport import Transport, tls_files
 from services.client.txn_requests import CommitTransactionGroupHandler, CompleteTransactionHandler, CoordinatorClient
 from services.errors import ErrorCode
 from services.protocol import OPEN_TRANSACTION_STATES, TRANSACTION_STATE_TOPIC, TransactionState
@@ -112,12 +112,16 @@ class Admin:
         retry_backoff_ms: float = 100,
         transport=None,
         tracer_provider=None,
+        tls_ca: str | None = None,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
     ):
         self._request_timeout_ms = request_timeout_ms
         self._default_api_timeout_ms = default_api_timeout_ms
         self._retry_backoff_ms = retry_backoff_ms
         self._transport = transport or Transport(request_timeout_ms=int(request_timeout_ms),
-                                                 tracer_provider=tracer_provider)
+                                                 tracer_provider=tracer_provider,
+                                                 tls_files=tls_files(tls_ca, tls_cert, tls_key))
         self._metadata = Metadata(self._transport, bootstrap, refresh_backoff_ms=retry_backoff_ms)
         self._closed = False
         self._loop = LoopThread("txlog-admin")

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from typing import BinaryIO, TextIO
 
 from services.client.admin import Admin
@@ -58,11 +59,30 @@ def parse_configs(items: list[str] | None) -> dict[str, str]:
 # --- topics ---------------------------------------------------------------------------------
 
 
-def _admin(bootstrap: str, timeout_s: float) -> Admin:
-    return Admin(bootstrap, default_api_timeout_ms=timeout_s * 1000)
+@dataclass(frozen=True)
+class Target:
+    """Where a command goes: the bootstrap addresses and the TLS files to
+    connect with (the SDK's tls_ca= / tls_cert= / tls_key=; none: plaintext)."""
+
+    bootstrap: str
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+
+    def client_options(self) -> dict:
+        return {"tls_ca": self.tls_ca, "tls_cert": self.tls_cert, "tls_key": self.tls_key}
 
 
-def topics_create(bootstrap: str, name: str, partitions: int, configs: dict[str, str], out: TextIO, *,
+def _target(bootstrap: str | Target) -> Target:
+    return bootstrap if isinstance(bootstrap, Target) else Target(bootstrap)
+
+
+def _admin(bootstrap: str | Target, timeout_s: float) -> Admin:
+    target = _target(bootstrap)
+    return Admin(target.bootstrap, default_api_timeout_ms=timeout_s * 1000, **target.client_options())
+
+
+def topics_create(bootstrap: str | Target, name: str, partitions: int, configs: dict[str, str], out: TextIO, *,
                   replication_factor: int | None = None, timeout_s: float = TIMEOUT_S_DEFAULT) -> None:
     with _admin(bootstrap, timeout_s) as admin:
         wanted = (name, partitions) if replication_factor is None else (name, partitions, replication_factor)
@@ -70,13 +90,13 @@ def topics_create(bootstrap: str, name: str, partitions: int, configs: dict[str,
     out.write(f"topic {name} has {created[name]} partition(s)\n")
 
 
-def topics_list(bootstrap: str, out: TextIO, *, timeout_s: float = TIMEOUT_S_DEFAULT) -> None:
+def topics_list(bootstrap: str | Target, out: TextIO, *, timeout_s: float = TIMEOUT_S_DEFAULT) -> None:
     with _admin(bootstrap, timeout_s) as admin:
         for name in admin.list_topics():
             out.write(name + "\n")
 
 
-def topics_describe(bootstrap: str, name: str, out: TextIO, *, timeout_s: float = TIMEOUT_S_DEFAULT) -> None:
+def topics_describe(bootstrap: str | Target, name: str, out: TextIO, *, timeout_s: float = TIMEOUT_S_DEFAULT) -> None:
     with _admin(bootstrap, timeout_s) as admin:
         (topic,) = admin.describe_topics([name])
     out.write(json.dumps({
@@ -91,7 +111,7 @@ def topics_describe(bootstrap: str, name: str, out: TextIO, *, timeout_s: float 
     }, indent=2) + "\n")
 
 
-def partitions_under_replicated(bootstrap: str, out: TextIO, *, timeout_s: float = TIMEOUT_S_DEFAULT) -> int:
+def partitions_under_replicated(bootstrap: str | Target, out: TextIO, *, timeout_s: float = TIMEOUT_S_DEFAULT) -> int:
     """JSON lines, one per partition whose ISR is smaller than its replicas (or without a leader); the count."""
     with _admin(bootstrap, timeout_s) as admin:
         found = admin.under_replicated_partitions()
@@ -110,7 +130,7 @@ def parse_reassignment_file(text: str) -> dict[TopicPartition, list[int]]:
         raise invalid(f'a reassignment file is {{"partitions": [{{"topic", "partition", "replicas"}}, ...]}}: {exc}') from None
 
 
-def partitions_reassign(bootstrap: str, plan: dict[TopicPartition, list[int]], out: TextIO, *, wait: bool = False,
+def partitions_reassign(bootstrap: str | Target, plan: dict[TopicPartition, list[int]], out: TextIO, *, wait: bool = False,
                         timeout_s: float = TIMEOUT_S_DEFAULT) -> None:
     """Starts the reassignments (and with ``wait``, returns once they are done)."""
     with _admin(bootstrap, timeout_s) as admin:
@@ -142,7 +162,7 @@ def rebalance_plan(topics, nodes: list[int]) -> dict[TopicPartition, list[int]]:
     return plan
 
 
-def partitions_rebalance(bootstrap: str, execute: bool, out: TextIO, *, timeout_s: float = TIMEOUT_S_DEFAULT) -> None:
+def partitions_rebalance(bootstrap: str | Target, execute: bool, out: TextIO, *, timeout_s: float = TIMEOUT_S_DEFAULT) -> None:
     """Prints a plan spreading every topic's replicas over all live instances
     (Kafka's reassignment JSON); with ``execute``, starts it."""
     with _admin(bootstrap, timeout_s) as admin:
@@ -157,7 +177,7 @@ def partitions_rebalance(bootstrap: str, execute: bool, out: TextIO, *, timeout_
             out.write(f"reassigning {len(plan)} partition(s)\n")
 
 
-def producers_describe(bootstrap: str, topic: str, partition: int | None, out: TextIO, *,
+def producers_describe(bootstrap: str | Target, topic: str, partition: int | None, out: TextIO, *,
                        timeout_s: float = TIMEOUT_S_DEFAULT) -> None:
     with _admin(bootstrap, timeout_s) as admin:
         (info,) = admin.describe_topics([topic])
@@ -175,7 +195,7 @@ def producers_describe(bootstrap: str, topic: str, partition: int | None, out: T
 # --- transactions --------------------------------------------------------------------------
 
 
-def transactions_list(bootstrap: str, states: list[str] | None, producer_ids: list[int] | None,
+def transactions_list(bootstrap: str | Target, states: list[str] | None, producer_ids: list[int] | None,
                       min_duration_ms: int | None, out: TextIO, *, prefix: str = "",
                       timeout_s: float = TIMEOUT_S_DEFAULT) -> None:
     with _admin(bootstrap, timeout_s) as admin:
@@ -185,7 +205,7 @@ def transactions_list(bootstrap: str, states: list[str] | None, producer_ids: li
         out.write(json.dumps(listing._asdict()) + "\n")
 
 
-def transactions_describe(bootstrap: str, transactional_ids: list[str], out: TextIO, *,
+def transactions_describe(bootstrap: str | Target, transactional_ids: list[str], out: TextIO, *,
                           timeout_s: float = TIMEOUT_S_DEFAULT) -> None:
     with _admin(bootstrap, timeout_s) as admin:
         descriptions = admin.describe_transactions(transactional_ids)
@@ -195,7 +215,7 @@ def transactions_describe(bootstrap: str, transactional_ids: list[str], out: Tex
         out.write(json.dumps(fields) + "\n")
 
 
-def transactions_complete(bootstrap: str, transactional_id: str, producer_id: int, producer_epoch: int,
+def transactions_complete(bootstrap: str | Target, transactional_id: str, producer_id: int, producer_epoch: int,
                           commit: bool, out: TextIO, *, timeout_s: float = TIMEOUT_S_DEFAULT) -> None:
     handle = TransactionHandle(transactional_id, producer_id, producer_epoch)
     with _admin(bootstrap, timeout_s) as admin:
@@ -203,7 +223,7 @@ def transactions_complete(bootstrap: str, transactional_id: str, producer_id: in
     out.write(json.dumps({"completed": True, "committed": commit, **handle._asdict()}) + "\n")
 
 
-def transactions_abort(bootstrap: str, topic: str, partition: int, producer_id: int, producer_epoch: int,
+def transactions_abort(bootstrap: str | Target, topic: str, partition: int, producer_id: int, producer_epoch: int,
                        coordinator_epoch: int, out: TextIO, *, timeout_s: float = TIMEOUT_S_DEFAULT) -> None:
     with _admin(bootstrap, timeout_s) as admin:
         admin.abort_transaction((topic, partition), producer_id, producer_epoch, coordinator_epoch)
@@ -211,7 +231,7 @@ def transactions_abort(bootstrap: str, topic: str, partition: int, producer_id: 
                           "producer_epoch": producer_epoch, "coordinator_epoch": coordinator_epoch}) + "\n")
 
 
-def transactions_find_hanging(bootstrap: str, topics: list[str] | None, max_transaction_timeout_ms: int,
+def transactions_find_hanging(bootstrap: str | Target, topics: list[str] | None, max_transaction_timeout_ms: int,
                               out: TextIO, *, timeout_s: float = TIMEOUT_S_DEFAULT) -> None:
     with _admin(bootstrap, timeout_s) as admin:
         hanging = admin.find_hanging(topics, max_transaction_timeout_ms)
@@ -222,13 +242,14 @@ def transactions_find_hanging(bootstrap: str, topics: list[str] | None, max_tran
 # --- produce ------------------------------------------------------------------------------------
 
 
-def produce(bootstrap: str, topic: str, key_separator: str | None, partition: int | None,
+def produce(bootstrap: str | Target, topic: str, key_separator: str | None, partition: int | None,
             stdin: BinaryIO, err: TextIO, *, timeout_s: float = TIMEOUT_S_DEFAULT, **producer_options) -> int:
     separator = key_separator.encode() if key_separator is not None else None
     sent = 0
     with _admin(bootstrap, timeout_s) as admin:  # fail at once on a missing topic (a Producer would wait for it)
         admin.describe_topics([topic])
-    with Producer(bootstrap, max_block_ms=timeout_s * 1000, **producer_options) as producer:
+    target = _target(bootstrap)
+    with Producer(target.bootstrap, max_block_ms=timeout_s * 1000, **target.client_options(), **producer_options) as producer:
         futures = []
         for number, line in enumerate(iter(lambda: stdin.readline(LINE_BYTES_MAX + 1), b""), start=1):
             if len(line) > LINE_BYTES_MAX:
@@ -289,7 +310,7 @@ class Progress:
 
 
 def consume(
-    bootstrap: str,
+    bootstrap: str | Target,
     topic: str,
     *,
     from_beginning: bool,
@@ -309,7 +330,8 @@ def consume(
         raise invalid(f"--max-records must be >= 0, not {max_records}")
     reset = "earliest" if from_beginning else "latest"
     consumed = 0
-    with Consumer(bootstrap, group_id=group, isolation_level=isolation, auto_offset_reset=reset,
+    target = _target(bootstrap)
+    with Consumer(target.bootstrap, **target.client_options(), group_id=group, isolation_level=isolation, auto_offset_reset=reset,
                   max_poll_records=min(500, max_records or 500), default_api_timeout_ms=timeout_s * 1000) as consumer:
         partitions = consumer.partitions_for(topic)
         if partition is not None:

@@ -37,7 +37,7 @@ from services.client.group import GroupOffsets
 from services.client.metadata import Metadata
 from services.client.requests import retry_policy
 from services.client.structs import ConsumerRecord, TopicPartition, as_tp
-from services.client.transport import Transport
+from services.client.transport import Transport, tls_files
 from services.errors import ErrorCode
 from services.stubs.txlog.v1 import partition_pb2
 
@@ -67,6 +67,9 @@ class Consumer:
         metadata_max_age_ms: float = 300_000,
         transport=None,
         tracer_provider=None,
+        tls_ca: str | None = None,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
     ):
         self.config = ConsumerConfig(
             group_id=group_id, isolation_level=isolation_level, auto_offset_reset=auto_offset_reset,
@@ -77,7 +80,8 @@ class Consumer:
             default_api_timeout_ms=default_api_timeout_ms, metadata_max_age_ms=metadata_max_age_ms,
         )
         self._transport = transport or Transport(request_timeout_ms=int(request_timeout_ms),
-                                                 tracer_provider=tracer_provider)
+                                                 tracer_provider=tracer_provider,
+                                                 tls_files=tls_files(tls_ca, tls_cert, tls_key))
         self._metadata = Metadata(self._transport, bootstrap, refresh_backoff_ms=retry_backoff_ms,
                                   max_age_ms=metadata_max_age_ms)
         self._fetcher = Fetcher(self._metadata, self._transport, self.config)

@@ -88,7 +88,7 @@ from services.client.partitioner import DefaultPartitioner, Partitioner
 from services.client.sender import REQUEST_OVERHEAD_BYTES, Sender, SenderStats
 from services.client.structs import TopicPartition, TransactionHandle, as_tp, build_record, record_payload_bytes
 from services.client.transactions import SENDING_STATES, Call, TransactionManager, TxnState, Verdict
-from services.client.transport import FaultInjection, Transport
+from services.client.transport import FaultInjection, Transport, tls_files
 from services.client.txn_requests import (
     AddOffsetsHandler,
     CoordinatorClient,
@@ -140,6 +140,9 @@ class Producer:
         fault_injection: FaultInjection | None = None,
         transport=None,
         tracer_provider=None,
+        tls_ca: str | None = None,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
     ):
         self.config = ProducerConfig(
             enable_idempotence=enable_idempotence,
@@ -163,7 +166,7 @@ class Producer:
         self._partitioner = partitioner or DefaultPartitioner()
         self._transport = transport or Transport(
             request_timeout_ms=int(request_timeout_ms), fault_injection=fault_injection,
-            tracer_provider=tracer_provider)
+            tracer_provider=tracer_provider, tls_files=tls_files(tls_ca, tls_cert, tls_key))
         self._metadata = Metadata(self._transport, bootstrap, refresh_backoff_ms=retry_backoff_ms,
                                   max_age_ms=metadata_max_age_ms)
         self._accumulator = RecordAccumulator(

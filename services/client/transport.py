@@ -25,10 +25,11 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from services.channels import open_channel
+from services.channels import ChannelCache
 from services.client.errors import ClientError, error_for, from_exception
 from services.errors import ErrorCode
 from services.stubs.txlog.v1 import coordinator_pb2, coordinator_pb2_grpc, partition_pb2, partition_pb2_grpc
+from services.tls import TlsFiles
 
 REQUEST_TIMEOUT_MS_DEFAULT = 30_000
 MAX_MESSAGE_BYTES_DEFAULT = 64 * 1024 * 1024
@@ -88,6 +89,17 @@ class FaultInjection:
                             f"fault injection: the answer of {address} to {rpc} was dropped after the server handled it")
 
 
+def tls_files(ca: str | None, cert: str | None, key: str | None) -> TlsFiles | None:
+    """The SDK's tls_ca= / tls_cert= / tls_key= (PEM file paths) as TlsFiles;
+    None (plaintext) when none is given. Raises ValueError (TlsConfigError)
+    naming a file that is missing or a certificate without its key."""
+    if not (ca or cert or key):
+        return None
+    files = TlsFiles(ca or "", cert or "", key or "")
+    files.check(server=False)
+    return files
+
+
 class Transport:
     """Channels to txlog servers by address; use only inside one event loop."""
 
@@ -98,12 +110,15 @@ class Transport:
         fault_injection: FaultInjection | None = None,
         tracer_provider=None,
         max_message_bytes: int = MAX_MESSAGE_BYTES_DEFAULT,
+        tls_files: TlsFiles | None = None,
     ):
+        """``tls_files``: the CA that verifies the servers and, for mutual
+        TLS, this client's certificate and key (None: plaintext)."""
         self.request_timeout_ms = request_timeout_ms
         self.fault_injection = fault_injection
-        self._tracer_provider = tracer_provider
-        self._max_message_bytes = max_message_bytes
-        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._channels = ChannelCache(timeout_s=request_timeout_ms / 1000, tracer_provider=tracer_provider,
+                                      max_message_bytes=max_message_bytes, tls_files=tls_files)
+        self._stubs_on: dict[str, grpc.aio.Channel] = {}  # the channel each address's stubs were made on
         self._partition_stubs: dict[str, partition_pb2_grpc.PartitionServiceStub] = {}
         self._coordinator_stubs: dict[str, coordinator_pb2_grpc.CoordinatorServiceStub] = {}
         self._closed = False
@@ -111,10 +126,9 @@ class Transport:
     def _stub(self, address: str, rpc: str):
         if self._closed:
             raise ClientError(ErrorCode.Value("INVALID_REQUEST"), "the client is closed")
-        if address not in self._channels:
-            channel = open_channel(address, timeout_s=self.request_timeout_ms / 1000,
-                                   tracer_provider=self._tracer_provider, max_message_bytes=self._max_message_bytes)
-            self._channels[address] = channel
+        channel = self._channels.get(address)
+        if self._stubs_on.get(address) is not channel:
+            self._stubs_on[address] = channel
             self._partition_stubs[address] = partition_pb2_grpc.PartitionServiceStub(channel)
             self._coordinator_stubs[address] = coordinator_pb2_grpc.CoordinatorServiceStub(channel)
         if rpc in _PARTITION_RPCS:
@@ -139,6 +153,5 @@ class Transport:
 
     async def close(self) -> None:
         self._closed = True
-        channels, self._channels = list(self._channels.values()), {}
-        for channel in channels:
-            await channel.close()
+        self._stubs_on.clear()
+        await self._channels.close()

@@ -1,0 +1,81 @@
+"""A throwaway certificate authority for local clusters (``txlog cluster up
+--tls``, ``txlog tls issue``), made with the openssl command (Debian's
+``openssl`` package). Not for production: there, certificates come from the
+operator's CA or cert-manager.
+
+Layout under a cluster's ``tls/`` folder: ``ca.pem`` and ``ca-key.pem``; for
+each name, ``NAME.pem`` and ``NAME-key.pem`` with subject ``CN=NAME`` (the
+default principal mapping makes it ``User:NAME``). Keys are EC P-256,
+readable by their owner only.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+VALID_DAYS = 365
+
+
+class CertificateError(RuntimeError):
+    pass
+
+
+def _openssl(*args: str) -> None:
+    if shutil.which("openssl") is None:
+        raise CertificateError("the openssl command is missing; install it: apt-get install -y openssl")
+    done = subprocess.run(["openssl", *args], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise CertificateError(f"openssl {args[0]} failed: {done.stderr.strip()[-500:]}")
+
+
+def _private(path: Path) -> None:
+    os.chmod(path, 0o600)
+
+
+def create_ca(directory: Path) -> Path:
+    """``directory/ca.pem`` (and its key), made once; the CA's path."""
+    directory.mkdir(parents=True, exist_ok=True)
+    ca, key = directory / "ca.pem", directory / "ca-key.pem"
+    if not ca.exists():
+        _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", str(key),
+                 "-out", str(ca), "-days", str(VALID_DAYS), "-subj", "/CN=txlog local CA",
+                 "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign")
+        _private(key)
+    return ca
+
+
+def issue(directory: Path, name: str, *, server: bool = False, hosts: tuple[str, ...] = ("127.0.0.1", "localhost")) -> tuple[Path, Path]:
+    """A certificate for ``CN=name`` signed by the CA in ``directory``: for a
+    client, or (``server``) for an instance that also serves ``hosts``.
+    Returns (certificate, key) paths; an existing pair is replaced."""
+    if not NAME.fullmatch(name):
+        raise CertificateError(f"certificate name {name!r} must be 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit")
+    ca, ca_key = directory / "ca.pem", directory / "ca-key.pem"
+    if not ca.exists():
+        raise CertificateError(f"no CA in {directory}; a cluster started with --tls makes one")
+    cert, key = directory / f"{name}.pem", directory / f"{name}-key.pem"
+    usage = "serverAuth,clientAuth" if server else "clientAuth"
+    extensions = [f"extendedKeyUsage={usage}", "basicConstraints=critical,CA:FALSE"]
+    if server:
+        alt = [f"IP:{h}" if re.fullmatch(r"[0-9.]+|[0-9a-fA-F:]+:[0-9a-fA-F:]*", h) else f"DNS:{h}" for h in hosts]
+        extensions.append("subjectAltName=" + ",".join(alt))
+    with tempfile.TemporaryDirectory() as work:
+        request, config = Path(work) / "req.csr", Path(work) / "ext.cnf"
+        config.write_text("\n".join(extensions) + "\n")
+        new_key = Path(work) / "key.pem"
+        _openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", str(new_key),
+                 "-out", str(request), "-subj", f"/CN={name}")
+        new_cert = Path(work) / "cert.pem"
+        _openssl("x509", "-req", "-in", str(request), "-CA", str(ca), "-CAkey", str(ca_key), "-CAcreateserial",
+                 "-CAserial", str(Path(work) / "ca.srl"), "-out", str(new_cert), "-days", str(VALID_DAYS), "-extfile", str(config))
+        _private(new_key)
+        # Moved into place key first, each by a rename: a reader never sees half a file.
+        os.replace(new_key, key)
+        os.replace(new_cert, cert)
+    return cert, key

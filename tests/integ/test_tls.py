@@ -1,0 +1,125 @@
+"""Mutual TLS on every port through the real services (issue 15, first part):
+a cluster started with ``tls=True`` (what ``txlog cluster up --tls`` does)
+serves only clients with a certificate its CA signed, its services talk to
+each other over TLS (transactions go coordinator -> partition_svc, replicas
+fetch from leaders), and a rotated server certificate is used for new
+connections without a restart."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import shutil
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from services import certs, cli
+from services.client import Admin, Consumer, Producer, TopicPartition
+from services.client.errors import ClientError
+from services.client.two_phase import wait_until
+from services.cluster import LocalCluster
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    local = LocalCluster(tmp_path_factory.mktemp("tls") / "cluster")
+    local.up(producer_id_svcs=1, partition_svcs=2, coordinator_svcs=1, tls=True)
+    local.wait_until_coordinators_settle()
+    yield local
+    local.down(grace_s=5)
+
+
+def check(address: str, credentials: grpc.ChannelCredentials | None) -> str:
+    """The health answer of ``address`` over a fresh connection, or the failure's status code name."""
+    channel = grpc.secure_channel(address, credentials) if credentials else grpc.insecure_channel(address)
+    with channel:
+        try:
+            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+        except grpc.RpcError as exc:
+            return exc.code().name
+    return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+
+
+def credentials(ca: Path, cert: Path | None = None, key: Path | None = None) -> grpc.ChannelCredentials:
+    return grpc.ssl_channel_credentials(ca.read_bytes(), key.read_bytes() if key else None, cert.read_bytes() if cert else None)
+
+
+def test_transactions_and_replication_work_over_mutual_tls(cluster):
+    tls = cluster.client_tls()
+    with Admin(cluster.state.bootstrap, **tls) as admin:
+        admin.create_topics([("secure", 2, 2)])
+    with Producer(cluster.state.bootstrap, transactional_id="tls-tx", **tls) as producer:
+        producer.init_transactions()
+        producer.begin_transaction()
+        for i in range(10):
+            producer.send("secure", f"v{i}".encode(), partition=i % 2)
+        producer.commit_transaction()
+    with Consumer(cluster.state.bootstrap, isolation_level="read_committed", **tls) as consumer:
+        consumer.assign([TopicPartition("secure", 0), TopicPartition("secure", 1)])
+        read = []
+        wait_until(lambda: read.extend(r.value for r in consumer.poll(0.5)) or len(read) >= 10, 60, "the committed records")
+    assert sorted(read) == sorted(f"v{i}".encode() for i in range(10))
+    with Admin(cluster.state.bootstrap, **tls) as admin:  # followers fetch from their leaders over TLS
+        wait_until(lambda: all(len(p.isr) == 2 for p in admin.describe_topics(["secure"])[0].partitions), 60,
+                   "both replicas of each partition in sync")
+
+
+def test_clients_without_a_certificate_of_the_cluster_ca_cannot_connect(cluster, tmp_path):
+    address = cluster.state.bootstrap.split(",")[0]
+    ca = Path(cluster.state.tls["ca"])
+    stranger_ca = certs.create_ca(tmp_path / "other")
+    stranger_cert, stranger_key = certs.issue(tmp_path / "other", "mallory")
+    assert check(address, credentials(ca, Path(cluster.state.tls["cert"]), Path(cluster.state.tls["key"]))) == "SERVING"
+    assert check(address, None) == "UNAVAILABLE"  # plaintext
+    assert check(address, credentials(ca)) == "UNAVAILABLE"  # TLS without a client certificate
+    assert check(address, credentials(ca, stranger_cert, stranger_key)) == "UNAVAILABLE"  # signed by another CA
+    assert check(address, credentials(stranger_ca, Path(cluster.state.tls["cert"]), Path(cluster.state.tls["key"]))) == "UNAVAILABLE"
+    with pytest.raises(ClientError) as refused, Admin(cluster.state.bootstrap, default_api_timeout_ms=3000) as admin:
+        admin.list_topics()
+    assert "UNAVAILABLE" in str(refused.value)
+
+
+def test_the_cli_issues_a_client_certificate_that_connects(cluster):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert cli.main(["tls", "issue", "--dir", cluster.state.dir, "alice"]) == 0
+    tls_dir = Path(cluster.state.tls["dir"])
+    assert '"principal": "User:alice"' in out.getvalue()
+    with contextlib.redirect_stdout(io.StringIO()) as listed:
+        assert cli.main(["topics", "list", "--bootstrap", cluster.state.bootstrap, "--tls-ca", str(tls_dir / "ca.pem"),
+                         "--tls-cert", str(tls_dir / "alice.pem"), "--tls-key", str(tls_dir / "alice-key.pem")]) == 0
+    assert "__transaction_state" in listed.getvalue()
+
+
+def test_a_rotated_server_certificate_serves_new_connections_without_a_restart(cluster, tmp_path):
+    """partition_svc-1's certificate files are replaced by one a new CA signed:
+    new connections get it at once (clients trusting only the old CA are
+    refused, clients trusting the new one connect), and the process is the
+    same one."""
+    name = "partition_svc-1"
+    address, pid = cluster.state.services[name].address, cluster.state.services[name].pid
+    tls_dir = Path(cluster.state.tls["dir"])
+    admin_cert, admin_key = tls_dir / "admin.pem", tls_dir / "admin-key.pem"
+    old_ca = tls_dir / "ca.pem"
+    new_ca = certs.create_ca(tmp_path / "rotated")
+    new_cert, new_key = certs.issue(tmp_path / "rotated", name, server=True)
+    both = tmp_path / "both.pem"
+    both.write_bytes(old_ca.read_bytes() + new_ca.read_bytes())
+    assert check(address, credentials(old_ca, admin_cert, admin_key)) == "SERVING"
+    saved = {path: path.read_bytes() for path in (tls_dir / f"{name}.pem", tls_dir / f"{name}-key.pem")}
+    try:
+        shutil.copy(new_key, tls_dir / f"{name}-key.pem")
+        shutil.copy(new_cert, tls_dir / f"{name}.pem")
+        wait_until(lambda: check(address, credentials(new_ca, admin_cert, admin_key)) == "SERVING", 30,
+                   "the rotated certificate served")
+        assert check(address, credentials(old_ca, admin_cert, admin_key)) == "UNAVAILABLE"
+        assert check(address, credentials(both, admin_cert, admin_key)) == "SERVING"
+        assert cluster.state.services[name].pid == pid and cluster.status()[name]["alive"]
+    finally:  # the original certificate back, so the other instances reach it again
+        for path, data in saved.items():
+            path.write_bytes(data)
+        wait_until(lambda: check(address, credentials(old_ca, admin_cert, admin_key)) == "SERVING", 30,
+                   "the original certificate served again")
