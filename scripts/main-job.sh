@@ -7,21 +7,28 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 DIR=${TXLOG_CLUSTER_DIR:-.cluster}
 EVENTS=${TXLOG_SAMPLE_EVENTS:-20000}
+# TXLOG_MAIN_TLS=1: the cluster runs mutual TLS (a throwaway CA under $DIR/tls) and every client uses its admin certificate.
+TLS=${TXLOG_MAIN_TLS:-0}
 txlog=.venv/bin/txlog
 python=.venv/bin/python
 
 $txlog cluster down --dir "$DIR" >/dev/null 2>&1 || true
 rm -rf "$DIR"
 trap '$txlog cluster down --dir "$DIR" >/dev/null' EXIT
-$txlog cluster up --dir "$DIR" >/dev/null
+tls_up=() tls_client=()
+if [ "$TLS" = 1 ]; then
+  tls_up=(--tls)
+  tls_client=(--tls-ca "$DIR/tls/ca.pem" --tls-cert "$DIR/tls/admin.pem" --tls-key "$DIR/tls/admin-key.pem")
+fi
+$txlog cluster up --dir "$DIR" "${tls_up[@]}" >/dev/null
 bootstrap=$($python -c 'import json,sys; print(json.load(open(sys.argv[1]))["bootstrap"])' "$DIR/cluster.json")
-echo "cluster up: bootstrap $bootstrap"
+echo "cluster up: bootstrap $bootstrap$([ "$TLS" = 1 ] && echo ", mutual TLS")"
 $txlog topics create events --partitions 4 --dir "$DIR"
 $txlog topics create event-counts --partitions 2 --dir "$DIR"
-$python -m spark_jobs.sample_events --bootstrap "$bootstrap" --topic events --count "$EVENTS"
+$python -m spark_jobs.sample_events --bootstrap "$bootstrap" --topic events --count "$EVENTS" "${tls_client[@]}"
 
 job=($python -m spark_jobs.windowed_counts --once --bootstrap "$bootstrap" --input-topic events
-     --output-topic event-counts --group windowed-counts --spark-master "local[2]")
+     --output-topic event-counts --group windowed-counts --spark-master "local[2]" "${tls_client[@]}")
 summary() { $python -c 'import json, sys
 for line in sys.stdin:
     if line.startswith("{\"run\""):

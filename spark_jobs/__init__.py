@@ -30,6 +30,9 @@ prepared transactions of the prefix's group to commit with the write). Columns: 
 ``key``, ``partition``, ``headers``, ``timestamp``. What a write guarantees:
 ``spark_jobs.writing``.
 
+Both: ``tlsCa``, ``tlsCert``, ``tlsKey`` (PEM files, at the same paths on the
+driver and every executor) for a cluster that runs TLS (mutual TLS: all three).
+
 Modules: ``options`` (parsing and checking the options), ``planning`` (offset
 ranges, on the driver), ``reading`` (one range, on an executor), ``source``
 (the data source), ``writing`` (the writer), ``eos`` (exactly-once

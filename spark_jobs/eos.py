@@ -103,6 +103,13 @@ class EosJob:
     delivery: str = "exactly-once"
     transaction_timeout_ms: int = 60_000
     commit_scope: str = "partition"
+    client_tls: Mapping[str, str] = field(default_factory=dict)  # the SDK's tls_ca= / tls_cert= / tls_key=
+
+    @property
+    def spark_tls_options(self) -> dict[str, str]:
+        """The same files as the txlog data source's tlsCa / tlsCert / tlsKey options."""
+        keywords = {keyword: option for option, keyword in options.TLS_OPTIONS.items()}
+        return {keywords[keyword]: path for keyword, path in self.client_tls.items() if path}
 
     def __post_init__(self):
         if self.delivery not in DELIVERY_MODES:
@@ -171,7 +178,8 @@ def plan(job: EosJob) -> list[planning.OffsetRange]:
     return planning.plan(options.ReadOptions(
         bootstrap=job.bootstrap, topics=job.input_topics,
         starting=options.StartingOffsets(options.EARLIEST, group=job.group), ending=options.EndingOffsets(),
-        isolation="read_committed", max_records_per_split=None, fail_on_data_loss=True, poll_timeout_s=120.0))
+        isolation="read_committed", max_records_per_split=None, fail_on_data_loss=True, poll_timeout_s=120.0,
+        client_tls=job.client_tls))
 
 
 def run_once(spark, job: EosJob) -> list[RangeResult]:
@@ -193,7 +201,7 @@ def _run_as_one(spark, job: EosJob) -> list[RangeResult]:
     """commit_scope="job" (see the module docstring). The results' record counts are -1:
     the driver does not see them (the writer's commit logs its total)."""
     transform = load_transform(job.transform)
-    with Producer(job.bootstrap, transactional_id=job.offsets_transactional_id,
+    with Producer(job.bootstrap, **job.client_tls, transactional_id=job.offsets_transactional_id,
                   transaction_timeout_ms=job.transaction_timeout_ms) as offsets_producer:
         offsets_producer.init_transactions()  # fences earlier runs before reading where they got to
         ranges = plan(job)
@@ -207,7 +215,8 @@ def _run_as_one(spark, job: EosJob) -> list[RangeResult]:
         spark.sparkContext.setJobDescription(f"{job.name}: one commit of {len(ranges)} ranges of {','.join(job.input_topics)}")
         try:
             output = transform(read_ranges(spark, job, ranges), **job.transform_args)
-            (output.write.format("txlog").option("bootstrap", job.bootstrap).option("topic", job.output_topic)
+            (output.write.format("txlog").option("bootstrap", job.bootstrap).options(**job.spark_tls_options)
+             .option("topic", job.output_topic)
              .option("transactionalIdPrefix", job.name).option("transactionTimeoutMs", str(job.transaction_timeout_ms))
              .option("groupCommitWith", json.dumps([list(handle)])).mode("append").save())
         except BaseException:
@@ -222,7 +231,7 @@ def read_ranges(spark, job: EosJob, ranges: list[planning.OffsetRange]):
     Every input partition is named: one without a range reads from the latest
     offset to the same latest offset, nothing (an unnamed one would read from
     the earliest)."""
-    with Consumer(job.bootstrap) as consumer:
+    with Consumer(job.bootstrap, **job.client_tls) as consumer:
         tps = planning.partitions_of(consumer, job.input_topics)
     planned = {(r.topic, r.partition): r for r in ranges}
 
@@ -232,7 +241,8 @@ def read_ranges(spark, job: EosJob, ranges: list[planning.OffsetRange]):
             by_topic.setdefault(tp[0], {})[str(tp[1])] = pick(planned[tp]) if tp in planned else options.LATEST
         return json.dumps(by_topic)
 
-    return (spark.read.format("txlog").option("bootstrap", job.bootstrap).option("topic", ",".join(job.input_topics))
+    return (spark.read.format("txlog").option("bootstrap", job.bootstrap).options(**job.spark_tls_options)
+            .option("topic", ",".join(job.input_topics))
             .option("startingOffsets", offsets_json(lambda r: r.start))
             .option("endingOffsets", offsets_json(lambda r: r.end)).load())
 
@@ -241,7 +251,7 @@ def _abort_offsets(job: EosJob, handle) -> None:
     """The write failed: its offsets must not commit. One a group decision
     committed meanwhile (an ambiguous failure) stays committed, with its output."""
     try:
-        with Admin(job.bootstrap) as admin:
+        with Admin(job.bootstrap, **job.client_tls) as admin:
             admin.complete_transaction(handle, False)
     except Exception as exc:  # the next run's init aborts it anyway
         log.warning("aborting the offsets transaction %s failed: %s", handle, exc)
@@ -255,7 +265,7 @@ def process_range(job: EosJob, offsets: planning.OffsetRange) -> RangeResult:
         return _at_least_once(job, offsets, transform, attempt)
     tid = job.transactional_id(offsets)
     for fenced_rounds in range(FENCED_ROUNDS_MAX):
-        with Producer(job.bootstrap, transactional_id=tid, transaction_timeout_ms=job.transaction_timeout_ms) as producer:
+        with Producer(job.bootstrap, **job.client_tls, transactional_id=tid, transaction_timeout_ms=job.transaction_timeout_ms) as producer:
             try:
                 producer.init_transactions()
                 start = _committed(job, offsets)
@@ -285,11 +295,11 @@ def _at_least_once(job: EosJob, offsets, transform: Transform, attempt: int) -> 
         return RangeResult(offsets.topic, offsets.partition, offsets.start, start, offsets.end, "skipped", 0, 0,
                            attempt, 0, None, -1)
     failures = SendFailures()
-    with Producer(job.bootstrap) as producer:
+    with Producer(job.bootstrap, **job.client_tls) as producer:
         records_in, records_out = _send_output(job, producer, offsets, start, transform, failures)
         producer.flush()
         failures.raise_first()
-    with Consumer(job.bootstrap, group_id=job.group) as consumer:
+    with Consumer(job.bootstrap, **job.client_tls, group_id=job.group) as consumer:
         consumer.commit({offsets.tp: offsets.end})
     return RangeResult(offsets.topic, offsets.partition, offsets.start, start, offsets.end, "committed", records_in,
                        records_out, attempt, 0, None, -1)
@@ -298,7 +308,7 @@ def _at_least_once(job: EosJob, offsets, transform: Transform, attempt: int) -> 
 def _committed(job: EosJob, offsets: planning.OffsetRange) -> int:
     """Where the partition's unprocessed input starts now: the group's committed
     offset (waiting out pending transactional commits), or the planned start."""
-    with Consumer(job.bootstrap, group_id=job.group, isolation_level="read_committed") as consumer:
+    with Consumer(job.bootstrap, **job.client_tls, group_id=job.group, isolation_level="read_committed") as consumer:
         committed = consumer.committed(offsets.tp)
     return offsets.start if committed is None else committed
 
@@ -308,7 +318,7 @@ def _send_output(job: EosJob, producer: Producer, offsets: planning.OffsetRange,
     """Sends the transformed records; ``failures`` watches each send (None in a transaction,
     whose commit fails anyway if a record did)."""
     unread = planning.OffsetRange(offsets.topic, offsets.partition, start, offsets.end)
-    counted = _Counted(reading.read_range(job.bootstrap, unread))
+    counted = _Counted(reading.read_range(job.bootstrap, unread, client_tls=job.client_tls))
     records_out = 0
     for output in transform(iter(counted), unread, **job.transform_args):
         sent = producer.send(job.output_topic, value=output.value, key=output.key, headers=list(output.headers) or None)
@@ -332,7 +342,7 @@ def _wait_until_finished(job: EosJob, tid: str) -> None:
     """Until the transaction that fenced us is no longer open, at most its timeout
     (the coordinator aborts it then) plus a margin; past that the caller goes on
     and is fenced again, or fences it."""
-    with Admin(job.bootstrap) as admin:
+    with Admin(job.bootstrap, **job.client_tls) as admin:
         def finished() -> bool:
             (description,) = admin.describe_transactions([tid])
             return not TransactionState(description.state).is_open

@@ -11,9 +11,10 @@ offset under read_committed, the high watermark under read_uncommitted).
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from services import names
 from services.client.structs import TransactionHandle
@@ -45,6 +46,9 @@ class EndingOffsets:
     per_partition: Mapping[tuple[str, int], int] | None = None
 
 
+TLS_OPTIONS = {"tlsCa": "tls_ca", "tlsCert": "tls_cert", "tlsKey": "tls_key"}  # option -> the SDK's keyword
+
+
 @dataclass(frozen=True)
 class ReadOptions:
     bootstrap: str
@@ -55,6 +59,7 @@ class ReadOptions:
     max_records_per_split: int | None
     fail_on_data_loss: bool
     poll_timeout_s: float
+    client_tls: Mapping[str, str] = field(default_factory=dict)  # the SDK's tls_ca= / tls_cert= / tls_key=
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,7 @@ class WriteOptions:
     transaction_timeout_ms: int
     prepared_timeout_ms: int = 0  # 0: the coordinators' prepared_transaction_timeout_ms
     group_commit_with: tuple = ()  # TransactionHandles committed together with the write's own
+    client_tls: Mapping[str, str] = field(default_factory=dict)  # the SDK's tls_ca= / tls_cert= / tls_key=
 
 
 def _is_number(text: str) -> bool:
@@ -85,6 +91,18 @@ def _bootstrap(options: Mapping[str, str]) -> str:
         if not sep or not host or not _is_number(port) or not 0 < int(port) < 65536:
             raise OptionError(f"txlog: option 'bootstrap' must be host:port[,host:port...], not {value!r}")
     return value
+
+
+def _client_tls(options: Mapping[str, str]) -> dict[str, str]:
+    """tlsCa / tlsCert / tlsKey: PEM files on every machine that runs the job
+    (the driver checks them here; executors read the same paths)."""
+    given = {keyword: str(options[name]).strip() for name, keyword in TLS_OPTIONS.items() if options.get(name)}
+    if ("tls_cert" in given) != ("tls_key" in given):
+        raise OptionError("txlog: options 'tlsCert' and 'tlsKey' go together: give both, or neither")
+    for name, keyword in TLS_OPTIONS.items():
+        if keyword in given and not os.access(given[keyword], os.R_OK):
+            raise OptionError(f"txlog: option {name!r}: {given[keyword]!r} is not a readable file")
+    return given
 
 
 def _positive_int(options: Mapping[str, str], name: str, default: int | None) -> int | None:
@@ -169,6 +187,7 @@ def parse_read(options: Mapping[str, str]) -> ReadOptions:
         max_records_per_split=_positive_int(options, "maxRecordsPerSplit", None),
         fail_on_data_loss=_boolean(options, "failOnDataLoss", True),
         poll_timeout_s=float(_positive_int(options, "pollTimeoutMs", 120_000)) / 1000,
+        client_tls=_client_tls(options),
     )
 
 
@@ -194,6 +213,7 @@ def parse_write(options: Mapping[str, str]) -> WriteOptions:
         transaction_timeout_ms=_transaction_timeout_ms(options),
         prepared_timeout_ms=_positive_int(options, "preparedTimeoutMs", 0),
         group_commit_with=_group_commit_with(options, prefix),
+        client_tls=_client_tls(options),
     )
 
 

@@ -49,7 +49,8 @@ def partitions_of(consumer: Consumer, topics: tuple[str, ...]) -> list[tuple[str
 
 def plan(options: ReadOptions) -> list[OffsetRange]:
     """The ranges to read, in (topic, partition, start) order; empty ranges are left out."""
-    with Consumer(options.bootstrap, group_id=options.starting.group, isolation_level=options.isolation) as consumer:
+    with Consumer(options.bootstrap, group_id=options.starting.group, isolation_level=options.isolation,
+                  **options.client_tls) as consumer:
         tps = partitions_of(consumer, options.topics)
         for given in (options.starting.per_partition or {}, options.ending.per_partition or {}):
             unknown = sorted(set(given) - set(tps))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 from services.client import Consumer
 from services.client.errors import NoOffsetForPartitionError
@@ -18,12 +18,13 @@ class DataLossError(RuntimeError):
 
 
 def read_range(bootstrap: str, offsets: OffsetRange, *, isolation: str = "read_committed",
-               fail_on_data_loss: bool = True, poll_timeout_s: float = 120.0) -> Iterator[ConsumerRecord]:
+               fail_on_data_loss: bool = True, poll_timeout_s: float = 120.0,
+               client_tls: Mapping[str, str] | None = None) -> Iterator[ConsumerRecord]:
     """The records of ``offsets`` in offset order. Under read_committed the
     leader leaves out aborted records and control batches, so offsets may skip;
     the range is done when the position reaches its end, which it always does,
     because the end was at most the last stable offset when it was planned."""
-    with Consumer(bootstrap, isolation_level=isolation, auto_offset_reset="none",
+    with Consumer(bootstrap, isolation_level=isolation, auto_offset_reset="none", **(client_tls or {}),
                   max_poll_records=POLL_RECORDS_MAX, fetch_max_wait_ms=100) as consumer:
         tp = offsets.tp
         consumer.assign([tp])

@@ -34,10 +34,10 @@ def events(count: int, seed: int = 1) -> list[tuple[str, str]]:
     return generated
 
 
-def load(bootstrap: str, topic: str, generated: list[tuple[str, str]]) -> None:
+def load(bootstrap: str, topic: str, generated: list[tuple[str, str]], **client_tls: str) -> None:
     """Produces the events with an idempotent producer, keyed by user; raises if any failed."""
     failures = SendFailures()
-    with Producer(bootstrap, linger_ms=20) as producer:
+    with Producer(bootstrap, linger_ms=20, **client_tls) as producer:
         for key, value in generated:
             failures.watch(producer.send(topic, value=value, key=key))
         producer.flush()
@@ -50,8 +50,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--topic", default="events")
     parser.add_argument("--count", type=int, default=20_000)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--tls-ca", help="PEM CA bundle of a TLS cluster")
+    parser.add_argument("--tls-cert", help="PEM client certificate (mutual TLS)")
+    parser.add_argument("--tls-key", help="PEM key of --tls-cert")
     args = parser.parse_args(argv)
-    load(args.bootstrap, args.topic, events(args.count, args.seed))
+    load(args.bootstrap, args.topic, events(args.count, args.seed), tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key)
     print(f"produced {args.count} events to {args.topic}")
     return 0
 

@@ -41,7 +41,7 @@ class TxlogDataSource(DataSource):
         writing.check_topic(parsed)
         run = new_run_id()
         if parsed.transactional_id_prefix:
-            writing.abort_earlier_runs(parsed.bootstrap, parsed.transactional_id_prefix, run)
+            writing.abort_earlier_runs(parsed.bootstrap, parsed.transactional_id_prefix, run, parsed.client_tls)
         return writing.TxlogWriter(parsed, run)
 
 
@@ -59,7 +59,7 @@ class TxlogReader(DataSourceReader):
             return
         records = reading.read_range(self.options.bootstrap, partition, isolation=self.options.isolation,
                                      fail_on_data_loss=self.options.fail_on_data_loss,
-                                     poll_timeout_s=self.options.poll_timeout_s)
+                                     poll_timeout_s=self.options.poll_timeout_s, client_tls=self.options.client_tls)
         batch = []
         for record in records:
             batch.append(record)

@@ -40,6 +40,9 @@ OTHER_SECTION = "other"
 
 SETTINGS = (
     config.Setting("bootstrap", "127.0.0.1:7300", "partition_svc addresses (host:port[,host:port...])"),
+    config.Setting("tls_ca", "", "PEM CA bundle that verifies the partition_svc (turns TLS on; empty: plaintext)"),
+    config.Setting("tls_cert", "", "PEM client certificate of the job, for a cluster that requires one (mutual TLS)"),
+    config.Setting("tls_key", "", "PEM key of tls_cert"),
     config.Setting("input_topic", "events", "topic(s) of page-view events to read (comma-separated)"),
     config.Setting("output_topic", "event-counts", "topic the counts are written to"),
     config.Setting("group", "windowed-counts", "consumer group whose committed offsets say what was consumed"),
@@ -89,12 +92,12 @@ def count_views(records: Iterator[ConsumerRecord], source: OffsetRange, window_m
         yield OutputRecord(f"{section}/{window_start}", json.dumps(value, sort_keys=True))
 
 
-def totals(spark, bootstrap: str, topic: str) -> list[dict]:
+def totals(spark, job: eos.EosJob, topic: str) -> list[dict]:
     """Views and bytes per (section, window), summed over the output's committed records."""
     from pyspark.sql import functions as F
 
     value_schema = "section string, window_start_ms long, window_end_ms long, views long, bytes long"
-    counts = (spark.read.format("txlog").option("bootstrap", bootstrap).option("topic", topic).load()
+    counts = (spark.read.format("txlog").option("bootstrap", job.bootstrap).options(**job.spark_tls_options).option("topic", topic).load()
               .select(F.from_json(F.col("value").cast("string"), value_schema).alias("v")).select("v.*"))
     rows = (counts.groupBy("section", "window_start_ms", "window_end_ms")
             .agg(F.sum("views").alias("views"), F.sum("bytes").alias("bytes"))
@@ -107,7 +110,8 @@ def job_from(settings) -> eos.EosJob:
         name=settings.job_name or settings.group, bootstrap=settings.bootstrap,
         input_topics=tuple(t.strip() for t in settings.input_topic.split(",")), output_topic=settings.output_topic,
         group=settings.group, transform=settings.transform, transform_args={"window_ms": settings.window_ms},
-        delivery=settings.delivery, transaction_timeout_ms=settings.transaction_timeout_ms)
+        delivery=settings.delivery, transaction_timeout_ms=settings.transaction_timeout_ms,
+        client_tls={k: v for k, v in (("tls_ca", settings.tls_ca), ("tls_cert", settings.tls_cert), ("tls_key", settings.tls_key)) if v})
 
 
 def run(spark, job: eos.EosJob, show_totals: bool) -> list[eos.RangeResult]:
@@ -118,7 +122,7 @@ def run(spark, job: eos.EosJob, show_totals: bool) -> list[eos.RangeResult]:
              extra=logs.fields(job=job.name, **summary))
     print(json.dumps({"run": summary, "ranges": [asdict(r) for r in results]}), flush=True)
     if show_totals:
-        print_totals(totals(spark, job.bootstrap, job.output_topic))
+        print_totals(totals(spark, job, job.output_topic))
     return results
 
 

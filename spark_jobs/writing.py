@@ -42,7 +42,7 @@ from __future__ import annotations
 import datetime
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -92,7 +92,7 @@ def check_schema(schema: StructType) -> None:
 
 
 def check_topic(options: WriteOptions) -> None:
-    with Consumer(options.bootstrap) as consumer:
+    with Consumer(options.bootstrap, **options.client_tls) as consumer:
         try:
             consumer.partitions_for(options.topic, timeout_s=30)
         except ClientError as exc:
@@ -157,8 +157,8 @@ class TxlogWriter(DataSourceArrowWriter):
         failures = SendFailures()
         records = 0
         handle = None
-        with Producer(self.options.bootstrap, transactional_id=tid,
-                      transaction_timeout_ms=self.options.transaction_timeout_ms) as producer:
+        with Producer(self.options.bootstrap, transactional_id=tid, transaction_timeout_ms=self.options.transaction_timeout_ms,
+                      **self.options.client_tls) as producer:
             if tid:
                 producer.init_transactions()
                 producer.begin_transaction()
@@ -185,7 +185,7 @@ class TxlogWriter(DataSourceArrowWriter):
         prefix = self.options.transactional_id_prefix
         if prefix:
             handles = [m.handle for m in messages] + list(self.options.group_commit_with)
-            with Admin(self.options.bootstrap) as admin:
+            with Admin(self.options.bootstrap, **self.options.client_tls) as admin:
                 aborted = GroupWrite(admin, self.options.bootstrap, prefix, self.run).commit(handles)
             log.info("txlog write committed: %d records to %s in %d tasks as one group commit of %s (run %s); "
                      "aborted %d other attempts", total, self.options.topic, len(messages), prefix, self.run,
@@ -198,7 +198,7 @@ class TxlogWriter(DataSourceArrowWriter):
         (nothing of it becomes visible); a plain write keeps what finished tasks wrote."""
         prefix = self.options.transactional_id_prefix
         if prefix:
-            with Admin(self.options.bootstrap) as admin:
+            with Admin(self.options.bootstrap, **self.options.client_tls) as admin:
                 aborted = GroupWrite(admin, self.options.bootstrap, prefix, self.run).abort()
             log.warning("txlog write aborted: run %s of %s; aborted transactions %s", self.run, prefix, aborted)
         else:
@@ -213,7 +213,7 @@ def abort_quietly(producer: Producer) -> None:
         log.warning("aborting the task's transaction failed: %s", exc)
 
 
-def abort_earlier_runs(bootstrap: str, prefix: str, run: str) -> list[str]:
+def abort_earlier_runs(bootstrap: str, prefix: str, run: str, client_tls: Mapping[str, str] | None = None) -> list[str]:
     """What a run of ``prefix`` whose driver died before its group commit left undecided."""
-    with Admin(bootstrap) as admin:
+    with Admin(bootstrap, **(client_tls or {})) as admin:
         return GroupWrite(admin, bootstrap, prefix, run).abort_earlier_runs()

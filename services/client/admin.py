@@ -116,6 +116,7 @@ class Admin:
         tls_cert: str | None = None,
         tls_key: str | None = None,
     ):
+        self.tls_options = {"tls_ca": tls_ca, "tls_cert": tls_cert, "tls_key": tls_key}  # for clients made on its behalf
         self._request_timeout_ms = request_timeout_ms
         self._default_api_timeout_ms = default_api_timeout_ms
         self._retry_backoff_ms = retry_backoff_ms

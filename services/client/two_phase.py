@@ -139,7 +139,7 @@ def abort_undecided(admin: Admin, bootstrap: str, listings: Iterable[Transaction
             if TransactionState(listing.state) is TransactionState.PREPARED:
                 admin.complete_transaction(listing.handle, False)
             else:
-                with Producer(bootstrap, transactional_id=listing.transactional_id) as producer:
+                with Producer(bootstrap, transactional_id=listing.transactional_id, **admin.tls_options) as producer:
                     producer.init_transactions()
             aborted.append(listing.transactional_id)
         except InvalidTxnStateError as exc:  # decided as committed: that is its outcome

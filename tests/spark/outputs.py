@@ -41,8 +41,8 @@ def expected_windows(count: int, seed: int = 1) -> dict[tuple[str, int], tuple[i
     return {key: tuple(v) for key, v in totals.items()}
 
 
-def read_all(bootstrap: str, topic: str, isolation: str = "read_committed") -> list:
-    with Consumer(bootstrap, isolation_level=isolation) as consumer:
+def read_all(bootstrap: str, topic: str, isolation: str = "read_committed", **client_tls: str) -> list:
+    with Consumer(bootstrap, isolation_level=isolation, **client_tls) as consumer:
         tps = [(topic, p) for p in consumer.partitions_for(topic)]
         consumer.assign(tps)
         consumer.seek_to_beginning(*tps)
@@ -53,8 +53,8 @@ def read_all(bootstrap: str, topic: str, isolation: str = "read_committed") -> l
         return records
 
 
-def counts(bootstrap: str, topic: str) -> list[dict]:
-    return [json.loads(r.value) for r in read_all(bootstrap, topic)]
+def counts(bootstrap: str, topic: str, **client_tls: str) -> list[dict]:
+    return [json.loads(r.value) for r in read_all(bootstrap, topic, **client_tls)]
 
 
 def windows_of(counted: list[dict]) -> dict[tuple[str, int], tuple[int, int]]:
@@ -91,13 +91,13 @@ def assert_tiles(ranges: list[tuple[int, int]], end: int) -> None:
     assert position == end, f"ranges {ranges} stop at {position}, not at the end {end}"
 
 
-def committed_offsets(bootstrap: str, group: str, topic: str) -> dict[int, int | None]:
-    with Consumer(bootstrap, group_id=group) as consumer:
+def committed_offsets(bootstrap: str, group: str, topic: str, **client_tls: str) -> dict[int, int | None]:
+    with Consumer(bootstrap, group_id=group, **client_tls) as consumer:
         return {p: consumer.committed((topic, p)) for p in consumer.partitions_for(topic)}
 
 
-def end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
-    with Consumer(bootstrap) as consumer:
+def end_offsets(bootstrap: str, topic: str, **client_tls: str) -> dict[int, int]:
+    with Consumer(bootstrap, **client_tls) as consumer:
         ends = consumer.end_offsets([(topic, p) for p in consumer.partitions_for(topic)])
     return {p: end for (_, p), end in ends.items()}
 
