@@ -5,8 +5,9 @@ need it (its probes speak gRPC health themselves).
 
     python /opt/txlog/healthcheck.py [HOST:PORT]
 
-Without an address it asks ``TXLOG_LISTEN`` (its wildcard host read as
-127.0.0.1), else every kind's default port: one container runs one service,
+Without an address it asks ``TXLOG_HEALTH_LISTEN`` (the plaintext
+health-only port a TLS service opens), else ``TXLOG_LISTEN`` (wildcard hosts
+read as 127.0.0.1), else every kind's default port: one container runs one service,
 so only one of them answers. The overall service ("") is asked, which turns
 NOT_SERVING while the ZooKeeper session is lost and from SIGTERM on, so a
 draining or cut-off instance is reported unhealthy.
@@ -28,7 +29,7 @@ WILDCARD_HOSTS = ("0.0.0.0", "[::]", "")
 def addresses(argv: list[str], environ: dict[str, str]) -> list[str]:
     if argv:
         return argv
-    listen = environ.get("TXLOG_LISTEN", "")
+    listen = environ.get("TXLOG_HEALTH_LISTEN", "") or environ.get("TXLOG_LISTEN", "")
     if listen:
         host, port = listen.rsplit(":", 1)
         return [f"{'127.0.0.1' if host in WILDCARD_HOSTS else host}:{port}"]

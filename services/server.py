@@ -45,6 +45,8 @@ SERVER_SETTINGS: tuple[config_mod.Setting, ...] = (
                        "instances use TLS (re-read when the file changes); empty: plaintext"),
     config_mod.Setting("tls_key", "", "PEM private key of tls_cert"),
     config_mod.Setting("tls_ca", "", "PEM CA bundle that verifies the certificates of clients and of other instances"),
+    config_mod.Setting("health_listen", "", "host:port of a plaintext port that serves only grpc.health.v1, for probes "
+                       "that cannot do TLS (Kubernetes' gRPC probes); empty: none (health is on the main port too)"),
     config_mod.Setting("tls_client_auth", "required", "with TLS: 'required' refuses clients without a certificate tls_ca "
                        "signed (mutual TLS); 'none' asks for none", str, tls.CLIENT_AUTH_CHOICES),
 )
@@ -167,6 +169,8 @@ class ServiceRuntime:
         self._stopped = asyncio.Event()
         self._on_stop: list[Callable[[], Awaitable[None]]] = []
         self.registration_details: dict[str, str] = {}  # stored in the ZooKeeper registration beside the address
+        self.health_server: grpc.aio.Server | None = None
+        self.health_port = 0
         self.tls_files = tls.files_from(cfg)
         self.tls_files.check(server=True)  # a bad TLS setting stops the process before it binds, naming the setting
 
@@ -202,17 +206,34 @@ class ServiceRuntime:
         reflection.enable_server_reflection(
             [*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], self.server
         )
-        self.port = (self.server.add_secure_port(self.config.listen, tls.server_credentials(self.tls_files, getattr(self.config, "tls_client_auth", "required")))
-                     if self.tls_files.enabled else self.server.add_insecure_port(self.config.listen))
+        if self.tls_files.enabled:
+            credentials = tls.server_credentials(self.tls_files, getattr(self.config, "tls_client_auth", "required"))
+            self.port = self.server.add_secure_port(self.config.listen, credentials)
+        else:
+            self.port = self.server.add_insecure_port(self.config.listen)
         if self.port == 0:
             raise RuntimeError(f"cannot listen on {self.config.listen}")
         self.address = advertised(self.config.listen, self.port, self.config.advertised_address)
+        await self._start_health_server()
         await self.server.start()
         zk.add_state_listener(self.zookeeper, self._on_zookeeper_state)
         self.registry.register(self.kind, self.config.node_id, self.address, self.registration_details)
         await self.set_serving(self.zookeeper.connected)
         log.info("serving", extra=fields(address=self.address, services=self.service_names, tls=self.tls_files.enabled))
         return self.port
+
+    async def _start_health_server(self) -> None:
+        """The plaintext health-only port (--health-listen): the same health
+        states, nothing else, so probes need no certificate."""
+        listen = getattr(self.config, "health_listen", "")
+        if not listen:
+            return
+        self.health_server = grpc.aio.server()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.health_server)
+        self.health_port = self.health_server.add_insecure_port(listen)
+        if self.health_port == 0:
+            raise RuntimeError(f"cannot listen on {listen} (health_listen)")
+        await self.health_server.start()
 
     async def set_serving(self, serving: bool) -> None:
         if self._stopping:
@@ -238,6 +259,8 @@ class ServiceRuntime:
         if self._registry is not None:
             self._registry.deregister_all()
         await self.server.stop(grace_s)
+        if self.health_server is not None:
+            await self.health_server.stop(0)
         for callback in self._on_stop:
             await callback()
         if self._zookeeper is not None:

@@ -23,6 +23,9 @@ PRODUCTION_VALUES = {
     "image": {"repository": "registry.example.com/txlog", "tag": "1.2.3", "pullPolicy": "Always"},
     "imagePullSecrets": [{"name": "registry-credentials"}],
     "clusterDomain": "corp.internal",
+    "tls": {"certManager": {"issuerRef": {"name": "corp-ca", "kind": "ClusterIssuer", "group": "cert-manager.io"},
+                            "duration": "720h", "renewBefore": "240h"}},
+    "networkPolicy": {"clientNamespaceSelector": {"matchLabels": {"txlog-clients": "allowed"}}},
     "logLevel": "WARNING",
     "telemetry": {"exporter": "otlp", "endpoint": "http://collector.tracing:4317"},
     "shutdownGraceSeconds": 20,
@@ -51,6 +54,8 @@ PRODUCTION_VALUES = {
 }
 MINIMAL_VALUES = {
     "fullnameOverride": "tx",
+    "tls": {"enabled": False},
+    "networkPolicy": {"enabled": False},
     "serviceAccount": {"create": False, "name": "platform-runner"},
     "telemetry": {"exporter": "console", "endpoint": "http://unused:4317"},
     "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [

@@ -13,6 +13,7 @@ import helm_python
 import kubernetes_validate
 import pytest
 import yaml
+import cert_manager_schema
 from chart_render import (
     CHART_DIR,
     KUBE_VERSION,
@@ -73,6 +74,9 @@ def test_every_rendered_manifest_is_valid_against_the_kubernetes_schemas(value_s
     rendered = render(VALUE_SETS[value_set])
     assert len(rendered.docs) >= 8
     for doc in rendered.docs:
+        if doc["apiVersion"].startswith("cert-manager.io/"):
+            cert_manager_schema.validate(doc)  # cert-manager's kinds, as strictly
+            continue
         # strict: a field Kubernetes does not know (a typo, a wrong indent) fails.
         kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
 
@@ -91,11 +95,14 @@ def test_each_value_set_renders_the_objects_it_asks_for(defaults, production, mi
             counts[doc["kind"]] = counts.get(doc["kind"], 0) + 1
         return counts
 
+    # TLS by default: the release's CA (a self-signed Issuer, the CA Certificate, a CA Issuer), the services'
+    # and the Spark job's certificates; NetworkPolicies for the services and the built-in ZooKeeper.
     assert kinds(defaults) == {"StatefulSet": 3, "Deployment": 1, "Service": 4, "CronJob": 1,
-                               "PodDisruptionBudget": 3, "ServiceAccount": 1}
-    # External ZooKeeper: no ZooKeeper StatefulSet nor its two Services.
+                               "PodDisruptionBudget": 3, "ServiceAccount": 1, "Issuer": 2, "Certificate": 3,
+                               "NetworkPolicy": 2}
+    # External ZooKeeper: no ZooKeeper StatefulSet nor its two Services, nor its NetworkPolicy; the operator's issuer.
     assert kinds(production) == {"StatefulSet": 2, "Deployment": 1, "Service": 2, "CronJob": 1,
-                                 "PodDisruptionBudget": 3, "ServiceAccount": 1}
+                                 "PodDisruptionBudget": 3, "ServiceAccount": 1, "Certificate": 2, "NetworkPolicy": 1}
     assert kinds(minimal) == {"StatefulSet": 3, "Deployment": 1, "Service": 4}
 
 
@@ -162,13 +169,17 @@ def test_producer_id_svc_is_a_deployment_whose_node_id_is_unique_per_pod(default
     assert deployment["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
 
 
-def test_every_txlog_service_has_native_grpc_probes_on_its_port(defaults):
+@pytest.mark.parametrize("tls", [True, False])
+def test_every_txlog_service_has_native_grpc_probes_on_its_health_port(tls):
+    """The kubelet's gRPC probes cannot do TLS: with TLS they ask the plaintext health-only port."""
+    rendered = render({} if tls else {"tls": {"enabled": False}})
     for kind, name, port in (("Deployment", "txlog-producer-id-svc", 7100), ("StatefulSet", "txlog-coordinator-svc", 7200),
                              ("StatefulSet", "txlog-partition-svc", 7300)):
-        c = container(defaults.get(kind, name))
-        assert c["ports"] == [{"name": "grpc", "containerPort": port, "protocol": "TCP"}]
+        c = container(rendered.get(kind, name))
+        health = [{"name": "health", "containerPort": 7900, "protocol": "TCP"}] if tls else []
+        assert c["ports"] == [{"name": "grpc", "containerPort": port, "protocol": "TCP"}, *health]
         for probe in PROBES:
-            assert c[probe]["grpc"] == {"port": port}, (name, probe)
+            assert c[probe]["grpc"] == {"port": 7900 if tls else port}, (name, probe)
             assert c[probe]["failureThreshold"] >= 1
         # A ZooKeeper blip turns health NOT_SERVING: liveness must wait longer than readiness.
         liveness_s = c["livenessProbe"]["periodSeconds"] * c["livenessProbe"]["failureThreshold"]
@@ -344,6 +355,7 @@ def test_service_account_can_be_an_existing_one(minimal):
 
 def test_notes_tell_the_bootstrap_and_the_zookeeper(defaults, production):
     assert bootstrap_for("txlog", 3, NAMESPACE, "cluster.local") in defaults.notes
+    assert "mutual TLS" in defaults.notes and "txlog-client" in defaults.notes
     assert "single node" in defaults.notes
     assert "zk-0.zk:2181,zk-1.zk:2181,zk-2.zk:2181" in production.notes
     assert "http://collector.tracing:4317" in production.notes
@@ -360,6 +372,8 @@ def test_notes_tell_the_bootstrap_and_the_zookeeper(defaults, production):
     ({"partitionSvc": {"replica": 3}}, "replica"),
     ({"zookeeper": {"enabled": False, "external": "zk-0 zk-1"}}, "/zookeeper/external"),
     ({"sparkJob": {"schedule": "every five minutes"}}, "/sparkJob/schedule"),
+    ({"tls": {"clientAuth": "optional"}}, "/tls/clientAuth"),
+    ({"tls": {"certManager": {"issuerRef": {"name": "ca", "kind": "Secret"}}}}, "/tls/certManager/issuerRef/kind"),
 ])
 def test_values_schema_refuses_bad_values(values, message):
     with pytest.raises(helm_python.HelmValuesError, match=re.escape(message)):
@@ -370,6 +384,7 @@ def test_values_schema_refuses_bad_values(values, message):
     ({"shutdownGraceSeconds": 30, "terminationGracePeriodSeconds": 30}, "must exceed shutdownGraceSeconds"),
     ({"zookeeper": {"enabled": False}}, "zookeeper.external is required"),
     ({"zookeeper": {"enabled": True, "external": "zk:2181"}}, "not both"),
+    ({"tls": {"existingSecret": "corp-tls"}}, "tls.sparkJobSecret is required"),
 ])
 def test_chart_refuses_values_that_would_render_but_not_work(values, message):
     with pytest.raises(helm_python.HelmError, match=re.escape(message)):
@@ -428,3 +443,82 @@ def test_default_values_pass_the_values_schema():
         chart.validate_schema(chart.values)
         assert chart.schema["additionalProperties"] is False
         assert chart.metadata["appVersion"] == "0.1.0"
+
+
+# --- TLS and network policy -------------------------------------------------------------------------
+
+
+def tls_env(c: dict) -> dict[str, str]:
+    return {name: e["value"] for name, e in env_of(c).items() if name.startswith("TXLOG_TLS") or name == "TXLOG_HEALTH_LISTEN"}
+
+
+def test_by_default_every_service_and_the_job_use_mutual_tls_from_cert_manager_certificates(defaults):
+    for kind, name in (("Deployment", "txlog-producer-id-svc"), ("StatefulSet", "txlog-coordinator-svc"),
+                       ("StatefulSet", "txlog-partition-svc")):
+        workload = defaults.get(kind, name)
+        c = container(workload)
+        assert tls_env(c) == {"TXLOG_TLS_CA": "/etc/txlog/tls/ca.crt", "TXLOG_TLS_CERT": "/etc/txlog/tls/tls.crt",
+                              "TXLOG_TLS_KEY": "/etc/txlog/tls/tls.key", "TXLOG_TLS_CLIENT_AUTH": "required",
+                              "TXLOG_HEALTH_LISTEN": "0.0.0.0:7900"}
+        assert {"name": "tls", "mountPath": "/etc/txlog/tls", "readOnly": True} in c["volumeMounts"]
+        volumes = {v["name"]: v for v in pod_spec(workload)["volumes"]}
+        assert volumes["tls"]["secret"]["secretName"] == "txlog-services-tls"
+    job = defaults.get("CronJob", "txlog-windowed-counts")
+    assert set(tls_env(container(job))) == {"TXLOG_TLS_CA", "TXLOG_TLS_CERT", "TXLOG_TLS_KEY"}
+    assert {v["name"]: v for v in pod_spec(job)["volumes"]}["tls"]["secret"]["secretName"] == "txlog-spark-job-tls"
+
+    services = defaults.get("Certificate", "txlog-services")["spec"]
+    assert services["secretName"] == "txlog-services-tls"
+    assert {"server auth", "client auth"} <= set(services["usages"])
+    # the names the services advertise: the headless services' pods, and producer_id_svc's pod DNS names
+    assert services["dnsNames"] == [f"*.txlog-partition-svc-headless.{NAMESPACE}.svc.cluster.local",
+                                    f"*.txlog-coordinator-svc-headless.{NAMESPACE}.svc.cluster.local",
+                                    f"*.{NAMESPACE}.pod.cluster.local"]
+    assert services["issuerRef"] == {"name": "txlog-ca", "kind": "Issuer", "group": "cert-manager.io"}
+    job_certificate = defaults.get("Certificate", "txlog-spark-job")["spec"]
+    assert job_certificate["secretName"] == "txlog-spark-job-tls" and job_certificate["usages"][-1] == "client auth"
+    assert defaults.get("Certificate", "txlog-ca")["spec"]["isCA"] is True
+    assert defaults.get("Issuer", "txlog-ca")["spec"] == {"ca": {"secretName": "txlog-ca"}}
+
+
+def test_tls_can_use_an_existing_secret_or_an_issuer_of_the_operator_or_be_off():
+    existing = render({"tls": {"existingSecret": "corp-txlog-tls", "sparkJobSecret": "corp-spark-tls"}})
+    assert existing.of_kind("Certificate") == [] and existing.of_kind("Issuer") == []
+    volumes = {v["name"]: v for v in pod_spec(existing.get("StatefulSet", "txlog-partition-svc"))["volumes"]}
+    assert volumes["tls"]["secret"]["secretName"] == "corp-txlog-tls"
+    job_volumes = {v["name"]: v for v in pod_spec(existing.get("CronJob", "txlog-windowed-counts"))["volumes"]}
+    assert job_volumes["tls"]["secret"]["secretName"] == "corp-spark-tls"
+
+    issuer = {"name": "corp-ca", "kind": "ClusterIssuer", "group": "cert-manager.io"}
+    operator = render({"tls": {"certManager": {"issuerRef": issuer, "duration": "720h", "renewBefore": "240h"}}})
+    assert operator.of_kind("Issuer") == []
+    assert [c["spec"]["issuerRef"] for c in operator.of_kind("Certificate")] == [issuer, issuer]
+
+    off = render({"tls": {"enabled": False}})
+    assert off.of_kind("Certificate") == []
+    for workload in (*off.of_kind("StatefulSet"), *off.of_kind("Deployment"), *off.of_kind("CronJob")):
+        c = container(workload)
+        assert tls_env(c) == {} and all(m["name"] != "tls" for m in c.get("volumeMounts", []))
+
+
+def test_the_network_policies_let_only_the_release_and_client_pods_reach_the_services(defaults):
+    policy = defaults.get("NetworkPolicy", "txlog-services")["spec"]
+    selected = policy["podSelector"]["matchExpressions"]
+    assert {"key": "app.kubernetes.io/component", "operator": "In",
+            "values": ["producer-id-svc", "partition-svc", "coordinator-svc"]} in selected
+    grpc_rule, health_rule = policy["ingress"]
+    assert grpc_rule["from"] == [
+        {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "txlog", "app.kubernetes.io/instance": "txlog"}}},
+        {"podSelector": {"matchLabels": {"txlog-client": "true"}}},
+    ]
+    assert sorted(p["port"] for p in grpc_rule["ports"]) == [7100, 7200, 7300]
+    assert health_rule == {"ports": [{"port": 7900, "protocol": "TCP"}]}
+    zookeeper = defaults.get("NetworkPolicy", "txlog-zookeeper")["spec"]
+    assert zookeeper["ingress"] == [{"from": [{"podSelector": {"matchLabels": {
+        "app.kubernetes.io/name": "txlog", "app.kubernetes.io/instance": "txlog"}}}]}]
+    # the Spark job's pods carry the release labels: the services let it in
+    job_labels = defaults.get("CronJob", "txlog-windowed-counts")["spec"]["jobTemplate"]["spec"]["template"]["metadata"]["labels"]
+    assert selects(grpc_rule["from"][0]["podSelector"]["matchLabels"], job_labels)
+    elsewhere = render({"networkPolicy": {"clientNamespaceSelector": {"matchLabels": {"team": "data"}}}})
+    assert elsewhere.get("NetworkPolicy", "txlog-services")["spec"]["ingress"][0]["from"][1]["namespaceSelector"] == {
+        "matchLabels": {"team": "data"}}

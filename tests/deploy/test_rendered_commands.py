@@ -7,8 +7,11 @@ pod has and this machine has not is replaced: the ZooKeeper address, the
 listen port, the data folder. Then the node id and address each instance
 registered in ZooKeeper are the ones the chart promises: StatefulSet pods use
 their ordinal and their headless-service name, producer_id_svc pods an id
-derived from their IP (IPv4 and IPv6); the image's health check passes; and
-SIGTERM ends each one with status 0 within the pod's termination grace.
+derived from their IP (IPv4 and IPv6) and, with TLS (the chart's default),
+their pod DNS name; the image's health check passes on the plaintext health
+port; and SIGTERM ends each one with status 0 within the pod's termination
+grace. The mounted certificate Secret is replaced by certificates of a CA
+made here (with TLS, the health port too: it is a fixed port).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from pathlib import Path
 import pytest
 from chart_render import NAMESPACE, REPO, container, env_of, expand_kubernetes_vars, pod_spec, render
 
-from services import zk
+from services import certs, zk
 from services.cluster import free_port, health_serving
 
 HEALTHCHECK = REPO / "docker" / "healthcheck.py"
@@ -46,7 +49,7 @@ def pod_environment(c: dict, pod_name: str, pod_ip: str) -> dict[str, str]:
 class Pod:
     """One rendered container started as a process of this machine."""
 
-    def __init__(self, workload: dict, pod_name: str, pod_ip: str, zookeeper: str, workdir: Path):
+    def __init__(self, workload: dict, pod_name: str, pod_ip: str, zookeeper: str, workdir: Path, tls_dir: Path | None = None):
         c = container(workload)
         self.name = pod_name
         self.grace_s = pod_spec(workload)["terminationGracePeriodSeconds"]
@@ -62,6 +65,14 @@ class Pod:
         }
         if "TXLOG_DATA_DIR" in env:
             env["TXLOG_DATA_DIR"] = str(workdir / "data")
+        self.health_port = None
+        if "TXLOG_HEALTH_LISTEN" in env:
+            self.health_port = free_port()
+            env["TXLOG_HEALTH_LISTEN"] = f"127.0.0.1:{self.health_port}"
+        for name, file in (("TXLOG_TLS_CA", "ca.pem"), ("TXLOG_TLS_CERT", "services.pem"), ("TXLOG_TLS_KEY", "services-key.pem")):
+            if name in env:
+                assert env[name].startswith("/etc/txlog/tls/"), env[name]  # the Secret's mount
+                env[name] = str(tls_dir / file)
         self.env = env
         command = [expand_kubernetes_vars(part, self.rendered_env) for part in c["command"] + c.get("args", [])]
         self.log = workdir / "pod.log"
@@ -73,8 +84,12 @@ class Pod:
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
+    @property
+    def health_address(self) -> str:
+        return f"127.0.0.1:{self.health_port}" if self.health_port else self.address
+
     def wait_serving(self, deadline_s: float) -> None:
-        while not health_serving(self.address):
+        while not health_serving(self.health_address):
             assert self.process.poll() is None, f"{self.name} exited with {self.process.returncode}:\n{self.log.read_text()}"
             assert time.monotonic() < deadline_s, f"{self.name} never answered SERVING:\n{self.log.read_text()}"
             time.sleep(0.1)
@@ -89,8 +104,12 @@ class Pod:
             self.process.wait()
 
 
-def test_rendered_commands_register_the_node_ids_and_addresses_the_chart_promises(cluster, tmp_path):
-    rendered = render({})
+@pytest.mark.parametrize("tls", [True, False])
+def test_rendered_commands_register_the_node_ids_and_addresses_the_chart_promises(cluster, tmp_path, tls):
+    rendered = render({} if tls else {"tls": {"enabled": False}})
+    tls_dir = tmp_path / "tls"
+    certs.create_ca(tls_dir)
+    certs.issue(tls_dir, "services", server=True)
     partition = rendered.get("StatefulSet", "txlog-partition-svc")
     coordinator = rendered.get("StatefulSet", "txlog-coordinator-svc")
     producer_ids = rendered.get("Deployment", "txlog-producer-id-svc")
@@ -105,7 +124,7 @@ def test_rendered_commands_register_the_node_ids_and_addresses_the_chart_promise
         for i, (workload, pod_name, pod_ip) in enumerate(wanted):
             workdir = tmp_path / f"pod-{i}"
             workdir.mkdir()
-            pods.append(Pod(workload, pod_name, pod_ip, cluster.state.zookeeper, workdir))
+            pods.append(Pod(workload, pod_name, pod_ip, cluster.state.zookeeper, workdir, tls_dir))
         deadline_s = time.monotonic() + START_TIMEOUT_S
         for pod in pods:
             pod.wait_serving(deadline_s)
@@ -119,10 +138,13 @@ def test_rendered_commands_register_the_node_ids_and_addresses_the_chart_promise
                 2: f"txlog-partition-svc-2.txlog-partition-svc-headless.{NAMESPACE}.svc.cluster.local:7300"}
             assert registry.live("coordinator_svc") == {
                 1: f"txlog-coordinator-svc-1.txlog-coordinator-svc-headless.{NAMESPACE}.svc.cluster.local:7200"}
-            assert registry.live("producer_id_svc") == {
+            assert registry.live("producer_id_svc") == ({
+                int(ipaddress.ip_address("10.1.2.3")): f"10-1-2-3.{NAMESPACE}.pod.cluster.local:7100",
+                int(ipaddress.ip_address("fd00::a:5")): f"fd00--a-5.{NAMESPACE}.pod.cluster.local:7100",
+            } if tls else {
                 int(ipaddress.ip_address("10.1.2.3")): "10.1.2.3:7100",
                 int(ipaddress.ip_address("fd00::a:5")): "[fd00::a:5]:7100",
-            }
+            })
         finally:
             client.stop()
             client.close()
@@ -130,8 +152,10 @@ def test_rendered_commands_register_the_node_ids_and_addresses_the_chart_promise
         assert (Path(pods[0].env["TXLOG_DATA_DIR"]) / "node-2").is_dir()
 
         for pod in pods:
-            check = subprocess.run([sys.executable, str(HEALTHCHECK)], capture_output=True, text=True, timeout=30,
-                                   env={**os.environ, "TXLOG_LISTEN": f"0.0.0.0:{pod.port}"})
+            check_env = {**os.environ, "TXLOG_LISTEN": f"0.0.0.0:{pod.port}"}
+            if pod.health_port:
+                check_env["TXLOG_HEALTH_LISTEN"] = f"0.0.0.0:{pod.health_port}"
+            check = subprocess.run([sys.executable, str(HEALTHCHECK)], capture_output=True, text=True, timeout=30, env=check_env)
             assert check.returncode == 0, check.stderr
 
         for pod in pods:
@@ -151,6 +175,7 @@ def test_healthcheck_fails_where_no_service_answers():
 
 @pytest.mark.parametrize("environ, expected", [
     ({"TXLOG_LISTEN": "0.0.0.0:7300"}, ["127.0.0.1:7300"]),
+    ({"TXLOG_LISTEN": "0.0.0.0:7300", "TXLOG_HEALTH_LISTEN": "0.0.0.0:7900"}, ["127.0.0.1:7900"]),
     ({"TXLOG_LISTEN": "10.0.0.5:7200"}, ["10.0.0.5:7200"]),
     ({}, ["127.0.0.1:7100", "127.0.0.1:7200", "127.0.0.1:7300"]),
 ])

@@ -20,13 +20,18 @@ from services import certs, cli
 from services.client import Admin, Consumer, Producer, TopicPartition
 from services.client.errors import ClientError
 from services.client.two_phase import wait_until
-from services.cluster import LocalCluster
+from services.cluster import LocalCluster, free_port
+from services.stubs.txlog.v1 import producer_id_pb2, producer_id_pb2_grpc
+
+
+HEALTH_PORT = free_port()
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     local = LocalCluster(tmp_path_factory.mktemp("tls") / "cluster")
-    local.up(producer_id_svcs=1, partition_svcs=2, coordinator_svcs=1, tls=True)
+    local.up(producer_id_svcs=1, partition_svcs=2, coordinator_svcs=1, tls=True,
+             service_args={"producer_id_svc": ["--health-listen", f"127.0.0.1:{HEALTH_PORT}"]})
     local.wait_until_coordinators_settle()
     yield local
     local.down(grace_s=5)
@@ -123,3 +128,15 @@ def test_a_rotated_server_certificate_serves_new_connections_without_a_restart(c
             path.write_bytes(data)
         wait_until(lambda: check(address, credentials(old_ca, admin_cert, admin_key)) == "SERVING", 30,
                    "the original certificate served again")
+
+
+def test_the_health_only_port_answers_probes_in_plaintext_and_serves_nothing_else(cluster):
+    """--health-listen: what a Kubernetes gRPC probe (no TLS) can reach; the main port stays mutual TLS."""
+    address = f"127.0.0.1:{HEALTH_PORT}"
+    assert check(address, None) == "SERVING"
+    assert check(cluster.state.services["producer_id_svc-0"].address, None) == "UNAVAILABLE"
+    with grpc.insecure_channel(address) as channel:
+        with pytest.raises(grpc.RpcError) as refused:
+            producer_id_pb2_grpc.ProducerIdServiceStub(channel).AllocateProducerIds(
+                producer_id_pb2.AllocateProducerIdsRequest(requester_id=1), timeout=5)
+    assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED

@@ -124,26 +124,68 @@ the `bootstrap` clients and jobs start from.
   value: {{ .Values.telemetry.endpoint | quote }}
 - name: TXLOG_SHUTDOWN_GRACE_S
   value: {{ .Values.shutdownGraceSeconds | quote }}
+{{- if .Values.tls.enabled }}
+{{ include "txlog.tlsEnv" . }}
+- name: TXLOG_TLS_CLIENT_AUTH
+  value: {{ .Values.tls.clientAuth | quote }}
+- name: TXLOG_HEALTH_LISTEN
+  value: "0.0.0.0:{{ .Values.tls.healthPort }}"
+{{- end }}
 {{- end }}
 
-{{/* gRPC health probes on a port: (dict "root" $ "port" 7300) */}}
+{{/* TXLOG_TLS_CA / CERT / KEY: the files of the Secret mounted at /etc/txlog/tls. */}}
+{{- define "txlog.tlsEnv" -}}
+- name: TXLOG_TLS_CA
+  value: /etc/txlog/tls/ca.crt
+- name: TXLOG_TLS_CERT
+  value: /etc/txlog/tls/tls.crt
+- name: TXLOG_TLS_KEY
+  value: /etc/txlog/tls/tls.key
+{{- end }}
+
+{{/* The Secret of the services' certificate. */}}
+{{- define "txlog.servicesTlsSecret" -}}
+{{- default (printf "%s-services-tls" (include "txlog.fullname" .)) .Values.tls.existingSecret }}
+{{- end }}
+
+{{/* The Secret of the Spark job's client certificate. */}}
+{{- define "txlog.sparkJobTlsSecret" -}}
+{{- if .Values.tls.existingSecret }}{{ .Values.tls.sparkJobSecret }}{{ else }}{{ printf "%s-spark-job-tls" (include "txlog.fullname" .) }}{{ end }}
+{{- end }}
+
+{{/* A volume of a certificate Secret: (dict "secret" NAME) */}}
+{{- define "txlog.tlsVolume" -}}
+- name: tls
+  secret:
+    secretName: {{ .secret }}
+    defaultMode: 0440
+{{- end }}
+
+{{- define "txlog.tlsMount" -}}
+- name: tls
+  mountPath: /etc/txlog/tls
+  readOnly: true
+{{- end }}
+
+{{/* gRPC health probes on a port: (dict "root" $ "port" 7300); with TLS on the plaintext health port. */}}
 {{- define "txlog.probes" -}}
 {{- $p := .root.Values.probes -}}
+{{- $port := ternary .root.Values.tls.healthPort .port .root.Values.tls.enabled -}}
 startupProbe:
   grpc:
-    port: {{ .port }}
+    port: {{ $port }}
   periodSeconds: {{ $p.startup.periodSeconds }}
   timeoutSeconds: {{ $p.startup.timeoutSeconds }}
   failureThreshold: {{ $p.startup.failureThreshold }}
 readinessProbe:
   grpc:
-    port: {{ .port }}
+    port: {{ $port }}
   periodSeconds: {{ $p.readiness.periodSeconds }}
   timeoutSeconds: {{ $p.readiness.timeoutSeconds }}
   failureThreshold: {{ $p.readiness.failureThreshold }}
 livenessProbe:
   grpc:
-    port: {{ .port }}
+    port: {{ $port }}
   periodSeconds: {{ $p.liveness.periodSeconds }}
   timeoutSeconds: {{ $p.liveness.timeoutSeconds }}
   failureThreshold: {{ $p.liveness.failureThreshold }}
@@ -193,6 +235,9 @@ securityContext:
 {{- define "txlog.validate" -}}
 {{- if le (int .Values.terminationGracePeriodSeconds) (int (ceil .Values.shutdownGraceSeconds)) }}
 {{- fail (printf "terminationGracePeriodSeconds (%v) must exceed shutdownGraceSeconds (%v): the service needs time after the drain to close RocksDB and its ZooKeeper session" .Values.terminationGracePeriodSeconds .Values.shutdownGraceSeconds) }}
+{{- end }}
+{{- if and .Values.tls.enabled .Values.tls.existingSecret .Values.sparkJob.enabled (not .Values.tls.sparkJobSecret) }}
+{{- fail "tls.sparkJobSecret is required with tls.existingSecret while sparkJob.enabled: the job needs a client certificate" }}
 {{- end }}
 {{- if and (not .Values.zookeeper.enabled) (not .Values.zookeeper.external) }}
 {{- fail "zookeeper.external is required when zookeeper.enabled is false (host:port[,host:port...])" }}
