@@ -9,11 +9,11 @@ import copy
 import json
 import re
 
+import cert_manager_schema
 import helm_python
 import kubernetes_validate
 import pytest
 import yaml
-import cert_manager_schema
 from chart_render import (
     CHART_DIR,
     KUBE_VERSION,

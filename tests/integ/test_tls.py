@@ -23,7 +23,6 @@ from services.client.two_phase import wait_until
 from services.cluster import LocalCluster, free_port
 from services.stubs.txlog.v1 import producer_id_pb2, producer_id_pb2_grpc
 
-
 HEALTH_PORT = free_port()
 
 
