@@ -48,10 +48,12 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     TXLOG_DATA_DIR=/var/lib/txlog/data
 RUN groupadd --system --gid 10001 txlog \
     && useradd --system --uid 10001 --gid txlog --home-dir /home/txlog --create-home --shell /usr/sbin/nologin txlog \
-    && mkdir -p /var/lib/txlog/data \
-    && chown -R txlog:txlog /var/lib/txlog
+    && mkdir -p /var/lib/txlog/data /etc/txlog/tls \
+    && chown -R txlog:txlog /var/lib/txlog /etc/txlog/tls
 COPY --from=builder /opt/venv /opt/venv
 COPY docker/healthcheck.py /opt/txlog/healthcheck.py
+# /etc/txlog/tls: where certificates are mounted (a new named volume there
+# copies this owner, so the compose file's `certs` service can write them).
 # partition_svc's RocksDB lives under here: mount a volume on it (a new named
 # volume copies this folder's owner, so the non-root user can write to it).
 # No VOLUME line: the stateless services would each get an anonymous volume.

@@ -11,10 +11,12 @@ readable by their owner only.
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -79,3 +81,33 @@ def issue(directory: Path, name: str, *, server: bool = False, hosts: tuple[str,
         os.replace(new_key, key)
         os.replace(new_cert, cert)
     return cert, key
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m services.certs --dir D --servers a,b --clients c,d``: a CA
+    in D (kept if there) and a certificate per name; a server's names its own
+    host name (what it is reached by), localhost and 127.0.0.1. What the
+    compose file's TLS variant runs once before the services start."""
+    parser = argparse.ArgumentParser(prog="python -m services.certs", description=main.__doc__.splitlines()[0])
+    parser.add_argument("--dir", required=True, help="folder of the CA and the certificates")
+    parser.add_argument("--servers", default="", help="comma-separated host names: a server and client certificate each")
+    parser.add_argument("--clients", default="", help="comma-separated principal names: a client certificate each")
+    args = parser.parse_args(argv)
+    directory = Path(args.dir)
+    try:
+        create_ca(directory)
+        for name in filter(None, args.servers.split(",")):
+            issue(directory, name, server=True, hosts=(name, "localhost", "127.0.0.1"))
+        for name in filter(None, args.clients.split(",")):
+            issue(directory, name)
+    except CertificateError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    for path in sorted(directory.glob("*.pem")):
+        if not path.name.endswith("-key.pem"):
+            print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -310,3 +310,52 @@ def test_the_end_to_end_transaction_script_commits_one_and_hides_the_aborted_one
     assert outcome["values"] == ["committed-0", "committed-1"]
     # The aborted record lies below the end the consumer read to: it was skipped, not missed.
     assert outcome["position"] == outcome["last_stable_offset"] == outcome["high_watermark"] > 3
+
+
+# --- the TLS variant (docker-compose.tls.yml) ----------------------------------------------------------
+
+TLS_COMPOSE_FILE = REPO / "docker-compose.tls.yml"
+
+
+def merged(base: dict, overlay: dict) -> dict:
+    """Compose's merge of a second -f file: mappings merge key by key, sequences append."""
+    out = dict(base)
+    for key, value in overlay.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            out[key] = merged(base[key], value)
+        elif isinstance(value, list) and isinstance(base.get(key), list):
+            out[key] = base[key] + value
+        else:
+            out[key] = value
+    return out
+
+
+def test_the_tls_variant_gives_every_service_its_own_certificate_from_a_ca_made_first(compose, tmp_path):
+    overlay = yaml.safe_load(TLS_COMPOSE_FILE.read_text())
+    services = merged(compose, overlay)["services"]
+    certs_command = services["certs"]["command"]
+    assert certs_command[:3] == ["python", "-m", "services.certs"]
+    servers = certs_command[certs_command.index("--servers") + 1].split(",")
+    clients = certs_command[certs_command.index("--clients") + 1].split(",")
+    assert sorted(servers) == sorted(EXPECTED)  # one per txlog service, named as it advertises itself
+    # the certs command, run here, makes exactly the files the services are given
+    done = subprocess.run([sys.executable, *certs_command[1:3], "--dir", str(tmp_path), "--servers", ",".join(servers),
+                           "--clients", ",".join(clients)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    for name in (*EXPECTED, "windowed-counts"):
+        service = services[name]
+        env = service["environment"]
+        assert service["depends_on"]["certs"] == {"condition": "service_completed_successfully"}
+        assert "tls:/etc/txlog/tls:ro" in service["volumes"]
+        for variable in ("TXLOG_TLS_CA", "TXLOG_TLS_CERT", "TXLOG_TLS_KEY"):
+            assert env[variable].startswith("/etc/txlog/tls/"), (name, variable)
+            assert (tmp_path / env[variable].rsplit("/", 1)[1]).exists(), (name, env[variable])
+        owner = name if name in EXPECTED else "spark-job"
+        assert env["TXLOG_TLS_CERT"] == f"/etc/txlog/tls/{owner}.pem"
+        if name in EXPECTED:
+            assert env["TXLOG_ADVERTISED_ADDRESS"].split(":")[0] == name  # the name its certificate holds
+            assert env["TXLOG_HEALTH_LISTEN"] == "0.0.0.0:7900"  # what the image's health check asks with TLS on
+            assert set(env) <= settings_read_by(kind_of(service)), name
+    verify = subprocess.run(["openssl", "verify", "-CAfile", str(tmp_path / "ca.pem"),
+                             *(str(tmp_path / f"{n}.pem") for n in (*servers, *clients))], capture_output=True, text=True)
+    assert verify.returncode == 0, verify.stderr
