@@ -492,6 +492,19 @@ async def create_topic(channel: grpc.aio.Channel, name: str, partitions: int) ->
     )
     if reply.results[0].error.code != 0:
         raise RuntimeError(f"CreateTopics {name}: {reply.results[0].error}")
+    # The controller elects the partitions' leaders after the topic exists: a
+    # pipelined produce before then would see its first batches refused and
+    # its later ones out of sequence. Wait until every partition answers.
+    stub = partition_pb2_grpc.PartitionServiceStub(channel)
+    deadline = time.monotonic() + 60
+    wanted = [partition_pb2.ListOffsetsPartition(topic=name, partition=p, spec=partition_pb2.OFFSET_SPEC_LATEST) for p in range(partitions)]
+    while True:
+        answer = await stub.ListOffsets(partition_pb2.ListOffsetsRequest(partitions=wanted), timeout=30)
+        if all(r.error.code == 0 for r in answer.results):
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{name}: partitions without a leader after 60 s: {[r.error for r in answer.results if r.error.code]}")
+        await asyncio.sleep(0.05)
 
 
 async def timed_produce(
@@ -560,8 +573,16 @@ async def fetch_all(channel: grpc.aio.Channel, topic: str, end_offset: int, max_
     }
 
 
-async def measure_service(address: str, args: argparse.Namespace, pids: dict[str, int]) -> dict:
-    async with grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
+def open_channel(address: str, credentials: grpc.ChannelCredentials | None = None) -> grpc.aio.Channel:
+    """A plaintext channel, or TLS with ``credentials`` (bench/security.py)."""
+    if credentials is None:
+        return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+    return grpc.aio.secure_channel(address, credentials, options=CHANNEL_OPTIONS)
+
+
+async def measure_service(address: str, args: argparse.Namespace, pids: dict[str, int],
+                          credentials: grpc.ChannelCredentials | None = None) -> dict:
+    async with open_channel(address, credentials) as channel:
         producer_id, epoch = await init_producer(channel)
         progress(f"producer id {producer_id}, epoch {epoch}")
         for topic, partitions in ((TOPIC_ONE, 1), (TOPIC_FOUR, 4)):

@@ -12,13 +12,16 @@ partition_svc addresses clients start from). A cluster started with ``tls``
 also has ``tls``: the CA (``DIR/tls/ca.pem``) and the super user's
 certificate and key (``admin.pem``, ``admin-key.pem``) that clients of the
 local cluster use by default; every service then has its own certificate
-(``DIR/tls/<name>.pem``) and requires clients to present one (mutual TLS).
+(``DIR/tls/<name>.pem``) and requires clients to present one (mutual TLS),
+and authenticates to ZooKeeper with the digest identity in
+``DIR/tls/zookeeper-auth``, so only the services can change txlog's znodes.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -179,14 +182,22 @@ class LocalCluster:
         cert, key = directory / f"{name}.pem", directory / f"{name}-key.pem"
         if not cert.exists():
             certs.issue(directory, name, server=True)
-        return ["--tls-ca", self.state.tls["ca"], "--tls-cert", str(cert), "--tls-key", str(key)]
+        return ["--tls-ca", self.state.tls["ca"], "--tls-cert", str(cert), "--tls-key", str(key),
+                "--zookeeper-auth-file", self.state.tls["zookeeper_auth"]]
 
     def _enable_tls(self) -> None:
-        """A throwaway CA under DIR/tls, and the super user's certificate for local clients."""
+        """A throwaway CA under DIR/tls, the super user's certificate for local
+        clients, and the services' ZooKeeper digest identity (their znodes are
+        then changeable by them only)."""
         directory = self.dir / "tls"
         ca = certs.create_ca(directory)
         cert, key = certs.issue(directory, ADMIN)
-        self.state.tls = {"dir": str(directory), "ca": str(ca), "cert": str(cert), "key": str(key)}
+        zookeeper_auth = directory / "zookeeper-auth"
+        if not zookeeper_auth.exists():
+            zookeeper_auth.write_text(f"txlog:{secrets.token_urlsafe(24)}\n")
+            zookeeper_auth.chmod(0o600)
+        self.state.tls = {"dir": str(directory), "ca": str(ca), "cert": str(cert), "key": str(key),
+                          "zookeeper_auth": str(zookeeper_auth)}
 
     def client_tls(self) -> dict[str, str]:
         """The SDK's tls_ca= / tls_cert= / tls_key= for the admin of this cluster ({} without TLS)."""

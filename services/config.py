@@ -18,6 +18,11 @@ from typing import Any
 ENV_PREFIX = "TXLOG_"
 
 
+class ConfigError(ValueError):
+    """Settings that parse but cannot work (a missing file, a certificate
+    without its key): the process stops before it serves, naming the setting."""
+
+
 @dataclass(frozen=True)
 class Setting:
     name: str
@@ -72,6 +77,9 @@ COMMON_SETTINGS: tuple[Setting, ...] = (
     Setting("zookeeper", "127.0.0.1:2181", "ZooKeeper connection string (host:port[,host:port...])"),
     Setting("zookeeper_root", "/txlog", "ZooKeeper path under which all txlog metadata lives"),
     Setting("zookeeper_session_timeout_s", 10.0, "ZooKeeper session timeout, seconds", positive_float),
+    Setting("zookeeper_auth_file", "", "file holding user:password, a ZooKeeper digest identity: the service "
+            "authenticates with it and creates every znode readable by anyone, changeable only by that identity; "
+            "empty: no ZooKeeper authentication"),
     Setting("node_id", 0, "this instance's node id, unique per service kind (>= 0)", non_negative_int),
     Setting(
         "advertised_address",

@@ -173,6 +173,11 @@ class ServiceRuntime:
         self.health_port = 0
         self.tls_files = tls.files_from(cfg)
         self.tls_files.check(server=True)  # a bad TLS setting stops the process before it binds, naming the setting
+        auth_file = getattr(cfg, "zookeeper_auth_file", "")
+        try:
+            self.zookeeper_identity = zk.digest_identity(auth_file) if auth_file else None
+        except ValueError as exc:
+            raise config_mod.ConfigError(str(exc)) from None
 
     def on_stop(self, callback: Callable[[], Awaitable[None]]) -> None:
         """Runs ``callback`` after the server has stopped taking and finishing
@@ -189,7 +194,8 @@ class ServiceRuntime:
     def zookeeper(self):
         """This process's ZooKeeper session, connected on first use."""
         if self._zookeeper is None:
-            self._zookeeper = zk.connect(self.config.zookeeper, self.config.zookeeper_session_timeout_s)
+            self._zookeeper = zk.connect(self.config.zookeeper, self.config.zookeeper_session_timeout_s,
+                                         identity=self.zookeeper_identity)
             self._registry = zk.ServiceRegistry(self._zookeeper, self.config.zookeeper_root)
         return self._zookeeper
 
@@ -299,7 +305,7 @@ def run(
 
     try:
         asyncio.run(main())
-    except tls.TlsConfigError as exc:
+    except config_mod.ConfigError as exc:
         log.error("cannot start: %s", exc)
         print(f"{kind}: {exc}", file=sys.stderr)
         return 2

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from services.config import ConfigError
 from services.logs import fields
 
 log = logging.getLogger(__name__)
@@ -36,7 +37,7 @@ USER = "User:"
 ANONYMOUS = "User:ANONYMOUS"
 
 
-class TlsConfigError(ValueError):
+class TlsConfigError(ConfigError):
     """TLS files or settings that cannot be used, saying which and why."""
 
 

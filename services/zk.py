@@ -6,6 +6,15 @@ Layout under the root (default ``/txlog``)::
     services/<kind>/<node_id>    ephemeral, JSON {"address", "pid", "node_id"}
     latest_producer_id_block     producer_id_svc's block node
 
+Authentication
+--------------
+With a digest identity (``--zookeeper-auth-file``, a file holding
+``user:password``), the client authenticates with it and every znode it
+creates gets two ACLs: all rights for that identity, read for anyone. So
+only the services (which share the identity) can change txlog's metadata;
+operators and tools can still read it. ZooKeeper ACLs are per znode: nodes
+made before the identity was set keep theirs.
+
 Error Handling
 --------------
 kazoo reconnects by itself (unlimited connection retries). While the session is
@@ -27,6 +36,7 @@ from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import ConnectionClosedError, ConnectionLoss, NodeExistsError, NoNodeError, SessionExpiredError
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.retry import KazooRetry
+from kazoo.security import ACL, ANYONE_ID_UNSAFE, Permissions, make_digest_acl
 
 from services.errors import ErrorCode, TxlogError
 from services.logs import fields
@@ -41,13 +51,34 @@ def unavailable(detail: str) -> TxlogError:
     return TxlogError(ErrorCode.Value("ZOOKEEPER_UNAVAILABLE"), f"ZooKeeper is unreachable ({detail}); retry shortly")
 
 
-def connect(hosts: str, session_timeout_s: float = 10.0, start_timeout_s: float = 30.0) -> KazooClient:
-    """A started client that reconnects forever after a loss."""
+def digest_identity(auth_file: str) -> str:
+    """The ``user:password`` in ``auth_file``; ValueError naming the file when it is not one."""
+    try:
+        with open(auth_file) as file:
+            identity = file.read().strip()
+    except OSError as exc:
+        raise ValueError(f"zookeeper_auth_file {auth_file!r} cannot be read: {exc.strerror}") from None
+    user, sep, password = identity.partition(":")
+    if not sep or not user or not password or "\n" in identity:
+        raise ValueError(f"zookeeper_auth_file {auth_file!r} must hold one line user:password")
+    return identity
+
+
+def connect(hosts: str, session_timeout_s: float = 10.0, start_timeout_s: float = 30.0, identity: str | None = None) -> KazooClient:
+    """A started client that reconnects forever after a loss; with a digest
+    ``identity`` (user:password), authenticated, creating znodes that only it
+    may change."""
+    auth = {}
+    if identity:
+        user, _, password = identity.partition(":")
+        auth = {"auth_data": [("digest", identity)],
+                "default_acl": [make_digest_acl(user, password, all=True), ACL(Permissions.READ, ANYONE_ID_UNSAFE)]}
     client = KazooClient(
         hosts=hosts,
         timeout=session_timeout_s,
         connection_retry=KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_delay=2.0),
         command_retry=KazooRetry(max_tries=0),
+        **auth,
     )
     client.start(timeout=start_timeout_s)
     return client

@@ -56,6 +56,7 @@ MINIMAL_VALUES = {
     "fullnameOverride": "tx",
     "tls": {"enabled": False},
     "networkPolicy": {"enabled": False},
+    "zookeeper": {"auth": {"enabled": False, "existingSecret": ""}},
     "serviceAccount": {"create": False, "name": "platform-runner"},
     "telemetry": {"exporter": "console", "endpoint": "http://unused:4317"},
     "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [

@@ -5,6 +5,7 @@ release depends on asserted."""
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import re
@@ -99,10 +100,11 @@ def test_each_value_set_renders_the_objects_it_asks_for(defaults, production, mi
     # and the Spark job's certificates; NetworkPolicies for the services and the built-in ZooKeeper.
     assert kinds(defaults) == {"StatefulSet": 3, "Deployment": 1, "Service": 4, "CronJob": 1,
                                "PodDisruptionBudget": 3, "ServiceAccount": 1, "Issuer": 2, "Certificate": 3,
-                               "NetworkPolicy": 2}
+                               "NetworkPolicy": 2, "Secret": 1}
     # External ZooKeeper: no ZooKeeper StatefulSet nor its two Services, nor its NetworkPolicy; the operator's issuer.
     assert kinds(production) == {"StatefulSet": 2, "Deployment": 1, "Service": 2, "CronJob": 1,
-                                 "PodDisruptionBudget": 3, "ServiceAccount": 1, "Certificate": 2, "NetworkPolicy": 1}
+                                 "PodDisruptionBudget": 3, "ServiceAccount": 1, "Certificate": 2, "NetworkPolicy": 1,
+                                 "Secret": 1}
     assert kinds(minimal) == {"StatefulSet": 3, "Deployment": 1, "Service": 4}
 
 
@@ -522,3 +524,22 @@ def test_the_network_policies_let_only_the_release_and_client_pods_reach_the_ser
     elsewhere = render({"networkPolicy": {"clientNamespaceSelector": {"matchLabels": {"team": "data"}}}})
     assert elsewhere.get("NetworkPolicy", "txlog-services")["spec"]["ingress"][0]["from"][1]["namespaceSelector"] == {
         "matchLabels": {"team": "data"}}
+
+
+def test_the_services_authenticate_to_zookeeper_with_a_secret_made_once(defaults):
+    secret = defaults.get("Secret", "txlog-zookeeper-auth")
+    assert secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"  # its identity is in every znode's ACL
+    user, _, password = base64.b64decode(secret["data"]["identity"]).decode().partition(":")
+    assert user == "txlog" and len(password) == 32
+    for kind, name in (("Deployment", "txlog-producer-id-svc"), ("StatefulSet", "txlog-coordinator-svc"),
+                       ("StatefulSet", "txlog-partition-svc")):
+        workload = defaults.get(kind, name)
+        c = container(workload)
+        assert env_of(c)["TXLOG_ZOOKEEPER_AUTH_FILE"]["value"] == "/etc/txlog/zookeeper/identity"
+        assert {"name": "zookeeper-auth", "mountPath": "/etc/txlog/zookeeper", "readOnly": True} in c["volumeMounts"]
+        volumes = {v["name"]: v for v in pod_spec(workload)["volumes"]}
+        assert volumes["zookeeper-auth"]["secret"]["secretName"] == "txlog-zookeeper-auth"
+    given = render({"zookeeper": {"auth": {"enabled": True, "existingSecret": "corp-zk-identity"}}})
+    assert given.of_kind("Secret") == []
+    volumes = {v["name"]: v for v in pod_spec(given.get("StatefulSet", "txlog-partition-svc"))["volumes"]}
+    assert volumes["zookeeper-auth"]["secret"]["secretName"] == "corp-zk-identity"

@@ -69,9 +69,10 @@ class Pod:
         if "TXLOG_HEALTH_LISTEN" in env:
             self.health_port = free_port()
             env["TXLOG_HEALTH_LISTEN"] = f"127.0.0.1:{self.health_port}"
-        for name, file in (("TXLOG_TLS_CA", "ca.pem"), ("TXLOG_TLS_CERT", "services.pem"), ("TXLOG_TLS_KEY", "services-key.pem")):
+        for name, file in (("TXLOG_TLS_CA", "ca.pem"), ("TXLOG_TLS_CERT", "services.pem"), ("TXLOG_TLS_KEY", "services-key.pem"),
+                           ("TXLOG_ZOOKEEPER_AUTH_FILE", "zookeeper-identity")):
             if name in env:
-                assert env[name].startswith("/etc/txlog/tls/"), env[name]  # the Secret's mount
+                assert env[name].startswith("/etc/txlog/"), env[name]  # a Secret's mount
                 env[name] = str(tls_dir / file)
         self.env = env
         command = [expand_kubernetes_vars(part, self.rendered_env) for part in c["command"] + c.get("args", [])]
@@ -110,6 +111,7 @@ def test_rendered_commands_register_the_node_ids_and_addresses_the_chart_promise
     tls_dir = tmp_path / "tls"
     certs.create_ca(tls_dir)
     certs.issue(tls_dir, "services", server=True)
+    (tls_dir / "zookeeper-identity").write_text("txlog:rendered-commands-test\n")
     partition = rendered.get("StatefulSet", "txlog-partition-svc")
     coordinator = rendered.get("StatefulSet", "txlog-coordinator-svc")
     producer_ids = rendered.get("Deployment", "txlog-producer-id-svc")

@@ -9,12 +9,18 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoAuthError
+from kazoo.security import Permissions
 
 from services import certs, cli
 from services.client import Admin, Consumer, Producer, TopicPartition
@@ -139,3 +145,40 @@ def test_the_health_only_port_answers_probes_in_plaintext_and_serves_nothing_els
             producer_id_pb2_grpc.ProducerIdServiceStub(channel).AllocateProducerIds(
                 producer_id_pb2.AllocateProducerIdsRequest(requester_id=1), timeout=5)
     assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_znodes_of_a_secured_cluster_are_readable_by_anyone_and_changeable_only_by_the_services(cluster):
+    """--zookeeper-auth-file: every znode the services made carries their digest identity's ACL."""
+    identity = Path(cluster.state.tls["zookeeper_auth"]).read_text().strip()
+    topic_path = "/txlog/topics/__transaction_state"
+    stranger = KazooClient(hosts=cluster.state.zookeeper)
+    stranger.start(timeout=30)
+    try:
+        data, _ = stranger.get(topic_path)  # reading is open: operators and tools can look
+        assert json.loads(data)["partitions"] >= 1
+        for change in (lambda: stranger.set(topic_path, b"{}"), lambda: stranger.delete("/txlog/controller_epoch"),
+                       lambda: stranger.create(topic_path + "/forged", b"x"),
+                       lambda: stranger.create("/txlog/services/partition_svc/99", b"{}")):
+            with pytest.raises(NoAuthError):
+                change()
+        acls, _ = stranger.get_acls(topic_path)
+        assert {(acl.id.scheme, acl.perms) for acl in acls} == {("digest", Permissions.ALL), ("world", Permissions.READ)}
+        assert stranger.get(topic_path)[0] == data  # nothing changed
+    finally:
+        stranger.stop()
+        stranger.close()
+    owner = KazooClient(hosts=cluster.state.zookeeper, auth_data=[("digest", identity)])
+    owner.start(timeout=30)
+    try:  # the ACL is the services' identity: with it, a change is allowed
+        owner.create("/txlog/acl-probe", b"x")
+        owner.delete("/txlog/acl-probe")
+    finally:
+        owner.stop()
+        owner.close()
+
+
+def test_a_service_with_an_unusable_zookeeper_auth_file_exits_2_naming_it(tmp_path):
+    (tmp_path / "auth").write_text("no-colon-here\n")
+    done = subprocess.run([sys.executable, "-m", "producer_id_svc", "--zookeeper-auth-file", str(tmp_path / "auth"),
+                           "--zookeeper", "127.0.0.1:1"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "must hold one line user:password" in done.stderr, done.stderr[-500:]

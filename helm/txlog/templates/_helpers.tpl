@@ -124,6 +124,10 @@ the `bootstrap` clients and jobs start from.
   value: {{ .Values.telemetry.endpoint | quote }}
 - name: TXLOG_SHUTDOWN_GRACE_S
   value: {{ .Values.shutdownGraceSeconds | quote }}
+{{- if .Values.zookeeper.auth.enabled }}
+- name: TXLOG_ZOOKEEPER_AUTH_FILE
+  value: /etc/txlog/zookeeper/identity
+{{- end }}
 {{- if .Values.tls.enabled }}
 {{ include "txlog.tlsEnv" . }}
 - name: TXLOG_TLS_CLIENT_AUTH
@@ -141,6 +145,35 @@ the `bootstrap` clients and jobs start from.
   value: /etc/txlog/tls/tls.crt
 - name: TXLOG_TLS_KEY
   value: /etc/txlog/tls/tls.key
+{{- end }}
+
+{{/* The Secret holding the services' ZooKeeper digest identity. */}}
+{{- define "txlog.zookeeperAuthSecret" -}}
+{{- default (printf "%s-zookeeper-auth" (include "txlog.fullname" .)) .Values.zookeeper.auth.existingSecret }}
+{{- end }}
+
+{{/* Volumes and mounts of the services' secrets (TLS, ZooKeeper identity). */}}
+{{- define "txlog.serviceSecretVolumes" -}}
+{{- if .Values.tls.enabled }}
+{{ include "txlog.tlsVolume" (dict "secret" (include "txlog.servicesTlsSecret" .)) }}
+{{- end }}
+{{- if .Values.zookeeper.auth.enabled }}
+- name: zookeeper-auth
+  secret:
+    secretName: {{ include "txlog.zookeeperAuthSecret" . }}
+    defaultMode: 0440
+{{- end }}
+{{- end }}
+
+{{- define "txlog.serviceSecretMounts" -}}
+{{- if .Values.tls.enabled }}
+{{ include "txlog.tlsMount" . }}
+{{- end }}
+{{- if .Values.zookeeper.auth.enabled }}
+- name: zookeeper-auth
+  mountPath: /etc/txlog/zookeeper
+  readOnly: true
+{{- end }}
 {{- end }}
 
 {{/* The Secret of the services' certificate. */}}
