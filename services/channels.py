@@ -126,6 +126,10 @@ class ChannelCache:
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._closing: set[asyncio.Task] = set()
 
+    @property
+    def uses_tls(self) -> bool:
+        return self._credentials is not None
+
     def get(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.get(address)
         if channel is not None and self._credentials is not None and self._credentials.changed():

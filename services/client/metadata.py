@@ -270,8 +270,8 @@ class Metadata:
                 last = exc
                 self._next_broker += 1
         assert last is not None
-        raise error_for(last.code, f"no server of {', '.join(self._brokers)} answered {rpc}; last error: {last.message}",
-                        retry_delay_ms=last.retry_delay_ms)
+        raise error_for(last.code, f"no server of {', '.join(self._brokers)} answered {rpc}; last error: {last.message}"
+                                   f"{_connection_hint(self._transport, last)}", retry_delay_ms=last.retry_delay_ms)
 
     async def wait_for_topic(self, topic: str, timeout_ms: float, *, wait_for_creation: bool = True) -> TopicInfo:
         """The topic's metadata, refreshing (with back-off) until it is known or
@@ -346,3 +346,15 @@ class Metadata:
     def known_transaction_coordinators(self) -> list[str]:
         """Every coordinator address seen so far (for FindCoordinator)."""
         return sorted(set(self._txn_coordinators.values()))
+
+
+def _connection_hint(transport, last: ClientError) -> str:
+    """What to check when no server could even be reached: a TLS mismatch
+    looks like any refused connection from the client's side."""
+    uses_tls = getattr(transport, "uses_tls", None)
+    if uses_tls is None or "UNAVAILABLE" not in last.message:
+        return ""
+    if uses_tls:
+        return (" (this client uses TLS: the servers must present a certificate its tls_ca signed, "
+                "and accept its tls_cert when they require one)")
+    return " (this client connects in plaintext: a cluster that runs TLS needs tls_ca, and for mutual TLS tls_cert and tls_key)"

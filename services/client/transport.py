@@ -123,6 +123,10 @@ class Transport:
         self._coordinator_stubs: dict[str, coordinator_pb2_grpc.CoordinatorServiceStub] = {}
         self._closed = False
 
+    @property
+    def uses_tls(self) -> bool:
+        return self._channels.uses_tls
+
     def _stub(self, address: str, rpc: str):
         if self._closed:
             raise ClientError(ErrorCode.Value("INVALID_REQUEST"), "the client is closed")

@@ -89,7 +89,11 @@ def test_clients_without_a_certificate_of_the_cluster_ca_cannot_connect(cluster,
     assert check(address, credentials(stranger_ca, Path(cluster.state.tls["cert"]), Path(cluster.state.tls["key"]))) == "UNAVAILABLE"
     with pytest.raises(ClientError) as refused, Admin(cluster.state.bootstrap, default_api_timeout_ms=3000) as admin:
         admin.list_topics()
-    assert "UNAVAILABLE" in str(refused.value)
+    assert "UNAVAILABLE" in str(refused.value) and "a cluster that runs TLS needs tls_ca" in str(refused.value)
+    with pytest.raises(ClientError) as refused, Admin(cluster.state.bootstrap, default_api_timeout_ms=3000,
+                                                      tls_ca=str(ca)) as admin:
+        admin.list_topics()
+    assert "accept its tls_cert when they require one" in str(refused.value)
 
 
 def test_the_cli_issues_a_client_certificate_that_connects(cluster):
