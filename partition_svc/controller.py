@@ -14,7 +14,9 @@ a pass reads every partition's state and applies election.py's rules:
 leaders of gone or restarted instances are replaced from the ISR, gone
 followers leave the ISR, preferred leaders take leadership back. A restart
 is an instance registered after the state's last write (its registration's
-czxid above the state's mzxid), so it is found from ZooKeeper alone. Each state
+czxid above the state's mzxid), so it is found from ZooKeeper alone; one
+back on a new disk registers a storage zxid above the state's mzxid too
+(storage_zxid: its storage was made after the state was written). Each state
 it changes is written conditionally (on the znode version it read) and sent
 with LeaderAndIsr to every live instance; an instance that is new or
 restarted gets every state.
@@ -35,6 +37,7 @@ from kazoo.recipe.watchers import ChildrenWatch
 
 from partition_svc import election
 from partition_svc.election import LeaderAndIsr
+from partition_svc.log_store import LogStore
 from partition_svc.topics import TopicInfo, TopicRegistry
 from services import zk
 from services.errors import TxlogError
@@ -45,6 +48,25 @@ log = logging.getLogger(__name__)
 PartitionStates = list[tuple[TopicInfo, int, LeaderAndIsr]]
 # (controller epoch, {node id: address}, the states changed, nodes that get every state, every state)
 Announce = Callable[[int, dict[int, str], PartitionStates, set[int], PartitionStates], Awaitable[None]]
+
+
+async def storage_zxid(client: KazooClient, root: str, kind: str, node_id: int, store: LogStore) -> int:
+    """A ZooKeeper transaction id no earlier than the making of this
+    instance's storage, made (by a write of its own znode) and kept in the
+    store the first time the storage is opened empty; 0 for storage that
+    held data before this mark existed (taken as kept). Registered with the
+    instance, it tells the controller which partition states were written
+    before the storage existed: of those, the instance holds nothing."""
+    known = store.storage_zxid()
+    if known is not None:
+        return known
+    zxid = 0
+    if store.is_empty():
+        path = posixpath.join(root, "storage", f"{kind}-{node_id}")
+        await zk.call(client, "ensure_path", path)
+        zxid = (await zk.call(client, "set", path, b"")).mzxid
+    store.mark_storage(zxid)
+    return zxid
 
 
 class Controller:
@@ -134,8 +156,9 @@ class Controller:
             log.warning("no longer the controller", extra=fields(controller_epoch=self.epoch))
         return mine
 
-    async def live_sessions(self) -> dict[int, tuple[str, int, int]]:
-        """{node id: (address, session, the ZooKeeper transaction that registered it)} of the live instances."""
+    async def live_sessions(self) -> dict[int, tuple[str, int, int, int]]:
+        """{node id: (address, session, the ZooKeeper transaction that
+        registered it, the one its storage was made before)} of the live instances."""
         try:
             children = await zk.call(self.client, "get_children", self.registrations)
         except NoNodeError:
@@ -147,7 +170,7 @@ class Controller:
             except NoNodeError:
                 continue
             info = json.loads(data)
-            found[int(info["node_id"])] = (info["address"], stat.ephemeralOwner, stat.czxid)
+            found[int(info["node_id"])] = (info["address"], stat.ephemeralOwner, stat.czxid, int(info.get("storage_zxid", 0)))
         return found
 
     async def run_pass(self) -> None:
@@ -155,8 +178,9 @@ class Controller:
             return
         sessions = await self.live_sessions()
         live = set(sessions)
-        newcomers = {n for n, (_, session, _) in sessions.items() if self._sessions.get(n) != session}
-        registered = {n: czxid for n, (_, _, czxid) in sessions.items()}
+        newcomers = {n for n, (_, session, _, _) in sessions.items() if self._sessions.get(n) != session}
+        registered = {n: czxid for n, (_, _, czxid, _) in sessions.items()}
+        storage_made = {n: storage for n, (_, _, _, storage) in sessions.items()}
         changed: PartitionStates = []
         everything: PartitionStates = []
         names = await self.topics.names()
@@ -183,7 +207,8 @@ class Controller:
                 # registered since the state's last write: restarted (or new) since; found from ZooKeeper alone,
                 # so a new controller sees the restarts its predecessor had not handled
                 restarted = {n for n in live if registered[n] > state.zk_mzxid}
-                wanted = election.after_restarts(replicas, state, live, restarted, unclean=unclean)
+                emptied = {n for n in restarted if storage_made[n] > state.zk_mzxid}
+                wanted = election.after_restarts(replicas, state, live, restarted, unclean=unclean, emptied=emptied)
                 wanted = election.preferred_leader(replicas, wanted, live)
                 if wanted != state:
                     written = await self.topics.write_state(name, index, replace(wanted, controller_epoch=self.epoch),
@@ -201,8 +226,8 @@ class Controller:
                     changed.append((info, index, state))
                 everything.append((info, index, state))
         self._topics_seen = set(names)
-        self._sessions = {n: session for n, (_, session, _) in sessions.items()}
-        addresses = {n: address for n, (address, _, _) in sessions.items()}
+        self._sessions = {n: session for n, (_, session, _, _) in sessions.items()}
+        addresses = {n: address for n, (address, _, _, _) in sessions.items()}
         if changed or newcomers:
             await self.announce(self.epoch, addresses, changed, newcomers, everything)
 

@@ -14,7 +14,7 @@ The rules, all here:
   only with ``unclean.leader.election.enable`` may a live replica outside the
   ISR lead (it may lack acknowledged records: Kafka's trade of durability
   for availability, off by default).
-- The ISR is never emptied.
+- The ISR is never emptied, except of replicas that lost their disks (below).
 - The preferred leader (the first replica) takes leadership back once it is
   live and in the ISR (it caught up).
 
@@ -22,6 +22,13 @@ A node that restarted since the state was written (its registration is newer
 than the state's last write) is treated as gone and back: it leaves the ISR
 and rejoins as a follower once it has caught up, because its log may lack
 what it did not sync, and it never leads on a state from before its restart.
+It stays in the ISR when it is all that is left of it (a whole-cluster
+restart: its durable log holds what was acknowledged). Not so a node that
+came back on a new disk (its storage was made after the state's last write):
+it holds nothing of what the state records, so it leaves the ISR even as its
+last member, and the partition stays offline until a replica that kept its
+log returns (or an unclean election, which the operator chooses): Kafka's
+lost-disk case (KIP-966), where electing it would silently empty the log.
 """
 
 from __future__ import annotations
@@ -80,11 +87,13 @@ def after_liveness(replicas: Sequence[int], state: LeaderAndIsr, live: Collectio
 
 
 def after_restarts(replicas: Sequence[int], state: LeaderAndIsr, live: Collection[int], restarted: Collection[int],
-                   *, unclean: bool) -> LeaderAndIsr:
+                   *, unclean: bool, emptied: Collection[int] = ()) -> LeaderAndIsr:
     """:func:`after_liveness`, with the ``restarted`` nodes first treated as
     gone (they leave the ISR unless they are all that is left of it) and then
-    as back."""
+    as back; those of them ``emptied`` (on a new disk) leave the ISR in any case."""
     departed = after_liveness(replicas, state, [n for n in live if n not in restarted], unclean=unclean)
+    if set(emptied) & set(departed.isr):
+        departed = replace(departed, isr=tuple(n for n in departed.isr if n not in emptied))
     return after_liveness(replicas, departed, live, unclean=unclean)
 
 

@@ -17,6 +17,9 @@ Key layout (``pkey`` = topic UTF-8, NUL, partition as 4-byte big-endian):
     G group NUL topic NUL partition(4B BE)
                                a consumer group's committed offset, JSON (the
                                compacted view of __consumer_offsets)
+    S                          when this storage was made: JSON {"zxid"}, a ZooKeeper
+                               transaction id no earlier than its creation (0 for
+                               storage made before this key existed)
 
 Guarantees: writes go through :class:`GroupCommitWriter`, one WriteBatch at a
 time in submission order, each synced to disk (its WAL fsynced, unless sync is
@@ -46,6 +49,9 @@ FLAG_TRANSACTIONAL = 1
 FLAG_CONTROL = 2
 FLAG_COMMIT = 4
 BLOB_BYTES_MIN = 4096
+
+
+STORAGE_KEY = b"S"
 
 
 def metadata_value(log_start_offset: int, next_offset: int, size_bytes: int, high_watermark: int) -> bytes:
@@ -212,6 +218,18 @@ class LogStore:
 
     def batch(self, pkey: bytes, base_offset: int) -> bytes | None:
         return self.get(log_key(pkey, base_offset))
+
+    def storage_zxid(self) -> int | None:
+        raw = self.get(STORAGE_KEY)
+        return None if raw is None else json.loads(raw)["zxid"]
+
+    def is_empty(self) -> bool:
+        return next(iter(self.db.keys()), None) is None
+
+    def mark_storage(self, zxid: int) -> None:
+        self.write([(STORAGE_KEY, json.dumps({"zxid": zxid}).encode())])
+        if not self.sync:
+            self.db.flush_wal(True)
 
     def metadata(self, pkey: bytes) -> dict | None:
         raw = self.get(meta_key(pkey))

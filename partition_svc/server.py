@@ -18,7 +18,7 @@ import sys
 import time
 
 from partition_svc import log_store, placement, validation, wire
-from partition_svc.controller import Controller, PartitionStates
+from partition_svc.controller import Controller, PartitionStates, storage_zxid
 from partition_svc.log_store import GroupCommitWriter, LogStore
 from partition_svc.partition import Partition, now_ms
 from partition_svc.producer_state import Reject
@@ -848,6 +848,8 @@ async def build(runtime: server.ServiceRuntime) -> PartitionServicer:
     servicer = PartitionServicer(runtime, store)
     if cfg.rack:
         runtime.registration_details["rack"] = cfg.rack
+    runtime.registration_details["storage_zxid"] = str(
+        await storage_zxid(runtime.zookeeper, cfg.zookeeper_root, KIND, cfg.node_id, store))
     await servicer.replicas.recover()
     runtime.add_servicer(servicer, partition_pb2.DESCRIPTOR.services_by_name["PartitionService"])
     runtime.add_servicer(ReplicationServicer(servicer.replicas, cfg.fetch_wait_ms_max),

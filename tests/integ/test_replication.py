@@ -91,6 +91,14 @@ def fully_replicated(raw: Raw, topic: str, partition: int, replicas: int = 3):
     return meta if meta.error.code == 0 and len(meta.isr) == replicas else None
 
 
+def state_seen_after_registration(zk: KazooClient, topic: str, partition: int, node: int) -> dict | None:
+    """The partition's state in ZooKeeper once it was written after ``node``
+    last registered: the controller has handled its restart."""
+    registration = zk.exists(f"/txlog/services/partition_svc/{node}")
+    data, stat = zk.get(f"/txlog/topics/{topic}/partitions/{partition}/state")
+    return json.loads(data) if registration is not None and stat.mzxid > registration.czxid else None
+
+
 def read_values(raw: Raw, topic: str, partition: int, isolation=common_pb2.ISOLATION_LEVEL_READ_UNCOMMITTED) -> list[bytes]:
     """Every record of the partition, from whoever leads it now (retried while leadership settles)."""
     def attempt():
@@ -211,7 +219,7 @@ def test_acks_all_is_refused_below_min_insync_replicas_and_nothing_is_appended(c
     assert result.error.code == 0 and result.base_offset == 1
 
 
-def test_a_wiped_follower_rebuilds_from_the_leader_and_can_lead_with_the_same_producer_state(cluster, raw):
+def test_a_wiped_follower_rebuilds_from_the_leader_and_can_lead_with_the_same_producer_state(cluster, raw, zk):
     create(cluster.state.bootstrap, "wiped", 1, 3)
     meta = wait_for(lambda: fully_replicated(raw, "wiped", 0), what="every replica in sync")
     producer_id = raw.producer_id()
@@ -227,7 +235,10 @@ def test_a_wiped_follower_rebuilds_from_the_leader_and_can_lead_with_the_same_pr
     cluster.kill(name_of(wiped))
     shutil.rmtree(cluster.dir / name_of(wiped))
     cluster.start(name_of(wiped))
-    wait_for(lambda: fully_replicated(raw, "wiped", 0), what="the wiped follower back in the ISR")
+    # back in the ISR by a state written since its restart: until the controller sees the restart, the
+    # state from before it still lists the wiped replica (and it must not lead on it: the test below)
+    wait_for(lambda: wiped in (state_seen_after_registration(zk, "wiped", 0, wiped) or {"isr": []})["isr"],
+             what="the wiped follower back in the ISR")
     # the other two go: the wiped one, in the ISR, must lead with the same log and producer state
     for node in meta.replicas:
         if node != wiped:
@@ -240,6 +251,26 @@ def test_a_wiped_follower_rebuilds_from_the_leader_and_can_lead_with_the_same_pr
     gap = raw.produce("wiped", 0, batch(5, b"f"), stub=stub, acks=1)
     assert ErrorCode.Name(gap.error.code) == "OUT_OF_ORDER_SEQUENCE", gap
     assert read_values(raw, "wiped", 0) == [b"a", b"b", b"c"]
+
+
+def test_a_replica_back_on_a_new_disk_never_leads_on_the_isr_it_was_in_before(cluster, raw, zk):
+    """Every instance dies and one comes back with its disk lost: the state in ZooKeeper still lists it in
+    the ISR, but it holds nothing; electing it would empty the log. The partition stays offline until a
+    replica that kept its log returns."""
+    create(cluster.state.bootstrap, "lost-disk", 1, 3)
+    meta = wait_for(lambda: fully_replicated(raw, "lost-disk", 0), what="every replica in sync")
+    for value in (b"a", b"b", b"c"):
+        assert raw.produce("lost-disk", 0, common_pb2.RecordBatch(records=[common_pb2.Record(value=value)]), acks=-1).error.code == 0
+    for node in meta.replicas:
+        cluster.kill(name_of(node))
+    lost = [n for n in meta.replicas if n != meta.leader_id][0]
+    shutil.rmtree(cluster.dir / name_of(lost))
+    cluster.start(name_of(lost))
+    state = wait_for(lambda: state_seen_after_registration(zk, "lost-disk", 0, lost), what="the controller handling the restart")
+    assert state["leader"] == -1 and lost not in state["isr"], state
+    cluster.start(name_of(meta.leader_id))
+    wait_for(lambda: partition_meta(raw, "lost-disk", 0).leader_id == meta.leader_id, what="the replica that kept its log leading")
+    assert read_values(raw, "lost-disk", 0) == [b"a", b"b", b"c"]
 
 
 def test_unclean_leader_election_is_off_by_default(cluster, raw):

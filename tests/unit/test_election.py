@@ -45,6 +45,18 @@ def test_a_restarted_node_leaves_the_isr_unless_it_is_all_that_is_left():
     assert after_restarts(REPLICAS, alone, {1, 2, 3}, {1}, unclean=False) == LeaderAndIsr(1, 6, (1,))
 
 
+def test_a_node_back_on_a_new_disk_leaves_the_isr_even_as_its_last_member():
+    state = LeaderAndIsr(1, 4, (1, 2, 3))
+    # the other two are gone: the node whose disk was replaced holds nothing and must not lead
+    assert after_restarts(REPLICAS, state, {3}, {3}, unclean=False, emptied={3}) == LeaderAndIsr(NO_LEADER, 5, (1, 2))
+    alone = LeaderAndIsr(3, 4, (3,))
+    assert after_restarts(REPLICAS, alone, {3}, {3}, unclean=False, emptied={3}) == LeaderAndIsr(NO_LEADER, 5, ())
+    # the offline partition leads again once a replica that kept its log is back
+    assert after_liveness(REPLICAS, LeaderAndIsr(NO_LEADER, 5, (1, 2)), {1, 3}, unclean=False) == LeaderAndIsr(1, 6, (1,))
+    # only an unclean election (the operator's choice) makes it lead
+    assert after_restarts(REPLICAS, alone, {3}, {3}, unclean=True, emptied={3}) == LeaderAndIsr(3, 6, (3,))
+
+
 def test_the_preferred_leader_leads_again_once_live_and_in_sync():
     state = LeaderAndIsr(2, 5, (2, 3))
     assert preferred_leader(REPLICAS, state, {1, 2, 3}) is state  # not in the ISR yet
@@ -64,17 +76,19 @@ nodes = st.sets(st.sampled_from(REPLICAS))
 
 
 @given(st.sampled_from([*REPLICAS, NO_LEADER]), st.integers(0, 100), st.lists(st.sampled_from(REPLICAS), min_size=1, unique=True),
-       nodes, nodes, st.booleans())
-def test_every_decision_keeps_the_rules(leader, epoch, isr, live, restarted, unclean):
+       nodes, nodes, nodes, st.booleans())
+def test_every_decision_keeps_the_rules(leader, epoch, isr, live, restarted, emptied, unclean):
     if leader != NO_LEADER and leader not in isr:
         isr = [leader, *isr]
     state = LeaderAndIsr(leader, epoch, tuple(isr))
-    after = after_restarts(REPLICAS, state, live, restarted & live, unclean=unclean)
-    assert after.isr, "the ISR is never emptied"
+    emptied &= restarted & live
+    after = after_restarts(REPLICAS, state, live, restarted & live, unclean=unclean, emptied=emptied)
+    assert after.isr or set(state.isr) <= emptied, "the ISR is emptied only of replicas that lost their disks"
     if after.leader != NO_LEADER:
         assert after.leader in after.isr and after.leader in live
         if not unclean:
             assert after.leader in state.isr, "a clean election picks an ISR member"
+            assert after.leader not in emptied, "a replica on a new disk never leads cleanly"
     assert set(after.isr) <= set(state.isr) or (unclean and after.isr == (after.leader,))
     if after.leader != state.leader:
         assert after.leader_epoch > state.leader_epoch, "a leader change always bumps the epoch"

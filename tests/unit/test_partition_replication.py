@@ -206,3 +206,17 @@ def test_fetched_batches_say_the_leader_epoch_they_were_written_in(tmp_path):
             assert partition.epochs.end_offset_for(4, 3) == (3, 1)  # EpochEndOffsets: epoch 3 ends where 5 starts
         await drained(leader, follower)
     asyncio.run(scenario())
+
+
+def test_the_storage_mark_survives_a_reopen_and_only_an_empty_store_is_new(tmp_path):
+    store = LogStore(str(tmp_path / "fresh"))
+    assert store.is_empty() and store.storage_zxid() is None
+    store.mark_storage(42)
+    store.close()
+    reopened = LogStore(str(tmp_path / "fresh"))
+    assert reopened.storage_zxid() == 42 and not reopened.is_empty()
+    reopened.close()
+    legacy = LogStore(str(tmp_path / "legacy"))
+    legacy.write([(log_store.meta_key(log_store.partition_key("t", 0)), b"{}")])
+    assert not legacy.is_empty() and legacy.storage_zxid() is None
+    legacy.close()

@@ -7,8 +7,9 @@ and high watermark, leader_epochs for the follower's truncation) and a model
 of what is acknowledged. The network is hostile: fetch answers arrive late,
 twice or out of order; the controller's LeaderAndIsr reaches each replica
 late, so deposed leaders (zombies) keep taking appends; replicas die and
-restart (their logs are durable); ZooKeeper writes are conditional on the
-version the writer knew, as in partition_svc.
+restart (their logs are durable), or come back on a new, empty disk;
+ZooKeeper writes are conditional on the version the writer knew, as in
+partition_svc.
 
 Checked after every step: every acknowledged record is, at its offset, in the
 log of every replica in the ISR (so in whichever one the controller elects
@@ -68,6 +69,7 @@ class Replication(RuleBasedStateMachine):
         self.pending: list[tuple[int, int, int, str]] = []  # (leader, epoch, offset, value) awaiting acknowledgement
         self.acked: dict[int, str] = {}
         self.restarted: set[int] = set()
+        self.new_disks: set[int] = set()  # restarted on a new disk, not yet seen by the controller
         self.hw_seen: dict[tuple[int, int], int] = {}
         self.counter = 0
         for node in REPLICAS:
@@ -85,9 +87,11 @@ class Replication(RuleBasedStateMachine):
     @rule()
     def controller_pass(self):
         live = {n for n, r in self.replicas.items() if r.alive}
-        wanted = election.after_restarts(REPLICAS, self.zk, live, self.restarted & live, unclean=False)
+        wanted = election.after_restarts(REPLICAS, self.zk, live, self.restarted & live, unclean=False,
+                                         emptied=self.new_disks & live)
         wanted = election.preferred_leader(REPLICAS, wanted, live)
         self.restarted &= {n for n in self.restarted if not self.replicas[n].alive}
+        self.new_disks &= self.restarted
         if wanted != self.zk:
             self.write_state(wanted, self.zk_version)
 
@@ -97,6 +101,8 @@ class Replication(RuleBasedStateMachine):
         replica = self.replicas[node]
         if not replica.alive or (replica.known is not None and not self.zk.newer_than(replica.known)):
             return
+        if self.zk.leader == node and node in self.restarted:
+            return  # a state written before its restart: replica_manager never leads on one
         self.take(replica, self.zk)
 
     def take(self, replica: Replica, state: LeaderAndIsr) -> None:
@@ -234,19 +240,38 @@ class Replication(RuleBasedStateMachine):
         replica.alive, replica.known, replica.truncated = True, None, False
         self.restarted.add(node)
 
+    @rule(node=st.sampled_from(REPLICAS))
+    def restart_on_a_new_disk(self, node):
+        """The disk was lost: the replica comes back with nothing, while the
+        state in ZooKeeper may still list it in the ISR."""
+        replica = self.replicas[node]
+        if replica.alive:
+            return
+        replica.log, replica.epochs, replica.high_watermark = [], LeaderEpochCache(), 0
+        self.restart(node)
+        self.new_disks.add(node)
+
     # --- what must hold ------------------------------------------------------------------------
 
     @invariant()
     def every_acknowledged_record_is_on_every_isr_member(self):
-        for node in self.zk.isr:
+        # a replica back on a new disk is listed until the controller sees it; it must never lead before
+        for node in set(self.zk.isr) - self.new_disks:
             log = self.replicas[node].log
             for offset, value in self.acked.items():
                 assert offset < len(log) and log[offset][1] == value, (
                     f"replica {node}, in the ISR {self.zk.isr}, lacks acknowledged {value!r} at {offset}: {log}")
 
     @invariant()
-    def the_isr_is_never_empty_and_holds_the_leader(self):
-        assert self.zk.isr
+    def the_leader_holds_every_acknowledged_record(self):
+        if self.zk.leader != NO_LEADER and self.zk.leader not in self.new_disks:
+            log = self.replicas[self.zk.leader].log
+            assert all(offset < len(log) and log[offset][1] == value for offset, value in self.acked.items()), (
+                f"leader {self.zk.leader} lacks acknowledged records {self.acked}: {log}")
+
+    @invariant()
+    def the_isr_holds_the_leader_and_is_empty_only_when_every_member_lost_its_disk(self):
+        assert self.zk.isr or self.zk.leader == NO_LEADER
         assert self.zk.leader == NO_LEADER or self.zk.leader in self.zk.isr
 
 
