@@ -26,7 +26,7 @@ from partition_svc.replica_manager import ReplicaManager
 from partition_svc.replication import ReplicationServicer
 from partition_svc.topics import INTERNAL_PREFIX, TopicInfo, TopicRegistry
 from partition_svc.txn_verification import TransactionVerifier
-from services import coordinators, server
+from services import acls, coordinators, server
 from services.config import Setting, boolean, positive_int
 from services.errors import ErrorCode, TxlogError, error_proto
 from services.hashing import partition_for_id
@@ -95,6 +95,13 @@ def error_of(exc: TxlogError) -> errors_pb2.Error:
 
 def request_error(message: str) -> TxlogError:
     return TxlogError(ErrorCode.Value("INVALID_REQUEST"), message)
+
+
+def checked_acl(convert, message, what: str):
+    try:
+        return convert(message)
+    except acls.AclError as exc:
+        raise request_error(f"{what}: {exc}") from None
 
 
 class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
@@ -738,6 +745,37 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
             current = info.replicas[index] if info is not None and index < info.partition_count else ()
             reply.reassignments.add(topic=topic, partition=index, replicas=current, target_replicas=target)
         return reply
+
+    # --- ACLs (the authorizer checks Alter or Describe on the Cluster first) -------------
+
+    @server.rpc_handler
+    async def CreateAcls(self, request, context):
+        store = self.runtime.authorizer.check_admin_available()
+        if not request.bindings:
+            raise request_error("the request holds no binding")
+        if len(request.bindings) > self.config.partitions_per_request_max:
+            raise request_error(f"the request holds {len(request.bindings)} bindings, more than {self.config.partitions_per_request_max}")
+        bindings = [checked_acl(acls.binding_from_proto, b, f"binding {i}") for i, b in enumerate(request.bindings)]
+        await store.add(bindings)
+        log.info("acls created", extra=fields(bindings=[acls.describe(b) for b in bindings]))
+        return partition_pb2.CreateAclsResponse()
+
+    @server.rpc_handler
+    async def DescribeAcls(self, request, context):
+        store = self.runtime.authorizer.check_admin_available()
+        filters = [checked_acl(acls.filter_from_proto, f, f"filter {i}") for i, f in enumerate(request.filters)] or [acls.AclFilter()]
+        found = [b for b in await asyncio.to_thread(store.load) if any(f.matches(b) for f in filters)]
+        return partition_pb2.DescribeAclsResponse(bindings=[acls.binding_to_proto(b) for b in sorted(found, key=acls.describe)])
+
+    @server.rpc_handler
+    async def DeleteAcls(self, request, context):
+        store = self.runtime.authorizer.check_admin_available()
+        if not request.filters:
+            raise request_error("the request holds no filter; AclBindingFilter() with nothing set matches every binding")
+        filters = [checked_acl(acls.filter_from_proto, f, f"filter {i}") for i, f in enumerate(request.filters)]
+        removed = await store.remove(filters)
+        log.info("acls deleted", extra=fields(bindings=[acls.describe(b) for b in removed]))
+        return partition_pb2.DeleteAclsResponse(bindings=[acls.binding_to_proto(b) for b in sorted(removed, key=acls.describe)])
 
     # --- replication -------------------------------------------------------------------
 

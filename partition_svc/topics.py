@@ -24,8 +24,9 @@ from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
 from partition_svc.election import LeaderAndIsr, initial_state
 from services import zk
+from services.protocol import INTERNAL_TOPIC_PREFIX
 
-INTERNAL_PREFIX = "__"
+INTERNAL_PREFIX = INTERNAL_TOPIC_PREFIX
 
 
 @dataclass(frozen=True)

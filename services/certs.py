@@ -52,10 +52,12 @@ def create_ca(directory: Path) -> Path:
     return ca
 
 
-def issue(directory: Path, name: str, *, server: bool = False, hosts: tuple[str, ...] = ("127.0.0.1", "localhost")) -> tuple[Path, Path]:
-    """A certificate for ``CN=name`` signed by the CA in ``directory``: for a
-    client, or (``server``) for an instance that also serves ``hosts``.
-    Returns (certificate, key) paths; an existing pair is replaced."""
+def issue(directory: Path, name: str, *, server: bool = False, hosts: tuple[str, ...] = ("127.0.0.1", "localhost"),
+          common_name: str | None = None) -> tuple[Path, Path]:
+    """A certificate for ``CN=<common_name, by default name>`` signed by the
+    CA in ``directory``, in ``name.pem`` and ``name-key.pem``: for a client,
+    or (``server``) for an instance that also serves ``hosts``. Returns
+    (certificate, key) paths; an existing pair is replaced."""
     if not NAME.fullmatch(name):
         raise CertificateError(f"certificate name {name!r} must be 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit")
     ca, ca_key = directory / "ca.pem", directory / "ca-key.pem"
@@ -72,7 +74,7 @@ def issue(directory: Path, name: str, *, server: bool = False, hosts: tuple[str,
         config.write_text("\n".join(extensions) + "\n")
         new_key = Path(work) / "key.pem"
         _openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", str(new_key),
-                 "-out", str(request), "-subj", f"/CN={name}")
+                 "-out", str(request), "-subj", f"/CN={common_name or name}")
         new_cert = Path(work) / "cert.pem"
         _openssl("x509", "-req", "-in", str(request), "-CA", str(ca), "-CAkey", str(ca_key), "-CAcreateserial",
                  "-CAserial", str(Path(work) / "ca.srl"), "-out", str(new_cert), "-days", str(VALID_DAYS), "-extfile", str(config))

@@ -31,6 +31,13 @@ PEM files; with --dir of a TLS cluster they default to its admin's):
     txlog transactions abort --topic T --partition P --producer-id PID --producer-epoch E
                              --coordinator-epoch C
     txlog transactions find-hanging [--topic T ...] [--max-transaction-timeout-ms N]
+    txlog acls add (--allow P | --deny P)... --operation OP... RESOURCE [--prefixed] [--host IP]
+    txlog acls list [RESOURCE [--prefixed]] [--allow P | --deny P]... [--operation OP]...
+    txlog acls remove RESOURCE [--prefixed] [--allow P | --deny P]... [--operation OP]...
+                          RESOURCE is --topic T, --group G, --transactional-id TID or --cluster;
+                          P is User:NAME (User:* for everyone); OP is Kafka's (Read, Write,
+                          Create, Delete, Alter, Describe, DescribeConfigs, IdempotentWrite,
+                          ClusterAction, All); each binding is printed as a JSON line
 
 Errors are printed as one line ``error: CODE: message`` and exit with status 1
 (2 for a usage error).
@@ -46,7 +53,7 @@ from pathlib import Path
 
 import grpc
 
-from services import certs, errors
+from services import acls, certs, errors
 from services.channels import open_channel
 from services.client import console
 from services.client.structs import TopicPartition
@@ -216,6 +223,49 @@ def _transactions(args) -> int:
     return 0
 
 
+def _acl_resource(args) -> tuple[str, str] | None:
+    chosen = [(kind, name) for kind, name in ((acls.TOPIC, args.topic), (acls.GROUP, args.group),
+                                               (acls.TRANSACTIONAL_ID, args.transactional_id),
+                                               (acls.CLUSTER, acls.CLUSTER_NAME if args.cluster else None)) if name is not None]
+    if len(chosen) > 1:
+        raise console.invalid("name one resource: --topic, --group, --transactional-id or --cluster")
+    return chosen[0] if chosen else None
+
+
+def _acl_principals(args) -> list[tuple[str, str]]:
+    return [(acls.ALLOW, p) for p in args.allow or []] + [(acls.DENY, p) for p in args.deny or []]
+
+
+def _acls(args) -> int:
+    bootstrap = _bootstrap(args)
+    resource = _acl_resource(args)
+    pattern = acls.PREFIXED if args.prefixed else acls.LITERAL
+    try:
+        if args.action == "add":
+            if resource is None:
+                raise console.invalid("acls add names a resource: --topic, --group, --transactional-id or --cluster")
+            if not _acl_principals(args) or not args.operation:
+                raise console.invalid("acls add needs --allow or --deny PRINCIPAL and --operation OP")
+            bindings = [acls.AclBinding(resource[0], pattern, resource[1], principal, args.host or acls.WILDCARD, operation, permission).check()
+                        for permission, principal in _acl_principals(args) for operation in args.operation]
+            console.acls_add(bootstrap, bindings, sys.stdout, timeout_s=args.timeout_s)
+            return 0
+        if args.action == "remove" and resource is None:
+            raise console.invalid("acls remove names a resource: --topic, --group, --transactional-id or --cluster")
+        resource_type, name = resource or (None, None)
+        filters = [acls.AclFilter(resource_type, pattern if resource else "ANY", name, principal, args.host, operation, permission).check()
+                   for permission, principal in (_acl_principals(args) or [(None, None)])
+                   for operation in (args.operation or [None])]
+    except acls.AclError as exc:
+        raise console.invalid(str(exc)) from None
+    if args.action == "remove":
+        console.acls_remove(bootstrap, filters, sys.stdout, timeout_s=args.timeout_s)
+    else:
+        for wanted in filters:
+            console.acls_list(bootstrap, wanted, sys.stdout, timeout_s=args.timeout_s)
+    return 0
+
+
 def _add_bootstrap(sub: argparse.ArgumentParser) -> None:
     where = sub.add_mutually_exclusive_group(required=True)
     where.add_argument("--bootstrap", help="comma-separated partition_svc addresses host:port")
@@ -328,6 +378,26 @@ def _add_client_commands(commands) -> None:
     transactions.set_defaults(run=_transactions)
 
 
+def _add_acl_commands(commands) -> None:
+    acl_command = commands.add_parser("acls", help="access control lists (clusters with --authorizer acl)")
+    acl_actions = acl_command.add_subparsers(dest="action", required=True)
+    for action, help_text in (("add", "add bindings: each principal x each operation on the resource"),
+                              ("list", "JSON lines, one per binding that matches"),
+                              ("remove", "remove the bindings that match; prints them")):
+        sub = acl_actions.add_parser(action, help=help_text)
+        sub.add_argument("--allow", action="append", metavar="PRINCIPAL", help="User:NAME allowed (User:* for everyone); repeatable")
+        sub.add_argument("--deny", action="append", metavar="PRINCIPAL", help="User:NAME refused; repeatable")
+        sub.add_argument("--operation", action="append", choices=acls.OPERATIONS, help="repeatable")
+        sub.add_argument("--topic")
+        sub.add_argument("--group")
+        sub.add_argument("--transactional-id")
+        sub.add_argument("--cluster", action="store_true")
+        sub.add_argument("--prefixed", action="store_true", help="the name is a prefix (PREFIXED pattern) rather than a name")
+        sub.add_argument("--host", help="the client IP address the binding is for (add: default '*', any)")
+        _add_bootstrap(sub)
+    acl_command.set_defaults(run=_acls)
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="txlog", description="txlog: a transactional, partitioned message log")
     commands = top.add_subparsers(dest="command", required=True)
@@ -381,6 +451,7 @@ def parser() -> argparse.ArgumentParser:
                                             "see services/chaos/faults.py)")
     chaos.set_defaults(run=_chaos)
     _add_client_commands(commands)
+    _add_acl_commands(commands)
     return top
 
 

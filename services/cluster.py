@@ -12,7 +12,9 @@ partition_svc addresses clients start from). A cluster started with ``tls``
 also has ``tls``: the CA (``DIR/tls/ca.pem``) and the super user's
 certificate and key (``admin.pem``, ``admin-key.pem``) that clients of the
 local cluster use by default; every service then has its own certificate
-(``DIR/tls/<name>.pem``) and requires clients to present one (mutual TLS),
+(``DIR/tls/<name>.pem``, principal ``User:txlog-service``) and requires
+clients to present one (mutual TLS), runs the ACL authorizer with the admin
+and the services as super users (anyone else needs ACLs: ``txlog acls``),
 and authenticates to ZooKeeper with the digest identity in
 ``DIR/tls/zookeeper-auth``, so only the services can change txlog's znodes.
 """
@@ -43,6 +45,7 @@ READY_TIMEOUT_S = 60.0
 STOP_GRACE_S = 10.0
 DATA_DIR_KINDS = ("partition_svc",)  # services that keep data: each gets DIR/<name> as --data-dir
 ADMIN = "admin"  # the local cluster's super user (User:admin)
+SERVICE_PRINCIPAL_NAME = "txlog-service"  # every service's certificate names it: they call one another as super users
 
 
 class ClusterError(RuntimeError):
@@ -181,9 +184,10 @@ class LocalCluster:
         directory = Path(self.state.tls["dir"])
         cert, key = directory / f"{name}.pem", directory / f"{name}-key.pem"
         if not cert.exists():
-            certs.issue(directory, name, server=True)
+            certs.issue(directory, name, server=True, common_name=SERVICE_PRINCIPAL_NAME)
         return ["--tls-ca", self.state.tls["ca"], "--tls-cert", str(cert), "--tls-key", str(key),
-                "--zookeeper-auth-file", self.state.tls["zookeeper_auth"]]
+                "--zookeeper-auth-file", self.state.tls["zookeeper_auth"],
+                "--authorizer", "acl", "--super-users", f"User:{ADMIN};User:{SERVICE_PRINCIPAL_NAME}"]
 
     def _enable_tls(self) -> None:
         """A throwaway CA under DIR/tls, the super user's certificate for local

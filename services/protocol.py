@@ -22,6 +22,7 @@ SEQUENCE_MODULUS = 2**31
 SEQUENCE_MAX = SEQUENCE_MODULUS - 1
 NO_SEQUENCE = -1
 
+INTERNAL_TOPIC_PREFIX = "__"  # names the services keep for their own topics
 TRANSACTION_STATE_TOPIC = "__transaction_state"
 CONSUMER_OFFSETS_TOPIC = "__consumer_offsets"
 

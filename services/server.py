@@ -32,8 +32,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from opentelemetry.sdk.trace.export import SpanExporter
 
+from services import authorizer, errors, logs, telemetry, tls, zk
 from services import config as config_mod
-from services import errors, logs, telemetry, tls, zk
 from services.errors import ErrorCode, TxlogError
 from services.logs import fields
 
@@ -49,6 +49,13 @@ SERVER_SETTINGS: tuple[config_mod.Setting, ...] = (
                        "that cannot do TLS (Kubernetes' gRPC probes); empty: none (health is on the main port too)"),
     config_mod.Setting("tls_client_auth", "required", "with TLS: 'required' refuses clients without a certificate tls_ca "
                        "signed (mutual TLS); 'none' asks for none", str, tls.CLIENT_AUTH_CHOICES),
+    config_mod.Setting("principal_mapping_rules", tls.DEFAULT_PRINCIPAL_MAPPING_RULES,
+                       "how a client certificate's subject becomes a principal: Kafka's ssl.principal.mapping.rules "
+                       "(RULE:pattern/replacement/[L|U], ..., DEFAULT)"),
+    config_mod.Setting("authorizer", "none", "'acl' checks every call against the ACLs in ZooKeeper (deny by default, "
+                       "super users excepted); 'none' lets every call through", str, authorizer.AUTHORIZER_CHOICES),
+    config_mod.Setting("super_users", "", "principals the authorizer lets do anything, separated by ';' "
+                       "(User:NAME); the services' own principals must be among them"),
 )
 
 
@@ -87,16 +94,18 @@ def _unimplemented(service: str, method: str):
     return handler
 
 
-def generic_handler(servicer, service_descriptor) -> grpc.GenericRpcHandler:
+def generic_handler(servicer, service_descriptor, guard: authorizer.Authorizer | None = None) -> grpc.GenericRpcHandler:
     """The handlers of a (unary) service: requests that fail to parse reach the
     handler as MalformedRequest instead of failing inside gRPC with a bare
     UNKNOWN, and methods the servicer does not define (a coroutine) answer
-    UNIMPLEMENTED with our details."""
+    UNIMPLEMENTED with our details. With ``guard``, each call is authorized first."""
     handlers = {}
     for method in service_descriptor.methods:
         implementation = getattr(servicer, method.name, None)
         if not asyncio.iscoroutinefunction(implementation):
             implementation = _unimplemented(service_descriptor.full_name, method.name)
+        if guard is not None:
+            implementation = guard.guard(method.name, implementation, MalformedRequest)
         handlers[method.name] = grpc.unary_unary_rpc_method_handler(
             implementation,
             request_deserializer=_parser(message_factory.GetMessageClass(method.input_type)),
@@ -173,6 +182,7 @@ class ServiceRuntime:
         self.health_port = 0
         self.tls_files = tls.files_from(cfg)
         self.tls_files.check(server=True)  # a bad TLS setting stops the process before it binds, naming the setting
+        self.authorizer = authorizer.Authorizer(cfg)  # bad rules or super users stop the process, naming the setting
         auth_file = getattr(cfg, "zookeeper_auth_file", "")
         try:
             self.zookeeper_identity = zk.digest_identity(auth_file) if auth_file else None
@@ -187,7 +197,7 @@ class ServiceRuntime:
     def add_servicer(self, servicer, service_descriptor) -> None:
         """Serves ``servicer``'s coroutine methods for the service ``service_descriptor``
         (e.g. ``partition_pb2.DESCRIPTOR.services_by_name["PartitionService"]``)."""
-        self.server.add_generic_rpc_handlers((generic_handler(servicer, service_descriptor),))
+        self.server.add_generic_rpc_handlers((generic_handler(servicer, service_descriptor, self.authorizer),))
         self.service_names.append(service_descriptor.full_name)
 
     @property
@@ -220,6 +230,7 @@ class ServiceRuntime:
         if self.port == 0:
             raise RuntimeError(f"cannot listen on {self.config.listen}")
         self.address = advertised(self.config.listen, self.port, self.config.advertised_address)
+        await self.authorizer.start(self.zookeeper, self.config.zookeeper_root)
         await self._start_health_server()
         await self.server.start()
         zk.add_state_listener(self.zookeeper, self._on_zookeeper_state)

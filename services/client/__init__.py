@@ -32,6 +32,7 @@ channels, test-only fault injection), ``requests`` (retry drivers),
 ``structs`` (value types), ``testing`` (an in-memory fake cluster for unit tests).
 """
 
+from services.acls import AclBinding, AclFilter
 from services.client.admin import Admin
 from services.client.consumer import Consumer
 from services.client.errors import (
@@ -73,6 +74,8 @@ from services.client.transactions import TxnState
 from services.client.transport import FaultInjection
 
 __all__ = [
+    "AclBinding",
+    "AclFilter",
     "AbortableError",
     "Admin",
     "BufferExhaustedError",

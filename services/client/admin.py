@@ -30,7 +30,8 @@ import asyncio
 import time
 from collections.abc import Iterable, Mapping, Sequence
 
-from services import names
+from services import acls, names
+from services.acls import AclBinding, AclFilter
 from services.client._loop import LoopThread
 from services.client.errors import ClientClosedError, ClientError, TxnAction, error_for, from_proto, txn_action_for
 from services.client.fetcher import list_offsets
@@ -281,16 +282,47 @@ class Admin:
 
     def list_partition_reassignments(self, *, timeout_s: float | None = None) -> dict[TopicPartition, PartitionReassignment]:
         """The reassignments under way: {TopicPartition: (replicas now, target replicas)}."""
+        response = self._call_any("ListPartitionReassignments", partition_pb2.ListPartitionReassignmentsRequest(), timeout_s,
+                                  "list_partition_reassignments")
+        return {TopicPartition(r.topic, r.partition): PartitionReassignment(tuple(r.replicas), tuple(r.target_replicas))
+                for r in response.reassignments}
+
+    # --- ACLs (clusters with --authorizer acl) ------------------------------------------
+
+    def create_acls(self, bindings: Iterable[AclBinding], *, timeout_s: float | None = None) -> None:
+        """Adds the bindings (needs Alter on the Cluster). Every instance
+        applies them within moments (a ZooKeeper watch). Raises
+        SECURITY_DISABLED on a cluster without an authorizer, INVALID_REQUEST
+        naming a binding that cannot be."""
+        bindings = [b.check() for b in bindings]
+        if not bindings:
+            return
+        request = partition_pb2.CreateAclsRequest(bindings=[acls.binding_to_proto(b) for b in bindings])
+        self._call_any("CreateAcls", request, timeout_s, "create_acls")
+
+    def describe_acls(self, wanted: AclFilter | None = None, *, timeout_s: float | None = None) -> list[AclBinding]:
+        """The bindings the filter matches (every binding without one); needs Describe on the Cluster."""
+        request = partition_pb2.DescribeAclsRequest(filters=[acls.filter_to_proto((wanted or AclFilter()).check())])
+        response = self._call_any("DescribeAcls", request, timeout_s, "describe_acls")
+        return [acls.binding_from_proto(b) for b in response.bindings]
+
+    def delete_acls(self, filters: Iterable[AclFilter], *, timeout_s: float | None = None) -> list[AclBinding]:
+        """Removes the bindings any filter matches and returns them (needs
+        Alter on the Cluster). ``AclFilter()`` matches every binding."""
+        filters = [f.check() for f in filters]
+        if not filters:
+            return []
+        request = partition_pb2.DeleteAclsRequest(filters=[acls.filter_to_proto(f) for f in filters])
+        response = self._call_any("DeleteAcls", request, timeout_s, "delete_acls")
+        return [acls.binding_from_proto(b) for b in response.bindings]
+
+    def _call_any(self, rpc: str, request, timeout_s: float | None, what: str):
         timeout_ms = self._timeout_ms(timeout_s)
 
         async def attempt():
-            return await self._metadata.call_any("ListPartitionReassignments", partition_pb2.ListPartitionReassignmentsRequest(),
-                                                 timeout_ms=self._request_timeout_ms)
+            return await self._metadata.call_any(rpc, request, timeout_ms=self._request_timeout_ms)
 
-        response = self._run(with_retries(attempt, metadata=self._metadata, policy=self._policy(timeout_ms)), timeout_ms,
-                             "list_partition_reassignments")
-        return {TopicPartition(r.topic, r.partition): PartitionReassignment(tuple(r.replicas), tuple(r.target_replicas))
-                for r in response.reassignments}
+        return self._run(with_retries(attempt, metadata=self._metadata, policy=self._policy(timeout_ms)), timeout_ms, what)
 
     def live_partition_nodes(self, *, timeout_s: float | None = None) -> list[int]:
         """Node ids of the live partition_svc instances."""

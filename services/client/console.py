@@ -29,6 +29,8 @@ import time
 from dataclasses import dataclass
 from typing import BinaryIO, TextIO
 
+from services import acls
+from services.acls import AclBinding, AclFilter
 from services.client.admin import Admin
 from services.client.consumer import Consumer
 from services.client.errors import ClientError
@@ -401,3 +403,22 @@ def _rewind(consumer: Consumer, unprinted: list) -> None:
         first[tp] = min(first.get(tp, record.offset), record.offset)
     for tp, offset in first.items():
         consumer.seek(tp, offset)
+
+
+def acls_add(bootstrap: str | Target, bindings: list[AclBinding], out: TextIO, *, timeout_s: float = TIMEOUT_S_DEFAULT) -> None:
+    with _admin(bootstrap, timeout_s) as admin:
+        admin.create_acls(bindings)
+    for binding in bindings:
+        out.write(acls.describe(binding) + "\n")
+
+
+def acls_list(bootstrap: str | Target, wanted: AclFilter, out: TextIO, *, timeout_s: float = TIMEOUT_S_DEFAULT) -> None:
+    with _admin(bootstrap, timeout_s) as admin:
+        for binding in admin.describe_acls(wanted):
+            out.write(acls.describe(binding) + "\n")
+
+
+def acls_remove(bootstrap: str | Target, filters: list[AclFilter], out: TextIO, *, timeout_s: float = TIMEOUT_S_DEFAULT) -> None:
+    with _admin(bootstrap, timeout_s) as admin:
+        for binding in admin.delete_acls(filters):
+            out.write(acls.describe(binding) + "\n")

@@ -26,7 +26,7 @@ from services import certs, cli
 from services.client import Admin, Consumer, Producer, TopicPartition
 from services.client.errors import ClientError
 from services.client.two_phase import wait_until
-from services.cluster import LocalCluster, free_port
+from services.cluster import SERVICE_PRINCIPAL_NAME, LocalCluster, free_port
 from services.stubs.txlog.v1 import producer_id_pb2, producer_id_pb2_grpc
 
 HEALTH_PORT = free_port()
@@ -102,10 +102,20 @@ def test_the_cli_issues_a_client_certificate_that_connects(cluster):
         assert cli.main(["tls", "issue", "--dir", cluster.state.dir, "alice"]) == 0
     tls_dir = Path(cluster.state.tls["dir"])
     assert '"principal": "User:alice"' in out.getvalue()
-    with contextlib.redirect_stdout(io.StringIO()) as listed:
-        assert cli.main(["topics", "list", "--bootstrap", cluster.state.bootstrap, "--tls-ca", str(tls_dir / "ca.pem"),
-                         "--tls-cert", str(tls_dir / "alice.pem"), "--tls-key", str(tls_dir / "alice-key.pem")]) == 0
-    assert "__transaction_state" in listed.getvalue()
+    alice = ["--bootstrap", cluster.state.bootstrap, "--tls-ca", str(tls_dir / "ca.pem"),
+             "--tls-cert", str(tls_dir / "alice.pem"), "--tls-key", str(tls_dir / "alice-key.pem")]
+
+    def listed_by_alice() -> str:
+        with contextlib.redirect_stdout(io.StringIO()) as listed:
+            assert cli.main(["topics", "list", *alice]) == 0
+        return listed.getvalue()
+
+    # connected, and authenticated as User:alice: the authorizer (on with --tls) lists her no topic until an ACL allows
+    assert listed_by_alice() == ""
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert cli.main(["acls", "add", "--dir", cluster.state.dir, "--allow", "User:alice", "--operation", "Describe",
+                         "--topic", "__transaction_state"]) == 0
+    wait_until(lambda: listed_by_alice() == "__transaction_state\n", 30, "alice allowed to describe __transaction_state")
 
 
 def test_a_rotated_server_certificate_serves_new_connections_without_a_restart(cluster, tmp_path):
@@ -119,7 +129,7 @@ def test_a_rotated_server_certificate_serves_new_connections_without_a_restart(c
     admin_cert, admin_key = tls_dir / "admin.pem", tls_dir / "admin-key.pem"
     old_ca = tls_dir / "ca.pem"
     new_ca = certs.create_ca(tmp_path / "rotated")
-    new_cert, new_key = certs.issue(tmp_path / "rotated", name, server=True)
+    new_cert, new_key = certs.issue(tmp_path / "rotated", name, server=True, common_name=SERVICE_PRINCIPAL_NAME)
     both = tmp_path / "both.pem"
     both.write_bytes(old_ca.read_bytes() + new_ca.read_bytes())
     assert check(address, credentials(old_ca, admin_cert, admin_key)) == "SERVING"

@@ -16,10 +16,72 @@ class OffsetSpec(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     OFFSET_SPEC_LATEST: _ClassVar[OffsetSpec]
     OFFSET_SPEC_LAST_STABLE: _ClassVar[OffsetSpec]
     OFFSET_SPEC_TIMESTAMP: _ClassVar[OffsetSpec]
+
+class AclResourceType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ACL_RESOURCE_TYPE_UNSPECIFIED: _ClassVar[AclResourceType]
+    ACL_RESOURCE_TYPE_TOPIC: _ClassVar[AclResourceType]
+    ACL_RESOURCE_TYPE_GROUP: _ClassVar[AclResourceType]
+    ACL_RESOURCE_TYPE_TRANSACTIONAL_ID: _ClassVar[AclResourceType]
+    ACL_RESOURCE_TYPE_CLUSTER: _ClassVar[AclResourceType]
+
+class AclPatternType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ACL_PATTERN_TYPE_UNSPECIFIED: _ClassVar[AclPatternType]
+    ACL_PATTERN_TYPE_LITERAL: _ClassVar[AclPatternType]
+    ACL_PATTERN_TYPE_PREFIXED: _ClassVar[AclPatternType]
+    ACL_PATTERN_TYPE_ANY: _ClassVar[AclPatternType]
+    ACL_PATTERN_TYPE_MATCH: _ClassVar[AclPatternType]
+
+class AclOperation(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ACL_OPERATION_UNSPECIFIED: _ClassVar[AclOperation]
+    ACL_OPERATION_ALL: _ClassVar[AclOperation]
+    ACL_OPERATION_READ: _ClassVar[AclOperation]
+    ACL_OPERATION_WRITE: _ClassVar[AclOperation]
+    ACL_OPERATION_CREATE: _ClassVar[AclOperation]
+    ACL_OPERATION_DELETE: _ClassVar[AclOperation]
+    ACL_OPERATION_ALTER: _ClassVar[AclOperation]
+    ACL_OPERATION_DESCRIBE: _ClassVar[AclOperation]
+    ACL_OPERATION_DESCRIBE_CONFIGS: _ClassVar[AclOperation]
+    ACL_OPERATION_ALTER_CONFIGS: _ClassVar[AclOperation]
+    ACL_OPERATION_IDEMPOTENT_WRITE: _ClassVar[AclOperation]
+    ACL_OPERATION_CLUSTER_ACTION: _ClassVar[AclOperation]
+
+class AclPermission(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ACL_PERMISSION_UNSPECIFIED: _ClassVar[AclPermission]
+    ACL_PERMISSION_ALLOW: _ClassVar[AclPermission]
+    ACL_PERMISSION_DENY: _ClassVar[AclPermission]
 OFFSET_SPEC_EARLIEST: OffsetSpec
 OFFSET_SPEC_LATEST: OffsetSpec
 OFFSET_SPEC_LAST_STABLE: OffsetSpec
 OFFSET_SPEC_TIMESTAMP: OffsetSpec
+ACL_RESOURCE_TYPE_UNSPECIFIED: AclResourceType
+ACL_RESOURCE_TYPE_TOPIC: AclResourceType
+ACL_RESOURCE_TYPE_GROUP: AclResourceType
+ACL_RESOURCE_TYPE_TRANSACTIONAL_ID: AclResourceType
+ACL_RESOURCE_TYPE_CLUSTER: AclResourceType
+ACL_PATTERN_TYPE_UNSPECIFIED: AclPatternType
+ACL_PATTERN_TYPE_LITERAL: AclPatternType
+ACL_PATTERN_TYPE_PREFIXED: AclPatternType
+ACL_PATTERN_TYPE_ANY: AclPatternType
+ACL_PATTERN_TYPE_MATCH: AclPatternType
+ACL_OPERATION_UNSPECIFIED: AclOperation
+ACL_OPERATION_ALL: AclOperation
+ACL_OPERATION_READ: AclOperation
+ACL_OPERATION_WRITE: AclOperation
+ACL_OPERATION_CREATE: AclOperation
+ACL_OPERATION_DELETE: AclOperation
+ACL_OPERATION_ALTER: AclOperation
+ACL_OPERATION_DESCRIBE: AclOperation
+ACL_OPERATION_DESCRIBE_CONFIGS: AclOperation
+ACL_OPERATION_ALTER_CONFIGS: AclOperation
+ACL_OPERATION_IDEMPOTENT_WRITE: AclOperation
+ACL_OPERATION_CLUSTER_ACTION: AclOperation
+ACL_PERMISSION_UNSPECIFIED: AclPermission
+ACL_PERMISSION_ALLOW: AclPermission
+ACL_PERMISSION_DENY: AclPermission
 
 class MetadataRequest(_message.Message):
     __slots__ = ("topics", "all_topics", "transactional_ids", "group_ids")
@@ -526,3 +588,73 @@ class ListPartitionReassignmentsResponse(_message.Message):
     REASSIGNMENTS_FIELD_NUMBER: _ClassVar[int]
     reassignments: _containers.RepeatedCompositeFieldContainer[OngoingReassignment]
     def __init__(self, reassignments: _Optional[_Iterable[_Union[OngoingReassignment, _Mapping]]] = ...) -> None: ...
+
+class AclBinding(_message.Message):
+    __slots__ = ("resource_type", "pattern_type", "resource_name", "principal", "host", "operation", "permission")
+    RESOURCE_TYPE_FIELD_NUMBER: _ClassVar[int]
+    PATTERN_TYPE_FIELD_NUMBER: _ClassVar[int]
+    RESOURCE_NAME_FIELD_NUMBER: _ClassVar[int]
+    PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    OPERATION_FIELD_NUMBER: _ClassVar[int]
+    PERMISSION_FIELD_NUMBER: _ClassVar[int]
+    resource_type: AclResourceType
+    pattern_type: AclPatternType
+    resource_name: str
+    principal: str
+    host: str
+    operation: AclOperation
+    permission: AclPermission
+    def __init__(self, resource_type: _Optional[_Union[AclResourceType, str]] = ..., pattern_type: _Optional[_Union[AclPatternType, str]] = ..., resource_name: _Optional[str] = ..., principal: _Optional[str] = ..., host: _Optional[str] = ..., operation: _Optional[_Union[AclOperation, str]] = ..., permission: _Optional[_Union[AclPermission, str]] = ...) -> None: ...
+
+class AclBindingFilter(_message.Message):
+    __slots__ = ("resource_type", "pattern_type", "resource_name", "principal", "host", "operation", "permission")
+    RESOURCE_TYPE_FIELD_NUMBER: _ClassVar[int]
+    PATTERN_TYPE_FIELD_NUMBER: _ClassVar[int]
+    RESOURCE_NAME_FIELD_NUMBER: _ClassVar[int]
+    PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    OPERATION_FIELD_NUMBER: _ClassVar[int]
+    PERMISSION_FIELD_NUMBER: _ClassVar[int]
+    resource_type: AclResourceType
+    pattern_type: AclPatternType
+    resource_name: str
+    principal: str
+    host: str
+    operation: AclOperation
+    permission: AclPermission
+    def __init__(self, resource_type: _Optional[_Union[AclResourceType, str]] = ..., pattern_type: _Optional[_Union[AclPatternType, str]] = ..., resource_name: _Optional[str] = ..., principal: _Optional[str] = ..., host: _Optional[str] = ..., operation: _Optional[_Union[AclOperation, str]] = ..., permission: _Optional[_Union[AclPermission, str]] = ...) -> None: ...
+
+class CreateAclsRequest(_message.Message):
+    __slots__ = ("bindings",)
+    BINDINGS_FIELD_NUMBER: _ClassVar[int]
+    bindings: _containers.RepeatedCompositeFieldContainer[AclBinding]
+    def __init__(self, bindings: _Optional[_Iterable[_Union[AclBinding, _Mapping]]] = ...) -> None: ...
+
+class CreateAclsResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class DescribeAclsRequest(_message.Message):
+    __slots__ = ("filters",)
+    FILTERS_FIELD_NUMBER: _ClassVar[int]
+    filters: _containers.RepeatedCompositeFieldContainer[AclBindingFilter]
+    def __init__(self, filters: _Optional[_Iterable[_Union[AclBindingFilter, _Mapping]]] = ...) -> None: ...
+
+class DescribeAclsResponse(_message.Message):
+    __slots__ = ("bindings",)
+    BINDINGS_FIELD_NUMBER: _ClassVar[int]
+    bindings: _containers.RepeatedCompositeFieldContainer[AclBinding]
+    def __init__(self, bindings: _Optional[_Iterable[_Union[AclBinding, _Mapping]]] = ...) -> None: ...
+
+class DeleteAclsRequest(_message.Message):
+    __slots__ = ("filters",)
+    FILTERS_FIELD_NUMBER: _ClassVar[int]
+    filters: _containers.RepeatedCompositeFieldContainer[AclBindingFilter]
+    def __init__(self, filters: _Optional[_Iterable[_Union[AclBindingFilter, _Mapping]]] = ...) -> None: ...
+
+class DeleteAclsResponse(_message.Message):
+    __slots__ = ("bindings",)
+    BINDINGS_FIELD_NUMBER: _ClassVar[int]
+    bindings: _containers.RepeatedCompositeFieldContainer[AclBinding]
+    def __init__(self, bindings: _Optional[_Iterable[_Union[AclBinding, _Mapping]]] = ...) -> None: ...

@@ -100,6 +100,21 @@ class PartitionServiceStub:
                 request_serializer=txlog_dot_v1_dot_partition__pb2.ListPartitionReassignmentsRequest.SerializeToString,
                 response_deserializer=txlog_dot_v1_dot_partition__pb2.ListPartitionReassignmentsResponse.FromString,
                 _registered_method=True)
+        self.CreateAcls = channel.unary_unary(
+                '/txlog.v1.PartitionService/CreateAcls',
+                request_serializer=txlog_dot_v1_dot_partition__pb2.CreateAclsRequest.SerializeToString,
+                response_deserializer=txlog_dot_v1_dot_partition__pb2.CreateAclsResponse.FromString,
+                _registered_method=True)
+        self.DescribeAcls = channel.unary_unary(
+                '/txlog.v1.PartitionService/DescribeAcls',
+                request_serializer=txlog_dot_v1_dot_partition__pb2.DescribeAclsRequest.SerializeToString,
+                response_deserializer=txlog_dot_v1_dot_partition__pb2.DescribeAclsResponse.FromString,
+                _registered_method=True)
+        self.DeleteAcls = channel.unary_unary(
+                '/txlog.v1.PartitionService/DeleteAcls',
+                request_serializer=txlog_dot_v1_dot_partition__pb2.DeleteAclsRequest.SerializeToString,
+                response_deserializer=txlog_dot_v1_dot_partition__pb2.DeleteAclsResponse.FromString,
+                _registered_method=True)
 
 
 class PartitionServiceServicer:
@@ -200,6 +215,29 @@ class PartitionServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateAcls(self, request, context):
+        """Adds ACL bindings (needs Alter on the Cluster; SECURITY_DISABLED when the
+        authorizer is off). Every instance applies them within moments (a
+        ZooKeeper watch).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DescribeAcls(self, request, context):
+        """The ACL bindings that match filters (needs Describe on the Cluster).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteAcls(self, request, context):
+        """Removes the ACL bindings that match filters (needs Alter on the Cluster).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PartitionServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -267,6 +305,21 @@ def add_PartitionServiceServicer_to_server(servicer, server):
                     servicer.ListPartitionReassignments,
                     request_deserializer=txlog_dot_v1_dot_partition__pb2.ListPartitionReassignmentsRequest.FromString,
                     response_serializer=txlog_dot_v1_dot_partition__pb2.ListPartitionReassignmentsResponse.SerializeToString,
+            ),
+            'CreateAcls': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateAcls,
+                    request_deserializer=txlog_dot_v1_dot_partition__pb2.CreateAclsRequest.FromString,
+                    response_serializer=txlog_dot_v1_dot_partition__pb2.CreateAclsResponse.SerializeToString,
+            ),
+            'DescribeAcls': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeAcls,
+                    request_deserializer=txlog_dot_v1_dot_partition__pb2.DescribeAclsRequest.FromString,
+                    response_serializer=txlog_dot_v1_dot_partition__pb2.DescribeAclsResponse.SerializeToString,
+            ),
+            'DeleteAcls': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteAcls,
+                    request_deserializer=txlog_dot_v1_dot_partition__pb2.DeleteAclsRequest.FromString,
+                    response_serializer=txlog_dot_v1_dot_partition__pb2.DeleteAclsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -620,6 +673,87 @@ class PartitionService:
             '/txlog.v1.PartitionService/ListPartitionReassignments',
             txlog_dot_v1_dot_partition__pb2.ListPartitionReassignmentsRequest.SerializeToString,
             txlog_dot_v1_dot_partition__pb2.ListPartitionReassignmentsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateAcls(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/txlog.v1.PartitionService/CreateAcls',
+            txlog_dot_v1_dot_partition__pb2.CreateAclsRequest.SerializeToString,
+            txlog_dot_v1_dot_partition__pb2.CreateAclsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeAcls(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/txlog.v1.PartitionService/DescribeAcls',
+            txlog_dot_v1_dot_partition__pb2.DescribeAclsRequest.SerializeToString,
+            txlog_dot_v1_dot_partition__pb2.DescribeAclsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteAcls(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/txlog.v1.PartitionService/DeleteAcls',
+            txlog_dot_v1_dot_partition__pb2.DeleteAclsRequest.SerializeToString,
+            txlog_dot_v1_dot_partition__pb2.DeleteAclsResponse.FromString,
             options,
             channel_credentials,
             insecure,
