@@ -51,7 +51,7 @@ SERVER_SETTINGS: tuple[config_mod.Setting, ...] = (
                        "signed (mutual TLS); 'none' asks for none", str, tls.CLIENT_AUTH_CHOICES),
     config_mod.Setting("principal_mapping_rules", tls.DEFAULT_PRINCIPAL_MAPPING_RULES,
                        "how a client certificate's subject becomes a principal: Kafka's ssl.principal.mapping.rules "
-                       "(RULE:pattern/replacement/[L|U], ..., DEFAULT)"),
+                       "(RULE:pattern/replacement/, optionally followed by L or U to lower or upper the name; ...; DEFAULT)"),
     config_mod.Setting("authorizer", "none", "'acl' checks every call against the ACLs in ZooKeeper (deny by default, "
                        "super users excepted); 'none' lets every call through", str, authorizer.AUTHORIZER_CHOICES),
     config_mod.Setting("super_users", "", "principals the authorizer lets do anything, separated by ';' "
