@@ -1,8 +1,16 @@
 """The authorizer: who is calling, and whether they may (issue 15).
 
-Identity: the principal of a call is taken from the client certificate TLS
-verified (its subject through the principal mapping rules, services/tls.py),
-else ``User:ANONYMOUS``; the host is the peer's IP address.
+Identity: the principal of a call is taken from its bearer token
+(``authorization: Bearer <JWT>``, verified against ``--jwt-jwks-file``:
+services/tokens.py), else from the client certificate TLS verified (its
+subject through the principal mapping rules, services/tls.py); a server
+that takes tokens refuses a call with neither (AUTHENTICATION_FAILED,
+gRPC UNAUTHENTICATED), and one that authenticates nobody (plaintext, or TLS
+without client certificates or tokens) calls the caller ``User:ANONYMOUS``.
+The host is the peer's IP address. gRPC Python cannot ask for a client
+certificate without requiring one, so a port authenticates either by
+certificate (tls_client_auth=required) or by token (tls_client_auth=none
+with a JWKS file; the services then carry tokens too: --token-file).
 
 ACLs live in ZooKeeper (:class:`AclStore`) and every instance keeps them all
 in memory (:class:`AclCache`), loaded before it serves and again whenever
@@ -34,7 +42,7 @@ import grpc
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, NotEmptyError
 
-from services import access, acls, errors, tls, zk
+from services import access, acls, errors, tls, tokens, zk
 from services.acls import AclBinding, AclFilter
 from services.errors import ErrorCode, TxlogError
 from services.logs import fields
@@ -66,6 +74,14 @@ def peer_host(peer: str) -> str:
         return str(ipaddress.ip_address(rest))
     except ValueError:
         return rest
+
+
+def bearer_token(metadata) -> str | None:
+    for key, value in metadata or ():
+        if key == "authorization":
+            scheme, _, token = value.partition(" ")
+            return token.strip() if scheme.lower() == "bearer" else ""
+    return None
 
 
 class AclStore:
@@ -217,6 +233,13 @@ class Caller:
 class Authorizer:
     def __init__(self, cfg):
         self.enabled = getattr(cfg, "authorizer", "none") == "acl"
+        jwks_file = getattr(cfg, "jwt_jwks_file", "")
+        try:
+            self.tokens = tokens.TokenVerifier(jwks_file, tokens.Expectations(
+                getattr(cfg, "jwt_issuer", ""), getattr(cfg, "jwt_audience", ""), getattr(cfg, "jwt_principal_claim", "sub"))
+            ) if jwks_file else None
+        except tokens.TokenError as exc:
+            raise tls.TlsConfigError(f"jwt_jwks_file: {exc}") from None
         self.super_users = parse_super_users(getattr(cfg, "super_users", ""))
         self.mapping_rules = tls.parse_mapping_rules(getattr(cfg, "principal_mapping_rules", tls.DEFAULT_PRINCIPAL_MAPPING_RULES))
         self.store: AclStore | None = None
@@ -230,24 +253,44 @@ class Authorizer:
             await self.cache.start()
 
     def caller(self, context: grpc.aio.ServicerContext) -> Caller:
+        """Who calls; TxlogError AUTHENTICATION_FAILED for a token that does
+        not verify, or no identity where this server requires one."""
+        host = peer_host(context.peer())
+        token = bearer_token(context.invocation_metadata())
+        if token is not None:
+            if self.tokens is None:
+                raise TxlogError(ErrorCode.Value("AUTHENTICATION_FAILED"),
+                                 "this server takes no bearer tokens (no jwt_jwks_file); authenticate with a client certificate")
+            try:
+                return Caller(self.tokens.principal(token), host, self)
+            except tokens.TokenError as exc:
+                raise TxlogError(ErrorCode.Value("AUTHENTICATION_FAILED"), f"the bearer token is refused: {exc}") from None
         subject = tls.certificate_subject(context.auth_context())
-        principal = tls.principal_of_subject(subject, self.mapping_rules) if subject is not None else None
-        return Caller(principal or tls.ANONYMOUS, peer_host(context.peer()), self)
+        if subject is not None:
+            return Caller(tls.principal_of_subject(subject, self.mapping_rules) or tls.ANONYMOUS, host, self)
+        if self.tokens is not None:
+            raise TxlogError(ErrorCode.Value("AUTHENTICATION_FAILED"),
+                             "the call carries neither a client certificate nor a bearer token (authorization: Bearer <JWT>)")
+        return Caller(tls.ANONYMOUS, host, self)
 
     def guard(self, method: str, implementation, unchecked: type):
         """``implementation`` checked first (and its answer filtered, for the
         RPCs that list): what generic_handler serves when the authorizer is
         on. A request of type ``unchecked`` (one that did not parse) goes
         straight to the implementation, which refuses it."""
-        if not self.enabled:
+        if not self.enabled and self.tokens is None:
             return implementation
-        post_filter = access.FILTERS.get(method)
+        post_filter = access.FILTERS.get(method) if self.enabled else None
 
         @functools.wraps(implementation)
         async def guarded(request, context):
             if not isinstance(request, unchecked):
-                caller = self.caller(context)
-                refused = access.first_refused(caller, access.needs(method, request, caller))
+                try:
+                    caller = self.caller(context)
+                except TxlogError as exc:
+                    log.warning("unauthenticated", extra=fields(rpc=method, host=peer_host(context.peer()), error=exc.message))
+                    await errors.abort(context, exc)
+                refused = access.first_refused(caller, access.needs(method, request, caller)) if self.enabled else None
                 if refused is not None:
                     log.warning("refused", extra=fields(rpc=method, principal=caller.principal, host=caller.host,
                                                         resource_type=refused[0], resource=refused[1], operation=refused[2]))

@@ -7,18 +7,27 @@ Layout under a cluster's ``tls/`` folder: ``ca.pem`` and ``ca-key.pem``; for
 each name, ``NAME.pem`` and ``NAME-key.pem`` with subject ``CN=NAME`` (the
 default principal mapping makes it ``User:NAME``). Keys are EC P-256,
 readable by their owner only.
+
+Bearer tokens (services/tokens.py) for clusters that authenticate callers by
+token rather than certificate: ``token-signing-key.pem`` (RSA 2048) and its
+public half as ``jwks.json``, the file servers verify with; ``NAME.token``
+is a JWT for ``User:NAME`` signed with it (RS256, issuer ``txlog-local``).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
+
+from services.tokens import b64url_encode
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 VALID_DAYS = 365
@@ -28,12 +37,13 @@ class CertificateError(RuntimeError):
     pass
 
 
-def _openssl(*args: str) -> None:
+def _openssl(*args: str, stdin: bytes | None = None) -> bytes:
     if shutil.which("openssl") is None:
         raise CertificateError("the openssl command is missing; install it: apt-get install -y openssl")
-    done = subprocess.run(["openssl", *args], capture_output=True, text=True)
+    done = subprocess.run(["openssl", *args], capture_output=True, input=stdin)
     if done.returncode != 0:
-        raise CertificateError(f"openssl {args[0]} failed: {done.stderr.strip()[-500:]}")
+        raise CertificateError(f"openssl {args[0]} failed: {done.stderr.decode(errors='replace').strip()[-500:]}")
+    return done.stdout
 
 
 def _private(path: Path) -> None:
@@ -83,6 +93,49 @@ def issue(directory: Path, name: str, *, server: bool = False, hosts: tuple[str,
         os.replace(new_key, key)
         os.replace(new_cert, cert)
     return cert, key
+
+
+TOKEN_ISSUER = "txlog-local"
+TOKEN_KEY_ID = "txlog-local-1"
+
+
+def create_token_key(directory: Path) -> Path:
+    """The RSA key that signs local tokens (kept if there) and ``jwks.json``,
+    its public key as servers read it; returns the JWKS path."""
+    directory.mkdir(parents=True, exist_ok=True)
+    key, jwks = directory / "token-signing-key.pem", directory / "jwks.json"
+    if not key.exists():
+        with tempfile.TemporaryDirectory() as work:
+            new_key = Path(work) / "key.pem"
+            _openssl("genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", str(new_key))
+            _private(new_key)
+            os.replace(new_key, key)
+    modulus = _openssl("rsa", "-in", str(key), "-noout", "-modulus").decode().strip().split("=", 1)[1]
+    document = {"keys": [{"kty": "RSA", "use": "sig", "alg": "RS256", "kid": TOKEN_KEY_ID,
+                          "n": b64url_encode(bytes.fromhex(modulus)), "e": b64url_encode((65537).to_bytes(3, "big"))}]}
+    jwks.write_text(json.dumps(document, indent=2) + "\n")
+    return jwks
+
+
+def issue_token(directory: Path, name: str, *, lifetime_s: int = VALID_DAYS * 86400, claims: dict | None = None) -> Path:
+    """``NAME.token``: a JWT for ``User:NAME`` signed with the local key
+    (``claims`` adds or replaces claims, for tests). Returns its path."""
+    if not NAME.fullmatch(name):
+        raise CertificateError(f"token name {name!r} must be 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit")
+    key = directory / "token-signing-key.pem"
+    if not key.exists():
+        raise CertificateError(f"no token signing key in {directory}; a cluster started with --tls --tokens makes one")
+    now = int(time.time())
+    header = {"alg": "RS256", "typ": "JWT", "kid": TOKEN_KEY_ID}
+    body = {"sub": name, "iss": TOKEN_ISSUER, "iat": now, "exp": now + lifetime_s, **(claims or {})}
+    signing_input = ".".join(b64url_encode(json.dumps(part, separators=(",", ":")).encode()) for part in (header, body))
+    signature = _openssl("dgst", "-sha256", "-sign", str(key), stdin=signing_input.encode())
+    token = directory / f"{name}.token"
+    fresh = directory / f".{name}.token.new"
+    fresh.write_text(f"{signing_input}.{b64url_encode(signature)}\n")
+    _private(fresh)
+    os.replace(fresh, token)
+    return token
 
 
 def main(argv: list[str] | None = None) -> int:

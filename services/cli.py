@@ -1,8 +1,12 @@
 """The ``txlog`` command line.
 
-    txlog cluster up --dir DIR [--tls]   start ZooKeeper and the services locally (--tls: mutual
-                                         TLS with a throwaway CA under DIR/tls)
+    txlog cluster up --dir DIR [--tls [--tokens]]
+                                         start ZooKeeper and the services locally (--tls: mutual
+                                         TLS with a throwaway CA under DIR/tls and the ACL
+                                         authorizer; --tokens: callers use bearer tokens instead)
     txlog tls issue --dir DIR NAME       a client certificate for User:NAME (DIR/tls/NAME.pem)
+    txlog tls token --dir DIR NAME       a bearer token for User:NAME (DIR/tls/NAME.token; clusters up
+                                         with --tls --tokens)
     txlog cluster down --dir DIR         stop them (SIGTERM, then SIGKILL)
     txlog cluster kill --dir DIR NAME    SIGKILL one process (NAME as in cluster.json)
     txlog cluster start --dir DIR NAME   start it again, same data and address
@@ -13,8 +17,9 @@
                                          exits 1 when the checker found an anomaly
 
 Client commands (each takes --bootstrap HOST:PORT[,...] or --dir DIR, which reads
-the bootstrap addresses from DIR/cluster.json, and --tls-ca/--tls-cert/--tls-key
-PEM files; with --dir of a TLS cluster they default to its admin's):
+the bootstrap addresses from DIR/cluster.json, --tls-ca/--tls-cert/--tls-key
+PEM files and --token-file, a bearer token; with --dir of a TLS cluster they
+default to its admin's):
 
     txlog topics create NAME --partitions N [--replication-factor R] [--config k=v ...]
     txlog topics list
@@ -66,7 +71,9 @@ from services.tls import ChannelCredentials, TlsFiles
 def _cluster(args) -> int:
     cluster = LocalCluster(args.dir)
     if args.action == "up":
-        state = cluster.up(partition_svcs=args.partition_svcs, tls=args.tls)
+        if args.tokens and not args.tls:
+            raise console.invalid("--tokens goes with --tls: a bearer token is sent only over TLS")
+        state = cluster.up(partition_svcs=args.partition_svcs, tls=args.tls, tokens=args.tokens)
         if any(p.kind == "coordinator_svc" for p in state.services.values()):
             cluster.wait_until_coordinators_settle()  # so that the first transactions meet no partition moving
         print(json.dumps({"dir": state.dir, "zookeeper": state.zookeeper, "bootstrap": state.bootstrap,
@@ -89,6 +96,12 @@ def _tls(args) -> int:
     cluster = LocalCluster(args.dir)
     if cluster.state is None or not cluster.state.tls:
         raise ClusterError(f"the cluster in {cluster.dir} does not run TLS; start it with `txlog cluster up --tls --dir {args.dir}`")
+    if args.action == "token":
+        if not cluster.state.tls.get("jwks"):
+            raise ClusterError(f"the cluster in {cluster.dir} does not take tokens; start it with `txlog cluster up --tls --tokens`")
+        token = certs.issue_token(Path(cluster.state.tls["dir"]), args.name, lifetime_s=args.lifetime_s)
+        print(json.dumps({"principal": f"User:{args.name}", "tls_ca": cluster.state.tls["ca"], "token_file": str(token)}))
+        return 0
     cert, key = certs.issue(Path(cluster.state.tls["dir"]), args.name)
     print(json.dumps({"principal": f"User:{args.name}", "tls_ca": cluster.state.tls["ca"], "tls_cert": str(cert), "tls_key": str(key)}))
     return 0
@@ -116,8 +129,8 @@ async def _allocate(address: str, requester_id: int, count: int, tls_files: TlsF
 
 
 def _producer_ids(args) -> int:
-    target = _bootstrap(args) if args.dir else console.Target("", args.tls_ca, args.tls_cert, args.tls_key)
-    files = tls_files(target.tls_ca, target.tls_cert, target.tls_key)
+    target = _bootstrap(args) if args.dir else console.Target("", args.tls_ca, args.tls_cert, args.tls_key, args.token_file)
+    files = tls_files(target.tls_ca, target.tls_cert, target.tls_key, target.token_file)
     blocks = asyncio.run(_allocate(_producer_id_address(args), args.requester_id, args.count, files))
     for block in blocks:
         print(json.dumps(block))
@@ -141,7 +154,7 @@ def _chaos(args) -> int:
 def _bootstrap(args) -> console.Target:
     """Where a client command goes: --bootstrap, or a local cluster's (--dir);
     TLS files from --tls-*, else, with --dir, the cluster's admin's."""
-    explicit = {"tls_ca": args.tls_ca, "tls_cert": args.tls_cert, "tls_key": args.tls_key}
+    explicit = {"tls_ca": args.tls_ca, "tls_cert": args.tls_cert, "tls_key": args.tls_key, "token_file": args.token_file}
     if getattr(args, "bootstrap", None):
         return console.Target(args.bootstrap, **explicit)
     cluster = LocalCluster(args.dir)
@@ -278,6 +291,8 @@ def _add_tls_options(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("--tls-ca", help="PEM CA bundle that verifies the servers (turns TLS on)")
     sub.add_argument("--tls-cert", help="PEM client certificate, for servers that require one (mutual TLS)")
     sub.add_argument("--tls-key", help="PEM key of --tls-cert")
+    sub.add_argument("--token-file", help="a bearer token (JWT) sent with every call, for servers that authenticate by "
+                                          "token (needs --tls-ca)")
     sub.add_argument("--timeout-s", type=float, default=console.TIMEOUT_S_DEFAULT,
                      help="how long to wait for servers that do not answer (default: %(default)s)")
 
@@ -413,7 +428,11 @@ def parser() -> argparse.ArgumentParser:
                              help="how many partition_svc instances (default: %(default)s, so topics get 3 replicas)")
             sub.add_argument("--tls", action="store_true",
                              help="mutual TLS on every port, with a throwaway CA and certificates under DIR/tls "
-                                  "(clients of the cluster use DIR/tls/admin.pem by default)")
+                                  "(clients of the cluster use DIR/tls/admin.pem by default), the ACL authorizer "
+                                  "with User:admin as super user, and ZooKeeper authentication")
+            sub.add_argument("--tokens", action="store_true",
+                             help="with --tls: callers authenticate by bearer token (JWT) instead of certificate "
+                                  "(DIR/tls/admin.token; txlog tls token NAME makes more)")
     for action, help_text in (("kill", "SIGKILL one process"), ("start", "start one process again")):
         sub = cluster_actions.add_parser(action, help=help_text)
         sub.add_argument("--dir", required=True, help="the cluster's folder")
@@ -425,6 +444,10 @@ def parser() -> argparse.ArgumentParser:
     issue = tls_actions.add_parser("issue", help="a client certificate for principal User:NAME, signed by the cluster's CA")
     issue.add_argument("--dir", required=True, help="the cluster's folder (started with --tls)")
     issue.add_argument("name", help="the principal's name: the certificate's CN; files DIR/tls/NAME.pem and NAME-key.pem")
+    token = tls_actions.add_parser("token", help="a bearer token (JWT) for principal User:NAME, for a cluster started with --tokens")
+    token.add_argument("--dir", required=True, help="the cluster's folder (started with --tls --tokens)")
+    token.add_argument("--lifetime-s", type=int, default=86_400, help="how long the token is valid (default: %(default)s)")
+    token.add_argument("name", help="the principal's name (the sub claim); file DIR/tls/NAME.token")
     tls_command.set_defaults(run=_tls)
 
     pids = commands.add_parser("producer-ids", help="producer id blocks")

@@ -37,6 +37,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services import certs
+from services import tls as tls_mod
 
 ZOOKEEPER_JARS = ("/usr/share/java/zookeeper.jar", "/usr/share/java/slf4j-simple.jar")
 ZOOKEEPER_ROOT = "/txlog"
@@ -89,6 +90,8 @@ def sync_channel(address: str, tls: dict | None = None) -> grpc.Channel:
         return grpc.insecure_channel(address)
     read = lambda path: Path(path).read_bytes()  # noqa: E731
     credentials = grpc.ssl_channel_credentials(read(tls["ca"]), read(tls["key"]), read(tls["cert"]))
+    if tls.get("token"):
+        credentials = grpc.composite_channel_credentials(credentials, grpc.metadata_call_credentials(tls_mod.BearerToken(tls["token"])))
     return grpc.secure_channel(address, credentials)
 
 
@@ -118,7 +121,9 @@ class ClusterState:
     zookeeper_root: str = ZOOKEEPER_ROOT
     bootstrap: str = ""
     services: dict[str, ProcessInfo] = field(default_factory=dict)
-    tls: dict[str, str] | None = None  # {"dir", "ca", "cert", "key"}: the CA and the admin's certificate
+    # {"dir", "ca", "cert", "key", "zookeeper_auth"}: the CA and the admin's certificate; with tokens also
+    # "token" (the admin's) and "jwks" (what the services verify tokens with)
+    tls: dict[str, str] | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -185,9 +190,22 @@ class LocalCluster:
         cert, key = directory / f"{name}.pem", directory / f"{name}-key.pem"
         if not cert.exists():
             certs.issue(directory, name, server=True, common_name=SERVICE_PRINCIPAL_NAME)
-        return ["--tls-ca", self.state.tls["ca"], "--tls-cert", str(cert), "--tls-key", str(key),
+        args = ["--tls-ca", self.state.tls["ca"], "--tls-cert", str(cert), "--tls-key", str(key),
                 "--zookeeper-auth-file", self.state.tls["zookeeper_auth"],
                 "--authorizer", "acl", "--super-users", f"User:{ADMIN};User:{SERVICE_PRINCIPAL_NAME}"]
+        if self.state.tls.get("jwks"):
+            args += ["--tls-client-auth", "none", "--jwt-jwks-file", self.state.tls["jwks"], "--jwt-issuer", certs.TOKEN_ISSUER,
+                     "--token-file", str(directory / f"{SERVICE_PRINCIPAL_NAME}.token")]
+        return args
+
+    def _enable_tokens(self) -> None:
+        """Callers authenticate by bearer token instead of certificate: a
+        signing key and its JWKS under DIR/tls, tokens for the admin and the
+        services (the servers then ask for no client certificate)."""
+        directory = Path(self.state.tls["dir"])
+        self.state.tls["jwks"] = str(certs.create_token_key(directory))
+        certs.issue_token(directory, SERVICE_PRINCIPAL_NAME)
+        self.state.tls["token"] = str(certs.issue_token(directory, ADMIN))
 
     def _enable_tls(self) -> None:
         """A throwaway CA under DIR/tls, the super user's certificate for local
@@ -204,9 +222,12 @@ class LocalCluster:
                           "zookeeper_auth": str(zookeeper_auth)}
 
     def client_tls(self) -> dict[str, str]:
-        """The SDK's tls_ca= / tls_cert= / tls_key= for the admin of this cluster ({} without TLS)."""
+        """The SDK's tls_ca= / tls_cert= / tls_key= (or, with tokens, tls_ca=
+        / token_file=) for the admin of this cluster ({} without TLS)."""
         if not self.state or not self.state.tls:
             return {}
+        if self.state.tls.get("token"):
+            return {"tls_ca": self.state.tls["ca"], "token_file": self.state.tls["token"]}
         return {"tls_ca": self.state.tls["ca"], "tls_cert": self.state.tls["cert"], "tls_key": self.state.tls["key"]}
 
     # --- lifecycle ------------------------------------------------------------------
@@ -219,10 +240,14 @@ class LocalCluster:
         coordinator_svcs: int = 2,
         service_args: dict[str, list[str]] | None = None,
         tls: bool = False,
+        tokens: bool = False,
     ) -> ClusterState:
         """Starts ZooKeeper and the services; returns when every one is healthy.
         ``service_args`` adds flags per kind, e.g. {"partition_svc": ["--fsync", "false"]};
-        ``tls``: mutual TLS on every port, with certificates from a throwaway CA."""
+        ``tls``: mutual TLS on every port, with certificates from a throwaway CA;
+        ``tokens`` (with tls): callers authenticate by bearer token instead."""
+        if tokens and not tls:
+            raise ClusterError("tokens are sent only over TLS: tokens=True needs tls=True")
         service_args = service_args or {}
         if self.state is not None and any(pid_alive(p.pid) for p in self.state.services.values()):
             raise ClusterError(f"a cluster is already running from {self.dir}; run `txlog cluster down --dir {self.dir}` first")
@@ -231,6 +256,8 @@ class LocalCluster:
         self.state = ClusterState(dir=str(self.dir), zookeeper=f"127.0.0.1:{zk_port}")
         if tls:
             self._enable_tls()
+            if tokens:
+                self._enable_tokens()
         zookeeper = self._zookeeper_process(zk_port)
         self.state.services[zookeeper.name] = zookeeper
         try:

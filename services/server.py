@@ -56,6 +56,14 @@ SERVER_SETTINGS: tuple[config_mod.Setting, ...] = (
                        "super users excepted); 'none' lets every call through", str, authorizer.AUTHORIZER_CHOICES),
     config_mod.Setting("super_users", "", "principals the authorizer lets do anything, separated by ';' "
                        "(User:NAME); the services' own principals must be among them"),
+    config_mod.Setting("jwt_jwks_file", "", "JWKS file (RFC 7517) of the RSA keys that sign the bearer tokens this server "
+                       "accepts (re-read when it changes); set, a call with neither a client certificate nor a valid "
+                       "token is refused UNAUTHENTICATED; empty: no tokens"),
+    config_mod.Setting("jwt_issuer", "", "the iss claim accepted tokens must carry; empty: any"),
+    config_mod.Setting("jwt_audience", "", "the aud claim accepted tokens must include; empty: any"),
+    config_mod.Setting("jwt_principal_claim", "sub", "the token claim whose value names the principal (User:VALUE)"),
+    config_mod.Setting("token_file", "", "bearer token this instance sends with its calls to other instances, for "
+                       "clusters that authenticate by token (with tls_client_auth=none); re-read when it changes"),
 )
 
 

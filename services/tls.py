@@ -45,11 +45,13 @@ class TlsConfigError(ConfigError):
 class TlsFiles:
     """PEM file paths: the CA bundle that verifies peers, and this side's
     certificate chain and key (a client may go without, if the server does
-    not require one)."""
+    not require one); and a client's bearer token file (services/tokens.py),
+    sent with every call, re-read when it changes, only over TLS."""
 
     ca: str = ""
     cert: str = ""
     key: str = ""
+    token: str = ""
 
     @property
     def enabled(self) -> bool:
@@ -60,10 +62,14 @@ class TlsFiles:
             raise TlsConfigError("a TLS certificate and its key go together: give both tls_cert and tls_key, or neither")
         if server and self.enabled and not self.cert:
             raise TlsConfigError("a TLS server needs tls_cert and tls_key")
+        if self.token and not self.ca:
+            raise TlsConfigError("a bearer token is sent only over TLS: give tls_ca (the CA that verifies the servers) too")
         for name in ("ca", "cert", "key"):
             path = getattr(self, name)
             if path and not os.access(path, os.R_OK):
                 raise TlsConfigError(f"tls_{name} {path!r} is not a readable file")
+        if self.token and not os.access(self.token, os.R_OK):
+            raise TlsConfigError(f"token_file {self.token!r} is not a readable file")
 
     def stamp(self) -> tuple:
         """Changes whenever one of the files is replaced or rewritten."""
@@ -96,8 +102,9 @@ class TlsFiles:
 
 
 def files_from(cfg) -> TlsFiles:
-    """The TLS files a service's settings name."""
-    return TlsFiles(getattr(cfg, "tls_ca", ""), getattr(cfg, "tls_cert", ""), getattr(cfg, "tls_key", ""))
+    """The TLS files (and token) a service's settings name."""
+    return TlsFiles(getattr(cfg, "tls_ca", ""), getattr(cfg, "tls_cert", ""), getattr(cfg, "tls_key", ""),
+                    getattr(cfg, "token_file", ""))
 
 
 def server_credentials(files: TlsFiles, client_auth: str) -> grpc.ServerCredentials:
@@ -147,12 +154,39 @@ class ChannelCredentials:
         stamp = self.files.stamp()
         if self._credentials is None or stamp != self._stamp:
             ca, cert, key = self.files.read()
-            self._credentials = grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
+            credentials = grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
+            if self.files.token:
+                credentials = grpc.composite_channel_credentials(
+                    credentials, grpc.metadata_call_credentials(BearerToken(self.files.token), name="txlog-bearer-token"))
+            self._credentials = credentials
             self._stamp = stamp
         return self._credentials
 
     def changed(self) -> bool:
         return self._stamp is not None and self.files.stamp() != self._stamp
+
+
+class BearerToken(grpc.AuthMetadataPlugin):
+    """``authorization: Bearer <the token file's contents>`` on every call;
+    the file is read again when it changes (a refreshed token)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._stamp = None
+        self._header = ""
+
+    def __call__(self, context, callback) -> None:
+        try:
+            stat = os.stat(self.path)
+            stamp = (stat.st_mtime_ns, stat.st_size, stat.st_ino)
+            if stamp != self._stamp:
+                with open(self.path) as file:
+                    self._header, self._stamp = "Bearer " + file.read().strip(), stamp
+        except OSError as exc:
+            if not self._header:
+                callback((), TlsConfigError(f"token_file {self.path!r} cannot be read: {exc.strerror}"))
+                return
+        callback((("authorization", self._header),), None)
 
 
 # --- principals ------------------------------------------------------------------------------

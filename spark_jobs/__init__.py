@@ -31,7 +31,8 @@ prepared transactions of the prefix's group to commit with the write). Columns: 
 ``spark_jobs.writing``.
 
 Both: ``tlsCa``, ``tlsCert``, ``tlsKey`` (PEM files, at the same paths on the
-driver and every executor) for a cluster that runs TLS (mutual TLS: all three).
+driver and every executor) for a cluster that runs TLS (mutual TLS: all three),
+or ``tlsCa`` and ``tokenFile`` (a bearer token) for one that authenticates by token.
 
 Modules: ``options`` (parsing and checking the options), ``planning`` (offset
 ranges, on the driver), ``reading`` (one range, on an executor), ``source``

@@ -46,7 +46,7 @@ class EndingOffsets:
     per_partition: Mapping[tuple[str, int], int] | None = None
 
 
-TLS_OPTIONS = {"tlsCa": "tls_ca", "tlsCert": "tls_cert", "tlsKey": "tls_key"}  # option -> the SDK's keyword
+TLS_OPTIONS = {"tlsCa": "tls_ca", "tlsCert": "tls_cert", "tlsKey": "tls_key", "tokenFile": "token_file"}  # option -> the SDK's keyword
 
 
 @dataclass(frozen=True)
@@ -94,11 +94,14 @@ def _bootstrap(options: Mapping[str, str]) -> str:
 
 
 def _client_tls(options: Mapping[str, str]) -> dict[str, str]:
-    """tlsCa / tlsCert / tlsKey: PEM files on every machine that runs the job
-    (the driver checks them here; executors read the same paths)."""
+    """tlsCa / tlsCert / tlsKey (PEM) and tokenFile (a bearer token): files
+    on every machine that runs the job (the driver checks them here;
+    executors read the same paths)."""
     given = {keyword: str(options[name]).strip() for name, keyword in TLS_OPTIONS.items() if options.get(name)}
     if ("tls_cert" in given) != ("tls_key" in given):
         raise OptionError("txlog: options 'tlsCert' and 'tlsKey' go together: give both, or neither")
+    if "token_file" in given and "tls_ca" not in given:
+        raise OptionError("txlog: option 'tokenFile' needs 'tlsCa': a bearer token is sent only over TLS")
     for name, keyword in TLS_OPTIONS.items():
         if keyword in given and not os.access(given[keyword], os.R_OK):
             raise OptionError(f"txlog: option {name!r}: {given[keyword]!r} is not a readable file")

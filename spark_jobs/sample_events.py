@@ -53,8 +53,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tls-ca", help="PEM CA bundle of a TLS cluster")
     parser.add_argument("--tls-cert", help="PEM client certificate (mutual TLS)")
     parser.add_argument("--tls-key", help="PEM key of --tls-cert")
+    parser.add_argument("--token-file", help="bearer token, for a cluster that authenticates by token (with --tls-ca)")
     args = parser.parse_args(argv)
-    load(args.bootstrap, args.topic, events(args.count, args.seed), tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key)
+    load(args.bootstrap, args.topic, events(args.count, args.seed), tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key,
+         token_file=args.token_file)
     print(f"produced {args.count} events to {args.topic}")
     return 0
 

@@ -43,6 +43,7 @@ SETTINGS = (
     config.Setting("tls_ca", "", "PEM CA bundle that verifies the partition_svc (turns TLS on; empty: plaintext)"),
     config.Setting("tls_cert", "", "PEM client certificate of the job, for a cluster that requires one (mutual TLS)"),
     config.Setting("tls_key", "", "PEM key of tls_cert"),
+    config.Setting("token_file", "", "bearer token of the job, for a cluster that authenticates by token (with tls_ca)"),
     config.Setting("input_topic", "events", "topic(s) of page-view events to read (comma-separated)"),
     config.Setting("output_topic", "event-counts", "topic the counts are written to"),
     config.Setting("group", "windowed-counts", "consumer group whose committed offsets say what was consumed"),
@@ -111,7 +112,7 @@ def job_from(settings) -> eos.EosJob:
         input_topics=tuple(t.strip() for t in settings.input_topic.split(",")), output_topic=settings.output_topic,
         group=settings.group, transform=settings.transform, transform_args={"window_ms": settings.window_ms},
         delivery=settings.delivery, transaction_timeout_ms=settings.transaction_timeout_ms,
-        client_tls={k: v for k, v in (("tls_ca", settings.tls_ca), ("tls_cert", settings.tls_cert), ("tls_key", settings.tls_key)) if v})
+        client_tls={k: getattr(settings, k) for k in ("tls_ca", "tls_cert", "tls_key", "token_file") if getattr(settings, k)})
 
 
 def run(spark, job: eos.EosJob, show_totals: bool) -> list[eos.RangeResult]:

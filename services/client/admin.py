@@ -116,14 +116,15 @@ class Admin:
         tls_ca: str | None = None,
         tls_cert: str | None = None,
         tls_key: str | None = None,
+        token_file: str | None = None,
     ):
-        self.tls_options = {"tls_ca": tls_ca, "tls_cert": tls_cert, "tls_key": tls_key}  # for clients made on its behalf
+        self.tls_options = {"tls_ca": tls_ca, "tls_cert": tls_cert, "tls_key": tls_key, "token_file": token_file}  # for clients made on its behalf
         self._request_timeout_ms = request_timeout_ms
         self._default_api_timeout_ms = default_api_timeout_ms
         self._retry_backoff_ms = retry_backoff_ms
         self._transport = transport or Transport(request_timeout_ms=int(request_timeout_ms),
                                                  tracer_provider=tracer_provider,
-                                                 tls_files=tls_files(tls_ca, tls_cert, tls_key))
+                                                 tls_files=tls_files(tls_ca, tls_cert, tls_key, token_file))
         self._metadata = Metadata(self._transport, bootstrap, refresh_backoff_ms=retry_backoff_ms)
         self._closed = False
         self._loop = LoopThread("txlog-admin")

@@ -64,15 +64,16 @@ def parse_configs(items: list[str] | None) -> dict[str, str]:
 @dataclass(frozen=True)
 class Target:
     """Where a command goes: the bootstrap addresses and the TLS files to
-    connect with (the SDK's tls_ca= / tls_cert= / tls_key=; none: plaintext)."""
+    connect with (the SDK's tls_ca= / tls_cert= / tls_key= / token_file=; none: plaintext)."""
 
     bootstrap: str
     tls_ca: str | None = None
     tls_cert: str | None = None
     tls_key: str | None = None
+    token_file: str | None = None
 
     def client_options(self) -> dict:
-        return {"tls_ca": self.tls_ca, "tls_cert": self.tls_cert, "tls_key": self.tls_key}
+        return {"tls_ca": self.tls_ca, "tls_cert": self.tls_cert, "tls_key": self.tls_key, "token_file": self.token_file}
 
 
 def _target(bootstrap: str | Target) -> Target:

@@ -70,6 +70,7 @@ class Consumer:
         tls_ca: str | None = None,
         tls_cert: str | None = None,
         tls_key: str | None = None,
+        token_file: str | None = None,
     ):
         self.config = ConsumerConfig(
             group_id=group_id, isolation_level=isolation_level, auto_offset_reset=auto_offset_reset,
@@ -81,7 +82,7 @@ class Consumer:
         )
         self._transport = transport or Transport(request_timeout_ms=int(request_timeout_ms),
                                                  tracer_provider=tracer_provider,
-                                                 tls_files=tls_files(tls_ca, tls_cert, tls_key))
+                                                 tls_files=tls_files(tls_ca, tls_cert, tls_key, token_file))
         self._metadata = Metadata(self._transport, bootstrap, refresh_backoff_ms=retry_backoff_ms,
                                   max_age_ms=metadata_max_age_ms)
         self._fetcher = Fetcher(self._metadata, self._transport, self.config)

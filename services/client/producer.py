@@ -143,6 +143,7 @@ class Producer:
         tls_ca: str | None = None,
         tls_cert: str | None = None,
         tls_key: str | None = None,
+        token_file: str | None = None,
     ):
         self.config = ProducerConfig(
             enable_idempotence=enable_idempotence,
@@ -166,7 +167,7 @@ class Producer:
         self._partitioner = partitioner or DefaultPartitioner()
         self._transport = transport or Transport(
             request_timeout_ms=int(request_timeout_ms), fault_injection=fault_injection,
-            tracer_provider=tracer_provider, tls_files=tls_files(tls_ca, tls_cert, tls_key))
+            tracer_provider=tracer_provider, tls_files=tls_files(tls_ca, tls_cert, tls_key, token_file))
         self._metadata = Metadata(self._transport, bootstrap, refresh_backoff_ms=retry_backoff_ms,
                                   max_age_ms=metadata_max_age_ms)
         self._accumulator = RecordAccumulator(

@@ -89,13 +89,14 @@ class FaultInjection:
                             f"fault injection: the answer of {address} to {rpc} was dropped after the server handled it")
 
 
-def tls_files(ca: str | None, cert: str | None, key: str | None) -> TlsFiles | None:
-    """The SDK's tls_ca= / tls_cert= / tls_key= (PEM file paths) as TlsFiles;
-    None (plaintext) when none is given. Raises ValueError (TlsConfigError)
-    naming a file that is missing or a certificate without its key."""
-    if not (ca or cert or key):
+def tls_files(ca: str | None, cert: str | None, key: str | None, token: str | None = None) -> TlsFiles | None:
+    """The SDK's tls_ca= / tls_cert= / tls_key= (PEM file paths) and
+    token_file= (a bearer token, services/tokens.py) as TlsFiles; None
+    (plaintext) when none is given. Raises ValueError (TlsConfigError) naming
+    a file that is missing, a certificate without its key, or a token without TLS."""
+    if not (ca or cert or key or token):
         return None
-    files = TlsFiles(ca or "", cert or "", key or "")
+    files = TlsFiles(ca or "", cert or "", key or "", token or "")
     files.check(server=False)
     return files
 
