@@ -46,8 +46,16 @@ FAILED_CODE = {TOPIC: "TOPIC_AUTHORIZATION_FAILED", GROUP: "GROUP_AUTHORIZATION_
                TRANSACTIONAL_ID: "TRANSACTIONAL_ID_AUTHORIZATION_FAILED", CLUSTER: "CLUSTER_AUTHORIZATION_FAILED"}
 
 
+NAME_SHOWN_MAX = 200  # a hostile name can be megabytes: the status travels in headers of a few KiB
+
+
+def shown(name: str) -> str:
+    return name if len(name) <= NAME_SHOWN_MAX else f"{name[:NAME_SHOWN_MAX]}... ({len(name)} characters)"
+
+
 def refusal(principal: str, need: Need) -> TxlogError:
     resource_type, name, operation = need
+    principal, name = shown(principal), shown(name)
     return TxlogError(ErrorCode.Value(FAILED_CODE[resource_type]),
                       f"{principal} may not {operation} {resource_type} {name!r}; an operator grants it with "
                       f"txlog acls add --allow {principal} --operation {operation} {_selector(resource_type, name)}")

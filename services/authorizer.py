@@ -293,7 +293,7 @@ class Authorizer:
                 refused = access.first_refused(caller, access.needs(method, request, caller)) if self.enabled else None
                 if refused is not None:
                     log.warning("refused", extra=fields(rpc=method, principal=caller.principal, host=caller.host,
-                                                        resource_type=refused[0], resource=refused[1], operation=refused[2]))
+                                                        resource_type=refused[0], resource=access.shown(refused[1]), operation=refused[2]))
                     await errors.abort(context, access.refusal(caller.principal, refused))
                 response = await implementation(request, context)
                 if post_filter is not None and response is not None:

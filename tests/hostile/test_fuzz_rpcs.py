@@ -29,6 +29,16 @@ transactional id, but only with a wrong producer id or epoch
 change the baseline; they are not sent). Hypothesis runs derandomized: the same
 requests every run.
 
+Secured
+-------
+Everything runs twice: on a plaintext cluster, and on one with mutual TLS and
+the ACL authorizer (what ``txlog cluster up --tls`` starts), where the
+baseline is stored and read back as the super user but the fuzzing runs as
+``User:fuzzer``, whom ACLs allow everything on the scratch names and the
+fresh ``fz-`` ones, only reading and describing on the baseline's, with a
+Deny among them. There every answer must still be one of ours, the refusals
+*_AUTHORIZATION_FAILED, and the baseline unchanged.
+
 Known bugs
 ----------
 :data:`KNOWN_BUGS` are server bugs this suite found and that are not fixed yet:
@@ -45,6 +55,7 @@ import pkgutil
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import grpc
 import pytest
@@ -69,13 +80,27 @@ from proto_strategies import (
     weighted,
 )
 
-from services import errors
+from services import acls, certs, errors
+from services.acls import (
+    ALLOW,
+    CLUSTER,
+    CLUSTER_NAME,
+    DENY,
+    GROUP,
+    LITERAL,
+    PREFIXED,
+    TOPIC,
+    TRANSACTIONAL_ID,
+    AclBinding,
+)
 from services.cluster import LocalCluster
 from services.errors import ERROR_TABLE, ErrorCode
 from services.stubs.txlog import v1 as stubs_v1
-from services.stubs.txlog.v1 import common_pb2, coordinator_pb2, errors_pb2, partition_pb2
+from services.stubs.txlog.v1 import common_pb2, coordinator_pb2, errors_pb2, partition_pb2, partition_pb2_grpc
 
 EXAMPLES_PER_RPC = int(os.environ.get("TXLOG_HOSTILE_EXAMPLES_PER_RPC", "200"))  # more for a deeper local run
+SECURED_EXAMPLES_PER_RPC = max(EXAMPLES_PER_RPC // 4, 10)
+FUZZER = "fuzzer"  # the principal the secured run fuzzes as
 CALL_TIMEOUT_S = 30.0
 FETCH_WAIT_MS_MAX = 100  # the cluster's --fetch-wait-ms-max: every long poll is cut to this
 RETRY_WAIT_S = 30.0
@@ -238,15 +263,29 @@ class Hostile:
     # per target: the answers (OK or the error's name) and the kinds of request sent
     outcomes: dict[str, collections.Counter] = field(default_factory=lambda: collections.defaultdict(collections.Counter))
     kinds: dict[str, collections.Counter] = field(default_factory=lambda: collections.defaultdict(collections.Counter))
-    _channels: dict[str, grpc.Channel] = field(default_factory=dict)
+    _channels: dict[tuple[str, bool], grpc.Channel] = field(default_factory=dict)
+
+    @property
+    def secured(self) -> bool:
+        return bool(self.cluster.state.tls)
 
     def addresses(self, kind: str) -> list[str]:
         return [p.address for p in self.cluster.state.services.values() if p.kind == kind]
 
-    def channel(self, address: str) -> grpc.Channel:
-        if address not in self._channels:
-            self._channels[address] = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
-        return self._channels[address]
+    def channel(self, address: str, *, as_fuzzer: bool = False) -> grpc.Channel:
+        """A channel as the super user (secured) or plaintext; ``as_fuzzer``: as User:fuzzer."""
+        key = (address, as_fuzzer and self.secured)
+        if key not in self._channels:
+            if not self.secured:
+                self._channels[key] = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+            else:
+                tls = self.cluster.state.tls
+                name = FUZZER if key[1] else "admin"
+                read = lambda path: Path(path).read_bytes()  # noqa: E731
+                credentials = grpc.ssl_channel_credentials(read(tls["ca"]), read(Path(tls["dir"]) / f"{name}-key.pem"),
+                                                           read(Path(tls["dir"]) / f"{name}.pem"))
+                self._channels[key] = grpc.secure_channel(address, credentials, options=CHANNEL_OPTIONS)
+        return self._channels[key]
 
     def call(self, address: str, service: str, method: str, request: Message, response_class: type[Message]) -> Message:
         rpc = self.channel(address).unary_unary(
@@ -407,6 +446,18 @@ class Hostile:
         state["transaction"] = self.describe_transaction(b.transactional_id).SerializeToString(deterministic=True)
         return state
 
+    def wait_for_fuzzer_grants(self) -> None:
+        """Until every partition_svc lets the fuzzer describe the scratch topic (the ACLs reached every cache)."""
+        deadline = time.monotonic() + RETRY_WAIT_S
+        for address in self.addresses("partition_svc"):
+            while True:
+                reply = partition_pb2_grpc.PartitionServiceStub(self.channel(address, as_fuzzer=True)).Metadata(
+                    partition_pb2.MetadataRequest(topics=[self.baseline.scratch_topic]), timeout=CALL_TIMEOUT_S)
+                if reply.topics[0].error.code == NONE:
+                    break
+                assert time.monotonic() < deadline, f"the fuzzer's ACLs did not reach {address}: {reply.topics[0].error}"
+                time.sleep(0.1)
+
     def assert_alive_and_serving(self) -> None:
         for name, status in self.cluster.status().items():
             assert status["alive"], f"{name} died; see {self.cluster.state.services[name].log}"
@@ -455,7 +506,7 @@ class Hostile:
 
     def check(self, target: Target, call: FuzzCall) -> None:
         self.kinds[str(target)][call.kind] += 1
-        rpc = self.channel(call.address).unary_unary(target.path, request_serializer=None, response_deserializer=None)
+        rpc = self.channel(call.address, as_fuzzer=True).unary_unary(target.path, request_serializer=None, response_deserializer=None)
         try:
             answer = rpc(call.payload, timeout=CALL_TIMEOUT_S)
         except grpc.RpcError as exc:
@@ -516,10 +567,28 @@ def records_batch(producer_id: int, epoch: int, sequence: int, values: list[str]
     )
 
 
-@pytest.fixture(scope="module")
-def hostile(tmp_path_factory):
+def fuzzer_acls(b: Baseline) -> list[AclBinding]:
+    """All on the scratch names and fresh fz- ones; reading and describing the
+    baseline's; a Deny that overrides an Allow; IdempotentWrite."""
+    def binding(resource_type, name, operation, pattern=LITERAL, permission=ALLOW):
+        return AclBinding(resource_type, pattern, name, f"User:{FUZZER}", "*", operation, permission)
+    return [
+        *(binding(TOPIC, name, "All") for name in (b.scratch_topic,)),
+        binding(TOPIC, "fz-", "All", PREFIXED), binding(GROUP, "fz-", "All", PREFIXED), binding(TRANSACTIONAL_ID, "fz-", "All", PREFIXED),
+        binding(GROUP, b.scratch_group, "All"), binding(TRANSACTIONAL_ID, b.scratch_transactional_id, "All"),
+        binding(TOPIC, b.topic, "Read"), binding(TOPIC, b.topic, "All"), binding(TOPIC, b.topic, "Write", permission=DENY),
+        binding(TOPIC, b.topic, "Create", permission=DENY), binding(TOPIC, b.topic, "Delete", permission=DENY),
+        binding(TOPIC, b.topic, "Alter", permission=DENY),
+        binding(GROUP, b.group, "Describe"), binding(TRANSACTIONAL_ID, b.transactional_id, "Describe"),
+        binding(CLUSTER, CLUSTER_NAME, "IdempotentWrite"),
+    ]
+
+
+@pytest.fixture(scope="module", params=["plaintext", "mtls-acl"])
+def hostile(request, tmp_path_factory):
+    secured = request.param == "mtls-acl"
     cluster = LocalCluster(tmp_path_factory.mktemp("hostile") / "cluster")
-    cluster.up(service_args={
+    cluster.up(tls=secured, service_args={
         "partition_svc": ["--fetch-wait-ms-max", str(FETCH_WAIT_MS_MAX)],
         "coordinator_svc": ["--transaction-check-interval-ms", "200", "--ownership-check-interval-ms", "300"],
     })
@@ -527,6 +596,11 @@ def hostile(tmp_path_factory):
     try:
         cluster.wait_until_coordinators_settle()
         state.store_baseline()
+        if secured:
+            certs.issue(Path(cluster.state.tls["dir"]), FUZZER)
+            wanted = fuzzer_acls(state.baseline)
+            state.partition("CreateAcls", partition_pb2.CreateAclsRequest(bindings=[acls.binding_to_proto(b) for b in wanted]))
+            state.wait_for_fuzzer_grants()
         yield state
     finally:
         state.close()
@@ -640,7 +714,7 @@ def test_rpc_answers_hostile_requests_with_clear_errors_and_keeps_the_baseline(t
     @settings(
         derandomize=True,
         database=None,
-        max_examples=EXAMPLES_PER_RPC,
+        max_examples=SECURED_EXAMPLES_PER_RPC if hostile.secured else EXAMPLES_PER_RPC,
         deadline=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much, HealthCheck.large_base_example],
     )
@@ -833,3 +907,21 @@ def test_names_at_the_length_limits_are_accepted(hostile):
     assert found.address in hostile.addresses("coordinator_svc")
     coordinator = hostile.partition("Metadata", partition_pb2.MetadataRequest(group_ids=[group])).group_coordinators[0]
     assert coordinator.error.code == NONE and coordinator.address in hostile.addresses("partition_svc"), coordinator
+
+
+def test_the_authorizer_refused_only_where_it_is_on(hostile):
+    """Runs after the fuzzing (file order): on the secured cluster the
+    fuzzer was refused (the internal RPCs, the baseline's writes) and let
+    through (the scratch names); on the plaintext one nothing was refused for
+    authorization and the ACL RPCs said the authorizer is off."""
+    answered = collections.Counter()
+    for outcomes in hostile.outcomes.values():
+        answered.update(outcomes)
+    refused = sum(n for name, n in answered.items() if name.endswith("_AUTHORIZATION_FAILED"))
+    assert answered["OK"] > 0, answered
+    if hostile.secured:
+        assert refused > 0 and answered["CLUSTER_AUTHORIZATION_FAILED"] > 0, answered
+        assert hostile.outcomes["ReplicationService.ReplicaFetch@partition_svc"].keys() <= {"CLUSTER_AUTHORIZATION_FAILED", "INVALID_REQUEST"}
+    else:
+        assert refused == 0, answered
+        assert "SECURITY_DISABLED" in hostile.outcomes["PartitionService.CreateAcls@partition_svc"], answered

@@ -250,3 +250,12 @@ def reference(bound, principal, host, name, operation):
        st.sampled_from(["a", "ab", "abc", "b", "c"]), st.sampled_from(["Read", "Write", "Describe", "Alter", "Create"]))
 def test_the_decision_is_the_reference(bound, principal, host, name, operation):
     assert acls.authorized(bound, principal, host, TOPIC, name, operation) == reference(bound, principal, host, name, operation)
+
+
+def test_a_refusal_shows_a_hostile_name_cut_short():
+    """The hostile suite found it: a 100,000-character name in the refusal
+    overflowed gRPC's header limit and the call failed RESOURCE_EXHAUSTED
+    without our details."""
+    error = access.refusal("User:alice", (TOPIC, "x" * 100_000, "Write"))
+    assert len(error.message) < 1000 and "(100000 characters)" in error.message
+    assert ErrorCode.Name(error.code) == "TOPIC_AUTHORIZATION_FAILED"
