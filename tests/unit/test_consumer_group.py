@@ -1,0 +1,111 @@
+"""Consumer groups by example (issue 16): the assignors, cooperative
+revocation, fencing by member epoch, static membership and commit checks."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from partition_svc import assignors
+from partition_svc.consumer_group import STABLE, UNRELEASED, UNREVOKED, ConsumerGroup, GroupError, Heartbeat
+
+COUNTS = {"t": 4}
+
+
+def join(group, member_id, now=0, topics=("t",), **kw):
+    return group.heartbeat(Heartbeat(member_id, 0, subscribed=frozenset(topics), owned=frozenset(), **kw), now, COUNTS)
+
+
+def beat(group, answer, owned=None, now=0, **kw):
+    owned = answer.assigned if owned is None else owned
+    return group.heartbeat(Heartbeat(answer.member_id, answer.member_epoch, owned=frozenset(owned), **kw), now, COUNTS)
+
+
+def test_range_gives_contiguous_ranges_in_member_order():
+    subscriptions = {"m2": frozenset({"t"}), "m1": frozenset({"t", "u"})}
+    assert assignors.range_assignment(subscriptions, {"t": 5, "u": 2}) == {
+        "m1": frozenset({("t", 0), ("t", 1), ("t", 2), ("u", 0), ("u", 1)}), "m2": frozenset({("t", 3), ("t", 4)})}
+
+
+def test_uniform_is_sticky_when_a_member_joins():
+    before = assignors.uniform_assignment({"a": frozenset({"t"}), "b": frozenset({"t"})}, {"t": 6}, {})
+    after = assignors.uniform_assignment({"a": frozenset({"t"}), "b": frozenset({"t"}), "c": frozenset({"t"})}, {"t": 6}, before)
+    assert sorted(len(p) for p in after.values()) == [2, 2, 2]
+    assert after["a"] <= before["a"] and after["b"] <= before["b"], "only what the newcomer needs moved"
+
+
+@given(st.dictionaries(st.sampled_from("abcde"), st.sets(st.sampled_from(["t", "u", "v"]), min_size=1).map(frozenset), min_size=1),
+       st.fixed_dictionaries({"t": st.integers(0, 7), "u": st.integers(0, 7), "v": st.integers(0, 3)}), st.sampled_from(assignors.ASSIGNORS))
+def test_every_assignor_assigns_each_subscribed_partition_once_to_a_subscriber(subscriptions, counts, name):
+    result = assignors.assign(name, subscriptions, counts, {})
+    owners = [(tp, m) for m, tps in result.items() for tp in tps]
+    assert len(owners) == len({tp for tp, _ in owners})
+    assert {tp for tp, _ in owners} == {(t, p) for ts in subscriptions.values() for t in ts for p in range(counts[t])}
+    assert all(tp[0] in subscriptions[m] for tp, m in owners)
+    if name == "uniform" and len({frozenset(s) for s in subscriptions.values()}) == 1:
+        sizes = [len(result[m]) for m in subscriptions]
+        assert max(sizes) - min(sizes) <= 1, "even when everyone subscribes to the same topics"
+
+
+def test_a_partition_moves_only_after_its_owner_revoked_it():
+    group = ConsumerGroup("g")
+    first = join(group, "m1")
+    assert first.assigned == {("t", p) for p in range(4)} and group.members["m1"].state == STABLE
+    second = join(group, "m2")
+    assert second.assigned == frozenset() and group.members["m2"].state == UNRELEASED  # m1 still holds them
+    told = beat(group, first)
+    assert len(told.assigned) == 2 and group.members["m1"].state == UNREVOKED and told.member_epoch == first.member_epoch
+    assert len(beat(group, second).assigned) == 0, "nothing moves before m1 reports the revocation"
+    revoked = beat(group, told)
+    assert revoked.member_epoch == group.assignment_epoch and group.members["m1"].state == STABLE
+    given_now = beat(group, second)
+    assert given_now.assigned == {("t", p) for p in range(4)} - revoked.assigned and group.members["m2"].state == STABLE
+
+
+def test_a_stale_epoch_is_fenced_and_a_lost_answer_is_not():
+    group = ConsumerGroup("g")
+    first = join(group, "m1")
+    join(group, "m2")
+    told = beat(group, first)
+    revoked = beat(group, told)  # epoch moves on; suppose this answer was lost
+    assert beat(group, told, owned=revoked.assigned).member_epoch == revoked.member_epoch  # the previous epoch is fine
+    with pytest.raises(GroupError) as fenced:
+        group.heartbeat(Heartbeat("m1", revoked.member_epoch + 5, owned=frozenset()), 0, COUNTS)
+    assert fenced.value.code == "FENCED_MEMBER_EPOCH"
+    with pytest.raises(GroupError) as unknown:
+        group.heartbeat(Heartbeat("nobody", 3, owned=frozenset()), 0, COUNTS)
+    assert unknown.value.code == "UNKNOWN_MEMBER_ID"
+
+
+def test_a_static_member_restarts_without_a_rebalance():
+    group = ConsumerGroup("g")
+    a = join(group, "a1", instance_id="worker-a")
+    b = join(group, "b1", instance_id="worker-b")
+    a = beat(group, beat(group, a))
+    b = beat(group, b)
+    epoch = group.group_epoch
+    group.heartbeat(Heartbeat("a1", -2, instance_id="worker-a"), 100, COUNTS)
+    with pytest.raises(GroupError) as taken:
+        join(group, "b2", instance_id="worker-b")
+    assert taken.value.code == "UNRELEASED_INSTANCE_ID"
+    back = join(group, "a1", now=200, instance_id="worker-a")
+    assert back.assigned == a.assigned and group.group_epoch == epoch, "same partitions, no new group epoch"
+    group.heartbeat(Heartbeat("b1", -2, instance_id="worker-b"), 300, COUNTS)
+    beat(group, back, now=45_000)
+    assert group.expire(300 + 45_000) == ["b1"], "gone for longer than its session: removed"
+
+
+def test_commits_need_the_members_current_epoch():
+    group = ConsumerGroup("g")
+    group.check_commit("", -1)  # an empty group takes commits from outside (admin tools, batch jobs)
+    first = join(group, "m1")
+    group.check_commit("m1", first.member_epoch)
+    for member_id, epoch, code in (("m1", first.member_epoch - 1, "STALE_MEMBER_EPOCH"), ("zombie", 1, "UNKNOWN_MEMBER_ID"),
+                                   ("", -1, "UNKNOWN_MEMBER_ID")):
+        with pytest.raises(GroupError) as refused:
+            group.check_commit(member_id, epoch)
+        assert refused.value.code == code
+    group.expire(10**9)
+    with pytest.raises(GroupError, match="left or timed out"):
+        group.check_commit("m1", first.member_epoch)
