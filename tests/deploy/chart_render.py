@@ -55,6 +55,7 @@ PRODUCTION_VALUES = {
 MINIMAL_VALUES = {
     "fullnameOverride": "tx",
     "tls": {"enabled": False},
+    "authorizer": {"enabled": False},  # it needs TLS: principals are certificate subjects
     "networkPolicy": {"enabled": False},
     "zookeeper": {"auth": {"enabled": False, "existingSecret": ""}},
     "serviceAccount": {"create": False, "name": "platform-runner"},
@@ -67,6 +68,8 @@ MINIMAL_VALUES = {
     "sparkJob": {"enabled": False},
 }
 VALUE_SETS = {"defaults": {}, "production": PRODUCTION_VALUES, "minimal": MINIMAL_VALUES}
+# TLS off: the authorizer, which needs it, too.
+NO_TLS = {"tls": {"enabled": False}, "authorizer": {"enabled": False}}
 
 
 @dataclass
@@ -135,3 +138,28 @@ def settings_read_by(module: str) -> set[str]:
         return {s.env for s in importlib.import_module(module).SETTINGS}
     service = importlib.import_module(f"{module}.server")
     return {s.env for s in (*config.COMMON_SETTINGS, *server.SERVER_SETTINGS, *service.SETTINGS)}
+
+
+def acl_commands(job: dict) -> list[list[str]]:
+    """The argv of each `txlog acls add` the ACL hook Job's script runs (as sh would split it)."""
+    import shlex
+
+    script = container(job)["command"][2]
+    return [shlex.split(line)[1:] for line in script.splitlines() if line.startswith("retry txlog acls add ")]
+
+
+def acl_bindings(job: dict) -> list[tuple[str, ...]]:
+    """The bindings those commands add, read by the CLI's own parser:
+    (permission, principal, operation, resource type, pattern type, name, host)."""
+    from services import acls, cli
+
+    bindings = []
+    for argv in acl_commands(job):
+        assert argv[:3] == ["txlog", "acls", "add"], argv
+        args = cli.parser().parse_args(argv[1:])
+        resource = cli._acl_resource(args)
+        assert resource is not None, argv
+        pattern = acls.PREFIXED if args.prefixed else acls.LITERAL
+        bindings += [(permission, principal, operation, *resource[:1], pattern, resource[1], args.host or "*")
+                     for permission, principal in cli._acl_principals(args) for operation in args.operation]
+    return bindings

@@ -7,6 +7,7 @@ here against a local cluster of the same services."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -330,17 +331,42 @@ def merged(base: dict, overlay: dict) -> dict:
     return out
 
 
+def tls_services(compose: dict) -> dict:
+    return merged(compose, yaml.safe_load(TLS_COMPOSE_FILE.read_text()))["services"]
+
+
+def compose_script(text: str, replacements: dict[str, str]) -> str:
+    """A script in the compose file as the container's sh gets it ($$ is Compose's escaped $)."""
+    text = text.replace("$$", "$")
+    for old, new in replacements.items():
+        text = text.replace(old, new)
+    return text
+
+
+def interpolated(value: str, shell: dict[str, str]) -> str:
+    """Compose's ${VAR:-default}, VAR from the shell."""
+    return re.sub(r"\$\{(\w+):-([^}]*)\}", lambda m: shell.get(m.group(1), m.group(2)), value)
+
+
+def run_certs_service(certs: dict, directory: Path) -> subprocess.CompletedProcess:
+    """The `certs` service here: its entrypoint script around its command, with the volume at ``directory``."""
+    entrypoint, command = certs["entrypoint"], certs["command"]
+    assert entrypoint[:2] == ["sh", "-ec"] and command[:3] == ["python", "-m", "services.certs"]
+    script = compose_script(entrypoint[2], {"/etc/txlog/tls": str(directory)})
+    argv = [sys.executable, *command[1:]]
+    argv[argv.index("--dir") + 1] = str(directory)
+    return subprocess.run(["sh", "-ec", script, *entrypoint[3:], *argv], capture_output=True, text=True, timeout=120)
+
+
 def test_the_tls_variant_gives_every_service_its_own_certificate_from_a_ca_made_first(compose, tmp_path):
-    overlay = yaml.safe_load(TLS_COMPOSE_FILE.read_text())
-    services = merged(compose, overlay)["services"]
+    services = tls_services(compose)
     certs_command = services["certs"]["command"]
     assert certs_command[:3] == ["python", "-m", "services.certs"]
     servers = certs_command[certs_command.index("--servers") + 1].split(",")
     clients = certs_command[certs_command.index("--clients") + 1].split(",")
     assert sorted(servers) == sorted(EXPECTED)  # one per txlog service, named as it advertises itself
-    # the certs command, run here, makes exactly the files the services are given
-    done = subprocess.run([sys.executable, *certs_command[1:3], "--dir", str(tmp_path), "--servers", ",".join(servers),
-                           "--clients", ",".join(clients)], capture_output=True, text=True, timeout=120)
+    # the certs service, run here, makes exactly the files the services are given
+    done = run_certs_service(services["certs"], tmp_path)
     assert done.returncode == 0, done.stderr
     for name in (*EXPECTED, "windowed-counts"):
         service = services[name]
@@ -359,3 +385,105 @@ def test_the_tls_variant_gives_every_service_its_own_certificate_from_a_ca_made_
     verify = subprocess.run(["openssl", "verify", "-CAfile", str(tmp_path / "ca.pem"),
                              *(str(tmp_path / f"{n}.pem") for n in (*servers, *clients))], capture_output=True, text=True)
     assert verify.returncode == 0, verify.stderr
+
+
+def certificate_principal(cert: Path) -> str:
+    """User:<CN>: the principal the default mapping rule makes of a certificate."""
+    from services import tls
+
+    subject = subprocess.run(["openssl", "x509", "-in", str(cert), "-noout", "-subject", "-nameopt", "RFC2253"],
+                             capture_output=True, text=True, check=True).stdout.strip().removeprefix("subject=")
+    return tls.principal_of_subject(subject, tls.parse_mapping_rules(tls.DEFAULT_PRINCIPAL_MAPPING_RULES))
+
+
+def test_the_tls_variant_runs_the_acl_authorizer_with_the_services_and_admin_as_super_users(compose, tmp_path):
+    from services import authorizer
+
+    services = tls_services(compose)
+    done = run_certs_service(services["certs"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    certificates = {name: tmp_path / services[name]["environment"]["TXLOG_TLS_CERT"].rsplit("/", 1)[1] for name in EXPECTED}
+    service_principals = {certificate_principal(cert) for cert in certificates.values()}
+    assert service_principals == {f"User:{name}" for name in EXPECTED}
+    admin = certificate_principal(tmp_path / "admin.pem")
+    assert admin == "User:admin"
+    for name in EXPECTED:
+        env = services[name]["environment"]
+        assert env["TXLOG_AUTHORIZER"] == "acl", name
+        # every service's own principal (they call one another: ClusterAction) and the admin's
+        assert authorizer.parse_super_users(env["TXLOG_SUPER_USERS"]) == service_principals | {admin}, name
+    # the job is a client, not a super user: it gets ACLs (spark-job-acls)
+    job = services["windowed-counts"]
+    assert certificate_principal(tmp_path / "spark-job.pem") not in service_principals | {admin}
+    assert "TXLOG_SUPER_USERS" not in job["environment"]
+    assert job["depends_on"]["spark-job-acls"] == {"condition": "service_completed_successfully"}
+
+
+def test_the_tls_variant_gives_the_services_a_zookeeper_identity_made_once(compose, tmp_path):
+    from services import zk
+
+    services = tls_services(compose)
+    for name in EXPECTED:
+        assert services[name]["environment"]["TXLOG_ZOOKEEPER_AUTH_FILE"] == "/etc/txlog/tls/zookeeper-identity"
+    assert run_certs_service(services["certs"], tmp_path).returncode == 0
+    identity_file = tmp_path / "zookeeper-identity"
+    identity = zk.digest_identity(str(identity_file))
+    user, _, password = identity.partition(":")
+    assert user == "txlog" and len(password) >= 32
+    assert identity_file.stat().st_mode & 0o077 == 0  # the owner's only (the services run as the same user)
+    # a second `up` keeps it: the znodes' ACLs name it
+    assert run_certs_service(services["certs"], tmp_path).returncode == 0
+    assert zk.digest_identity(str(identity_file)) == identity
+    assert not (tmp_path / "zookeeper-identity.new").exists()
+
+
+def test_the_spark_job_acls_service_grants_the_job_what_the_chart_grants_it(compose, tmp_path):
+    """spark-job-acls's script, run here by sh against a local cluster with TLS
+    and the authorizer (whose tls/ folder has the layout of the `tls` volume),
+    adds the bindings the Helm chart's hook Job adds for the same job."""
+    from chart_render import acl_bindings, render
+
+    from services import certs
+    from services.client import Admin
+    from services.cluster import LocalCluster
+
+    services = tls_services(compose)
+    acls = services["spark-job-acls"]
+    assert acls["profiles"] == services["windowed-counts"]["profiles"] == ["jobs"]  # `run windowed-counts` starts it
+    assert acls["restart"] == "no" and acls["healthcheck"] == {"disable": True}
+    assert acls["depends_on"]["certs"] == {"condition": "service_completed_successfully"}
+    assert {n for n, c in acls["depends_on"].items() if c == {"condition": "service_healthy"}} == \
+        {n for n, k in EXPECTED.items() if k == "partition_svc"}
+    assert "tls:/etc/txlog/tls:ro" in acls["volumes"]
+    # the job's settings, as Compose fills them in from the shell (here: two input topics)
+    job_env = services["windowed-counts"]["environment"]
+    shell = {"TXLOG_INPUT_TOPIC": "page-views,clicks"}
+    env = {key: interpolated(value, shell) for key, value in acls["environment"].items()}
+    assert env == {"INPUT_TOPIC": "page-views,clicks", "OUTPUT_TOPIC": "event-counts", "GROUP": "windowed-counts"}
+    assert [acls["environment"][k] for k in ("INPUT_TOPIC", "OUTPUT_TOPIC", "GROUP")] == \
+        [job_env[k] for k in ("TXLOG_INPUT_TOPIC", "TXLOG_OUTPUT_TOPIC", "TXLOG_GROUP")]
+    assert acls["command"][:2] == ["sh", "-ec"]
+
+    local = LocalCluster(tmp_path / "cluster")
+    local.up(producer_id_svcs=0, partition_svcs=1, coordinator_svcs=0, tls=True)
+    try:
+        # the job's certificate, as `certs` issues it (--clients spark-job): whose principal the script must grant
+        job_cert = job_env["TXLOG_TLS_CERT"].rsplit("/", 1)[1]
+        certs.issue(Path(local.state.tls["dir"]), job_cert.removesuffix(".pem"))
+        job_principal = certificate_principal(Path(local.state.tls["dir"]) / job_cert)
+        bootstrap = job_env["TXLOG_BOOTSTRAP"]
+        script = compose_script(acls["command"][2], {"/etc/txlog/tls": local.state.tls["dir"], bootstrap: local.state.bootstrap})
+        assert bootstrap not in script
+        path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"  # `txlog`, as in the image's PATH
+        done = subprocess.run(["sh", "-ec", script], env={**os.environ, **env, "PATH": path, "HOME": str(tmp_path)},
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+        with Admin(local.state.bootstrap, **local.client_tls()) as admin:
+            found = sorted((b.permission, b.principal, b.operation, b.resource_type, b.pattern_type, b.resource_name, b.host)
+                           for b in admin.describe_acls())
+    finally:
+        local.down(grace_s=5)
+    chart = render({"sparkJob": {"inputTopic": env["INPUT_TOPIC"], "outputTopic": env["OUTPUT_TOPIC"], "group": env["GROUP"]},
+                    "authorizer": {"sparkJobPrincipal": job_principal}})
+    assert found == sorted(acl_bindings(chart.get("Job", "txlog-acls")))
+    assert len(found) == 6

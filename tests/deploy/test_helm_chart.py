@@ -20,9 +20,12 @@ from chart_render import (
     KUBE_VERSION,
     MINIMAL_VALUES,
     NAMESPACE,
+    NO_TLS,
     PRODUCTION_VALUES,
     VALUE_SETS,
     Rendered,
+    acl_bindings,
+    acl_commands,
     container,
     env_of,
     pod_spec,
@@ -98,13 +101,14 @@ def test_each_value_set_renders_the_objects_it_asks_for(defaults, production, mi
 
     # TLS by default: the release's CA (a self-signed Issuer, the CA Certificate, a CA Issuer), the services'
     # and the Spark job's certificates; NetworkPolicies for the services and the built-in ZooKeeper.
+    # The ACL authorizer: the hook Job granting the Spark job its ACLs.
     assert kinds(defaults) == {"StatefulSet": 3, "Deployment": 1, "Service": 4, "CronJob": 1,
                                "PodDisruptionBudget": 3, "ServiceAccount": 1, "Issuer": 2, "Certificate": 3,
-                               "NetworkPolicy": 2, "Secret": 1}
+                               "NetworkPolicy": 2, "Secret": 1, "Job": 1}
     # External ZooKeeper: no ZooKeeper StatefulSet nor its two Services, nor its NetworkPolicy; the operator's issuer.
     assert kinds(production) == {"StatefulSet": 2, "Deployment": 1, "Service": 2, "CronJob": 1,
                                  "PodDisruptionBudget": 3, "ServiceAccount": 1, "Certificate": 2, "NetworkPolicy": 1,
-                                 "Secret": 1}
+                                 "Secret": 1, "Job": 1}
     assert kinds(minimal) == {"StatefulSet": 3, "Deployment": 1, "Service": 4}
 
 
@@ -174,7 +178,7 @@ def test_producer_id_svc_is_a_deployment_whose_node_id_is_unique_per_pod(default
 @pytest.mark.parametrize("tls", [True, False])
 def test_every_txlog_service_has_native_grpc_probes_on_its_health_port(tls):
     """The kubelet's gRPC probes cannot do TLS: with TLS they ask the plaintext health-only port."""
-    rendered = render({} if tls else {"tls": {"enabled": False}})
+    rendered = render({} if tls else NO_TLS)
     for kind, name, port in (("Deployment", "txlog-producer-id-svc", 7100), ("StatefulSet", "txlog-coordinator-svc", 7200),
                              ("StatefulSet", "txlog-partition-svc", 7300)):
         c = container(rendered.get(kind, name))
@@ -244,8 +248,8 @@ def test_termination_grace_exceeds_the_services_shutdown_grace(defaults, product
 
 
 def test_pods_run_as_non_root_with_a_read_only_root_and_writable_tmp(defaults):
-    workloads = [d for d in defaults.docs if d["kind"] in ("StatefulSet", "Deployment", "CronJob")]
-    assert len(workloads) == 5
+    workloads = [d for d in defaults.docs if d["kind"] in ("StatefulSet", "Deployment", "CronJob", "Job")]
+    assert len(workloads) == 6
     for workload in workloads:
         pod, c = pod_spec(workload), container(workload)
         assert pod["securityContext"]["runAsNonRoot"] is True
@@ -266,7 +270,7 @@ def test_pods_run_as_non_root_with_a_read_only_root_and_writable_tmp(defaults):
 def test_every_container_has_cpu_and_memory_requests_and_limits(defaults, production):
     for rendered in (defaults, production):
         for doc in rendered.docs:
-            if doc["kind"] in ("StatefulSet", "Deployment", "CronJob"):
+            if doc["kind"] in ("StatefulSet", "Deployment", "CronJob", "Job"):
                 resources = container(doc)["resources"]
                 for bound in ("requests", "limits"):
                     assert set(resources[bound]) >= {"cpu", "memory"}, (doc["metadata"]["name"], bound)
@@ -484,7 +488,8 @@ def test_by_default_every_service_and_the_job_use_mutual_tls_from_cert_manager_c
 
 
 def test_tls_can_use_an_existing_secret_or_an_issuer_of_the_operator_or_be_off():
-    existing = render({"tls": {"existingSecret": "corp-txlog-tls", "sparkJobSecret": "corp-spark-tls"}})
+    existing = render({"tls": {"existingSecret": "corp-txlog-tls", "sparkJobSecret": "corp-spark-tls"},
+                       "authorizer": {"servicesPrincipal": "User:corp-txlog", "sparkJobPrincipal": "User:corp-spark"}})
     assert existing.of_kind("Certificate") == [] and existing.of_kind("Issuer") == []
     volumes = {v["name"]: v for v in pod_spec(existing.get("StatefulSet", "txlog-partition-svc"))["volumes"]}
     assert volumes["tls"]["secret"]["secretName"] == "corp-txlog-tls"
@@ -496,7 +501,7 @@ def test_tls_can_use_an_existing_secret_or_an_issuer_of_the_operator_or_be_off()
     assert operator.of_kind("Issuer") == []
     assert [c["spec"]["issuerRef"] for c in operator.of_kind("Certificate")] == [issuer, issuer]
 
-    off = render({"tls": {"enabled": False}})
+    off = render(NO_TLS)
     assert off.of_kind("Certificate") == []
     for workload in (*off.of_kind("StatefulSet"), *off.of_kind("Deployment"), *off.of_kind("CronJob")):
         c = container(workload)
@@ -543,3 +548,189 @@ def test_the_services_authenticate_to_zookeeper_with_a_secret_made_once(defaults
     assert given.of_kind("Secret") == []
     volumes = {v["name"]: v for v in pod_spec(given.get("StatefulSet", "txlog-partition-svc"))["volumes"]}
     assert volumes["zookeeper-auth"]["secret"]["secretName"] == "corp-zk-identity"
+
+
+# --- the ACL authorizer -------------------------------------------------------------------------------
+
+
+def authorizer_env(c: dict) -> dict[str, str]:
+    names = ("TXLOG_AUTHORIZER", "TXLOG_SUPER_USERS", "TXLOG_PRINCIPAL_MAPPING_RULES")
+    return {name: e["value"] for name, e in env_of(c).items() if name in names}
+
+
+SERVICE_WORKLOADS = (("Deployment", "producer-id-svc"), ("StatefulSet", "coordinator-svc"), ("StatefulSet", "partition-svc"))
+
+
+def test_by_default_every_service_runs_the_acl_authorizer_with_its_own_principal_as_super_user(defaults, production):
+    for rendered in (defaults, production):
+        # the principal of the services' certificate (CN=<fullname>-services under the default mapping rule)
+        services_principal = f"User:{defaults.get('Certificate', 'txlog-services')['spec']['commonName']}"
+        assert services_principal == "User:txlog-services"
+        for kind, component in SERVICE_WORKLOADS:
+            assert authorizer_env(container(rendered.get(kind, f"txlog-{component}"))) == {
+                "TXLOG_AUTHORIZER": "acl", "TXLOG_SUPER_USERS": services_principal,
+                "TXLOG_PRINCIPAL_MAPPING_RULES": "RULE:^CN=([^,]+)$/$1/,DEFAULT"}
+    # the job's principal is its certificate's
+    assert defaults.get("Certificate", "txlog-spark-job")["spec"]["commonName"] == "txlog-spark-job"
+
+
+def test_more_super_users_and_mapping_rules_reach_every_service():
+    rendered = render({"fullnameOverride": "tx", "authorizer": {
+        "superUsers": ["User:ops", "User:tx-services", "User:break glass"],
+        "principalMappingRules": "RULE:^CN=([^,]+),OU=txlog$/$1/L,DEFAULT"}})
+    for kind, component in SERVICE_WORKLOADS:
+        env = authorizer_env(container(rendered.get(kind, f"tx-{component}")))
+        # the services' own principal first, once
+        assert env["TXLOG_SUPER_USERS"] == "User:tx-services;User:ops;User:break glass"
+        assert env["TXLOG_PRINCIPAL_MAPPING_RULES"] == "RULE:^CN=([^,]+),OU=txlog$/$1/L,DEFAULT"
+    # the values the services parse: what the authorizer is given
+    from services import authorizer, tls
+
+    assert authorizer.parse_super_users(env["TXLOG_SUPER_USERS"]) == {"User:tx-services", "User:ops", "User:break glass"}
+    tls.parse_mapping_rules(env["TXLOG_PRINCIPAL_MAPPING_RULES"])
+
+
+def test_without_the_authorizer_the_services_let_every_call_through_and_no_job_runs():
+    rendered = render({"authorizer": {"enabled": False}})
+    for kind, component in SERVICE_WORKLOADS:
+        assert authorizer_env(container(rendered.get(kind, f"txlog-{component}"))) == {}
+    assert rendered.of_kind("Job") == []
+    assert "ACL authorizer" not in rendered.notes
+
+
+def test_with_an_existing_secret_the_principals_are_the_ones_given():
+    rendered = render({"tls": {"existingSecret": "corp-txlog-tls", "sparkJobSecret": "corp-spark-tls"},
+                       "authorizer": {"servicesPrincipal": "User:corp-txlog", "sparkJobPrincipal": "User:corp-spark"}})
+    env = authorizer_env(container(rendered.get("StatefulSet", "txlog-partition-svc")))
+    assert env["TXLOG_SUPER_USERS"] == "User:corp-txlog"
+    job = rendered.get("Job", "txlog-acls")
+    assert {principal for _, principal, *_ in acl_bindings(job)} == {"User:corp-spark"}
+    assert {v["name"]: v for v in pod_spec(job)["volumes"]}["tls"]["secret"]["secretName"] == "corp-txlog-tls"
+
+
+def test_the_acl_hook_job_runs_after_install_and_upgrade_as_the_services(defaults, production):
+    job = defaults.get("Job", "txlog-acls")
+    annotations = job["metadata"]["annotations"]
+    assert annotations["helm.sh/hook"] == "post-install,post-upgrade"
+    assert annotations["helm.sh/hook-delete-policy"] == "before-hook-creation,hook-succeeded"
+    assert job["spec"]["backoffLimit"] >= 10  # the services may not serve yet
+    pod, c = pod_spec(job), container(job)
+    assert pod["restartPolicy"] == "Never"
+    assert c["image"] == "txlog:0.1.0" and c["command"][:2] == ["sh", "-c"]
+    # the services' certificate: a super user's, which may add ACLs
+    assert {v["name"]: v for v in pod_spec(job)["volumes"]}["tls"]["secret"]["secretName"] == "txlog-services-tls"
+    assert {"name": "tls", "mountPath": "/etc/txlog/tls", "readOnly": True} in c["volumeMounts"]
+    assert env_of(c)["TXLOG_BOOTSTRAP"]["value"] == bootstrap_for("txlog", 3, NAMESPACE, "cluster.local")
+    for argv in acl_commands(job):
+        assert argv[argv.index("--bootstrap") + 1] == "$TXLOG_BOOTSTRAP"
+        assert [argv[argv.index(flag) + 1] for flag in ("--tls-ca", "--tls-cert", "--tls-key")] == [
+            "/etc/txlog/tls/ca.crt", "/etc/txlog/tls/tls.crt", "/etc/txlog/tls/tls.key"]
+    # the NetworkPolicy lets its pod reach the client ports: it carries the release's labels
+    grpc_rule = defaults.get("NetworkPolicy", "txlog-services")["spec"]["ingress"][0]
+    assert selects(grpc_rule["from"][0]["podSelector"]["matchLabels"], job["spec"]["template"]["metadata"]["labels"])
+    production_job = production.get("Job", "txlog-acls")
+    assert pod_spec(production_job)["imagePullSecrets"] == [{"name": "registry-credentials"}]
+    assert container(production_job)["image"] == "registry.example.com/txlog:1.2.3"
+
+
+def test_the_acl_hook_job_grants_the_spark_job_what_it_needs_and_nothing_else(defaults):
+    job = defaults.get("Job", "txlog-acls")
+    principal = "User:txlog-spark-job"
+    assert sorted(acl_bindings(job)) == sorted([
+        ("Allow", principal, "Read", "Topic", "LITERAL", "events", "*"),
+        ("Allow", principal, "Write", "Topic", "LITERAL", "event-counts", "*"),
+        ("Allow", principal, "Read", "Group", "LITERAL", "windowed-counts", "*"),
+        # its transactional ids: <name>:<topic>:<partition> per task, <name>/... per run (its name is its group)
+        ("Allow", principal, "Write", "TransactionalId", "PREFIXED", "windowed-counts:", "*"),
+        ("Allow", principal, "Write", "TransactionalId", "PREFIXED", "windowed-counts/", "*"),
+    ])
+    # every transactional id the job uses lies under a granted prefix
+    from services.client.two_phase import task_transactional_id
+    from spark_jobs import planning, windowed_counts
+
+    env = {k: v["value"] for k, v in env_of(container(defaults.get("CronJob", "txlog-windowed-counts"))).items()}
+    settings = windowed_counts.config.load("job", windowed_counts.SETTINGS, [
+        "--input-topic", env["TXLOG_INPUT_TOPIC"], "--output-topic", env["TXLOG_OUTPUT_TOPIC"], "--group", env["TXLOG_GROUP"]])
+    spark_job = windowed_counts.job_from(settings)
+    prefixes = [name for *_, kind, _, name, _ in acl_bindings(job) if kind == "TransactionalId"]
+    used = [spark_job.transactional_id(planning.OffsetRange("events", 3, 0, 10)), spark_job.offsets_transactional_id,
+            task_transactional_id(spark_job.name, "r1-abc", 0, 7)]
+    for tid in used:
+        assert any(tid.startswith(prefix) for prefix in prefixes), tid
+
+
+def test_each_comma_separated_input_topic_gets_its_own_read_binding():
+    rendered = render({"sparkJob": {"inputTopic": "page-views,clicks", "outputTopic": "counts", "group": "hourly"}})
+    bindings = acl_bindings(rendered.get("Job", "txlog-acls"))
+    assert [(op, name) for _, _, op, kind, _, name, _ in bindings if kind == "Topic"] == [
+        ("Read", "page-views"), ("Read", "clicks"), ("Write", "counts")]
+    assert [name for *_, kind, _, name, _ in bindings if kind == "TransactionalId"] == ["hourly:", "hourly/"]
+
+
+def test_the_operators_acls_are_added_by_the_hook_job():
+    acls = [
+        {"allow": "User:reporting", "operations": ["Read", "Describe"], "topic": "event-counts"},
+        {"allow": "User:reporting", "operations": ["Read"], "group": "reporting-", "prefixed": True},
+        {"allow": "User:loader", "operations": ["Write"], "transactionalId": "loader", "host": "10.0.0.7"},
+        {"deny": "User:*", "operations": ["Delete"], "topic": "it's-quoted"},
+        {"allow": "User:ops", "operations": ["Describe", "DescribeConfigs"], "cluster": True},
+    ]
+    rendered = render({"authorizer": {"acls": acls}})
+    bindings = acl_bindings(rendered.get("Job", "txlog-acls"))
+    assert bindings[5:] == [
+        ("Allow", "User:reporting", "Read", "Topic", "LITERAL", "event-counts", "*"),
+        ("Allow", "User:reporting", "Describe", "Topic", "LITERAL", "event-counts", "*"),
+        ("Allow", "User:reporting", "Read", "Group", "PREFIXED", "reporting-", "*"),
+        ("Allow", "User:loader", "Write", "TransactionalId", "LITERAL", "loader", "10.0.0.7"),
+        ("Deny", "User:*", "Delete", "Topic", "LITERAL", "it's-quoted", "*"),
+        ("Allow", "User:ops", "Describe", "Cluster", "LITERAL", "txlog-cluster", "*"),
+        ("Allow", "User:ops", "DescribeConfigs", "Cluster", "LITERAL", "txlog-cluster", "*"),
+    ]
+    # without the Spark job's grants: only the operator's
+    alone = render({"authorizer": {"acls": acls[:1], "grantSparkJob": False}})
+    assert [b[1] for b in acl_bindings(alone.get("Job", "txlog-acls"))] == ["User:reporting", "User:reporting"]
+    assert len(acl_bindings(render({"sparkJob": {"enabled": False}, "authorizer": {"acls": acls[:1]}}).get(
+        "Job", "txlog-acls"))) == 2
+    # nothing to add: no Job
+    assert render({"authorizer": {"grantSparkJob": False}}).of_kind("Job") == []
+
+
+def test_the_values_schema_knows_every_acl_operation():
+    from services import acls
+
+    schema = json.loads((CHART_DIR / "values.schema.json").read_text())
+    item = schema["properties"]["authorizer"]["properties"]["acls"]["items"]
+    assert set(item["properties"]["operations"]["items"]["enum"]) == set(acls.OPERATIONS)
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"authorizer": {"enable": True}}, "additional properties 'enable' not allowed"),
+    ({"authorizer": {"job": {"backoff": 3}}}, "additional properties 'backoff' not allowed"),
+    ({"authorizer": {"superUsers": ["admin"]}}, "/authorizer/superUsers/0"),
+    ({"authorizer": {"servicesPrincipal": "txlog-services"}}, "/authorizer/servicesPrincipal"),
+    ({"authorizer": {"acls": [{"allow": "User:a", "operations": ["Read"], "topic": "t", "pattern": "x"}]}},
+     "additional properties 'pattern' not allowed"),
+    ({"authorizer": {"acls": [{"allow": "User:a", "operations": ["Reed"], "topic": "t"}]}}, "/authorizer/acls/0/operations/0"),
+    ({"authorizer": {"acls": [{"allow": "User:a", "deny": "User:b", "operations": ["Read"], "topic": "t"}]}},
+     "/authorizer/acls/0"),
+    ({"authorizer": {"acls": [{"allow": "User:a", "operations": ["Read"], "topic": "t", "group": "g"}]}},
+     "/authorizer/acls/0"),
+    ({"authorizer": {"acls": [{"allow": "User:a", "operations": ["Read"]}]}}, "/authorizer/acls/0"),
+    ({"authorizer": {"acls": [{"allow": "User:a", "operations": [], "topic": "t"}]}}, "/authorizer/acls/0/operations"),
+])
+def test_values_schema_refuses_bad_authorizer_values(values, message):
+    with pytest.raises(helm_python.HelmValuesError, match=re.escape(message)):
+        render(values)
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"tls": {"enabled": False}}, "authorizer.enabled needs tls.enabled"),
+    ({"tls": {"existingSecret": "corp-tls", "sparkJobSecret": "corp-spark"}}, "authorizer.servicesPrincipal is required"),
+    ({"tls": {"existingSecret": "corp-tls", "sparkJobSecret": "corp-spark"},
+      "authorizer": {"servicesPrincipal": "User:corp"}}, "authorizer.sparkJobPrincipal is required"),
+    ({"authorizer": {"acls": [{"allow": "User:a", "operations": ["Alter"], "cluster": True, "prefixed": True}]}},
+     "authorizer.acls[0]: the Cluster resource cannot be prefixed"),
+])
+def test_chart_refuses_authorizer_values_that_would_render_but_not_work(values, message):
+    with pytest.raises(helm_python.HelmError, match=re.escape(message)):
+        render(values)

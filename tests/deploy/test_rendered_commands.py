@@ -11,7 +11,9 @@ derived from their IP (IPv4 and IPv6) and, with TLS (the chart's default),
 their pod DNS name; the image's health check passes on the plaintext health
 port; and SIGTERM ends each one with status 0 within the pod's termination
 grace. The mounted certificate Secret is replaced by certificates of a CA
-made here (with TLS, the health port too: it is a fixed port).
+made here (with TLS, the health port too: it is a fixed port). And the ACL
+hook Job's script runs under sh against a cluster with mutual TLS and the
+authorizer, twice, adding the bindings it renders.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import importlib.util
 import ipaddress
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -26,10 +29,21 @@ import time
 from pathlib import Path
 
 import pytest
-from chart_render import NAMESPACE, REPO, container, env_of, expand_kubernetes_vars, pod_spec, render
+from chart_render import (
+    NAMESPACE,
+    NO_TLS,
+    REPO,
+    acl_bindings,
+    container,
+    env_of,
+    expand_kubernetes_vars,
+    pod_spec,
+    render,
+)
 
 from services import certs, zk
-from services.cluster import free_port, health_serving
+from services.client import Admin
+from services.cluster import LocalCluster, free_port, health_serving
 
 HEALTHCHECK = REPO / "docker" / "healthcheck.py"
 START_TIMEOUT_S = 60.0
@@ -107,10 +121,11 @@ class Pod:
 
 @pytest.mark.parametrize("tls", [True, False])
 def test_rendered_commands_register_the_node_ids_and_addresses_the_chart_promises(cluster, tmp_path, tls):
-    rendered = render({} if tls else {"tls": {"enabled": False}})
+    rendered = render({} if tls else NO_TLS)
     tls_dir = tmp_path / "tls"
     certs.create_ca(tls_dir)
-    certs.issue(tls_dir, "services", server=True)
+    # the chart's services Certificate: CN <fullname>-services, the super user the authorizer is given
+    certs.issue(tls_dir, "services", server=True, common_name="txlog-services")
     (tls_dir / "zookeeper-identity").write_text("txlog:rendered-commands-test\n")
     partition = rendered.get("StatefulSet", "txlog-partition-svc")
     coordinator = rendered.get("StatefulSet", "txlog-coordinator-svc")
@@ -130,6 +145,10 @@ def test_rendered_commands_register_the_node_ids_and_addresses_the_chart_promise
         deadline_s = time.monotonic() + START_TIMEOUT_S
         for pod in pods:
             pod.wait_serving(deadline_s)
+        # with TLS they run the ACL authorizer (a bad super-user list or mapping rule would have stopped them)
+        for pod in pods:
+            assert (pod.env.get("TXLOG_AUTHORIZER"), pod.env.get("TXLOG_SUPER_USERS")) == \
+                (("acl", "User:txlog-services") if tls else (None, None))
 
         zookeeper_root = env_of(container(partition))["TXLOG_ZOOKEEPER_ROOT"]["value"]
         assert zookeeper_root == "/txlog"
@@ -187,3 +206,39 @@ def test_healthcheck_asks_the_listen_address_or_every_default_port(environ, expe
     spec.loader.exec_module(healthcheck)
     assert healthcheck.addresses([], environ) == expected
     assert healthcheck.addresses(["partition-svc-0:7300"], environ) == ["partition-svc-0:7300"]
+
+
+def test_the_acl_hook_job_adds_its_bindings_and_may_run_again(tmp_path):
+    """The hook Job's script, run by sh against a cluster with mutual TLS and
+    the authorizer, as a super user (the mounted Secret: here the local
+    cluster's admin certificate): the bindings it renders are the cluster's
+    afterwards, and a second run (every upgrade) changes nothing."""
+    acls = [{"allow": "User:reporting", "operations": ["Read", "Describe"], "topic": "event-counts"},
+            {"deny": "User:*", "operations": ["Delete"], "group": "it's-", "prefixed": True}]
+    job = render({"sparkJob": {"inputTopic": "page-views,clicks"}, "authorizer": {"acls": acls}}).get("Job", "txlog-acls")
+    expected = sorted(acl_bindings(job))
+    assert len(expected) == 9
+    local = LocalCluster(tmp_path / "cluster")
+    local.up(producer_id_svcs=0, partition_svcs=1, coordinator_svcs=0, tls=True)
+    try:
+        admin_tls = local.client_tls()
+        secret = tmp_path / "secret"
+        secret.mkdir()
+        for key, file in (("tls_ca", "ca.crt"), ("tls_cert", "tls.crt"), ("tls_key", "tls.key")):
+            shutil.copy(admin_tls[key], secret / file)
+        c = container(job)
+        assert c["command"][:2] == ["sh", "-c"]
+        script = c["command"][2].replace("/etc/txlog/tls/", f"{secret}/")
+        env = {**os.environ, "TXLOG_BOOTSTRAP": local.state.bootstrap, "HOME": str(tmp_path),
+               # `txlog` in the image's PATH; here, this virtualenv's
+               "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+        for _ in range(2):
+            done = subprocess.run(["sh", "-c", script], env=env, capture_output=True, text=True, timeout=300)
+            assert done.returncode == 0, done.stdout + done.stderr
+            assert len(done.stdout.splitlines()) == len(expected)  # one line per binding added
+            with Admin(local.state.bootstrap, **admin_tls) as admin:
+                found = sorted((b.permission, b.principal, b.operation, b.resource_type, b.pattern_type, b.resource_name, b.host)
+                               for b in admin.describe_acls())
+            assert found == expected
+    finally:
+        local.down(grace_s=5)

@@ -134,7 +134,35 @@ the `bootstrap` clients and jobs start from.
   value: {{ .Values.tls.clientAuth | quote }}
 - name: TXLOG_HEALTH_LISTEN
   value: "0.0.0.0:{{ .Values.tls.healthPort }}"
+{{- if .Values.authorizer.enabled }}
+- name: TXLOG_AUTHORIZER
+  value: acl
+- name: TXLOG_SUPER_USERS
+  value: {{ include "txlog.superUsers" . | quote }}
+- name: TXLOG_PRINCIPAL_MAPPING_RULES
+  value: {{ .Values.authorizer.principalMappingRules | quote }}
 {{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The principal of the services' certificate (a super user: calls between services need ClusterAction). */}}
+{{- define "txlog.servicesPrincipal" -}}
+{{- default (printf "User:%s-services" (include "txlog.fullname" .)) .Values.authorizer.servicesPrincipal }}
+{{- end }}
+
+{{/* The principal of the Spark job's certificate. */}}
+{{- define "txlog.sparkJobPrincipal" -}}
+{{- default (printf "User:%s-spark-job" (include "txlog.fullname" .)) .Values.authorizer.sparkJobPrincipal }}
+{{- end }}
+
+{{/* TXLOG_SUPER_USERS: the services' principal, then authorizer.superUsers, ';'-separated. */}}
+{{- define "txlog.superUsers" -}}
+{{- prepend .Values.authorizer.superUsers (include "txlog.servicesPrincipal" .) | uniq | join ";" }}
+{{- end }}
+
+{{/* One word for sh, single-quoted (a quote inside becomes '\''). */}}
+{{- define "txlog.shellQuote" -}}
+'{{ replace "'" "'\\''" (toString .) }}'
 {{- end }}
 
 {{/* TXLOG_TLS_CA / CERT / KEY: the files of the Secret mounted at /etc/txlog/tls. */}}
@@ -271,6 +299,20 @@ securityContext:
 {{- end }}
 {{- if and .Values.tls.enabled .Values.tls.existingSecret .Values.sparkJob.enabled (not .Values.tls.sparkJobSecret) }}
 {{- fail "tls.sparkJobSecret is required with tls.existingSecret while sparkJob.enabled: the job needs a client certificate" }}
+{{- end }}
+{{- if and .Values.authorizer.enabled (not .Values.tls.enabled) }}
+{{- fail "authorizer.enabled needs tls.enabled: a caller's principal is its client certificate's subject (set authorizer.enabled=false to run without TLS)" }}
+{{- end }}
+{{- if and .Values.authorizer.enabled .Values.tls.enabled .Values.tls.existingSecret (not .Values.authorizer.servicesPrincipal) }}
+{{- fail "authorizer.servicesPrincipal is required with tls.existingSecret: the principal of the services' certificate (User:<its CN>), which must be a super user" }}
+{{- end }}
+{{- if and .Values.authorizer.enabled .Values.tls.enabled .Values.tls.existingSecret .Values.authorizer.grantSparkJob .Values.sparkJob.enabled (not .Values.authorizer.sparkJobPrincipal) }}
+{{- fail "authorizer.sparkJobPrincipal is required with tls.existingSecret while authorizer.grantSparkJob: the principal of tls.sparkJobSecret's certificate (User:<its CN>)" }}
+{{- end }}
+{{- range $i, $acl := .Values.authorizer.acls }}
+{{- if and $acl.cluster $acl.prefixed }}
+{{- fail (printf "authorizer.acls[%d]: the Cluster resource cannot be prefixed" $i) }}
+{{- end }}
 {{- end }}
 {{- if and (not .Values.zookeeper.enabled) (not .Values.zookeeper.external) }}
 {{- fail "zookeeper.external is required when zookeeper.enabled is false (host:port[,host:port...])" }}
