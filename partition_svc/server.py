@@ -19,6 +19,7 @@ import time
 
 from partition_svc import log_store, placement, validation, wire
 from partition_svc.controller import Controller, PartitionStates, storage_zxid
+from partition_svc.group_coordinator import GroupCoordinator
 from partition_svc.log_store import GroupCommitWriter, LogStore
 from partition_svc.partition import Partition, now_ms
 from partition_svc.producer_state import Reject
@@ -53,6 +54,8 @@ SETTINGS = (
     Setting("fsync", True, "sync every write to disk before acknowledging it", boolean),
     Setting("partitions_per_topic_max", 1000, "largest partition count of a topic", positive_int),
     Setting("offsets_topic_partitions", 8, "partition count of __consumer_offsets, set when it is first created", positive_int),
+    Setting("group_heartbeat_interval_ms", 3000, "how often consumer-group members heartbeat (the coordinator tells them; "
+            "a rebalance takes a few of these)", positive_int),
     Setting("records_per_batch_max", 100_000, "most records in one produced batch", positive_int),
     Setting("batch_bytes_max", 16 * 1024 * 1024, "largest produced batch, bytes", positive_int),
     Setting("record_bytes_max", 8 * 1024 * 1024, "largest max.record.bytes a topic may set, bytes", positive_int),
@@ -97,6 +100,11 @@ def request_error(message: str) -> TxlogError:
     return TxlogError(ErrorCode.Value("INVALID_REQUEST"), message)
 
 
+def optional(request, name: str):
+    """A proto3 optional field's value, None when left out."""
+    return getattr(request, name) if request.HasField(name) else None
+
+
 def checked_acl(convert, message, what: str):
     try:
         return convert(message)
@@ -121,6 +129,7 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
         self.replicas = ReplicaManager(self.node_id, store, self.writer, self.topics, self.peers, self.live_nodes,
                                        runtime.registry.path(KIND, self.node_id), lag_max_ms=cfg.replica_lag_time_max_ms, fetch_wait_ms=cfg.replica_fetch_wait_ms,
                                        fetch_bytes_max=cfg.replica_fetch_bytes_max)
+        self.groups = GroupCoordinator(self, heartbeat_interval_ms=cfg.group_heartbeat_interval_ms)
         self.controller = Controller(runtime.zookeeper, cfg.zookeeper_root, self.node_id, KIND, self.topics, self.announce,
                                      pass_interval_ms=cfg.controller_pass_interval_ms)
 
@@ -590,6 +599,7 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
         validation.check_group_id(request.group_id)
         self.check_partition_count(len(request.offsets))
         offsets_partition = await self.group_partition(request.group_id)
+        await self.groups.check_commit(request.group_id, request.member_id, optional(request, "member_epoch"))
         reply = partition_pb2.OffsetCommitResponse()
         records = await self.offset_records(request.group_id, request.offsets, reply.results)
         if records:
@@ -606,6 +616,7 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
         offsets_partition = await self.group_partition(request.group_id)
         batch = common_pb2.RecordBatch(producer_id=request.producer_id, producer_epoch=request.producer_epoch)
         await self.verify_transactional(request.transactional_id, batch, offsets_partition)
+        await self.groups.check_commit(request.group_id, request.member_id, optional(request, "member_epoch"))
         reply = partition_pb2.TxnOffsetCommitResponse()
         records = await self.offset_records(request.group_id, request.offsets, reply.results)
         if records:
@@ -745,6 +756,13 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
             current = info.replicas[index] if info is not None and index < info.partition_count else ()
             reply.reassignments.add(topic=topic, partition=index, replicas=current, target_replicas=target)
         return reply
+
+    # --- consumer groups ---------------------------------------------------------------
+
+    @server.rpc_handler
+    async def ConsumerGroupHeartbeat(self, request, context):
+        validation.check_group_id(request.group_id)
+        return await self.groups.heartbeat(request)
 
     # --- ACLs (the authorizer checks Alter or Describe on the Cluster first) -------------
 
@@ -898,6 +916,7 @@ async def build(runtime: server.ServiceRuntime) -> PartitionServicer:
         servicer.enforce_retention_forever(),
         servicer.controller.run_forever(),
         servicer.replicas.maintain_forever(cfg.partition_state_refresh_ms),
+        servicer.groups.expire_forever(),
     )]
 
     async def close() -> None:

@@ -137,6 +137,8 @@ CHECKS: dict[str, Callable[[object, Permissions], list[Need]]] = {
     "CreateAcls": lambda r, caller: cluster("Alter"),
     "DescribeAcls": lambda r, caller: cluster("Describe"),
     "DeleteAcls": lambda r, caller: cluster("Alter"),
+    "ConsumerGroupHeartbeat": lambda r, caller: [(GROUP, r.group_id, "Read"),
+                                                 *topics(r.subscribed_topics.names, "Describe")],
     # ReplicationService and ProducerIdService: the services among themselves
     "LeaderAndIsr": lambda r, caller: cluster("ClusterAction"),
     "ReplicaFetch": lambda r, caller: cluster("ClusterAction"),

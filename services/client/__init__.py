@@ -56,6 +56,7 @@ from services.client.errors import (
     TransactionStateError,
     TransactionTimedOutError,
 )
+from services.client.membership import GroupMetadata
 from services.client.partitioner import DefaultPartitioner
 from services.client.producer import Producer
 from services.client.structs import (
@@ -88,6 +89,7 @@ __all__ = [
     "DefaultPartitioner",
     "DeliveryTimeoutError",
     "FatalError",
+    "GroupMetadata",
     "FaultInjection",
     "HangingTransaction",
     "InvalidTxnStateError",

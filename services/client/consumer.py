@@ -1,5 +1,6 @@
-"""The Consumer: Kafka's consumer API for manually assigned partitions,
-synchronous for its callers, backed by one event loop thread per Consumer.
+"""The Consumer: Kafka's consumer API, with partitions assigned by hand
+(``assign``) or by its group (``subscribe``), synchronous for its callers,
+backed by one event loop thread per Consumer.
 
 Guarantees
 ----------
@@ -18,22 +19,37 @@ Guarantees
 * With ``enable_auto_commit`` the positions are committed every
   ``auto_commit_interval_ms`` from inside ``poll``, and on ``close``.
 
-There is no group membership protocol (no ``subscribe``): partitions are
-assigned by the application (as Spark does), and a group is only a name for
-committed offsets.
+* ``subscribe`` joins the group (KIP-848, services/client/membership.py):
+  the group's coordinator assigns the partitions and moves them between
+  members cooperatively. A partition taken away stops being fetched at once;
+  in the next ``poll``, its position is committed (with
+  ``enable_auto_commit``) and ``on_revoke`` runs, and only then is it given
+  up, so the next owner starts from that commit. ``on_assign`` runs in
+  ``poll`` for partitions given; ``on_lost`` (else ``on_revoke``) for
+  partitions lost when the group fenced this member (they may already be
+  someone else's: commit nothing for them). Commits of a subscribed consumer
+  carry its member id and epoch; the coordinator refuses a stale one
+  (STALE_MEMBER_EPOCH). ``close`` leaves the group. ``group_metadata()`` is
+  what ``Producer.send_offsets_to_transaction`` takes so that a zombie's
+  transactional commit is refused too.
+
+Without ``subscribe``, partitions are assigned by the application (as Spark
+does), and a group is only a name for committed offsets.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from services.client._loop import LoopThread
 from services.client.config import ConsumerConfig
 from services.client.errors import ClientClosedError, ClientError, NoOffsetForPartitionError
 from services.client.fetcher import Fetcher, list_offsets
 from services.client.group import GroupOffsets
+from services.client.membership import GroupMetadata, Membership
 from services.client.metadata import Metadata
 from services.client.requests import retry_policy
 from services.client.structs import ConsumerRecord, TopicPartition, as_tp
@@ -71,6 +87,9 @@ class Consumer:
         tls_cert: str | None = None,
         tls_key: str | None = None,
         token_file: str | None = None,
+        session_timeout_ms: int = 45_000,
+        group_instance_id: str | None = None,
+        group_remote_assignor: str | None = None,
     ):
         self.config = ConsumerConfig(
             group_id=group_id, isolation_level=isolation_level, auto_offset_reset=auto_offset_reset,
@@ -91,12 +110,95 @@ class Consumer:
         self._last_auto_commit_s = time.monotonic()
         self._closed = False
         self._loop = LoopThread("txlog-consumer")
+        self._membership_options = {"session_timeout_ms": int(session_timeout_ms), "instance_id": group_instance_id,
+                                    "assignor": group_remote_assignor}
+        self._membership: Membership | None = None
+        self._listeners: dict[str, Callable | None] = {}
+        # assignment changes the loop thread saw, for poll() to act on in the application's thread
+        self._changes: collections.deque = collections.deque()
 
     # --- assignment and positions -------------------------------------------------------------
+
+    def subscribe(self, topics: Iterable[str], *, on_assign: Callable | None = None, on_revoke: Callable | None = None,
+                  on_lost: Callable | None = None) -> None:
+        """Joins the group (``group_id``) subscribed to ``topics``; the group's
+        coordinator assigns partitions (see the module's notes). Calling it
+        again changes the subscription."""
+        self._check_open()
+        group = self._require_group()
+        wanted = frozenset(topics)
+        if not wanted or any(not isinstance(t, str) or not t for t in wanted):
+            raise ValueError(f"subscribe to one or more topic names, not {sorted(map(repr, wanted))}")
+        if self._membership is None and self._fetcher.states:
+            raise ClientError(ErrorCode.Value("INVALID_REQUEST"), "this consumer has assigned partitions; a consumer "
+                              "either assign()s or subscribe()s")
+        self._listeners = {"assign": on_assign, "revoke": on_revoke, "lost": on_lost}
+        self._loop.run(self._subscribe(group.group_id, wanted), what="subscribe")
+
+    async def _subscribe(self, group_id: str, topics: frozenset[str]) -> None:
+        if self._membership is not None:
+            self._membership.subscribe(topics)
+            return
+        self._membership = Membership(self._metadata, self._transport, group_id, topics, on_change=self._assignment_changed,
+                                      request_timeout_ms=self.config.request_timeout_ms,
+                                      retry_backoff_ms=self.config.retry_backoff_ms, **self._membership_options)
+        self._membership.start()
+
+    def _assignment_changed(self, *, added=frozenset(), revoked=frozenset(), lost=frozenset()) -> None:
+        """On the loop thread: fetch what was added, stop fetching what went."""
+        gone = revoked | lost
+        positions = {tp: self._fetcher.states[tp].position for tp in gone if tp in self._fetcher.states}
+        self._fetcher.assign([tp for tp in self._fetcher.states if tp not in gone] + sorted(added))
+        if added:
+            self._changes.append(("assign", frozenset(added), {}))
+        if revoked:
+            self._changes.append(("revoke", frozenset(revoked), positions))
+        if lost:
+            self._changes.append(("lost", frozenset(lost), {}))
+
+    def _run_listeners(self) -> None:
+        """In the application's thread (poll): commit and call back for the
+        partitions that moved, then let the group hand revoked ones on."""
+        while self._changes:
+            kind, tps, positions = self._changes.popleft()
+            try:
+                if kind == "revoke" and self.config.enable_auto_commit:
+                    committable = {tp: p for tp, p in positions.items() if p is not None}
+                    if committable:
+                        self.commit(committable)
+                listener = self._listeners.get(kind) or (self._listeners.get("revoke") if kind == "lost" else None)
+                if listener is not None:
+                    listener(set(tps))
+            finally:
+                if kind == "revoke":
+                    self._loop.run(self._call(self._membership.revocation_done, tps), what="revocation")
+
+    async def _wait_for_assignment(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not self._fetcher.states and not self._changes and time.monotonic() < deadline:
+            await asyncio.sleep(min(0.02, max(0.0, deadline - time.monotonic())))
+
+    def unsubscribe(self) -> None:
+        """Leaves the group; the consumer owns no partition after it."""
+        self._check_open()
+        if self._membership is None:
+            return
+        self._loop.run(self._membership.leave(), timeout_s=self.config.request_timeout_ms / 1000 + 5, what="leaving the group")
+        self._loop.run(self._assign([]), what="unsubscribe")
+        self._membership, self._changes = None, collections.deque()
+
+    def group_metadata(self) -> GroupMetadata:
+        """This consumer's group, member id and member epoch, for
+        ``Producer.send_offsets_to_transaction`` (a zombie's commit is then refused)."""
+        group = self._require_group()
+        return self._membership.metadata() if self._membership is not None else GroupMetadata(group.group_id)
 
     def assign(self, partitions: Iterable) -> None:
         """Replaces the assignment with ``partitions`` ((topic, partition) pairs)."""
         self._check_open()
+        if self._membership is not None:
+            raise ClientError(ErrorCode.Value("INVALID_REQUEST"), "this consumer subscribe()d: its group assigns its "
+                              "partitions (unsubscribe() first)")
         tps = list(dict.fromkeys(as_tp(p) for p in partitions))
         if len(tps) > ASSIGNED_PARTITIONS_MAX:
             raise ValueError(f"at most {ASSIGNED_PARTITIONS_MAX} partitions per consumer, not {len(tps)}")
@@ -106,6 +208,7 @@ class Consumer:
         self._fetcher.assign(tps)
 
     def assignment(self) -> set[TopicPartition]:
+        """The partitions this consumer owns now ((topic, partition) pairs)."""
         return set(self._fetcher.states)
 
     def seek(self, partition, offset: int) -> None:
@@ -176,10 +279,16 @@ class Consumer:
     def poll(self, timeout_s: float = 1.0) -> list[ConsumerRecord]:
         """Records fetched within ``timeout_s`` (an empty list when none came)."""
         self._check_open()
-        if not self._fetcher.states:
-            raise ClientError(ErrorCode.Value("INVALID_REQUEST"), "poll() without assigned partitions; assign() first")
         if timeout_s < 0:
             raise ValueError(f"timeout_s must be >= 0, not {timeout_s}")
+        if self._membership is not None:
+            self._run_listeners()
+            if not self._fetcher.states:  # nothing assigned yet (or now): wait for the group
+                self._loop.run(self._wait_for_assignment(timeout_s), timeout_s=timeout_s + 5, what="poll")
+                self._run_listeners()
+                return []
+        elif not self._fetcher.states:
+            raise ClientError(ErrorCode.Value("INVALID_REQUEST"), "poll() without assigned partitions; assign() or subscribe() first")
         if self.config.enable_auto_commit and \
                 (time.monotonic() - self._last_auto_commit_s) * 1000 >= self.config.auto_commit_interval_ms:
             self.commit()
@@ -221,8 +330,9 @@ class Consumer:
             to_commit = {tp: s.position for tp, s in self._fetcher.states.items() if s.position is not None}
         else:
             to_commit = {as_tp(tp): offset for tp, offset in offsets.items()}
+        member = self._membership.metadata() if self._membership is not None else None
         if to_commit:
-            self._loop.run(group.commit(to_commit, policy=self._policy(timeout_ms)),
+            self._loop.run(group.commit(to_commit, policy=self._policy(timeout_ms), member=member),
                            timeout_s=timeout_ms / 1000 + 5, what="commit")
         self._last_auto_commit_s = time.monotonic()
 
@@ -286,6 +396,8 @@ class Consumer:
         try:
             if self.config.enable_auto_commit:
                 self.commit(timeout_s=timeout_s)
+            if self._membership is not None:
+                self._loop.run(self._membership.leave(), timeout_s=self.config.request_timeout_ms / 1000 + 5, what="leaving the group")
         finally:
             self._closed = True
             try:

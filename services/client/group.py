@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from services.client.errors import error_for, from_proto
+from services.client.membership import GroupMetadata
 from services.client.metadata import Metadata
 from services.client.requests import with_retries
 from services.client.structs import TopicPartition
@@ -39,7 +40,9 @@ class GroupOffsets:
         address = await self._metadata.group_coordinator(self.group_id)
         return await self._transport.call(address, rpc, request, timeout_ms=self._request_timeout_ms)
 
-    async def commit(self, offsets: dict[TopicPartition, int], *, policy: RetryPolicy, metadata_text: str = "") -> None:
+    async def commit(self, offsets: dict[TopicPartition, int], *, policy: RetryPolicy, metadata_text: str = "",
+                     member: GroupMetadata | None = None) -> None:
+        """``member``: a subscribed consumer's id and epoch, which the coordinator checks (KIP-447)."""
         if len(offsets) > OFFSETS_PER_COMMIT_MAX:
             raise error_for(ErrorCode.Value("INVALID_REQUEST"),
                             f"at most {OFFSETS_PER_COMMIT_MAX} offsets per commit, not {len(offsets)}")
@@ -52,6 +55,8 @@ class GroupOffsets:
                                                    metadata=metadata_text)
                      for tp, offset in sorted(offsets.items())],
         )
+        if member is not None and member.member_id:
+            request.member_id, request.member_epoch = member.member_id, member.member_epoch
 
         async def attempt() -> None:
             response = await self._call("OffsetCommit", request)

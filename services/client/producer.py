@@ -83,6 +83,7 @@ from services.client.errors import (
     TransactionStateError,
     error_for,
 )
+from services.client.membership import GroupMetadata
 from services.client.metadata import Metadata
 from services.client.partitioner import DefaultPartitioner, Partitioner
 from services.client.sender import REQUEST_OVERHEAD_BYTES, Sender, SenderStats
@@ -373,11 +374,16 @@ class Producer:
         partition or offsets)."""
         self._transactional(Call.BEGIN).start(Call.BEGIN)
 
-    def send_offsets_to_transaction(self, offsets: Mapping, group_id: str, timeout_s: float | None = None) -> None:
+    def send_offsets_to_transaction(self, offsets: Mapping, group_id: str | GroupMetadata, timeout_s: float | None = None) -> None:
         """Commits ``offsets`` ({(topic, partition): next offset to consume}) for
         consumer group ``group_id`` as part of the open transaction: they become
         the group's committed offsets when, and only if, the transaction commits.
+        Pass a subscribed consumer's ``group_metadata()`` instead of the group id
+        and the coordinator refuses the commit if that member was fenced
+        meanwhile (KIP-447: STALE_MEMBER_EPOCH, UNKNOWN_MEMBER_ID).
         Failures make the transaction abortable (TransactionAbortableError)."""
+        member = group_id if isinstance(group_id, GroupMetadata) else GroupMetadata(group_id)
+        group_id = member.group_id
         txn = self._transactional(Call.SEND_OFFSETS)
         if not names.is_group_id(group_id):
             raise ValueError(f"group_id must be 1 to {GROUP_ID_CHARS_MAX} characters of [a-zA-Z0-9._-] "
@@ -391,7 +397,7 @@ class Producer:
         if not checked:
             return
         txn.check(Call.SEND_OFFSETS)
-        future = self._loop.submit(self._send_offsets_operation(checked, group_id))
+        future = self._loop.submit(self._send_offsets_operation(checked, member))
         timeout = self._operation_timeout_s(timeout_s)
         try:
             future.result(timeout)
@@ -491,7 +497,8 @@ class Producer:
         self._sender.reset_producer(producer_id, producer_epoch)
         txn.initialized(producer_id, producer_epoch)
 
-    async def _send_offsets_operation(self, offsets: dict[TopicPartition, int], group_id: str) -> None:
+    async def _send_offsets_operation(self, offsets: dict[TopicPartition, int], member: GroupMetadata) -> None:
+        group_id = member.group_id
         txn, coordinator = self._txn, self._coordinator
         assert txn is not None and coordinator is not None
         task = asyncio.current_task()
@@ -505,7 +512,7 @@ class Producer:
                 await coordinator.send(AddOffsetsHandler(txn.transactional_id, producer_id, producer_epoch, group_id),
                                        producer_epoch=producer_epoch, keep_going=keep_going)
                 await coordinator.send(
-                    TxnOffsetCommitHandler(txn.transactional_id, producer_id, producer_epoch, group_id, offsets),
+                    TxnOffsetCommitHandler(txn.transactional_id, producer_id, producer_epoch, group_id, offsets, member),
                     producer_epoch=producer_epoch, keep_going=keep_going)
             except StopRetrying:
                 raise txn.error_unless(TxnState.IN_TRANSACTION) or TransactionStateError(

@@ -45,6 +45,7 @@ from services.client.errors import (
     from_proto,
     txn_action_for,
 )
+from services.client.membership import GroupMetadata
 from services.client.metadata import Metadata
 from services.client.structs import TopicPartition, TransactionHandle
 from services.errors import ErrorCode
@@ -181,7 +182,7 @@ class TxnOffsetCommitHandler(TxnHandler):
     rpc = "TxnOffsetCommit"
 
     def __init__(self, transactional_id: str, producer_id: int, producer_epoch: int, group_id: str,
-                 offsets: Mapping[TopicPartition, int]):
+                 offsets: Mapping[TopicPartition, int], member: GroupMetadata | None = None):
         if not 0 < len(offsets) <= OFFSETS_PER_COMMIT_MAX:
             raise ValueError(f"send_offsets_to_transaction takes 1 to {OFFSETS_PER_COMMIT_MAX} offsets, "
                              f"not {len(offsets)}")
@@ -192,6 +193,8 @@ class TxnOffsetCommitHandler(TxnHandler):
             producer_epoch=producer_epoch,
             offsets=[partition_pb2.PartitionOffset(topic=tp.topic, partition=tp.partition, offset=offsets[tp])
                      for tp in self.tps])
+        if member is not None and member.member_id:
+            self.request.member_id, self.request.member_epoch = member.member_id, member.member_epoch
 
     def create_request(self):
         return self.request

@@ -442,12 +442,16 @@ class PartitionOffset(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., offset: _Optional[int] = ..., metadata: _Optional[str] = ...) -> None: ...
 
 class OffsetCommitRequest(_message.Message):
-    __slots__ = ("group_id", "offsets")
+    __slots__ = ("group_id", "offsets", "member_id", "member_epoch")
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     group_id: str
     offsets: _containers.RepeatedCompositeFieldContainer[PartitionOffset]
-    def __init__(self, group_id: _Optional[str] = ..., offsets: _Optional[_Iterable[_Union[PartitionOffset, _Mapping]]] = ...) -> None: ...
+    member_id: str
+    member_epoch: int
+    def __init__(self, group_id: _Optional[str] = ..., offsets: _Optional[_Iterable[_Union[PartitionOffset, _Mapping]]] = ..., member_id: _Optional[str] = ..., member_epoch: _Optional[int] = ...) -> None: ...
 
 class OffsetCommitResponse(_message.Message):
     __slots__ = ("results",)
@@ -456,18 +460,22 @@ class OffsetCommitResponse(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[_common_pb2.PartitionResult, _Mapping]]] = ...) -> None: ...
 
 class TxnOffsetCommitRequest(_message.Message):
-    __slots__ = ("transactional_id", "group_id", "producer_id", "producer_epoch", "offsets")
+    __slots__ = ("transactional_id", "group_id", "producer_id", "producer_epoch", "offsets", "member_id", "member_epoch")
     TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     transactional_id: str
     group_id: str
     producer_id: int
     producer_epoch: int
     offsets: _containers.RepeatedCompositeFieldContainer[PartitionOffset]
-    def __init__(self, transactional_id: _Optional[str] = ..., group_id: _Optional[str] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., offsets: _Optional[_Iterable[_Union[PartitionOffset, _Mapping]]] = ...) -> None: ...
+    member_id: str
+    member_epoch: int
+    def __init__(self, transactional_id: _Optional[str] = ..., group_id: _Optional[str] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., offsets: _Optional[_Iterable[_Union[PartitionOffset, _Mapping]]] = ..., member_id: _Optional[str] = ..., member_epoch: _Optional[int] = ...) -> None: ...
 
 class TxnOffsetCommitResponse(_message.Message):
     __slots__ = ("results",)
@@ -658,3 +666,47 @@ class DeleteAclsResponse(_message.Message):
     BINDINGS_FIELD_NUMBER: _ClassVar[int]
     bindings: _containers.RepeatedCompositeFieldContainer[AclBinding]
     def __init__(self, bindings: _Optional[_Iterable[_Union[AclBinding, _Mapping]]] = ...) -> None: ...
+
+class TopicNames(_message.Message):
+    __slots__ = ("names",)
+    NAMES_FIELD_NUMBER: _ClassVar[int]
+    names: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, names: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class TopicPartitions(_message.Message):
+    __slots__ = ("partitions",)
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    partitions: _containers.RepeatedCompositeFieldContainer[_common_pb2.TopicPartition]
+    def __init__(self, partitions: _Optional[_Iterable[_Union[_common_pb2.TopicPartition, _Mapping]]] = ...) -> None: ...
+
+class ConsumerGroupHeartbeatRequest(_message.Message):
+    __slots__ = ("group_id", "member_id", "member_epoch", "instance_id", "subscribed_topics", "owned_partitions", "session_timeout_ms", "server_assignor")
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIBED_TOPICS_FIELD_NUMBER: _ClassVar[int]
+    OWNED_PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    SESSION_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    SERVER_ASSIGNOR_FIELD_NUMBER: _ClassVar[int]
+    group_id: str
+    member_id: str
+    member_epoch: int
+    instance_id: str
+    subscribed_topics: TopicNames
+    owned_partitions: TopicPartitions
+    session_timeout_ms: int
+    server_assignor: str
+    def __init__(self, group_id: _Optional[str] = ..., member_id: _Optional[str] = ..., member_epoch: _Optional[int] = ..., instance_id: _Optional[str] = ..., subscribed_topics: _Optional[_Union[TopicNames, _Mapping]] = ..., owned_partitions: _Optional[_Union[TopicPartitions, _Mapping]] = ..., session_timeout_ms: _Optional[int] = ..., server_assignor: _Optional[str] = ...) -> None: ...
+
+class ConsumerGroupHeartbeatResponse(_message.Message):
+    __slots__ = ("member_id", "member_epoch", "heartbeat_interval_ms", "assignment")
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    ASSIGNMENT_FIELD_NUMBER: _ClassVar[int]
+    member_id: str
+    member_epoch: int
+    heartbeat_interval_ms: int
+    assignment: TopicPartitions
+    def __init__(self, member_id: _Optional[str] = ..., member_epoch: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., assignment: _Optional[_Union[TopicPartitions, _Mapping]] = ...) -> None: ...

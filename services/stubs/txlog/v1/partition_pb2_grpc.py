@@ -115,6 +115,11 @@ class PartitionServiceStub:
                 request_serializer=txlog_dot_v1_dot_partition__pb2.DeleteAclsRequest.SerializeToString,
                 response_deserializer=txlog_dot_v1_dot_partition__pb2.DeleteAclsResponse.FromString,
                 _registered_method=True)
+        self.ConsumerGroupHeartbeat = channel.unary_unary(
+                '/txlog.v1.PartitionService/ConsumerGroupHeartbeat',
+                request_serializer=txlog_dot_v1_dot_partition__pb2.ConsumerGroupHeartbeatRequest.SerializeToString,
+                response_deserializer=txlog_dot_v1_dot_partition__pb2.ConsumerGroupHeartbeatResponse.FromString,
+                _registered_method=True)
 
 
 class PartitionServiceServicer:
@@ -238,6 +243,16 @@ class PartitionServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ConsumerGroupHeartbeat(self, request, context):
+        """A consumer-group member's heartbeat (KIP-848): joins, leaves, says its
+        subscription and owned partitions, and gets its assignment. Served by the
+        group's coordinator (the leader of its __consumer_offsets partition:
+        Metadata's group_coordinators, FindCoordinator with a group key).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PartitionServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -320,6 +335,11 @@ def add_PartitionServiceServicer_to_server(servicer, server):
                     servicer.DeleteAcls,
                     request_deserializer=txlog_dot_v1_dot_partition__pb2.DeleteAclsRequest.FromString,
                     response_serializer=txlog_dot_v1_dot_partition__pb2.DeleteAclsResponse.SerializeToString,
+            ),
+            'ConsumerGroupHeartbeat': grpc.unary_unary_rpc_method_handler(
+                    servicer.ConsumerGroupHeartbeat,
+                    request_deserializer=txlog_dot_v1_dot_partition__pb2.ConsumerGroupHeartbeatRequest.FromString,
+                    response_serializer=txlog_dot_v1_dot_partition__pb2.ConsumerGroupHeartbeatResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -754,6 +774,33 @@ class PartitionService:
             '/txlog.v1.PartitionService/DeleteAcls',
             txlog_dot_v1_dot_partition__pb2.DeleteAclsRequest.SerializeToString,
             txlog_dot_v1_dot_partition__pb2.DeleteAclsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ConsumerGroupHeartbeat(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/txlog.v1.PartitionService/ConsumerGroupHeartbeat',
+            txlog_dot_v1_dot_partition__pb2.ConsumerGroupHeartbeatRequest.SerializeToString,
+            txlog_dot_v1_dot_partition__pb2.ConsumerGroupHeartbeatResponse.FromString,
             options,
             channel_credentials,
             insecure,

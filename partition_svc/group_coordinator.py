@@ -1,0 +1,154 @@
+"""The consumer-group coordinator of one partition_svc instance (issue 16):
+the groups whose ``__consumer_offsets`` partition it leads, where their
+offsets live too (Kafka's group coordinator is that partition's leader).
+
+Each group is a consumer_group.ConsumerGroup fed with heartbeats, the clock
+(members whose session ran out are removed every ``expiry_interval_ms``)
+and the subscribed topics' partition counts. Membership is kept in memory,
+tied to the leader epoch of the partition it was built under: when
+leadership moves (or comes back), the new coordinator starts the group
+empty, every member's next heartbeat is answered UNKNOWN_MEMBER_ID and it
+rejoins under its own member id (KIP-1082), and a zombie's commit is
+refused meanwhile. That costs one rebalance per coordinator move, which
+Kafka avoids by writing membership to the log: not done yet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from partition_svc import consumer_group
+from partition_svc.consumer_group import ConsumerGroup, GroupError, Heartbeat
+from services.errors import ErrorCode, TxlogError
+from services.logs import fields
+from services.names import is_topic_name
+from services.stubs.txlog.v1 import common_pb2, partition_pb2
+
+log = logging.getLogger(__name__)
+
+SESSION_TIMEOUT_MS_DEFAULT = 45_000
+SESSION_TIMEOUT_MS_RANGE = (1_000, 1_800_000)
+MEMBER_ID_MAX = 255
+SUBSCRIBED_TOPICS_MAX = 10_000
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def group_error(error: GroupError) -> TxlogError:
+    return TxlogError(ErrorCode.Value(error.code), error.message)
+
+
+def invalid(message: str) -> TxlogError:
+    return TxlogError(ErrorCode.Value("INVALID_REQUEST"), message)
+
+
+def heartbeat_of(request: partition_pb2.ConsumerGroupHeartbeatRequest) -> Heartbeat:
+    """The request as the pure core takes it; INVALID_REQUEST saying what is wrong."""
+    if len(request.member_id) > MEMBER_ID_MAX:
+        raise invalid(f"member_id is {len(request.member_id)} characters, more than {MEMBER_ID_MAX}")
+    if request.member_epoch < consumer_group.STATIC_LEAVE_EPOCH:
+        raise invalid(f"member_epoch {request.member_epoch}: 0 joins, -1 leaves, -2 leaves for a restart, else the epoch answered")
+    if request.member_epoch != consumer_group.JOIN_EPOCH and not request.member_id:
+        raise invalid("a member that is not joining names its member_id")
+    subscribed = None
+    if request.HasField("subscribed_topics"):
+        names = list(request.subscribed_topics.names)
+        if len(names) > SUBSCRIBED_TOPICS_MAX:
+            raise invalid(f"subscribed to {len(names)} topics, more than {SUBSCRIBED_TOPICS_MAX}")
+        bad = [n[:300] for n in names if not is_topic_name(n)]
+        if bad:
+            raise invalid(f"subscribed topic names that cannot be: {bad[:5]}")
+        if not names and request.member_epoch == consumer_group.JOIN_EPOCH:
+            raise invalid("a member joins subscribed to at least one topic")
+        subscribed = frozenset(names)
+    owned = None
+    if request.HasField("owned_partitions"):
+        owned = frozenset((tp.topic, tp.partition) for tp in request.owned_partitions.partitions)
+    session = request.session_timeout_ms if request.HasField("session_timeout_ms") else SESSION_TIMEOUT_MS_DEFAULT
+    low, high = SESSION_TIMEOUT_MS_RANGE
+    if not low <= session <= high:
+        raise invalid(f"session_timeout_ms must be within {low}..{high}, got {session}")
+    return Heartbeat(request.member_id, request.member_epoch, request.instance_id if request.HasField("instance_id") else None,
+                     subscribed, owned, session, request.server_assignor if request.HasField("server_assignor") else None)
+
+
+class GroupCoordinator:
+    def __init__(self, servicer, *, heartbeat_interval_ms: int, expiry_interval_ms: int = 500):
+        self.servicer = servicer
+        self.heartbeat_interval_ms = heartbeat_interval_ms
+        self.expiry_interval_ms = expiry_interval_ms
+        self.groups: dict[str, tuple[tuple[int, int], ConsumerGroup]] = {}  # id -> ((partition, leader epoch), group)
+
+    async def _group(self, group_id: str, *, create: bool) -> ConsumerGroup | None:
+        """The group as this coordinator knows it; NOT_COORDINATOR when it is not the group's."""
+        partition = await self.servicer.group_partition(group_id)
+        lease = (partition.index, partition.leader_epoch)
+        known = self.groups.get(group_id)
+        if known is not None and known[0] == lease:
+            return known[1]
+        if known is not None:
+            log.info("group forgotten: its coordinator changed since", extra=fields(group=group_id, members=len(known[1].members)))
+            del self.groups[group_id]
+        if not create:
+            return None
+        group = ConsumerGroup(group_id, heartbeat_interval_ms=self.heartbeat_interval_ms)
+        self.groups[group_id] = (lease, group)
+        return group
+
+    async def heartbeat(self, request: partition_pb2.ConsumerGroupHeartbeatRequest) -> partition_pb2.ConsumerGroupHeartbeatResponse:
+        beat = heartbeat_of(request)
+        group = await self._group(request.group_id, create=beat.member_epoch == consumer_group.JOIN_EPOCH)
+        if group is None:
+            raise TxlogError(ErrorCode.Value("UNKNOWN_MEMBER_ID"), f"member {request.member_id!r} is not in group {request.group_id!r} "
+                             "(its coordinator moved or it left); rejoin with member epoch 0")
+        topics = set(beat.subscribed or ()) | {t for m in group.members.values() for t in m.subscribed}
+        counts = {}
+        for name in topics:
+            info = await self.servicer.topics.get(name)
+            counts[name] = info.partition_count if info is not None else 0
+        epoch_before = group.group_epoch
+        try:
+            answer = group.heartbeat(beat, now_ms(), counts)
+        except GroupError as error:
+            raise group_error(error) from None
+        if group.group_epoch != epoch_before:
+            log.info("group epoch", extra=fields(group=group.group_id, group_epoch=group.group_epoch, members=len(group.members)))
+        reply = partition_pb2.ConsumerGroupHeartbeatResponse(member_id=answer.member_id, member_epoch=answer.member_epoch,
+                                                            heartbeat_interval_ms=answer.heartbeat_interval_ms)
+        if beat.member_epoch not in (consumer_group.LEAVE_EPOCH, consumer_group.STATIC_LEAVE_EPOCH):
+            reply.assignment.SetInParent()
+            reply.assignment.partitions.extend(common_pb2.TopicPartition(topic=t, partition=p) for t, p in sorted(answer.assigned))
+        return reply
+
+    async def check_commit(self, group_id: str, member_id: str, member_epoch: int | None) -> None:
+        """Refuses a commit a member could not make now (KIP-447)."""
+        group = await self._group(group_id, create=False)
+        epoch = -1 if member_epoch is None else member_epoch
+        if group is None:
+            if member_id:
+                raise TxlogError(ErrorCode.Value("UNKNOWN_MEMBER_ID"), f"member {member_id!r} is not in group {group_id!r}: "
+                                 "its commit is refused (rejoin first)")
+            return
+        try:
+            group.check_commit(member_id, epoch)
+        except GroupError as error:
+            raise group_error(error) from None
+
+    def expire(self) -> None:
+        now = now_ms()
+        for group_id, (_, group) in list(self.groups.items()):
+            gone = group.expire(now)
+            if gone:
+                log.info("members timed out", extra=fields(group=group_id, members=gone, group_epoch=group.group_epoch))
+
+    async def expire_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.expiry_interval_ms / 1000)
+            try:
+                self.expire()
+            except Exception:
+                log.exception("expiring group members failed")

@@ -1,0 +1,116 @@
+"""Consumer groups through the real services (issue 16): subscribing
+consumers share a topic's partitions, each partition owned by exactly one
+member at every moment; a member that leaves or dies hands its partitions
+on (at once, or after its session timeout); a zombie's transactional offset
+commit is refused (KIP-447)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from services.client import Admin, Consumer, Producer, TopicPartition
+from services.client.errors import ClientError
+from services.client.two_phase import wait_until
+from services.cluster import LocalCluster
+
+PARTITIONS = 6
+SESSION_MS = 3_000
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    local = LocalCluster(tmp_path_factory.mktemp("groups") / "cluster")
+    local.up(producer_id_svcs=1, partition_svcs=2, coordinator_svcs=1,
+             service_args={"partition_svc": ["--group-heartbeat-interval-ms", "200"]})
+    local.wait_until_coordinators_settle()
+    with Admin(local.state.bootstrap) as admin:
+        admin.create_topics([("orders", PARTITIONS, 2), ("orders-out", 1, 2)])
+    yield local
+    local.down(grace_s=5)
+
+
+class Polling:
+    """A consumer polled in its own thread (as an application would), recording what it owns."""
+
+    def __init__(self, bootstrap: str, group: str, **options):
+        self.consumer = Consumer(bootstrap, group_id=group, session_timeout_ms=SESSION_MS, **options)
+        self.values: list[bytes] = []
+        self.revoked: list[set] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.error: BaseException | None = None
+        self.owned: set = set()
+
+    def start(self, topics=("orders",)):
+        self.consumer.subscribe(list(topics), on_revoke=self.revoked.append)
+        self.thread.start()
+        return self
+
+    def _run(self):
+        try:
+            while not self.stop.is_set():
+                self.values += [r.value for r in self.consumer.poll(timeout_s=0.1)]
+                self.owned = self.consumer.assignment()
+        except BaseException as exc:  # noqa: BLE001 -- shown by the test
+            self.error = exc
+
+    def halt(self, close=True):
+        self.stop.set()
+        self.thread.join(30)
+        if close:
+            self.consumer.close()
+
+
+def all_partitions() -> set:
+    return {TopicPartition("orders", p) for p in range(PARTITIONS)}
+
+
+def test_members_share_the_partitions_and_hand_them_on_when_one_leaves(cluster):
+    first = Polling(cluster.state.bootstrap, "sharing").start()
+    try:
+        wait_until(lambda: first.owned == all_partitions(), 30, "the only member owning every partition")
+        second = Polling(cluster.state.bootstrap, "sharing").start()
+        try:
+            def split() -> bool:
+                a, b = first.owned, second.owned
+                assert not (a & b), f"a partition owned twice: {a & b}"
+                return a | b == all_partitions() and len(a) == len(b) == PARTITIONS // 2
+            wait_until(split, 30, "the partitions split evenly")
+            assert first.revoked and first.revoked[-1] <= all_partitions(), "the first member revoked what it handed on"
+        finally:
+            second.halt()  # close: it leaves the group at once
+        wait_until(lambda: first.owned == all_partitions(), 30, "the remaining member owning every partition again")
+        assert first.error is None and second.error is None
+    finally:
+        first.halt()
+
+
+def test_a_dead_members_partitions_move_after_its_session_timeout_and_its_commits_are_refused(cluster):
+    with Producer(cluster.state.bootstrap) as producer:
+        for p in range(PARTITIONS):
+            producer.send("orders", value=f"v{p}".encode(), partition=p)
+        producer.flush()
+    survivor = Polling(cluster.state.bootstrap, "dying").start()
+    zombie = Polling(cluster.state.bootstrap, "dying").start()
+    try:
+        wait_until(lambda: survivor.owned and zombie.owned and survivor.owned | zombie.owned == all_partitions(), 30,
+                   "both members owning partitions")
+        metadata = zombie.consumer.group_metadata()
+        zombie.halt(close=False)
+        zombie.consumer._loop.call_soon(zombie.consumer._membership._task.cancel)  # it stops heartbeating: "dies"
+        wait_until(lambda: survivor.owned == all_partitions(), 30, "the survivor owning everything after the session timeout")
+        with Producer(cluster.state.bootstrap, transactional_id="zombie-ctp") as producer:
+            producer.init_transactions()
+            producer.begin_transaction()
+            producer.send("orders-out", value=b"from a zombie", partition=0)
+            with pytest.raises(ClientError) as refused:
+                producer.send_offsets_to_transaction({TopicPartition("orders", 0): 1}, metadata)
+            assert "UNKNOWN_MEMBER_ID" in str(refused.value) or "STALE_MEMBER_EPOCH" in str(refused.value)
+            producer.abort_transaction()
+        live = survivor.consumer.group_metadata()
+        assert live.member_epoch > 0
+    finally:
+        survivor.halt()
+        zombie.consumer.close()
