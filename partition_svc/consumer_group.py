@@ -279,6 +279,13 @@ class ConsumerGroup:
 
     # --- views -----------------------------------------------------------------------------
 
+    def state(self) -> str:
+        if not self.members:
+            return "Empty"
+        settled = all(m.state == STABLE and m.member_epoch == self.assignment_epoch for m in self.members.values()
+                      if not m.left_for_restart)
+        return "Stable" if settled and self.assignment_epoch == self.group_epoch else "Reconciling"
+
     def owners(self) -> dict[TopicPartition, str]:
         return {tp: m.member_id for m in self.members.values() for tp in m.holds()}
 

@@ -19,9 +19,9 @@ import asyncio
 import logging
 import time
 
-from partition_svc import consumer_group
+from partition_svc import assignors, consumer_group
 from partition_svc.consumer_group import ConsumerGroup, GroupError, Heartbeat
-from services.errors import ErrorCode, TxlogError
+from services.errors import ErrorCode, TxlogError, error_proto
 from services.logs import fields
 from services.names import is_topic_name
 from services.stubs.txlog.v1 import common_pb2, partition_pb2
@@ -46,10 +46,19 @@ def invalid(message: str) -> TxlogError:
     return TxlogError(ErrorCode.Value("INVALID_REQUEST"), message)
 
 
+def check_member_id(member_id: str) -> None:
+    # ids are echoed in errors, whose messages travel in headers of a few KiB
+    if len(member_id) > MEMBER_ID_MAX:
+        raise invalid(f"member_id is {len(member_id)} characters, more than {MEMBER_ID_MAX}")
+
+
 def heartbeat_of(request: partition_pb2.ConsumerGroupHeartbeatRequest) -> Heartbeat:
     """The request as the pure core takes it; INVALID_REQUEST saying what is wrong."""
-    if len(request.member_id) > MEMBER_ID_MAX:
-        raise invalid(f"member_id is {len(request.member_id)} characters, more than {MEMBER_ID_MAX}")
+    check_member_id(request.member_id)
+    if request.HasField("instance_id") and not 0 < len(request.instance_id) <= MEMBER_ID_MAX:
+        raise invalid(f"instance_id must be 1 to {MEMBER_ID_MAX} characters, got {len(request.instance_id)}")
+    if request.HasField("server_assignor") and request.server_assignor not in assignors.ASSIGNORS:
+        raise invalid(f"unknown server_assignor {request.server_assignor[:50]!r}; known: {', '.join(assignors.ASSIGNORS)}")
     if request.member_epoch < consumer_group.STATIC_LEAVE_EPOCH:
         raise invalid(f"member_epoch {request.member_epoch}: 0 joins, -1 leaves, -2 leaves for a restart, else the epoch answered")
     if request.member_epoch != consumer_group.JOIN_EPOCH and not request.member_id:
@@ -124,8 +133,44 @@ class GroupCoordinator:
             reply.assignment.partitions.extend(common_pb2.TopicPartition(topic=t, partition=p) for t, p in sorted(answer.assigned))
         return reply
 
+    async def list_groups(self) -> partition_pb2.ListGroupsResponse:
+        reply = partition_pb2.ListGroupsResponse()
+        names = set(self.groups) | await asyncio.to_thread(self.servicer.store.group_ids)
+        for group_id in sorted(names):
+            try:
+                group = await self._group(group_id, create=False)
+            except TxlogError:  # another instance coordinates it (this one follows its partition)
+                continue
+            reply.groups.add(group_id=group_id, state=group.state() if group else "Empty",
+                             members=len(group.members) if group else 0)
+        return reply
+
+    async def describe(self, group_ids: list[str]) -> partition_pb2.DescribeGroupsResponse:
+        reply = partition_pb2.DescribeGroupsResponse()
+        for group_id in group_ids:
+            item = reply.groups.add(group_id=group_id)
+            try:
+                group = await self._group(group_id, create=False)
+            except TxlogError as exc:
+                item.error.CopyFrom(error_proto(exc.code, exc.message))
+                continue
+            if group is None:
+                item.state = "Empty"
+                continue
+            item.state, item.group_epoch, item.assignment_epoch, item.assignor = (
+                group.state(), group.group_epoch, group.assignment_epoch, group.assignor)
+            for member in group.describe():
+                described = item.members.add(member_id=member.member_id, member_epoch=member.member_epoch,
+                                             state=member.state or "", subscribed_topics=sorted(member.subscribed))
+                if member.instance_id:
+                    described.instance_id = member.instance_id
+                described.assigned.extend(common_pb2.TopicPartition(topic=t, partition=p) for t, p in sorted(member.assigned))
+                described.revoking.extend(common_pb2.TopicPartition(topic=t, partition=p) for t, p in sorted(member.revoking))
+        return reply
+
     async def check_commit(self, group_id: str, member_id: str, member_epoch: int | None) -> None:
         """Refuses a commit a member could not make now (KIP-447)."""
+        check_member_id(member_id)
         group = await self._group(group_id, create=False)
         epoch = -1 if member_epoch is None else member_epoch
         if group is None:

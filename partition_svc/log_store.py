@@ -231,6 +231,16 @@ class LogStore:
         if not self.sync:
             self.db.flush_wal(True)
 
+    def group_ids(self) -> set[str]:
+        """The groups with committed offsets here (as leader or follower)."""
+        found: set[str] = set()
+        key = next(iter(self.db.keys(from_key=b"G")), None)
+        while key is not None and key.startswith(b"G"):
+            group = key[1:key.index(b"\x00")]
+            found.add(group.decode())
+            key = next(iter(self.db.keys(from_key=b"G" + group + b"\x01")), None)  # past every key of this group
+        return found
+
     def metadata(self, pkey: bytes) -> dict | None:
         raw = self.get(meta_key(pkey))
         return None if raw is None else json.loads(raw)

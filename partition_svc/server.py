@@ -764,6 +764,20 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
         validation.check_group_id(request.group_id)
         return await self.groups.heartbeat(request)
 
+    @server.rpc_handler
+    async def ListGroups(self, request, context):
+        return await self.groups.list_groups()
+
+    @server.rpc_handler
+    async def DescribeGroups(self, request, context):
+        if not request.group_ids:
+            raise request_error("the request names no group")
+        if len(request.group_ids) > self.config.partitions_per_request_max:
+            raise request_error(f"the request names {len(request.group_ids)} groups, more than {self.config.partitions_per_request_max}")
+        for group_id in request.group_ids:
+            validation.check_group_id(group_id)
+        return await self.groups.describe(list(dict.fromkeys(request.group_ids)))
+
     # --- ACLs (the authorizer checks Alter or Describe on the Cluster first) -------------
 
     @server.rpc_handler

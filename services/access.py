@@ -139,6 +139,8 @@ CHECKS: dict[str, Callable[[object, Permissions], list[Need]]] = {
     "DeleteAcls": lambda r, caller: cluster("Alter"),
     "ConsumerGroupHeartbeat": lambda r, caller: [(GROUP, r.group_id, "Read"),
                                                  *topics(r.subscribed_topics.names, "Describe")],
+    "ListGroups": lambda r, caller: [],  # filtered, below
+    "DescribeGroups": lambda r, caller: [(GROUP, g, "Describe") for g in r.group_ids],
     # ReplicationService and ProducerIdService: the services among themselves
     "LeaderAndIsr": lambda r, caller: cluster("ClusterAction"),
     "ReplicaFetch": lambda r, caller: cluster("ClusterAction"),
@@ -184,9 +186,16 @@ def _filter_transactions(request, response, caller: Permissions) -> None:
     response.transactions.extend(kept)
 
 
+def _filter_groups(request, response, caller: Permissions) -> None:
+    kept = [g for g in response.groups if caller.may(GROUP, g.group_id, "Describe")]
+    del response.groups[:]
+    response.groups.extend(kept)
+
+
 FILTERS: dict[str, Callable[[object, object, Permissions], None]] = {
     "Metadata": _filter_metadata,
     "ListTransactions": _filter_transactions,
+    "ListGroups": _filter_groups,
 }
 
 

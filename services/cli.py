@@ -36,6 +36,8 @@ default to its admin's):
     txlog transactions abort --topic T --partition P --producer-id PID --producer-epoch E
                              --coordinator-epoch C
     txlog transactions find-hanging [--topic T ...] [--max-transaction-timeout-ms N]
+    txlog groups list | describe G | reset-offsets G --topic T (--to-earliest | --to-latest |
+                         --to-offset N | --shift-by N | --to-timestamp-ms T) [--execute]
     txlog acls add (--allow P | --deny P)... --operation OP... RESOURCE [--prefixed] [--host IP]
     txlog acls list [RESOURCE [--prefixed]] [--allow P | --deny P]... [--operation OP]...
     txlog acls remove RESOURCE [--prefixed] [--allow P | --deny P]... [--operation OP]...
@@ -236,6 +238,24 @@ def _transactions(args) -> int:
     return 0
 
 
+def _groups(args) -> int:
+    bootstrap = _bootstrap(args)
+    if args.action == "list":
+        console.groups_list(bootstrap, sys.stdout, timeout_s=args.timeout_s)
+    elif args.action == "describe":
+        console.groups_describe(bootstrap, args.group, sys.stdout, timeout_s=args.timeout_s)
+    elif args.action == "reset-offsets":
+        chosen = [(kind, value) for kind, value in (("earliest", args.to_earliest or None), ("latest", args.to_latest or None),
+                                                    ("offset", args.to_offset), ("shift", args.shift_by),
+                                                    ("timestamp", args.to_timestamp_ms)) if value is not None and value is not False]
+        if len(chosen) != 1:
+            raise console.invalid("reset-offsets takes one of --to-earliest, --to-latest, --to-offset N, --shift-by N, --to-timestamp-ms T")
+        kind, value = chosen[0]
+        console.groups_reset_offsets(bootstrap, args.group, args.topic, (kind, None if kind in ("earliest", "latest") else value),
+                                     args.execute, sys.stdout, timeout_s=args.timeout_s)
+    return 0
+
+
 def _acl_resource(args) -> tuple[str, str] | None:
     chosen = [(kind, name) for kind, name in ((acls.TOPIC, args.topic), (acls.GROUP, args.group),
                                                (acls.TRANSACTIONAL_ID, args.transactional_id),
@@ -393,6 +413,26 @@ def _add_client_commands(commands) -> None:
     transactions.set_defaults(run=_transactions)
 
 
+def _add_group_commands(commands) -> None:
+    groups = commands.add_parser("groups", help="consumer groups: list, describe with lag, reset offsets")
+    actions = groups.add_subparsers(dest="action", required=True)
+    listing = actions.add_parser("list", help="JSON lines, one per group with live members or committed offsets")
+    describe = actions.add_parser("describe", help="JSON: members, and per partition committed, end, lag and owner")
+    describe.add_argument("group")
+    reset = actions.add_parser("reset-offsets", help="move a group's committed offsets (a dry run unless --execute)")
+    reset.add_argument("group")
+    reset.add_argument("--topic", action="append", required=True, help="every partition of this topic; repeatable")
+    reset.add_argument("--to-earliest", action="store_true")
+    reset.add_argument("--to-latest", action="store_true", help="the last stable offset")
+    reset.add_argument("--to-offset", type=int)
+    reset.add_argument("--shift-by", type=int, help="from the committed offset (negative: back)")
+    reset.add_argument("--to-timestamp-ms", type=int, help="the first offset at or after this time")
+    reset.add_argument("--execute", action="store_true", help="apply the plan (refused while the group has live members)")
+    for sub in (listing, describe, reset):
+        _add_bootstrap(sub)
+    groups.set_defaults(run=_groups)
+
+
 def _add_acl_commands(commands) -> None:
     acl_command = commands.add_parser("acls", help="access control lists (clusters with --authorizer acl)")
     acl_actions = acl_command.add_subparsers(dest="action", required=True)
@@ -475,6 +515,7 @@ def parser() -> argparse.ArgumentParser:
     chaos.set_defaults(run=_chaos)
     _add_client_commands(commands)
     _add_acl_commands(commands)
+    _add_group_commands(commands)
     return top
 
 

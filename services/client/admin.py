@@ -35,9 +35,13 @@ from services.acls import AclBinding, AclFilter
 from services.client._loop import LoopThread
 from services.client.errors import ClientClosedError, ClientError, TxnAction, error_for, from_proto, txn_action_for
 from services.client.fetcher import list_offsets
+from services.client.group import GroupOffsets
 from services.client.metadata import Metadata, TopicInfo
 from services.client.requests import call_leaders, retry_policy, with_retries
 from services.client.structs import (
+    GroupDescription,
+    GroupListing,
+    GroupMemberDescription,
     HangingTransaction,
     OffsetAndTimestamp,
     PartitionDescription,
@@ -324,6 +328,64 @@ class Admin:
             return await self._metadata.call_any(rpc, request, timeout_ms=self._request_timeout_ms)
 
         return self._run(with_retries(attempt, metadata=self._metadata, policy=self._policy(timeout_ms)), timeout_ms, what)
+
+    # --- consumer groups ------------------------------------------------------------------
+
+    def list_groups(self, *, timeout_s: float | None = None) -> list[GroupListing]:
+        """Every consumer group with live members or committed offsets (each
+        partition_svc lists the groups it coordinates), sorted by id."""
+        timeout_ms = self._timeout_ms(timeout_s)
+
+        async def attempt():
+            response = await self._metadata.fetch(())
+            answers = await asyncio.gather(*(
+                self._transport.call(b.address, "ListGroups", partition_pb2.ListGroupsRequest(), timeout_ms=self._request_timeout_ms)
+                for b in response.brokers))
+            return {g.group_id: GroupListing(g.group_id, g.state, g.members) for a in answers for g in a.groups}
+
+        found = self._run(with_retries(attempt, metadata=self._metadata, policy=self._policy(timeout_ms)), timeout_ms, "list_groups")
+        return [found[g] for g in sorted(found)]
+
+    def describe_group(self, group_id: str, *, timeout_s: float | None = None) -> GroupDescription:
+        """The group's members, epochs and partitions, from its coordinator."""
+        _check_group_id(group_id)
+        timeout_ms = self._timeout_ms(timeout_s)
+        request = partition_pb2.DescribeGroupsRequest(group_ids=[group_id])
+
+        async def attempt():
+            address = await self._metadata.group_coordinator(group_id)
+            response = await self._transport.call(address, "DescribeGroups", request, timeout_ms=self._request_timeout_ms)
+            item = response.groups[0]
+            if item.error.code != NONE:
+                raise from_proto(item.error)
+            return item
+
+        item = self._run(with_retries(attempt, metadata=self._metadata, policy=self._policy(timeout_ms), group_id=group_id),
+                         timeout_ms, "describe_group")
+        members = tuple(GroupMemberDescription(
+            m.member_id, m.instance_id if m.HasField("instance_id") else None, m.member_epoch, m.state, tuple(m.subscribed_topics),
+            frozenset(TopicPartition(tp.topic, tp.partition) for tp in m.assigned),
+            frozenset(TopicPartition(tp.topic, tp.partition) for tp in m.revoking)) for m in item.members)
+        return GroupDescription(item.group_id, item.state, item.group_epoch, item.assignment_epoch, item.assignor, members)
+
+    def list_group_offsets(self, group_id: str, *, timeout_s: float | None = None) -> dict[TopicPartition, int]:
+        """The group's committed offsets (stable: none pending in an open transaction)."""
+        _check_group_id(group_id)
+        timeout_ms = self._timeout_ms(timeout_s)
+        offsets = GroupOffsets(self._metadata, self._transport, group_id, request_timeout_ms=self._request_timeout_ms)
+        committed = self._run(offsets.fetch(None, policy=self._policy(timeout_ms)), timeout_ms, "list_group_offsets")
+        return {tp: offset for tp, offset in sorted(committed.items()) if offset is not None}
+
+    def alter_group_offsets(self, group_id: str, offsets: Mapping, *, timeout_s: float | None = None) -> None:
+        """Sets the group's committed offsets ({(topic, partition): offset}); refused
+        (UNKNOWN_MEMBER_ID) while the group has live members, which would fight it."""
+        _check_group_id(group_id)
+        timeout_ms = self._timeout_ms(timeout_s)
+        wanted = {as_tp(tp): offset for tp, offset in offsets.items()}
+        if not wanted:
+            return
+        group = GroupOffsets(self._metadata, self._transport, group_id, request_timeout_ms=self._request_timeout_ms)
+        self._run(group.commit(wanted, policy=self._policy(timeout_ms)), timeout_ms, "alter_group_offsets")
 
     def live_partition_nodes(self, *, timeout_s: float | None = None) -> list[int]:
         """Node ids of the live partition_svc instances."""
@@ -657,3 +719,8 @@ class Admin:
 
     def __exit__(self, *exc_info) -> None:
         self.close()
+
+
+def _check_group_id(group_id) -> None:
+    if not isinstance(group_id, str) or not names.is_group_id(group_id):
+        raise ValueError(f"group_id must be 1 to {names.GROUP_ID_CHARS_MAX} characters of [a-zA-Z0-9._-], not {group_id!r}")

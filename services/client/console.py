@@ -423,3 +423,70 @@ def acls_remove(bootstrap: str | Target, filters: list[AclFilter], out: TextIO, 
     with _admin(bootstrap, timeout_s) as admin:
         for binding in admin.delete_acls(filters):
             out.write(acls.describe(binding) + "\n")
+
+
+def groups_list(bootstrap: str | Target, out: TextIO, *, timeout_s: float = TIMEOUT_S_DEFAULT) -> None:
+    with _admin(bootstrap, timeout_s) as admin:
+        for group in admin.list_groups():
+            out.write(json.dumps(group._asdict()) + "\n")
+
+
+def groups_describe(bootstrap: str | Target, group_id: str, out: TextIO, *, timeout_s: float = TIMEOUT_S_DEFAULT) -> None:
+    """The members, and per partition (of the members' topics and of the
+    committed offsets) its committed offset, the end a read_committed reader
+    reaches (the last stable offset), the lag between them and its owner."""
+    with _admin(bootstrap, timeout_s) as admin:
+        group = admin.describe_group(group_id)
+        committed = admin.list_group_offsets(group_id)
+        topics = {t for m in group.members for t in m.subscribed_topics} | {tp.topic for tp in committed}
+        described = {t.name: t for t in admin.describe_topics(sorted(topics))} if topics else {}
+        partitions = sorted({TopicPartition(name, p.partition) for name, t in described.items() for p in t.partitions} | set(committed))
+        ends = admin.list_offsets({tp: "last_stable" for tp in partitions}) if partitions else {}
+    rows = []
+    for tp in partitions:
+        offset, end = committed.get(tp), ends[tp].offset if tp in ends else None
+        rows.append({"topic": tp.topic, "partition": tp.partition, "committed": offset, "end": end,
+                     "lag": None if offset is None or end is None else max(end - offset, 0), "owner": group.owner(tp)})
+    out.write(json.dumps({
+        "group": group.group_id, "state": group.state, "group_epoch": group.group_epoch, "assignor": group.assignor,
+        "members": [{"member_id": m.member_id, "instance_id": m.instance_id, "member_epoch": m.member_epoch, "state": m.state,
+                     "subscribed_topics": list(m.subscribed_topics),
+                     "assigned": [[tp.topic, tp.partition] for tp in sorted(m.assigned)],
+                     "revoking": [[tp.topic, tp.partition] for tp in sorted(m.revoking)]} for m in group.members],
+        "partitions": rows,
+    }, indent=2) + "\n")
+
+
+def groups_reset_offsets(bootstrap: str | Target, group_id: str, topics: list[str], target: tuple[str, int | None], execute: bool,
+                         out: TextIO, *, timeout_s: float = TIMEOUT_S_DEFAULT) -> None:
+    """Moves the group's committed offsets of ``topics`` (every partition) to
+    ``target``: ("earliest"|"latest", None), ("offset", N), ("shift", N) or
+    ("timestamp", ms). Prints the plan as JSON lines; applies it only with
+    ``execute`` (kafka-consumer-groups.sh's dry run by default)."""
+    kind, value = target
+    with _admin(bootstrap, timeout_s) as admin:
+        described = admin.describe_topics(topics)
+        tps = [TopicPartition(t.name, p.partition) for t in described for p in t.partitions]
+        current = admin.list_group_offsets(group_id)
+        earliest = admin.list_offsets(dict.fromkeys(tps, "earliest"))
+        latest = admin.list_offsets(dict.fromkeys(tps, "last_stable"))
+        by_time = admin.list_offsets(dict.fromkeys(tps, value)) if kind == "timestamp" else {}
+        plan = {}
+        for tp in tps:
+            low, high = earliest[tp].offset, latest[tp].offset
+            if kind == "earliest":
+                wanted = low
+            elif kind == "latest":
+                wanted = high
+            elif kind == "offset":
+                wanted = value
+            elif kind == "shift":
+                wanted = (current.get(tp, low)) + value
+            else:
+                wanted = by_time[tp].offset if by_time[tp].offset >= 0 else high
+            plan[tp] = min(max(wanted, low), high)
+        for tp, offset in sorted(plan.items()):
+            out.write(json.dumps({"topic": tp.topic, "partition": tp.partition, "current": current.get(tp), "new": offset,
+                                  "applied": execute}) + "\n")
+        if execute:
+            admin.alter_group_offsets(group_id, plan)

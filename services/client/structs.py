@@ -104,6 +104,37 @@ class ProducerDescription(NamedTuple):
     current_txn_start_offset: int
 
 
+class GroupListing(NamedTuple):
+    """A consumer group (ListGroups): ``state`` Empty (committed offsets, no
+    live member), Stable or Reconciling."""
+
+    group_id: str
+    state: str
+    members: int
+
+
+class GroupMemberDescription(NamedTuple):
+    member_id: str
+    instance_id: str | None
+    member_epoch: int
+    state: str
+    subscribed_topics: tuple[str, ...]
+    assigned: frozenset[TopicPartition]
+    revoking: frozenset[TopicPartition]
+
+
+class GroupDescription(NamedTuple):
+    group_id: str
+    state: str
+    group_epoch: int
+    assignment_epoch: int
+    assignor: str
+    members: tuple[GroupMemberDescription, ...]
+
+    def owner(self, tp: TopicPartition) -> str | None:
+        return next((m.member_id for m in self.members if tp in m.assigned or tp in m.revoking), None)
+
+
 class TransactionListing(NamedTuple):
     """One transaction a coordinator knows (ListTransactions); ``state`` is the
     coordinator's state name: Empty, Ongoing, Prepared, PrepareCommit,

@@ -6,11 +6,15 @@ commit is refused (KIP-447)."""
 
 from __future__ import annotations
 
+import contextlib
+import io
+import json
 import threading
 
 import pytest
 
-from services.client import Admin, Consumer, Producer, TopicPartition
+from services import cli
+from services.client import Admin, Consumer, Producer, TopicPartition, console
 from services.client.errors import ClientError
 from services.client.two_phase import wait_until
 from services.cluster import LocalCluster
@@ -114,3 +118,64 @@ def test_a_dead_members_partitions_move_after_its_session_timeout_and_its_commit
     finally:
         survivor.halt()
         zombie.consumer.close()
+
+
+def run_cli(*args: str) -> str:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert cli.main(list(args)) == 0
+    return out.getvalue()
+
+
+def test_the_groups_commands_say_who_owns_what_how_far_behind_and_move_it_back(cluster):
+    with Producer(cluster.state.bootstrap) as producer:
+        for p in range(PARTITIONS):
+            for i in range(3):
+                producer.send("orders", value=f"tooling-{p}-{i}".encode(), partition=p)
+        producer.flush()
+    member = Polling(cluster.state.bootstrap, "tooling").start()
+    try:
+        wait_until(lambda: member.owned == all_partitions(), 30, "the member owning every partition")
+        member.consumer.commit({TopicPartition("orders", 0): 1})  # a member commits with its id and epoch
+        described = json.loads(run_cli("groups", "describe", "tooling", "--dir", cluster.state.dir))
+        assert described["state"] in ("Stable", "Reconciling") and len(described["members"]) == 1
+        row = next(r for r in described["partitions"] if (r["topic"], r["partition"]) == ("orders", 0))
+        assert row["committed"] == 1 and row["owner"] == described["members"][0]["member_id"]
+        assert row["lag"] == row["end"] - 1 and row["end"] >= 3
+        listed = [json.loads(line) for line in run_cli("groups", "list", "--dir", cluster.state.dir).splitlines()]
+        assert {"group_id": "tooling", "state": described["state"], "members": 1} in listed
+        with pytest.raises(ClientError, match="live members"):
+            console_target = console.Target(cluster.state.bootstrap)
+            console.groups_reset_offsets(console_target, "tooling", ["orders"], ("earliest", None), True, io.StringIO())
+    finally:
+        member.halt()
+    wait_until(lambda: json.loads(run_cli("groups", "describe", "tooling", "--dir", cluster.state.dir))["state"] == "Empty", 30,
+               "the group empty once its member closed")
+    plan = [json.loads(line) for line in run_cli("groups", "reset-offsets", "tooling", "--topic", "orders", "--to-earliest",
+                                                  "--dir", cluster.state.dir).splitlines()]
+    assert {(p["partition"], p["new"], p["applied"]) for p in plan if p["partition"] == 0} == {(0, 0, False)}
+    assert json.loads(run_cli("groups", "describe", "tooling", "--dir", cluster.state.dir))["partitions"][0]["committed"] == 1
+    run_cli("groups", "reset-offsets", "tooling", "--topic", "orders", "--to-earliest", "--execute", "--dir", cluster.state.dir)
+    rows = json.loads(run_cli("groups", "describe", "tooling", "--dir", cluster.state.dir))["partitions"]
+    assert {r["committed"] for r in rows} == {0}
+
+
+def test_a_static_member_restarts_and_gets_its_partitions_back_without_a_rebalance(cluster):
+    stays = Polling(cluster.state.bootstrap, "static", group_instance_id="stays").start()
+    restarts = Polling(cluster.state.bootstrap, "static", group_instance_id="restarts").start()
+    try:
+        wait_until(lambda: len(stays.owned) == len(restarts.owned) == PARTITIONS // 2, 30, "the partitions split")
+        before, kept, revocations = set(restarts.owned), set(stays.owned), len(stays.revoked)
+        restarts.halt()  # close(): a static member leaves for a restart (member epoch -2)
+        with Admin(cluster.state.bootstrap) as admin:
+            during = admin.describe_group("static")
+        held = {m.instance_id: m.assigned for m in during.members}
+        assert held.get("restarts") == before, f"its partitions are kept for it while it restarts: {held}"
+        again = Polling(cluster.state.bootstrap, "static", group_instance_id="restarts").start()
+        try:
+            wait_until(lambda: again.owned == before, 30, "the restarted member owning its partitions again")
+            assert stays.owned == kept and len(stays.revoked) == revocations, "the other member was not disturbed"
+        finally:
+            again.halt()
+    finally:
+        stays.halt()

@@ -109,3 +109,27 @@ def test_commits_need_the_members_current_epoch():
     group.expire(10**9)
     with pytest.raises(GroupError, match="left or timed out"):
         group.check_commit("m1", first.member_epoch)
+
+
+def test_heartbeat_requests_that_cannot_be_are_refused_naming_the_field():
+    """The hostile suite found a 100,000-character member id echoed into an
+    error message too large for gRPC's headers."""
+    from partition_svc.group_coordinator import check_member_id, heartbeat_of
+    from services.errors import ErrorCode, TxlogError
+    from services.stubs.txlog.v1 import partition_pb2
+
+    def refused(**fields) -> str:
+        with pytest.raises(TxlogError) as error:
+            heartbeat_of(partition_pb2.ConsumerGroupHeartbeatRequest(group_id="g", **fields))
+        assert ErrorCode.Name(error.value.code) == "INVALID_REQUEST"
+        return error.value.message
+
+    assert "more than 255" in refused(member_id="x" * 100_000, member_epoch=0)
+    assert "instance_id" in refused(member_id="m", member_epoch=0, instance_id="i" * 300)
+    assert "server_assignor" in refused(member_id="m", member_epoch=0, server_assignor="sticky" * 1000)
+    assert "member_epoch -3" in refused(member_id="m", member_epoch=-3)
+    assert "names its member_id" in refused(member_epoch=4)
+    assert "at least one topic" in refused(member_id="m", member_epoch=0, subscribed_topics=partition_pb2.TopicNames())
+    assert "session_timeout_ms" in refused(member_id="m", member_epoch=0, session_timeout_ms=10)
+    with pytest.raises(TxlogError, match="more than 255"):
+        check_member_id("m" * 256)

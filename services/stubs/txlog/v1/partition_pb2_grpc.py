@@ -120,6 +120,16 @@ class PartitionServiceStub:
                 request_serializer=txlog_dot_v1_dot_partition__pb2.ConsumerGroupHeartbeatRequest.SerializeToString,
                 response_deserializer=txlog_dot_v1_dot_partition__pb2.ConsumerGroupHeartbeatResponse.FromString,
                 _registered_method=True)
+        self.ListGroups = channel.unary_unary(
+                '/txlog.v1.PartitionService/ListGroups',
+                request_serializer=txlog_dot_v1_dot_partition__pb2.ListGroupsRequest.SerializeToString,
+                response_deserializer=txlog_dot_v1_dot_partition__pb2.ListGroupsResponse.FromString,
+                _registered_method=True)
+        self.DescribeGroups = channel.unary_unary(
+                '/txlog.v1.PartitionService/DescribeGroups',
+                request_serializer=txlog_dot_v1_dot_partition__pb2.DescribeGroupsRequest.SerializeToString,
+                response_deserializer=txlog_dot_v1_dot_partition__pb2.DescribeGroupsResponse.FromString,
+                _registered_method=True)
 
 
 class PartitionServiceServicer:
@@ -253,6 +263,21 @@ class PartitionServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListGroups(self, request, context):
+        """The consumer groups this instance coordinates: with live members, or
+        with committed offsets. Ask every instance for them all.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DescribeGroups(self, request, context):
+        """Members, their epochs, subscriptions and partitions (at the groups' coordinators).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PartitionServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -340,6 +365,16 @@ def add_PartitionServiceServicer_to_server(servicer, server):
                     servicer.ConsumerGroupHeartbeat,
                     request_deserializer=txlog_dot_v1_dot_partition__pb2.ConsumerGroupHeartbeatRequest.FromString,
                     response_serializer=txlog_dot_v1_dot_partition__pb2.ConsumerGroupHeartbeatResponse.SerializeToString,
+            ),
+            'ListGroups': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListGroups,
+                    request_deserializer=txlog_dot_v1_dot_partition__pb2.ListGroupsRequest.FromString,
+                    response_serializer=txlog_dot_v1_dot_partition__pb2.ListGroupsResponse.SerializeToString,
+            ),
+            'DescribeGroups': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeGroups,
+                    request_deserializer=txlog_dot_v1_dot_partition__pb2.DescribeGroupsRequest.FromString,
+                    response_serializer=txlog_dot_v1_dot_partition__pb2.DescribeGroupsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -801,6 +836,60 @@ class PartitionService:
             '/txlog.v1.PartitionService/ConsumerGroupHeartbeat',
             txlog_dot_v1_dot_partition__pb2.ConsumerGroupHeartbeatRequest.SerializeToString,
             txlog_dot_v1_dot_partition__pb2.ConsumerGroupHeartbeatResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListGroups(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/txlog.v1.PartitionService/ListGroups',
+            txlog_dot_v1_dot_partition__pb2.ListGroupsRequest.SerializeToString,
+            txlog_dot_v1_dot_partition__pb2.ListGroupsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeGroups(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/txlog.v1.PartitionService/DescribeGroups',
+            txlog_dot_v1_dot_partition__pb2.DescribeGroupsRequest.SerializeToString,
+            txlog_dot_v1_dot_partition__pb2.DescribeGroupsResponse.FromString,
             options,
             channel_credentials,
             insecure,
