@@ -446,8 +446,72 @@ async function readPartition(cluster, topic, partition, isolation, deadline, fro
   }
 }
 
+// --- consumer groups (KIP-848): the coordinator assigns, the member follows ------------------
+
+const REJOIN = new Set(['FENCED_MEMBER_EPOCH', 'UNKNOWN_MEMBER_ID']);
+
+// One member of a consumer group. Each heartbeat says what it owns; the answer
+// is everything it may own now: partitions missing from it are given up at once
+// (this member holds no uncommitted work across heartbeats), new ones taken.
+class GroupMember {
+  constructor(cluster, groupId, topics) {
+    this.cluster = cluster;
+    this.groupId = groupId;
+    this.topics = topics;
+    this.memberId = require('crypto').randomUUID(); // made here and kept across rejoins (KIP-1082)
+    this.epoch = 0;
+    this.owned = []; // [{topic, partition}]
+    this.intervalMs = 200;
+  }
+
+  async coordinatorAddress() {
+    const reply = await this.cluster.metadata({ group_ids: [this.groupId] });
+    const found = (reply.group_coordinators || [])[0];
+    if (!found) throw new TxlogError('COORDINATOR_NOT_AVAILABLE', `no coordinator for group ${this.groupId}`);
+    checkItem(found.error, `group ${this.groupId}`);
+    return found.address;
+  }
+
+  async heartbeat() {
+    const request = {
+      group_id: this.groupId, member_id: this.memberId, member_epoch: this.epoch,
+      owned_partitions: { partitions: this.owned },
+    };
+    if (this.epoch === 0) request.subscribed_topics = { names: this.topics };
+    try {
+      const reply = await retrying(`ConsumerGroupHeartbeat ${this.groupId}`, async () =>
+        unary(this.cluster.partitionSvc(await this.coordinatorAddress()), 'ConsumerGroupHeartbeat', request));
+      this.epoch = int(reply.member_epoch);
+      this.intervalMs = Math.min(int(reply.heartbeat_interval_ms) || 200, 1000);
+      this.owned = ((reply.assignment || {}).partitions || []).map((tp) => ({ topic: tp.topic, partition: int(tp.partition) }));
+    } catch (err) {
+      if (!(err instanceof TxlogError) || !REJOIN.has(err.code)) throw err;
+      this.epoch = 0; // the group moved on without us: drop everything, rejoin as ourselves
+      this.owned = [];
+    }
+    return this.owned;
+  }
+
+  // Commits next-offsets for owned partitions, as this member (refused if it was fenced).
+  async commit(offsets) {
+    const reply = await unary(this.cluster.partitionSvc(await this.coordinatorAddress()), 'OffsetCommit', {
+      group_id: this.groupId, member_id: this.memberId, member_epoch: this.epoch,
+      offsets: offsets.map(({ topic, partition, offset }) => ({ topic, partition, offset: String(offset) })),
+    });
+    for (const result of reply.results || []) checkItem(result.error, `OffsetCommit ${this.groupId}`);
+  }
+
+  async leave() {
+    if (this.epoch <= 0) return;
+    await unary(this.cluster.partitionSvc(await this.coordinatorAddress()), 'ConsumerGroupHeartbeat',
+      { group_id: this.groupId, member_id: this.memberId, member_epoch: -1 });
+    this.epoch = -1;
+    this.owned = [];
+  }
+}
+
 module.exports = {
   v1, definition, int, retryCounts, retriedErrors,
   TxlogError, checkItem, fromCallError, retrying, unary, Cluster,
-  recordBatch, produce, initIdempotent, nextSequence, TransactionalProducer, readPartition,
+  recordBatch, produce, initIdempotent, nextSequence, TransactionalProducer, readPartition, GroupMember,
 };

@@ -9,7 +9,11 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import shutil
+import signal
+import subprocess
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -179,3 +183,52 @@ def test_a_static_member_restarts_and_gets_its_partitions_back_without_a_rebalan
             again.halt()
     finally:
         stays.halt()
+
+
+def test_a_node_member_shares_a_group_with_a_python_member(cluster):
+    """clients/node/group_member.js, a member written against the protos alone,
+    joins the group beside the Python SDK: the coordinator splits the
+    partitions between them, the Node member reads and commits its own as a
+    member, and when it leaves the Python member takes them over."""
+    node = shutil.which("node")
+    assert node, "node is not installed: scripts/setup.sh installs it (apt-get install nodejs npm)"
+    with Admin(cluster.state.bootstrap) as admin:
+        admin.create_topics([("mixed", PARTITIONS, 2)])
+    with Producer(cluster.state.bootstrap) as producer:
+        for p in range(PARTITIONS):
+            for i in range(3):
+                producer.send("mixed", value=f"mixed-{p}-{i}".encode(), partition=p)
+        producer.flush()
+    script = Path(__file__).resolve().parents[2] / "clients" / "node" / "group_member.js"
+    member = subprocess.Popen([node, str(script), cluster.state.bootstrap, "mixed-group", "mixed"], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    python = Polling(cluster.state.bootstrap, "mixed-group").start(topics=("mixed",))
+    everything = {TopicPartition("mixed", p) for p in range(PARTITIONS)}
+    try:
+        with Admin(cluster.state.bootstrap) as admin:
+            def shared():
+                group = admin.describe_group("mixed-group")
+                held = [m.assigned for m in group.members]
+                return len(held) == 2 and all(held) and not (held[0] & held[1]) and held[0] | held[1] == everything and group
+            group = wait_until_value(shared, "the Node and the Python member sharing the partitions")
+            node_member = next(m for m in group.members if m.assigned != python.consumer.assignment())
+            mine = {tp.partition for tp in node_member.assigned}
+            wait_until(lambda: all(admin.list_group_offsets("mixed-group").get(TopicPartition("mixed", p)) == 3 for p in mine), 60,
+                       "the Node member committing its partitions' offsets")
+        member.send_signal(signal.SIGTERM)
+        out, err = member.communicate(timeout=60)
+        summary = json.loads(out.strip().splitlines()[-1])
+        assert summary["ok"] and summary["member_id"] == node_member.member_id and summary["commits"] > 0, (summary, err[-2000:])
+        for p in mine:
+            assert summary["read"][str(p)][-3:] == [f"mixed-{p}-{i}" for i in range(3)]
+        wait_until(lambda: python.owned == everything, 30, "the Python member taking the Node member's partitions over")
+    finally:
+        if member.poll() is None:
+            member.kill()
+        python.halt()
+
+
+def wait_until_value(probe, what: str, timeout_s: float = 60):
+    found = []
+    wait_until(lambda: bool(found.append(probe()) or found[-1]), timeout_s, what)
+    return found[-1]
