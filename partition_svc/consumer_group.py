@@ -27,7 +27,9 @@ the member's is refused (``FENCED_MEMBER_EPOCH`` for heartbeats,
 ``STALE_MEMBER_EPOCH`` for commits; the previous epoch is still accepted on
 a heartbeat whose owned partitions are within the current assignment, so a
 lost answer costs nothing); a member that misses heartbeats for its session
-timeout is removed and its partitions freed. Member epoch -1 leaves; -2 is a
+timeout is removed and its partitions freed, and so is one that keeps
+partitions it was told to revoke past its rebalance timeout (a consumer that
+stopped polling: Kafka's max.poll.interval.ms). Member epoch -1 leaves; -2 is a
 static member (``instance_id``) leaving for a restart: it keeps its
 partitions for the session timeout and the same ``instance_id`` rejoins with
 them, without a rebalance.
@@ -85,6 +87,8 @@ class Member:
     assigned: frozenset[TopicPartition] = frozenset()  # what it may own now
     revoking: frozenset[TopicPartition] = frozenset()  # what it still owns but must give up
     left_for_restart: bool = False  # a static member gone for a restart, its partitions kept
+    rebalance_timeout_ms: int = 300_000
+    revoke_by_ms: int | None = None  # removed if it still holds partitions to revoke then
 
     def holds(self) -> frozenset[TopicPartition]:
         return self.assigned | self.revoking
@@ -104,6 +108,7 @@ class Heartbeat:
     owned: frozenset[TopicPartition] | None = None  # None: unchanged
     session_timeout_ms: int = 45_000
     assignor: str | None = None
+    rebalance_timeout_ms: int = 300_000
 
 
 @dataclass(frozen=True)
@@ -156,8 +161,13 @@ class ConsumerGroup:
             # what it reports no longer owning is revoked (it cannot claim what it was not given); only from
             # a beat of its current epoch: one from before could predate partitions it has since been given
             member.revoking = member.revoking & beat.owned
+        member.rebalance_timeout_ms = beat.rebalance_timeout_ms
         self._refresh_target()
         self._reconcile(member)
+        if not member.revoking:
+            member.revoke_by_ms = None
+        elif member.revoke_by_ms is None:
+            member.revoke_by_ms = now_ms + member.rebalance_timeout_ms
         return Answer(member.member_id, member.member_epoch, member.assigned, self.heartbeat_interval_ms)
 
     def _join(self, beat: Heartbeat, now_ms: int) -> Member:
@@ -212,7 +222,8 @@ class ConsumerGroup:
 
     def expire(self, now_ms: int) -> list[str]:
         """Removes the members whose session ran out; returns their ids."""
-        gone = [m.member_id for m in self.members.values() if m.deadline_ms <= now_ms]
+        gone = [m.member_id for m in self.members.values()
+                if m.deadline_ms <= now_ms or (m.revoke_by_ms is not None and m.revoke_by_ms <= now_ms)]
         for member_id in gone:
             self.remove(member_id)
         return gone

@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 
 SESSION_TIMEOUT_MS_DEFAULT = 45_000
 SESSION_TIMEOUT_MS_RANGE = (1_000, 1_800_000)
+REBALANCE_TIMEOUT_MS_DEFAULT, REBALANCE_TIMEOUT_MS_MAX = 300_000, 3_600_000
 MEMBER_ID_MAX = 255
 SUBSCRIBED_TOPICS_MAX = 10_000
 
@@ -81,8 +82,11 @@ def heartbeat_of(request: partition_pb2.ConsumerGroupHeartbeatRequest) -> Heartb
     low, high = SESSION_TIMEOUT_MS_RANGE
     if not low <= session <= high:
         raise invalid(f"session_timeout_ms must be within {low}..{high}, got {session}")
+    rebalance = request.rebalance_timeout_ms if request.HasField("rebalance_timeout_ms") else REBALANCE_TIMEOUT_MS_DEFAULT
+    if not low <= rebalance <= REBALANCE_TIMEOUT_MS_MAX:
+        raise invalid(f"rebalance_timeout_ms must be within {low}..{REBALANCE_TIMEOUT_MS_MAX}, got {rebalance}")
     return Heartbeat(request.member_id, request.member_epoch, request.instance_id if request.HasField("instance_id") else None,
-                     subscribed, owned, session, request.server_assignor if request.HasField("server_assignor") else None)
+                     subscribed, owned, session, request.server_assignor if request.HasField("server_assignor") else None, rebalance)
 
 
 class GroupCoordinator:

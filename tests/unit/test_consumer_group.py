@@ -133,3 +133,14 @@ def test_heartbeat_requests_that_cannot_be_are_refused_naming_the_field():
     assert "session_timeout_ms" in refused(member_id="m", member_epoch=0, session_timeout_ms=10)
     with pytest.raises(TxlogError, match="more than 255"):
         check_member_id("m" * 256)
+
+
+def test_a_member_that_does_not_revoke_within_its_rebalance_timeout_is_removed():
+    group = ConsumerGroup("g")
+    first = join(group, "m1", rebalance_timeout_ms=5_000)
+    second = join(group, "m2")
+    beat(group, first, now=1_000, rebalance_timeout_ms=5_000)  # told to give two partitions up; it never reports them revoked
+    beat(group, second, now=2_000)
+    assert group.expire(5_999) == []
+    assert group.expire(6_000) == ["m1"], "stuck past its rebalance timeout"
+    assert len(beat(group, second, now=6_100).assigned) == 4, "the partitions it held move on"

@@ -680,7 +680,7 @@ class TopicPartitions(_message.Message):
     def __init__(self, partitions: _Optional[_Iterable[_Union[_common_pb2.TopicPartition, _Mapping]]] = ...) -> None: ...
 
 class ConsumerGroupHeartbeatRequest(_message.Message):
-    __slots__ = ("group_id", "member_id", "member_epoch", "instance_id", "subscribed_topics", "owned_partitions", "session_timeout_ms", "server_assignor")
+    __slots__ = ("group_id", "member_id", "member_epoch", "instance_id", "subscribed_topics", "owned_partitions", "session_timeout_ms", "server_assignor", "rebalance_timeout_ms")
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
     MEMBER_EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -689,6 +689,7 @@ class ConsumerGroupHeartbeatRequest(_message.Message):
     OWNED_PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     SESSION_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     SERVER_ASSIGNOR_FIELD_NUMBER: _ClassVar[int]
+    REBALANCE_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     group_id: str
     member_id: str
     member_epoch: int
@@ -697,7 +698,8 @@ class ConsumerGroupHeartbeatRequest(_message.Message):
     owned_partitions: TopicPartitions
     session_timeout_ms: int
     server_assignor: str
-    def __init__(self, group_id: _Optional[str] = ..., member_id: _Optional[str] = ..., member_epoch: _Optional[int] = ..., instance_id: _Optional[str] = ..., subscribed_topics: _Optional[_Union[TopicNames, _Mapping]] = ..., owned_partitions: _Optional[_Union[TopicPartitions, _Mapping]] = ..., session_timeout_ms: _Optional[int] = ..., server_assignor: _Optional[str] = ...) -> None: ...
+    rebalance_timeout_ms: int
+    def __init__(self, group_id: _Optional[str] = ..., member_id: _Optional[str] = ..., member_epoch: _Optional[int] = ..., instance_id: _Optional[str] = ..., subscribed_topics: _Optional[_Union[TopicNames, _Mapping]] = ..., owned_partitions: _Optional[_Union[TopicPartitions, _Mapping]] = ..., session_timeout_ms: _Optional[int] = ..., server_assignor: _Optional[str] = ..., rebalance_timeout_ms: _Optional[int] = ...) -> None: ...
 
 class ConsumerGroupHeartbeatResponse(_message.Message):
     __slots__ = ("member_id", "member_epoch", "heartbeat_interval_ms", "assignment")
