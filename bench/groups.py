@@ -48,6 +48,8 @@ from services.stubs.txlog.v1 import partition_pb2, partition_pb2_grpc  # noqa: E
 
 TOPIC, PARTITIONS, MEMBERS = "bench-groups", 30, 10
 CORE_SHARE_MAX = 0.5
+SESSION_TIMEOUT_MS = 300_000  # the load's members join first, then heartbeat: none may time out meanwhile
+JOINS_AT_ONCE = 50
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -74,7 +76,8 @@ def wait_settled(admin: Admin, group: str, members: int, timeout_s: float = 60) 
     started = time.perf_counter()
     while not settled(admin, group, members):
         if time.perf_counter() - started > timeout_s:
-            raise TimeoutError(f"group {group} not settled with {members} members within {timeout_s} s")
+            raise TimeoutError(f"group {group} not settled with {members} members within {timeout_s} s: "
+                               f"{admin.describe_group(group)}")
         time.sleep(0.01)
     return time.perf_counter() - started
 
@@ -125,12 +128,18 @@ async def heartbeat_load(address: str, members: int, seconds: float, pid: int) -
     group = f"bench-load-{members}-{uuid.uuid4().hex[:6]}"
     async with grpc.aio.insecure_channel(address) as channel:
         stub = partition_pb2_grpc.PartitionServiceStub(channel)
-        state = []
-        for _ in range(members):
+        async def join() -> list:
             member_id = uuid.uuid4().hex
             answer = await stub.ConsumerGroupHeartbeat(partition_pb2.ConsumerGroupHeartbeatRequest(
-                group_id=group, member_id=member_id, member_epoch=0, subscribed_topics=partition_pb2.TopicNames(names=[TOPIC])))
-            state.append([member_id, answer.member_epoch, answer.assignment])
+                group_id=group, member_id=member_id, member_epoch=0, subscribed_topics=partition_pb2.TopicNames(names=[TOPIC]),
+                session_timeout_ms=SESSION_TIMEOUT_MS))
+            return [member_id, answer.member_epoch, answer.assignment]
+
+        started = time.perf_counter()
+        state = []
+        for first in range(0, members, JOINS_AT_ONCE):
+            state += await asyncio.gather(*(join() for _ in range(first, min(first + JOINS_AT_ONCE, members))))
+        join_seconds = time.perf_counter() - started
         sent = 0
 
         async def beat(index: int) -> None:
@@ -152,7 +161,8 @@ async def heartbeat_load(address: str, members: int, seconds: float, pid: int) -
         spent = cpu_seconds(pid) - before
         for member_id, _, _ in state:
             await stub.ConsumerGroupHeartbeat(partition_pb2.ConsumerGroupHeartbeatRequest(group_id=group, member_id=member_id, member_epoch=-1))
-    return {"members": members, "heartbeats": sent, "seconds": round(wall, 2), "coordinator_cores": round(spent / wall, 3),
+    return {"members": members, "join_seconds": round(join_seconds, 2), "heartbeats": sent, "seconds": round(wall, 2),
+            "coordinator_cores": round(spent / wall, 3),
             "cpu_ms_per_heartbeat": round(spent / sent * 1000, 3), "cpu_ms_per_member_per_s": round(spent * 1000 / members / wall, 3)}
 
 

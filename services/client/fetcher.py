@@ -202,9 +202,11 @@ class Fetcher:
                 raise
 
     async def _fetch_from(self, address: str, tps: list[TopicPartition], max_wait_ms: float) -> None:
-        # Metadata may have moved on since the positions were validated (a refresh within this round):
-        # a partition whose leader epoch changed again waits for the next round's validation.
-        tps = [tp for tp in tps if not self._needs_validation(self.states[tp], self._leader_epoch(tp))]
+        # The round awaited since choosing these: a group may have taken a partition away (or reset it) meanwhile,
+        # and metadata may have moved on since the positions were validated (a refresh within this round): a
+        # partition whose leader epoch changed again waits for the next round's validation.
+        tps = [tp for tp in tps if (state := self.states.get(tp)) is not None and state.position is not None
+               and not self._needs_validation(state, self._leader_epoch(tp))]
         if not tps:
             return
         positions = {tp: self.states[tp].position for tp in tps}
