@@ -47,17 +47,19 @@ def uniform_assignment(subscriptions: Mapping[str, frozenset[str]], partition_co
     assigned: dict[str, set[TopicPartition]] = {m: set() for m in members}
     if not members:
         return {}
-    partitions = sorted((topic, p) for topic in {t for ts in subscriptions.values() for t in ts}
-                        for p in range(max(partition_counts.get(topic, 0), 0)))
-    eligible = {tp: [m for m in members if tp[0] in subscriptions[m]] for tp in partitions}
+    topics = sorted({t for ts in subscriptions.values() for t in ts})
+    counts = {t: max(partition_counts.get(t, 0), 0) for t in topics}
+    partitions = [(topic, p) for topic in topics for p in range(counts[topic])]
+    subscribers = {t: [m for m in members if t in subscriptions[m]] for t in topics}  # per topic: O(members x topics)
+    eligible = {tp: subscribers[tp[0]] for tp in partitions}
     # Each member's share: what an even spread over the members eligible for its topics allows.
-    total_eligible = {m: sum(1 for tp in partitions if m in eligible[tp]) for m in members}
+    total_eligible = {m: sum(counts[t] for t in subscriptions[m] if t in counts) for m in members}
     quota = {m: -(-total_eligible[m] // max(1, len(members))) if total_eligible[m] else 0 for m in members}
     owner = {tp: m for m, tps in current.items() if m in assigned for tp in tps}
     unassigned = []
     for tp in partitions:
         kept = owner.get(tp)
-        if kept is not None and kept in eligible[tp] and len(assigned[kept]) < max(quota[kept], 1):
+        if kept is not None and tp[0] in subscriptions[kept] and len(assigned[kept]) < max(quota[kept], 1):
             assigned[kept].add(tp)
         else:
             unassigned.append(tp)
