@@ -24,7 +24,7 @@ import pytest
 from google.protobuf.message import Message
 
 from services import access, certs, errors
-from services.acls import ALLOW, CLUSTER, CLUSTER_NAME, LITERAL, AclBinding
+from services.acls import ALLOW, CLUSTER, CLUSTER_NAME, LITERAL, AclBinding, AclFilter
 from services.acls import CLUSTER as CLU
 from services.acls import GROUP as GRP
 from services.acls import TOPIC as TOP
@@ -297,3 +297,77 @@ def test_a_client_without_a_certificate_cannot_connect(cluster):
         with channel, pytest.raises(grpc.RpcError) as refused:
             partition_pb2_grpc.PartitionServiceStub(channel).Metadata(request, timeout=10)
         assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def grant(cluster, *bindings: AclBinding) -> None:
+    with Admin(cluster.state.bootstrap, **cluster.client_tls()) as admin:
+        admin.create_acls(bindings)
+
+
+def client_of(cluster, name: str) -> dict:
+    directory = Path(cluster.state.tls["dir"])
+    if not (directory / f"{name}.pem").exists():
+        certs.issue(directory, name)
+    return {"tls_ca": cluster.state.tls["ca"], "tls_cert": str(directory / f"{name}.pem"), "tls_key": str(directory / f"{name}-key.pem")}
+
+
+def produce_as(cluster, name: str, topic: str) -> str:
+    """Either "ok" or the refusal's code name."""
+    try:
+        call(cluster, "PartitionService", "Produce", "partition_svc", partition_pb2.ProduceRequest(
+            acks=1, batches=[partition_pb2.PartitionBatch(topic=topic, partition=0, batch=BATCH)]), name,
+            address=leader_of(cluster, topic))
+        return "ok"
+    except grpc.RpcError as exc:
+        return errors.ErrorCode.Name(errors.from_rpc_error(exc).code)
+
+
+def leader_of(cluster, topic: str) -> str:
+    with Admin(cluster.state.bootstrap, **cluster.client_tls()) as admin:
+        (described,) = admin.describe_topics([topic])
+    return described.partitions[0].leader_address
+
+
+def test_prefixed_deny_wildcard_and_super_user_rules_hold_through_the_services(cluster):
+    with Admin(cluster.state.bootstrap, **cluster.client_tls()) as admin:
+        admin.create_topics([("pre-x", 1, 2), ("other", 1, 2), ("denied", 1, 2)])
+    for name in ("pfx", "denier", "anyone"):
+        client_of(cluster, name)
+    grant(cluster,
+          AclBinding(TOP, "PREFIXED", "pre-", "User:pfx", "*", "Write", ALLOW),
+          AclBinding(TOP, LITERAL, "denied", "User:denier", "*", "All", ALLOW),
+          AclBinding(TOP, LITERAL, "denied", "User:denier", "*", "Write", "Deny"),
+          AclBinding(TOP, LITERAL, "*", "User:*", "*", "Describe", ALLOW))
+    wait_until(lambda: produce_as(cluster, "pfx", "pre-x") == "ok", 30, "the prefixed grant in force")
+    assert produce_as(cluster, "pfx", "other") == "TOPIC_AUTHORIZATION_FAILED"
+    assert produce_as(cluster, "denier", "denied") == "TOPIC_AUTHORIZATION_FAILED", "a Deny wins over All"
+    fetch = partition_pb2.FetchRequest(partitions=[partition_pb2.FetchPartition(topic="denied", partition=0)])
+    call(cluster, "PartitionService", "Fetch", "partition_svc", fetch, "denier", address=leader_of(cluster, "denied"))  # Read: allowed
+    offsets = partition_pb2.ListOffsetsRequest(partitions=[
+        partition_pb2.ListOffsetsPartition(topic="other", partition=0, spec=partition_pb2.OFFSET_SPEC_LATEST)])
+    call(cluster, "PartitionService", "ListOffsets", "partition_svc", offsets, "anyone", address=leader_of(cluster, "other"))
+    assert produce_as(cluster, "admin", "other") == "ok", "a super user needs no ACL"
+
+
+def test_forged_internal_calls_from_a_client_allowed_every_topic_are_refused(cluster):
+    client_of(cluster, "forger")
+    grant(cluster, AclBinding(TOP, LITERAL, "*", "User:forger", "*", "All", ALLOW))
+    wait_until(lambda: produce_as(cluster, "forger", TOPIC) == "ok", 30, "the forger's grant in force")
+    assert produce_as(cluster, "forger", "__transaction_state") == "CLUSTER_AUTHORIZATION_FAILED", "a forged transaction-log write"
+    marker = partition_pb2.WriteTxnMarkersRequest(markers=[partition_pb2.TxnMarker(
+        producer_id=1, producer_epoch=0, committed=True, coordinator_epoch=2**31 - 1, partitions=[TP])])
+    replica_fetch = replication_pb2.ReplicaFetchRequest(replica_id=1, partitions=[replication_pb2.ReplicaFetchPartition(topic=TOPIC, partition=0)])
+    for service, rpc, request in (("PartitionService", "WriteTxnMarkers", marker), ("ReplicationService", "ReplicaFetch", replica_fetch)):
+        with pytest.raises(grpc.RpcError) as refused:
+            call(cluster, service, rpc, "partition_svc", request, "forger", address=leader_of(cluster, TOPIC))
+        assert errors.ErrorCode.Name(errors.from_rpc_error(refused.value).code) == "CLUSTER_AUTHORIZATION_FAILED", rpc
+
+
+def test_a_revoked_grant_refuses_again(cluster):
+    client_of(cluster, "revoked")
+    binding = AclBinding(TOP, LITERAL, TOPIC, "User:revoked", "*", "Write", ALLOW)
+    grant(cluster, binding)
+    wait_until(lambda: produce_as(cluster, "revoked", TOPIC) == "ok", 30, "the grant in force")
+    with Admin(cluster.state.bootstrap, **cluster.client_tls()) as admin:
+        assert admin.delete_acls([AclFilter(TOP, LITERAL, TOPIC, principal="User:revoked")]) == [binding]
+    wait_until(lambda: produce_as(cluster, "revoked", TOPIC) == "TOPIC_AUTHORIZATION_FAILED", 30, "the revocation in force")
