@@ -172,6 +172,16 @@ class GroupCoordinator:
                 described.revoking.extend(common_pb2.TopicPartition(topic=t, partition=p) for t, p in sorted(member.revoking))
         return reply
 
+    def forget(self, group_id: str) -> None:
+        """A deleted group: listed no more (until someone joins or commits)."""
+        self.groups.pop(group_id, None)
+
+    async def check_empty(self, group_id: str) -> None:
+        group = await self._group(group_id, create=False)
+        if group is not None and group.members:
+            raise TxlogError(ErrorCode.Value("NON_EMPTY_GROUP"), f"group {group_id!r} has {len(group.members)} live members: "
+                             "stop its consumers (they leave on close) before deleting it")
+
     async def check_commit(self, group_id: str, member_id: str, member_epoch: int | None) -> None:
         """Refuses a commit a member could not make now (KIP-447)."""
         check_member_id(member_id)

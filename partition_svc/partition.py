@@ -282,15 +282,17 @@ class Partition:
             return None
         return self._append_control(producer_id, producer_epoch, coordinator_epoch, common_pb2.CONTROL_TYPE_PREPARED, now_ms)
 
-    def commit_offsets(self, offsets: list[tuple[bytes, bytes]], now_ms: int, limits: validation.BatchLimits) -> asyncio.Future | Reject:
+    def commit_offsets(self, offsets: list[tuple[bytes, bytes | None]], now_ms: int, limits: validation.BatchLimits) -> asyncio.Future | Reject:
         """Consumer offsets committed outside a transaction (this is a
         __consumer_offsets partition): a batch in the log, and the view
-        OffsetFetch reads, in one write."""
+        OffsetFetch reads, in one write. A value of None deletes the offset
+        (a tombstone record)."""
         refused = self.not_leading()
         if refused is not None:
             return refused
         batch = common_pb2.RecordBatch(producer_id=-1, producer_epoch=-1, base_sequence=-1,
-                                       records=[common_pb2.Record(key=k, value=v) for k, v in offsets])
+                                       records=[common_pb2.Record(key=k) if v is None else common_pb2.Record(key=k, value=v)
+                                                for k, v in offsets])
         _, changes = self._append(batch, now_ms, limits)
         return self._submit(changes)[1]
 
@@ -398,7 +400,7 @@ class Partition:
             changes += self._effect_data(batch.producer_id, batch.producer_epoch, batch.base_sequence, count, base,
                                          max_timestamp_ms, batch.is_transactional)
         elif self.topic == CONSUMER_OFFSETS_TOPIC:
-            changes += [(r.key, r.value) for r in batch.records]
+            changes += offset_changes(batch)
         changes.append(self.metadata_change())
         return base, changes
 
@@ -530,10 +532,10 @@ class Partition:
         if header.is_control:
             return self._effect_control(batch, base_offset, header.max_timestamp_ms)
         if self.topic == CONSUMER_OFFSETS_TOPIC:
+            if not header.is_transactional:
+                return offset_changes(batch)
             offsets = [(r.key, r.value) for r in batch.records]
-            if header.is_transactional:
-                return self._effect_txn_offsets(header.producer_id, header.producer_epoch, offsets, base_offset, header.max_timestamp_ms)
-            return offsets
+            return self._effect_txn_offsets(header.producer_id, header.producer_epoch, offsets, base_offset, header.max_timestamp_ms)
         return self._effect_data(header.producer_id, header.producer_epoch, batch.base_sequence, header.record_count,
                                  base_offset, header.max_timestamp_ms, header.is_transactional)
 
@@ -921,3 +923,9 @@ class Partition:
 
 def now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def offset_changes(batch: common_pb2.RecordBatch) -> Changes:
+    """A __consumer_offsets batch as changes of the offsets view: a record
+    without a value is a tombstone (a deleted group's offset)."""
+    return [(r.key, r.value if r.HasField("value") else None) for r in batch.records]

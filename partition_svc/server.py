@@ -769,14 +769,38 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
         return await self.groups.list_groups()
 
     @server.rpc_handler
+    async def DeleteGroups(self, request, context):
+        reply = partition_pb2.DeleteGroupsResponse()
+        for group_id in self.checked_group_ids(request.group_ids):
+            item = reply.groups.add(group_id=group_id)
+            try:
+                offsets_partition = await self.group_partition(group_id)
+                await self.groups.check_empty(group_id)
+                keys = [log_store.group_offset_key(group_id, topic, index) for topic, index, _, _ in self.store.group_offsets(group_id)]
+                if keys:
+                    outcome = offsets_partition.commit_offsets([(key, None) for key in keys], now_ms(), self.limits)
+                    if isinstance(outcome, Reject) or not await outcome:
+                        raise not_replicated(offsets_partition)
+                self.groups.forget(group_id)
+                item.offsets_deleted = len(keys)
+                log.info("group deleted", extra=fields(group=group_id, offsets=len(keys)))
+            except TxlogError as exc:
+                item.error.CopyFrom(error_of(exc))
+        return reply
+
+    @server.rpc_handler
     async def DescribeGroups(self, request, context):
-        if not request.group_ids:
+        return await self.groups.describe(self.checked_group_ids(request.group_ids))
+
+    def checked_group_ids(self, group_ids) -> list[str]:
+        """The request's group ids, each once; INVALID_REQUEST or INVALID_GROUP_ID naming what is wrong."""
+        if not group_ids:
             raise request_error("the request names no group")
-        if len(request.group_ids) > self.config.partitions_per_request_max:
-            raise request_error(f"the request names {len(request.group_ids)} groups, more than {self.config.partitions_per_request_max}")
-        for group_id in request.group_ids:
+        if len(group_ids) > self.config.partitions_per_request_max:
+            raise request_error(f"the request names {len(group_ids)} groups, more than {self.config.partitions_per_request_max}")
+        for group_id in group_ids:
             validation.check_group_id(group_id)
-        return await self.groups.describe(list(dict.fromkeys(request.group_ids)))
+        return list(dict.fromkeys(group_ids))
 
     # --- ACLs (the authorizer checks Alter or Describe on the Cluster first) -------------
 

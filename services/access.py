@@ -141,6 +141,7 @@ CHECKS: dict[str, Callable[[object, Permissions], list[Need]]] = {
                                                  *topics(r.subscribed_topics.names, "Describe")],
     "ListGroups": lambda r, caller: [],  # filtered, below
     "DescribeGroups": lambda r, caller: [(GROUP, g, "Describe") for g in r.group_ids],
+    "DeleteGroups": lambda r, caller: [(GROUP, g, "Delete") for g in r.group_ids],
     # ReplicationService and ProducerIdService: the services among themselves
     "LeaderAndIsr": lambda r, caller: cluster("ClusterAction"),
     "ReplicaFetch": lambda r, caller: cluster("ClusterAction"),

@@ -36,7 +36,7 @@ default to its admin's):
     txlog transactions abort --topic T --partition P --producer-id PID --producer-epoch E
                              --coordinator-epoch C
     txlog transactions find-hanging [--topic T ...] [--max-transaction-timeout-ms N]
-    txlog groups list | describe G | reset-offsets G --topic T (--to-earliest | --to-latest |
+    txlog groups list | describe G | delete G | reset-offsets G --topic T (--to-earliest | --to-latest |
                          --to-offset N | --shift-by N | --to-timestamp-ms T) [--execute]
     txlog acls add (--allow P | --deny P)... --operation OP... RESOURCE [--prefixed] [--host IP]
     txlog acls list [RESOURCE [--prefixed]] [--allow P | --deny P]... [--operation OP]...
@@ -244,6 +244,8 @@ def _groups(args) -> int:
         console.groups_list(bootstrap, sys.stdout, timeout_s=args.timeout_s)
     elif args.action == "describe":
         console.groups_describe(bootstrap, args.group, sys.stdout, timeout_s=args.timeout_s)
+    elif args.action == "delete":
+        console.groups_delete(bootstrap, args.group, sys.stdout, timeout_s=args.timeout_s)
     elif args.action == "reset-offsets":
         chosen = [(kind, value) for kind, value in (("earliest", args.to_earliest or None), ("latest", args.to_latest or None),
                                                     ("offset", args.to_offset), ("shift", args.shift_by),
@@ -428,7 +430,9 @@ def _add_group_commands(commands) -> None:
     reset.add_argument("--shift-by", type=int, help="from the committed offset (negative: back)")
     reset.add_argument("--to-timestamp-ms", type=int, help="the first offset at or after this time")
     reset.add_argument("--execute", action="store_true", help="apply the plan (refused while the group has live members)")
-    for sub in (listing, describe, reset):
+    delete = actions.add_parser("delete", help="delete a group without live members and its committed offsets")
+    delete.add_argument("group")
+    for sub in (listing, describe, reset, delete):
         _add_bootstrap(sub)
     groups.set_defaults(run=_groups)
 

@@ -368,6 +368,24 @@ class Admin:
             frozenset(TopicPartition(tp.topic, tp.partition) for tp in m.revoking)) for m in item.members)
         return GroupDescription(item.group_id, item.state, item.group_epoch, item.assignment_epoch, item.assignor, members)
 
+    def delete_group(self, group_id: str, *, timeout_s: float | None = None) -> int:
+        """Deletes a group without live members (its committed offsets go);
+        returns how many offsets were deleted. NON_EMPTY_GROUP while members are live."""
+        _check_group_id(group_id)
+        timeout_ms = self._timeout_ms(timeout_s)
+        request = partition_pb2.DeleteGroupsRequest(group_ids=[group_id])
+
+        async def attempt():
+            address = await self._metadata.group_coordinator(group_id)
+            response = await self._transport.call(address, "DeleteGroups", request, timeout_ms=self._request_timeout_ms)
+            item = response.groups[0]
+            if item.error.code != NONE:
+                raise from_proto(item.error)
+            return item.offsets_deleted
+
+        return self._run(with_retries(attempt, metadata=self._metadata, policy=self._policy(timeout_ms), group_id=group_id),
+                         timeout_ms, "delete_group")
+
     def list_group_offsets(self, group_id: str, *, timeout_s: float | None = None) -> dict[TopicPartition, int]:
         """The group's committed offsets (stable: none pending in an open transaction)."""
         _check_group_id(group_id)

@@ -457,6 +457,12 @@ def groups_describe(bootstrap: str | Target, group_id: str, out: TextIO, *, time
     }, indent=2) + "\n")
 
 
+def groups_delete(bootstrap: str | Target, group_id: str, out: TextIO, *, timeout_s: float = TIMEOUT_S_DEFAULT) -> None:
+    with _admin(bootstrap, timeout_s) as admin:
+        deleted = admin.delete_group(group_id)
+    out.write(json.dumps({"group": group_id, "offsets_deleted": deleted}) + "\n")
+
+
 def groups_reset_offsets(bootstrap: str | Target, group_id: str, topics: list[str], target: tuple[str, int | None], execute: bool,
                          out: TextIO, *, timeout_s: float = TIMEOUT_S_DEFAULT) -> None:
     """Moves the group's committed offsets of ``topics`` (every partition) to

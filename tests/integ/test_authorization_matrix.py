@@ -81,6 +81,7 @@ CALLS: list[tuple[str, str, str, Message]] = [
         group_id=GROUP, member_id="mx-member", member_epoch=0, subscribed_topics=partition_pb2.TopicNames(names=[TOPIC]))),
     ("PartitionService", "ListGroups", "partition_svc", partition_pb2.ListGroupsRequest()),
     ("PartitionService", "DescribeGroups", "partition_svc", partition_pb2.DescribeGroupsRequest(group_ids=[GROUP])),
+    ("PartitionService", "DeleteGroups", "partition_svc", partition_pb2.DeleteGroupsRequest(group_ids=[GROUP])),
     ("ReplicationService", "LeaderAndIsr", "partition_svc", replication_pb2.LeaderAndIsrRequest(controller_id=0, controller_epoch=1_000_000)),
     ("ReplicationService", "ReplicaFetch", "partition_svc", replication_pb2.ReplicaFetchRequest(
         replica_id=1, partitions=[replication_pb2.ReplicaFetchPartition(topic=TOPIC, partition=0)])),
@@ -128,6 +129,7 @@ EXPECTED_NEEDS = {
     "ConsumerGroupHeartbeat": [(GRP, GROUP, "Read"), (TOP, TOPIC, "Describe")],
     "ListGroups": [],
     "DescribeGroups": [(GRP, GROUP, "Describe")],
+    "DeleteGroups": [(GRP, GROUP, "Delete")],
     "LeaderAndIsr": [(CLU, CLUSTER_NAME, "ClusterAction")],
     "ReplicaFetch": [(CLU, CLUSTER_NAME, "ClusterAction")],
     "OffsetForLeaderEpoch": [(CLU, CLUSTER_NAME, "ClusterAction")],

@@ -162,6 +162,24 @@ def test_the_groups_commands_say_who_owns_what_how_far_behind_and_move_it_back(c
     run_cli("groups", "reset-offsets", "tooling", "--topic", "orders", "--to-earliest", "--execute", "--dir", cluster.state.dir)
     rows = json.loads(run_cli("groups", "describe", "tooling", "--dir", cluster.state.dir))["partitions"]
     assert {r["committed"] for r in rows} == {0}
+    deleted = json.loads(run_cli("groups", "delete", "tooling", "--dir", cluster.state.dir))
+    assert deleted == {"group": "tooling", "offsets_deleted": PARTITIONS}
+    with Admin(cluster.state.bootstrap) as admin:
+        assert admin.list_group_offsets("tooling") == {}
+        assert "tooling" not in {g.group_id for g in admin.list_groups()}
+
+
+def test_a_group_with_live_members_cannot_be_deleted(cluster):
+    member = Polling(cluster.state.bootstrap, "in-use").start()
+    try:
+        wait_until(lambda: member.owned == all_partitions(), 30, "the member owning every partition")
+        member.consumer.commit({TopicPartition("orders", 1): 2})
+        with Admin(cluster.state.bootstrap) as admin, pytest.raises(ClientError, match="NON_EMPTY_GROUP"):
+            admin.delete_group("in-use")
+        with Admin(cluster.state.bootstrap) as admin:
+            assert admin.list_group_offsets("in-use") == {TopicPartition("orders", 1): 2}, "nothing deleted"
+    finally:
+        member.halt()
 
 
 def test_a_static_member_restarts_and_gets_its_partitions_back_without_a_rebalance(cluster):

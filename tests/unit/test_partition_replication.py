@@ -110,6 +110,28 @@ def test_group_offsets_committed_in_and_out_of_transactions_are_rebuilt_on_a_fol
     asyncio.run(scenario())
 
 
+def test_a_deleted_groups_tombstones_delete_its_offsets_on_the_leader_and_the_follower(tmp_path):
+    async def scenario():
+        leader = replica(tmp_path, "leader", LEADER, CONSUMER_OFFSETS_TOPIC)
+        follower = replica(tmp_path, "follower", FOLLOWER, CONSUMER_OFFSETS_TOPIC)
+        leader.become_leader(1, frozenset({LEADER, FOLLOWER}), NOW)
+        follower.become_follower(1)
+        kept, gone = log_store.group_offset_key("stays", "t", 0), log_store.group_offset_key("g", "t", 0)
+        written = leader.commit_offsets([(kept, log_store.group_offset_value(3, "", NOW)), (gone, log_store.group_offset_value(5, "", NOW))],
+                                        NOW, LIMITS)
+        await ship(leader, follower)
+        assert await written
+        deleted = leader.commit_offsets([(gone, None)], NOW, LIMITS)
+        await ship(leader, follower)
+        await ship(leader, follower)
+        assert await deleted
+        for partition in (leader, follower):
+            assert partition.store.group_offsets("g") == [] and partition.store.group_offsets("stays") == [("t", 0, 3, "")]
+            assert partition.store.group_ids() == {"stays"}
+        await drained(leader, follower)
+    asyncio.run(scenario())
+
+
 def test_truncation_removes_a_diverging_tail_and_replays_what_is_left(tmp_path):
     async def scenario():
         old, new = replica(tmp_path, "old", LEADER), replica(tmp_path, "new", FOLLOWER)

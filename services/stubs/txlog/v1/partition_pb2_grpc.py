@@ -130,6 +130,11 @@ class PartitionServiceStub:
                 request_serializer=txlog_dot_v1_dot_partition__pb2.DescribeGroupsRequest.SerializeToString,
                 response_deserializer=txlog_dot_v1_dot_partition__pb2.DescribeGroupsResponse.FromString,
                 _registered_method=True)
+        self.DeleteGroups = channel.unary_unary(
+                '/txlog.v1.PartitionService/DeleteGroups',
+                request_serializer=txlog_dot_v1_dot_partition__pb2.DeleteGroupsRequest.SerializeToString,
+                response_deserializer=txlog_dot_v1_dot_partition__pb2.DeleteGroupsResponse.FromString,
+                _registered_method=True)
 
 
 class PartitionServiceServicer:
@@ -278,6 +283,14 @@ class PartitionServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DeleteGroups(self, request, context):
+        """Deletes groups without live members: their committed offsets go (tombstones
+        in __consumer_offsets). NON_EMPTY_GROUP per group that has members.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PartitionServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -375,6 +388,11 @@ def add_PartitionServiceServicer_to_server(servicer, server):
                     servicer.DescribeGroups,
                     request_deserializer=txlog_dot_v1_dot_partition__pb2.DescribeGroupsRequest.FromString,
                     response_serializer=txlog_dot_v1_dot_partition__pb2.DescribeGroupsResponse.SerializeToString,
+            ),
+            'DeleteGroups': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteGroups,
+                    request_deserializer=txlog_dot_v1_dot_partition__pb2.DeleteGroupsRequest.FromString,
+                    response_serializer=txlog_dot_v1_dot_partition__pb2.DeleteGroupsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -890,6 +908,33 @@ class PartitionService:
             '/txlog.v1.PartitionService/DescribeGroups',
             txlog_dot_v1_dot_partition__pb2.DescribeGroupsRequest.SerializeToString,
             txlog_dot_v1_dot_partition__pb2.DescribeGroupsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteGroups(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/txlog.v1.PartitionService/DeleteGroups',
+            txlog_dot_v1_dot_partition__pb2.DeleteGroupsRequest.SerializeToString,
+            txlog_dot_v1_dot_partition__pb2.DeleteGroupsResponse.FromString,
             options,
             channel_credentials,
             insecure,
