@@ -93,6 +93,7 @@ class Membership:
 
     async def _run(self) -> None:
         while True:
+            self._wake.clear()  # before the heartbeat: a wake during it (a revocation done) sends the next one at once
             try:
                 await self.heartbeat_once()
                 self.last_error = None
@@ -110,7 +111,6 @@ class Membership:
             except Exception:  # a transport failure: the coordinator may have moved
                 log.exception("heartbeat failed")
                 wait_s = self._backoff_s
-            self._wake.clear()
             try:
                 await asyncio.wait_for(self._wake.wait(), wait_s)
             except TimeoutError:

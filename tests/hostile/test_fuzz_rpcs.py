@@ -93,6 +93,7 @@ from services.acls import (
     TRANSACTIONAL_ID,
     AclBinding,
 )
+from services.client.two_phase import wait_until
 from services.cluster import LocalCluster
 from services.errors import ERROR_TABLE, ErrorCode
 from services.stubs.txlog import v1 as stubs_v1
@@ -448,15 +449,12 @@ class Hostile:
 
     def wait_for_fuzzer_grants(self) -> None:
         """Until every partition_svc lets the fuzzer describe the scratch topic (the ACLs reached every cache)."""
-        deadline = time.monotonic() + RETRY_WAIT_S
         for address in self.addresses("partition_svc"):
-            while True:
+            def allowed(address=address) -> bool:
                 reply = partition_pb2_grpc.PartitionServiceStub(self.channel(address, as_fuzzer=True)).Metadata(
                     partition_pb2.MetadataRequest(topics=[self.baseline.scratch_topic]), timeout=CALL_TIMEOUT_S)
-                if reply.topics[0].error.code == NONE:
-                    break
-                assert time.monotonic() < deadline, f"the fuzzer's ACLs did not reach {address}: {reply.topics[0].error}"
-                time.sleep(0.1)
+                return reply.topics[0].error.code == NONE
+            wait_until(allowed, RETRY_WAIT_S, f"the fuzzer's ACLs reaching {address}")
 
     def assert_alive_and_serving(self) -> None:
         for name, status in self.cluster.status().items():
