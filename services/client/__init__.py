@@ -62,6 +62,7 @@ from services.client.producer import Producer
 from services.client.structs import (
     ConsumerRecord,
     HangingTransaction,
+    OffsetAndMetadata,
     OffsetAndTimestamp,
     ProducerDescription,
     RecordMetadata,
@@ -96,6 +97,7 @@ __all__ = [
     "IoThreadCallError",
     "LogTruncationError",
     "NoOffsetForPartitionError",
+    "OffsetAndMetadata",
     "OffsetAndTimestamp",
     "Producer",
     "ProducerDescription",

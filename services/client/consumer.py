@@ -33,6 +33,13 @@ Guarantees
   what ``Producer.send_offsets_to_transaction`` takes so that a zombie's
   transactional commit is refused too.
 
+* ``subscribe(pattern=...)`` takes every topic whose whole name matches,
+  internal ones left out, looked up again every ``metadata_max_age_ms``.
+* ``pause`` stops fetching and returning a partition's records until
+  ``resume``; its position and buffered records stay.
+* Iterating over the consumer yields records one at a time, polling as
+  needed, until ``close`` (or ``consumer_timeout_ms`` without a record).
+
 Without ``subscribe``, partitions are assigned by the application (as Spark
 does), and a group is only a name for committed offsets.
 """
@@ -41,8 +48,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import re
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from services.client._loop import LoopThread
 from services.client.config import ConsumerConfig
@@ -52,12 +60,13 @@ from services.client.group import GroupOffsets
 from services.client.membership import GroupMetadata, Membership
 from services.client.metadata import Metadata
 from services.client.requests import retry_policy
-from services.client.structs import ConsumerRecord, TopicPartition, as_tp
+from services.client.structs import ConsumerRecord, OffsetAndMetadata, TopicPartition, as_tp
 from services.client.transport import Transport, tls_files
 from services.errors import ErrorCode
 from services.stubs.txlog.v1 import partition_pb2
 
 ASSIGNED_PARTITIONS_MAX = 100_000
+ITERATION_POLL_S = 1.0  # one poll's wait while iterating: a close() is seen within it
 
 
 class Consumer:
@@ -90,6 +99,7 @@ class Consumer:
         session_timeout_ms: int = 45_000,
         group_instance_id: str | None = None,
         group_remote_assignor: str | None = None,
+        consumer_timeout_ms: float | None = None,
     ):
         self.config = ConsumerConfig(
             group_id=group_id, isolation_level=isolation_level, auto_offset_reset=auto_offset_reset,
@@ -112,6 +122,9 @@ class Consumer:
         self._loop = LoopThread("txlog-consumer")
         self._membership_options = {"session_timeout_ms": int(session_timeout_ms), "instance_id": group_instance_id,
                                     "assignor": group_remote_assignor}
+        if consumer_timeout_ms is not None and (isinstance(consumer_timeout_ms, bool) or not consumer_timeout_ms >= 0):
+            raise ValueError(f"consumer_timeout_ms must be a number >= 0 (or None: iterate until closed), not {consumer_timeout_ms!r}")
+        self._iteration_timeout_s = None if consumer_timeout_ms is None else consumer_timeout_ms / 1000
         self._membership: Membership | None = None
         self._listeners: dict[str, Callable | None] = {}
         # assignment changes the loop thread saw, for poll() to act on in the application's thread
@@ -119,30 +132,47 @@ class Consumer:
 
     # --- assignment and positions -------------------------------------------------------------
 
-    def subscribe(self, topics: Iterable[str], *, on_assign: Callable | None = None, on_revoke: Callable | None = None,
+    def subscribe(self, topics: Iterable[str] | re.Pattern = (), *, pattern: str | re.Pattern | None = None,
+                  on_assign: Callable | None = None, on_revoke: Callable | None = None,
                   on_lost: Callable | None = None) -> None:
-        """Joins the group (``group_id``) subscribed to ``topics``; the group's
-        coordinator assigns partitions (see the module's notes). Calling it
-        again changes the subscription."""
+        """Joins the group (``group_id``) subscribed to ``topics``, or to every
+        topic whose whole name ``pattern`` (a regular expression, or a compiled
+        one passed as ``topics``) matches, looked up again every
+        ``metadata_max_age_ms``; the group's coordinator assigns partitions (see
+        the module's notes). Calling it again changes the subscription."""
         self._check_open()
         group = self._require_group()
+        if isinstance(topics, re.Pattern):
+            topics, pattern = (), topics
+        if isinstance(topics, str):
+            raise ValueError(f"subscribe takes a list of topic names (or pattern=...), not the string {topics!r}")
         wanted = frozenset(topics)
-        if not wanted or any(not isinstance(t, str) or not t for t in wanted):
-            raise ValueError(f"subscribe to one or more topic names, not {sorted(map(repr, wanted))}")
+        if pattern is not None:
+            if wanted:
+                raise ValueError("subscribe to topics or to a pattern, not both")
+            try:
+                compiled = pattern if isinstance(pattern, re.Pattern) else re.compile(pattern)
+            except (re.error, TypeError) as exc:
+                raise ValueError(f"pattern {pattern!r} is not a regular expression: {exc}") from None
+        elif not wanted or any(not isinstance(t, str) or not t for t in wanted):
+            raise ValueError(f"subscribe to one or more topic names (or pattern=...), not {sorted(map(repr, wanted))}")
         if self._membership is None and self._fetcher.states:
             raise ClientError(ErrorCode.Value("INVALID_REQUEST"), "this consumer has assigned partitions; a consumer "
                               "either assign()s or subscribe()s")
         self._listeners = {"assign": on_assign, "revoke": on_revoke, "lost": on_lost}
-        self._loop.run(self._subscribe(group.group_id, wanted), what="subscribe")
+        subscription = compiled if pattern is not None else wanted
+        self._loop.run(self._subscribe(group.group_id, subscription), what="subscribe")
 
-    async def _subscribe(self, group_id: str, topics: frozenset[str]) -> None:
-        if self._membership is not None:
-            self._membership.subscribe(topics)
-            return
-        self._membership = Membership(self._metadata, self._transport, group_id, topics, on_change=self._assignment_changed,
-                                      request_timeout_ms=self.config.request_timeout_ms,
-                                      retry_backoff_ms=self.config.retry_backoff_ms, **self._membership_options)
-        self._membership.start()
+    async def _subscribe(self, group_id: str, subscription: frozenset[str] | re.Pattern) -> None:
+        if self._membership is None:
+            self._membership = Membership(self._metadata, self._transport, group_id, frozenset(), on_change=self._assignment_changed,
+                                          request_timeout_ms=self.config.request_timeout_ms,
+                                          retry_backoff_ms=self.config.retry_backoff_ms, **self._membership_options)
+            self._membership.start()
+        if isinstance(subscription, re.Pattern):
+            self._membership.subscribe_pattern(subscription, self.config.metadata_max_age_ms)
+        else:
+            self._membership.subscribe(subscription)
 
     def _assignment_changed(self, *, added=frozenset(), revoked=frozenset(), lost=frozenset()) -> None:
         """On the loop thread: fetch what was added, stop fetching what went."""
@@ -210,6 +240,25 @@ class Consumer:
     def assignment(self) -> set[TopicPartition]:
         """The partitions this consumer owns now ((topic, partition) pairs)."""
         return set(self._fetcher.states)
+
+    def pause(self, *partitions) -> None:
+        """Stops fetching ``partitions`` (assigned ones) and returning their
+        records until ``resume``; their positions stay, and a paused partition
+        the group keeps assigned stays paused across rebalances."""
+        self._set_paused(partitions, True)
+
+    def resume(self, *partitions) -> None:
+        """Fetches ``partitions`` again, from where they were paused."""
+        self._set_paused(partitions, False)
+
+    def paused(self) -> set[TopicPartition]:
+        """The assigned partitions that are paused."""
+        return {tp for tp, state in self._fetcher.states.items() if state.paused}
+
+    def _set_paused(self, partitions, paused: bool) -> None:
+        self._check_open()
+        tps = [as_tp(p) for p in partitions]
+        self._loop.run(self._call(self._fetcher.set_paused, tps, paused), what="pause" if paused else "resume")
 
     def seek(self, partition, offset: int) -> None:
         """The next poll returns ``partition``'s records from ``offset`` on."""
@@ -318,11 +367,28 @@ class Consumer:
             if records or time.monotonic() >= deadline_s:
                 return records
 
+    def __iter__(self) -> Iterator[ConsumerRecord]:
+        """Records one at a time, polled as needed, until the consumer is closed
+        or, with ``consumer_timeout_ms``, that long passes without a record."""
+        last_record_s = time.monotonic()
+        while not self._closed:
+            wait_s = ITERATION_POLL_S
+            if self._iteration_timeout_s is not None:
+                left_s = self._iteration_timeout_s - (time.monotonic() - last_record_s)
+                if left_s <= 0:
+                    return
+                wait_s = min(wait_s, left_s)
+            records = self.poll(wait_s)
+            if records:
+                last_record_s = time.monotonic()
+            yield from records
+
     # --- offsets --------------------------------------------------------------------------------------
 
     def commit(self, offsets: dict | None = None, timeout_s: float | None = None) -> None:
-        """Commits ``offsets`` ({(topic, partition): next offset to consume}) for the
-        group; by default the current positions of the assigned partitions."""
+        """Commits ``offsets`` ({(topic, partition): next offset to consume, or an
+        OffsetAndMetadata to store text beside it}) for the group; by default the
+        current positions of the assigned partitions."""
         self._check_open()
         group = self._require_group()
         timeout_ms = self._timeout_ms(timeout_s)
@@ -348,6 +414,17 @@ class Consumer:
         committed = self._loop.run(group.fetch([tp], policy=self._policy(timeout_ms), require_stable=require_stable),
                                    timeout_s=timeout_ms / 1000 + 5, what="committed")
         return committed.get(tp)
+
+    def committed_offsets(self, partitions: Iterable, timeout_s: float | None = None) -> dict[TopicPartition, OffsetAndMetadata | None]:
+        """The group's committed offsets of ``partitions``, each with the text
+        committed beside it (None: nothing committed), waited for as ``committed``."""
+        self._check_open()
+        group = self._require_group()
+        tps = [as_tp(p) for p in partitions]
+        timeout_ms = self._timeout_ms(timeout_s)
+        return self._loop.run(group.fetch_with_metadata(tps, policy=self._policy(timeout_ms),
+                                                         require_stable=self.config.isolation_level == "read_committed"),
+                              timeout_s=timeout_ms / 1000 + 5, what="committed")
 
     def beginning_offsets(self, partitions: Iterable, timeout_s: float | None = None) -> dict[TopicPartition, int]:
         return self._list_offsets(partitions, partition_pb2.OFFSET_SPEC_EARLIEST, timeout_s)

@@ -68,6 +68,7 @@ class PartitionState:
     high_watermark: int = -1
     last_stable_offset: int = -1
     fetch_error: ClientError | None = None
+    paused: bool = False  # neither fetched nor drained (its buffer is kept) until resumed
 
 
 class Fetcher:
@@ -94,6 +95,11 @@ class Fetcher:
         state.read_epochs, state.asking_epoch = LeaderEpochCache(), None  # what was read no longer leads here
         state.buffer.clear()
         state.buffer_next_offset = None
+
+    def set_paused(self, tps: list[TopicPartition], paused: bool) -> None:
+        states = [self._state(tp) for tp in tps]  # every one assigned, or none changes
+        for state in states:
+            state.paused = paused
 
     def request_reset(self, tp: TopicPartition, strategy: str) -> None:
         state = self._state(tp)
@@ -143,6 +149,8 @@ class Fetcher:
         self._round_robin += 1
         for tp in tps[start:] + tps[:start]:
             state = self.states[tp]
+            if state.paused:
+                continue
             if state.fetch_error is not None:
                 error, state.fetch_error = state.fetch_error, None
                 if out:  # give back what we have; raise on the next poll
@@ -164,7 +172,7 @@ class Fetcher:
         return out
 
     def fetchable(self) -> list[TopicPartition]:
-        return [tp for tp, s in self.states.items() if s.position is not None and not s.buffer]
+        return [tp for tp, s in self.states.items() if s.position is not None and not s.buffer and not s.paused]
 
     async def fetch_once(self, max_wait_ms: float) -> None:
         """One round: the positions of partitions whose leader changed

@@ -20,7 +20,7 @@ from services.client.errors import error_for, from_proto
 from services.client.membership import GroupMetadata
 from services.client.metadata import Metadata
 from services.client.requests import with_retries
-from services.client.structs import TopicPartition
+from services.client.structs import OffsetAndMetadata, TopicPartition
 from services.errors import ErrorCode
 from services.retry import RetryPolicy
 from services.stubs.txlog.v1 import common_pb2, partition_pb2
@@ -40,20 +40,24 @@ class GroupOffsets:
         address = await self._metadata.group_coordinator(self.group_id)
         return await self._transport.call(address, rpc, request, timeout_ms=self._request_timeout_ms)
 
-    async def commit(self, offsets: dict[TopicPartition, int], *, policy: RetryPolicy, metadata_text: str = "",
+    async def commit(self, offsets: dict[TopicPartition, int | OffsetAndMetadata], *, policy: RetryPolicy,
                      member: GroupMetadata | None = None) -> None:
-        """``member``: a subscribed consumer's id and epoch, which the coordinator checks (KIP-447)."""
+        """``offsets``: an offset, or an OffsetAndMetadata to commit text beside it.
+        ``member``: a subscribed consumer's id and epoch, which the coordinator checks (KIP-447)."""
+        offsets = {tp: value if isinstance(value, OffsetAndMetadata) else OffsetAndMetadata(value)
+                   for tp, value in offsets.items()}
         if len(offsets) > OFFSETS_PER_COMMIT_MAX:
             raise error_for(ErrorCode.Value("INVALID_REQUEST"),
                             f"at most {OFFSETS_PER_COMMIT_MAX} offsets per commit, not {len(offsets)}")
-        for tp, offset in offsets.items():
-            if not isinstance(offset, int) or offset < 0:
+        for tp, (offset, text) in offsets.items():
+            if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
                 raise error_for(ErrorCode.Value("INVALID_OFFSET"), f"offset of {tp} must be an int >= 0, not {offset!r}")
+            if not isinstance(text, str):
+                raise error_for(ErrorCode.Value("INVALID_REQUEST"), f"the metadata of {tp} must be a str, not {type(text).__name__}")
         request = partition_pb2.OffsetCommitRequest(
             group_id=self.group_id,
-            offsets=[partition_pb2.PartitionOffset(topic=tp.topic, partition=tp.partition, offset=offset,
-                                                   metadata=metadata_text)
-                     for tp, offset in sorted(offsets.items())],
+            offsets=[partition_pb2.PartitionOffset(topic=tp.topic, partition=tp.partition, offset=offset, metadata=text)
+                     for tp, (offset, text) in sorted(offsets.items())],
         )
         if member is not None and member.member_id:
             request.member_id, request.member_epoch = member.member_id, member.member_epoch
@@ -67,6 +71,12 @@ class GroupOffsets:
     async def fetch(self, tps: Iterable[TopicPartition] | None, *, policy: RetryPolicy,
                     require_stable: bool = True) -> dict[TopicPartition, int | None]:
         """Committed offsets of ``tps`` (None: every partition the group has offsets for)."""
+        committed = await self.fetch_with_metadata(tps, policy=policy, require_stable=require_stable)
+        return {tp: None if c is None else c.offset for tp, c in committed.items()}
+
+    async def fetch_with_metadata(self, tps: Iterable[TopicPartition] | None, *, policy: RetryPolicy,
+                                  require_stable: bool = True) -> dict[TopicPartition, OffsetAndMetadata | None]:
+        """As fetch, with the text committed beside each offset."""
         wanted = None if tps is None else sorted(set(tps))
         request = partition_pb2.OffsetFetchRequest(
             group_id=self.group_id,
@@ -74,13 +84,14 @@ class GroupOffsets:
             require_stable=require_stable,
         )
 
-        async def attempt() -> dict[TopicPartition, int | None]:
+        async def attempt() -> dict[TopicPartition, OffsetAndMetadata | None]:
             response = await self._call("OffsetFetch", request)
-            committed: dict[TopicPartition, int | None] = {}
+            committed: dict[TopicPartition, OffsetAndMetadata | None] = {}
             for item in response.offsets:
                 if item.error.code != NONE:
                     raise from_proto(item.error)
-                committed[TopicPartition(item.topic, item.partition)] = item.offset if item.offset >= 0 else None
+                committed[TopicPartition(item.topic, item.partition)] = \
+                    OffsetAndMetadata(item.offset, item.metadata) if item.offset >= 0 else None
             for tp in wanted or ():
                 committed.setdefault(tp, None)
             return committed

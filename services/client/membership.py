@@ -20,12 +20,20 @@ A heartbeat answered FENCED_MEMBER_EPOCH or UNKNOWN_MEMBER_ID means the
 group has moved on without this member: it drops every partition
 (``on_change(lost=...)``) and rejoins under the same member id at epoch 0.
 Retriable errors (the coordinator moving) are retried with back-off.
+
+A pattern subscription is resolved here, as Kafka's client does: every
+``metadata_max_age_ms`` the member lists the cluster's topics and subscribes
+to those whose whole name the pattern matches (internal topics, ``__``
+first, never), so a topic created later is picked up at the next refresh.
+A member whose pattern matches nothing yet does not join until it does.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,6 +48,11 @@ log = logging.getLogger(__name__)
 
 REJOIN_CODES = (ErrorCode.Value("FENCED_MEMBER_EPOCH"), ErrorCode.Value("UNKNOWN_MEMBER_ID"))
 JOIN_INTERVAL_S = 0.05  # the first heartbeats follow each other quickly: the assignment comes in steps
+
+
+def topics_matching(pattern: re.Pattern, names) -> frozenset[str]:
+    """The topics a pattern subscription takes: whole-name matches, internal topics left out."""
+    return frozenset(n for n in names if not n.startswith("__") and pattern.fullmatch(n))
 
 
 @dataclass(frozen=True)
@@ -74,14 +87,41 @@ class Membership:
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
         self.last_error: ClientError | None = None
+        self._pattern: re.Pattern | None = None
+        self._pattern_refresh_s = 0.0
+        self._pattern_due = 0.0  # time.monotonic() of the next resolution
 
     def start(self) -> None:
         self._task = asyncio.ensure_future(self._run())
 
     def subscribe(self, topics: frozenset[str]) -> None:
+        self._pattern = None
+        self._change_subscription(topics)
+
+    def subscribe_pattern(self, pattern: re.Pattern, refresh_ms: float) -> None:
+        """Subscribes to the topics ``pattern`` matches, resolved now and every ``refresh_ms``."""
+        self._pattern, self._pattern_refresh_s, self._pattern_due = pattern, refresh_ms / 1000, 0.0
+        self._wake.set()
+
+    def _change_subscription(self, topics: frozenset[str]) -> None:
         if topics != self.subscribed:
             self.subscribed, self._subscription_sent = topics, False
             self._wake.set()
+
+    async def _resolve_pattern(self) -> None:
+        if self._pattern is None or time.monotonic() < self._pattern_due:
+            return
+        try:
+            response = await self._metadata.fetch(all_topics=True)
+        except ClientError as error:  # the next round asks again; the subscription stays as it was
+            log.info("listing topics for a pattern subscription failed", extra={"group": self.group_id, "reason": error.message})
+            self._pattern_due = time.monotonic() + self._backoff_s
+            return
+        self._pattern_due = time.monotonic() + self._pattern_refresh_s
+        self._change_subscription(topics_matching(self._pattern, (t.name for t in response.topics if t.error.code == 0)))
+
+    def _until_pattern_due(self, wait_s: float) -> float:
+        return wait_s if self._pattern is None else max(0.0, min(wait_s, self._pattern_due - time.monotonic()))
 
     def metadata(self) -> GroupMetadata:
         return GroupMetadata(self.group_id, self.member_id, self.epoch) if self.epoch >= 0 else GroupMetadata(self.group_id)
@@ -94,6 +134,10 @@ class Membership:
     async def _run(self) -> None:
         while True:
             self._wake.clear()  # before the heartbeat: a wake during it (a revocation done) sends the next one at once
+            await self._resolve_pattern()
+            if self.epoch < 0 and not self.subscribed:  # a pattern that matches nothing yet: nothing to join with
+                await self._sleep(self._until_pattern_due(self._backoff_s * 10))
+                continue
             try:
                 await self.heartbeat_once()
                 self.last_error = None
@@ -111,10 +155,14 @@ class Membership:
             except Exception:  # a transport failure: the coordinator may have moved
                 log.exception("heartbeat failed")
                 wait_s = self._backoff_s
-            try:
-                await asyncio.wait_for(self._wake.wait(), wait_s)
-            except TimeoutError:
-                pass
+            await self._sleep(self._until_pattern_due(wait_s))
+
+    async def _sleep(self, wait_s: float) -> None:
+        """Until ``wait_s`` passed or something woke the member."""
+        try:
+            await asyncio.wait_for(self._wake.wait(), wait_s)
+        except TimeoutError:
+            pass
 
     def _lose_everything(self) -> None:
         lost, self.owned, self.epoch, self._subscription_sent = self.owned, frozenset(), -1, False

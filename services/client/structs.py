@@ -66,6 +66,14 @@ class OffsetAndTimestamp(NamedTuple):
     timestamp_ms: int
 
 
+class OffsetAndMetadata(NamedTuple):
+    """A committed offset (the next record to consume) with the free-form
+    text committed beside it (at most 4 KiB)."""
+
+    offset: int
+    metadata: str = ""
+
+
 class PartitionReassignment(NamedTuple):
     """A reassignment under way: the replicas now (the target's new ones
     included while they catch up) and the target."""

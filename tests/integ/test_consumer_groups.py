@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from services import cli
-from services.client import Admin, Consumer, Producer, TopicPartition, console
+from services.client import Admin, Consumer, OffsetAndMetadata, Producer, TopicPartition, console
 from services.client.errors import ClientError
 from services.client.two_phase import wait_until
 from services.cluster import LocalCluster
@@ -250,3 +250,87 @@ def wait_until_value(probe, what: str, timeout_s: float = 60):
     found = []
     wait_until(lambda: bool(found.append(probe()) or found[-1]), timeout_s, what)
     return found[-1]
+
+
+def produce_values(bootstrap: str, topic: str, partitions: int, prefix: str, count: int = 3) -> set[bytes]:
+    values = {f"{prefix}-{p}-{i}".encode(): p for p in range(partitions) for i in range(count)}
+    with Producer(bootstrap) as producer:
+        for value, partition in values.items():
+            producer.send(topic, value=value, partition=partition)
+        producer.flush()
+    return set(values)
+
+
+def test_a_pattern_subscription_takes_matching_topics_and_picks_up_one_created_later(cluster):
+    bootstrap = cluster.state.bootstrap
+    with Admin(bootstrap) as admin:
+        admin.create_topics([("metrics.cpu", 2, 2), ("metrics.cpu.old", 1, 2)])
+    member = Polling(bootstrap, "by-pattern", metadata_max_age_ms=300)
+    member.consumer.subscribe(pattern=r"metrics\.[a-z]+", on_revoke=member.revoked.append)
+    member.thread.start()
+    try:
+        # a whole-name match: "metrics.cpu.old" is not taken
+        wait_until(lambda: member.owned == {TopicPartition("metrics.cpu", 0), TopicPartition("metrics.cpu", 1)}, 30,
+                   "the member owning the matching topic's partitions")
+        with Admin(bootstrap) as admin:
+            admin.create_topics([("metrics.disk", 1, 2)])
+        wait_until(lambda: TopicPartition("metrics.disk", 0) in member.owned, 30, "the topic created later assigned")
+        assert {tp.topic for tp in member.owned} == {"metrics.cpu", "metrics.disk"}
+        sent = produce_values(bootstrap, "metrics.disk", 1, "disk")
+        wait_until(lambda: sent <= set(member.values), 30, "the new topic's records read")
+        assert member.error is None
+    finally:
+        member.halt()
+
+
+def test_a_paused_partitions_records_are_not_returned_until_it_is_resumed(cluster):
+    bootstrap = cluster.state.bootstrap
+    with Admin(bootstrap) as admin:
+        admin.create_topics([("pausing", 3, 2)])
+    sent = produce_values(bootstrap, "pausing", 3, "p")
+    with Consumer(bootstrap, group_id="pauser", max_poll_records=1) as consumer:
+        consumer.assign([("pausing", 0), ("pausing", 1), ("pausing", 2)])
+        consumer.pause(("pausing", 2))  # before anything was fetched
+        assert consumer.paused() == {TopicPartition("pausing", 2)}
+        read: list = []
+        wait_until(lambda: bool(read.extend(consumer.poll(0.2))) or any(r.partition == 1 for r in read), 30,
+                   "a first record of partition 1, the rest of its fetch buffered")
+        consumer.pause(("pausing", 1))  # with records fetched and not returned yet
+        wait_until(lambda: bool(read.extend(consumer.poll(0.2))) or sum(r.partition == 0 for r in read) == 3, 30,
+                   "partition 0's records")
+        # with partition 0 drained, polls return nothing: partitions 1 and 2 are paused, not empty
+        assert not consumer.poll(0.5)
+        assert sum(r.partition == 1 for r in read) == 1 and not any(r.partition == 2 for r in read)
+        assert consumer.position(("pausing", 2)) == 0
+        consumer.resume(("pausing", 1), ("pausing", 2))
+        assert consumer.paused() == set()
+        wait_until(lambda: bool(read.extend(consumer.poll(0.2))) or len(read) >= 9, 30, "the paused partitions' records after resume")
+        assert sorted(r.value for r in read) == sorted(sent)
+        with pytest.raises(ClientError, match="not assigned"):
+            consumer.pause(("pausing", 0), ("nowhere", 0))
+        assert consumer.paused() == set()  # a refused pause pauses nothing
+
+
+def test_iterating_over_a_consumer_yields_every_record_and_stops_after_its_timeout(cluster):
+    bootstrap = cluster.state.bootstrap
+    with Admin(bootstrap) as admin:
+        admin.create_topics([("iterated", 2, 2)])
+    sent = produce_values(bootstrap, "iterated", 2, "it", count=5)
+    with Consumer(bootstrap, group_id="iterator", consumer_timeout_ms=1500) as consumer:
+        consumer.subscribe(["iterated"])
+        seen = [record.value for record in consumer]
+    assert sorted(seen) == sorted(sent)
+
+
+def test_offsets_are_committed_with_their_metadata(cluster):
+    bootstrap = cluster.state.bootstrap
+    tp = TopicPartition("orders", 0)
+    with Consumer(bootstrap, group_id="with-metadata") as consumer:
+        consumer.assign([tp])
+        consumer.commit({tp: OffsetAndMetadata(0, "run 7 of the nightly job")})
+        assert consumer.committed_offsets([tp, ("orders", 1)]) == {tp: OffsetAndMetadata(0, "run 7 of the nightly job"),
+                                                                   TopicPartition("orders", 1): None}
+        assert consumer.committed(tp) == 0
+        with pytest.raises(ClientError, match="metadata"):
+            consumer.commit({tp: OffsetAndMetadata(5, "x" * 5000)})
+        assert consumer.committed_offsets([tp])[tp] == OffsetAndMetadata(0, "run 7 of the nightly job")

@@ -1,12 +1,14 @@
 """The consumer against the in-memory fake of the partition servers: positions,
 seeks, resets, and the limits of a poll."""
 
+import re
 import time
 
 import pytest
 from fake_cluster import FakeCluster
 
 from services.client import Consumer, NoOffsetForPartitionError, Producer
+from services.client.membership import topics_matching
 from services.client.structs import TopicPartition
 
 TP0, TP1 = TopicPartition("t", 0), TopicPartition("t", 1)
@@ -145,3 +147,10 @@ def test_a_consumer_follows_its_partitions_leader_when_the_old_one_stops_answeri
     records = _poll_all(consumer, 1)
     assert [(r.offset, r.value) for r in records] == [(5, b"after")]
     consumer.close()
+
+
+def test_a_pattern_takes_whole_names_and_never_internal_topics():
+    names = ["orders", "orders.eu", "orders-eu.old", "__consumer_offsets", "__transaction_state", "xorders"]
+    assert topics_matching(re.compile(r"orders.*"), names) == {"orders", "orders.eu", "orders-eu.old"}
+    assert topics_matching(re.compile(r"orders\.[a-z]+"), names) == {"orders.eu"}
+    assert topics_matching(re.compile(r".*"), names) == {"orders", "orders.eu", "orders-eu.old", "xorders"}

@@ -54,13 +54,19 @@ class Servers:
         pass
 
 
-def round_with(change) -> tuple[Fetcher, Servers]:
-    servers = Servers()
+def fetcher_of(servers: Servers, *tps: TopicPartition) -> Fetcher:
+    """A fetcher of ``tps``, each at offset 0."""
     fetcher = Fetcher(Metadata(servers, NODE, refresh_backoff_ms=0), servers,
                       ConsumerConfig(isolation_level="read_uncommitted", retry_backoff_ms=0))
-    fetcher.assign([KNOWN, UNLED])
-    fetcher.seek(KNOWN, 0)
-    fetcher.seek(UNLED, 0)
+    fetcher.assign(list(tps))
+    for tp in tps:
+        fetcher.seek(tp, 0)
+    return fetcher
+
+
+def round_with(change) -> tuple[Fetcher, Servers]:
+    servers = Servers()
+    fetcher = fetcher_of(servers, KNOWN, UNLED)
 
     async def run():
         await fetcher._metadata.refresh()
@@ -82,3 +88,23 @@ def test_a_partition_added_during_a_round_waits_for_its_position():
     assert fetcher.states[ADDED].position is None
     assert servers.fetched and all(("t", 2) not in request for request in servers.fetched)
     assert [r.value for r in fetcher.drain(10)] == [b"v"], "the partition still assigned was fetched"
+
+
+def test_a_paused_partition_is_not_fetched_and_keeps_what_it_had_buffered():
+    servers = Servers()
+    fetcher = fetcher_of(servers, KNOWN, ADDED)
+
+    async def run():
+        await fetcher._metadata.refresh()
+        await fetcher.fetch_once(0)  # both buffered
+        fetcher.set_paused([KNOWN], True)
+        assert [(r.partition, r.value) for r in fetcher.drain(10)] == [(2, b"v")]
+        fetcher.set_paused([KNOWN], False)
+        assert [(r.partition, r.value) for r in fetcher.drain(10)] == [(0, b"v")], "what was buffered is kept"
+        fetcher.seek(KNOWN, 0)
+        fetcher.seek(ADDED, 0)
+        fetcher.set_paused([KNOWN], True)
+        await fetcher.fetch_once(0)
+        assert servers.fetched[-1] == [("t", 2)], "the paused partition is left out of the fetch"
+
+    asyncio.run(run())
