@@ -15,6 +15,9 @@ Kinds (``FAULT_KINDS``):
     kill_zookeeper      kill -9 ZooKeeper, start it again (its data folder survives)
     pause_coordinator   SIGSTOP a coordinator_svc past its ZooKeeper session, SIGCONT: it wakes a zombie
     pause_producer      SIGSTOP a producer worker past its transaction timeout, SIGCONT: it wakes a zombie
+    kill_member         kill -9 a subscribing consume-transform-produce member mid-transaction, start a new
+                        one for its transactional id: the group moves its partitions (after the session
+                        timeout) while the new one fences the old one's transaction
     replay_marker       a producer worker's transaction N: its COMMIT/ABORT WriteTxnMarkers, rebuilt
                         as the coordinator sent it, delivered again to N's leaders seconds later,
                         while N+1 (the opposite outcome) is open on N's partitions
@@ -48,6 +51,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from services.chaos.replay import REPLAY_KINDS, Order, wait_done, write_order
 from services.client import Admin
@@ -55,11 +59,21 @@ from services.cluster import LocalCluster, pid_alive
 
 REPLICA_KINDS = ("kill_partition", "kill_leader", "wipe_replica", "pause_leader")
 FAULT_KINDS = (*REPLICA_KINDS, "kill_coordinator", "kill_producer_id", "kill_zookeeper",
-               "pause_coordinator", "pause_producer", *REPLAY_KINDS)
+               "pause_coordinator", "pause_producer", "kill_member", *REPLAY_KINDS)
 REPLICATED_WAIT_S = 90.0  # how long the nemesis waits for every partition to be in sync before a replica fault
 DOWN_S_RANGE = (0.5, 3.0)  # how long a killed process stays dead
 REPLAY_DELAY_S_RANGE = (1.0, 2.5)  # how late a replay comes (below the workers' transaction timeout)
 REPLAY_WAIT_S = 20.0  # how long the nemesis waits for the worker to deliver a replay
+
+
+class Members(Protocol):
+    """The workload's consume-transform-produce members (run.Workers)."""
+
+    incarnations: dict[str, int]
+
+    def member_pid(self, member: str) -> int: ...
+
+    def respawn(self, member: str) -> int: ...
 
 
 @dataclass
@@ -88,6 +102,7 @@ class Nemesis:
     directory: Path | None = None  # the run's folder, where replay orders go
     kinds: tuple[str, ...] = FAULT_KINDS  # the kinds to inject (a run limited to some)
     replay_wait_s: float = REPLAY_WAIT_S
+    members: Members | None = None  # the consume-transform-produce members, for kill_member
     log: list[FaultEvent] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -134,6 +149,7 @@ class Nemesis:
             "kill_zookeeper": lambda: "zookeeper",
             "pause_coordinator": lambda: self.rng.choice(self.names("coordinator_svc")),
             "pause_producer": lambda: self.rng.choice(sorted(self.producer_pids)),
+            "kill_member": lambda: self.rng.choice(sorted(self._members().incarnations)),
             "replay_marker": lambda: self.rng.choice(sorted(self.producer_pids)),
             "replay_end_txn": lambda: self.rng.choice(sorted(self.producer_pids)),
             "replay_produce": lambda: self.rng.choice(sorted(self.producer_pids)),
@@ -141,7 +157,11 @@ class Nemesis:
         event = FaultEvent(kind, target, time.time(), detail=waited)
         self.log.append(event)
         try:
-            if kind.startswith("kill_") or kind == "wipe_replica":
+            if kind == "kill_member":
+                send_signal(self._members().member_pid(target), signal.SIGKILL)
+                self._stop.wait(self.rng.uniform(*DOWN_S_RANGE))
+                self._members().respawn(target)
+            elif kind.startswith("kill_") or kind == "wipe_replica":
                 self.cluster.kill(target, signal.SIGKILL)
                 if kind == "wipe_replica":
                     shutil.rmtree(Path(self.cluster.dir) / target, ignore_errors=True)
@@ -159,6 +179,11 @@ class Nemesis:
             event.error = repr(exc)[:300]
         event.end_s = time.time()
         return event
+
+    def _members(self) -> Members:
+        if self.members is None:
+            raise RuntimeError("kill_member needs the run's consume-transform-produce members")
+        return self.members
 
     def _busy_leader(self) -> str:
         """The process leading one of the workload's partitions, drawn at random."""

@@ -3,8 +3,9 @@
 1. a LocalCluster in ``DIR/cluster`` (coordinators with a 5 s ZooKeeper session
    and fast checks, so that a paused or killed one is replaced within the run);
 2. topics, then the workers (``worker.py``) as processes: transactional
-   producers, a consume-transform-produce worker, read_committed and
-   read_uncommitted pollers, each with its seed and connection cuts;
+   producers, two subscribing members of a consume-transform-produce group,
+   read_committed and read_uncommitted pollers, each with its seed and
+   connection cuts;
 3. the nemesis (``faults.py``) for ``duration_s``, from ``random.Random(seed)``:
    kills, pauses, and replays of the producers' requests (``replay.py``),
    which the producer workers deliver on the nemesis's order;
@@ -42,6 +43,7 @@ from services.cluster import LocalCluster
 TOPICS = {"chaos-a": 3, "chaos-b": 2, "chaos-out": 2}
 CTP_INPUT, CTP_OUTPUT = "chaos-a", "chaos-out"
 PRODUCER_WORKERS = 3
+CTP_MEMBERS = ("ctp0", "ctp1")  # subscribing members of one consume-transform-produce group
 TXN_TIMEOUT_MS = 6000
 COORDINATOR_ARGS = ["--transaction-check-interval-ms", "200", "--ownership-check-interval-ms", "300",
                     "--zookeeper-session-timeout-s", "5"]
@@ -59,24 +61,48 @@ def log(message: str) -> None:
     print(f"[chaos {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-def start_workers(directory: Path, bootstrap: str, seed: int, cut_probability: float) -> dict[str, subprocess.Popen]:
-    topics = ",".join(f"{name}:{count}" for name, count in TOPICS.items())
-    produced = ",".join(f"{name}:{count}" for name, count in TOPICS.items() if name != CTP_OUTPUT)
-    common = ["--bootstrap", bootstrap, "--dir", str(directory), "--stop-file", str(directory / "stop"),
-              "--txn-timeout-ms", str(TXN_TIMEOUT_MS), "--cut-probability", str(cut_probability)]
-    specs = {f"p{i}": ["producer", "--topics", produced] for i in range(PRODUCER_WORKERS)}
-    specs["ctp0"] = ["ctp", "--topics", topics, "--input", CTP_INPUT, "--output", CTP_OUTPUT]
-    specs["rc0"] = ["poller", "--topics", topics, "--isolation", "read_committed"]
-    specs["ru0"] = ["poller", "--topics", topics, "--isolation", "read_uncommitted"]
-    (directory / "logs").mkdir(exist_ok=True)
-    workers = {}
-    for index, (name, spec) in enumerate(specs.items()):
-        with open(directory / "logs" / f"worker-{name}.log", "ab") as out:
-            workers[name] = subprocess.Popen(
+class Workers:
+    """The workload's processes by name; ctp members can be replaced (kill_member)."""
+
+    def __init__(self, directory: Path, bootstrap: str, seed: int, cut_probability: float):
+        self.directory, self.seed = directory, seed
+        topics = ",".join(f"{name}:{count}" for name, count in TOPICS.items())
+        self.common = ["--bootstrap", bootstrap, "--dir", str(directory), "--stop-file", str(directory / "stop"),
+                       "--txn-timeout-ms", str(TXN_TIMEOUT_MS), "--cut-probability", str(cut_probability),
+                       "--topics", topics]
+        self.processes: dict[str, subprocess.Popen] = {}
+        self.incarnations: dict[str, int] = {}  # ctp member -> how many processes it has had
+        (directory / "logs").mkdir(exist_ok=True)
+
+    def start(self) -> None:
+        produced = ",".join(f"{name}:{count}" for name, count in TOPICS.items() if name != CTP_OUTPUT)
+        for i in range(PRODUCER_WORKERS):
+            self._spawn(f"p{i}", ["producer", "--topics", produced])
+        for member in CTP_MEMBERS:
+            self.respawn(member)
+        self._spawn("rc0", ["poller", "--isolation", "read_committed"])
+        self._spawn("ru0", ["poller", "--isolation", "read_uncommitted"])
+
+    def producer_pids(self) -> dict[str, int]:
+        return {name: p.pid for name, p in self.processes.items() if name.startswith("p")}
+
+    def member_pid(self, member: str) -> int:
+        return self.processes[f"{member}.{self.incarnations[member]}"].pid
+
+    def respawn(self, member: str) -> int:
+        """A new process (a new group member, its history under a new name) for ``member``'s transactional id."""
+        self.incarnations[member] = self.incarnations.get(member, 0) + 1
+        name = f"{member}.{self.incarnations[member]}"
+        return self._spawn(name, ["ctp", "--input", CTP_INPUT, "--output", CTP_OUTPUT, "--member", member]).pid
+
+    def _spawn(self, name: str, spec: list[str]) -> subprocess.Popen:
+        index = len(self.processes)
+        with open(self.directory / "logs" / f"worker-{name}.log", "ab") as out:
+            self.processes[name] = subprocess.Popen(
                 [sys.executable, "-m", "services.chaos.worker", *spec, "--name", name,
-                 "--seed", str(seed * 100 + index), *common],
+                 "--seed", str(self.seed * 100 + index), *self.common],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    return workers
+        return self.processes[name]
 
 
 def stop_workers(directory: Path, workers: dict[str, subprocess.Popen]) -> list[str]:
@@ -153,7 +179,7 @@ def run(duration_s: float, *, seed: int | None = None, directory: str | Path | N
     (directory / "stop").unlink(missing_ok=True)
     started_s = time.monotonic()
     cluster = LocalCluster(directory / "cluster")
-    workers: dict[str, subprocess.Popen] = {}
+    workers: Workers | None = None
     nemesis = None
     nemesis_started_s = time.time()
     try:
@@ -161,11 +187,12 @@ def run(duration_s: float, *, seed: int | None = None, directory: str | Path | N
         cluster.wait_until_coordinators_settle()
         with Admin(cluster.state.bootstrap) as admin:
             admin.create_topics(list(TOPICS.items()))
-        workers = start_workers(directory, cluster.state.bootstrap, seed, cut_probability)
-        log(f"cluster and {len(workers)} workers up in {directory}; faults every ~{fault_interval_s:.0f} s "
+        workers = Workers(directory, cluster.state.bootstrap, seed, cut_probability)
+        workers.start()
+        log(f"cluster and {len(workers.processes)} workers up in {directory}; faults every ~{fault_interval_s:.0f} s "
             f"for {duration_s:.0f} s")
         nemesis = Nemesis(cluster, random.Random(seed), fault_interval_s,
-                          {name: p.pid for name, p in workers.items() if name.startswith("p")},
+                          workers.producer_pids(), members=workers,
                           producer_pause_s=TXN_TIMEOUT_MS / 1000 + 2, directory=directory, kinds=kinds,
                           leader_pause_s=PARTITION_SESSION_S + 2, topics=tuple(TOPICS))
         nemesis_started_s = time.time()
@@ -175,13 +202,13 @@ def run(duration_s: float, *, seed: int | None = None, directory: str | Path | N
         restarted = nemesis.heal()
         cluster.wait_until_coordinators_settle(timeout_s=120)
         log(f"healed (started again: {restarted or 'none'}); stopping the workers")
-        stuck_workers = stop_workers(directory, workers)
+        stuck_workers = stop_workers(directory, workers.processes)
         time.sleep(TXN_TIMEOUT_MS / 1000 * 2 + 2)  # past the timeout: what is still open now is hanging
         log("final read")
         final = final_state(cluster)
         (directory / "final.json").write_text(json.dumps(final))
     finally:
-        for process in workers.values():
+        for process in list(workers.processes.values()) if workers is not None else ():
             if process.poll() is None:
                 process.kill()
                 process.wait()

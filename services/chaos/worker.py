@@ -1,7 +1,7 @@
 """The chaos workload's processes, each recording its history (``history.py``):
 
     python -m services.chaos.worker producer --name p0 ...   transactions of random records, committed or aborted
-    python -m services.chaos.worker ctp --name ctp0 ...      consume-transform-produce with offsets in the transaction
+    python -m services.chaos.worker ctp --name ctp0 ...      a subscribing consume-transform-produce member, offsets in its transactions
     python -m services.chaos.worker poller --name rc0 --isolation read_committed ...
 
 Each runs until ``--stop-file`` exists. Every client gets a seeded
@@ -47,6 +47,7 @@ CONSUMER_RPCS = frozenset({"Fetch", "ListOffsets", "OffsetFetch"})
 CALL_TIMEOUT_S = 20.0
 STATS_INTERVAL_S = 2.0
 CTP_GROUP = "chaos-ctp"
+CTP_SESSION_MS = 4000  # a killed member's partitions move this long after its death
 
 
 def parse_topics(spec: str) -> dict[str, int]:
@@ -191,25 +192,26 @@ def run_producer(worker: Worker) -> None:
 
 
 def run_ctp(worker: Worker) -> None:
-    """Reads ``--input`` (read_committed) from the group's offsets, writes one
-    output record per input record, and commits both in one transaction."""
+    """A member of the consume-transform-produce group: subscribes to
+    ``--input`` (read_committed), writes one output record per input record,
+    and commits both in one transaction with the member's group metadata, so
+    the group refuses the offsets of a member it has fenced (KIP-447). Several
+    run at once; the nemesis kills and replaces them (kill_member), so
+    partitions move between members while transactions are open."""
     args = worker.args
-    inputs = [TopicPartition(args.input, p) for p in range(parse_topics(args.topics)[args.input])]
     output_partitions = parse_topics(args.topics)[args.output]
     producer, consumer, instance, txn = None, None, 0, 0
     while not worker.stopping():
         if producer is None:
-            producer = worker.init_producer(f"chaos-{args.name}")
+            producer = worker.init_producer(f"chaos-{args.member or args.name}")
             instance += 1
-            if consumer is not None:
-                close_quietly(consumer)
-                consumer = None
             continue
         try:
             if consumer is None:  # positions start from the group's committed offsets
                 consumer = worker.new_consumer(group_id=CTP_GROUP, isolation_level="read_committed",
-                                               max_poll_records=8)
-                consumer.assign(inputs)
+                                               max_poll_records=8, session_timeout_ms=CTP_SESSION_MS)
+                consumer.subscribe([args.input], on_revoke=lambda tps: worker.history.record(
+                    "revoked", partitions=sorted(tp_key(*tp) for tp in tps)))
             records = consumer.poll(timeout_s=0.3)
         except Exception as exc:  # noqa: BLE001
             worker.history.record("consumer_error", error=repr(exc)[:300])
@@ -222,9 +224,15 @@ def run_ctp(worker: Worker) -> None:
         txn += 1
         intent = "abort" if worker.rng.random() < args.abort_probability else "commit"
         worker.history.record("begin", txn=txn, instance=instance, intent=intent)
+        # the offsets are the batch's own: a partition revoked since the poll is still this member's until
+        # its next poll, and its records are in this transaction
+        offsets, first = {}, {}
         try:
             producer.begin_transaction()
             for idx, record in enumerate(records):
+                tp = TopicPartition(record.topic, record.partition)
+                offsets[tp] = record.offset + 1
+                first.setdefault(tp, record.offset)
                 uid = f"{args.name}/{txn}/{idx}"
                 src = decode_uid(record.value)
                 partition = record.partition % output_partitions
@@ -234,21 +242,25 @@ def run_ctp(worker: Worker) -> None:
                 future = producer.send(args.output, encode_value(args.name, txn, idx, uid, src), partition=partition)
                 future.add_done_callback(
                     lambda f, t=txn, i=idx, u=uid, p=partition: worker.record_ack(t, i, u, args.output, p, f))
-            offsets = {tp: consumer.position(tp) for tp in inputs}
             worker.history.record("offsets", txn=txn, offsets={tp_key(*tp): o for tp, o in offsets.items()})
-            producer.send_offsets_to_transaction(offsets, CTP_GROUP, timeout_s=CALL_TIMEOUT_S)
+            producer.send_offsets_to_transaction(offsets, consumer.group_metadata(), timeout_s=CALL_TIMEOUT_S)
         except Exception as exc:  # noqa: BLE001 - it never asked to commit
             worker.history.record("end", txn=txn, outcome="aborted", error=repr(exc)[:300])
             close_quietly(producer)
             producer = None
-            continue
-        ok = worker.end_transaction(producer, txn, intent)
-        if not ok:
-            close_quietly(producer)
-            producer = None
-        if not ok or intent == "abort":  # read the aborted input again, from the group's offsets
             close_quietly(consumer)
             consumer = None
+            continue
+        ok = worker.end_transaction(producer, txn, intent)
+        if not ok:  # indefinite: rejoin, reading from the group's offsets once the outcome is settled
+            close_quietly(producer)
+            producer = None
+            close_quietly(consumer)
+            consumer = None
+        elif intent == "abort":  # read the aborted batch again (a partition revoked meanwhile: its next owner will)
+            for tp, offset in first.items():
+                if tp in consumer.assignment():
+                    consumer.seek(tp, offset)
     for client in (producer, consumer):
         if client is not None:
             close_quietly(client)
@@ -293,6 +305,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--topics", required=True, help="name:partitions,... (a poller reads all of them)")
     parser.add_argument("--input", help="ctp: the input topic")
     parser.add_argument("--output", help="ctp: the output topic")
+    parser.add_argument("--member", help="ctp: the member this process is an incarnation of (its transactional id); "
+                                         "default: --name")
     parser.add_argument("--isolation", default="read_committed", choices=("read_committed", "read_uncommitted"))
     parser.add_argument("--txn-timeout-ms", type=int, default=6000)
     parser.add_argument("--abort-probability", type=float, default=0.3)
