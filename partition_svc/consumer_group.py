@@ -34,6 +34,15 @@ static member (``instance_id``) leaving for a restart: it keeps its
 partitions for the session timeout and the same ``instance_id`` rejoins with
 them, without a rebalance.
 
+Durability: the coordinator writes the group to its ``__consumer_offsets``
+partition as records (``records()``: the group's own record, its epochs,
+assignor and partition counts under member id ``""``, and one per member,
+with its target; a removed member's record is deleted), and answers a
+heartbeat only once they are replicated. A new coordinator (the partition's
+next leader) rebuilds the group from them (``restore``) with every session
+started afresh, so a coordinator move changes no member's epoch or
+partitions (Kafka's KIP-848 coordinator does the same).
+
 The legal member states and transitions, all here:
 
     (join, epoch 0)     -> UNRELEASED_PARTITIONS or STABLE  (a rejoin of a known member id starts here too)
@@ -48,6 +57,7 @@ The legal member states and transitions, all here:
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -63,6 +73,7 @@ TRANSITIONS = {
     UNRELEASED: {UNRELEASED, STABLE, UNREVOKED},
 }
 LEAVE_EPOCH, STATIC_LEAVE_EPOCH, JOIN_EPOCH = -1, -2, 0
+GROUP_RECORD = ""  # the member id the group's own record is kept under (no member has it: ids are never empty)
 
 
 class GroupError(Exception):
@@ -129,6 +140,8 @@ class ConsumerGroup:
     members: dict[str, Member] = field(default_factory=dict)
     target: dict[str, frozenset[TopicPartition]] = field(default_factory=dict)
     partition_counts: dict[str, int] = field(default_factory=dict)
+    _dirty: set[str] = field(default_factory=set)  # members whose record may have changed since records()
+    _written: dict[str, bytes] = field(default_factory=dict)  # member id (GROUP_RECORD: the group) -> its record as written
 
     # --- heartbeats -------------------------------------------------------------------------
 
@@ -146,6 +159,7 @@ class ConsumerGroup:
                 member.deadline_ms = now_ms + member.session_timeout_ms
             else:
                 self.remove(member.member_id)
+            self._dirty.add(member.member_id)
             return Answer(member.member_id, beat.member_epoch, frozenset(), self.heartbeat_interval_ms)
         else:
             member = self._known(beat)
@@ -168,6 +182,7 @@ class ConsumerGroup:
             member.revoke_by_ms = None
         elif member.revoke_by_ms is None:
             member.revoke_by_ms = now_ms + member.rebalance_timeout_ms
+        self._dirty.add(member.member_id)
         return Answer(member.member_id, member.member_epoch, member.assigned, self.heartbeat_interval_ms)
 
     def _join(self, beat: Heartbeat, now_ms: int) -> Member:
@@ -232,6 +247,7 @@ class ConsumerGroup:
         if self.members.pop(member_id, None) is not None:
             self.group_epoch += 1
             self.target.pop(member_id, None)
+            self._dirty.add(member_id)
 
     # --- assignment ---------------------------------------------------------------------------
 
@@ -247,7 +263,8 @@ class ConsumerGroup:
             return
         subscriptions = {m.member_id: m.subscribed for m in self.members.values()}
         current = {m.member_id: m.assigned for m in self.members.values()}
-        self.target = assignors.assign(self.assignor, subscriptions, self.partition_counts, current)
+        before, self.target = self.target, assignors.assign(self.assignor, subscriptions, self.partition_counts, current)
+        self._dirty.update(m for m in self.members if before.get(m) != self.target.get(m))
         self.assignment_epoch = self.group_epoch
 
     def _held_by_others(self, member: Member) -> frozenset[TopicPartition]:
@@ -288,6 +305,60 @@ class ConsumerGroup:
             raise GroupError("STALE_MEMBER_EPOCH", f"member {member_id} committed with epoch {member_epoch}, its epoch is "
                              f"{member.member_epoch}: the commit is refused (the partitions may have moved)")
 
+    # --- durability ---------------------------------------------------------------------------
+
+    def records(self) -> list[tuple[str, bytes | None]]:
+        """The records to write for what changed since the last call: (member
+        id, or GROUP_RECORD for the group's own; the value, None for a member
+        removed). Once written, ``restore`` rebuilds this group from them."""
+        changed = []
+        for member_id in [GROUP_RECORD, *sorted(self._dirty)]:
+            value = self._record(member_id)
+            if self._written.get(member_id) != value:
+                changed.append((member_id, value))
+                if value is None:
+                    self._written.pop(member_id, None)
+                else:
+                    self._written[member_id] = value
+        self._dirty.clear()
+        return changed
+
+    def _record(self, member_id: str) -> bytes | None:
+        if member_id == GROUP_RECORD:
+            return _encode({"group_epoch": self.group_epoch, "assignment_epoch": self.assignment_epoch,
+                            "assignor": self.assignor, "partition_counts": self.partition_counts})
+        member = self.members.get(member_id)
+        if member is None:
+            return None
+        return _encode({"instance_id": member.instance_id, "subscribed": sorted(member.subscribed),
+                        "session_timeout_ms": member.session_timeout_ms, "rebalance_timeout_ms": member.rebalance_timeout_ms,
+                        "member_epoch": member.member_epoch, "previous_epoch": member.previous_epoch, "state": member.state,
+                        "assigned": sorted(member.assigned), "revoking": sorted(member.revoking),
+                        "left_for_restart": member.left_for_restart, "target": sorted(self.target.get(member_id, ()))})
+
+    @classmethod
+    def restore(cls, group_id: str, records: Mapping[str, bytes], now_ms: int, *, heartbeat_interval_ms: int) -> ConsumerGroup:
+        """The group as ``records`` (member id -> value, as records() wrote them)
+        left it; every member's session (and revocation deadline) starts at ``now_ms``."""
+        group = cls(group_id, heartbeat_interval_ms=heartbeat_interval_ms)
+        if GROUP_RECORD in records:
+            meta = json.loads(records[GROUP_RECORD])
+            group.group_epoch, group.assignment_epoch = meta["group_epoch"], meta["assignment_epoch"]
+            group.assignor, group.partition_counts = meta["assignor"], dict(meta["partition_counts"])
+        for member_id, raw in records.items():
+            if member_id == GROUP_RECORD:
+                continue
+            m = json.loads(raw)
+            member = Member(member_id, m["instance_id"], frozenset(m["subscribed"]), m["session_timeout_ms"],
+                            now_ms + m["session_timeout_ms"], m["member_epoch"], m["previous_epoch"], m["state"],
+                            _partitions(m["assigned"]), _partitions(m["revoking"]), m["left_for_restart"], m["rebalance_timeout_ms"])
+            if member.revoking:
+                member.revoke_by_ms = now_ms + member.rebalance_timeout_ms
+            group.members[member_id] = member
+            group.target[member_id] = _partitions(m["target"])
+        group._written = dict(records)
+        return group
+
     # --- views -----------------------------------------------------------------------------
 
     def state(self) -> str:
@@ -302,6 +373,14 @@ class ConsumerGroup:
 
     def describe(self) -> list[Member]:
         return sorted(self.members.values(), key=lambda m: m.member_id)
+
+
+def _encode(value: dict) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
+
+
+def _partitions(pairs) -> frozenset[TopicPartition]:
+    return frozenset((topic, partition) for topic, partition in pairs)
 
 
 def topics_of(partitions: Iterable[TopicPartition]) -> set[str]:

@@ -4,13 +4,18 @@ offsets live too (Kafka's group coordinator is that partition's leader).
 
 Each group is a consumer_group.ConsumerGroup fed with heartbeats, the clock
 (members whose session ran out are removed every ``expiry_interval_ms``)
-and the subscribed topics' partition counts. Membership is kept in memory,
-tied to the leader epoch of the partition it was built under: when
-leadership moves (or comes back), the new coordinator starts the group
-empty, every member's next heartbeat is answered UNKNOWN_MEMBER_ID and it
-rejoins under its own member id (KIP-1082), and a zombie's commit is
-refused meanwhile. That costs one rebalance per coordinator move, which
-Kafka avoids by writing membership to the log: not done yet.
+and the subscribed topics' partition counts. Membership is durable: what a
+heartbeat (or a session's expiry) changed is written to the group's
+``__consumer_offsets`` partition as membership records
+(consumer_group.records(), log_store.membership_key), with acks=all, before
+the heartbeat is answered; every replica materializes them as it does
+offsets. The group in memory is tied to the leader epoch it was loaded
+under: when leadership moves (or comes back), the new coordinator rebuilds
+the group from the records (consumer_group.restore, sessions restarted), so
+members keep their ids, epochs and partitions: no rebalance. A group's
+heartbeats are handled one at a time (its lock), each answered once its
+records are replicated; a failed write drops the group from memory, so the
+next heartbeat sees what the log holds.
 """
 
 from __future__ import annotations
@@ -19,8 +24,9 @@ import asyncio
 import logging
 import time
 
-from partition_svc import assignors, consumer_group
+from partition_svc import assignors, consumer_group, log_store
 from partition_svc.consumer_group import ConsumerGroup, GroupError, Heartbeat
+from partition_svc.producer_state import Reject
 from services.errors import ErrorCode, TxlogError, error_proto
 from services.logs import fields
 from services.names import is_topic_name
@@ -95,39 +101,65 @@ class GroupCoordinator:
         self.heartbeat_interval_ms = heartbeat_interval_ms
         self.expiry_interval_ms = expiry_interval_ms
         self.groups: dict[str, tuple[tuple[int, int], ConsumerGroup]] = {}  # id -> ((partition, leader epoch), group)
+        self.locks: dict[str, asyncio.Lock] = {}  # a group's changes, one at a time: each written before the next
 
     async def _group(self, group_id: str, *, create: bool) -> ConsumerGroup | None:
-        """The group as this coordinator knows it; NOT_COORDINATOR when it is not the group's."""
+        """The group as this coordinator knows it (rebuilt from its membership
+        records when first asked under this leader epoch); NOT_COORDINATOR when
+        it is not the group's."""
         partition = await self.servicer.group_partition(group_id)
         lease = (partition.index, partition.leader_epoch)
         known = self.groups.get(group_id)
         if known is not None and known[0] == lease:
             return known[1]
-        if known is not None:
-            log.info("group forgotten: its coordinator changed since", extra=fields(group=group_id, members=len(known[1].members)))
-            del self.groups[group_id]
-        if not create:
+        records = await asyncio.to_thread(self.servicer.store.group_membership, group_id)
+        if records:
+            group = ConsumerGroup.restore(group_id, records, now_ms(), heartbeat_interval_ms=self.heartbeat_interval_ms)
+            log.info("group loaded from its membership records", extra=fields(
+                group=group_id, members=len(group.members), group_epoch=group.group_epoch, leader_epoch=lease[1]))
+        elif create:
+            group = ConsumerGroup(group_id, heartbeat_interval_ms=self.heartbeat_interval_ms)
+        else:
+            self.groups.pop(group_id, None)
             return None
-        group = ConsumerGroup(group_id, heartbeat_interval_ms=self.heartbeat_interval_ms)
         self.groups[group_id] = (lease, group)
         return group
 
+    def lock(self, group_id: str) -> asyncio.Lock:
+        return self.locks.setdefault(group_id, asyncio.Lock())
+
+    async def _write(self, group_id: str, group: ConsumerGroup) -> None:
+        """Writes what changed in ``group`` (acks=all); on failure the group is
+        dropped from memory and the caller gets a retriable error."""
+        records = group.records()
+        if not records:
+            return
+        partition = await self.servicer.group_partition(group_id)
+        changes = [(log_store.membership_key(group_id, member_id), value) for member_id, value in records]
+        outcome = partition.commit_offsets(changes, now_ms(), self.servicer.limits)
+        if isinstance(outcome, Reject) or not await outcome:
+            self.groups.pop(group_id, None)
+            raise TxlogError(ErrorCode.Value("NOT_COORDINATOR"), f"group {group_id!r}: {partition.topic}-{partition.index} "
+                             "stopped being led here before the group's change was replicated; find the coordinator again and retry")
+
     async def heartbeat(self, request: partition_pb2.ConsumerGroupHeartbeatRequest) -> partition_pb2.ConsumerGroupHeartbeatResponse:
         beat = heartbeat_of(request)
-        group = await self._group(request.group_id, create=beat.member_epoch == consumer_group.JOIN_EPOCH)
-        if group is None:
-            raise TxlogError(ErrorCode.Value("UNKNOWN_MEMBER_ID"), f"member {request.member_id!r} is not in group {request.group_id!r} "
-                             "(its coordinator moved or it left); rejoin with member epoch 0")
-        topics = set(beat.subscribed or ()) | {t for m in group.members.values() for t in m.subscribed}
-        counts = {}
-        for name in topics:
-            info = await self.servicer.topics.get(name)
-            counts[name] = info.partition_count if info is not None else 0
-        epoch_before = group.group_epoch
-        try:
-            answer = group.heartbeat(beat, now_ms(), counts)
-        except GroupError as error:
-            raise group_error(error) from None
+        async with self.lock(request.group_id):
+            group = await self._group(request.group_id, create=beat.member_epoch == consumer_group.JOIN_EPOCH)
+            if group is None:
+                raise TxlogError(ErrorCode.Value("UNKNOWN_MEMBER_ID"), f"member {request.member_id!r} is not in group "
+                                 f"{request.group_id!r} (it left or timed out); rejoin with member epoch 0")
+            topics = set(beat.subscribed or ()) | {t for m in group.members.values() for t in m.subscribed}
+            counts = {}
+            for name in topics:
+                info = await self.servicer.topics.get(name)
+                counts[name] = info.partition_count if info is not None else 0
+            epoch_before = group.group_epoch
+            try:
+                answer = group.heartbeat(beat, now_ms(), counts)
+            except GroupError as error:
+                raise group_error(error) from None
+            await self._write(request.group_id, group)
         if group.group_epoch != epoch_before:
             log.info("group epoch", extra=fields(group=group.group_id, group_epoch=group.group_epoch, members=len(group.members)))
         reply = partition_pb2.ConsumerGroupHeartbeatResponse(member_id=answer.member_id, member_epoch=answer.member_epoch,
@@ -197,17 +229,22 @@ class GroupCoordinator:
         except GroupError as error:
             raise group_error(error) from None
 
-    def expire(self) -> None:
-        now = now_ms()
+    async def expire(self) -> None:
         for group_id, (_, group) in list(self.groups.items()):
-            gone = group.expire(now)
-            if gone:
-                log.info("members timed out", extra=fields(group=group_id, members=gone, group_epoch=group.group_epoch))
+            async with self.lock(group_id):
+                if self.groups.get(group_id, (None, None))[1] is not group:
+                    continue  # reloaded or dropped meanwhile
+                gone = group.expire(now_ms())
+                if gone:
+                    log.info("members timed out", extra=fields(group=group_id, members=gone, group_epoch=group.group_epoch))
+                    await self._write(group_id, group)
 
     async def expire_forever(self) -> None:
         while True:
             await asyncio.sleep(self.expiry_interval_ms / 1000)
             try:
-                self.expire()
+                await self.expire()
+            except TxlogError as exc:  # the next round (or the group's next coordinator) removes them
+                log.info("expiring group members not written", extra=fields(error=exc.message))
             except Exception:
                 log.exception("expiring group members failed")

@@ -116,6 +116,15 @@ def group_prefix(group_id: str) -> bytes:
     return b"G" + group_id.encode() + b"\x00"
 
 
+def membership_key(group_id: str, member_id: str) -> bytes:
+    """A consumer group's membership record (consumer_group.records(); member id "": the group's own)."""
+    return membership_prefix(group_id) + member_id.encode()
+
+
+def membership_prefix(group_id: str) -> bytes:
+    return b"C" + group_id.encode() + b"\x00"
+
+
 @dataclass(frozen=True)
 class StoredBatchHeader:
     base_offset: int
@@ -210,10 +219,12 @@ class LogStore:
     def derived_keys(self, pkey: bytes, owns_group: Callable[[str], bool] | None = None) -> list[bytes]:
         """Every key derived from the partition's log: producer states, the
         aborted index, pending offsets and, for a __consumer_offsets partition
-        (``owns_group`` says which groups it holds), the groups' committed offsets."""
+        (``owns_group`` says which groups it holds), the groups' committed offsets
+        and membership records."""
         keys = [key for kind in (b"P", b"A", b"X") for key, _ in self.items(kind + pkey)]
         if owns_group is not None:
-            keys += [key for key, _ in self.items(b"G") if owns_group(key[1:key.index(b"\x00")].decode())]
+            keys += [key for kind in (b"G", b"C") for key, _ in self.items(kind)
+                     if owns_group(key[1:key.index(b"\x00")].decode())]
         return keys
 
     def batch(self, pkey: bytes, base_offset: int) -> bytes | None:
@@ -232,14 +243,20 @@ class LogStore:
             self.db.flush_wal(True)
 
     def group_ids(self) -> set[str]:
-        """The groups with committed offsets here (as leader or follower)."""
+        """The groups with committed offsets or membership records here (as leader or follower)."""
         found: set[str] = set()
-        key = next(iter(self.db.keys(from_key=b"G")), None)
-        while key is not None and key.startswith(b"G"):
-            group = key[1:key.index(b"\x00")]
-            found.add(group.decode())
-            key = next(iter(self.db.keys(from_key=b"G" + group + b"\x01")), None)  # past every key of this group
+        for kind in (b"G", b"C"):
+            key = next(iter(self.db.keys(from_key=kind)), None)
+            while key is not None and key.startswith(kind):
+                group = key[1:key.index(b"\x00")]
+                found.add(group.decode())
+                key = next(iter(self.db.keys(from_key=kind + group + b"\x01")), None)  # past every key of this group
         return found
+
+    def group_membership(self, group_id: str) -> dict[str, bytes]:
+        """A group's membership records, by member id ("": the group's own)."""
+        prefix = membership_prefix(group_id)
+        return {key[len(prefix):].decode(): value for key, value in self.items(prefix)}
 
     def metadata(self, pkey: bytes) -> dict | None:
         raw = self.get(meta_key(pkey))

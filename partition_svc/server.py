@@ -775,13 +775,15 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
             item = reply.groups.add(group_id=group_id)
             try:
                 offsets_partition = await self.group_partition(group_id)
-                await self.groups.check_empty(group_id)
-                keys = [log_store.group_offset_key(group_id, topic, index) for topic, index, _, _ in self.store.group_offsets(group_id)]
-                if keys:
-                    outcome = offsets_partition.commit_offsets([(key, None) for key in keys], now_ms(), self.limits)
-                    if isinstance(outcome, Reject) or not await outcome:
-                        raise not_replicated(offsets_partition)
-                self.groups.forget(group_id)
+                async with self.groups.lock(group_id):  # no member joins while the group goes
+                    await self.groups.check_empty(group_id)
+                    keys = [log_store.group_offset_key(group_id, topic, index) for topic, index, _, _ in self.store.group_offsets(group_id)]
+                    membership = [log_store.membership_key(group_id, member_id) for member_id in self.store.group_membership(group_id)]
+                    if keys or membership:
+                        outcome = offsets_partition.commit_offsets([(key, None) for key in keys + membership], now_ms(), self.limits)
+                        if isinstance(outcome, Reject) or not await outcome:
+                            raise not_replicated(offsets_partition)
+                    self.groups.forget(group_id)
                 item.offsets_deleted = len(keys)
                 log.info("group deleted", extra=fields(group=group_id, offsets=len(keys)))
             except TxlogError as exc:

@@ -75,6 +75,7 @@ class Membership:
         self.member_id = uuid.uuid4().hex
         self.epoch = -1  # -1: not in the group (yet, or any more)
         self.owned: frozenset[TopicPartition] = frozenset()
+        self._revoking: frozenset[TopicPartition] = frozenset()  # reported revoked, not given up by the application yet
         self.subscribed = topics
         self._subscription_sent = False
         self._on_change = on_change
@@ -129,6 +130,7 @@ class Membership:
     def revocation_done(self, revoked: frozenset[TopicPartition]) -> None:
         """The application has given ``revoked`` up: the next heartbeat (now) says so."""
         self.owned = self.owned - revoked
+        self._revoking = self._revoking - revoked
         self._wake.set()
 
     async def _run(self) -> None:
@@ -166,6 +168,7 @@ class Membership:
 
     def _lose_everything(self) -> None:
         lost, self.owned, self.epoch, self._subscription_sent = self.owned, frozenset(), -1, False
+        self._revoking = frozenset()
         if lost:
             self._on_change(lost=lost)
 
@@ -198,11 +201,13 @@ class Membership:
         self.epoch = answer.member_epoch
         self._interval_s = max(answer.heartbeat_interval_ms / 1000, JOIN_INTERVAL_S)
         assigned = frozenset(TopicPartition(tp.topic, tp.partition) for tp in answer.assignment.partitions)
-        revoked, added = self.owned - assigned, assigned - self.owned
+        # a revocation is reported once: later answers (before the application gave the partitions up) repeat it
+        revoked, added = self.owned - assigned - self._revoking, assigned - self.owned
         if added:
             self.owned = self.owned | added
             self._on_change(added=added)
         if revoked:
+            self._revoking = self._revoking | revoked
             self._on_change(revoked=revoked)  # owned until the application has given them up (revocation_done)
         if added or revoked:
             self._interval_s = JOIN_INTERVAL_S  # the next step of the assignment may follow at once

@@ -22,6 +22,8 @@ from services.client import Admin, Consumer, OffsetAndMetadata, Producer, TopicP
 from services.client.errors import ClientError
 from services.client.two_phase import wait_until
 from services.cluster import LocalCluster
+from services.hashing import partition_for_id
+from services.protocol import CONSUMER_OFFSETS_TOPIC
 
 PARTITIONS = 6
 SESSION_MS = 3_000
@@ -334,3 +336,50 @@ def test_offsets_are_committed_with_their_metadata(cluster):
         with pytest.raises(ClientError, match="metadata"):
             consumer.commit({tp: OffsetAndMetadata(5, "x" * 5000)})
         assert consumer.committed_offsets([tp])[tp] == OffsetAndMetadata(0, "run 7 of the nightly job")
+
+
+def test_a_coordinator_move_keeps_every_member_its_epoch_and_partitions(tmp_path):
+    """The group's __consumer_offsets leader killed: the next leader rebuilds the
+    group from its membership records, and no member is fenced, rejoins or
+    gives up a partition (no rebalance), while consumption goes on."""
+    local = LocalCluster(tmp_path / "cluster")
+    session = ["--zookeeper-session-timeout-s", "4"]
+    local.up(producer_id_svcs=1, partition_svcs=3, coordinator_svcs=1,
+             service_args={"partition_svc": ["--group-heartbeat-interval-ms", "200", *session], "coordinator_svc": session})
+    members = []
+    try:
+        local.wait_until_coordinators_settle()
+        bootstrap = local.state.bootstrap
+        with Admin(bootstrap) as admin:
+            admin.create_topics([("moving", 4, 3)])
+        members = [Polling(bootstrap, "movers", group_instance_id=None).start(["moving"]) for _ in range(2)]
+        everything = {TopicPartition("moving", p) for p in range(4)}
+        with Admin(bootstrap) as admin:
+            before = wait_until_value(lambda: settled(admin.describe_group("movers"), everything), "a stable group")
+            revoked_before = [list(m.revoked) for m in members]  # the second member's join took partitions from the first
+            offsets_partitions = admin.describe_topics([CONSUMER_OFFSETS_TOPIC])[0].partitions
+            index = partition_for_id("movers", len(offsets_partitions))
+            coordinator = next(p.leader_id for p in offsets_partitions if p.partition == index)
+        local.kill(f"partition_svc-{coordinator}", signal.SIGKILL)
+        with Admin(bootstrap) as admin:
+            def moved_and_settled():
+                leader = next(p.leader_id for p in admin.describe_topics([CONSUMER_OFFSETS_TOPIC])[0].partitions if p.partition == index)
+                return leader not in (coordinator, -1) and settled(admin.describe_group("movers"), everything)
+            after = wait_until_value(moved_and_settled, "the group served by the next leader", timeout_s=90)
+        assert after.group_epoch == before.group_epoch
+        assert {(m.member_id, m.member_epoch, m.assigned) for m in after.members} == \
+            {(m.member_id, m.member_epoch, m.assigned) for m in before.members}
+        sent = produce_values(bootstrap, "moving", 4, "after-move")
+        wait_until(lambda: sent <= {v for m in members for v in m.values}, 60, "records read after the move")
+        assert [m.revoked for m in members] == revoked_before, "a partition was given up: the move caused a rebalance"
+        assert [m.error for m in members] == [None, None]
+    finally:
+        for member in members:
+            member.halt()
+        local.down(grace_s=5)
+
+
+def settled(group, everything: set, members: int = 2):
+    """The group when Stable with ``members`` members and every partition assigned, else None."""
+    assigned = {tp for m in group.members for tp in m.assigned}
+    return group if group.state == "Stable" and len(group.members) == members and assigned == everything else None

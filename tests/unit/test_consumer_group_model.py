@@ -4,7 +4,9 @@ four clients of one group, each with its own view (member id, epoch, the
 partitions it consumes), through joins, heartbeats whose answers are lost,
 subscription changes, static restarts, leaves, session timeouts (the client
 is then a zombie that still believes it owns its partitions) and partition
-count changes.
+count changes, and coordinator moves: the group rebuilt from the records it
+wrote (``records()``/``restore``), also when the write of a heartbeat's
+records failed (its answer then never reached the client).
 
 Checked after every step:
 - the coordinator holds each partition in at most one member (assigned, or
@@ -13,7 +15,9 @@ Checked after every step:
   it: no two live clients consume one partition;
 - once nothing changes and every client has heartbeated twice, every
   subscribed partition is assigned and every member is STABLE;
-- a zombie's (or a fenced member's) offset commit is refused.
+- a zombie's (or a fenced member's) offset commit is refused;
+- a coordinator move loses nothing written and fences no live member (a
+  live client is still a member at its epoch afterwards: no rebalance).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from partition_svc.consumer_group import STABLE, ConsumerGroup, GroupError, Heartbeat
+from partition_svc.consumer_group import GROUP_RECORD, STABLE, ConsumerGroup, GroupError, Heartbeat
 
 CLIENTS = ("c0", "c1", "c2", "c3")
 TOPICS = ("a", "b")
@@ -51,8 +55,20 @@ class GroupMembership(RuleBasedStateMachine):
         self.counts = {"a": 3, "b": 2}
         self.clients = {name: Client(name, static=name == "c3") for name in CLIENTS}
         self.joins = 0
+        self.log: dict[str, bytes] = {}  # the group's records as the __consumer_offsets partition holds them
 
-    def beat(self, client: Client, *, lose_answer: bool = False, subscribed=None) -> None:
+    def persist(self) -> None:
+        """The coordinator's write of what changed (answers go out only after it)."""
+        for member_id, value in self.group.records():
+            if value is None:
+                self.log.pop(member_id, None)
+            else:
+                self.log[member_id] = value
+
+    def move_coordinator(self) -> None:
+        self.group = ConsumerGroup.restore("g", self.log, self.now, heartbeat_interval_ms=self.group.heartbeat_interval_ms)
+
+    def beat(self, client: Client, *, lose_answer: bool = False, subscribed=None, write_fails: bool = False) -> None:
         if not client.member_id:
             self.joins += 1
             client.member_id = f"{client.name}-{self.joins}"  # made by the client and kept across retries (KIP-1082)
@@ -67,6 +83,11 @@ class GroupMembership(RuleBasedStateMachine):
             if error.code != "UNRELEASED_INSTANCE_ID":
                 client.epoch, client.owned, client.zombie = -1, frozenset(), False  # drops everything, rejoins as itself
             return
+        if write_fails:  # the coordinator drops the group and reloads it from the log; the client hears an error
+            self.group.records()
+            self.move_coordinator()
+            return
+        self.persist()
         if lose_answer:
             return
         client.member_id, client.epoch, client.owned = answer.member_id, answer.member_epoch, answer.assigned
@@ -94,6 +115,7 @@ class GroupMembership(RuleBasedStateMachine):
         client.owned = frozenset()  # it stops consuming first
         epoch = -2 if client.static else -1
         self.group.heartbeat(Heartbeat(client.member_id, epoch, instance_id=client.name if client.static else None), self.now, self.counts)
+        self.persist()
         client.epoch = -1
         if not client.static:
             client.member_id = ""
@@ -105,6 +127,21 @@ class GroupMembership(RuleBasedStateMachine):
             for client in self.clients.values():
                 if client.member_id == member_id and client.epoch >= 0:
                     client.zombie = True  # it still believes it owns its partitions
+        self.persist()
+
+    @rule()
+    def coordinator_moves(self):
+        before = self.group
+        self.move_coordinator()
+        assert set(self.group.members) == set(before.members)
+        for member_id in [GROUP_RECORD, *before.members]:
+            assert self.group._record(member_id) == before._record(member_id), f"{member_id or 'the group'} changed by a move"
+
+    @rule(name=st.sampled_from(CLIENTS))
+    def heartbeat_whose_write_fails(self, name):
+        client = self.clients[name]
+        if not client.zombie:
+            self.beat(client, write_fails=True)
 
     @rule(topic=st.sampled_from(TOPICS), count=st.integers(1, 4))
     def partitions_added(self, topic, count):
