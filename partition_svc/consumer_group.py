@@ -147,7 +147,6 @@ class ConsumerGroup:
 
     def heartbeat(self, beat: Heartbeat, now_ms: int, partition_counts: Mapping[str, int]) -> Answer:
         """The member's answer; GroupError for a beat the group refuses (nothing changes then)."""
-        self._note_partition_counts(partition_counts)
         if beat.assignor is not None and beat.assignor not in assignors.ASSIGNORS:
             raise GroupError("INVALID_REQUEST", f"unknown assignor {beat.assignor!r}; known: {', '.join(assignors.ASSIGNORS)}")
         if beat.member_epoch == JOIN_EPOCH:
@@ -167,6 +166,7 @@ class ConsumerGroup:
             if beat.subscribed is not None and beat.subscribed != member.subscribed:
                 member.subscribed = beat.subscribed
                 self.group_epoch += 1
+        self._note_partition_counts(partition_counts)  # after every refusal: a refused beat changes nothing
         if beat.assignor is not None and beat.assignor != self.assignor:
             self.assignor = beat.assignor
             self.group_epoch += 1
@@ -282,8 +282,9 @@ class ConsumerGroup:
                 return
         if member.member_epoch != self.assignment_epoch:
             member.previous_epoch, member.member_epoch = member.member_epoch, self.assignment_epoch
-        free = target - member.assigned - self._held_by_others(member)
-        member.assigned = member.assigned | free
+        wanted = target - member.assigned
+        if wanted:  # the scan of every other member only when there is something to take
+            member.assigned = member.assigned | (wanted - self._held_by_others(member))
         member.move(STABLE if member.assigned == target else UNRELEASED)
 
     # --- offset commits --------------------------------------------------------------------

@@ -13,9 +13,11 @@ offsets. The group in memory is tied to the leader epoch it was loaded
 under: when leadership moves (or comes back), the new coordinator rebuilds
 the group from the records (consumer_group.restore, sessions restarted), so
 members keep their ids, epochs and partitions: no rebalance. A group's
-heartbeats are handled one at a time (its lock), each answered once its
-records are replicated; a failed write drops the group from memory, so the
-next heartbeat sees what the log holds.
+changes are made one at a time (its lock) and appended in that order; a
+heartbeat is answered once everything appended before its answer was made
+is replicated (which lets concurrent heartbeats share a write). A failed
+write drops the group from memory, so the next heartbeat sees what the log
+holds.
 """
 
 from __future__ import annotations
@@ -101,7 +103,8 @@ class GroupCoordinator:
         self.heartbeat_interval_ms = heartbeat_interval_ms
         self.expiry_interval_ms = expiry_interval_ms
         self.groups: dict[str, tuple[tuple[int, int], ConsumerGroup]] = {}  # id -> ((partition, leader epoch), group)
-        self.locks: dict[str, asyncio.Lock] = {}  # a group's changes, one at a time: each written before the next
+        self.locks: dict[str, asyncio.Lock] = {}  # a group's changes, one at a time, appended in that order
+        self.pending: dict[str, asyncio.Future] = {}  # a group's last append, until replicated
 
     async def _group(self, group_id: str, *, create: bool) -> ConsumerGroup | None:
         """The group as this coordinator knows it (rebuilt from its membership
@@ -112,6 +115,7 @@ class GroupCoordinator:
         known = self.groups.get(group_id)
         if known is not None and known[0] == lease:
             return known[1]
+        self.pending.pop(group_id, None)  # an append of the group as it was before does not hold up this one
         records = await asyncio.to_thread(self.servicer.store.group_membership, group_id)
         if records:
             group = ConsumerGroup.restore(group_id, records, now_ms(), heartbeat_interval_ms=self.heartbeat_interval_ms)
@@ -128,19 +132,40 @@ class GroupCoordinator:
     def lock(self, group_id: str) -> asyncio.Lock:
         return self.locks.setdefault(group_id, asyncio.Lock())
 
-    async def _write(self, group_id: str, group: ConsumerGroup) -> None:
-        """Writes what changed in ``group`` (acks=all); on failure the group is
-        dropped from memory and the caller gets a retriable error."""
+    def _write(self, group_id: str, group: ConsumerGroup, partition) -> asyncio.Future | None:
+        """Appends what changed in ``group`` to its partition (in the order the
+        changes were made: the caller holds the group's lock) and returns the
+        future of its replication (acks=all), or of an earlier append still
+        pending; None when nothing is pending. Awaited by ``_written``."""
         records = group.records()
-        if not records:
+        if records:
+            changes = [(log_store.membership_key(group_id, member_id), value) for member_id, value in records]
+            outcome = partition.commit_offsets(changes, now_ms(), self.servicer.limits)
+            if isinstance(outcome, Reject):
+                self.groups.pop(group_id, None)
+                raise self._not_written(group_id, partition)
+            self.pending[group_id] = outcome
+        pending = self.pending.get(group_id)
+        if pending is not None and pending.done() and pending.result():
+            del self.pending[group_id]  # replicated: nothing left to wait for
+            return None
+        return pending
+
+    async def _written(self, group_id: str, group: ConsumerGroup, partition, pending: asyncio.Future | None) -> None:
+        """Waits until every change made so far (and so what an answer shows) is
+        replicated: appends are in order, so the last one pending covers them all.
+        If it fails, the group is dropped from memory (the next heartbeat
+        rebuilds it from what the log holds) and the caller gets a retriable error."""
+        if pending is None or await asyncio.shield(pending):
             return
-        partition = await self.servicer.group_partition(group_id)
-        changes = [(log_store.membership_key(group_id, member_id), value) for member_id, value in records]
-        outcome = partition.commit_offsets(changes, now_ms(), self.servicer.limits)
-        if isinstance(outcome, Reject) or not await outcome:
+        if self.groups.get(group_id, (None, None))[1] is group:
             self.groups.pop(group_id, None)
-            raise TxlogError(ErrorCode.Value("NOT_COORDINATOR"), f"group {group_id!r}: {partition.topic}-{partition.index} "
-                             "stopped being led here before the group's change was replicated; find the coordinator again and retry")
+        raise self._not_written(group_id, partition)
+
+    @staticmethod
+    def _not_written(group_id: str, partition) -> TxlogError:
+        return TxlogError(ErrorCode.Value("NOT_COORDINATOR"), f"group {group_id!r}: {partition.topic}-{partition.index} "
+                          "stopped being led here before the group's change was replicated; find the coordinator again and retry")
 
     async def heartbeat(self, request: partition_pb2.ConsumerGroupHeartbeatRequest) -> partition_pb2.ConsumerGroupHeartbeatResponse:
         beat = heartbeat_of(request)
@@ -159,7 +184,9 @@ class GroupCoordinator:
                 answer = group.heartbeat(beat, now_ms(), counts)
             except GroupError as error:
                 raise group_error(error) from None
-            await self._write(request.group_id, group)
+            partition = await self.servicer.group_partition(request.group_id)
+            pending = self._write(request.group_id, group, partition)
+        await self._written(request.group_id, group, partition, pending)
         if group.group_epoch != epoch_before:
             log.info("group epoch", extra=fields(group=group.group_id, group_epoch=group.group_epoch, members=len(group.members)))
         reply = partition_pb2.ConsumerGroupHeartbeatResponse(member_id=answer.member_id, member_epoch=answer.member_epoch,
@@ -235,9 +262,12 @@ class GroupCoordinator:
                 if self.groups.get(group_id, (None, None))[1] is not group:
                     continue  # reloaded or dropped meanwhile
                 gone = group.expire(now_ms())
-                if gone:
-                    log.info("members timed out", extra=fields(group=group_id, members=gone, group_epoch=group.group_epoch))
-                    await self._write(group_id, group)
+                if not gone:
+                    continue
+                log.info("members timed out", extra=fields(group=group_id, members=gone, group_epoch=group.group_epoch))
+                partition = await self.servicer.group_partition(group_id)
+                pending = self._write(group_id, group, partition)
+            await self._written(group_id, group, partition, pending)
 
     async def expire_forever(self) -> None:
         while True:

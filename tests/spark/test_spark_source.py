@@ -15,6 +15,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import IntegerType
 
 from services.client import Admin, Producer
+from services.client.two_phase import wait_until
 from services.cluster import LocalCluster
 
 
@@ -85,6 +86,32 @@ def test_a_read_from_a_groups_committed_offsets_starts_where_the_group_is(spark,
         consumer.commit({("grouped", 0): 4})  # partition 1 has no committed offset: it starts at the earliest
     rows = reader(spark, bootstrap, "grouped", startingOffsets="committed:readers").collect()
     assert sorted((r.partition, r.offset) for r in rows) == [(0, 4), (0, 5), (1, 0), (1, 1), (1, 2)]
+
+
+def test_a_read_of_a_live_groups_committed_offsets_leaves_its_members_undisturbed(spark, bootstrap):
+    from services.client import Consumer
+
+    create(bootstrap, "subscribed", 2)
+    produce(bootstrap, "subscribed", [f"s{i}" for i in range(4)], partition=0)
+    revoked = []
+    with Consumer(bootstrap, group_id="live-readers", session_timeout_ms=10_000) as member, Admin(bootstrap) as admin:
+        member.subscribe(["subscribed"], on_revoke=revoked.append)
+
+        def owns_both():
+            member.poll(0.2)  # what runs the group's assignment steps in this thread
+            return len(member.assignment()) == 2
+
+        wait_until(owns_both, 30, "the member owning both partitions")
+        member.commit({("subscribed", 0): 3})
+        before = admin.describe_group("live-readers")
+        rows = reader(spark, bootstrap, "subscribed", startingOffsets="committed:live-readers").collect()
+        assert sorted((r.partition, r.offset) for r in rows) == [(0, 3)]
+        member.poll(0.2)
+        after = admin.describe_group("live-readers")
+        assert [(m.member_id, m.member_epoch, m.assigned) for m in after.members] == \
+            [(m.member_id, m.member_epoch, m.assigned) for m in before.members]
+        assert after.state == "Stable" and revoked == []
+        assert member.committed(("subscribed", 0)) == 3
 
 
 def test_read_committed_returns_only_committed_records_below_the_lso(spark, bootstrap):
