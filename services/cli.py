@@ -37,7 +37,8 @@ default to its admin's):
                              --coordinator-epoch C
     txlog transactions find-hanging [--topic T ...] [--max-transaction-timeout-ms N]
     txlog groups list | describe G | delete G | reset-offsets G --topic T (--to-earliest | --to-latest |
-                         --to-offset N | --shift-by N | --to-timestamp-ms T) [--execute]
+                         --to-offset N | --shift-by N | --to-timestamp-ms T | --to-datetime D) [--execute]
+    txlog groups reset-offsets G --from-file F [--execute]
     txlog acls add (--allow P | --deny P)... --operation OP... RESOURCE [--prefixed] [--host IP]
     txlog acls list [RESOURCE [--prefixed]] [--allow P | --deny P]... [--operation OP]...
     txlog acls remove RESOURCE [--prefixed] [--allow P | --deny P]... [--operation OP]...
@@ -54,6 +55,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime
 import json
 import sys
 from pathlib import Path
@@ -249,13 +251,33 @@ def _groups(args) -> int:
     elif args.action == "reset-offsets":
         chosen = [(kind, value) for kind, value in (("earliest", args.to_earliest or None), ("latest", args.to_latest or None),
                                                     ("offset", args.to_offset), ("shift", args.shift_by),
-                                                    ("timestamp", args.to_timestamp_ms)) if value is not None and value is not False]
+                                                    ("timestamp", args.to_timestamp_ms), ("datetime", args.to_datetime),
+                                                    ("file", args.from_file)) if value is not None and value is not False]
         if len(chosen) != 1:
-            raise console.invalid("reset-offsets takes one of --to-earliest, --to-latest, --to-offset N, --shift-by N, --to-timestamp-ms T")
+            raise console.invalid("reset-offsets takes one of --to-earliest, --to-latest, --to-offset N, --shift-by N, "
+                                  "--to-timestamp-ms T, --to-datetime D, --from-file F")
         kind, value = chosen[0]
-        console.groups_reset_offsets(bootstrap, args.group, args.topic, (kind, None if kind in ("earliest", "latest") else value),
+        if kind == "datetime":
+            kind, value = "timestamp", _timestamp_ms(value)
+        elif kind == "file":
+            value = console.read_offsets_file(value)
+        elif not args.topic:
+            raise console.invalid("reset-offsets names the topics to move: --topic T (repeatable); only --from-file names its own")
+        console.groups_reset_offsets(bootstrap, args.group, args.topic or [], (kind, None if kind in ("earliest", "latest") else value),
                                      args.execute, sys.stdout, timeout_s=args.timeout_s)
     return 0
+
+
+def _timestamp_ms(text: str) -> int:
+    """An ISO 8601 date and time (UTC unless it names its offset) as epoch milliseconds."""
+    try:
+        moment = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise console.invalid(f"--to-datetime takes an ISO 8601 date and time such as 2026-11-23T00:00:00 or "
+                              f"2026-11-23T09:30:00+01:00, not {text!r}") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=datetime.UTC)
+    return int(moment.timestamp() * 1000)
 
 
 def _acl_resource(args) -> tuple[str, str] | None:
@@ -423,12 +445,15 @@ def _add_group_commands(commands) -> None:
     describe.add_argument("group")
     reset = actions.add_parser("reset-offsets", help="move a group's committed offsets (a dry run unless --execute)")
     reset.add_argument("group")
-    reset.add_argument("--topic", action="append", required=True, help="every partition of this topic; repeatable")
+    reset.add_argument("--topic", action="append", help="every partition of this topic; repeatable (not with --from-file)")
     reset.add_argument("--to-earliest", action="store_true")
     reset.add_argument("--to-latest", action="store_true", help="the last stable offset")
     reset.add_argument("--to-offset", type=int)
     reset.add_argument("--shift-by", type=int, help="from the committed offset (negative: back)")
     reset.add_argument("--to-timestamp-ms", type=int, help="the first offset at or after this time")
+    reset.add_argument("--to-datetime", help="the first offset at or after this ISO 8601 time (UTC unless it names its offset)")
+    reset.add_argument("--from-file", help="CSV lines topic,partition,offset: exactly those partitions (--dry-run's output "
+                                           "of kafka-consumer-groups.sh, or written by hand)")
     reset.add_argument("--execute", action="store_true", help="apply the plan (refused while the group has live members)")
     delete = actions.add_parser("delete", help="delete a group without live members and its committed offsets")
     delete.add_argument("group")

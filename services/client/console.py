@@ -463,16 +463,53 @@ def groups_delete(bootstrap: str | Target, group_id: str, out: TextIO, *, timeou
     out.write(json.dumps({"group": group_id, "offsets_deleted": deleted}) + "\n")
 
 
-def groups_reset_offsets(bootstrap: str | Target, group_id: str, topics: list[str], target: tuple[str, int | None], execute: bool,
+def read_offsets_file(path: str) -> dict[TopicPartition, int]:
+    """A reset plan as kafka-consumer-groups.sh writes and reads it: CSV lines
+    ``topic,partition,offset`` (blank lines and ``#`` comments skipped)."""
+    try:
+        with open(path, encoding="utf-8") as source:
+            lines = source.read().splitlines()
+    except OSError as exc:
+        raise invalid(f"cannot read offsets file {path}: {exc.strerror}") from None
+    plan: dict[TopicPartition, int] = {}
+    for number, line in enumerate(lines, 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        fields = [f.strip() for f in line.split(",")]
+        try:
+            topic, partition, offset = fields[0], int(fields[1]), int(fields[2])
+            if len(fields) != 3 or not topic or partition < 0 or offset < 0:
+                raise ValueError
+        except (ValueError, IndexError):
+            raise invalid(f"{path} line {number}: expected topic,partition,offset (offset >= 0), got {line[:200]!r}") from None
+        tp = TopicPartition(topic, partition)
+        if tp in plan:
+            raise invalid(f"{path} line {number}: {topic}-{partition} is named twice")
+        plan[tp] = offset
+    if not plan:
+        raise invalid(f"{path} names no partition")
+    return plan
+
+
+def groups_reset_offsets(bootstrap: str | Target, group_id: str, topics: list[str], target: tuple[str, object], execute: bool,
                          out: TextIO, *, timeout_s: float = TIMEOUT_S_DEFAULT) -> None:
     """Moves the group's committed offsets of ``topics`` (every partition) to
-    ``target``: ("earliest"|"latest", None), ("offset", N), ("shift", N) or
-    ("timestamp", ms). Prints the plan as JSON lines; applies it only with
-    ``execute`` (kafka-consumer-groups.sh's dry run by default)."""
+    ``target``: ("earliest"|"latest", None), ("offset", N), ("shift", N),
+    ("timestamp", ms), or ("file", {TopicPartition: offset}) for exactly the
+    partitions a file names (``topics`` then unused). Offsets are kept within
+    each partition's log start and last stable offset. Prints the plan as JSON
+    lines; applies it only with ``execute`` (kafka-consumer-groups.sh's dry run
+    by default)."""
     kind, value = target
     with _admin(bootstrap, timeout_s) as admin:
-        described = admin.describe_topics(topics)
-        tps = [TopicPartition(t.name, p.partition) for t in described for p in t.partitions]
+        if kind == "file":
+            tps = sorted(value)
+            described = {t.name: len(t.partitions) for t in admin.describe_topics(sorted({tp.topic for tp in tps}))}
+            missing = [f"{tp.topic}-{tp.partition}" for tp in tps if tp.partition >= described[tp.topic]]
+            if missing:
+                raise invalid(f"the offsets file names partitions that do not exist: {missing[:10]}")
+        else:
+            tps = [TopicPartition(t.name, p.partition) for t in admin.describe_topics(topics) for p in t.partitions]
         current = admin.list_group_offsets(group_id)
         earliest = admin.list_offsets(dict.fromkeys(tps, "earliest"))
         latest = admin.list_offsets(dict.fromkeys(tps, "last_stable"))
@@ -488,6 +525,8 @@ def groups_reset_offsets(bootstrap: str | Target, group_id: str, topics: list[st
                 wanted = value
             elif kind == "shift":
                 wanted = (current.get(tp, low)) + value
+            elif kind == "file":
+                wanted = value[tp]
             else:
                 wanted = by_time[tp].offset if by_time[tp].offset >= 0 else high
             plan[tp] = min(max(wanted, low), high)

@@ -383,3 +383,37 @@ def settled(group, everything: set, members: int = 2):
     """The group when Stable with ``members`` members and every partition assigned, else None."""
     assigned = {tp for m in group.members for tp in m.assigned}
     return group if group.state == "Stable" and len(group.members) == members and assigned == everything else None
+
+
+def test_reset_offsets_to_yesterday_and_from_a_file(cluster, tmp_path):
+    bootstrap = cluster.state.bootstrap
+    with Admin(bootstrap) as admin:
+        admin.create_topics([("dated", 2, 2)])
+    day_ms = 24 * 3600 * 1000
+    yesterday_ms = 1_795_000_000_000  # 2026-11-18T10:13:20Z
+    with Producer(bootstrap) as producer:
+        for p in range(2):  # offsets 0-1 two days old, 2-3 from yesterday, 4-5 from today
+            for i, when in enumerate([yesterday_ms - day_ms] * 2 + [yesterday_ms] * 2 + [yesterday_ms + day_ms] * 2):
+                producer.send("dated", value=f"d{i}".encode(), partition=p, timestamp_ms=when)
+        producer.flush()
+    with Admin(bootstrap) as admin:
+        admin.alter_group_offsets("dated-readers", {TopicPartition("dated", 0): 6, TopicPartition("dated", 1): 5})
+    plan = [json.loads(line) for line in run_cli("groups", "reset-offsets", "dated-readers", "--topic", "dated",
+                                                  "--to-datetime", "2026-11-18T10:13:20", "--execute",
+                                                  "--dir", cluster.state.dir).splitlines()]
+    assert {(p["partition"], p["current"], p["new"]) for p in plan} == {(0, 6, 2), (1, 5, 2)}
+    offsets_file = tmp_path / "plan.csv"
+    offsets_file.write_text("# topic,partition,offset\ndated,1,4\n\n")
+    plan = [json.loads(line) for line in run_cli("groups", "reset-offsets", "dated-readers", "--from-file", str(offsets_file),
+                                                  "--execute", "--dir", cluster.state.dir).splitlines()]
+    assert [(p["partition"], p["new"], p["applied"]) for p in plan] == [(1, 4, True)]
+    with Admin(bootstrap) as admin:
+        assert admin.list_group_offsets("dated-readers") == {TopicPartition("dated", 0): 2, TopicPartition("dated", 1): 4}
+    offsets_file.write_text("dated,one,4\n")
+    errors = io.StringIO()
+    with contextlib.redirect_stderr(errors):
+        assert cli.main(["groups", "reset-offsets", "dated-readers", "--from-file", str(offsets_file), "--execute",
+                         "--dir", cluster.state.dir]) == 1
+    assert "line 1: expected topic,partition,offset" in errors.getvalue()
+    with Admin(bootstrap) as admin:  # a bad file changes nothing
+        assert admin.list_group_offsets("dated-readers") == {TopicPartition("dated", 0): 2, TopicPartition("dated", 1): 4}
