@@ -241,6 +241,11 @@ class GroupCoordinator:
             raise TxlogError(ErrorCode.Value("NON_EMPTY_GROUP"), f"group {group_id!r} has {len(group.members)} live members: "
                              "stop its consumers (they leave on close) before deleting it")
 
+    async def subscribed_topics(self, group_id: str) -> frozenset[str]:
+        """The topics the group's live members subscribe to."""
+        group = await self._group(group_id, create=False)
+        return frozenset() if group is None else frozenset(t for m in group.members.values() for t in m.subscribed)
+
     async def check_commit(self, group_id: str, member_id: str, member_epoch: int | None) -> None:
         """Refuses a commit a member could not make now (KIP-447)."""
         check_member_id(member_id)

@@ -791,6 +791,39 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
         return reply
 
     @server.rpc_handler
+    async def DeleteGroupOffsets(self, request, context):
+        validation.check_group_id(request.group_id)
+        self.check_partition_count(len(request.partitions))
+        wanted = [(p.topic, p.partition) for p in request.partitions]
+        for topic, index in wanted:
+            validation.check_topic_name(topic)
+            if index < 0:
+                raise validation.invalid(f"partitions are numbered from 0: {topic}-{index}")
+        if len(set(wanted)) < len(wanted):
+            raise request_error("the request names a partition twice")
+        offsets_partition = await self.group_partition(request.group_id)
+        reply = partition_pb2.DeleteGroupOffsetsResponse()
+        async with self.groups.lock(request.group_id):  # no member subscribes between the check and the write
+            subscribed = await self.groups.subscribed_topics(request.group_id)
+            committed = {(topic, index) for topic, index, _, _ in self.store.group_offsets(request.group_id)}
+            keys = []
+            for topic, index in wanted:
+                item = reply.partitions.add(partition=common_pb2.TopicPartition(topic=topic, partition=index))
+                if topic in subscribed:
+                    item.error.CopyFrom(error_of(TxlogError(
+                        ErrorCode.Value("GROUP_SUBSCRIBED_TO_TOPIC"),
+                        f"a live member of group {request.group_id!r} subscribes to {topic}: its offsets stay "
+                        "(stop or unsubscribe the members first)")))
+                elif (topic, index) in committed:
+                    keys.append(log_store.group_offset_key(request.group_id, topic, index))
+            if keys:
+                outcome = offsets_partition.commit_offsets([(key, None) for key in keys], now_ms(), self.limits)
+                if isinstance(outcome, Reject) or not await outcome:
+                    raise not_replicated(offsets_partition)
+        log.info("group offsets deleted", extra=fields(group=request.group_id, offsets=len(keys)))
+        return reply
+
+    @server.rpc_handler
     async def DescribeGroups(self, request, context):
         return await self.groups.describe(self.checked_group_ids(request.group_ids))
 

@@ -39,6 +39,7 @@ default to its admin's):
     txlog groups list | describe G | delete G | reset-offsets G --topic T (--to-earliest | --to-latest |
                          --to-offset N | --shift-by N | --to-timestamp-ms T | --to-datetime D) [--execute]
     txlog groups reset-offsets G --from-file F [--execute]
+    txlog groups delete-offsets G --topic T[:P,P...] [--topic ...]
     txlog acls add (--allow P | --deny P)... --operation OP... RESOURCE [--prefixed] [--host IP]
     txlog acls list [RESOURCE [--prefixed]] [--allow P | --deny P]... [--operation OP]...
     txlog acls remove RESOURCE [--prefixed] [--allow P | --deny P]... [--operation OP]...
@@ -248,6 +249,8 @@ def _groups(args) -> int:
         console.groups_describe(bootstrap, args.group, sys.stdout, timeout_s=args.timeout_s)
     elif args.action == "delete":
         console.groups_delete(bootstrap, args.group, sys.stdout, timeout_s=args.timeout_s)
+    elif args.action == "delete-offsets":
+        return 0 if console.groups_delete_offsets(bootstrap, args.group, args.topic, sys.stdout, timeout_s=args.timeout_s) else 1
     elif args.action == "reset-offsets":
         chosen = [(kind, value) for kind, value in (("earliest", args.to_earliest or None), ("latest", args.to_latest or None),
                                                     ("offset", args.to_offset), ("shift", args.shift_by),
@@ -438,7 +441,7 @@ def _add_client_commands(commands) -> None:
 
 
 def _add_group_commands(commands) -> None:
-    groups = commands.add_parser("groups", help="consumer groups: list, describe with lag, reset offsets")
+    groups = commands.add_parser("groups", help="consumer groups: list, describe with lag, reset, delete")
     actions = groups.add_subparsers(dest="action", required=True)
     listing = actions.add_parser("list", help="JSON lines, one per group with live members or committed offsets")
     describe = actions.add_parser("describe", help="JSON: members, and per partition committed, end, lag and owner")
@@ -457,7 +460,12 @@ def _add_group_commands(commands) -> None:
     reset.add_argument("--execute", action="store_true", help="apply the plan (refused while the group has live members)")
     delete = actions.add_parser("delete", help="delete a group without live members and its committed offsets")
     delete.add_argument("group")
-    for sub in (listing, describe, reset, delete):
+    delete_offsets = actions.add_parser("delete-offsets", help="delete a group's committed offsets of some topics or "
+                                        "partitions, the group staying (refused for a topic a live member subscribes to)")
+    delete_offsets.add_argument("group")
+    delete_offsets.add_argument("--topic", action="append", required=True,
+                                help="T: every partition with a committed offset (the topic may be gone); T:0,2: those; repeatable")
+    for sub in (listing, describe, reset, delete, delete_offsets):
         _add_bootstrap(sub)
     groups.set_defaults(run=_groups)
 

@@ -386,6 +386,29 @@ class Admin:
         return self._run(with_retries(attempt, metadata=self._metadata, policy=self._policy(timeout_ms), group_id=group_id),
                          timeout_ms, "delete_group")
 
+    def delete_group_offsets(self, group_id: str, partitions: Iterable[TopicPartition], *,
+                             timeout_s: float | None = None) -> dict[TopicPartition, ClientError | None]:
+        """Deletes the group's committed offsets of ``partitions`` (Kafka's
+        deleteConsumerGroupOffsets); the group stays. Per partition: None when
+        its offset is gone (or there was none), or the error that kept it
+        (GROUP_SUBSCRIBED_TO_TOPIC while a live member subscribes to the topic)."""
+        _check_group_id(group_id)
+        wanted = list(dict.fromkeys(TopicPartition(*tp) for tp in partitions))
+        if not wanted:
+            raise error_for(ErrorCode.Value("INVALID_REQUEST"), "name at least one partition whose offset to delete")
+        timeout_ms = self._timeout_ms(timeout_s)
+        request = partition_pb2.DeleteGroupOffsetsRequest(
+            group_id=group_id, partitions=[common_pb2.TopicPartition(topic=tp.topic, partition=tp.partition) for tp in wanted])
+
+        async def attempt():
+            address = await self._metadata.group_coordinator(group_id)
+            response = await self._transport.call(address, "DeleteGroupOffsets", request, timeout_ms=self._request_timeout_ms)
+            return {TopicPartition(item.partition.topic, item.partition.partition):
+                    from_proto(item.error) if item.error.code != NONE else None for item in response.partitions}
+
+        return self._run(with_retries(attempt, metadata=self._metadata, policy=self._policy(timeout_ms), group_id=group_id),
+                         timeout_ms, "delete_group_offsets")
+
     def list_group_offsets(self, group_id: str, *, timeout_s: float | None = None) -> dict[TopicPartition, int]:
         """The group's committed offsets (stable: none pending in an open transaction)."""
         _check_group_id(group_id)

@@ -463,6 +463,37 @@ def groups_delete(bootstrap: str | Target, group_id: str, out: TextIO, *, timeou
     out.write(json.dumps({"group": group_id, "offsets_deleted": deleted}) + "\n")
 
 
+def groups_delete_offsets(bootstrap: str | Target, group_id: str, topics: list[str], out: TextIO, *,
+                          timeout_s: float = TIMEOUT_S_DEFAULT) -> bool:
+    """Deletes the group's committed offsets of ``topics``: ``T`` for every
+    partition with a committed offset (the topic itself may be gone), ``T:0,2``
+    for those partitions. One JSON line per partition; False when any stayed."""
+    wanted: list[TopicPartition] = []
+    whole: list[str] = []
+    for spec in topics:
+        topic, _, numbers = spec.partition(":")
+        if not numbers:
+            whole.append(topic)
+            continue
+        try:
+            wanted.extend(TopicPartition(topic, int(n)) for n in numbers.split(","))
+        except ValueError:
+            raise invalid(f"--topic {spec!r}: partitions are numbers separated by commas, as in {topic}:0,2") from None
+    with _admin(bootstrap, timeout_s) as admin:
+        if whole:
+            wanted.extend(tp for tp in admin.list_group_offsets(group_id) if tp.topic in whole)
+        if not wanted:
+            out.write(json.dumps({"group": group_id, "deleted": 0, "reason": "no committed offsets for " + ", ".join(topics)}) + "\n")
+            return True
+        results = admin.delete_group_offsets(group_id, wanted)
+    for tp, error in sorted(results.items()):
+        line = {"topic": tp.topic, "partition": tp.partition, "deleted": error is None}
+        if error is not None:
+            line["error"] = str(error)
+        out.write(json.dumps(line) + "\n")
+    return all(error is None for error in results.values())
+
+
 def read_offsets_file(path: str) -> dict[TopicPartition, int]:
     """A reset plan as kafka-consumer-groups.sh writes and reads it: CSV lines
     ``topic,partition,offset`` (blank lines and ``#`` comments skipped)."""

@@ -82,6 +82,8 @@ CALLS: list[tuple[str, str, str, Message]] = [
     ("PartitionService", "ListGroups", "partition_svc", partition_pb2.ListGroupsRequest()),
     ("PartitionService", "DescribeGroups", "partition_svc", partition_pb2.DescribeGroupsRequest(group_ids=[GROUP])),
     ("PartitionService", "DeleteGroups", "partition_svc", partition_pb2.DeleteGroupsRequest(group_ids=[GROUP])),
+    ("PartitionService", "DeleteGroupOffsets", "partition_svc", partition_pb2.DeleteGroupOffsetsRequest(
+        group_id=GROUP, partitions=[common_pb2.TopicPartition(topic=TOPIC, partition=0)])),
     ("ReplicationService", "LeaderAndIsr", "partition_svc", replication_pb2.LeaderAndIsrRequest(controller_id=0, controller_epoch=1_000_000)),
     ("ReplicationService", "ReplicaFetch", "partition_svc", replication_pb2.ReplicaFetchRequest(
         replica_id=1, partitions=[replication_pb2.ReplicaFetchPartition(topic=TOPIC, partition=0)])),
@@ -130,6 +132,7 @@ EXPECTED_NEEDS = {
     "ListGroups": [],
     "DescribeGroups": [(GRP, GROUP, "Describe")],
     "DeleteGroups": [(GRP, GROUP, "Delete")],
+    "DeleteGroupOffsets": [(GRP, GROUP, "Delete"), (TOP, TOPIC, "Read")],
     "LeaderAndIsr": [(CLU, CLUSTER_NAME, "ClusterAction")],
     "ReplicaFetch": [(CLU, CLUSTER_NAME, "ClusterAction")],
     "OffsetForLeaderEpoch": [(CLU, CLUSTER_NAME, "ClusterAction")],

@@ -417,3 +417,31 @@ def test_reset_offsets_to_yesterday_and_from_a_file(cluster, tmp_path):
     assert "line 1: expected topic,partition,offset" in errors.getvalue()
     with Admin(bootstrap) as admin:  # a bad file changes nothing
         assert admin.list_group_offsets("dated-readers") == {TopicPartition("dated", 0): 2, TopicPartition("dated", 1): 4}
+
+
+def test_a_groups_offsets_for_a_topic_it_no_longer_reads_are_deleted_and_a_subscribed_topics_stay(cluster):
+    orders = {TopicPartition("orders", p): 1 for p in range(2)}
+    outputs = {TopicPartition("orders-out", 0): 4}
+    with Admin(cluster.state.bootstrap) as admin:
+        admin.alter_group_offsets("pruned", {**orders, **outputs})
+    member = Polling(cluster.state.bootstrap, "pruned").start()
+    try:
+        wait_until(lambda: member.owned == all_partitions(), 30, "the member owning every partition")
+        with Admin(cluster.state.bootstrap) as admin:
+            with pytest.raises(ClientError, match="INVALID_REQUEST"):  # bad input changes nothing
+                admin.delete_group_offsets("pruned", [TopicPartition("orders-out", -1)])
+            refused = admin.delete_group_offsets("pruned", [TopicPartition("orders", 0)])
+            assert refused[TopicPartition("orders", 0)].name == "GROUP_SUBSCRIBED_TO_TOPIC"
+            assert admin.list_group_offsets("pruned") == {**orders, **outputs}
+        lines = [json.loads(line) for line in run_cli("groups", "delete-offsets", "pruned", "--topic", "orders-out",
+                                                      "--dir", cluster.state.dir).splitlines()]
+        assert lines == [{"topic": "orders-out", "partition": 0, "deleted": True}]
+        with Admin(cluster.state.bootstrap) as admin:
+            assert admin.list_group_offsets("pruned") == orders
+            assert admin.describe_group("pruned").members, "the group and its member stay"
+    finally:
+        member.halt()
+    with Admin(cluster.state.bootstrap) as admin:
+        wait_until(lambda: not admin.describe_group("pruned").members, 30, "the member gone")
+        assert admin.delete_group_offsets("pruned", [TopicPartition("orders", 1)]) == {TopicPartition("orders", 1): None}
+        assert admin.list_group_offsets("pruned") == {TopicPartition("orders", 0): 1}

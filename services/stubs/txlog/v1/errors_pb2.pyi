@@ -76,6 +76,7 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ERROR_CODE_STALE_MEMBER_EPOCH: _ClassVar[ErrorCode]
     ERROR_CODE_UNRELEASED_INSTANCE_ID: _ClassVar[ErrorCode]
     ERROR_CODE_NON_EMPTY_GROUP: _ClassVar[ErrorCode]
+    ERROR_CODE_GROUP_SUBSCRIBED_TO_TOPIC: _ClassVar[ErrorCode]
 ERROR_CLASS_UNSPECIFIED: ErrorClass
 ERROR_CLASS_RETRIABLE: ErrorClass
 ERROR_CLASS_ABORTABLE: ErrorClass
@@ -139,6 +140,7 @@ ERROR_CODE_UNKNOWN_MEMBER_ID: ErrorCode
 ERROR_CODE_STALE_MEMBER_EPOCH: ErrorCode
 ERROR_CODE_UNRELEASED_INSTANCE_ID: ErrorCode
 ERROR_CODE_NON_EMPTY_GROUP: ErrorCode
+ERROR_CODE_GROUP_SUBSCRIBED_TO_TOPIC: ErrorCode
 ERROR_CLASS_FIELD_NUMBER: _ClassVar[int]
 error_class: _descriptor.FieldDescriptor
 GRPC_CODE_FIELD_NUMBER: _ClassVar[int]

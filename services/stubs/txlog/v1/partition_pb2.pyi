@@ -802,3 +802,25 @@ class DeleteGroupsResponse(_message.Message):
     GROUPS_FIELD_NUMBER: _ClassVar[int]
     groups: _containers.RepeatedCompositeFieldContainer[DeletedGroup]
     def __init__(self, groups: _Optional[_Iterable[_Union[DeletedGroup, _Mapping]]] = ...) -> None: ...
+
+class DeleteGroupOffsetsRequest(_message.Message):
+    __slots__ = ("group_id", "partitions")
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    group_id: str
+    partitions: _containers.RepeatedCompositeFieldContainer[_common_pb2.TopicPartition]
+    def __init__(self, group_id: _Optional[str] = ..., partitions: _Optional[_Iterable[_Union[_common_pb2.TopicPartition, _Mapping]]] = ...) -> None: ...
+
+class DeletedGroupOffset(_message.Message):
+    __slots__ = ("partition", "error")
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    partition: _common_pb2.TopicPartition
+    error: _errors_pb2.Error
+    def __init__(self, partition: _Optional[_Union[_common_pb2.TopicPartition, _Mapping]] = ..., error: _Optional[_Union[_errors_pb2.Error, _Mapping]] = ...) -> None: ...
+
+class DeleteGroupOffsetsResponse(_message.Message):
+    __slots__ = ("partitions",)
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    partitions: _containers.RepeatedCompositeFieldContainer[DeletedGroupOffset]
+    def __init__(self, partitions: _Optional[_Iterable[_Union[DeletedGroupOffset, _Mapping]]] = ...) -> None: ...

@@ -135,6 +135,11 @@ class PartitionServiceStub:
                 request_serializer=txlog_dot_v1_dot_partition__pb2.DeleteGroupsRequest.SerializeToString,
                 response_deserializer=txlog_dot_v1_dot_partition__pb2.DeleteGroupsResponse.FromString,
                 _registered_method=True)
+        self.DeleteGroupOffsets = channel.unary_unary(
+                '/txlog.v1.PartitionService/DeleteGroupOffsets',
+                request_serializer=txlog_dot_v1_dot_partition__pb2.DeleteGroupOffsetsRequest.SerializeToString,
+                response_deserializer=txlog_dot_v1_dot_partition__pb2.DeleteGroupOffsetsResponse.FromString,
+                _registered_method=True)
 
 
 class PartitionServiceServicer:
@@ -291,6 +296,15 @@ class PartitionServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DeleteGroupOffsets(self, request, context):
+        """Deletes a group's committed offsets for some partitions (Kafka's
+        OffsetDelete), the group itself staying. Refused per partition with
+        GROUP_SUBSCRIBED_TO_TOPIC while a live member subscribes to its topic.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PartitionServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -393,6 +407,11 @@ def add_PartitionServiceServicer_to_server(servicer, server):
                     servicer.DeleteGroups,
                     request_deserializer=txlog_dot_v1_dot_partition__pb2.DeleteGroupsRequest.FromString,
                     response_serializer=txlog_dot_v1_dot_partition__pb2.DeleteGroupsResponse.SerializeToString,
+            ),
+            'DeleteGroupOffsets': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteGroupOffsets,
+                    request_deserializer=txlog_dot_v1_dot_partition__pb2.DeleteGroupOffsetsRequest.FromString,
+                    response_serializer=txlog_dot_v1_dot_partition__pb2.DeleteGroupOffsetsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -935,6 +954,33 @@ class PartitionService:
             '/txlog.v1.PartitionService/DeleteGroups',
             txlog_dot_v1_dot_partition__pb2.DeleteGroupsRequest.SerializeToString,
             txlog_dot_v1_dot_partition__pb2.DeleteGroupsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteGroupOffsets(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/txlog.v1.PartitionService/DeleteGroupOffsets',
+            txlog_dot_v1_dot_partition__pb2.DeleteGroupOffsetsRequest.SerializeToString,
+            txlog_dot_v1_dot_partition__pb2.DeleteGroupOffsetsResponse.FromString,
             options,
             channel_credentials,
             insecure,
