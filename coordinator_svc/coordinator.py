@@ -43,10 +43,13 @@ import time
 import uuid
 from collections.abc import Callable
 
+from opentelemetry.metrics import Meter, NoOpMeter
+
 from coordinator_svc import transaction_core as core
 from coordinator_svc import transaction_state as ts
 from coordinator_svc.markers import MarkerSender, MarkerSet
 from coordinator_svc.state_manager import CoordinatorConfig, LoadedPartition, TransactionStateManager
+from coordinator_svc.transaction_metrics import TransactionMetrics
 from coordinator_svc.transaction_state import GroupDecision, Handle, TransactionMetadata, TransactionState
 from services import names
 from services.errors import TxlogError
@@ -76,6 +79,7 @@ class TransactionCoordinator:
         clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
         monotonic: Callable[[], float] = time.monotonic,
         markers: MarkerSender | None = None,
+        meter: Meter | None = None,
     ):
         self.config = config
         self.client = client
@@ -83,6 +87,7 @@ class TransactionCoordinator:
         self.producer_ids = producer_ids
         self.clock_ms = clock_ms
         self.state = TransactionStateManager(config, zookeeper, registry, client, producer_ids, self._resume, clock_ms, monotonic)
+        self.metrics = TransactionMetrics(meter or NoOpMeter("txlog"), lambda: list(self.state.partitions.values()), clock_ms)
 
     # --- ownership of __transaction_state partitions ------------------------------------
 
@@ -140,6 +145,8 @@ class TransactionCoordinator:
             if new and loaded.transactions.get(transactional_id) is meta:
                 loaded.transactions.pop(transactional_id)
             raise
+        if outcome.fence:
+            self.metrics.fenced.add(1)
         if outcome.then is core.Then.COMPLETE:
             loaded.completing[meta.transactional_id] = asyncio.Event()
             self.state.spawn(loaded, self._complete(loaded, meta))
@@ -161,7 +168,9 @@ class TransactionCoordinator:
         except BaseException:
             ts.abandon_transition(meta)
             raise
+        before = meta.state
         ts.complete_transition(meta, record)
+        self.metrics.transitioned(before, meta.state)
 
     # --- InitProducerId --------------------------------------------------------------------
 
@@ -392,9 +401,15 @@ class TransactionCoordinator:
                     continue
                 if core.timed_out(meta, now):
                     log.info("aborting a timed-out transaction", extra=fields(transactional_id=meta.transactional_id, state=meta.state.value))
+                    decided: list[core.Outcome | None] = []
+
+                    def decide(m, spare_ids, decided=decided):
+                        decided.append(core.decide_timeout(m, now, spare_ids))
+                        return decided[-1] or core.Reply()
                     try:
-                        await self._carry_out(loaded, meta.transactional_id, lambda m, spare_ids: core.decide_timeout(m, now, spare_ids)
-                                              or core.Reply())
+                        await self._carry_out(loaded, meta.transactional_id, decide)
+                        if isinstance(decided[-1], core.Transit):
+                            self.metrics.timed_out.add(1)
                     except TxlogError as exc:
                         log.warning("timeout abort failed", extra=fields(transactional_id=meta.transactional_id, error=str(exc)))
                 elif core.expired(meta, now, self.config.transactional_id_expiration_ms):

@@ -232,6 +232,7 @@ async def build(runtime: server.ServiceRuntime) -> CoordinatorServicer:
         runtime.registry,
         client,
         ProducerIdSource(client, requester_id=cfg.node_id),
+        meter=runtime.metrics.meter,
     )
     servicer = CoordinatorServicer(coordinator, runtime)
     runtime.add_servicer(servicer, SERVICE)

@@ -84,6 +84,7 @@ class Controller:
         self.epoch = -1
         self.epoch_version = -1
         self.active = False
+        self.offline_partitions = 0  # partitions without a live leader at the last pass (as the active controller saw them)
         self._sessions: dict[int, int] = {}  # node id -> ZooKeeper session of its registration, at the last pass
         self._topics_seen: set[str] = set()
         self._wake = asyncio.Event()
@@ -226,6 +227,7 @@ class Controller:
                     changed.append((info, index, state))
                 everything.append((info, index, state))
         self._topics_seen = set(names)
+        self.offline_partitions = sum(1 for _, _, state in everything if state.leader not in live)
         self._sessions = {n: session for n, (_, session, _, _) in sessions.items()}
         addresses = {n: address for n, (address, _, _, _) in sessions.items()}
         if changed or newcomers:

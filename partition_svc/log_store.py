@@ -176,6 +176,16 @@ class LogStore:
         self._write_options = WriteOptions()
         self._write_options.sync = False
 
+    # RocksDB's own figures an operator watches: how much is stored, how much
+    # compaction is behind, and whether writes are being slowed or stopped.
+    PROPERTIES = {"sst_bytes": "rocksdb.total-sst-files-size", "blob_bytes": "rocksdb.total-blob-file-size",
+                  "memtable_bytes": "rocksdb.cur-size-all-mem-tables",
+                  "pending_compaction_bytes": "rocksdb.estimate-pending-compaction-bytes",
+                  "delayed_write_rate": "rocksdb.actual-delayed-write-rate", "write_stopped": "rocksdb.is-write-stopped"}
+
+    def properties(self) -> dict[str, int]:
+        return {name: self.db.property_int_value(key) or 0 for name, key in self.PROPERTIES.items()}
+
     def close(self) -> None:
         self.db.close()
 

@@ -22,6 +22,7 @@ from partition_svc.controller import Controller, PartitionStates, storage_zxid
 from partition_svc.group_coordinator import GroupCoordinator
 from partition_svc.log_store import GroupCommitWriter, LogStore
 from partition_svc.partition import Partition, now_ms
+from partition_svc.partition_metrics import PartitionMetrics
 from partition_svc.producer_state import Reject
 from partition_svc.replica_manager import ReplicaManager
 from partition_svc.replication import ReplicationServicer
@@ -132,6 +133,9 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
         self.groups = GroupCoordinator(self, heartbeat_interval_ms=cfg.group_heartbeat_interval_ms)
         self.controller = Controller(runtime.zookeeper, cfg.zookeeper_root, self.node_id, KIND, self.topics, self.announce,
                                      pass_interval_ms=cfg.controller_pass_interval_ms)
+        self.metrics = PartitionMetrics(runtime.metrics.meter, lambda: list(self.replicas.partitions.values()),
+                                        lambda: self.controller.offline_partitions if self.controller.active else None,
+                                        store.properties)
 
     @property
     def partitions(self) -> dict[tuple[str, int], Partition]:
@@ -388,6 +392,8 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
                 result.error.CopyFrom(error_proto(outcome.code, outcome.message))
                 continue
             result.base_offset = outcome.base_offset
+            if not outcome.duplicate:
+                self.metrics.produced(item.topic, len(item.batch.records), item.batch.ByteSize())
             result.log_start_offset = partition.log_start_offset
             result.log_append_time_ms = now
             taken.append((result, partition, outcome.replicated if acks == ACKS_ALL else outcome.durable))
@@ -497,6 +503,8 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
             except TxlogError as exc:
                 result.error.CopyFrom(error_of(exc))
             taken = sum(len(p) for p in payloads)
+            if records:
+                self.metrics.fetched(wanted.topic, records, taken)
             returned_bytes += taken
             bytes_left = max(bytes_left - taken, 0)
             records_left = max(records_left - records, 0)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import sys
 
+from opentelemetry.metrics import Meter, NoOpMeter
+
 from producer_id_svc.allocator import BlockAllocator
 from producer_id_svc.core import BLOCK_SIZE_DEFAULT, check_requester_id
 from producer_id_svc.store import ProducerIdBlockStore
@@ -28,14 +30,19 @@ SETTINGS = (
 
 
 class ProducerIdServicer(producer_id_pb2_grpc.ProducerIdServiceServicer):
-    def __init__(self, allocator: BlockAllocator):
+    def __init__(self, allocator: BlockAllocator, meter: Meter | None = None):
         self.allocator = allocator
+        meter = meter or NoOpMeter("txlog")
+        self.blocks = meter.create_counter("txlog.producer_id.blocks", description="blocks of producer ids handed out")
+        self.ids = meter.create_counter("txlog.producer_id.ids", description="producer ids handed out (in blocks)")
 
     @server.rpc_handler
     async def AllocateProducerIds(self, request, context):
         if not request.HasField("requester_id"):
             raise TxlogError(ErrorCode.Value("INVALID_REQUEST"), "requester_id is required")
         block = await self.allocator.allocate(check_requester_id(request.requester_id))
+        self.blocks.add(1)
+        self.ids.add(block.size)
         return producer_id_pb2.AllocateProducerIdsResponse(first_producer_id=block.block_start, count=block.size)
 
 
@@ -43,7 +50,7 @@ async def build(runtime: server.ServiceRuntime) -> ProducerIdServicer:
     store = ProducerIdBlockStore(runtime.zookeeper, runtime.config.zookeeper_root)
     servicer = ProducerIdServicer(BlockAllocator(
         store, runtime.config.producer_id_block_size, prefetch=runtime.config.producer_id_prefetch
-    ))
+    ), runtime.metrics.meter)
     runtime.add_servicer(servicer, SERVICE)
     return servicer
 

@@ -112,6 +112,7 @@ class ProcessInfo:
     command: list[str]
     log: str
     pid: int = 0
+    metrics_address: str = ""  # http://<this>/metrics: Prometheus text (services only)
 
 
 @dataclass
@@ -172,16 +173,18 @@ class LocalCluster:
     def _service_process(self, kind: str, node_id: int, port: int, extra: list[str] | None = None) -> ProcessInfo:
         name = f"{kind}-{node_id}"
         address = f"127.0.0.1:{port}"
+        metrics_address = f"127.0.0.1:{free_port()}"
         command = [
             sys.executable, "-m", kind,
             "--listen", address,
+            "--metrics-listen", metrics_address,
             "--node-id", str(node_id),
             "--zookeeper", self.state.zookeeper,
             "--zookeeper-root", self.state.zookeeper_root,
             *self._tls_args(name),
             *(extra or []),
         ]
-        return ProcessInfo(name, kind, address, command, str(self.dir / "logs" / f"{name}.log"))
+        return ProcessInfo(name, kind, address, command, str(self.dir / "logs" / f"{name}.log"), metrics_address=metrics_address)
 
     def _tls_args(self, name: str) -> list[str]:
         if not self.state.tls:
@@ -425,7 +428,8 @@ class LocalCluster:
 
     def status(self) -> dict[str, dict]:
         return {
-            name: {"kind": info.kind, "address": info.address, "pid": info.pid, "alive": pid_alive(info.pid)}
+            name: {"kind": info.kind, "address": info.address, "pid": info.pid, "alive": pid_alive(info.pid),
+                   **({"metrics_address": info.metrics_address} if info.metrics_address else {})}
             for name, info in self.state.services.items()
         }
 

@@ -91,7 +91,7 @@ COMMON_SETTINGS: tuple[Setting, ...] = (
     Setting(
         "otel_exporter",
         "none",
-        "where traces go: console (JSON lines on stderr), otlp, or none (no spans are recorded)",
+        "where traces go: console (JSON lines on stderr), otlp (metrics too), or none (no spans are recorded)",
         str,
         ("none", "console", "otlp"),
     ),

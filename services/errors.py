@@ -17,6 +17,7 @@ by their status code. Unknown codes read as retriable.
 
 from __future__ import annotations
 
+import contextvars
 import enum
 from dataclasses import dataclass
 
@@ -162,8 +163,15 @@ def to_status(code: int, message: str, *, retry_delay_ms: int = RETRY_DELAY_MS_D
     return status
 
 
+# The error code a call ended with, set where it is aborted: the call's handler
+# runs in the task of the wrapper that records the call (metrics), so the
+# wrapper reads it back after the handler raises.
+call_error: contextvars.ContextVar[int | None] = contextvars.ContextVar("txlog_call_error", default=None)
+
+
 async def abort(context: grpc.aio.ServicerContext, error: TxlogError) -> None:
     """Ends the call with ``error`` as its status (never returns)."""
+    call_error.set(error.code)
     kwargs = {} if error.retry_delay_ms is None else {"retry_delay_ms": error.retry_delay_ms}
     await context.abort_with_status(rpc_status.to_status(to_status(error.code, error.message, **kwargs)))
 

@@ -32,7 +32,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from opentelemetry.sdk.trace.export import SpanExporter
 
-from services import authorizer, errors, logs, telemetry, tls, zk
+from services import authorizer, errors, logs, metrics, telemetry, tls, zk
 from services import config as config_mod
 from services.errors import ErrorCode, TxlogError
 from services.logs import fields
@@ -64,6 +64,7 @@ SERVER_SETTINGS: tuple[config_mod.Setting, ...] = (
     config_mod.Setting("jwt_principal_claim", "sub", "the token claim whose value names the principal (User:VALUE)"),
     config_mod.Setting("token_file", "", "bearer token this instance sends with its calls to other instances, for "
                        "clusters that authenticate by token (with tls_client_auth=none); re-read when it changes"),
+    *metrics.METRICS_SETTINGS,
 )
 
 
@@ -102,11 +103,13 @@ def _unimplemented(service: str, method: str):
     return handler
 
 
-def generic_handler(servicer, service_descriptor, guard: authorizer.Authorizer | None = None) -> grpc.GenericRpcHandler:
+def generic_handler(servicer, service_descriptor, guard: authorizer.Authorizer | None = None,
+                    measured: metrics.ServiceMetrics | None = None) -> grpc.GenericRpcHandler:
     """The handlers of a (unary) service: requests that fail to parse reach the
     handler as MalformedRequest instead of failing inside gRPC with a bare
     UNKNOWN, and methods the servicer does not define (a coroutine) answer
-    UNIMPLEMENTED with our details. With ``guard``, each call is authorized first."""
+    UNIMPLEMENTED with our details. With ``guard``, each call is authorized
+    first; with ``measured``, each call (refusals too) is counted and timed."""
     handlers = {}
     for method in service_descriptor.methods:
         implementation = getattr(servicer, method.name, None)
@@ -114,6 +117,8 @@ def generic_handler(servicer, service_descriptor, guard: authorizer.Authorizer |
             implementation = _unimplemented(service_descriptor.full_name, method.name)
         if guard is not None:
             implementation = guard.guard(method.name, implementation, MalformedRequest)
+        if measured is not None:
+            implementation = measured.measured(service_descriptor.full_name, method.name, implementation)
         handlers[method.name] = grpc.unary_unary_rpc_method_handler(
             implementation,
             request_deserializer=_parser(message_factory.GetMessageClass(method.input_type)),
@@ -191,6 +196,7 @@ class ServiceRuntime:
         self.tls_files = tls.files_from(cfg)
         self.tls_files.check(server=True)  # a bad TLS setting stops the process before it binds, naming the setting
         self.authorizer = authorizer.Authorizer(cfg)  # bad rules or super users stop the process, naming the setting
+        self.metrics = metrics.ServiceMetrics(kind, cfg, lambda: None if self._zookeeper is None else self._zookeeper.connected)
         auth_file = getattr(cfg, "zookeeper_auth_file", "")
         try:
             self.zookeeper_identity = zk.digest_identity(auth_file) if auth_file else None
@@ -205,7 +211,7 @@ class ServiceRuntime:
     def add_servicer(self, servicer, service_descriptor) -> None:
         """Serves ``servicer``'s coroutine methods for the service ``service_descriptor``
         (e.g. ``partition_pb2.DESCRIPTOR.services_by_name["PartitionService"]``)."""
-        self.server.add_generic_rpc_handlers((generic_handler(servicer, service_descriptor, self.authorizer),))
+        self.server.add_generic_rpc_handlers((generic_handler(servicer, service_descriptor, self.authorizer, self.metrics),))
         self.service_names.append(service_descriptor.full_name)
 
     @property
@@ -240,11 +246,15 @@ class ServiceRuntime:
         self.address = advertised(self.config.listen, self.port, self.config.advertised_address)
         await self.authorizer.start(self.zookeeper, self.config.zookeeper_root)
         await self._start_health_server()
+        self.metrics.start()
+        if self.metrics.address:
+            self.registration_details["metrics_address"] = self.metrics.address
         await self.server.start()
         zk.add_state_listener(self.zookeeper, self._on_zookeeper_state)
         self.registry.register(self.kind, self.config.node_id, self.address, self.registration_details)
         await self.set_serving(self.zookeeper.connected)
-        log.info("serving", extra=fields(address=self.address, services=self.service_names, tls=self.tls_files.enabled))
+        log.info("serving", extra=fields(address=self.address, services=self.service_names, tls=self.tls_files.enabled,
+                                         metrics_address=self.metrics.address or None))
         return self.port
 
     async def _start_health_server(self) -> None:
@@ -292,6 +302,7 @@ class ServiceRuntime:
             self._zookeeper.stop()
             self._zookeeper.close()
         self.tracer_provider.shutdown()
+        self.metrics.stop()
         self._stopped.set()
         log.info("stopped")
 

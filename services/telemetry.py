@@ -48,10 +48,17 @@ def tracer_provider(service: str, exporter: str = "none", endpoint: str = "", sp
     elif exporter == "otlp":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
-        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint, insecure=True)))
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(**otlp_options(endpoint))))
     elif exporter != "none":
         raise ValueError(f"unknown trace exporter {exporter!r}; expected one of {EXPORTERS}")
     return provider
+
+
+def otlp_options(endpoint: str) -> dict:
+    """The OTLP exporters' options for ``otel_endpoint``: an https endpoint
+    uses TLS (the exporters read the standard OTEL_EXPORTER_OTLP_CERTIFICATE,
+    _CLIENT_CERTIFICATE, _CLIENT_KEY and _HEADERS themselves), http not."""
+    return {"endpoint": endpoint, "insecure": endpoint.startswith("http://")}
 
 
 # Health checks are not traced: probes every few seconds would drown the traces,

@@ -1,0 +1,84 @@
+"""What an operator alerts on in a partition_svc: records and bytes produced
+and fetched per topic (counters, recorded on the hot path with one cached
+attribute set per topic); per led partition its high watermark, LSO lag
+(high watermark - LSO: a stuck LSO is a hanging transaction) and in-sync
+replicas; under-replicated and (on the active controller) offline partitions;
+and RocksDB's size, pending compaction and write stalls. Gauges are read at
+each scrape, never kept up to date on the hot path."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from opentelemetry.metrics import CallbackOptions, Meter, Observation
+
+
+class PartitionMetrics:
+    def __init__(self, meter: Meter, partitions: Callable[[], Iterable], offline: Callable[[], int | None],
+                 store_properties: Callable[[], dict[str, int]]):
+        self._partitions = partitions
+        self._offline = offline
+        self._store_properties = store_properties
+        self._topics: dict[str, dict] = {}
+        self.produced_records = meter.create_counter("txlog.produce.records", description="records appended as leader, by topic")
+        self.produced_bytes = meter.create_counter("txlog.produce.bytes", unit="By", description="batch bytes appended as leader, by topic")
+        self.fetched_records = meter.create_counter("txlog.fetch.records", description="records returned to fetches, by topic")
+        self.fetched_bytes = meter.create_counter("txlog.fetch.bytes", unit="By", description="bytes returned to fetches, by topic")
+        gauges = {
+            "txlog.partition.high_watermark": ("the high watermark of each led partition", self._high_watermarks),
+            "txlog.partition.lso_lag": ("records between the high watermark and the last stable offset, per led "
+                                        "partition (an open transaction holds the LSO back)", self._lso_lags),
+            "txlog.partition.in_sync_replicas": ("in-sync replicas of each led partition", self._in_sync),
+            "txlog.partitions.led": ("partitions this instance leads", self._led),
+            "txlog.partitions.under_replicated": ("led partitions with fewer in-sync replicas than replicas", self._under_replicated),
+            "txlog.partitions.offline": ("partitions without a live leader (reported by the active controller only)", self._offline_count),
+            "txlog.rocksdb": ("RocksDB figures by property: sst_bytes, blob_bytes, memtable_bytes, "
+                              "pending_compaction_bytes, delayed_write_rate, write_stopped", self._rocksdb),
+        }
+        for name, (description, callback) in gauges.items():
+            meter.create_observable_gauge(name, [callback], description=description)
+
+    def topic(self, name: str) -> dict:
+        attributes = self._topics.get(name)
+        if attributes is None:
+            attributes = self._topics[name] = {"topic": name}
+        return attributes
+
+    def produced(self, topic: str, records: int, size: int) -> None:
+        attributes = self.topic(topic)
+        self.produced_records.add(records, attributes)
+        self.produced_bytes.add(size, attributes)
+
+    def fetched(self, topic: str, records: int, size: int) -> None:
+        attributes = self.topic(topic)
+        self.fetched_records.add(records, attributes)
+        self.fetched_bytes.add(size, attributes)
+
+    def _leaders(self):
+        return [p for p in self._partitions() if p.is_leader]
+
+    @staticmethod
+    def _labels(partition) -> dict:
+        return {"topic": partition.topic, "partition": partition.index}
+
+    def _high_watermarks(self, _: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(p.high_watermark, self._labels(p)) for p in self._leaders()]
+
+    def _lso_lags(self, _: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(max(p.high_watermark - p.last_stable_offset, 0), self._labels(p)) for p in self._leaders()]
+
+    def _in_sync(self, _: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(len(p.replica_set.isr), self._labels(p)) for p in self._leaders()]
+
+    def _led(self, _: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(len(self._leaders()))]
+
+    def _under_replicated(self, _: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(sum(1 for p in self._leaders() if len(p.replica_set.isr) < len(p.replicas)))]
+
+    def _offline_count(self, _: CallbackOptions) -> Iterable[Observation]:
+        offline = self._offline()
+        return [] if offline is None else [Observation(offline)]
+
+    def _rocksdb(self, _: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(value, {"property": name}) for name, value in self._store_properties().items()]

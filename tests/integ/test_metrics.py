@@ -1,0 +1,125 @@
+"""Metrics through the real services (issue 17): every service serves
+Prometheus text at http://<metrics_address>/metrics (cluster.json names the
+address), and the numbers match what was done: transactions committed and
+aborted, records produced and fetched, calls and the errors they were refused
+with, producer-id blocks, partitions led."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from collections import defaultdict
+from pathlib import Path
+
+import grpc
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from services.client import Admin, Consumer, Producer, TopicPartition
+from services.client.errors import ClientError
+from services.client.two_phase import wait_until
+from services.cluster import LocalCluster
+
+COMMITTED, ABORTED, PARTITIONS = 3, 2, 2
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    local = LocalCluster(tmp_path_factory.mktemp("metrics") / "cluster")
+    local.up(producer_id_svcs=1, partition_svcs=2, coordinator_svcs=1)
+    local.wait_until_coordinators_settle()
+    yield local
+    local.down(grace_s=5)
+
+
+def scrape(address: str) -> dict[str, list[tuple[dict, float]]]:
+    """{sample name: [(labels, value)]} of one endpoint."""
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as response:
+        assert response.status == 200
+        text = response.read().decode()
+    samples = defaultdict(list)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples[sample.name].append((sample.labels, sample.value))
+    return samples
+
+
+def total(cluster, kind: str, name: str, **labels) -> float:
+    """The sum of a sample over every instance of ``kind``, over the series whose labels include ``labels``."""
+    found = 0.0
+    for info in cluster.state.services.values():
+        if info.kind == kind:
+            found += sum(value for got, value in scrape(info.metrics_address).get(name, [])
+                         if all(got.get(k) == str(v) for k, v in labels.items()))
+    return found
+
+
+def test_cluster_json_names_every_services_metrics_address(cluster):
+    recorded = json.loads((Path(cluster.state.dir) / "cluster.json").read_text())["services"]
+    services = {name: info for name, info in recorded.items() if info["kind"] != "zookeeper"}
+    assert len(services) == 4
+    for info in services.values():
+        assert scrape(info["metrics_address"])["txlog_zookeeper_connected"][0][1] == 1
+
+
+def test_the_numbers_match_what_was_done(cluster):
+    bootstrap = cluster.state.bootstrap
+    with Admin(bootstrap) as admin:
+        admin.create_topics([("measured", PARTITIONS, 2)])
+    with Producer(bootstrap, transactional_id="measured-txn") as producer:
+        producer.init_transactions(timeout_s=60)
+        for i in range(COMMITTED + ABORTED):
+            producer.begin_transaction()
+            for p in range(PARTITIONS):
+                producer.send("measured", value=f"v{i}-{p}".encode(), partition=p)
+            producer.flush()  # an abort drops what was not sent yet: these reach the leaders first
+            if i < COMMITTED:
+                producer.commit_transaction(timeout_s=60)
+            else:
+                producer.abort_transaction(timeout_s=60)
+    records = (COMMITTED + ABORTED) * PARTITIONS
+    # the last transaction completes (markers, then CompleteCommit/Abort) after its commit or abort answered
+    completed = {"committed": COMMITTED, "aborted": ABORTED}
+    wait_until(lambda: {o: total(cluster, "coordinator_svc", "txlog_transactions_completed_total", outcome=o) for o in completed}
+               == completed, 30, f"the coordinator counting {completed}")
+    assert total(cluster, "coordinator_svc", "txlog_transactions_begun_total") == COMMITTED + ABORTED
+    assert total(cluster, "coordinator_svc", "txlog_transactions_open", state="Ongoing") == 0
+    assert total(cluster, "coordinator_svc", "txlog_transactions_oldest_open_age_seconds") == 0
+    assert total(cluster, "partition_svc", "txlog_produce_records_total", topic="measured") == records
+
+    with Consumer(bootstrap, isolation_level="read_committed") as consumer:
+        consumer.assign([TopicPartition("measured", p) for p in range(PARTITIONS)])
+        consumer.seek_to_beginning()
+        seen = []
+        wait_until(lambda: seen.extend(consumer.poll(timeout_s=0.5)) or len(seen) >= COMMITTED * PARTITIONS, 60,
+                   "every committed record read")
+    assert len(seen) == COMMITTED * PARTITIONS
+    # read_committed returns the aborted records' batches too (the client drops them), so the
+    # leaders count what they returned: at least every committed record, at most everything written
+    fetched = total(cluster, "partition_svc", "txlog_fetch_records_total", topic="measured")
+    assert COMMITTED * PARTITIONS <= fetched <= records
+    assert total(cluster, "partition_svc", "txlog_partition_high_watermark", topic="measured") == records + (COMMITTED + ABORTED) * PARTITIONS
+    assert total(cluster, "partition_svc", "txlog_partition_lso_lag", topic="measured") == 0
+    assert total(cluster, "producer_id_svc", "txlog_producer_id_blocks_total") >= 1
+
+
+def test_calls_are_counted_by_method_and_status_and_refusals_by_error_code(cluster):
+    def refusals():
+        return total(cluster, "partition_svc", "txlog_rpc_errors_total", rpc_method="DeleteGroupOffsets", error_code="INVALID_REQUEST")
+
+    def calls():
+        return total(cluster, "partition_svc", "rpc_server_duration_milliseconds_count", rpc_method="DeleteGroupOffsets")
+
+    refused_before, calls_before = refusals(), calls()
+    with Admin(cluster.state.bootstrap) as admin:
+        for _ in range(2):
+            with pytest.raises(ClientError, match="INVALID_REQUEST"):
+                admin.delete_group_offsets("measured-readers", [TopicPartition("measured", -1)])
+    assert refusals() - refused_before == 2
+    assert calls() - calls_before == 2
+    statuses = {labels["rpc_grpc_status_code"] for info in cluster.state.services.values() if info.kind == "partition_svc"
+                for labels, _ in scrape(info.metrics_address)["rpc_server_duration_milliseconds_count"]
+                if labels["rpc_method"] == "DeleteGroupOffsets"}
+    assert statuses == {str(grpc.StatusCode.INVALID_ARGUMENT.value[0])}, "a refused call is counted with its gRPC status"
+    answered = total(cluster, "partition_svc", "rpc_server_duration_milliseconds_count", rpc_method="Metadata", rpc_grpc_status_code=0)
+    assert answered > 0
