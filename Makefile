@@ -23,3 +23,4 @@ bench: setup
 	.venv/bin/python bench/prepare.py
 	.venv/bin/python bench/spark_eos.py
 	.venv/bin/python bench/replication.py
+	.venv/bin/python bench/metrics.py

@@ -23,8 +23,11 @@ from __future__ import annotations
 import os
 import statistics
 import sys
+import tempfile
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 MB = 1_000_000  # MB/s figures count 10^6 bytes of payload
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -145,3 +148,24 @@ def latency_summary(latencies: list[float]) -> dict:
 def mean_of(before: dict, after: dict, key: str = "mb_per_s", ndigits: int = 2) -> float:
     """The mean of ``key`` in two runs' figures, rounded to ``ndigits``."""
     return round((before[key] + after[key]) / 2, ndigits)
+
+
+def alternating_runs(modes: Sequence[str], rounds: int, prefix: str, one_run: Callable[[Path, str], dict]) -> dict[str, list[dict]]:
+    """``one_run(workdir, mode)`` for each mode in turn, ``rounds`` times (a, b,
+    a, b, ...), so drift on a noisy machine favours no mode."""
+    runs: dict[str, list[dict]] = {mode: [] for mode in modes}
+    with tempfile.TemporaryDirectory(prefix=prefix) as workdir:
+        for round_index in range(rounds):
+            for mode in modes:
+                progress(f"round {round_index + 1}: {mode}")
+                runs[mode].append(one_run(Path(workdir) / f"{mode}-{round_index}", mode))
+    return runs
+
+
+def compared(runs: dict[str, list[dict]], figures: Sequence[str], base: str, other: str, target: float, ratio_key: str) -> dict:
+    """Each figure's median per mode and ``other``'s ratio to ``base`` (as
+    ``ratio_key``) against ``target``."""
+    medians = {mode: {name: round(statistics.median(r[name] for r in rs), 2) for name in figures} for mode, rs in runs.items()}
+    ratios = {name: round(medians[other][name] / medians[base][name], 3) for name in figures}
+    return {"machine": {"cpus": os.cpu_count()}, "mb_per_s_median": medians, "runs": runs,
+            ratio_key: ratios, "target": target, "meets_target": all(r >= target for r in ratios.values())}

@@ -23,9 +23,7 @@ import argparse
 import asyncio
 import json
 import os
-import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 import grpc
@@ -34,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import produce_fetch  # noqa: E402
+from measure import alternating_runs, compared  # noqa: E402
 
 from services import certs  # noqa: E402
 from services.acls import ALLOW, CLUSTER, CLUSTER_NAME, LITERAL, PREFIXED, TOPIC, AclBinding  # noqa: E402
@@ -104,25 +103,14 @@ def one_run(workdir: Path, tls: bool, args: argparse.Namespace) -> dict:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    runs: dict[str, list[dict]] = {"plaintext": [], "mutual_tls_authorizer": []}
-    with tempfile.TemporaryDirectory(prefix="txlog-bench-security-") as workdir:
-        for round_index in range(args.rounds):
-            for mode in runs:
-                print(f"round {round_index + 1}: {mode}", file=sys.stderr, flush=True)
-                runs[mode].append(one_run(Path(workdir) / f"{mode}-{round_index}", mode != "plaintext", args))
-    means = {mode: {name: round(statistics.median(r[name] for r in rs), 2) for name in FIGURES} for mode, rs in runs.items()}
-    ratios = {name: round(means["mutual_tls_authorizer"][name] / means["plaintext"][name], 3) for name in FIGURES}
+    runs = alternating_runs(["plaintext", "mutual_tls_authorizer"], args.rounds, "txlog-bench-security-",
+                            lambda workdir, mode: one_run(workdir, mode != "plaintext", args))
     print(json.dumps({
         "benchmark": "security: produce and fetch MB/s with mutual TLS and the ACL authorizer against plaintext, same machine, "
                      "alternating runs",
         "parameters": {"records": args.records, "rounds": args.rounds, "record_bytes": produce_fetch.RECORD_BYTES,
                        "authorizer": f"acl; requests as User:{PRINCIPAL} (not a super user), {OTHER_BINDINGS + 2} bindings"},
-        "machine": {"cpus": os.cpu_count()},
-        "mb_per_s_median": means,
-        "runs": runs,
-        "secured_vs_plaintext": ratios,
-        "target": TARGET,
-        "meets_target": all(r >= TARGET for r in ratios.values()),
+        **compared(runs, FIGURES, "plaintext", "mutual_tls_authorizer", TARGET, "secured_vs_plaintext"),
     }, indent=2))
     return 0
 
