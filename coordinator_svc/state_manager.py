@@ -112,7 +112,8 @@ class TransactionStateManager:
         for index, current in enumerate(owners):
             loaded = self.partitions.get(index)
             if loaded is not None and (current is None or current[0].coordinator_epoch != loaded.owner.coordinator_epoch):
-                self.unload(index, "now owned by another coordinator" if current is None else f"now owned by node {current[0].node_id} at epoch {current[0].coordinator_epoch}")
+                self.unload(index, "now owned by another coordinator" if current is None else f"now owned by node {current[0].node_id} at epoch {current[0].coordinator_epoch}",
+                            handed_over=current is not None and current[0].node_id in live)
                 loaded = None
             if loaded is not None and loaded.log.broken:
                 self.unload(index, loaded.log.broken)
@@ -156,10 +157,14 @@ class TransactionStateManager:
         await self.on_loaded(loaded, [d for d in decisions.values() if d is not None])
 
 
-    def unload(self, index: int, reason: str) -> None:
+    def unload(self, index: int, reason: str, *, handed_over: bool = False) -> None:
+        """Stops serving a partition. ``handed_over``: a live coordinator took its
+        share (a coordinator joined): routine, logged at INFO; anything else is a
+        warning an operator should see."""
         loaded = self.partitions.pop(index, None)
         if loaded is not None:
-            log.warning("no longer serving transaction log partition", extra=fields(partition=index, reason=reason))
+            (log.info if handed_over else log.warning)("no longer serving transaction log partition",
+                                                       extra=fields(partition=index, reason=reason))
             for task in loaded.tasks:
                 task.cancel()
 

@@ -56,8 +56,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextvars
 import datetime
+import difflib
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -75,6 +78,8 @@ from services.tls import ChannelCredentials, TlsFiles
 
 def _cluster(args) -> int:
     cluster = LocalCluster(args.dir)
+    if args.action != "up" and cluster.state is None:
+        raise ClusterError(f"no cluster in {cluster.dir} (no cluster.json); `txlog cluster up --dir {args.dir}` starts one")
     if args.action == "up":
         if args.tokens and not args.tls:
             raise console.invalid("--tokens goes with --tls: a bearer token is sent only over TLS")
@@ -84,8 +89,10 @@ def _cluster(args) -> int:
         print(json.dumps({"dir": state.dir, "zookeeper": state.zookeeper, "bootstrap": state.bootstrap,
                           "tls": state.tls, "services": cluster.status()}, indent=2))
     elif args.action == "down":
+        alive = [name for name, p in cluster.status().items() if p["alive"]]
         cluster.down()
-        print(f"stopped the cluster in {cluster.dir}")
+        print(f"stopped the cluster in {cluster.dir}: {', '.join(alive)}" if alive else
+              f"the cluster in {cluster.dir} was not running (nothing to stop)")
     elif args.action == "kill":
         cluster.kill(args.name)
         print(f"killed {args.name}")
@@ -167,6 +174,11 @@ def _bootstrap(args) -> console.Target:
         raise ClusterError(f"no cluster in {cluster.dir} (no cluster.json); run `txlog cluster up --dir {args.dir}`")
     if not cluster.state.bootstrap and args.command != "producer-ids":
         raise ClusterError(f"the cluster in {cluster.dir} runs no partition_svc (cluster.json has no bootstrap)")
+    running = cluster.status()
+    if args.command != "producer-ids" and not any(p["alive"] for p in running.values() if p["kind"] == "partition_svc"):
+        raise ClusterError(f"the cluster in {cluster.dir} is not running: none of its partition_svc processes is alive "
+                           f"(`txlog cluster status --dir {args.dir}`); `txlog cluster start --dir {args.dir} NAME` "
+                           "starts one again with its data")
     defaults = cluster.client_tls()
     return console.Target(cluster.state.bootstrap, **{k: v or defaults.get(k) for k, v in explicit.items()})
 
@@ -379,7 +391,9 @@ def _add_client_commands(commands) -> None:
     consume.add_argument("--group", help="consumer group: start from its committed offsets, commit on exit")
     consume.add_argument("--max-records", type=int, help="stop after this many records")
     consume.add_argument("--to-end", action="store_true", help="stop at the end offsets seen at start")
-    consume.add_argument("--timeout-ms", type=float, help="stop after this long without a record")
+    consume.add_argument("--timeout-ms", type=float, help="stop after this long without a new record (as "
+                         "kafka-console-consumer's; default: wait for more for ever); --timeout-s is how long one "
+                         "call to the cluster may take")
     consume.add_argument("--isolation", choices=("read_committed", "read_uncommitted"), default="read_committed")
     consume.add_argument("--partition", type=int, help="read only this partition")
     consume.add_argument("--print-key", action="store_true", help="print KEY<SEP>VALUE")
@@ -490,8 +504,48 @@ def _add_acl_commands(commands) -> None:
     acl_command.set_defaults(run=_acls)
 
 
+# The command line being parsed, and every (sub)command parser that took part,
+# the deepest last: a usage error is told by the subcommand it belongs to.
+_argv: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar("txlog_argv", default=())
+_parsers: contextvars.ContextVar[list | None] = contextvars.ContextVar("txlog_parsers", default=None)
+
+
+class CommandParser(argparse.ArgumentParser):
+    """argparse, but a mistyped flag is reported by the subcommand it was given
+    to, with its usage and the flag it most likely meant."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        taking_part = _parsers.get()
+        if taking_part is not None:
+            taking_part.append(self)
+        return super().parse_known_args(args, namespace)
+
+    def error(self, message):
+        known = self._option_string_actions
+        typo = next((t.split("=", 1)[0] for t in _argv.get() if t.startswith("--") and t.split("=", 1)[0] not in known), None)
+        if typo is not None:
+            message = f"unrecognized argument {typo}"
+            close = difflib.get_close_matches(typo, [o for o in known if o.startswith("--")], n=1, cutoff=0.6)
+            if close:
+                message += f"; did you mean {close[0]}?"
+        super().error(message)
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    argv_token, parsers_token = _argv.set(tuple(argv)), _parsers.set([])
+    try:
+        args, extras = parser().parse_known_args(argv)
+        if extras:
+            _parsers.get()[-1].error(f"unrecognized arguments: {' '.join(extras)}")
+        return args
+    finally:
+        _argv.reset(argv_token)
+        _parsers.reset(parsers_token)
+
+
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(prog="txlog", description="txlog: a transactional, partitioned message log")
+    top = CommandParser(prog="txlog", description="txlog: a transactional, partitioned message log")
     commands = top.add_subparsers(dest="command", required=True)
 
     cluster = commands.add_parser("cluster", help="a local cluster of real processes")
@@ -557,7 +611,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    args = parse(argv)
     try:
         return args.run(args)
     except (ClusterError, certs.CertificateError) as exc:
@@ -572,6 +626,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, TypeError) as exc:  # settings the SDK refused
         print(f"error: INVALID_REQUEST: {exc}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # the reader went away (txlog consume ... | head -3): stop quietly, as cat does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush of stdout fails no more
+        return 0
 
 
 if __name__ == "__main__":

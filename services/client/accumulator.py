@@ -63,6 +63,7 @@ class ProducerBatch:
     producer_epoch: int = -1
     base_sequence: int = -1
     attempts: int = 0
+    last_error: str = ""  # the retriable error of its last attempt: what an expiry says it was waiting for
     retry_at_ms: float = 0.0
     order: int = -1  # position among the partition's sequenced batches (set by sequences.py)
     state: BatchState = BatchState.QUEUED

@@ -206,6 +206,8 @@ def transactions_list(bootstrap: str | Target, states: list[str] | None, produce
                                            prefix=prefix)
     for listing in listings:
         out.write(json.dumps(listing._asdict()) + "\n")
+    if not listings:
+        say_none(out, "no transactions match")
 
 
 def transactions_describe(bootstrap: str | Target, transactional_ids: list[str], out: TextIO, *,
@@ -240,6 +242,14 @@ def transactions_find_hanging(bootstrap: str | Target, topics: list[str] | None,
         hanging = admin.find_hanging(topics, max_transaction_timeout_ms)
     for item in hanging:
         out.write(json.dumps(item._asdict()) + "\n")
+    if not hanging:
+        say_none(out, "no hanging transactions")
+
+
+def say_none(out: TextIO, message: str) -> None:
+    """An empty answer, said on a terminal; a pipe gets nothing (no line a script would have to skip)."""
+    if out.isatty():
+        out.write(f"({message})\n")
 
 
 # --- produce ------------------------------------------------------------------------------------
@@ -252,7 +262,12 @@ def produce(bootstrap: str | Target, topic: str, key_separator: str | None, part
     with _admin(bootstrap, timeout_s) as admin:  # fail at once on a missing topic (a Producer would wait for it)
         admin.describe_topics([topic])
     target = _target(bootstrap)
-    with Producer(target.bootstrap, max_block_ms=timeout_s * 1000, **target.client_options(), **producer_options) as producer:
+    # --timeout-s bounds each record's delivery too (the SDK's default is 2 minutes): a partition without a
+    # leader fails its records with the SDK's reason after timeout_s instead of keeping the command silent
+    timeout_ms = timeout_s * 1000
+    linger_ms = producer_options.pop("linger_ms", 5)
+    with Producer(target.bootstrap, max_block_ms=timeout_ms, delivery_timeout_ms=timeout_ms, linger_ms=min(linger_ms, timeout_ms / 4),
+                  request_timeout_ms=min(30_000, timeout_ms / 2), **target.client_options(), **producer_options) as producer:
         futures = []
         for number, line in enumerate(iter(lambda: stdin.readline(LINE_BYTES_MAX + 1), b""), start=1):
             if len(line) > LINE_BYTES_MAX:

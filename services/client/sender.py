@@ -377,6 +377,7 @@ class Sender:
                     f"{batch.tp}: gave up after {batch.attempts} attempts (retries={self._config.retries}); "
                     f"last error {error}; the records may or may not have been appended", maybe_appended=True))
             else:
+                batch.last_error = str(error)
                 sequences.on_retriable(batch, now_ms, backoff_ms)
         else:
             sequences.on_failed(batch, maybe_appended=False)
@@ -416,9 +417,10 @@ class Sender:
         for sequences in self._partitions.values():
             for batch, maybe_appended in sequences.expire(now_ms, timeout_ms):
                 outcome = "they may or may not have been appended" if maybe_appended else "they were not appended"
+                waited = f" (the last attempt: {batch.last_error})" if batch.last_error else ""
                 self._fail(batch, DeliveryTimeoutError(
                     f"{batch.tp}: {batch.record_count} record(s) not acknowledged within "
-                    f"delivery_timeout_ms={timeout_ms:.0f}; {outcome}", maybe_appended=maybe_appended))
+                    f"delivery_timeout_ms={timeout_ms:.0f}{waited}; {outcome}", maybe_appended=maybe_appended))
             if sequences.broken:
                 self._on_broken(error_for(ErrorCode.Value("REQUEST_TIMED_OUT"),
                                           f"{sequences.tp}: a batch expired (delivery_timeout_ms={timeout_ms:.0f})"))

@@ -21,6 +21,9 @@ class TopicPartition(NamedTuple):
     topic: str
     partition: int
 
+    def __str__(self) -> str:  # in messages, as Kafka writes it: orders-3
+        return f"{self.topic}-{self.partition}"
+
 
 def as_tp(value) -> TopicPartition:
     """A TopicPartition from a TopicPartition or a ``(topic, partition)`` pair."""

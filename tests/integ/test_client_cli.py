@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from services.client import Admin
 from services.cluster import LocalCluster
 
 
@@ -79,3 +80,31 @@ def test_cli_errors_are_one_line_with_the_code(cluster_dir):
         assert stderr.startswith(expected) and stderr.count("\n") == 1, (args, stderr)
     bad_line = txlog("produce", "errs", "--key-separator", ":", *where, stdin=b"no separator\n", check=False)
     assert bad_line.returncode == 1 and b"error: INVALID_REQUEST: line 1 has no key separator" in bad_line.stderr
+
+
+def test_consume_into_a_pipe_that_closes_early_ends_quietly(cluster_dir):
+    where = ("--dir", cluster_dir)
+    txlog("topics", "create", "piped", "--partitions", "1", *where)
+    txlog("produce", "piped", *where, stdin=b"".join(b"line %d\n" % i for i in range(2000)))
+    reader = subprocess.Popen([sys.executable, "-m", "services.cli", "consume", "piped", "--from-beginning", "--to-end", *where],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert reader.stdout.readline() == b"line 0\n"
+    reader.stdout.close()  # as `| head -1` does
+    _, stderr = reader.communicate(timeout=120)
+    assert reader.returncode == 0 and b"Traceback" not in stderr and b"BrokenPipe" not in stderr, stderr.decode()
+
+
+def test_produce_honours_its_timeout_when_the_partitions_leader_is_down(cluster_dir):
+    cluster = LocalCluster(cluster_dir)
+    where = ("--dir", cluster_dir)
+    txlog("topics", "create", "orphaned", "--partitions", "2", "--replication-factor", "1", *where)
+    with Admin(cluster.state.bootstrap) as admin:
+        leaders = {p.partition: p.leader_id for p in admin.describe_topics(["orphaned"])[0].partitions}
+    cluster.kill(f"partition_svc-{leaders[0]}")
+    try:
+        result = txlog("produce", "orphaned", "--partition", "0", "--timeout-s", "3", *where, stdin=b"lost\n", check=False)
+        stderr = result.stderr.decode()
+        assert result.returncode == 1 and stderr.startswith("error: REQUEST_TIMED_OUT: orphaned-0: "), stderr
+        assert "the last attempt: LEADER_NOT_AVAILABLE" in stderr, stderr
+    finally:
+        cluster.start(f"partition_svc-{leaders[0]}")

@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 from services.cluster import health_serving, pid_alive, zookeeper_ruok
 
@@ -26,6 +27,10 @@ def test_cluster_up_kill_start_down(tmp_path):
         assert state["zookeeper"] == state["services"]["zookeeper"]["address"]
         assert state["bootstrap"].split(",") == [state["services"][f"partition_svc-{i}"]["address"] for i in (0, 1, 2)]
         assert all(health_serving(address) for address in state["bootstrap"].split(","))
+        # a healthy start warns of nothing (the second coordinator taking its share of the transaction log is routine)
+        warnings = [line for name, info in state["services"].items() if name != "zookeeper"
+                    for line in Path(info["log"]).read_text().splitlines() if '"level": "WARNING"' in line]
+        assert warnings == []
         zk_address = state["zookeeper"]
         pid_address = state["services"]["producer_id_svc-0"]["address"]
         assert zookeeper_ruok(zk_address) and health_serving(pid_address)
@@ -56,8 +61,14 @@ def test_cluster_up_kill_start_down(tmp_path):
     assert not any(pid_alive(pid) for pid in pids)
     status = json.loads(txlog("cluster", "status", "--dir", directory).stdout)
     assert not any(entry["alive"] for entry in status.values())
+    assert "was not running (nothing to stop)" in txlog("cluster", "down", "--dir", directory).stdout
+    # a stopped cluster is told from cluster.json, not after the SDK's retries run out
+    failed = txlog("topics", "list", "--dir", directory, check=False)
+    assert failed.returncode == 1 and "is not running: none of its partition_svc processes is alive" in failed.stderr
 
 
-def test_cluster_down_without_a_cluster_is_a_clear_no_op(tmp_path):
-    result = txlog("cluster", "kill", "--dir", str(tmp_path), "zookeeper", check=False)
-    assert result.returncode == 1 and "no cluster in" in result.stderr
+def test_cluster_commands_without_a_cluster_say_so(tmp_path):
+    for args in (("kill", "--dir", str(tmp_path), "zookeeper"), ("status", "--dir", str(tmp_path / "missing")),
+                 ("down", "--dir", str(tmp_path))):
+        result = txlog("cluster", *args, check=False)
+        assert result.returncode == 1 and result.stderr.startswith("error: no cluster in"), (args, result.stderr)
