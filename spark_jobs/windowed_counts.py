@@ -19,6 +19,7 @@ with read_committed after each run.
 
 from __future__ import annotations
 
+import datetime
 import json
 import logging
 import sys
@@ -128,10 +129,11 @@ def run(spark, job: eos.EosJob, show_totals: bool) -> list[eos.RangeResult]:
 
 
 def print_totals(rows: list[dict]) -> None:
-    print(f"{'window start (ms)':>18}  {'section':<12} {'views':>8} {'bytes':>12}")
+    print(f"{'window start (UTC)':<20}  {'section':<12} {'views':>8} {'bytes':>12}")
     for row in rows:
-        print(f"{row['window_start_ms']:>18}  {row['section']:<12} {row['views']:>8} {row['bytes']:>12}")
-    print(f"{'total':>18}  {'':<12} {sum(r['views'] for r in rows):>8} {sum(r['bytes'] for r in rows):>12}",
+        start = datetime.datetime.fromtimestamp(row["window_start_ms"] / 1000, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S")
+        print(f"{start:<20}  {row['section']:<12} {row['views']:>8} {row['bytes']:>12}")
+    print(f"{'total':<20}  {'':<12} {sum(r['views'] for r in rows):>8} {sum(r['bytes'] for r in rows):>12}",
           flush=True)
 
 

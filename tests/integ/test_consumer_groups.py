@@ -390,7 +390,7 @@ def test_reset_offsets_to_yesterday_and_from_a_file(cluster, tmp_path):
     with Admin(bootstrap) as admin:
         admin.create_topics([("dated", 2, 2)])
     day_ms = 24 * 3600 * 1000
-    yesterday_ms = 1_795_000_000_000  # 2026-11-18T10:13:20Z
+    yesterday_ms = 1_795_000_000_000  # 2026-11-18T11:06:40Z
     with Producer(bootstrap) as producer:
         for p in range(2):  # offsets 0-1 two days old, 2-3 from yesterday, 4-5 from today
             for i, when in enumerate([yesterday_ms - day_ms] * 2 + [yesterday_ms] * 2 + [yesterday_ms + day_ms] * 2):
@@ -399,7 +399,7 @@ def test_reset_offsets_to_yesterday_and_from_a_file(cluster, tmp_path):
     with Admin(bootstrap) as admin:
         admin.alter_group_offsets("dated-readers", {TopicPartition("dated", 0): 6, TopicPartition("dated", 1): 5})
     plan = [json.loads(line) for line in run_cli("groups", "reset-offsets", "dated-readers", "--topic", "dated",
-                                                  "--to-datetime", "2026-11-18T10:13:20", "--execute",
+                                                  "--to-datetime", "2026-11-18T11:06:40", "--execute",
                                                   "--dir", cluster.state.dir).splitlines()]
     assert {(p["partition"], p["current"], p["new"]) for p in plan} == {(0, 6, 2), (1, 5, 2)}
     offsets_file = tmp_path / "plan.csv"
