@@ -32,6 +32,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from services import acls, names
 from services.acls import AclBinding, AclFilter
+from services.client import shutdown
 from services.client._loop import LoopThread
 from services.client.errors import ClientClosedError, ClientError, TxnAction, error_for, from_proto, txn_action_for
 from services.client.fetcher import list_offsets
@@ -132,6 +133,7 @@ class Admin:
         self._metadata = Metadata(self._transport, bootstrap, refresh_backoff_ms=retry_backoff_ms)
         self._closed = False
         self._loop = LoopThread("txlog-admin")
+        shutdown.close_at_exit(self)  # left open, it is closed at interpreter exit
 
     def _run(self, coro, timeout_ms: float, what: str):
         if self._closed:
@@ -745,6 +747,9 @@ class Admin:
         return hanging
 
     # --- closing ----------------------------------------------------------------------------------------
+
+    def close_at_exit(self, timeout_s: float) -> None:
+        self.close()
 
     def close(self) -> None:
         if self._closed:

@@ -52,6 +52,7 @@ import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
+from services.client import shutdown
 from services.client._loop import LoopThread
 from services.client.config import ConsumerConfig
 from services.client.errors import ClientClosedError, ClientError, NoOffsetForPartitionError
@@ -129,6 +130,7 @@ class Consumer:
         self._listeners: dict[str, Callable | None] = {}
         # assignment changes the loop thread saw, for poll() to act on in the application's thread
         self._changes: collections.deque = collections.deque()
+        shutdown.close_at_exit(self)  # left open, it is closed at interpreter exit
 
     # --- assignment and positions -------------------------------------------------------------
 
@@ -481,6 +483,9 @@ class Consumer:
                 self._loop.run(self._transport.close(), timeout_s=5, what="closing connections")
             finally:
                 self._loop.stop()
+
+    def close_at_exit(self, timeout_s: float) -> None:
+        self.close(timeout_s)
 
     def __enter__(self) -> Consumer:
         return self

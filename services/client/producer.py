@@ -69,6 +69,7 @@ import time
 from collections.abc import Mapping, Sequence
 
 from services import names
+from services.client import shutdown
 from services.client._loop import LoopThread
 from services.client.accumulator import RecordAccumulator, record_size_bytes
 from services.client.config import ProducerConfig
@@ -181,6 +182,7 @@ class Producer:
         self._loop = LoopThread("txlog-producer")
         self._sender = self._loop.run(self._make_sender(), timeout_s=10, what="starting the producer")
         self._sender_done = self._loop.submit(self._sender.run())
+        shutdown.close_at_exit(self)  # left open, it is closed at interpreter exit
 
     async def _make_sender(self) -> Sender:
         if self._txn is not None:
@@ -318,6 +320,9 @@ class Producer:
             self._loop.run(self._transport.close(), timeout_s=5, what="closing connections")
         finally:
             self._loop.stop()
+
+    def close_at_exit(self, timeout_s: float) -> None:
+        self.close(timeout_s)
 
     def __enter__(self) -> Producer:
         return self

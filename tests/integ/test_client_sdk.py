@@ -3,6 +3,8 @@ partition_svc processes started by LocalCluster (as `txlog cluster up` does).
 Fault runs print their seed; rerun with it to replay the same drops."""
 
 import random
+import subprocess
+import sys
 import time
 from collections import defaultdict
 
@@ -176,3 +178,22 @@ def test_producer_survives_a_partition_leader_restart_exactly_once(local_cluster
     for partition in (0, 1):
         values = [int(r.value) for r in records if r.partition == partition]
         assert values == list(range(partition, 400, 2))
+
+
+LEFT_OPEN = """
+import sys
+from services.client import Admin, Consumer, Producer
+producer, consumer, admin = Producer(sys.argv[1], linger_ms=50), Consumer(sys.argv[1], group_id="left-open"), Admin(sys.argv[1])
+for i in range(100):
+    producer.send("left-open", value=b"v%d" % i)
+consumer.subscribe(["left-open"])
+"""
+
+
+def test_clients_left_open_are_closed_quietly_at_exit_and_what_was_sent_is_delivered(bootstrap):
+    _create(bootstrap, "left-open", 2)
+    script = subprocess.run([sys.executable, "-c", LEFT_OPEN, bootstrap], capture_output=True, text=True, timeout=120)
+    assert script.returncode == 0, script.stderr
+    assert script.stderr == "", "no 'Task was destroyed but it is pending!', no traceback"
+    values = [r.value for r in _consume_all(bootstrap, "left-open", 2, 100)]
+    assert sorted(values) == sorted(b"v%d" % i for i in range(100))
