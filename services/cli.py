@@ -16,19 +16,26 @@
                                          a workload under faults, checked; prints one JSON line,
                                          exits 1 when the checker found an anomaly
 
-Client commands (each takes --bootstrap HOST:PORT[,...] or --dir DIR, which reads
-the bootstrap addresses from DIR/cluster.json, --tls-ca/--tls-cert/--tls-key
-PEM files and --token-file, a bearer token; with --dir of a TLS cluster they
-default to its admin's):
+Client commands (each takes --bootstrap HOST:PORT[,...], or --dir DIR, which reads
+the bootstrap addresses from DIR/cluster.json, or --command-config FILE, a client
+properties file (bootstrap.servers=..., tls.ca=..., tls.cert=, tls.key=,
+token.file=), or else $TXLOG_BOOTSTRAP; --tls-ca/--tls-cert/--tls-key PEM files
+and --token-file, a bearer token; with --dir of a TLS cluster they default to
+its admin's):
+
+    txlog cluster describe               instances, what each leads and holds, partitions' health (JSON)
 
     txlog topics create NAME --partitions N [--replication-factor R] [--config k=v ...]
     txlog topics list
     txlog topics describe NAME
+    txlog offsets TOPIC [--time earliest|latest|last_stable|MS|ISO-8601] [--partition P]
     txlog partitions under-replicated | reassign (--file F | --topic T --partition P --replicas N,N) [--wait] | rebalance [--execute]
     txlog produce TOPIC [--key-separator SEP] [--partition P]        lines from stdin
     txlog consume TOPIC [--from-beginning] [--group G] [--max-records N] [--to-end]
                         [--timeout-ms MS] [--isolation read_committed|read_uncommitted]
                         [--partition P] [--print-key] [--key-separator SEP]
+                        [--print-timestamp] [--print-partition] [--print-offset] [--print-headers]
+                        [--format plain|json]
     txlog producers describe TOPIC [--partition P]
     txlog transactions list [--state S ...] [--producer-id P ...] [--min-duration-ms N] [--prefix P]
     txlog transactions describe TID [TID ...]
@@ -77,6 +84,9 @@ from services.tls import ChannelCredentials, TlsFiles
 
 
 def _cluster(args) -> int:
+    if args.action == "describe":
+        console.cluster_describe(_bootstrap(args), sys.stdout, timeout_s=args.timeout_s)
+        return 0
     cluster = LocalCluster(args.dir)
     if args.action != "up" and cluster.state is None:
         raise ClusterError(f"no cluster in {cluster.dir} (no cluster.json); `txlog cluster up --dir {args.dir}` starts one")
@@ -169,6 +179,14 @@ def _bootstrap(args) -> console.Target:
     explicit = {"tls_ca": args.tls_ca, "tls_cert": args.tls_cert, "tls_key": args.tls_key, "token_file": args.token_file}
     if getattr(args, "bootstrap", None):
         return console.Target(args.bootstrap, **explicit)
+    if getattr(args, "command_config", None):
+        configured = console.read_client_config(args.command_config)
+        return console.Target(configured.bootstrap, **{k: v or getattr(configured, k) for k, v in explicit.items()})
+    if not getattr(args, "dir", None):
+        if os.environ.get("TXLOG_BOOTSTRAP"):
+            return console.Target(os.environ["TXLOG_BOOTSTRAP"], **explicit)
+        raise console.invalid("say where the cluster is: --bootstrap HOST:PORT, --dir DIR, --command-config FILE, "
+                              "or TXLOG_BOOTSTRAP in the environment")
     cluster = LocalCluster(args.dir)
     if cluster.state is None:
         raise ClusterError(f"no cluster in {cluster.dir} (no cluster.json); run `txlog cluster up --dir {args.dir}`")
@@ -207,8 +225,20 @@ def _consume(args) -> int:
         _bootstrap(args), args.topic, from_beginning=args.from_beginning, group=args.group,
         max_records=args.max_records, isolation=args.isolation, partition=args.partition, to_end=args.to_end,
         timeout_ms=args.timeout_ms, print_key=args.print_key, key_separator=args.key_separator,
-        out=sys.stdout.buffer, err=sys.stderr, timeout_s=args.timeout_s,
+        out=sys.stdout.buffer, err=sys.stderr, timeout_s=args.timeout_s, output_format=args.format,
+        print_fields=frozenset(f for f in console.PRINT_FIELDS if getattr(args, f"print_{f}")),
     )
+    return 0
+
+
+def _offsets(args) -> int:
+    spec: str | int = args.time
+    if spec not in ("earliest", "latest", "last_stable"):
+        spec = _timestamp_ms(spec) if not spec.lstrip("-").isdigit() else int(spec)
+        if spec < 0:
+            raise console.invalid(f"--time takes earliest, latest, last_stable, epoch milliseconds >= 0 or an ISO 8601 time, "
+                                  f"not {args.time!r}")
+    console.offsets(_bootstrap(args), args.topic, spec, args.partition, sys.stdout, timeout_s=args.timeout_s)
     return 0
 
 
@@ -339,10 +369,13 @@ def _acls(args) -> int:
 
 
 def _add_bootstrap(sub: argparse.ArgumentParser) -> None:
-    where = sub.add_mutually_exclusive_group(required=True)
-    where.add_argument("--bootstrap", help="comma-separated partition_svc addresses host:port")
+    where = sub.add_mutually_exclusive_group()
+    where.add_argument("--bootstrap", help="comma-separated partition_svc addresses host:port (default: $TXLOG_BOOTSTRAP)")
     where.add_argument("--dir", help="a local cluster's folder (reads the bootstrap, and with TLS the admin's "
                                      "certificate, from DIR/cluster.json)")
+    where.add_argument("--command-config", metavar="FILE",
+                       help="a client properties file, as Kafka's tools take: bootstrap.servers=..., and tls.ca, tls.cert, "
+                            "tls.key, token.file")
     _add_tls_options(sub)
 
 
@@ -397,9 +430,26 @@ def _add_client_commands(commands) -> None:
     consume.add_argument("--isolation", choices=("read_committed", "read_uncommitted"), default="read_committed")
     consume.add_argument("--partition", type=int, help="read only this partition")
     consume.add_argument("--print-key", action="store_true", help="print KEY<SEP>VALUE")
+    for field, shown in (("timestamp", "CreateTime:MS"), ("partition", "Partition:P"), ("offset", "Offset:O"),
+                         ("headers", "NAME:VALUE,... or NO_HEADERS")):
+        consume.add_argument(f"--print-{field}", action="store_true", help=f"print {shown} before the key and value")
+    consume.add_argument("--format", choices=console.OUTPUT_FORMATS, default="plain",
+                         help="plain (the value, with the --print-* fields before it) or json (one object per record with "
+                              "topic, partition, offset, timestamp_ms, key, value, headers; bytes that are not UTF-8 as "
+                              "{\"base64\": ...})")
     consume.add_argument("--key-separator", default="\t", help="separator for --print-key (default: tab)")
     _add_bootstrap(consume)
     consume.set_defaults(run=_consume)
+
+    offsets_command = commands.add_parser("offsets", help="each partition's offset at a time (kafka-get-offsets.sh): JSON lines")
+    offsets_command.add_argument("topic")
+    offsets_command.add_argument("--time", default="latest",
+                                 help="earliest, latest (the high watermark; the default), last_stable, epoch milliseconds, or "
+                                      "an ISO 8601 time (UTC unless it names its offset): the first offset at or after it, "
+                                      "-1 when every record is older")
+    offsets_command.add_argument("--partition", type=int, help="only this partition")
+    _add_bootstrap(offsets_command)
+    offsets_command.set_defaults(run=_offsets)
 
     partitions = commands.add_parser("partitions", help="replicas: under-replicated partitions, reassignment, rebalancing")
     partition_actions = partitions.add_subparsers(dest="action", required=True)
@@ -564,6 +614,9 @@ def parser() -> argparse.ArgumentParser:
             sub.add_argument("--tokens", action="store_true",
                              help="with --tls: callers authenticate by bearer token (JWT) instead of certificate "
                                   "(DIR/tls/admin.token; txlog tls token NAME makes more)")
+    describe = cluster_actions.add_parser("describe", help="any cluster: its partition_svc instances (what each leads and "
+                                          "holds), topics and partitions, under-replicated and offline ones, as JSON")
+    _add_bootstrap(describe)
     for action, help_text in (("kill", "SIGKILL one process"), ("start", "start one process again")):
         sub = cluster_actions.add_parser(action, help=help_text)
         sub.add_argument("--dir", required=True, help="the cluster's folder")

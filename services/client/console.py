@@ -24,7 +24,9 @@ the SDK.
 
 from __future__ import annotations
 
+import base64
 import json
+import os
 import time
 from dataclasses import dataclass
 from typing import BinaryIO, TextIO
@@ -76,6 +78,31 @@ class Target:
         return {"tls_ca": self.tls_ca, "tls_cert": self.tls_cert, "tls_key": self.tls_key, "token_file": self.token_file}
 
 
+CLIENT_CONFIG_KEYS = {"bootstrap.servers": "bootstrap", "tls.ca": "tls_ca", "tls.cert": "tls_cert", "tls.key": "tls_key",
+                      "token.file": "token_file"}
+
+
+def read_client_config(path: str) -> Target:
+    """A client properties file (``--command-config``): ``key=value`` lines,
+    ``#`` comments; bootstrap.servers is required, tls.ca, tls.cert, tls.key
+    and token.file are optional (relative paths are relative to the file)."""
+    lines = _read_lines(path, "client config")
+    found: dict[str, str] = {}
+    folder = os.path.dirname(os.path.abspath(path))
+    for number, line in enumerate(lines, 1):
+        line = line.strip()
+        if not line or line.startswith(("#", "!")):
+            continue
+        key, equals, value = line.partition("=")
+        key, value = key.strip(), value.strip()
+        if not equals or key not in CLIENT_CONFIG_KEYS:
+            raise invalid(f"{path} line {number}: expected KEY=VALUE with KEY one of {', '.join(CLIENT_CONFIG_KEYS)}, got {line[:80]!r}")
+        found[CLIENT_CONFIG_KEYS[key]] = value if key == "bootstrap.servers" else os.path.join(folder, value)
+    if not found.get("bootstrap"):
+        raise invalid(f"{path} names no bootstrap.servers")
+    return Target(**found)
+
+
 def _target(bootstrap: str | Target) -> Target:
     return bootstrap if isinstance(bootstrap, Target) else Target(bootstrap)
 
@@ -112,6 +139,45 @@ def topics_describe(bootstrap: str | Target, name: str, out: TextIO, *, timeout_
             for p in topic.partitions
         ],
     }, indent=2) + "\n")
+
+
+def cluster_describe(bootstrap: str | Target, out: TextIO, *, timeout_s: float = TIMEOUT_S_DEFAULT) -> None:
+    """The live partition_svc instances with what each leads and holds, and
+    the partitions' health, as one JSON object."""
+    with _admin(bootstrap, timeout_s) as admin:
+        nodes = admin.live_partition_nodes()
+        topics = admin.describe_topics(None)
+    partitions = [p for t in topics for p in t.partitions]
+    addresses = {p.leader_id: p.leader_address for p in partitions if p.leader_address}
+    out.write(json.dumps({
+        "partition_svcs": [{"node_id": n, "address": addresses.get(n), "leaders": sum(p.leader_id == n for p in partitions),
+                            "replicas": sum(n in p.replicas for p in partitions)} for n in nodes],
+        "topics": len(topics),
+        "internal_topics": sum(t.is_internal for t in topics),
+        "partitions": len(partitions),
+        "under_replicated": sum(len(p.isr) < len(p.replicas) for p in partitions),
+        "offline": sum(p.leader_id not in nodes for p in partitions),
+    }, indent=2) + "\n")
+
+
+def offsets(bootstrap: str | Target, topic: str, spec: str | int, partition: int | None, out: TextIO, *,
+            timeout_s: float = TIMEOUT_S_DEFAULT) -> None:
+    """Each partition's offset for ``spec`` (kafka-get-offsets.sh): "earliest",
+    "latest" (the high watermark), "last_stable", or a timestamp in ms (the
+    first offset at or after it; -1 when every record is older). JSON lines."""
+    with _admin(bootstrap, timeout_s) as admin:
+        (described,) = admin.describe_topics([topic])
+        numbers = [p.partition for p in described.partitions]
+        if partition is not None:
+            if partition not in numbers:
+                raise invalid(f"topic {topic!r} has no partition {partition}")
+            numbers = [partition]
+        found = admin.list_offsets({TopicPartition(topic, p): spec for p in numbers})
+    for tp, answer in sorted(found.items()):
+        line = {"topic": tp.topic, "partition": tp.partition, "offset": answer.offset}
+        if isinstance(spec, int):
+            line["timestamp_ms"] = answer.timestamp_ms
+        out.write(json.dumps(line) + "\n")
 
 
 def partitions_under_replicated(bootstrap: str | Target, out: TextIO, *, timeout_s: float = TIMEOUT_S_DEFAULT) -> int:
@@ -343,7 +409,14 @@ def consume(
     out: BinaryIO,
     err: TextIO,
     timeout_s: float = TIMEOUT_S_DEFAULT,
+    output_format: str = "plain",
+    print_fields: frozenset[str] = frozenset(),
 ) -> int:
+    if output_format not in OUTPUT_FORMATS:
+        raise invalid(f"--format must be one of {', '.join(OUTPUT_FORMATS)}, not {output_format!r}")
+    unknown = set(print_fields) - set(PRINT_FIELDS)
+    if unknown:
+        raise invalid(f"unknown fields to print {sorted(unknown)}; known: {', '.join(PRINT_FIELDS)}")
     if max_records is not None and max_records < 0:
         raise invalid(f"--max-records must be >= 0, not {max_records}")
     reset = "earliest" if from_beginning else "latest"
@@ -387,12 +460,7 @@ def consume(
                     if max_records is not None and consumed >= max_records:
                         _rewind(consumer, records[index:])  # positions (and the commit) stop at what was printed
                         break
-                    value = b"null" if record.value is None else record.value
-                    if print_key:
-                        key = b"null" if record.key is None else record.key
-                        out.write(key + separator + value + b"\n")
-                    else:
-                        out.write(value + b"\n")
+                    out.write(format_record(record, output_format, print_key, separator, print_fields))
                     consumed += 1
                     tp = TopicPartition(record.topic, record.partition)
                     if tp in remaining and record.offset + 1 >= remaining[tp]:
@@ -410,6 +478,45 @@ def consume(
         if group is not None:
             consumer.commit()
     return consumed
+
+
+OUTPUT_FORMATS = ("plain", "json")
+PRINT_FIELDS = ("timestamp", "partition", "offset", "headers")  # in the order plain output prints them
+
+
+def format_record(record, output_format: str, print_key: bool, separator: bytes, print_fields: frozenset[str]) -> bytes:
+    """One record as ``consume`` prints it. plain: the chosen fields as
+    kafka-console-consumer prints them (CreateTime:ms, Partition:p, Offset:o,
+    headers k:v,... or NO_HEADERS), then the key and the value, separated by
+    ``separator``. json: one object with every field; a key, value or header
+    value that is not UTF-8 is {"base64": ...}."""
+    if output_format == "json":
+        return json.dumps({
+            "topic": record.topic, "partition": record.partition, "offset": record.offset,
+            "timestamp_ms": record.timestamp_ms, "key": _json_bytes(record.key), "value": _json_bytes(record.value),
+            "headers": [[name, _json_bytes(value)] for name, value in record.headers],
+        }).encode() + b"\n"
+    shown = {
+        "timestamp": b"CreateTime:%d" % record.timestamp_ms,
+        "partition": b"Partition:%d" % record.partition,
+        "offset": b"Offset:%d" % record.offset,
+        "headers": b",".join(name.encode() + b":" + (b"null" if value is None else value) for name, value in record.headers)
+        or b"NO_HEADERS",
+    }
+    parts = [shown[name] for name in PRINT_FIELDS if name in print_fields]
+    if print_key:
+        parts.append(b"null" if record.key is None else record.key)
+    parts.append(b"null" if record.value is None else record.value)
+    return separator.join(parts) + b"\n"
+
+
+def _json_bytes(data: bytes | None):
+    if data is None:
+        return None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return {"base64": base64.b64encode(data).decode()}
 
 
 def _rewind(consumer: Consumer, unprinted: list) -> None:
@@ -509,14 +616,18 @@ def groups_delete_offsets(bootstrap: str | Target, group_id: str, topics: list[s
     return all(error is None for error in results.values())
 
 
+def _read_lines(path: str, what: str) -> list[str]:
+    try:
+        with open(path, encoding="utf-8") as source:
+            return source.read().splitlines()
+    except OSError as exc:
+        raise invalid(f"cannot read {what} {path}: {exc.strerror}") from None
+
+
 def read_offsets_file(path: str) -> dict[TopicPartition, int]:
     """A reset plan as kafka-consumer-groups.sh writes and reads it: CSV lines
     ``topic,partition,offset`` (blank lines and ``#`` comments skipped)."""
-    try:
-        with open(path, encoding="utf-8") as source:
-            lines = source.read().splitlines()
-    except OSError as exc:
-        raise invalid(f"cannot read offsets file {path}: {exc.strerror}") from None
+    lines = _read_lines(path, "offsets file")
     plan: dict[TopicPartition, int] = {}
     for number, line in enumerate(lines, 1):
         if not line.strip() or line.lstrip().startswith("#"):

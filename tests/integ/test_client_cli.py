@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from services.client import Admin
+from services.client import Admin, Producer
 from services.cluster import LocalCluster
 
 
@@ -108,3 +108,32 @@ def test_produce_honours_its_timeout_when_the_partitions_leader_is_down(cluster_
         assert "the last attempt: LEADER_NOT_AVAILABLE" in stderr, stderr
     finally:
         cluster.start(f"partition_svc-{leaders[0]}")
+
+
+def test_offsets_at_a_time_the_clusters_health_and_records_with_their_fields(cluster_dir):
+    where = ("--dir", cluster_dir)
+    txlog("topics", "create", "timed", "--partitions", "2", *where)
+    with Producer(LocalCluster(cluster_dir).state.bootstrap) as producer:
+        for i, when in enumerate([1_000, 2_000, 3_000]):
+            producer.send("timed", value=f"t{i}".encode(), key=b"k", partition=0, timestamp_ms=when,
+                          headers=[("source", b"test")])
+        producer.flush()
+    lines = [json.loads(line) for line in txlog("offsets", "timed", "--time", "1500", *where).stdout.splitlines()]
+    assert lines == [{"topic": "timed", "partition": 0, "offset": 1, "timestamp_ms": 2_000},
+                     {"topic": "timed", "partition": 1, "offset": -1, "timestamp_ms": -1}]
+    latest = [json.loads(line) for line in txlog("offsets", "timed", "--partition", "0", *where).stdout.splitlines()]
+    assert latest == [{"topic": "timed", "partition": 0, "offset": 3}]
+    iso = json.loads(txlog("offsets", "timed", "--time", "1970-01-01T00:00:02", "--partition", "0", *where).stdout)
+    assert iso["offset"] == 1
+
+    printed = txlog("consume", "timed", "--from-beginning", "--to-end", "--partition", "0", "--format", "json", *where)
+    records = [json.loads(line) for line in printed.stdout.splitlines()]
+    assert [(r["offset"], r["timestamp_ms"], r["key"], r["value"], r["headers"]) for r in records] == [
+        (i, when, "k", f"t{i}", [["source", "test"]]) for i, when in enumerate([1_000, 2_000, 3_000])]
+    plain = txlog("consume", "timed", "--from-beginning", "--max-records", "1", "--partition", "0", "--print-offset",
+                  "--print-timestamp", *where).stdout
+    assert plain == b"CreateTime:1000\tOffset:0\tt0\n"
+
+    described = json.loads(txlog("cluster", "describe", *where).stdout)
+    assert [n["node_id"] for n in described["partition_svcs"]] == [0, 1] and described["offline"] == 0
+    assert described["partitions"] >= 2 and sum(n["leaders"] for n in described["partition_svcs"]) == described["partitions"]

@@ -2,11 +2,14 @@
 the bad flag, with the flag it most likely meant (no cluster involved)."""
 
 import io
+import json
 
 import pytest
 
 from services import cli
 from services.client import console
+from services.client.errors import ClientError
+from services.client.structs import ConsumerRecord
 
 
 def usage_error(capsys, *argv: str) -> str:
@@ -27,9 +30,36 @@ def test_an_unknown_flag_after_a_complete_command_names_the_subcommand(capsys):
     assert err.startswith("usage: txlog groups describe") and "unrecognized argument --verbose\n" in err
 
 
-def test_negative_numbers_are_values_not_flags(capsys):
-    err = usage_error(capsys, "groups", "reset-offsets", "g", "--shift-by", "-100", "--topic", "t")  # no --dir
-    assert "one of the arguments --bootstrap --dir is required" in err
+def test_negative_numbers_are_values_not_flags():
+    args = cli.parse(["groups", "reset-offsets", "g", "--shift-by", "-100", "--topic", "t"])
+    assert args.shift_by == -100 and args.topic == ["t"]
+
+
+def test_where_the_cluster_is_comes_from_a_flag_a_client_config_file_or_the_environment(tmp_path, monkeypatch):
+    monkeypatch.delenv("TXLOG_BOOTSTRAP", raising=False)
+    with pytest.raises(ClientError, match="say where the cluster is"):
+        cli._bootstrap(cli.parse(["topics", "list"]))
+    monkeypatch.setenv("TXLOG_BOOTSTRAP", "envhost:7300")
+    assert cli._bootstrap(cli.parse(["topics", "list"])).bootstrap == "envhost:7300"
+    assert cli._bootstrap(cli.parse(["topics", "list", "--bootstrap", "flaghost:1"])).bootstrap == "flaghost:1"
+    config = tmp_path / "client.properties"
+    config.write_text("# as Kafka's tools take\nbootstrap.servers = filehost:7300,filehost:7301\ntls.ca=ca.pem\n")
+    target = cli._bootstrap(cli.parse(["topics", "list", "--command-config", str(config), "--tls-cert", "mine.pem"]))
+    assert target.bootstrap == "filehost:7300,filehost:7301"
+    assert target.tls_ca == str(tmp_path / "ca.pem") and target.tls_cert == "mine.pem"
+    config.write_text("bootstrap.servers=h:1\nssl.truststore.location=x\n")
+    with pytest.raises(ClientError, match="line 2: expected KEY=VALUE with KEY one of bootstrap.servers"):
+        cli._bootstrap(cli.parse(["topics", "list", "--command-config", str(config)]))
+
+
+def test_records_print_as_kafka_console_consumer_prints_them_or_as_json():
+    record = ConsumerRecord("t", 2, 41, b"k", b"v\xff", [("h", b"1"), ("n", None)], 1_795_000_000_000)
+    plain = console.format_record(record, "plain", True, b"\t", frozenset({"offset", "headers", "timestamp", "partition"}))
+    assert plain == b"CreateTime:1795000000000\tPartition:2\tOffset:41\th:1,n:null\tk\tv\xff\n"
+    assert console.format_record(record._replace(headers=[]), "plain", False, b"|", frozenset({"headers"})) == b"NO_HEADERS|v\xff\n"
+    assert json.loads(console.format_record(record, "json", False, b"\t", frozenset())) == {
+        "topic": "t", "partition": 2, "offset": 41, "timestamp_ms": 1_795_000_000_000, "key": "k",
+        "value": {"base64": "dv8="}, "headers": [["h", "1"], ["n", None]]}
 
 
 class Terminal(io.StringIO):
