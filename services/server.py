@@ -104,12 +104,13 @@ def _unimplemented(service: str, method: str):
 
 
 def generic_handler(servicer, service_descriptor, guard: authorizer.Authorizer | None = None,
-                    measured: metrics.ServiceMetrics | None = None) -> grpc.GenericRpcHandler:
+                    measured: metrics.ServiceMetrics | None = None, traced: bool = False) -> grpc.GenericRpcHandler:
     """The handlers of a (unary) service: requests that fail to parse reach the
     handler as MalformedRequest instead of failing inside gRPC with a bare
     UNKNOWN, and methods the servicer does not define (a coroutine) answer
     UNIMPLEMENTED with our details. With ``guard``, each call is authorized
-    first; with ``measured``, each call (refusals too) is counted and timed."""
+    first; with ``measured``, each call (refusals too) is counted and timed;
+    ``traced``, each call's span names what the request touched."""
     handlers = {}
     for method in service_descriptor.methods:
         implementation = getattr(servicer, method.name, None)
@@ -117,6 +118,8 @@ def generic_handler(servicer, service_descriptor, guard: authorizer.Authorizer |
             implementation = _unimplemented(service_descriptor.full_name, method.name)
         if guard is not None:
             implementation = guard.guard(method.name, implementation, MalformedRequest)
+        if traced:
+            implementation = telemetry.annotated(implementation)
         if measured is not None:
             implementation = measured.measured(service_descriptor.full_name, method.name, implementation)
         handlers[method.name] = grpc.unary_unary_rpc_method_handler(
@@ -211,7 +214,7 @@ class ServiceRuntime:
     def add_servicer(self, servicer, service_descriptor) -> None:
         """Serves ``servicer``'s coroutine methods for the service ``service_descriptor``
         (e.g. ``partition_pb2.DESCRIPTOR.services_by_name["PartitionService"]``)."""
-        self.server.add_generic_rpc_handlers((generic_handler(servicer, service_descriptor, self.authorizer, self.metrics),))
+        self.server.add_generic_rpc_handlers((generic_handler(servicer, service_descriptor, self.authorizer, self.metrics, self.tracing),))
         self.service_names.append(service_descriptor.full_name)
 
     @property

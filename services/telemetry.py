@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import sys
 
+from google.protobuf.descriptor import FieldDescriptor
+from opentelemetry import trace
 from opentelemetry.instrumentation.grpc import aio_client_interceptors, aio_server_interceptor
 from opentelemetry.instrumentation.grpc.filters import any_of, negate, service_name
 from opentelemetry.sdk.resources import Resource
@@ -20,6 +22,8 @@ from opentelemetry.sdk.trace.export import (
     SpanExporter,
     SpanExportResult,
 )
+
+from services import errors
 
 EXPORTERS = ("none", "console", "otlp")
 
@@ -59,6 +63,76 @@ def otlp_options(endpoint: str) -> dict:
     uses TLS (the exporters read the standard OTEL_EXPORTER_OTLP_CERTIFICATE,
     _CLIENT_CERTIFICATE, _CLIENT_KEY and _HEADERS themselves), http not."""
     return {"endpoint": endpoint, "insecure": endpoint.startswith("http://")}
+
+
+# What a span of a call says it touched: the request's identifiers (top level,
+# or in its batches: a Produce batch carries the producer id and epoch), and
+# the partitions it names, as topic-partition strings (at most
+# PARTITIONS_SHOWN_MAX, with the count beside them).
+SPAN_ID_FIELDS = {"transactional_id": "txlog.transactional_id", "producer_id": "txlog.producer_id",
+                  "producer_epoch": "txlog.producer_epoch", "group_id": "txlog.group", "member_id": "txlog.member_id",
+                  "coordinator_epoch": "txlog.coordinator_epoch"}
+PARTITIONS_SHOWN_MAX = 16
+_MESSAGE = FieldDescriptor.TYPE_MESSAGE
+
+
+def request_attributes(request) -> dict:
+    """The span attributes of a request (a protobuf message): cheap, it reads
+    two levels of fields and never the records."""
+    attributes: dict = {}
+    partitions: list[str] = []
+    for field, value in request.ListFields():
+        if field.name in SPAN_ID_FIELDS and field.type != _MESSAGE:
+            attributes[SPAN_ID_FIELDS[field.name]] = value
+        elif field.type == _MESSAGE:
+            for item in (value if field.is_repeated else [value]):
+                _nested_attributes(item, attributes, partitions)
+    if partitions:
+        attributes["txlog.partitions"] = partitions[:PARTITIONS_SHOWN_MAX]
+        attributes["txlog.partition_count"] = len(partitions)
+        attributes["txlog.topics"] = sorted({p.rsplit("-", 1)[0] for p in partitions})
+    return attributes
+
+
+def _nested_attributes(item, attributes: dict, partitions: list[str], depth: int = 1) -> None:
+    """One nested message: its topic and partition, the identifiers it carries
+    (a Produce batch's producer, a marker's transaction), and at the second
+    level the partitions it lists (a marker's). Records are never read."""
+    if not hasattr(item, "ListFields"):  # a map entry's key or a scalar
+        return
+    topic = None
+    for field, value in item.ListFields():
+        if field.name == "topic" and isinstance(value, str):
+            topic = value
+        elif field.name in SPAN_ID_FIELDS and field.type != _MESSAGE:
+            attributes.setdefault(SPAN_ID_FIELDS[field.name], value)
+        elif field.name == "batch":  # a produce batch: whose it is
+            for name in ("producer_id", "producer_epoch"):
+                attributes.setdefault(SPAN_ID_FIELDS[name], getattr(value, name))
+        elif field.type == _MESSAGE and field.is_repeated and depth < 2 and field.name in ("partitions", "topics"):
+            for nested in value:
+                _nested_attributes(nested, attributes, partitions, depth + 1)
+    if topic is not None:
+        partitions.append(f"{topic}-{getattr(item, 'partition', 0)}")
+
+
+def annotated(handler):
+    """``handler`` (a unary coroutine handler) whose call's span carries what
+    the request touched and, when it is refused, our error code."""
+
+    async def annotated_handler(request, context):
+        errors.call_error.set(None)
+        span = trace.get_current_span()
+        if span.is_recording() and hasattr(request, "ListFields"):
+            span.set_attributes(request_attributes(request))
+        try:
+            return await handler(request, context)
+        finally:
+            code = errors.call_error.get()
+            if code is not None and span.is_recording():
+                span.set_attribute("txlog.error_code", errors.spec_of(code).name)
+
+    return annotated_handler
 
 
 # Health checks are not traced: probes every few seconds would drown the traces,
