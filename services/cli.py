@@ -268,7 +268,7 @@ def _transactions(args) -> int:
     bootstrap = _bootstrap(args)
     if args.action == "list":
         console.transactions_list(bootstrap, args.state, args.producer_id, args.min_duration_ms, sys.stdout,
-                                  prefix=args.prefix, timeout_s=args.timeout_s)
+                                  prefix=args.prefix, timeout_s=args.timeout_s, output=args.output)
     elif args.action == "describe":
         console.transactions_describe(bootstrap, args.transactional_ids, sys.stdout, timeout_s=args.timeout_s)
     elif args.action == "complete":
@@ -279,14 +279,14 @@ def _transactions(args) -> int:
                                    args.coordinator_epoch, sys.stdout, timeout_s=args.timeout_s)
     elif args.action == "find-hanging":
         console.transactions_find_hanging(bootstrap, args.topic, args.max_transaction_timeout_ms, sys.stdout,
-                                          timeout_s=args.timeout_s)
+                                          timeout_s=args.timeout_s, output=args.output)
     return 0
 
 
 def _groups(args) -> int:
     bootstrap = _bootstrap(args)
     if args.action == "list":
-        console.groups_list(bootstrap, sys.stdout, timeout_s=args.timeout_s)
+        console.groups_list(bootstrap, sys.stdout, timeout_s=args.timeout_s, output=args.output)
     elif args.action == "describe":
         console.groups_describe(bootstrap, args.group, sys.stdout, timeout_s=args.timeout_s)
     elif args.action == "delete":
@@ -377,6 +377,12 @@ def _add_bootstrap(sub: argparse.ArgumentParser) -> None:
                        help="a client properties file, as Kafka's tools take: bootstrap.servers=..., and tls.ca, tls.cert, "
                             "tls.key, token.file")
     _add_tls_options(sub)
+
+
+def _add_output(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("--output", choices=console.OUTPUTS, default="auto",
+                     help="json (one object per line), table, or auto: a table on a terminal, JSON lines otherwise "
+                          "(the default, so scripts keep their JSON)")
 
 
 def _add_tls_options(sub: argparse.ArgumentParser) -> None:
@@ -476,7 +482,8 @@ def _add_client_commands(commands) -> None:
 
     transactions = commands.add_parser("transactions", help="list, describe and abort transactions")
     txn_actions = transactions.add_subparsers(dest="action", required=True)
-    listing = txn_actions.add_parser("list", help="JSON lines, one per transaction the coordinators know")
+    listing = txn_actions.add_parser("list", help="one line per transaction the coordinators know (a table on a terminal, "
+                                     "JSON lines otherwise)")
     listing.add_argument("--state", action="append",
                          help="only this state (Ongoing, Prepared, PrepareCommit, ...); repeatable")
     listing.add_argument("--prefix", default="", help="only transactional ids starting with this")
@@ -495,19 +502,24 @@ def _add_client_commands(commands) -> None:
     abort.add_argument("--producer-id", type=int, required=True)
     abort.add_argument("--producer-epoch", type=int, required=True)
     abort.add_argument("--coordinator-epoch", type=int, required=True)
-    hanging = txn_actions.add_parser("find-hanging", help="JSON lines, one per hanging transaction")
+    hanging = txn_actions.add_parser("find-hanging", help="one line per hanging transaction (a table on a terminal, "
+                                     "JSON lines otherwise)")
     hanging.add_argument("--topic", action="append", help="only this topic (default: every topic); repeatable")
     hanging.add_argument("--max-transaction-timeout-ms", type=int, default=15 * 60 * 1000,
                          help="the coordinators' maximum transaction timeout (default: %(default)s)")
     for sub in (listing, describe_txn, complete, abort, hanging):
         _add_bootstrap(sub)
+    for sub in (listing, hanging):
+        _add_output(sub)
     transactions.set_defaults(run=_transactions)
 
 
 def _add_group_commands(commands) -> None:
     groups = commands.add_parser("groups", help="consumer groups: list, describe with lag, reset, delete")
     actions = groups.add_subparsers(dest="action", required=True)
-    listing = actions.add_parser("list", help="JSON lines, one per group with live members or committed offsets")
+    listing = actions.add_parser("list", help="one line per group with live members or committed offsets (a table on a "
+                                 "terminal, JSON lines otherwise)")
+    _add_output(listing)
     describe = actions.add_parser("describe", help="JSON: members, and per partition committed, end, lag and owner")
     describe.add_argument("group")
     reset = actions.add_parser("reset-offsets", help="move a group's committed offsets (a dry run unless --execute)")

@@ -266,14 +266,11 @@ def producers_describe(bootstrap: str | Target, topic: str, partition: int | Non
 
 def transactions_list(bootstrap: str | Target, states: list[str] | None, producer_ids: list[int] | None,
                       min_duration_ms: int | None, out: TextIO, *, prefix: str = "",
-                      timeout_s: float = TIMEOUT_S_DEFAULT) -> None:
+                      timeout_s: float = TIMEOUT_S_DEFAULT, output: str = "json") -> None:
     with _admin(bootstrap, timeout_s) as admin:
         listings = admin.list_transactions(states=states, producer_ids=producer_ids, duration_ms=min_duration_ms,
                                            prefix=prefix)
-    for listing in listings:
-        out.write(json.dumps(listing._asdict()) + "\n")
-    if not listings:
-        say_none(out, "no transactions match")
+    write_rows(out, [listing._asdict() for listing in listings], output, "no transactions match")
 
 
 def transactions_describe(bootstrap: str | Target, transactional_ids: list[str], out: TextIO, *,
@@ -303,13 +300,41 @@ def transactions_abort(bootstrap: str | Target, topic: str, partition: int, prod
 
 
 def transactions_find_hanging(bootstrap: str | Target, topics: list[str] | None, max_transaction_timeout_ms: int,
-                              out: TextIO, *, timeout_s: float = TIMEOUT_S_DEFAULT) -> None:
+                              out: TextIO, *, timeout_s: float = TIMEOUT_S_DEFAULT, output: str = "json") -> None:
     with _admin(bootstrap, timeout_s) as admin:
         hanging = admin.find_hanging(topics, max_transaction_timeout_ms)
-    for item in hanging:
-        out.write(json.dumps(item._asdict()) + "\n")
-    if not hanging:
-        say_none(out, "no hanging transactions")
+    write_rows(out, [item._asdict() for item in hanging], output, "no hanging transactions")
+
+
+OUTPUTS = ("auto", "json", "table")
+
+
+def write_rows(out: TextIO, rows: list[dict], output: str, empty: str) -> None:
+    """A listing: JSON lines, or (``table``, and ``auto`` on a terminal) a
+    table with a header row; an empty one is said on a terminal."""
+    if output == "auto":
+        output = "table" if out.isatty() else "json"
+    if not rows:
+        say_none(out, empty)
+    elif output == "json":
+        for row in rows:
+            out.write(json.dumps(row) + "\n")
+    else:
+        columns = list(rows[0])
+        cells = [[_cell(row[c]) for c in columns] for row in rows]
+        widths = [max(len(c), *(len(line[i]) for line in cells)) for i, c in enumerate(columns)]
+        for line in [[c.upper() for c in columns], *cells]:
+            out.write("  ".join(text.ljust(width) for text, width in zip(line, widths, strict=True)).rstrip() + "\n")
+
+
+def _cell(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, (list, tuple)):
+        return ",".join(_cell(v) for v in value) or "-"
+    if isinstance(value, dict):
+        return json.dumps(value)
+    return str(value)
 
 
 def say_none(out: TextIO, message: str) -> None:
@@ -335,7 +360,10 @@ def produce(bootstrap: str | Target, topic: str, key_separator: str | None, part
     with Producer(target.bootstrap, max_block_ms=timeout_ms, delivery_timeout_ms=timeout_ms, linger_ms=min(linger_ms, timeout_ms / 4),
                   request_timeout_ms=min(30_000, timeout_ms / 2), **target.client_options(), **producer_options) as producer:
         futures = []
+        progress = Progress(err, 0, counting=True, what="lines sent")
+        number = 0
         for number, line in enumerate(iter(lambda: stdin.readline(LINE_BYTES_MAX + 1), b""), start=1):
+            progress.update(number)
             if len(line) > LINE_BYTES_MAX:
                 raise invalid(f"line {number} is longer than {LINE_BYTES_MAX} bytes")
             line = line[:-1] if line.endswith(b"\n") else line
@@ -349,6 +377,7 @@ def produce(bootstrap: str | Target, topic: str, key_separator: str | None, part
                 sent += _settle(futures)
         producer.flush()
         sent += _settle(futures)
+        progress.finish(number)
     err.write(f"produced {sent} record(s) to {topic}\n")
     return sent
 
@@ -365,12 +394,14 @@ def _settle(futures: list) -> int:
 
 
 class Progress:
-    """A one-line progress bar on a terminal (nothing when not a terminal)."""
+    """A one-line progress bar on a terminal (nothing when not a terminal);
+    with ``counting`` and no total, a running count of ``what``."""
 
-    def __init__(self, stream: TextIO, total: int):
+    def __init__(self, stream: TextIO, total: int, *, counting: bool = False, what: str = "records"):
         self.stream = stream
         self.total = max(total, 0)
-        self.enabled = self.total > 0 and hasattr(stream, "isatty") and stream.isatty()
+        self.what = what
+        self.enabled = (self.total > 0 or counting) and hasattr(stream, "isatty") and stream.isatty()
         self._last_draw_s = 0.0
 
     def update(self, done: int, *, force: bool = False) -> None:
@@ -380,6 +411,10 @@ class Progress:
         if not force and now - self._last_draw_s < PROGRESS_INTERVAL_S:
             return
         self._last_draw_s = now
+        if not self.total:
+            self.stream.write(f"\r{done} {self.what}")
+            self.stream.flush()
+            return
         fraction = min(done / self.total, 1.0)
         filled = int(fraction * PROGRESS_WIDTH_CHARS)
         bar = "#" * filled + "." * (PROGRESS_WIDTH_CHARS - filled)
@@ -547,10 +582,10 @@ def acls_remove(bootstrap: str | Target, filters: list[AclFilter], out: TextIO, 
             out.write(acls.describe(binding) + "\n")
 
 
-def groups_list(bootstrap: str | Target, out: TextIO, *, timeout_s: float = TIMEOUT_S_DEFAULT) -> None:
+def groups_list(bootstrap: str | Target, out: TextIO, *, timeout_s: float = TIMEOUT_S_DEFAULT, output: str = "json") -> None:
     with _admin(bootstrap, timeout_s) as admin:
-        for group in admin.list_groups():
-            out.write(json.dumps(group._asdict()) + "\n")
+        groups = admin.list_groups()
+    write_rows(out, [g._asdict() for g in groups], output, "no consumer groups")
 
 
 def groups_describe(bootstrap: str | Target, group_id: str, out: TextIO, *, timeout_s: float = TIMEOUT_S_DEFAULT) -> None:

@@ -72,3 +72,26 @@ def test_an_empty_listing_is_said_on_a_terminal_and_silent_in_a_pipe():
     console.say_none(terminal, "no hanging transactions")
     console.say_none(pipe, "no hanging transactions")
     assert terminal.getvalue() == "(no hanging transactions)\n" and pipe.getvalue() == ""
+
+
+def test_listings_are_a_table_on_a_terminal_and_json_lines_in_a_pipe():
+    rows = [{"group_id": "billing", "state": "Stable", "members": 3}, {"group_id": "audit-long-name", "state": "Empty", "members": 0}]
+    terminal, pipe = Terminal(), io.StringIO()
+    console.write_rows(terminal, rows, "auto", "no consumer groups")
+    console.write_rows(pipe, rows, "auto", "no consumer groups")
+    assert terminal.getvalue().splitlines() == ["GROUP_ID         STATE   MEMBERS",
+                                                "billing          Stable  3",
+                                                "audit-long-name  Empty   0"]
+    assert [json.loads(line) for line in pipe.getvalue().splitlines()] == rows
+    forced = io.StringIO()
+    console.write_rows(forced, rows[:1], "table", "none")
+    assert forced.getvalue().startswith("GROUP_ID")
+
+
+def test_progress_counts_lines_on_a_terminal_when_there_is_no_total():
+    terminal = Terminal()
+    progress = console.Progress(terminal, 0, counting=True, what="lines sent")
+    progress.update(5, force=True)
+    progress.finish(7)
+    assert terminal.getvalue() == "\r5 lines sent\r7 lines sent\n"
+    assert not console.Progress(io.StringIO(), 0, counting=True).enabled
