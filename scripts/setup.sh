@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Installs everything txlog needs on a fresh Debian machine: Java, ZooKeeper and
-# Node.js from Debian (apt-get, when missing), the Python packages into .venv,
+# Installs everything txlog needs on a fresh Debian machine: Java, ZooKeeper,
+# Node.js and promtool from Debian (apt-get, when missing), the Python packages into .venv,
 # and the Node client's packages into clients/node/node_modules.
 # Idempotent: a second run only checks.
 set -euo pipefail
@@ -11,6 +11,7 @@ command -v java >/dev/null 2>&1 || need_apt+=(default-jre-headless)
 [ -f /usr/share/java/zookeeper.jar ] || need_apt+=(zookeeper)
 command -v node >/dev/null 2>&1 || need_apt+=(nodejs)
 command -v npm >/dev/null 2>&1 || need_apt+=(npm)
+command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)  # promtool checks the chart's alert rules
 if [ ${#need_apt[@]} -gt 0 ]; then
   sudo=""
   [ "$(id -u)" -eq 0 ] || sudo="sudo"

@@ -16,9 +16,10 @@ KUBE_VERSION = "1.33.0"
 RELEASE = "txlog"
 NAMESPACE = "streaming"
 
-# Three value sets: the defaults; a production-like install on an external
-# ZooKeeper ensemble with more of everything; and a minimal one with the
-# optional objects turned off.
+# Four value sets: the defaults; a production-like install on an external
+# ZooKeeper ensemble with more of everything (the Prometheus Operator's
+# ServiceMonitor, the alert rules and the Grafana dashboard included); a
+# minimal one with the optional objects turned off; and the PodMonitor.
 PRODUCTION_VALUES = {
     "image": {"repository": "registry.example.com/txlog", "tag": "1.2.3", "pullPolicy": "Always"},
     "imagePullSecrets": [{"name": "registry-credentials"}],
@@ -42,6 +43,16 @@ PRODUCTION_VALUES = {
         "resources": {"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"cpu": "4", "memory": "8Gi"}},
     },
     "coordinatorSvc": {"replicas": 3, "extraArgs": ["--transaction-timeout-ms-max", "300000"]},
+    "metrics": {
+        "port": 9500,
+        "allowFrom": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+                      "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}},
+        "serviceMonitor": {"enabled": True, "interval": "15s", "scrapeTimeout": "10s",
+                           "labels": {"release": "kube-prometheus-stack"}},
+        "prometheusRule": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}, "stuckLsoMinutes": 10,
+                           "hangingTransactionSeconds": 600, "underReplicatedMinutes": 15, "serverErrorRatio": 0.05},
+        "grafanaDashboard": {"enabled": True, "annotations": {"grafana_folder": "Streaming"}},
+    },
     "sparkJob": {
         "schedule": "0 * * * *",
         "timeZone": "Europe/Paris",
@@ -66,8 +77,12 @@ MINIMAL_VALUES = {
     "coordinatorSvc": {"replicas": 1, "podDisruptionBudget": {"enabled": False, "maxUnavailable": 1}},
     "producerIdSvc": {"podDisruptionBudget": {"enabled": False, "maxUnavailable": 1}},
     "sparkJob": {"enabled": False},
+    "metrics": {"enabled": False},
 }
-VALUE_SETS = {"defaults": {}, "production": PRODUCTION_VALUES, "minimal": MINIMAL_VALUES}
+POD_MONITOR_VALUES = {"metrics": {
+    "podMonitor": {"enabled": True, "interval": "1m", "scrapeTimeout": "30s", "labels": {"team": "streaming"}},
+    "prometheusRule": {"enabled": True}}}
+VALUE_SETS = {"defaults": {}, "production": PRODUCTION_VALUES, "minimal": MINIMAL_VALUES, "pod-monitor": POD_MONITOR_VALUES}
 # TLS off: the authorizer, which needs it, too.
 NO_TLS = {"tls": {"enabled": False}, "authorizer": {"enabled": False}}
 

@@ -1,5 +1,5 @@
 """The Helm chart, rendered by Helm's own engine and checked against the
-Kubernetes schemas, with no cluster: helm lint, every manifest of three value
+Kubernetes schemas, with no cluster: helm lint, every manifest of four value
 sets validated strictly (unknown fields fail), and the fields a running
 release depends on asserted."""
 
@@ -9,10 +9,15 @@ import base64
 import copy
 import json
 import re
+import shutil
+import subprocess
 
 import cert_manager_schema
 import helm_python
+import jsonschema
 import kubernetes_validate
+import metrics_contract
+import prometheus_operator_schema
 import pytest
 import yaml
 from chart_render import (
@@ -21,6 +26,7 @@ from chart_render import (
     MINIMAL_VALUES,
     NAMESPACE,
     NO_TLS,
+    POD_MONITOR_VALUES,
     PRODUCTION_VALUES,
     VALUE_SETS,
     Rendered,
@@ -52,6 +58,11 @@ def minimal() -> Rendered:
     return render(MINIMAL_VALUES)
 
 
+@pytest.fixture(scope="module")
+def pod_monitor() -> Rendered:
+    return render(POD_MONITOR_VALUES)
+
+
 def bootstrap_for(release_fullname: str, replicas: int, namespace: str, domain: str) -> str:
     headless = f"{release_fullname}-partition-svc-headless"
     return ",".join(f"{release_fullname}-partition-svc-{i}.{headless}.{namespace}.svc.{domain}:7300" for i in range(replicas))
@@ -81,6 +92,9 @@ def test_every_rendered_manifest_is_valid_against_the_kubernetes_schemas(value_s
         if doc["apiVersion"].startswith("cert-manager.io/"):
             cert_manager_schema.validate(doc)  # cert-manager's kinds, as strictly
             continue
+        if doc["apiVersion"].startswith("monitoring.coreos.com/"):
+            prometheus_operator_schema.validate(doc)  # the Prometheus Operator's, as strictly
+            continue
         # strict: a field Kubernetes does not know (a typo, a wrong indent) fails.
         kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
 
@@ -92,7 +106,7 @@ def test_the_schema_validation_is_strict_enough_to_catch_a_misplaced_field(defau
         kubernetes_validate.validate(statefulset, KUBE_VERSION, strict=True)
 
 
-def test_each_value_set_renders_the_objects_it_asks_for(defaults, production, minimal):
+def test_each_value_set_renders_the_objects_it_asks_for(defaults, production, minimal, pod_monitor):
     def kinds(rendered: Rendered) -> dict[str, int]:
         counts: dict[str, int] = {}
         for doc in rendered.docs:
@@ -106,10 +120,13 @@ def test_each_value_set_renders_the_objects_it_asks_for(defaults, production, mi
                                "PodDisruptionBudget": 3, "ServiceAccount": 1, "Issuer": 2, "Certificate": 3,
                                "NetworkPolicy": 2, "Secret": 1, "Job": 1}
     # External ZooKeeper: no ZooKeeper StatefulSet nor its two Services, nor its NetworkPolicy; the operator's issuer.
-    assert kinds(production) == {"StatefulSet": 2, "Deployment": 1, "Service": 2, "CronJob": 1,
+    # The ServiceMonitor with its metrics Service, the alert rules and the dashboard's ConfigMap.
+    assert kinds(production) == {"StatefulSet": 2, "Deployment": 1, "Service": 3, "CronJob": 1,
                                  "PodDisruptionBudget": 3, "ServiceAccount": 1, "Certificate": 2, "NetworkPolicy": 1,
-                                 "Secret": 1, "Job": 1}
+                                 "Secret": 1, "Job": 1, "ServiceMonitor": 1, "PrometheusRule": 1, "ConfigMap": 1}
     assert kinds(minimal) == {"StatefulSet": 3, "Deployment": 1, "Service": 4}
+    # The defaults, and a PodMonitor (no Service) with the alert rules.
+    assert kinds(pod_monitor) == {**kinds(defaults), "PodMonitor": 1, "PrometheusRule": 1}
 
 
 # --- workloads ---------------------------------------------------------------------------------------
@@ -183,7 +200,8 @@ def test_every_txlog_service_has_native_grpc_probes_on_its_health_port(tls):
                              ("StatefulSet", "txlog-partition-svc", 7300)):
         c = container(rendered.get(kind, name))
         health = [{"name": "health", "containerPort": 7900, "protocol": "TCP"}] if tls else []
-        assert c["ports"] == [{"name": "grpc", "containerPort": port, "protocol": "TCP"}, *health]
+        metrics = [{"name": "metrics", "containerPort": 9464, "protocol": "TCP"}]
+        assert c["ports"] == [{"name": "grpc", "containerPort": port, "protocol": "TCP"}, *health, *metrics]
         for probe in PROBES:
             assert c[probe]["grpc"] == {"port": 7900 if tls else port}, (name, probe)
             assert c[probe]["failureThreshold"] >= 1
@@ -513,13 +531,15 @@ def test_the_network_policies_let_only_the_release_and_client_pods_reach_the_ser
     selected = policy["podSelector"]["matchExpressions"]
     assert {"key": "app.kubernetes.io/component", "operator": "In",
             "values": ["producer-id-svc", "partition-svc", "coordinator-svc"]} in selected
-    grpc_rule, health_rule = policy["ingress"]
+    grpc_rule, health_rule, metrics_rule = policy["ingress"]
     assert grpc_rule["from"] == [
         {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "txlog", "app.kubernetes.io/instance": "txlog"}}},
         {"podSelector": {"matchLabels": {"txlog-client": "true"}}},
     ]
     assert sorted(p["port"] for p in grpc_rule["ports"]) == [7100, 7200, 7300]
     assert health_rule == {"ports": [{"port": 7900, "protocol": "TCP"}]}
+    # the metrics port: any pod in any namespace by default (metrics.allowFrom)
+    assert metrics_rule == {"from": [{"namespaceSelector": {}, "podSelector": {}}], "ports": [{"port": 9464, "protocol": "TCP"}]}
     zookeeper = defaults.get("NetworkPolicy", "txlog-zookeeper")["spec"]
     assert zookeeper["ingress"] == [{"from": [{"podSelector": {"matchLabels": {
         "app.kubernetes.io/name": "txlog", "app.kubernetes.io/instance": "txlog"}}}]}]
@@ -733,4 +753,335 @@ def test_values_schema_refuses_bad_authorizer_values(values, message):
 ])
 def test_chart_refuses_authorizer_values_that_would_render_but_not_work(values, message):
     with pytest.raises(helm_python.HelmError, match=re.escape(message)):
+        render(values)
+
+
+# --- metrics: the port, the Prometheus Operator's objects, the alerts and the dashboard ------------------
+
+SERVICE_KINDS = {"producer-id-svc": "Deployment", "partition-svc": "StatefulSet", "coordinator-svc": "StatefulSet"}
+SERIES = f'namespace="{NAMESPACE}",job="txlog"'  # what the chart's monitors give the series: the rules' selector
+ALERTS = {"TxlogStuckLSO", "TxlogHangingTransaction", "TxlogOfflinePartitions", "TxlogUnderReplicatedPartitions",
+          "TxlogZooKeeperSessionLost", "TxlogServerErrors", "TxlogRocksDBWritesStopped"}
+
+
+def pod_templates(rendered: Rendered) -> dict[str, dict]:
+    """{workload name: its pods' labels}, of every workload (CronJob and hook Job included)."""
+    templates = {}
+    for doc in rendered.docs:
+        if doc["kind"] in ("StatefulSet", "Deployment", "Job"):
+            templates[doc["metadata"]["name"]] = doc["spec"]["template"]["metadata"]["labels"]
+        elif doc["kind"] == "CronJob":
+            templates[doc["metadata"]["name"]] = doc["spec"]["jobTemplate"]["spec"]["template"]["metadata"]["labels"]
+    return templates
+
+
+def alert_rules(rendered: Rendered) -> dict[str, dict]:
+    [rule_object] = rendered.of_kind("PrometheusRule")
+    return {rule["alert"]: rule for group in rule_object["spec"]["groups"] for rule in group["rules"]}
+
+
+def dashboard_of(rendered: Rendered) -> dict:
+    return json.loads(rendered.get("ConfigMap", "txlog-dashboard")["data"]["txlog.json"])
+
+
+def dashboard_queries(dashboard: dict) -> list[str]:
+    return [target["expr"] for panel in dashboard["panels"] for target in panel.get("targets", [])]
+
+
+def assert_uses_only_exposed_names(expr: str) -> set[str]:
+    """Every metric the expression names is one the services expose, and every
+    label it matches or groups by is one of those metrics' or a target label."""
+    metrics, labels = metrics_contract.promql_names(expr)
+    assert metrics, expr
+    assert metrics <= set(metrics_contract.METRICS), (sorted(metrics - set(metrics_contract.METRICS)), expr)
+    known = set().union(*(metrics_contract.METRICS[m] for m in metrics)) | metrics_contract.TARGET_LABELS
+    assert labels <= known, (sorted(labels - known), expr)
+    return metrics
+
+
+def test_the_metrics_names_the_chart_uses_are_what_the_services_export():
+    """The list the dashboard and the alerts are checked against is what each
+    service's own instruments export: a renamed metric or label fails here."""
+    assert metrics_contract.exported_by_the_services() == metrics_contract.EXPOSED
+
+
+def test_every_service_serves_metrics_on_a_named_port(defaults, production, minimal):
+    for rendered, prefix, port in ((defaults, "txlog", 9464), (production, "txlog", 9500), (minimal, "tx", None)):
+        for component, kind in SERVICE_KINDS.items():
+            workload = rendered.get(kind, f"{prefix}-{component}")
+            c = container(workload)
+            ports = {p["name"]: p for p in c["ports"]}
+            labels = workload["spec"]["template"]["metadata"]["labels"]
+            if port is None:  # metrics.enabled=false
+                assert "TXLOG_METRICS_LISTEN" not in env_of(c) and "metrics" not in ports
+                assert "txlog-metrics" not in labels
+                continue
+            assert env_of(c)["TXLOG_METRICS_LISTEN"]["value"] == f"0.0.0.0:{port}"
+            assert ports["metrics"] == {"name": "metrics", "containerPort": port, "protocol": "TCP"}
+            assert labels["txlog-metrics"] == "true"
+    assert "9464/metrics" in defaults.notes and "ServiceMonitor txlog" in production.notes
+
+
+def test_monitors_rules_and_dashboard_are_absent_by_default(defaults):
+    for kind in ("ServiceMonitor", "PodMonitor", "PrometheusRule", "ConfigMap"):
+        assert defaults.of_kind(kind) == [], kind
+    assert "txlog-metrics" not in [s["metadata"]["name"] for s in defaults.of_kind("Service")]
+    values = yaml.safe_load((CHART_DIR / "values.yaml").read_text())["metrics"]
+    assert values["enabled"] is True  # the endpoint itself is on
+    assert [values[k]["enabled"] for k in ("serviceMonitor", "podMonitor", "prometheusRule", "grafanaDashboard")] == [False] * 4
+
+
+def test_the_service_monitor_scrapes_exactly_the_service_pods_through_a_headless_metrics_service(production):
+    rendered = render({"metrics": {"serviceMonitor": {"enabled": True}}})  # the built-in ZooKeeper too
+    for r, port in ((rendered, 9464), (production, 9500)):
+        service = r.get("Service", "txlog-metrics")
+        spec = service["spec"]
+        assert spec["clusterIP"] == "None" and spec["publishNotReadyAddresses"] is True  # unready pods are scraped
+        assert spec["ports"] == [{"name": "metrics", "port": port, "targetPort": "metrics", "protocol": "TCP",
+                                  "appProtocol": "http"}]
+        selected = sorted(name for name, labels in pod_templates(r).items() if selects(spec["selector"], labels))
+        assert selected == sorted(f"txlog-{component}" for component in SERVICE_KINDS)
+        for name in selected:  # each has the port the Service targets
+            kind = next(k for c, k in SERVICE_KINDS.items() if name.endswith(c))
+            assert "metrics" in [p["name"] for p in container(r.get(kind, name))["ports"]]
+        monitor = r.get("ServiceMonitor", "txlog")
+        matched = [s["metadata"]["name"] for s in r.of_kind("Service")
+                   if selects(monitor["spec"]["selector"]["matchLabels"], s["metadata"]["labels"])]
+        assert matched == ["txlog-metrics"]
+        [endpoint] = monitor["spec"]["endpoints"]
+        assert endpoint["port"] == "metrics" and endpoint["path"] == "/metrics" and endpoint["scheme"] == "http"
+        assert endpoint["relabelings"] == [{"action": "replace", "targetLabel": "job", "replacement": "txlog"}]
+    assert pod_templates(rendered).keys() >= {"txlog-zookeeper", "txlog-windowed-counts", "txlog-acls"}
+    monitor = production.get("ServiceMonitor", "txlog")
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert (monitor["spec"]["endpoints"][0]["interval"], monitor["spec"]["endpoints"][0]["scrapeTimeout"]) == ("15s", "10s")
+
+
+def test_the_pod_monitor_scrapes_exactly_the_service_pods(pod_monitor):
+    monitor = pod_monitor.get("PodMonitor", "txlog")
+    assert monitor["metadata"]["labels"]["team"] == "streaming"
+    assert monitor["metadata"]["labels"]["app.kubernetes.io/instance"] == "txlog"
+    selected = sorted(name for name, labels in pod_templates(pod_monitor).items()
+                      if selects(monitor["spec"]["selector"]["matchLabels"], labels))
+    assert selected == sorted(f"txlog-{component}" for component in SERVICE_KINDS)
+    [endpoint] = monitor["spec"]["podMetricsEndpoints"]
+    assert (endpoint["port"], endpoint["path"], endpoint["interval"], endpoint["scrapeTimeout"]) == ("metrics", "/metrics", "1m", "30s")
+    assert endpoint["relabelings"] == [{"action": "replace", "targetLabel": "job", "replacement": "txlog"}]
+    assert "txlog-metrics" not in [s["metadata"]["name"] for s in pod_monitor.of_kind("Service")]
+
+
+def test_the_network_policy_admits_the_metrics_port_from_the_selected_scrapers(production):
+    [*_, metrics_rule] = production.get("NetworkPolicy", "txlog-services")["spec"]["ingress"]
+    assert metrics_rule == {"from": [PRODUCTION_VALUES["metrics"]["allowFrom"]], "ports": [{"port": 9500, "protocol": "TCP"}]}
+    off = render({"metrics": {"enabled": False}})
+    ports = [p["port"] for rule in off.get("NetworkPolicy", "txlog-services")["spec"]["ingress"] for p in rule["ports"]]
+    assert 9464 not in ports
+
+
+def test_the_prometheus_operator_schemas_catch_a_misplaced_field(production):
+    checks = []
+    monitor = copy.deepcopy(production.get("ServiceMonitor", "txlog"))
+    monitor["spec"]["endpoints"][0]["intervall"] = "30s"
+    checks.append(monitor)
+    monitor = copy.deepcopy(production.get("ServiceMonitor", "txlog"))
+    monitor["spec"]["endpoints"][0]["interval"] = "30 s"
+    checks.append(monitor)
+    rules = copy.deepcopy(production.get("PrometheusRule", "txlog"))
+    rules["spec"]["groups"][0]["rules"][0]["for_"] = "1m"
+    checks.append(rules)
+    rules = copy.deepcopy(production.get("PrometheusRule", "txlog"))
+    rules["spec"]["groups"].append(copy.deepcopy(rules["spec"]["groups"][0]))
+    checks.append(rules)
+    monitor = copy.deepcopy(render(POD_MONITOR_VALUES).get("PodMonitor", "txlog"))
+    monitor["spec"]["endpoints"] = monitor["spec"].pop("podMetricsEndpoints")  # a ServiceMonitor's field
+    checks.append(monitor)
+    for doc in checks:
+        with pytest.raises(jsonschema.ValidationError):
+            prometheus_operator_schema.validate(doc)
+
+
+def test_every_alert_names_only_exposed_metrics_of_the_releases_series(production, pod_monitor):
+    for rendered in (production, pod_monitor):
+        rules = alert_rules(rendered)
+        assert set(rules) == ALERTS
+        for name, rule in rules.items():
+            for metric in assert_uses_only_exposed_names(rule["expr"]):
+                # every selector of it is scoped to the release's series
+                assert len(re.findall(rf"\b{metric}\b", rule["expr"])) == \
+                    len(re.findall(rf"\b{metric}\{{{re.escape(SERIES)}[,}}]", rule["expr"])), (name, metric)
+            assert rule["labels"]["severity"] in ("warning", "critical")
+            assert {"summary", "description"} <= set(rule["annotations"])
+    # the thresholds follow the values
+    rules, defaults = alert_rules(production), alert_rules(pod_monitor)
+    assert "[10m]" in rules["TxlogStuckLSO"]["expr"] and "offset 10m" in rules["TxlogStuckLSO"]["expr"]
+    assert "[20m]" in defaults["TxlogStuckLSO"]["expr"] and "offset 20m" in defaults["TxlogStuckLSO"]["expr"]
+    assert rules["TxlogHangingTransaction"]["expr"].endswith("> 600")
+    assert defaults["TxlogHangingTransaction"]["expr"].endswith("> 1200")
+    assert (rules["TxlogUnderReplicatedPartitions"]["for"], defaults["TxlogUnderReplicatedPartitions"]["for"]) == ("15m", "5m")
+    assert rules["TxlogServerErrors"]["expr"].endswith("> 0.05") and defaults["TxlogServerErrors"]["expr"].endswith("> 0.01")
+    assert production.get("PrometheusRule", "txlog")["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+
+
+def test_the_dashboard_configmap_carries_the_charts_dashboard_using_only_exposed_metrics(production):
+    configmap = production.get("ConfigMap", "txlog-dashboard")
+    assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"  # what Grafana's sidecar looks for
+    assert configmap["metadata"]["annotations"] == {"grafana_folder": "Streaming"}
+    assert configmap["data"]["txlog.json"] == (CHART_DIR / "dashboards" / "txlog.json").read_text().rstrip("\n")
+    dashboard = dashboard_of(production)
+    assert dashboard["uid"] == "txlog" and dashboard["title"] == "txlog"
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
+    for name in ("namespace", "job"):
+        metric = re.fullmatch(r"label_values\((\w+)(\{[^}]*\})?, (\w+)\)", variables[name]["definition"])
+        assert metric and metric.group(1) in metrics_contract.METRICS and metric.group(3) == name
+    used = set()
+    ids = [panel["id"] for panel in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+    for panel in dashboard["panels"]:
+        assert panel["gridPos"]["x"] + panel["gridPos"]["w"] <= 24
+        for target in panel.get("targets", []):
+            assert target["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+            assert 'namespace="$namespace",job="$job"' in target["expr"], target["expr"]
+            used |= assert_uses_only_exposed_names(target["expr"])
+    # every metric the services expose is on it (a histogram's sum aside: the latency panel reads the buckets)
+    assert used == set(metrics_contract.METRICS) - {"rpc_server_duration_milliseconds_sum"}
+    titles = {panel["title"] for panel in dashboard["panels"]}
+    assert {"Calls by method", "Latency p99 by method", "Errors by code", "Bytes produced per topic",
+            "Bytes fetched per topic", "Transactions", "Open transactions by state", "Oldest open transaction age",
+            "LSO lag (top 10 partitions)", "Under-replicated and offline partitions", "ZooKeeper session",
+            "RocksDB pending compaction"} <= titles
+
+
+def test_the_dashboard_file_is_packaged_with_the_chart(tmp_path):
+    with helm_python.Chart.load(CHART_DIR) as chart:
+        assert "dashboards/txlog.json" in [f["name"] for f in chart.files]
+    archive = helm_python.package(CHART_DIR, destination=tmp_path)
+    with helm_python.Chart.load(archive) as packaged:
+        assert "dashboards/txlog.json" in [f["name"] for f in packaged.files]
+        assert "txlog-dashboard" in "".join(packaged.render(
+            {"metrics": {"grafanaDashboard": {"enabled": True}}}, name="txlog", namespace=NAMESPACE).values())
+
+
+def promtool(*args: str, cwd) -> None:
+    """promtool, from Debian's prometheus package (scripts/setup.sh installs it)."""
+    found = shutil.which("promtool")
+    assert found is not None, "promtool is missing: scripts/setup.sh installs Debian's prometheus package"
+    done = subprocess.run([found, *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("value_set", ["production", "pod-monitor"])
+def test_promtool_accepts_the_alert_rules(value_set, tmp_path):
+    spec = render(VALUE_SETS[value_set]).get("PrometheusRule", "txlog")["spec"]
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(spec))
+    promtool("check", "rules", "rules.yaml", cwd=tmp_path)
+
+
+def test_promtool_accepts_every_dashboard_query(production, tmp_path):
+    substitutions = {"$__rate_interval": "2m", "$namespace": NAMESPACE, "$job": "txlog"}
+    rules = []
+    for i, expr in enumerate(dashboard_queries(dashboard_of(production))):
+        for variable, value in substitutions.items():
+            expr = expr.replace(variable, value)
+        assert "$" not in expr, expr
+        rules.append({"record": f"dashboard:query_{i}", "expr": expr})
+    (tmp_path / "queries.yaml").write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
+    promtool("check", "rules", "queries.yaml", cwd=tmp_path)
+
+
+def _series(metric: str, values: str, **labels: str) -> dict:
+    labels = {"namespace": NAMESPACE, "job": "txlog", "otel_scope_name": "txlog", **labels}
+    return {"series": metric + "{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}", "values": values}
+
+
+def _fired(alert: str, at: str, *expected: dict) -> dict:
+    return {"eval_time": at, "alertname": alert,
+            "exp_alerts": [{"exp_labels": {"namespace": NAMESPACE, "job": "txlog", **labels}} for labels in expected]}
+
+
+def test_the_alerts_fire_when_they_should_and_only_then(pod_monitor, tmp_path):
+    """promtool's rule unit tests on made-up series (one sample a minute) with the default thresholds."""
+    spec = copy.deepcopy(pod_monitor.get("PrometheusRule", "txlog")["spec"])
+    for group in spec["groups"]:
+        for rule in group["rules"]:
+            del rule["annotations"]  # promtool would compare them too; `check rules` reads them above
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(spec))
+    lso, hw = "txlog_partition_lso_lag", "txlog_partition_high_watermark"
+    series = [
+        # 0: stuck for the whole run; 1: lagging but its LSO moves; 2: idle until a transaction began at 25m;
+        # 3: stuck, its leader moving from p0 to p1 at 16m
+        _series(lso, "5x40", pod="p0", topic="t", partition="0"), _series(hw, "100x40", pod="p0", topic="t", partition="0"),
+        _series(lso, "5x40", pod="p0", topic="t", partition="1"), _series(hw, "100+10x40", pod="p0", topic="t", partition="1"),
+        _series(lso, "0x24 3x15", pod="p0", topic="t", partition="2"),
+        _series(hw, "100x24 103x15", pod="p0", topic="t", partition="2"),
+        _series(lso, "5x15 stale", pod="p0", topic="t", partition="3"), _series(hw, "100x15 stale", pod="p0", topic="t", partition="3"),
+        _series(lso, "_x16 5x24", pod="p1", topic="t", partition="3"), _series(hw, "_x16 100x24", pod="p1", topic="t", partition="3"),
+        # another release's stuck partition is not this one's alert
+        _series(lso, "5x40", job="other", pod="p0", topic="t", partition="0"),
+        _series(hw, "100x40", job="other", pod="p0", topic="t", partition="0"),
+        # the oldest open transaction of c0 ages, c1's does not
+        _series("txlog_transactions_oldest_open_age_seconds", "0+60x40", pod="c0"),
+        _series("txlog_transactions_oldest_open_age_seconds", "0x40", pod="c1"),
+        _series("txlog_partitions_offline", "0x5 2x35", pod="p0"),
+        _series("txlog_partitions_under_replicated", "1x40", pod="p0"),
+        _series("txlog_partitions_under_replicated", "0x40", pod="p1"),
+        _series("txlog_zookeeper_connected", "1 1 0x38", pod="p0"),
+        _series("txlog_zookeeper_connected", "1x40", pod="p1"),
+        _series("txlog_zookeeper_connected", "0x40", job="other", pod="p0"),
+        # Produce: 5 of 105 calls a minute INTERNAL; Metadata: half UNAVAILABLE (the caller's to retry), no alert
+        *[_series("rpc_server_duration_milliseconds_count", values, pod="p0", rpc_system="grpc",
+                  rpc_service="txlog.v1.PartitionService", rpc_method=method, rpc_grpc_status_code=status)
+          for method, status, values in (("Produce", "0", "0+100x40"), ("Produce", "13", "0+5x40"),
+                                         ("Metadata", "0", "0+50x40"), ("Metadata", "14", "0+50x40"),
+                                         ("Fetch", "0", "0+100x40"))],
+        _series("txlog_rocksdb", "0 0 1x38", pod="p0", property="write_stopped"),
+        _series("txlog_rocksdb", "1e9x40", pod="p1", property="pending_compaction_bytes"),
+        _series("txlog_rocksdb", "0x40", pod="p1", property="write_stopped"),
+    ]
+    warning, critical = {"severity": "warning"}, {"severity": "critical"}
+    checks = [
+        _fired("TxlogStuckLSO", "15m"),
+        _fired("TxlogStuckLSO", "30m", {**warning, "topic": "t", "partition": "0"}, {**warning, "topic": "t", "partition": "3"}),
+        _fired("TxlogHangingTransaction", "20m"),
+        _fired("TxlogHangingTransaction", "25m", {**warning, "pod": "c0"}),
+        _fired("TxlogOfflinePartitions", "6m"),
+        _fired("TxlogOfflinePartitions", "10m", critical),
+        _fired("TxlogUnderReplicatedPartitions", "3m"),
+        _fired("TxlogUnderReplicatedPartitions", "10m", warning),
+        _fired("TxlogZooKeeperSessionLost", "2m"),
+        _fired("TxlogZooKeeperSessionLost", "5m", {**critical, "pod": "p0"}),
+        _fired("TxlogServerErrors", "5m"),
+        _fired("TxlogServerErrors", "20m", {**warning, "rpc_service": "txlog.v1.PartitionService", "rpc_method": "Produce"}),
+        _fired("TxlogRocksDBWritesStopped", "5m"),
+        _fired("TxlogRocksDBWritesStopped", "10m", {**critical, "pod": "p0"}),
+    ]
+    assert {check["alertname"] for check in checks} == ALERTS
+    (tmp_path / "tests.yaml").write_text(yaml.safe_dump({
+        "rule_files": ["rules.yaml"], "evaluation_interval": "1m",
+        "tests": [{"interval": "1m", "input_series": series, "alert_rule_test": checks}]}))
+    promtool("test", "rules", "tests.yaml", cwd=tmp_path)
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"metrics": {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}}}, "not both"),
+    ({"metrics": {"enabled": False, "podMonitor": {"enabled": True}}}, "need metrics.enabled"),
+    ({"metrics": {"port": 7300}}, "metrics.port (7300) is also partitionSvc.port"),
+    ({"metrics": {"port": 7900}}, "metrics.port (7900) is also tls.healthPort"),
+])
+def test_chart_refuses_metrics_values_that_would_render_but_not_work(values, message):
+    with pytest.raises(helm_python.HelmError, match=re.escape(message)):
+        render(values)
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"metrics": {"serviceMonitor": {"interval": "30 seconds"}}}, "/metrics/serviceMonitor/interval"),
+    ({"metrics": {"podMonitor": {"scrapeTimeout": ""}}}, "/metrics/podMonitor/scrapeTimeout"),
+    ({"metrics": {"prometheusRule": {"serverErrorRatio": 0}}}, "/metrics/prometheusRule/serverErrorRatio"),
+    ({"metrics": {"prometheusRule": {"stuckLsoMinutes": 0}}}, "/metrics/prometheusRule/stuckLsoMinutes"),
+    ({"metrics": {"grafanaDashboard": {"labels": {"grafana_dashboard": 1}}}}, "/metrics/grafanaDashboard/labels/grafana_dashboard"),
+    ({"metrics": {"allowFrom": {"podSelector": {"matchLabel": {"app": "prometheus"}}}}}, "matchLabel"),
+    ({"metrics": {"serviceMonitor": {"enable": True}}}, "additional properties 'enable' not allowed"),
+])
+def test_values_schema_refuses_bad_metrics_values(values, message):
+    with pytest.raises(helm_python.HelmValuesError, match=re.escape(message)):
         render(values)

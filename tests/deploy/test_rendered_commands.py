@@ -4,12 +4,13 @@ Each workload's rendered command, args and environment are started as a real
 process, with the downward API (pod name, namespace, IP) and Kubernetes'
 $(VAR) expansion done by the test, against a real ZooKeeper. Only what a
 pod has and this machine has not is replaced: the ZooKeeper address, the
-listen port, the data folder. Then the node id and address each instance
+listen ports, the data folder. Then the node id and address each instance
 registered in ZooKeeper are the ones the chart promises: StatefulSet pods use
 their ordinal and their headless-service name, producer_id_svc pods an id
 derived from their IP (IPv4 and IPv6) and, with TLS (the chart's default),
 their pod DNS name; the image's health check passes on the plaintext health
-port; and SIGTERM ends each one with status 0 within the pod's termination
+port; each serves its metrics on the metrics port (names the chart's
+dashboard and alerts know); and SIGTERM ends each one with status 0 within the pod's termination
 grace. The mounted certificate Secret is replaced by certificates of a CA
 made here (with TLS, the health port too: it is a fixed port). And the ACL
 hook Job's script runs under sh against a cluster with mutual TLS and the
@@ -26,8 +27,10 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
+import metrics_contract
 import pytest
 from chart_render import (
     NAMESPACE,
@@ -40,6 +43,7 @@ from chart_render import (
     pod_spec,
     render,
 )
+from prometheus_client.parser import text_string_to_metric_families
 
 from services import certs, zk
 from services.client import Admin
@@ -66,6 +70,7 @@ class Pod:
     def __init__(self, workload: dict, pod_name: str, pod_ip: str, zookeeper: str, workdir: Path, tls_dir: Path | None = None):
         c = container(workload)
         self.name = pod_name
+        self.service = workload["metadata"]["labels"]["app.kubernetes.io/component"].replace("-", "_")
         self.grace_s = pod_spec(workload)["terminationGracePeriodSeconds"]
         self.port = free_port()
         self.rendered_env = pod_environment(c, pod_name, pod_ip)
@@ -83,6 +88,10 @@ class Pod:
         if "TXLOG_HEALTH_LISTEN" in env:
             self.health_port = free_port()
             env["TXLOG_HEALTH_LISTEN"] = f"127.0.0.1:{self.health_port}"
+        self.metrics_port = None
+        if "TXLOG_METRICS_LISTEN" in env:  # a fixed port too
+            self.metrics_port = free_port()
+            env["TXLOG_METRICS_LISTEN"] = f"127.0.0.1:{self.metrics_port}"
         for name, file in (("TXLOG_TLS_CA", "ca.pem"), ("TXLOG_TLS_CERT", "services.pem"), ("TXLOG_TLS_KEY", "services-key.pem"),
                            ("TXLOG_ZOOKEEPER_AUTH_FILE", "zookeeper-identity")):
             if name in env:
@@ -178,6 +187,16 @@ def test_rendered_commands_register_the_node_ids_and_addresses_the_chart_promise
                 check_env["TXLOG_HEALTH_LISTEN"] = f"0.0.0.0:{pod.health_port}"
             check = subprocess.run([sys.executable, str(HEALTHCHECK)], capture_output=True, text=True, timeout=30, env=check_env)
             assert check.returncode == 0, check.stderr
+
+        # the metrics endpoint the chart turns on: every sample one the chart's dashboard and alerts know
+        for pod in pods:
+            assert pod.rendered_env["TXLOG_METRICS_LISTEN"] == "0.0.0.0:9464"
+            with urllib.request.urlopen(f"http://127.0.0.1:{pod.metrics_port}/metrics", timeout=10) as response:
+                text = response.read().decode()
+            samples = {s.name: s.value for family in text_string_to_metric_families(text) for s in family.samples
+                       if family.name != "target_info"}
+            assert set(samples) <= set(metrics_contract.EXPOSED[pod.service]), (pod.name, set(samples))
+            assert samples["txlog_zookeeper_connected"] == 1
 
         for pod in pods:
             assert pod.terminate() == 0, pod.log.read_text()

@@ -48,6 +48,72 @@ app.kubernetes.io/component: {{ .component }}
 app.kubernetes.io/component: {{ .component }}
 {{- end }}
 
+{{/*
+Labels of a txlog service's pods: (dict "root" $ "component" "partition-svc").
+With metrics on, txlog-metrics: "true", which the metrics Service and the
+PodMonitor select (and no other pod of the release carries).
+*/}}
+{{- define "txlog.servicePodLabels" -}}
+{{ include "txlog.componentLabels" . }}
+{{- if .root.Values.metrics.enabled }}
+{{ include "txlog.metricsPodLabels" .root }}
+{{- end }}
+{{- end }}
+
+{{/* What the metrics Service and the PodMonitor select: the release's txlog service pods. */}}
+{{- define "txlog.metricsPodLabels" -}}
+app.kubernetes.io/name: {{ include "txlog.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+txlog-metrics: "true"
+{{- end }}
+
+{{/*
+The release's labels and more of the operator's: (dict "root" $ "labels" MAP
+"component" NAME-or-empty); the chart's own win over a given one of the same name.
+*/}}
+{{- define "txlog.labelsWith" -}}
+{{- $own := include "txlog.labels" .root | fromYaml }}
+{{- with .component }}
+{{- $_ := set $own "app.kubernetes.io/component" . }}
+{{- end }}
+{{- toYaml (merge $own (deepCopy (default dict .labels))) }}
+{{- end }}
+
+{{/*
+The label selector of every alert and its series: what the chart's
+ServiceMonitor and PodMonitor give the series they scrape.
+*/}}
+{{- define "txlog.metricsSeries" -}}
+namespace="{{ .Release.Namespace }}",job="{{ include "txlog.fullname" . }}"
+{{- end }}
+
+{{/*
+The scrape relabelings the ServiceMonitor and the PodMonitor share: job is
+the release's full name whichever scrapes (the alert rules select it).
+*/}}
+{{- define "txlog.metricsRelabelings" -}}
+- action: replace
+  targetLabel: job
+  replacement: {{ include "txlog.fullname" . }}
+{{- end }}
+
+{{/* The container ports of a txlog service: (dict "root" $ "port" 7300). */}}
+{{- define "txlog.servicePorts" -}}
+- name: grpc
+  containerPort: {{ .port }}
+  protocol: TCP
+{{- if .root.Values.tls.enabled }}
+- name: health
+  containerPort: {{ .root.Values.tls.healthPort }}
+  protocol: TCP
+{{- end }}
+{{- if .root.Values.metrics.enabled }}
+- name: metrics
+  containerPort: {{ .root.Values.metrics.port }}
+  protocol: TCP
+{{- end }}
+{{- end }}
+
 {{- define "txlog.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create }}
 {{- default (include "txlog.fullname" .) .Values.serviceAccount.name }}
@@ -124,6 +190,10 @@ the `bootstrap` clients and jobs start from.
   value: {{ .Values.telemetry.endpoint | quote }}
 - name: TXLOG_SHUTDOWN_GRACE_S
   value: {{ .Values.shutdownGraceSeconds | quote }}
+{{- if .Values.metrics.enabled }}
+- name: TXLOG_METRICS_LISTEN
+  value: "0.0.0.0:{{ .Values.metrics.port }}"
+{{- end }}
 {{- if .Values.zookeeper.auth.enabled }}
 - name: TXLOG_ZOOKEEPER_AUTH_FILE
   value: /etc/txlog/zookeeper/identity
@@ -319,5 +389,23 @@ securityContext:
 {{- end }}
 {{- if and .Values.zookeeper.enabled .Values.zookeeper.external }}
 {{- fail "set either zookeeper.enabled or zookeeper.external, not both" }}
+{{- end }}
+{{- $m := .Values.metrics }}
+{{- if and $m.serviceMonitor.enabled $m.podMonitor.enabled }}
+{{- fail "enable metrics.serviceMonitor or metrics.podMonitor, not both: each would scrape every pod, and sums would count it twice" }}
+{{- end }}
+{{- if and (or $m.serviceMonitor.enabled $m.podMonitor.enabled) (not $m.enabled) }}
+{{- fail "metrics.serviceMonitor and metrics.podMonitor need metrics.enabled: without it no pod serves /metrics" }}
+{{- end }}
+{{- if $m.enabled }}
+{{- $taken := dict "producerIdSvc.port" .Values.producerIdSvc.port "partitionSvc.port" .Values.partitionSvc.port "coordinatorSvc.port" .Values.coordinatorSvc.port }}
+{{- if .Values.tls.enabled }}
+{{- $_ := set $taken "tls.healthPort" .Values.tls.healthPort }}
+{{- end }}
+{{- range $key, $port := $taken }}
+{{- if eq (int $port) (int $m.port) }}
+{{- fail (printf "metrics.port (%v) is also %s: every port of a pod must differ" $m.port $key) }}
+{{- end }}
+{{- end }}
 {{- end }}
 {{- end }}
