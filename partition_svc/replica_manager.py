@@ -169,13 +169,21 @@ class ReplicaManager:
     async def resync(self) -> None:
         """Reads every partition state (the safety net under LeaderAndIsr)."""
         for name in await self.topics.names():
-            info = await self.topics.get(name, fresh=True)  # replica lists change by reassignment
+            info = await self.topics.get(name, fresh=True)  # replica lists change by reassignment, configs by AlterTopicConfigs
             if info is None:
                 continue
+            self.apply_configs(info)
             states = await asyncio.gather(*(self.topics.state(name, p) for p in range(info.partition_count)))
             for index, state in enumerate(states):
                 if state is not None:
                     await self.take(info, index, state)
+
+    def apply_configs(self, info: TopicInfo) -> None:
+        """The topic's configs as ZooKeeper holds them, taken by every replica
+        of it here (each reads its configs on use: retention, limits, acks)."""
+        for (topic, _), partition in self.partitions.items():
+            if topic == info.name and partition.configs != info.configs:
+                partition.configs = dict(info.configs)
 
     async def recover(self) -> None:
         """Takes the state of every partition this instance has data for."""

@@ -49,6 +49,8 @@ from services.stubs.txlog.v1 import (
 KIND = "partition_svc"
 log = logging.getLogger(__name__)
 
+CONFIG_WRITE_ATTEMPTS = 5  # conditional writes of a topic's configs raced by others (a reassignment, another change)
+
 SETTINGS = (
     Setting("listen", "0.0.0.0:7300", "host:port the gRPC server binds"),
     Setting("data_dir", "./data/partition_svc", "folder of this instance's RocksDB"),
@@ -764,6 +766,54 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
             current = info.replicas[index] if info is not None and index < info.partition_count else ()
             reply.reassignments.add(topic=topic, partition=index, replicas=current, target_replicas=target)
         return reply
+
+    @server.rpc_handler
+    async def AlterTopicConfigs(self, request, context):
+        if not request.topics:
+            raise request_error("the request names no topic")
+        if len(request.topics) > self.config.partitions_per_request_max:
+            raise request_error(f"the request names {len(request.topics)} topics, more than {self.config.partitions_per_request_max}")
+        names = [change.topic for change in request.topics]
+        if len(set(names)) < len(names):
+            raise request_error("the request names a topic twice; put its changes together")
+        reply = partition_pb2.AlterTopicConfigsResponse()
+        for change in request.topics:
+            result = reply.results.add(topic=change.topic)
+            try:
+                result.configs.update(await self.alter_topic_configs(change, request.validate_only))
+            except TxlogError as exc:
+                result.error.CopyFrom(error_of(exc))
+        return reply
+
+    async def alter_topic_configs(self, change, validate_only: bool) -> dict[str, str]:
+        """The topic's configs after ``change`` (written unless ``validate_only``),
+        checked as a new topic's are; a write that raced another is done again."""
+        validation.check_topic_name(change.topic)
+        if change.topic.startswith(INTERNAL_PREFIX):
+            raise validation.invalid(f"{change.topic} is internal: its configs are the cluster's settings", "INVALID_CONFIG")
+        both = sorted(set(change.set) & set(change.delete))
+        if both:
+            raise validation.invalid(f"config {both[0][:100]!r} is both set and deleted", "INVALID_CONFIG")
+        unknown = sorted(set(change.delete) - set(validation.TOPIC_CONFIG_DEFAULTS))
+        if unknown:
+            raise validation.invalid(f"unknown topic config {unknown[0][:100]!r} to delete; known: "
+                                     f"{sorted(validation.TOPIC_CONFIG_DEFAULTS)}", "INVALID_CONFIG")
+        for _ in range(CONFIG_WRITE_ATTEMPTS):
+            versioned = await self.topics.versioned(change.topic)
+            if versioned is None:
+                raise TxlogError(ErrorCode.Value("UNKNOWN_TOPIC_OR_PARTITION"), f"topic {change.topic!r} does not exist")
+            info, version = versioned
+            kept = {key: value for key, value in info.configs.items() if key not in change.delete}
+            configs = validation.topic_configs({**kept, **change.set}, self.config.record_bytes_max, info.replication_factor)
+            if validate_only or configs == info.configs:
+                return configs
+            written = await self.topics.write_configs(info, configs, version)
+            if written is not None:
+                self.replicas.apply_configs(written)
+                log.info("topic configs altered", extra=fields(topic=change.topic, set=dict(change.set), deleted=list(change.delete)))
+                return configs
+        raise TxlogError(ErrorCode.Value("REQUEST_TIMED_OUT"),
+                         f"topic {change.topic!r} kept changing while its configs were written; retry")
 
     # --- consumer groups ---------------------------------------------------------------
 

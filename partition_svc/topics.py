@@ -108,12 +108,20 @@ class TopicRegistry:
     async def write_replicas(self, info: TopicInfo, index: int, replicas: tuple[int, ...], version: int) -> TopicInfo | None:
         """Rewrites one partition's replica list if the topic is still at
         ``version``; the topic as written, or None when someone wrote first."""
-        changed = replace(info, replicas=tuple(replicas if i == index else r for i, r in enumerate(info.replicas)))
+        return await self._rewrite(replace(info, replicas=tuple(replicas if i == index else r for i, r in enumerate(info.replicas))),
+                                   version)
+
+    async def write_configs(self, info: TopicInfo, configs: dict, version: int) -> TopicInfo | None:
+        """Rewrites the topic's configs if it is still at ``version``; the topic
+        as written, or None when someone wrote first."""
+        return await self._rewrite(replace(info, configs=configs), version)
+
+    async def _rewrite(self, changed: TopicInfo, version: int) -> TopicInfo | None:
         try:
-            await zk.call(self.client, "set", posixpath.join(self.base, info.name), changed.encode(), version=version)
+            await zk.call(self.client, "set", posixpath.join(self.base, changed.name), changed.encode(), version=version)
         except (BadVersionError, NoNodeError):
             return None
-        self._cache[info.name] = changed
+        self._cache[changed.name] = changed
         return changed
 
     def learned_replicas(self, name: str, index: int, replicas: tuple[int, ...]) -> None:

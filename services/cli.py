@@ -28,6 +28,7 @@ its admin's):
     txlog topics create NAME --partitions N [--replication-factor R] [--config k=v ...]
     txlog topics list
     txlog topics describe NAME
+    txlog topics alter-configs NAME [--set KEY=VALUE ...] [--delete KEY ...] [--dry-run]
     txlog offsets TOPIC [--time earliest|latest|last_stable|MS|ISO-8601] [--partition P]
     txlog partitions under-replicated | reassign (--file F | --topic T --partition P --replicas N,N) [--wait] | rebalance [--execute]
     txlog produce TOPIC [--key-separator SEP] [--partition P]        lines from stdin
@@ -210,6 +211,11 @@ def _topics(args) -> int:
         console.topics_list(bootstrap, sys.stdout, timeout_s=args.timeout_s)
     elif args.action == "describe":
         console.topics_describe(bootstrap, args.name, sys.stdout, timeout_s=args.timeout_s)
+    elif args.action == "alter-configs":
+        if not args.set and not args.delete:
+            raise console.invalid("alter-configs takes --set KEY=VALUE or --delete KEY (each repeatable)")
+        console.topics_alter_configs(bootstrap, args.name, console.parse_configs(args.set), args.delete or [], args.dry_run,
+                                     sys.stdout, timeout_s=args.timeout_s)
     return 0
 
 
@@ -408,8 +414,14 @@ def _add_client_commands(commands) -> None:
                              "min.insync.replicas, unclean.leader.election.enable)")
     describe = topic_actions.add_parser("describe", help="partitions, leaders and configs as JSON")
     describe.add_argument("name")
+    alter = topic_actions.add_parser("alter-configs", help="change a topic's configs (every replica takes them within "
+                                     "seconds); prints the configs after the change")
+    alter.add_argument("name")
+    alter.add_argument("--set", action="append", metavar="KEY=VALUE", help="a config to set; repeatable")
+    alter.add_argument("--delete", action="append", metavar="KEY", help="a config back to its default; repeatable")
+    alter.add_argument("--dry-run", action="store_true", help="check the change and print the result, change nothing")
     listing = topic_actions.add_parser("list", help="topic names, one per line")
-    for sub in (create, describe, listing):
+    for sub in (create, describe, listing, alter):
         _add_bootstrap(sub)
     topics.set_defaults(run=_topics)
 

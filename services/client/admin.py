@@ -323,6 +323,26 @@ class Admin:
         response = self._call_any("DeleteAcls", request, timeout_s, "delete_acls")
         return [acls.binding_from_proto(b) for b in response.bindings]
 
+    def alter_topic_configs(self, topic: str, configs: Mapping[str, str] | None = None, delete: Iterable[str] = (), *,
+                            validate_only: bool = False, timeout_s: float | None = None) -> dict[str, str]:
+        """Sets ``configs`` of ``topic`` and puts ``delete``'s back to their
+        defaults (Kafka's incrementalAlterConfigs); returns the topic's full
+        configs after the change. Every replica takes it within the servers'
+        partition_state_refresh_ms. INVALID_CONFIG names what was wrong, and
+        then nothing changed."""
+        names.check_topic_name(topic)
+        changes = {str(k): str(v) for k, v in (configs or {}).items()}
+        deleted = [str(k) for k in delete]
+        if not changes and not deleted:
+            raise ValueError("name at least one config to set or delete")
+        request = partition_pb2.AlterTopicConfigsRequest(
+            topics=[partition_pb2.TopicConfigChange(topic=topic, set=changes, delete=deleted)], validate_only=validate_only)
+        result = self._call_any("AlterTopicConfigs", request, timeout_s, "alter_topic_configs").results[0]
+        if result.error.code != NONE:
+            raise from_proto(result.error)
+        self._metadata.request_update()
+        return dict(result.configs)
+
     def _call_any(self, rpc: str, request, timeout_s: float | None, what: str):
         timeout_ms = self._timeout_ms(timeout_s)
 

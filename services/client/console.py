@@ -141,6 +141,13 @@ def topics_describe(bootstrap: str | Target, name: str, out: TextIO, *, timeout_
     }, indent=2) + "\n")
 
 
+def topics_alter_configs(bootstrap: str | Target, name: str, configs: dict[str, str], deleted: list[str], validate_only: bool,
+                         out: TextIO, *, timeout_s: float = TIMEOUT_S_DEFAULT) -> None:
+    with _admin(bootstrap, timeout_s) as admin:
+        after = admin.alter_topic_configs(name, configs, deleted, validate_only=validate_only)
+    out.write(json.dumps({"topic": name, "configs": after, "applied": not validate_only}, sort_keys=True) + "\n")
+
+
 def cluster_describe(bootstrap: str | Target, out: TextIO, *, timeout_s: float = TIMEOUT_S_DEFAULT) -> None:
     """The live partition_svc instances with what each leads and holds, and
     the partitions' health, as one JSON object."""

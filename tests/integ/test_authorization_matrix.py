@@ -82,6 +82,8 @@ CALLS: list[tuple[str, str, str, Message]] = [
     ("PartitionService", "ListGroups", "partition_svc", partition_pb2.ListGroupsRequest()),
     ("PartitionService", "DescribeGroups", "partition_svc", partition_pb2.DescribeGroupsRequest(group_ids=[GROUP])),
     ("PartitionService", "DeleteGroups", "partition_svc", partition_pb2.DeleteGroupsRequest(group_ids=[GROUP])),
+    ("PartitionService", "AlterTopicConfigs", "partition_svc", partition_pb2.AlterTopicConfigsRequest(
+        topics=[partition_pb2.TopicConfigChange(topic=TOPIC, set={"retention.ms": "86400000"})])),
     ("PartitionService", "DeleteGroupOffsets", "partition_svc", partition_pb2.DeleteGroupOffsetsRequest(
         group_id=GROUP, partitions=[common_pb2.TopicPartition(topic=TOPIC, partition=0)])),
     ("ReplicationService", "LeaderAndIsr", "partition_svc", replication_pb2.LeaderAndIsrRequest(controller_id=0, controller_epoch=1_000_000)),
@@ -133,6 +135,7 @@ EXPECTED_NEEDS = {
     "DescribeGroups": [(GRP, GROUP, "Describe")],
     "DeleteGroups": [(GRP, GROUP, "Delete")],
     "DeleteGroupOffsets": [(GRP, GROUP, "Delete"), (TOP, TOPIC, "Read")],
+    "AlterTopicConfigs": [(TOP, TOPIC, "AlterConfigs")],
     "LeaderAndIsr": [(CLU, CLUSTER_NAME, "ClusterAction")],
     "ReplicaFetch": [(CLU, CLUSTER_NAME, "ClusterAction")],
     "OffsetForLeaderEpoch": [(CLU, CLUSTER_NAME, "ClusterAction")],

@@ -8,6 +8,8 @@ import sys
 import pytest
 
 from services.client import Admin, Producer
+from services.client.errors import ClientError
+from services.client.two_phase import wait_until
 from services.cluster import LocalCluster
 
 
@@ -137,3 +139,74 @@ def test_offsets_at_a_time_the_clusters_health_and_records_with_their_fields(clu
     described = json.loads(txlog("cluster", "describe", *where).stdout)
     assert [n["node_id"] for n in described["partition_svcs"]] == [0, 1] and described["offline"] == 0
     assert described["partitions"] >= 2 and sum(n["leaders"] for n in described["partition_svcs"]) == described["partitions"]
+
+
+def test_a_topics_configs_change_on_every_replica_and_survive_a_leader_change(cluster_dir):
+    cluster = LocalCluster(cluster_dir)
+    where = ("--dir", cluster_dir)
+    txlog("topics", "create", "tuned", "--partitions", "1", "--replication-factor", "2", *where)
+
+    def refused(args, expected):
+        result = txlog("topics", "alter-configs", "tuned", *args, *where, check=False)
+        assert result.returncode == 1 and expected in result.stderr.decode(), result.stderr.decode()
+
+    refused(("--set", "retention.msec=5"), "INVALID_CONFIG: unknown topic config 'retention.msec'")
+    refused(("--set", "min.insync.replicas=3"), "INVALID_CONFIG: topic config min.insync.replicas=3 is out of range 1..2")
+    refused(("--set", "retention.ms=5", "--delete", "retention.ms"), "is both set and deleted")
+    dry = json.loads(txlog("topics", "alter-configs", "tuned", "--set", "max.record.bytes=100", "--dry-run", *where).stdout)
+    assert dry["configs"]["max.record.bytes"] == "100" and dry["applied"] is False
+    with Admin(cluster.state.bootstrap) as admin:
+        assert admin.describe_topics(["tuned"])[0].configs["max.record.bytes"] != "100", "bad input and a dry run change nothing"
+        with pytest.raises(ClientError, match="INVALID_CONFIG: __consumer_offsets is internal"):
+            admin.alter_topic_configs("__consumer_offsets", {"retention.ms": "1"})
+
+    done = json.loads(txlog("topics", "alter-configs", "tuned", "--set", "max.record.bytes=100", *where).stdout)
+    assert done["configs"]["max.record.bytes"] == "100" and done["applied"] is True
+
+    def too_large_refused() -> bool:
+        with Producer(cluster.state.bootstrap, delivery_timeout_ms=20_000, request_timeout_ms=5_000, linger_ms=0) as producer:
+            try:
+                producer.send("tuned", value=b"x" * 200, partition=0).result(timeout=30)
+                return False
+            except ClientError as exc:
+                return "RECORD_TOO_LARGE" in str(exc)
+
+    assert too_large_refused(), "the leader takes the change at once"
+    # min.insync.replicas is checked by the leader alone: a follower that kept the old value would take acks=all
+    # writes as the only replica left once it leads
+    txlog("topics", "alter-configs", "tuned", "--set", "min.insync.replicas=2", *where)
+    with Admin(cluster.state.bootstrap) as admin:
+        leader = admin.describe_topics(["tuned"])[0].partitions[0].leader_id
+    assert wait_for_configs(cluster, 1 - leader, "min.insync.replicas", "2")["max.record.bytes"] == "100"
+    cluster.kill(f"partition_svc-{leader}")
+    try:
+        wait_until(lambda: "NOT_ENOUGH_REPLICAS" in produce_error(cluster), 60,
+                   "the new leader refusing acks=all below the topic's min.insync.replicas")
+    finally:
+        cluster.start(f"partition_svc-{leader}")
+    back = json.loads(txlog("topics", "alter-configs", "tuned", "--delete", "max.record.bytes", "--delete", "min.insync.replicas",
+                            *where).stdout)
+    assert back["configs"]["max.record.bytes"] == "1048576" and back["configs"]["min.insync.replicas"] == "1"
+
+
+def produce_error(cluster: LocalCluster) -> str:
+    """What a one-record acks=all produce to tuned-0 ends with ("" when it is acknowledged)."""
+    with Producer(cluster.state.bootstrap, delivery_timeout_ms=6_000, request_timeout_ms=2_000, linger_ms=0) as producer:
+        try:
+            producer.send("tuned", value=b"small", partition=0).result(timeout=30)
+            return ""
+        except ClientError as exc:
+            return str(exc)
+
+
+def wait_for_configs(cluster: LocalCluster, node: int, key: str, value: str) -> dict:
+    """The topic's configs as instance ``node`` describes them, once it has ``key`` = ``value``."""
+    found: dict = {}
+
+    def changed() -> bool:
+        with Admin(cluster.address(f"partition_svc-{node}")) as admin:
+            found.update(admin.describe_topics(["tuned"])[0].configs)
+        return found.get(key) == value
+
+    wait_until(changed, 30, f"partition_svc-{node} taking {key}={value}")
+    return found

@@ -803,6 +803,54 @@ class DeleteGroupsResponse(_message.Message):
     groups: _containers.RepeatedCompositeFieldContainer[DeletedGroup]
     def __init__(self, groups: _Optional[_Iterable[_Union[DeletedGroup, _Mapping]]] = ...) -> None: ...
 
+class TopicConfigChange(_message.Message):
+    __slots__ = ("topic", "set", "delete")
+    class SetEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    SET_FIELD_NUMBER: _ClassVar[int]
+    DELETE_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    set: _containers.ScalarMap[str, str]
+    delete: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, topic: _Optional[str] = ..., set: _Optional[_Mapping[str, str]] = ..., delete: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class AlterTopicConfigsRequest(_message.Message):
+    __slots__ = ("topics", "validate_only")
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    VALIDATE_ONLY_FIELD_NUMBER: _ClassVar[int]
+    topics: _containers.RepeatedCompositeFieldContainer[TopicConfigChange]
+    validate_only: bool
+    def __init__(self, topics: _Optional[_Iterable[_Union[TopicConfigChange, _Mapping]]] = ..., validate_only: _Optional[bool] = ...) -> None: ...
+
+class AlteredTopicConfigs(_message.Message):
+    __slots__ = ("topic", "error", "configs")
+    class ConfigsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    CONFIGS_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    error: _errors_pb2.Error
+    configs: _containers.ScalarMap[str, str]
+    def __init__(self, topic: _Optional[str] = ..., error: _Optional[_Union[_errors_pb2.Error, _Mapping]] = ..., configs: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class AlterTopicConfigsResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[AlteredTopicConfigs]
+    def __init__(self, results: _Optional[_Iterable[_Union[AlteredTopicConfigs, _Mapping]]] = ...) -> None: ...
+
 class DeleteGroupOffsetsRequest(_message.Message):
     __slots__ = ("group_id", "partitions")
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]

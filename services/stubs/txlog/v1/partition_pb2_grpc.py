@@ -140,6 +140,11 @@ class PartitionServiceStub:
                 request_serializer=txlog_dot_v1_dot_partition__pb2.DeleteGroupOffsetsRequest.SerializeToString,
                 response_deserializer=txlog_dot_v1_dot_partition__pb2.DeleteGroupOffsetsResponse.FromString,
                 _registered_method=True)
+        self.AlterTopicConfigs = channel.unary_unary(
+                '/txlog.v1.PartitionService/AlterTopicConfigs',
+                request_serializer=txlog_dot_v1_dot_partition__pb2.AlterTopicConfigsRequest.SerializeToString,
+                response_deserializer=txlog_dot_v1_dot_partition__pb2.AlterTopicConfigsResponse.FromString,
+                _registered_method=True)
 
 
 class PartitionServiceServicer:
@@ -305,6 +310,16 @@ class PartitionServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AlterTopicConfigs(self, request, context):
+        """Changes topic configs (Kafka's IncrementalAlterConfigs): per topic, keys
+        to set and keys to put back to their defaults, checked as CreateTopics
+        checks them. The instance answering applies the change at once; every
+        other replica within its partition_state_refresh_ms.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PartitionServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -412,6 +427,11 @@ def add_PartitionServiceServicer_to_server(servicer, server):
                     servicer.DeleteGroupOffsets,
                     request_deserializer=txlog_dot_v1_dot_partition__pb2.DeleteGroupOffsetsRequest.FromString,
                     response_serializer=txlog_dot_v1_dot_partition__pb2.DeleteGroupOffsetsResponse.SerializeToString,
+            ),
+            'AlterTopicConfigs': grpc.unary_unary_rpc_method_handler(
+                    servicer.AlterTopicConfigs,
+                    request_deserializer=txlog_dot_v1_dot_partition__pb2.AlterTopicConfigsRequest.FromString,
+                    response_serializer=txlog_dot_v1_dot_partition__pb2.AlterTopicConfigsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -981,6 +1001,33 @@ class PartitionService:
             '/txlog.v1.PartitionService/DeleteGroupOffsets',
             txlog_dot_v1_dot_partition__pb2.DeleteGroupOffsetsRequest.SerializeToString,
             txlog_dot_v1_dot_partition__pb2.DeleteGroupOffsetsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AlterTopicConfigs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/txlog.v1.PartitionService/AlterTopicConfigs',
+            txlog_dot_v1_dot_partition__pb2.AlterTopicConfigsRequest.SerializeToString,
+            txlog_dot_v1_dot_partition__pb2.AlterTopicConfigsResponse.FromString,
             options,
             channel_credentials,
             insecure,
