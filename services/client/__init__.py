@@ -34,6 +34,7 @@ channels, test-only fault injection), ``requests`` (retry drivers),
 
 from services.acls import AclBinding, AclFilter
 from services.client.admin import Admin
+from services.client.aio import AIOConsumer, AIOProducer
 from services.client.consumer import Consumer
 from services.client.errors import (
     AbortableError,
@@ -76,6 +77,8 @@ from services.client.transactions import TxnState
 from services.client.transport import FaultInjection
 
 __all__ = [
+    "AIOConsumer",
+    "AIOProducer",
     "AclBinding",
     "AclFilter",
     "AbortableError",
