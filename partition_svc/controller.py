@@ -86,7 +86,7 @@ class Controller:
         self.active = False
         self.offline_partitions = 0  # partitions without a live leader at the last pass (as the active controller saw them)
         self._sessions: dict[int, int] = {}  # node id -> ZooKeeper session of its registration, at the last pass
-        self._topics_seen: set[str] = set()
+        self._topics_seen: dict[str, int] = {}  # topic -> partition count announced (CreatePartitions grows it)
         self._wake = asyncio.Event()
 
     def wake(self) -> None:
@@ -223,10 +223,10 @@ class Controller:
                                                              leader_epoch=written.leader_epoch, isr=list(written.isr)))
                     state = written
                     changed.append((info, index, state))
-                elif name not in self._topics_seen:
+                elif index >= self._topics_seen.get(name, 0):  # a new topic, or partitions added to one
                     changed.append((info, index, state))
                 everything.append((info, index, state))
-        self._topics_seen = set(names)
+        self._topics_seen = {info.name: info.partition_count for info, index, _ in everything if index == 0}
         self.offline_partitions = sum(1 for _, _, state in everything if state.leader not in live)
         self._sessions = {n: session for n, (_, session, _, _) in sessions.items()}
         addresses = {n: address for n, (address, _, _, _) in sessions.items()}

@@ -49,7 +49,7 @@ from services.stubs.txlog.v1 import (
 KIND = "partition_svc"
 log = logging.getLogger(__name__)
 
-CONFIG_WRITE_ATTEMPTS = 5  # conditional writes of a topic's configs raced by others (a reassignment, another change)
+CONFIG_WRITE_ATTEMPTS = 5  # conditional writes of a topic (configs, partitions) raced by others (a reassignment, another change)
 
 SETTINGS = (
     Setting("listen", "0.0.0.0:7300", "host:port the gRPC server binds"),
@@ -814,6 +814,56 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
                 return configs
         raise TxlogError(ErrorCode.Value("REQUEST_TIMED_OUT"),
                          f"topic {change.topic!r} kept changing while its configs were written; retry")
+
+    @server.rpc_handler
+    async def CreatePartitions(self, request, context):
+        if not request.topics:
+            raise request_error("the request names no topic")
+        if len(request.topics) > self.config.partitions_per_request_max:
+            raise request_error(f"the request names {len(request.topics)} topics, more than {self.config.partitions_per_request_max}")
+        names = [wanted.topic for wanted in request.topics]
+        if len(set(names)) < len(names):
+            raise request_error("the request names a topic twice")
+        reply = partition_pb2.CreatePartitionsResponse()
+        for wanted in request.topics:
+            result = reply.results.add(topic=wanted.topic)
+            try:
+                result.partition_count = await self.add_partitions(wanted.topic, wanted.total_count, request.validate_only)
+            except TxlogError as exc:
+                result.error.CopyFrom(error_of(exc))
+        return reply
+
+    async def add_partitions(self, topic: str, total: int, validate_only: bool) -> int:
+        """Grows ``topic`` to ``total`` partitions, placed over the live instances
+        (rack-aware) as a new topic's are; the partition count afterwards."""
+        validation.check_topic_name(topic)
+        if topic.startswith(INTERNAL_PREFIX):
+            raise TxlogError(ErrorCode.Value("INVALID_PARTITIONS"), f"{topic} is internal: its partition count places "
+                             "transactional ids and groups, and stays as it was created")
+        validation.check_partition_count(total, self.config.partitions_per_topic_max)
+        for _ in range(CONFIG_WRITE_ATTEMPTS):
+            versioned = await self.topics.versioned(topic)
+            if versioned is None:
+                raise TxlogError(ErrorCode.Value("UNKNOWN_TOPIC_OR_PARTITION"), f"topic {topic!r} does not exist")
+            info, version = versioned
+            if total <= info.partition_count:
+                raise TxlogError(ErrorCode.Value("INVALID_PARTITIONS"), f"topic {topic!r} has {info.partition_count} partitions: "
+                                 f"a new count must be more (partitions are never removed), got {total}")
+            nodes = await asyncio.to_thread(self.runtime.registry.live_details, KIND)
+            if len(nodes) < info.replication_factor:
+                raise TxlogError(ErrorCode.Value("INVALID_REPLICATION_FACTOR"), f"topic {topic!r} has {info.replication_factor} "
+                                 f"replicas per partition, more than the {len(nodes)} live partition_svc instances")
+            if validate_only:
+                return total
+            racks = {node: (details.get("rack") or None) for node, details in nodes.items()}
+            start = partition_for_id(topic, len(nodes))
+            placed = placement.assign_replicas(total, info.replication_factor, racks, start=start, shift=start)[info.partition_count:]
+            grown = await self.topics.add_partitions(info, [tuple(r) for r in placed], version, self.replicas.controller_epoch)
+            if grown is not None:
+                self.controller.wake()
+                log.info("partitions added", extra=fields(topic=topic, partitions=grown.partition_count))
+                return grown.partition_count
+        raise TxlogError(ErrorCode.Value("REQUEST_TIMED_OUT"), f"topic {topic!r} kept changing while partitions were added; retry")
 
     # --- consumer groups ---------------------------------------------------------------
 

@@ -116,6 +116,26 @@ class TopicRegistry:
         as written, or None when someone wrote first."""
         return await self._rewrite(replace(info, configs=configs), version)
 
+    async def add_partitions(self, info: TopicInfo, replicas: list[tuple[int, ...]], version: int,
+                             controller_epoch: int) -> TopicInfo | None:
+        """Grows the topic by partitions with ``replicas`` (and their first
+        states) in one ZooKeeper transaction, if the topic is still at
+        ``version``; the topic as written, or None when someone wrote first."""
+        grown = replace(info, partition_count=info.partition_count + len(replicas), replicas=info.replicas + tuple(replicas))
+        transaction = self.client.transaction()
+        transaction.set_data(posixpath.join(self.base, info.name), grown.encode(), version=version)
+        for index, members in enumerate(replicas, start=info.partition_count):
+            transaction.create(posixpath.join(self.base, info.name, "partitions", str(index)), b"")
+            transaction.create(self.state_path(info.name, index), initial_state(members, controller_epoch).encode())
+        results = await zk.commit(self.client, transaction)
+        if any(isinstance(r, (BadVersionError, NoNodeError, NodeExistsError)) for r in results):
+            return None
+        failed = [r for r in results if isinstance(r, Exception)]
+        if failed:
+            raise failed[0]
+        self._cache[info.name] = grown
+        return grown
+
     async def _rewrite(self, changed: TopicInfo, version: int) -> TopicInfo | None:
         try:
             await zk.call(self.client, "set", posixpath.join(self.base, changed.name), changed.encode(), version=version)

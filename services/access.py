@@ -142,6 +142,7 @@ CHECKS: dict[str, Callable[[object, Permissions], list[Need]]] = {
     "ListGroups": lambda r, caller: [],  # filtered, below
     "DescribeGroups": lambda r, caller: [(GROUP, g, "Describe") for g in r.group_ids],
     "DeleteGroups": lambda r, caller: [(GROUP, g, "Delete") for g in r.group_ids],
+    "CreatePartitions": lambda r, caller: topics((t.topic for t in r.topics), "Alter"),
     "AlterTopicConfigs": lambda r, caller: topics((t.topic for t in r.topics), "AlterConfigs"),
     "DeleteGroupOffsets": lambda r, caller: [(GROUP, r.group_id, "Delete"), *topics((p.topic for p in r.partitions), "Read")],
     # ReplicationService and ProducerIdService: the services among themselves

@@ -30,6 +30,7 @@ its admin's):
     txlog topics describe NAME
     txlog topics alter-configs NAME [--set KEY=VALUE ...] [--delete KEY ...] [--dry-run]
     txlog offsets TOPIC [--time earliest|latest|last_stable|MS|ISO-8601] [--partition P]
+    txlog partitions add TOPIC --partitions N [--dry-run]          grow TOPIC to N partitions
     txlog partitions under-replicated | reassign (--file F | --topic T --partition P --replicas N,N) [--wait] | rebalance [--execute]
     txlog produce TOPIC [--key-separator SEP] [--partition P]        lines from stdin
     txlog consume TOPIC [--from-beginning] [--group G] [--max-records N] [--to-end]
@@ -250,6 +251,9 @@ def _offsets(args) -> int:
 
 def _partitions(args) -> int:
     bootstrap = _bootstrap(args)
+    if args.action == "add":
+        console.partitions_add(bootstrap, args.topic, args.partitions, args.dry_run, sys.stdout, timeout_s=args.timeout_s)
+        return 0
     if args.action == "under-replicated":
         console.partitions_under_replicated(bootstrap, sys.stdout, timeout_s=args.timeout_s)
     elif args.action == "reassign":
@@ -471,6 +475,12 @@ def _add_client_commands(commands) -> None:
 
     partitions = commands.add_parser("partitions", help="replicas: under-replicated partitions, reassignment, rebalancing")
     partition_actions = partitions.add_subparsers(dest="action", required=True)
+    add = partition_actions.add_parser("add", help="grow a topic to more partitions (placed as a new topic's; keys then "
+                                       "map to other partitions, as in Kafka)")
+    add.add_argument("topic")
+    add.add_argument("--partitions", type=int, required=True, help="the topic's partition count afterwards")
+    add.add_argument("--dry-run", action="store_true", help="check only, change nothing")
+    _add_bootstrap(add)
     under = partition_actions.add_parser("under-replicated", help="JSON lines: partitions whose ISR is smaller than their replicas")
     reassign = partition_actions.add_parser("reassign", help="move replicas to other instances without downtime")
     reassign.add_argument("--file", help='Kafka\'s reassignment JSON: {"partitions": [{"topic", "partition", "replicas"}]}')

@@ -343,6 +343,29 @@ class Admin:
         self._metadata.request_update()
         return dict(result.configs)
 
+    def create_partitions(self, totals: Mapping[str, int], *, validate_only: bool = False,
+                          timeout_s: float | None = None) -> dict[str, int]:
+        """Grows each topic to its new total partition count (Kafka's
+        createPartitions); returns {topic: partition count}. Raises the first
+        topic's error (INVALID_PARTITIONS for a count not above the current
+        one, UNKNOWN_TOPIC_OR_PARTITION, ...); the others were still done."""
+        wanted = {}
+        for topic, total in totals.items():
+            names.check_topic_name(topic)
+            if not isinstance(total, int) or isinstance(total, bool):
+                raise TypeError(f"a partition count is an int, not {total!r}")
+            wanted[topic] = total
+        if not wanted:
+            return {}
+        request = partition_pb2.CreatePartitionsRequest(
+            topics=[partition_pb2.PartitionsIncrease(topic=t, total_count=n) for t, n in wanted.items()], validate_only=validate_only)
+        response = self._call_any("CreatePartitions", request, timeout_s, "create_partitions")
+        self._metadata.request_update()
+        for result in response.results:
+            if result.error.code != NONE:
+                raise from_proto(result.error)
+        return {result.topic: result.partition_count for result in response.results}
+
     def _call_any(self, rpc: str, request, timeout_s: float | None, what: str):
         timeout_ms = self._timeout_ms(timeout_s)
 

@@ -148,6 +148,13 @@ def topics_alter_configs(bootstrap: str | Target, name: str, configs: dict[str, 
     out.write(json.dumps({"topic": name, "configs": after, "applied": not validate_only}, sort_keys=True) + "\n")
 
 
+def partitions_add(bootstrap: str | Target, topic: str, total: int, validate_only: bool, out: TextIO, *,
+                   timeout_s: float = TIMEOUT_S_DEFAULT) -> None:
+    with _admin(bootstrap, timeout_s) as admin:
+        counts = admin.create_partitions({topic: total}, validate_only=validate_only)
+    out.write(json.dumps({"topic": topic, "partitions": counts[topic], "applied": not validate_only}) + "\n")
+
+
 def cluster_describe(bootstrap: str | Target, out: TextIO, *, timeout_s: float = TIMEOUT_S_DEFAULT) -> None:
     """The live partition_svc instances with what each leads and holds, and
     the partitions' health, as one JSON object."""

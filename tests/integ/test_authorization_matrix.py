@@ -82,6 +82,8 @@ CALLS: list[tuple[str, str, str, Message]] = [
     ("PartitionService", "ListGroups", "partition_svc", partition_pb2.ListGroupsRequest()),
     ("PartitionService", "DescribeGroups", "partition_svc", partition_pb2.DescribeGroupsRequest(group_ids=[GROUP])),
     ("PartitionService", "DeleteGroups", "partition_svc", partition_pb2.DeleteGroupsRequest(group_ids=[GROUP])),
+    ("PartitionService", "CreatePartitions", "partition_svc", partition_pb2.CreatePartitionsRequest(
+        topics=[partition_pb2.PartitionsIncrease(topic=TOPIC, total_count=1)])),
     ("PartitionService", "AlterTopicConfigs", "partition_svc", partition_pb2.AlterTopicConfigsRequest(
         topics=[partition_pb2.TopicConfigChange(topic=TOPIC, set={"retention.ms": "86400000"})])),
     ("PartitionService", "DeleteGroupOffsets", "partition_svc", partition_pb2.DeleteGroupOffsetsRequest(
@@ -136,6 +138,7 @@ EXPECTED_NEEDS = {
     "DeleteGroups": [(GRP, GROUP, "Delete")],
     "DeleteGroupOffsets": [(GRP, GROUP, "Delete"), (TOP, TOPIC, "Read")],
     "AlterTopicConfigs": [(TOP, TOPIC, "AlterConfigs")],
+    "CreatePartitions": [(TOP, TOPIC, "Alter")],
     "LeaderAndIsr": [(CLU, CLUSTER_NAME, "ClusterAction")],
     "ReplicaFetch": [(CLU, CLUSTER_NAME, "ClusterAction")],
     "OffsetForLeaderEpoch": [(CLU, CLUSTER_NAME, "ClusterAction")],

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from services.client import Admin, Producer
+from services.client import Admin, Consumer, Producer, TopicPartition
 from services.client.errors import ClientError
 from services.client.two_phase import wait_until
 from services.cluster import LocalCluster
@@ -210,3 +210,37 @@ def wait_for_configs(cluster: LocalCluster, node: int, key: str, value: str) -> 
 
     wait_until(changed, 30, f"partition_svc-{node} taking {key}={value}")
     return found
+
+
+def test_partitions_added_to_a_topic_get_leaders_take_records_and_reach_a_groups_member(cluster_dir):
+    cluster = LocalCluster(cluster_dir)
+    where = ("--dir", cluster_dir)
+    txlog("topics", "create", "grown", "--partitions", "2", "--replication-factor", "2", *where)
+    for args, expected in ((("--partitions", "2"), "INVALID_PARTITIONS: topic 'grown' has 2 partitions"),
+                           (("--partitions", "0"), "INVALID_PARTITIONS"),
+                           (("--partitions", "9", "--topic-typo"), "unrecognized argument --topic-typo")):
+        result = txlog("partitions", "add", "grown", *args, *where, check=False)
+        assert result.returncode in (1, 2) and expected in result.stderr.decode(), result.stderr.decode()
+    with Admin(cluster.state.bootstrap) as admin:
+        with pytest.raises(ClientError, match="INVALID_PARTITIONS: __consumer_offsets is internal"):
+            admin.create_partitions({"__consumer_offsets": 100})
+        assert admin.create_partitions({"grown": 5}, validate_only=True) == {"grown": 5}
+        assert len(admin.describe_topics(["grown"])[0].partitions) == 2, "a dry run adds nothing"
+    with Consumer(cluster.state.bootstrap, group_id="growing", session_timeout_ms=6_000, auto_offset_reset="earliest") as member:
+        member.subscribe(["grown"])
+        wait_until(lambda: member.poll(timeout_s=0.2) is not None and len(member.assignment()) == 2, 60, "the member owning both")
+        assert json.loads(txlog("partitions", "add", "grown", "--partitions", "4", *where).stdout) == {
+            "topic": "grown", "partitions": 4, "applied": True}
+
+        def every_partition_led() -> bool:
+            with Admin(cluster.state.bootstrap) as admin:
+                partitions = admin.describe_topics(["grown"])[0].partitions
+            return len(partitions) == 4 and all(p.error == "NONE" and len(p.isr) == 2 for p in partitions)
+
+        wait_until(every_partition_led, 60, "the new partitions led, with both replicas in sync")
+        with Producer(cluster.state.bootstrap) as producer:
+            producer.send("grown", value=b"in-three", partition=3).result(timeout=60)
+        seen: list = []
+        wait_until(lambda: seen.extend(member.poll(timeout_s=0.5)) or any(r.value == b"in-three" for r in seen), 60,
+                   "the member reading the new partition")
+        assert member.assignment() == {TopicPartition("grown", p) for p in range(4)}

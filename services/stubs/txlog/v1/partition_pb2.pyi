@@ -851,6 +851,38 @@ class AlterTopicConfigsResponse(_message.Message):
     results: _containers.RepeatedCompositeFieldContainer[AlteredTopicConfigs]
     def __init__(self, results: _Optional[_Iterable[_Union[AlteredTopicConfigs, _Mapping]]] = ...) -> None: ...
 
+class PartitionsIncrease(_message.Message):
+    __slots__ = ("topic", "total_count")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_COUNT_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    total_count: int
+    def __init__(self, topic: _Optional[str] = ..., total_count: _Optional[int] = ...) -> None: ...
+
+class CreatePartitionsRequest(_message.Message):
+    __slots__ = ("topics", "validate_only")
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    VALIDATE_ONLY_FIELD_NUMBER: _ClassVar[int]
+    topics: _containers.RepeatedCompositeFieldContainer[PartitionsIncrease]
+    validate_only: bool
+    def __init__(self, topics: _Optional[_Iterable[_Union[PartitionsIncrease, _Mapping]]] = ..., validate_only: _Optional[bool] = ...) -> None: ...
+
+class CreatedPartitions(_message.Message):
+    __slots__ = ("topic", "error", "partition_count")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_COUNT_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    error: _errors_pb2.Error
+    partition_count: int
+    def __init__(self, topic: _Optional[str] = ..., error: _Optional[_Union[_errors_pb2.Error, _Mapping]] = ..., partition_count: _Optional[int] = ...) -> None: ...
+
+class CreatePartitionsResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[CreatedPartitions]
+    def __init__(self, results: _Optional[_Iterable[_Union[CreatedPartitions, _Mapping]]] = ...) -> None: ...
+
 class DeleteGroupOffsetsRequest(_message.Message):
     __slots__ = ("group_id", "partitions")
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]

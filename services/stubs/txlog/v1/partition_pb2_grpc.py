@@ -145,6 +145,11 @@ class PartitionServiceStub:
                 request_serializer=txlog_dot_v1_dot_partition__pb2.AlterTopicConfigsRequest.SerializeToString,
                 response_deserializer=txlog_dot_v1_dot_partition__pb2.AlterTopicConfigsResponse.FromString,
                 _registered_method=True)
+        self.CreatePartitions = channel.unary_unary(
+                '/txlog.v1.PartitionService/CreatePartitions',
+                request_serializer=txlog_dot_v1_dot_partition__pb2.CreatePartitionsRequest.SerializeToString,
+                response_deserializer=txlog_dot_v1_dot_partition__pb2.CreatePartitionsResponse.FromString,
+                _registered_method=True)
 
 
 class PartitionServiceServicer:
@@ -320,6 +325,15 @@ class PartitionServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreatePartitions(self, request, context):
+        """Adds partitions to topics (Kafka's CreatePartitions): each grows to its
+        new total, the new partitions placed over the live instances as
+        CreateTopics places them. Keys then map to other partitions, as in Kafka.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PartitionServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -432,6 +446,11 @@ def add_PartitionServiceServicer_to_server(servicer, server):
                     servicer.AlterTopicConfigs,
                     request_deserializer=txlog_dot_v1_dot_partition__pb2.AlterTopicConfigsRequest.FromString,
                     response_serializer=txlog_dot_v1_dot_partition__pb2.AlterTopicConfigsResponse.SerializeToString,
+            ),
+            'CreatePartitions': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreatePartitions,
+                    request_deserializer=txlog_dot_v1_dot_partition__pb2.CreatePartitionsRequest.FromString,
+                    response_serializer=txlog_dot_v1_dot_partition__pb2.CreatePartitionsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1028,6 +1047,33 @@ class PartitionService:
             '/txlog.v1.PartitionService/AlterTopicConfigs',
             txlog_dot_v1_dot_partition__pb2.AlterTopicConfigsRequest.SerializeToString,
             txlog_dot_v1_dot_partition__pb2.AlterTopicConfigsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreatePartitions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/txlog.v1.PartitionService/CreatePartitions',
+            txlog_dot_v1_dot_partition__pb2.CreatePartitionsRequest.SerializeToString,
+            txlog_dot_v1_dot_partition__pb2.CreatePartitionsResponse.FromString,
             options,
             channel_credentials,
             insecure,
