@@ -769,13 +769,7 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
 
     @server.rpc_handler
     async def AlterTopicConfigs(self, request, context):
-        if not request.topics:
-            raise request_error("the request names no topic")
-        if len(request.topics) > self.config.partitions_per_request_max:
-            raise request_error(f"the request names {len(request.topics)} topics, more than {self.config.partitions_per_request_max}")
-        names = [change.topic for change in request.topics]
-        if len(set(names)) < len(names):
-            raise request_error("the request names a topic twice; put its changes together")
+        self.check_topic_items(request.topics)
         reply = partition_pb2.AlterTopicConfigsResponse()
         for change in request.topics:
             result = reply.results.add(topic=change.topic)
@@ -784,6 +778,16 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
             except TxlogError as exc:
                 result.error.CopyFrom(error_of(exc))
         return reply
+
+    def check_topic_items(self, items) -> None:
+        """A per-topic request's items: at least one, at most the limit, each topic once."""
+        if not items:
+            raise request_error("the request names no topic")
+        if len(items) > self.config.partitions_per_request_max:
+            raise request_error(f"the request names {len(items)} topics, more than {self.config.partitions_per_request_max}")
+        names = [item.topic for item in items]
+        if len(set(names)) < len(names):
+            raise request_error("the request names a topic twice; put its changes together")
 
     async def alter_topic_configs(self, change, validate_only: bool) -> dict[str, str]:
         """The topic's configs after ``change`` (written unless ``validate_only``),
@@ -817,13 +821,7 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
 
     @server.rpc_handler
     async def CreatePartitions(self, request, context):
-        if not request.topics:
-            raise request_error("the request names no topic")
-        if len(request.topics) > self.config.partitions_per_request_max:
-            raise request_error(f"the request names {len(request.topics)} topics, more than {self.config.partitions_per_request_max}")
-        names = [wanted.topic for wanted in request.topics]
-        if len(set(names)) < len(names):
-            raise request_error("the request names a topic twice")
+        self.check_topic_items(request.topics)
         reply = partition_pb2.CreatePartitionsResponse()
         for wanted in request.topics:
             result = reply.results.add(topic=wanted.topic)
