@@ -36,6 +36,7 @@ from services.acls import AclBinding, AclFilter
 from services.client.admin import Admin
 from services.client.aio import AIOConsumer, AIOProducer
 from services.client.consumer import Consumer
+from services.client.serde import RecordDeserializationError, SerializationError
 from services.client.errors import (
     AbortableError,
     BufferExhaustedError,
@@ -78,6 +79,8 @@ from services.client.transport import FaultInjection
 
 __all__ = [
     "AIOConsumer",
+    "RecordDeserializationError",
+    "SerializationError",
     "AIOProducer",
     "AclBinding",
     "AclFilter",

@@ -52,7 +52,7 @@ import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
-from services.client import shutdown
+from services.client import serde, shutdown
 from services.client._loop import LoopThread
 from services.client.config import ConsumerConfig
 from services.client.errors import ClientClosedError, ClientError, NoOffsetForPartitionError
@@ -101,7 +101,11 @@ class Consumer:
         group_instance_id: str | None = None,
         group_remote_assignor: str | None = None,
         consumer_timeout_ms: float | None = None,
+        key_deserializer: str | serde.Deserializer | None = None,
+        value_deserializer: str | serde.Deserializer | None = None,
     ):
+        self._key_deserializer = serde.deserializer(key_deserializer, "key_deserializer")
+        self._value_deserializer = serde.deserializer(value_deserializer, "value_deserializer")
         self.config = ConsumerConfig(
             group_id=group_id, isolation_level=isolation_level, auto_offset_reset=auto_offset_reset,
             enable_auto_commit=enable_auto_commit, auto_commit_interval_ms=auto_commit_interval_ms,
@@ -344,8 +348,37 @@ class Consumer:
                 (time.monotonic() - self._last_auto_commit_s) * 1000 >= self.config.auto_commit_interval_ms:
             self.commit()
         timeout_ms = timeout_s * 1000
-        return self._loop.run(self._poll(timeout_ms),
-                              timeout_s=timeout_s + self.config.request_timeout_ms / 1000 + 5, what="poll")
+        records = self._loop.run(self._poll(timeout_ms),
+                                 timeout_s=timeout_s + self.config.request_timeout_ms / 1000 + 5, what="poll")
+        if self._key_deserializer is None and self._value_deserializer is None:
+            return records
+        return self._deserialized(records)
+
+    def _deserialized(self, records: list[ConsumerRecord]) -> list[ConsumerRecord]:
+        """The records with their keys and values read. At the first that does
+        not read, the records before it are returned and every partition of it
+        and of the records after it is rewound, so nothing is skipped: the next
+        poll starts at that record and raises RecordDeserializationError."""
+        done: list[ConsumerRecord] = []
+        for index, record in enumerate(records):
+            try:
+                done.append(record._replace(
+                    key=record.key if self._key_deserializer is None or record.key is None else self._key_deserializer(record.key),
+                    value=record.value if self._value_deserializer is None or record.value is None
+                    else self._value_deserializer(record.value)))
+            except Exception as exc:  # noqa: BLE001 -- the application's deserializer: whatever it raises
+                first: dict[TopicPartition, int] = {}
+                for later in records[index:]:
+                    first.setdefault(TopicPartition(later.topic, later.partition), later.offset)
+                for tp, offset in first.items():
+                    self.seek(tp, offset)
+                if done:
+                    return done
+                tp = TopicPartition(record.topic, record.partition)
+                raise serde.RecordDeserializationError(
+                    tp, record.offset, f"{tp} offset {record.offset}: its deserializer failed: {type(exc).__name__}: {exc}; "
+                    f"seek({tp.topic!r}, {record.offset + 1}) to go on past it") from exc
+        return done
 
     async def _poll(self, timeout_ms: float) -> list[ConsumerRecord]:
         deadline_s = time.monotonic() + timeout_ms / 1000

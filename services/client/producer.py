@@ -69,7 +69,7 @@ import time
 from collections.abc import Mapping, Sequence
 
 from services import names
-from services.client import shutdown
+from services.client import serde, shutdown
 from services.client._loop import LoopThread
 from services.client.accumulator import RecordAccumulator, record_size_bytes
 from services.client.config import ProducerConfig
@@ -146,7 +146,11 @@ class Producer:
         tls_cert: str | None = None,
         tls_key: str | None = None,
         token_file: str | None = None,
+        key_serializer: str | serde.Serializer | None = None,
+        value_serializer: str | serde.Serializer | None = None,
     ):
+        self._key_serializer = serde.serializer(key_serializer, "key_serializer")
+        self._value_serializer = serde.serializer(value_serializer, "value_serializer")
         self.config = ProducerConfig(
             enable_idempotence=enable_idempotence,
             acks=ProducerConfig.parse_acks(acks),
@@ -219,7 +223,8 @@ class Producer:
             raise TypeError(f"topic must be a non-empty str, not {topic!r}")
         if partition is not None and (not isinstance(partition, int) or isinstance(partition, bool) or partition < 0):
             raise ValueError(f"partition must be an int >= 0 or None, not {partition!r}")
-        record = build_record(key, value, headers, timestamp_ms)
+        record = build_record(serde.serialized(self._key_serializer, key, "key"),
+                              serde.serialized(self._value_serializer, value, "value"), headers, timestamp_ms)
         if self._txn is not None:
             self._txn.enter_send()
         try:

@@ -11,6 +11,7 @@ from collections import defaultdict
 import pytest
 
 from services.client import Admin, Consumer, FaultInjection, Producer
+from services.client.serde import RecordDeserializationError
 from services.client.structs import TopicPartition
 from services.cluster import LocalCluster
 from services.hashing import partition_for_key
@@ -197,3 +198,34 @@ def test_clients_left_open_are_closed_quietly_at_exit_and_what_was_sent_is_deliv
     assert script.stderr == "", "no 'Task was destroyed but it is pending!', no traceback"
     values = [r.value for r in _consume_all(bootstrap, "left-open", 2, 100)]
     assert sorted(values) == sorted(b"v%d" % i for i in range(100))
+
+
+def test_serializers_round_trip_json_and_a_record_that_does_not_read_is_reported_and_skipped_only_on_request(bootstrap):
+    _create(bootstrap, "serde", 1)
+    with Producer(bootstrap, key_serializer="str", value_serializer="json") as producer:
+        producer.send("serde", value={"n": 1}, key="a")
+        producer.send("serde", value={"n": 2}, key="b")
+        producer.flush()
+    with Producer(bootstrap) as raw:
+        raw.send("serde", value=b"not json {")
+        raw.flush()
+    with Producer(bootstrap, value_serializer="json") as producer:
+        producer.send("serde", value={"n": 3})
+        producer.flush()
+    with Consumer(bootstrap, key_deserializer="str", value_deserializer="json", fetch_max_wait_ms=100) as consumer:
+        consumer.assign([("serde", 0)])
+        consumer.seek_to_beginning()
+        read = []
+        with pytest.raises(RecordDeserializationError) as failed:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                read += consumer.poll(timeout_s=1)
+        assert [(r.key, r.value) for r in read] == [("a", {"n": 1}), ("b", {"n": 2})], "the records before it"
+        assert (failed.value.partition, failed.value.offset) == (TopicPartition("serde", 0), 2)
+        assert consumer.position(("serde", 0)) == 2, "nothing skipped until the application says so"
+        consumer.seek(("serde", 0), failed.value.offset + 1)
+        rest = []
+        deadline = time.monotonic() + 60
+        while not rest and time.monotonic() < deadline:
+            rest += consumer.poll(timeout_s=1)
+        assert [(r.offset, r.key, r.value) for r in rest] == [(3, None, {"n": 3})]
