@@ -36,7 +36,6 @@ from services.acls import AclBinding, AclFilter
 from services.client.admin import Admin
 from services.client.aio import AIOConsumer, AIOProducer
 from services.client.consumer import Consumer
-from services.client.serde import RecordDeserializationError, SerializationError
 from services.client.errors import (
     AbortableError,
     BufferExhaustedError,
@@ -61,6 +60,7 @@ from services.client.errors import (
 from services.client.membership import GroupMetadata
 from services.client.partitioner import DefaultPartitioner
 from services.client.producer import Producer
+from services.client.serde import RecordDeserializationError, SerializationError
 from services.client.structs import (
     ConsumerRecord,
     HangingTransaction,
