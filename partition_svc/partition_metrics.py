@@ -15,10 +15,12 @@ from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
 class PartitionMetrics:
     def __init__(self, meter: Meter, partitions: Callable[[], Iterable], offline: Callable[[], int | None],
-                 store_properties: Callable[[], dict[str, int]]):
+                 store_properties: Callable[[], dict[str, int]],
+                 group_offsets: Callable[[], Iterable[tuple[str, str, int, int]]] = lambda: ()):
         self._partitions = partitions
         self._offline = offline
         self._store_properties = store_properties
+        self._group_offsets = group_offsets
         self._topics: dict[str, dict] = {}
         self.produced_records = meter.create_counter("txlog.produce.records", description="records appended as leader, by topic")
         self.produced_bytes = meter.create_counter("txlog.produce.bytes", unit="By", description="batch bytes appended as leader, by topic")
@@ -26,6 +28,11 @@ class PartitionMetrics:
         self.fetched_bytes = meter.create_counter("txlog.fetch.bytes", unit="By", description="bytes returned to fetches, by topic")
         gauges = {
             "txlog.partition.high_watermark": ("the high watermark of each led partition", self._high_watermarks),
+            "txlog.partition.last_stable_offset": ("the last stable offset of each led partition (what read_committed "
+                                                   "readers reach; a group's lag is this minus its committed offset)",
+                                                   self._last_stable_offsets),
+            "txlog.group.committed_offset": ("the committed offset of each partition of each group this instance "
+                                             "coordinates", self._committed_offsets),
             "txlog.partition.lso_lag": ("records between the high watermark and the last stable offset, per led "
                                         "partition (an open transaction holds the LSO back)", self._lso_lags),
             "txlog.partition.in_sync_replicas": ("in-sync replicas of each led partition", self._in_sync),
@@ -63,6 +70,13 @@ class PartitionMetrics:
 
     def _high_watermarks(self, _: CallbackOptions) -> Iterable[Observation]:
         return [Observation(p.high_watermark, self._labels(p)) for p in self._leaders()]
+
+    def _last_stable_offsets(self, _: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(p.last_stable_offset, self._labels(p)) for p in self._leaders()]
+
+    def _committed_offsets(self, _: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(offset, {"group": group, "topic": topic, "partition": index})
+                for group, topic, index, offset in self._group_offsets()]
 
     def _lso_lags(self, _: CallbackOptions) -> Iterable[Observation]:
         return [Observation(max(p.high_watermark - p.last_stable_offset, 0), self._labels(p)) for p in self._leaders()]

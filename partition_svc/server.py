@@ -137,7 +137,7 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
                                      pass_interval_ms=cfg.controller_pass_interval_ms)
         self.metrics = PartitionMetrics(runtime.metrics.meter, lambda: list(self.replicas.partitions.values()),
                                         lambda: self.controller.offline_partitions if self.controller.active else None,
-                                        store.properties)
+                                        store.properties, self.coordinated_group_offsets)
 
     @property
     def partitions(self) -> dict[tuple[str, int], Partition]:
@@ -247,6 +247,21 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
             info = await self.create_topic(CONSUMER_OFFSETS_TOPIC, self.config.offsets_topic_partitions, {"cleanup.policy": "compact"},
                                            None, internal=True)
         return info
+
+    def coordinated_group_offsets(self) -> list[tuple[str, str, int, int]]:
+        """(group, topic, partition, committed offset) of every group whose
+        __consumer_offsets partition this instance leads (read off the loop:
+        for metrics)."""
+        info = self.topics.cached(CONSUMER_OFFSETS_TOPIC)
+        if info is None:
+            return []
+        partitions = self.replicas.partitions
+        found = []
+        for group in sorted(self.store.group_ids()):
+            offsets_partition = partitions.get((CONSUMER_OFFSETS_TOPIC, partition_for_id(group, info.partition_count)))
+            if offsets_partition is not None and offsets_partition.is_leader:
+                found += [(group, topic, index, offset) for topic, index, offset, _ in self.store.group_offsets(group) if offset >= 0]
+        return found
 
     async def group_partition(self, group_id: str) -> Partition:
         """The __consumer_offsets partition of a group, if this instance is its coordinator."""

@@ -61,6 +61,10 @@ class TopicRegistry:
     def state_path(self, topic: str, partition: int) -> str:
         return posixpath.join(self.base, topic, "partitions", str(partition), "state")
 
+    def cached(self, name: str) -> TopicInfo | None:
+        """The topic as last read, without reading ZooKeeper (None if never read)."""
+        return self._cache.get(name)
+
     async def get(self, name: str, *, fresh: bool = False) -> TopicInfo | None:
         info = None if fresh else self._cache.get(name)
         if info is not None:

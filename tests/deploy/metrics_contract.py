@@ -42,6 +42,8 @@ EXPOSED: dict[str, dict[str, set[str]]] = {
         "txlog_fetch_bytes_total": {"topic"},
         "txlog_partition_high_watermark": _PARTITION,
         "txlog_partition_lso_lag": _PARTITION,
+        "txlog_partition_last_stable_offset": _PARTITION,
+        "txlog_group_committed_offset": _PARTITION | {"group"},
         "txlog_partition_in_sync_replicas": _PARTITION,
         "txlog_partitions_led": set(),
         "txlog_partitions_under_replicated": set(),
@@ -103,7 +105,7 @@ def exported_by_the_services() -> dict[str, dict[str, set[str]]]:
         partition = SimpleNamespace(is_leader=True, topic="events", index=0, high_watermark=10, last_stable_offset=7,
                                     replica_set=SimpleNamespace(isr=[0]), replicas=[0, 1])
         recorder = PartitionMetrics(meter, lambda: [partition], lambda: 0,
-                                    lambda: {"sst_bytes": 1, "pending_compaction_bytes": 0})
+                                    lambda: {"sst_bytes": 1, "pending_compaction_bytes": 0}, lambda: [("readers", "events", 0, 5)])
         recorder.produced("events", 1, 100)
         recorder.fetched("events", 1, 100)
 

@@ -123,3 +123,24 @@ def test_calls_are_counted_by_method_and_status_and_refusals_by_error_code(clust
     assert statuses == {str(grpc.StatusCode.INVALID_ARGUMENT.value[0])}, "a refused call is counted with its gRPC status"
     answered = total(cluster, "partition_svc", "rpc_server_duration_milliseconds_count", rpc_method="Metadata", rpc_grpc_status_code=0)
     assert answered > 0
+
+
+def test_a_groups_lag_is_the_lso_minus_its_committed_offset(cluster):
+    bootstrap = cluster.state.bootstrap
+    with Admin(bootstrap) as admin:
+        admin.create_topics([("lagging", 1, 2)])
+    with Producer(bootstrap) as producer:
+        for i in range(10):
+            producer.send("lagging", value=b"r%d" % i, partition=0)
+        producer.flush()
+    with Admin(bootstrap) as admin:
+        admin.alter_group_offsets("lag-readers", {TopicPartition("lagging", 0): 4})
+
+    def lag() -> float | None:
+        lso = total(cluster, "partition_svc", "txlog_partition_last_stable_offset", topic="lagging", partition=0)
+        committed = [value for info in cluster.state.services.values() if info.kind == "partition_svc"
+                     for labels, value in scrape(info.metrics_address).get("txlog_group_committed_offset", [])
+                     if labels.get("group") == "lag-readers" and labels.get("topic") == "lagging"]
+        return lso - committed[0] if len(committed) == 1 else None
+
+    assert lag() == 6, "committed 4 of 10: exactly one coordinator reports it"
