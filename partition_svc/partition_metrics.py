@@ -12,6 +12,8 @@ from collections.abc import Callable, Iterable
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
+from services.errors import spec_of
+
 
 class PartitionMetrics:
     def __init__(self, meter: Meter, partitions: Callable[[], Iterable], offline: Callable[[], int | None],
@@ -25,6 +27,10 @@ class PartitionMetrics:
         self.produced_records = meter.create_counter("txlog.produce.records", description="records appended as leader, by topic")
         self.produced_bytes = meter.create_counter("txlog.produce.bytes", unit="By", description="batch bytes appended as leader, by topic")
         self.fetched_records = meter.create_counter("txlog.fetch.records", description="records returned to fetches, by topic")
+        self.partition_errors = meter.create_counter(
+            "txlog.partition.errors", description="partitions of Produce and Fetch calls answered with an error, by method, "
+            "topic and error code (the call itself succeeded: txlog.rpc.errors counts calls refused whole)")
+        self._refusals: dict[tuple[str, str, int], dict] = {}
         self.fetched_bytes = meter.create_counter("txlog.fetch.bytes", unit="By", description="bytes returned to fetches, by topic")
         gauges = {
             "txlog.partition.high_watermark": ("the high watermark of each led partition", self._high_watermarks),
@@ -60,6 +66,13 @@ class PartitionMetrics:
         attributes = self.topic(topic)
         self.fetched_records.add(records, attributes)
         self.fetched_bytes.add(size, attributes)
+
+    def refused(self, method: str, topic: str, code: int) -> None:
+        key = (method, topic, code)
+        attributes = self._refusals.get(key)
+        if attributes is None:
+            attributes = self._refusals[key] = {"rpc_method": method, "topic": topic, "error_code": spec_of(code).name}
+        self.partition_errors.add(1, attributes)
 
     def _leaders(self):
         return [p for p in self._partitions() if p.is_leader]

@@ -248,6 +248,11 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
                                            None, internal=True)
         return info
 
+    def known_topic(self, name: str) -> str:
+        """A topic name as a metric label: one this instance knows, or "(unknown)"
+        (a client naming random topics must not make a series each)."""
+        return name if self.topics.cached(name) is not None else "(unknown)"
+
     def coordinated_group_offsets(self) -> list[tuple[str, str, int, int]]:
         """(group, topic, partition, committed offset) of every group whose
         __consumer_offsets partition this instance leads (read off the loop:
@@ -432,6 +437,9 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
             if acks == ACKS_ALL:
                 for result, partition, future in taken:
                     self.check_replicated(result, partition, future.result())
+        for result in reply.results:
+            if result.error.code:
+                self.metrics.refused("Produce", self.known_topic(result.topic), result.error.code)
         return reply
 
     @staticmethod
@@ -519,6 +527,7 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
                 )
             except TxlogError as exc:
                 result.error.CopyFrom(error_of(exc))
+                self.metrics.refused("Fetch", self.known_topic(wanted.topic), exc.code)
             taken = sum(len(p) for p in payloads)
             if records:
                 self.metrics.fetched(wanted.topic, records, taken)

@@ -43,6 +43,7 @@ EXPOSED: dict[str, dict[str, set[str]]] = {
         "txlog_partition_high_watermark": _PARTITION,
         "txlog_partition_lso_lag": _PARTITION,
         "txlog_partition_last_stable_offset": _PARTITION,
+        "txlog_partition_errors_total": {"rpc_method", "topic", "error_code"},
         "txlog_group_committed_offset": _PARTITION | {"group"},
         "txlog_partition_in_sync_replicas": _PARTITION,
         "txlog_partitions_led": set(),
@@ -108,6 +109,7 @@ def exported_by_the_services() -> dict[str, dict[str, set[str]]]:
                                     lambda: {"sst_bytes": 1, "pending_compaction_bytes": 0}, lambda: [("readers", "events", 0, 5)])
         recorder.produced("events", 1, 100)
         recorder.fetched("events", 1, 100)
+        recorder.refused("Produce", "events", errors.ErrorCode.Value("NOT_LEADER"))
 
     def coordinator_svc(meter) -> None:
         transaction = SimpleNamespace(state=TransactionState.ONGOING, txn_start_ms=0)

@@ -144,3 +144,32 @@ def test_a_groups_lag_is_the_lso_minus_its_committed_offset(cluster):
         return lso - committed[0] if len(committed) == 1 else None
 
     assert lag() == 6, "committed 4 of 10: exactly one coordinator reports it"
+
+
+def test_a_partitions_refusal_inside_an_answered_call_is_counted_by_topic_and_code(cluster):
+    def refusals(topic: str) -> float:
+        return total(cluster, "partition_svc", "txlog_partition_errors_total", rpc_method="Produce", topic=topic,
+                     error_code="NOT_LEADER")
+
+    before = refusals("measured")
+    with Admin(cluster.state.bootstrap) as admin:
+        (described,) = admin.describe_topics(["measured"])
+    leader = described.partitions[0].leader_id
+    follower = next(n for n in described.partitions[0].replicas if n != leader)
+    # partition 0 asked of a replica that does not lead it: the call is answered, the partition refused
+    reply = raw_produce(cluster.address(f"partition_svc-{follower}"), "measured", 0)
+    assert reply.results[0].error.code != 0
+    assert refusals("measured") - before == 1
+    unknown_before = total(cluster, "partition_svc", "txlog_partition_errors_total", topic="(unknown)")
+    raw_produce(cluster.address(f"partition_svc-{follower}"), "no-such-topic-ever", 0)
+    assert total(cluster, "partition_svc", "txlog_partition_errors_total", topic="(unknown)") - unknown_before == 1
+    assert total(cluster, "partition_svc", "txlog_partition_errors_total", topic="no-such-topic-ever") == 0
+
+
+def raw_produce(address: str, topic: str, partition: int):
+    from services.stubs.txlog.v1 import common_pb2, partition_pb2, partition_pb2_grpc
+
+    with grpc.insecure_channel(address) as channel:
+        batch = common_pb2.RecordBatch(records=[common_pb2.Record(value=b"x")])
+        return partition_pb2_grpc.PartitionServiceStub(channel).Produce(partition_pb2.ProduceRequest(
+            acks=1, batches=[partition_pb2.PartitionBatch(topic=topic, partition=partition, batch=batch)]), timeout=30)
