@@ -517,6 +517,29 @@ class Consumer:
             finally:
                 self._loop.stop()
 
+    def metrics(self) -> dict[str, float]:
+        """This consumer's figures since it started (Kafka's consumer
+        metrics): fetch requests and failures, their latency (average and
+        max, ms), records and bytes (keys and values) returned by poll, and
+        the lag: per assigned partition the records between its position and
+        the end a reader of this isolation level reaches (the last stable
+        offset under read_committed), the largest and the sum, as of the last
+        fetch."""
+        stats = self._fetcher.stats
+        answered = stats.fetch_requests - stats.fetch_errors
+        read_committed = self.config.isolation_level == "read_committed"
+        lags = [max((state.last_stable_offset if read_committed else state.high_watermark) - state.position, 0)
+                for state in list(self._fetcher.states.values())
+                if state.position is not None and state.high_watermark >= 0]
+        return {
+            "fetch_requests": stats.fetch_requests, "fetch_errors": stats.fetch_errors,
+            "fetch_latency_avg_ms": round(stats.fetch_latency_ms_total / answered, 3) if answered else 0.0,
+            "fetch_latency_max_ms": round(stats.fetch_latency_ms_max, 3),
+            "records_consumed": stats.records_consumed, "bytes_consumed": stats.bytes_consumed,
+            "records_lag_max": max(lags, default=0), "records_lag_sum": sum(lags),
+            "assigned_partitions": len(self._fetcher.states),
+        }
+
     def close_at_exit(self, timeout_s: float) -> None:
         self.close(timeout_s)
 

@@ -71,6 +71,18 @@ class PartitionState:
     paused: bool = False  # neither fetched nor drained (its buffer is kept) until resumed
 
 
+@dataclass
+class FetcherStats:
+    """What the fetcher did, for Consumer.metrics()."""
+
+    fetch_requests: int = 0
+    fetch_errors: int = 0  # requests that failed whole
+    fetch_latency_ms_total: float = 0.0
+    fetch_latency_ms_max: float = 0.0
+    records_consumed: int = 0  # returned by poll
+    bytes_consumed: int = 0  # keys and values returned by poll
+
+
 class Fetcher:
     def __init__(self, metadata: Metadata, transport, config: ConsumerConfig,
                  clock: Callable[[], float] = time.monotonic):
@@ -79,6 +91,7 @@ class Fetcher:
         self._config = config
         self._clock = clock
         self.states: dict[TopicPartition, PartitionState] = {}
+        self.stats = FetcherStats()
         self._round_robin = 0
         self._isolation = (common_pb2.ISOLATION_LEVEL_READ_COMMITTED if config.isolation_level == "read_committed"
                            else common_pb2.ISOLATION_LEVEL_READ_UNCOMMITTED)
@@ -160,6 +173,8 @@ class Fetcher:
             while state.buffer and len(out) < max_records:
                 record = state.buffer.popleft()
                 out.append(record)
+                self.stats.records_consumed += 1
+                self.stats.bytes_consumed += len(record.key or b"") + len(record.value or b"")
                 _read_in(state, record.leader_epoch, record.offset)
                 state.position = record.offset + 1
             if not state.buffer and state.buffer_next_offset is not None:
@@ -232,14 +247,20 @@ class Fetcher:
                 for tp in tps
             ],
         )
+        self.stats.fetch_requests += 1
+        started_s = time.monotonic()
         try:
             response = await self._transport.call(address, "Fetch", request,
                                                   timeout_ms=self._config.request_timeout_ms + max_wait_ms)
         except ClientError as exc:
+            self.stats.fetch_errors += 1
             if not sort_error(exc, self._metadata):
                 raise
             await asyncio.sleep(self._config.retry_backoff_ms / 1000)
             return
+        latency_ms = (time.monotonic() - started_s) * 1000
+        self.stats.fetch_latency_ms_total += latency_ms
+        self.stats.fetch_latency_ms_max = max(self.stats.fetch_latency_ms_max, latency_ms)
         retry_later = False
         for result in response.results:
             tp = TopicPartition(result.topic, result.partition)

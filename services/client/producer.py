@@ -326,6 +326,17 @@ class Producer:
         finally:
             self._loop.stop()
 
+    def metrics(self) -> dict[str, float]:
+        """This producer's figures since it started (Kafka's producer metrics):
+        requests sent and failed, their latency (average and max, ms), batches
+        sent and retried, records acknowledged and failed, bytes acknowledged,
+        the average batch size and records per request, the buffer's total and
+        available bytes, producer id inits and resets."""
+        figures = self._sender.stats.snapshot()
+        figures["buffer_total_bytes"] = self._accumulator.buffer_memory_bytes
+        figures["buffer_available_bytes"] = self._accumulator.buffer_memory_bytes - self._accumulator.buffered_bytes
+        return figures
+
     def close_at_exit(self, timeout_s: float) -> None:
         self.close(timeout_s)
 

@@ -100,10 +100,29 @@ class SenderStats:
     """Counters for tests and operators."""
 
     requests_sent: int = 0
+    request_errors: int = 0  # requests that failed whole (no answer, a refused call)
+    request_latency_ms_total: float = 0.0
+    request_latency_ms_max: float = 0.0
     batches_sent: int = 0
     batches_resent: int = 0
+    records_sent: int = 0  # acknowledged
+    record_errors: int = 0  # failed for good (their futures raised)
+    bytes_sent: int = 0  # of acknowledged batches
     producer_id_inits: int = 0
     producer_id_resets: int = 0
+
+    def snapshot(self) -> dict[str, float]:
+        answered = self.requests_sent - self.request_errors
+        return {
+            "requests_sent": self.requests_sent, "request_errors": self.request_errors,
+            "request_latency_avg_ms": round(self.request_latency_ms_total / answered, 3) if answered else 0.0,
+            "request_latency_max_ms": round(self.request_latency_ms_max, 3),
+            "batches_sent": self.batches_sent, "batches_retried": self.batches_resent,
+            "records_sent": self.records_sent, "record_errors": self.record_errors, "bytes_sent": self.bytes_sent,
+            "batch_size_avg_bytes": round(self.bytes_sent / self.batches_sent, 1) if self.batches_sent else 0.0,
+            "records_per_request_avg": round(self.records_sent / answered, 1) if answered else 0.0,
+            "producer_id_inits": self.producer_id_inits, "producer_id_resets": self.producer_id_resets,
+        }
 
 
 class Sender:
@@ -317,16 +336,20 @@ class Sender:
         )
         self.stats.requests_sent += 1
         self.stats.batches_sent += len(entries)
+        started_ms = self._clock_ms()
         try:
             response = await self._transport.call(address, "Produce", request,
                                                    timeout_ms=self._config.request_timeout_ms)
         except Exception as exc:  # noqa: BLE001 -- every batch must end; unexpected failures are not retried
+            self.stats.request_errors += 1
             error = from_exception(exc)
             now_ms = self._clock_ms()
             for batch, _ in entries:
                 self._on_error(batch, error, now_ms)
         else:
             now_ms = self._clock_ms()
+            self.stats.request_latency_ms_total += now_ms - started_ms
+            self.stats.request_latency_ms_max = max(self.stats.request_latency_ms_max, now_ms - started_ms)
             results = {(r.topic, r.partition): r for r in response.results}
             for batch, _ in entries:
                 result = results.get((batch.tp.topic, batch.tp.partition))
@@ -396,10 +419,13 @@ class Sender:
 
     def _complete(self, batch: ProducerBatch, base_offset: int, log_append_time_ms: int) -> None:
         batch.complete(base_offset, log_append_time_ms)
+        self.stats.records_sent += batch.record_count
+        self.stats.bytes_sent += batch.size_bytes
         self._accumulator.release(batch)
 
     def _fail(self, batch: ProducerBatch, error: BaseException) -> None:
         batch.fail(error)
+        self.stats.record_errors += batch.record_count
         self._accumulator.release(batch)
         if self._txn is not None and isinstance(error, ClientError) \
                 and not isinstance(error, (TransactionAbortedError, ClientClosedError)):

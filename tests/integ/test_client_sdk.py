@@ -229,3 +229,32 @@ def test_serializers_round_trip_json_and_a_record_that_does_not_read_is_reported
         while not rest and time.monotonic() < deadline:
             rest += consumer.poll(timeout_s=1)
         assert [(r.offset, r.key, r.value) for r in rest] == [(3, None, {"n": 3})]
+
+
+def test_clients_report_what_they_did_in_metrics(bootstrap):
+    _create(bootstrap, "counted", 2)
+    with Producer(bootstrap, linger_ms=20) as producer:
+        for i in range(40):
+            producer.send("counted", value=b"v" * 10, key=b"k%d" % i)
+        producer.flush()
+        sent = producer.metrics()
+    assert sent["records_sent"] == 40 and sent["record_errors"] == 0
+    assert sent["batches_sent"] >= 2 and sent["requests_sent"] >= 1 and sent["request_latency_max_ms"] > 0
+    assert sent["bytes_sent"] > 40 * 10 and sent["buffer_available_bytes"] == sent["buffer_total_bytes"]
+    with Consumer(bootstrap, fetch_max_wait_ms=100, max_poll_records=15) as consumer:
+        consumer.assign([("counted", p) for p in range(2)])
+        consumer.seek_to_beginning()
+        first = consumer.poll(timeout_s=10)
+        deadline = time.monotonic() + 60
+        while not first and time.monotonic() < deadline:
+            first = consumer.poll(timeout_s=1)
+        partly = consumer.metrics()
+        assert partly["records_consumed"] == len(first) and 0 < len(first) <= 15
+        assert partly["bytes_consumed"] == sum(len(r.key) + len(r.value) for r in first)
+        assert partly["records_lag_sum"] <= 40 - len(first) and partly["fetch_requests"] >= 1
+        records = list(first)
+        while len(records) < 40 and time.monotonic() < deadline:
+            records += consumer.poll(timeout_s=1)
+        consumer.poll(timeout_s=0.3)  # one more fetch: the ends as of now
+        done = consumer.metrics()
+    assert done["records_consumed"] == 40 and done["records_lag_max"] == 0 and done["assigned_partitions"] == 2
