@@ -95,7 +95,8 @@ COMMON_SETTINGS: tuple[Setting, ...] = (
         str,
         ("none", "console", "otlp"),
     ),
-    Setting("otel_endpoint", "http://127.0.0.1:4317", "OTLP/gRPC endpoint when otel_exporter=otlp"),
+    Setting("otel_endpoint", "http://127.0.0.1:4317", "OTLP/gRPC endpoint when otel_exporter=otlp (https: TLS); left at "
+            "this default, the standard OTEL_EXPORTER_OTLP_* variables decide when set"),
     Setting("shutdown_grace_s", 10.0, "on SIGTERM, how long in-flight calls may take to finish", positive_float),
 )
 

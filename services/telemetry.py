@@ -8,6 +8,7 @@ sent in its metadata (W3C traceparent), and the client interceptors send it.
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 from google.protobuf.descriptor import FieldDescriptor
@@ -58,10 +59,18 @@ def tracer_provider(service: str, exporter: str = "none", endpoint: str = "", sp
     return provider
 
 
-def otlp_options(endpoint: str) -> dict:
-    """The OTLP exporters' options for ``otel_endpoint``: an https endpoint
-    uses TLS (the exporters read the standard OTEL_EXPORTER_OTLP_CERTIFICATE,
-    _CLIENT_CERTIFICATE, _CLIENT_KEY and _HEADERS themselves), http not."""
+OTEL_ENDPOINT_DEFAULT = "http://127.0.0.1:4317"
+STANDARD_ENDPOINT_VARIABLES = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")
+
+
+def otlp_options(endpoint: str, environ=os.environ) -> dict:
+    """The OTLP exporters' options for ``otel_endpoint``. Left at its default
+    while a standard OTEL_EXPORTER_OTLP_*ENDPOINT variable is set: none, so
+    the exporters follow the standard variables alone (endpoint, _INSECURE,
+    _CERTIFICATE, _CLIENT_CERTIFICATE, _CLIENT_KEY, _HEADERS). Otherwise that
+    endpoint: https uses TLS (with the standard certificate variables), http not."""
+    if endpoint == OTEL_ENDPOINT_DEFAULT and any(environ.get(name) for name in STANDARD_ENDPOINT_VARIABLES):
+        return {}
     return {"endpoint": endpoint, "insecure": endpoint.startswith("http://")}
 
 

@@ -30,3 +30,12 @@ def test_markers_name_their_transaction_and_partitions():
     assert request_attributes(request) == {
         "txlog.transactional_id": "t", "txlog.producer_id": 8, "txlog.producer_epoch": 1, "txlog.coordinator_epoch": 2,
         "txlog.partitions": ["orders-0", "orders-1"], "txlog.partition_count": 2, "txlog.topics": ["orders"]}
+
+
+def test_the_otlp_endpoint_follows_the_standard_variables_unless_one_is_given():
+    from services.telemetry import OTEL_ENDPOINT_DEFAULT, otlp_options
+
+    assert otlp_options(OTEL_ENDPOINT_DEFAULT, {}) == {"endpoint": OTEL_ENDPOINT_DEFAULT, "insecure": True}
+    assert otlp_options(OTEL_ENDPOINT_DEFAULT, {"OTEL_EXPORTER_OTLP_ENDPOINT": "https://collector:4317"}) == {}
+    assert otlp_options("https://mine:4317", {"OTEL_EXPORTER_OTLP_ENDPOINT": "https://collector:4317"}) == {
+        "endpoint": "https://mine:4317", "insecure": False}
