@@ -34,6 +34,13 @@ Both: ``tlsCa``, ``tlsCert``, ``tlsKey`` (PEM files, at the same paths on the
 driver and every executor) for a cluster that runs TLS (mutual TLS: all three),
 or ``tlsCa`` and ``tokenFile`` (a bearer token) for one that authenticates by token.
 
+spark-sql-kafka's names for the same settings are accepted: ``kafka.bootstrap.servers``
+(``bootstrap``, reads and writes), ``subscribe`` (``topic``, comma-separated, reads) and
+``kafka.isolation.level`` (``isolation``, reads); one given with txlog's name as well must
+have the same value. Any other option fails the read or write on the driver, naming the
+txlog option to use instead where there is one (``options.KAFKA_OPTIONS``) or the closest
+known name. Spark passes option names case-insensitively.
+
 Modules: ``options`` (parsing and checking the options), ``planning`` (offset
 ranges, on the driver), ``reading`` (one range, on an executor), ``source``
 (the data source), ``writing`` (the writer), ``eos`` (exactly-once

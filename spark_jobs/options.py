@@ -3,6 +3,12 @@
 Every mistake in the options is reported here, before Spark plans a task, as an
 ``OptionError`` naming the option and what was wrong with it.
 
+Every option either takes is known here (``READ_OPTIONS``, ``WRITE_OPTIONS``,
+with the spark-sql-kafka names that mean the same in ``READ_ALIASES`` and
+``WRITE_ALIASES``): any other option is refused, with the txlog option to use
+instead where there is one. Spark hands the options over case-insensitively
+(keys may arrive lower-cased): names are matched regardless of case.
+
 Offsets given as JSON follow Spark's Kafka source: ``{"topic": {"0": 23, "1": -2}}``
 where ``-2`` means the earliest offset and ``-1`` the latest (the last stable
 offset under read_committed, the high watermark under read_uncommitted).
@@ -10,6 +16,7 @@ offset under read_committed, the high watermark under read_uncommitted).
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import re
@@ -48,6 +55,48 @@ class EndingOffsets:
 
 TLS_OPTIONS = {"tlsCa": "tls_ca", "tlsCert": "tls_cert", "tlsKey": "tls_key", "tokenFile": "token_file"}  # option -> the SDK's keyword
 
+# Every option the reader and the writer take, and nothing else: anything else is refused (see _known).
+READ_OPTIONS = ("bootstrap", "topic", "startingOffsets", "endingOffsets", "isolation", "maxRecordsPerSplit",
+                "failOnDataLoss", "pollTimeoutMs", *TLS_OPTIONS)
+WRITE_OPTIONS = ("bootstrap", "topic", "transactionalIdPrefix", "transactionTimeoutMs", "preparedTimeoutMs",
+                 "groupCommitWith", *TLS_OPTIONS)
+# spark-sql-kafka's names for the same settings, accepted as they are (alias -> txlog's option).
+# subscribe takes a comma-separated list of topics, as txlog's topic does on a read.
+READ_ALIASES = {"kafka.bootstrap.servers": "bootstrap", "subscribe": "topic", "kafka.isolation.level": "isolation"}
+WRITE_ALIASES = {"kafka.bootstrap.servers": "bootstrap"}
+
+_BATCH_ONLY = ("txlog has no equivalent: a txlog read is one batch from 'startingOffsets' to 'endingOffsets' "
+               "(no streaming triggers); bound it with 'endingOffsets' and split its tasks with 'maxRecordsPerSplit'")
+_BY_TIME = ("txlog has no equivalent: give offsets in 'startingOffsets' / 'endingOffsets' (JSON), or move a "
+            "group with `txlog groups reset-offsets GROUP --to-datetime ...` and read with "
+            "startingOffsets=committed:GROUP")
+_NO_GROUP = ("txlog has no equivalent: a txlog read joins no consumer group; to start where a group's committed "
+             "offsets are, use startingOffsets=committed:GROUP")
+_SECURITY = ("txlog has no equivalent: txlog's client turns TLS on with 'tlsCa' (a PEM CA bundle) and "
+             "authenticates with 'tlsCert' and 'tlsKey' (PEM, mutual TLS) or with 'tokenFile' (a bearer token)")
+# spark-sql-kafka options (lower-cased) that txlog does not accept: (Kafka's spelling, what to do instead).
+KAFKA_OPTIONS = {name.lower(): (name, advice) for name, advice in [
+    ("assign", "txlog has no equivalent: a read covers every partition of the topics in 'topic' (JSON "
+               "'startingOffsets' / 'endingOffsets' set each partition's range)"),
+    ("subscribePattern", "txlog has no equivalent: name the topics in 'topic' (comma-separated)"),
+    ("maxOffsetsPerTrigger", _BATCH_ONLY), ("minOffsetsPerTrigger", _BATCH_ONLY), ("maxTriggerDelay", _BATCH_ONLY),
+    ("startingOffsetsByTimestamp", _BY_TIME), ("endingOffsetsByTimestamp", _BY_TIME),
+    ("startingTimestamp", _BY_TIME), ("endingTimestamp", _BY_TIME), ("startingOffsetsByTimestampStrategy", _BY_TIME),
+    ("maxRecordsPerPartition", "use txlog's 'maxRecordsPerSplit', which means the same"),
+    ("minPartitions", "txlog has no equivalent: 'maxRecordsPerSplit' splits each partition's range into tasks "
+                      "of at most that many offsets"),
+    ("kafkaConsumer.pollTimeoutMs", "use txlog's 'pollTimeoutMs' (a task without progress for this long fails)"),
+    ("fetchOffset.numRetries", "txlog has no equivalent: offset lookups retry inside the txlog client"),
+    ("fetchOffset.retryIntervalMs", "txlog has no equivalent: offset lookups retry inside the txlog client"),
+    ("groupIdPrefix", _NO_GROUP), ("kafka.group.id", _NO_GROUP),
+    ("includeHeaders", "txlog has no equivalent and needs none: the 'headers' column is always read, and "
+                       "written when the DataFrame has it"),
+    ("kafka.transactional.id", "txlog has no equivalent: with 'transactionalIdPrefix' a write is one atomic "
+                               "transaction group"),
+    ("kafka.security.protocol", _SECURITY),
+]}
+_KAFKA_PREFIXES = {"kafka.ssl.": _SECURITY, "kafka.sasl.": _SECURITY}
+
 
 @dataclass(frozen=True)
 class ReadOptions:
@@ -71,6 +120,69 @@ class WriteOptions:
     prepared_timeout_ms: int = 0  # 0: the coordinators' prepared_transaction_timeout_ms
     group_commit_with: tuple = ()  # TransactionHandles committed together with the write's own
     client_tls: Mapping[str, str] = field(default_factory=dict)  # the SDK's tls_ca= / tls_cert= / tls_key=
+
+
+def _unknown(given: str, mode: str) -> str:
+    """Why ``given`` (as Spark passed it: maybe lower-cased) is refused by a ``mode`` ("read" or "write")."""
+    lowered = given.lower()
+    names, aliases = (READ_OPTIONS, READ_ALIASES) if mode == "read" else (WRITE_OPTIONS, WRITE_ALIASES)
+    other_mode, (other_names, other_aliases) = (("write", (WRITE_OPTIONS, WRITE_ALIASES)) if mode == "read"
+                                                else ("read", (READ_OPTIONS, READ_ALIASES)))
+    for name in (*other_names, *other_aliases):
+        if name.lower() == lowered:
+            instead = other_aliases.get(name)
+            hint = f"; use {instead!r}" if instead in names else ""
+            return f"txlog: option {name!r} is a {other_mode} option: a {mode} does not take it{hint}"
+    if lowered == "path":
+        return f"txlog: a {mode} takes no path (load() / save() without one): name the topic in 'topic'"
+    if lowered in KAFKA_OPTIONS:
+        kafka_name, advice = KAFKA_OPTIONS[lowered]
+        return f"txlog: unknown option {kafka_name!r} (a spark-sql-kafka option): {advice}"
+    for prefix, advice in _KAFKA_PREFIXES.items():
+        if lowered.startswith(prefix):
+            return f"txlog: unknown option {given!r} (a Kafka client setting): {advice}"
+    candidates = {name.lower(): name for name in (*names, *aliases)}
+    close = difflib.get_close_matches(lowered, candidates, n=1)
+    if close:
+        return f"txlog: unknown option {given!r}: did you mean {candidates[close[0]]!r}?"
+    if lowered.startswith("kafka."):
+        return (f"txlog: unknown option {given!r} (a Kafka client setting): txlog has no equivalent; "
+                f"the {mode} options are {', '.join(names)}")
+    return f"txlog: unknown option {given!r}: the {mode} options are {', '.join(names)}"
+
+
+def _known(options: Mapping[str, str], mode: str) -> tuple[dict[str, str], dict[str, str]]:
+    """``options`` keyed by txlog's own spelling of each option (whatever case and
+    alias they were given in), and which were given by another name (txlog's ->
+    given); an unknown option, or one setting given twice with different values, is an OptionError."""
+    names, aliases = (READ_OPTIONS, READ_ALIASES) if mode == "read" else (WRITE_OPTIONS, WRITE_ALIASES)
+    canonical = {name.lower(): name for name in names} | {alias.lower(): name for alias, name in aliases.items()}
+    known: dict[str, str] = {}
+    first_given: dict[str, str] = {}
+    unknown = []
+    for given, value in options.items():
+        given = str(given)
+        name = canonical.get(given.lower())
+        if name is None:
+            unknown.append(_unknown(given, mode))
+        elif name not in known:
+            known[name], first_given[name] = value, given
+        elif str(known[name]).strip() != str(value).strip():
+            shown = [n if n.lower() == name.lower() else n.lower() for n in (first_given[name], given)]
+            raise OptionError(f"txlog: options {shown[0]!r} and {shown[1]!r} both set {name!r}, to different values "
+                              f"({known[name]!r} and {value!r}): give one of them")
+    if unknown:
+        raise OptionError("\n".join(unknown))
+    given_as = {name: given.lower() for name, given in first_given.items() if given.lower() != name.lower()}
+    return known, given_as
+
+
+def _named_as_given(error: OptionError, given_as: dict[str, str]) -> OptionError:
+    """``error`` naming an option given by its spark-sql-kafka alias as the alias, with txlog's name."""
+    message = str(error)
+    for name, alias in given_as.items():
+        message = message.replace(f"option {name!r}", f"option {alias!r} (txlog's {name!r})")
+    return OptionError(message)
 
 
 def _is_number(text: str) -> bool:
@@ -155,6 +267,15 @@ def _offsets_json(name: str, text: str, topics: tuple[str, ...], allowed_special
 
 
 def parse_read(options: Mapping[str, str]) -> ReadOptions:
+    """The read's options (as Spark passes them: any case, spark-sql-kafka aliases) parsed and checked."""
+    known, given_as = _known(options, "read")
+    try:
+        return _parse_read(known)
+    except OptionError as error:
+        raise _named_as_given(error, given_as) from None
+
+
+def _parse_read(options: Mapping[str, str]) -> ReadOptions:
     bootstrap = _bootstrap(options)
     topics = tuple(t.strip() for t in _required(options, "topic").split(","))
     if any(not t for t in topics) or len(set(topics)) != len(topics):
@@ -205,6 +326,15 @@ def _transaction_timeout_ms(options: Mapping[str, str]) -> int:
 
 
 def parse_write(options: Mapping[str, str]) -> WriteOptions:
+    """The write's options (as Spark passes them: any case, spark-sql-kafka aliases) parsed and checked."""
+    known, given_as = _known(options, "write")
+    try:
+        return _parse_write(known)
+    except OptionError as error:
+        raise _named_as_given(error, given_as) from None
+
+
+def _parse_write(options: Mapping[str, str]) -> WriteOptions:
     bootstrap = _bootstrap(options)
     topic = _required(options, "topic")
     prefix = options.get("transactionalIdPrefix")

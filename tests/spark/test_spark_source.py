@@ -227,3 +227,70 @@ def test_bad_write_options_fail_on_the_driver_before_any_task(spark, bootstrap, 
         write.save()
     assert job_count(spark) == before
     assert read_all(bootstrap, "known") == []  # nothing was written
+
+
+def test_spark_kafka_option_names_read_and_write_as_txlogs_do(spark, bootstrap):
+    create(bootstrap, "kafka-named-a", 1)
+    create(bootstrap, "kafka-named-b", 2)
+    produce(bootstrap, "kafka-named-a", ["a0", "a1"], partition=0)
+    produce(bootstrap, "kafka-named-b", ["b0"], partition=1)
+    with Producer(bootstrap, transactional_id="kafka-named-aborter") as aborter:
+        aborter.init_transactions()
+        aborter.begin_transaction()
+        aborter.send("kafka-named-a", "aborted", partition=0)
+        aborter.flush()
+        aborter.abort_transaction()
+
+    def values(options: dict) -> list[str]:
+        return sorted(r.value.decode() for r in spark.read.format("txlog").options(**options).load().collect())
+
+    kafka_names = {"kafka.bootstrap.servers": bootstrap, "subscribe": "kafka-named-a,kafka-named-b"}
+    assert values(kafka_names) == ["a0", "a1", "b0"]  # read_committed by default, as with txlog's names
+    assert values({**kafka_names, "kafka.isolation.level": "read_uncommitted"}) == ["a0", "a1", "aborted", "b0"]
+    assert values({**kafka_names, "topic": "kafka-named-a,kafka-named-b", "bootstrap": bootstrap}) == ["a0", "a1", "b0"]
+
+    create(bootstrap, "kafka-named-out", 1)
+    (spark.createDataFrame([("w0",), ("w1",)], "value string").write.format("txlog")
+     .option("kafka.bootstrap.servers", bootstrap).option("topic", "kafka-named-out").mode("append").save())
+    assert sorted(r.value for r in read_all(bootstrap, "kafka-named-out")) == [b"w0", b"w1"]
+
+
+@pytest.mark.parametrize(("option", "value", "message"), [
+    ("maxOffsetsPerTrigger", 10, "txlog: unknown option 'maxOffsetsPerTrigger' (a spark-sql-kafka option): txlog has "
+                                 "no equivalent: a txlog read is one batch from 'startingOffsets' to 'endingOffsets'"),
+    ("kafka.security.protocol", "SSL", "txlog: unknown option 'kafka.security.protocol' (a spark-sql-kafka option): "
+                                       "txlog has no equivalent: txlog's client turns TLS on with 'tlsCa'"),
+    ("startingOffset", "latest", "txlog: unknown option 'startingoffset': did you mean 'startingOffsets'?"),
+    ("transactionalIdPrefix", "p", "txlog: option 'transactionalIdPrefix' is a write option: a read does not take it"),
+])
+def test_an_unknown_read_option_fails_on_the_driver_naming_it(spark, bootstrap, option, value, message):
+    spark.sparkContext.setJobGroup("bad-options", "bad options")
+    before = job_count(spark)
+    read = spark.read.format("txlog").option("kafka.bootstrap.servers", bootstrap).option("subscribe", "known")
+    with pytest.raises(Exception) as error:
+        read.option(option, value).load().collect()
+    assert message in str(error.value)
+    assert job_count(spark) == before  # refused while planning: no Spark job ran
+
+
+def test_a_kafka_name_and_txlogs_name_with_different_values_fail_naming_both(spark, bootstrap):
+    spark.sparkContext.setJobGroup("bad-options", "bad options")
+    before = job_count(spark)
+    read = spark.read.format("txlog").option("bootstrap", bootstrap).option("topic", "known").option("subscribe", "other")
+    with pytest.raises(Exception, match=r"txlog: options '(topic|subscribe)' and '(topic|subscribe)' both set 'topic', "
+                                        r"to different values"):
+        read.load().collect()
+    assert job_count(spark) == before
+
+
+def test_an_unknown_write_option_fails_on_the_driver_and_writes_nothing(spark, bootstrap):
+    spark.sparkContext.setJobGroup("bad-options", "bad options")
+    before = job_count(spark)
+    write = (spark.createDataFrame([("x",)], "value string").write.format("txlog")
+             .option("kafka.bootstrap.servers", bootstrap).option("topic", "known").option("kafka.acks", "all"))
+    with pytest.raises(Exception) as error:
+        write.mode("append").save()
+    assert ("txlog: unknown option 'kafka.acks' (a Kafka client setting): txlog has no equivalent; "
+            "the write options are bootstrap, topic, transactionalIdPrefix") in str(error.value)
+    assert job_count(spark) == before
+    assert read_all(bootstrap, "known") == []

@@ -6,9 +6,13 @@ import pytest
 from spark_jobs import eos, windowed_counts
 from spark_jobs.options import (
     EARLIEST,
+    KAFKA_OPTIONS,
     LATEST,
+    READ_OPTIONS,
+    WRITE_OPTIONS,
     EndingOffsets,
     OptionError,
+    ReadOptions,
     StartingOffsets,
     parse_read,
     parse_write,
@@ -303,3 +307,215 @@ def test_a_transaction_timeout_above_the_coordinators_maximum_is_refused_before_
 def test_a_job_with_bad_topics_or_group_is_refused_on_the_driver(overrides, message):
     with pytest.raises(OptionError, match=message):
         _job(**overrides)
+
+
+# --- the known options: anything else is refused, spark-sql-kafka's names where they mean the same ---
+
+
+def _spark_options(options: dict):
+    """``options`` as Spark hands them to the data source: keys lower-cased, looked up in any case."""
+    from pyspark.sql.datasource import CaseInsensitiveDict
+
+    return CaseInsensitiveDict(options)
+
+
+def _pem_files(tmp_path) -> dict[str, str]:
+    files = {}
+    for name in ("tlsCa", "tlsCert", "tlsKey", "tokenFile"):
+        path = tmp_path / name
+        path.write_text("-----BEGIN X-----\n")
+        files[name] = str(path)
+    return files
+
+
+def test_every_known_read_option_is_taken_in_any_case(tmp_path):
+    values = {"bootstrap": "h:1", "topic": "events", "startingOffsets": "latest",
+              "endingOffsets": '{"events": {"0": 9}}', "isolation": "read_uncommitted", "maxRecordsPerSplit": "7",
+              "failOnDataLoss": "false", "pollTimeoutMs": "2500", **_pem_files(tmp_path)}
+    assert set(values) == set(READ_OPTIONS)
+    expected = ReadOptions("h:1", ("events",), StartingOffsets(LATEST), EndingOffsets(LATEST, {("events", 0): 9}),
+                           "read_uncommitted", 7, False, 2.5,
+                           {"tls_ca": values["tlsCa"], "tls_cert": values["tlsCert"], "tls_key": values["tlsKey"],
+                            "token_file": values["tokenFile"]})
+    assert parse_read(values) == expected
+    assert parse_read(_spark_options(values)) == expected
+    assert parse_read({name.lower(): value for name, value in values.items()}) == expected
+    assert parse_read({name.upper(): value for name, value in values.items()}) == expected
+
+
+def test_every_known_write_option_is_taken_in_any_case(tmp_path):
+    values = {"bootstrap": "h:1", "topic": "copy", "transactionalIdPrefix": "job", "transactionTimeoutMs": "15000",
+              "preparedTimeoutMs": "5000", "groupCommitWith": '[["job/offsets", 7, 2]]', **_pem_files(tmp_path)}
+    assert set(values) == set(WRITE_OPTIONS)
+    for given in (values, _spark_options(values), {name.lower(): value for name, value in values.items()}):
+        parsed = parse_write(given)
+        assert (parsed.bootstrap, parsed.topic, parsed.transactional_id_prefix) == ("h:1", "copy", "job")
+        assert (parsed.transaction_timeout_ms, parsed.prepared_timeout_ms) == (15_000, 5_000)
+        assert [tuple(h) for h in parsed.group_commit_with] == [("job/offsets", 7, 2)]
+        assert parsed.client_tls["token_file"] == values["tokenFile"]
+
+
+def test_the_spark_kafka_names_with_the_same_meaning_are_accepted_on_a_read():
+    parsed = parse_read({"kafka.bootstrap.servers": "a:1,b:2", "subscribe": "events",
+                         "kafka.isolation.level": "read_uncommitted"})
+    assert (parsed.bootstrap, parsed.topics, parsed.isolation) == ("a:1,b:2", ("events",), "read_uncommitted")
+    assert parse_read({**READ, "kafka.isolation.level": "read_committed"}).isolation == "read_committed"
+    assert parse_read(_spark_options({"kafka.bootstrap.servers": "a:1", "Subscribe": "x"})).topics == ("x",)
+
+
+def test_subscribe_takes_several_topics_like_topic():
+    assert parse_read({"bootstrap": "h:1", "subscribe": "a, b,c"}).topics == ("a", "b", "c")
+    with pytest.raises(OptionError, match=r"option 'subscribe' \(txlog's 'topic'\) must be a comma-separated list"):
+        parse_read({"bootstrap": "h:1", "subscribe": "a,a"})
+
+
+def test_kafka_bootstrap_servers_is_accepted_on_a_write():
+    assert parse_write({"kafka.bootstrap.servers": "a:1", "topic": "copy"}).bootstrap == "a:1"
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"kafka.bootstrap.servers": "nohost", "topic": "t"},
+     "option 'kafka.bootstrap.servers' (txlog's 'bootstrap') must be host:port"),
+    ({"bootstrap": "h:1", "topic": "t", "kafka.isolation.level": "READ_COMMITTED"},
+     "option 'kafka.isolation.level' (txlog's 'isolation') must be one of ('read_committed', 'read_uncommitted'), "
+     "not 'READ_COMMITTED'"),
+    ({"bootstrap": "h:1", "subscribe": " "}, "option 'subscribe' (txlog's 'topic') is required"),
+])
+def test_a_bad_value_given_by_its_kafka_name_names_it_and_txlogs_name(options, message):
+    with pytest.raises(OptionError) as error:
+        parse_read(options)
+    assert message in str(error.value)
+
+
+@pytest.mark.parametrize(("alias", "name", "value", "other"), [
+    ("kafka.bootstrap.servers", "bootstrap", "127.0.0.1:7300", "10.0.0.1:7300"),
+    ("subscribe", "topic", "events", "other"),
+    ("kafka.isolation.level", "isolation", "read_committed", "read_uncommitted"),
+])
+def test_a_kafka_name_and_its_txlog_name_must_agree(alias, name, value, other):
+    both = {**READ, name: value, alias: value}
+    assert parse_read(both) == parse_read({**READ, name: value})
+    for given in ({**READ, name: value, alias: other}, _spark_options({**READ, name: value, alias: other})):
+        with pytest.raises(OptionError) as error:
+            parse_read(given)
+        assert f"options '{name}' and '{alias}' both set '{name}', to different values ('{value}' and '{other}')" \
+            in str(error.value)
+
+
+def test_an_option_given_twice_in_different_cases_with_different_values_is_refused():
+    with pytest.raises(OptionError, match="options 'topic' and 'TOPIC' both set 'topic'"):
+        parse_read({**READ, "TOPIC": "other"})
+    with pytest.raises(OptionError, match="options 'bootstrap' and 'kafka.bootstrap.servers' both set 'bootstrap'"):
+        parse_write({**WRITE, "kafka.bootstrap.servers": "10.0.0.1:1"})
+
+
+@pytest.mark.parametrize(("option", "says"), [
+    ("maxOffsetsPerTrigger", "no streaming triggers"),
+    ("minOffsetsPerTrigger", "no streaming triggers"),
+    ("maxTriggerDelay", "no streaming triggers"),
+    ("startingOffsetsByTimestamp", "--to-datetime"),
+    ("endingOffsetsByTimestamp", "--to-datetime"),
+    ("startingTimestamp", "--to-datetime"),
+    ("subscribePattern", "name the topics in 'topic'"),
+    ("assign", "every partition of the topics in 'topic'"),
+    ("minPartitions", "'maxRecordsPerSplit' splits"),
+    ("kafka.group.id", "startingOffsets=committed:GROUP"),
+    ("groupIdPrefix", "startingOffsets=committed:GROUP"),
+    ("includeHeaders", "'headers' column is always read"),
+    ("kafka.security.protocol", "'tlsCa'"),
+])
+def test_a_spark_kafka_option_without_an_equivalent_is_refused_saying_what_txlog_does(option, says):
+    for given in (option, option.lower()):  # Spark may hand the key over lower-cased
+        with pytest.raises(OptionError) as error:
+            parse_read({**READ, given: "1"})
+        message = str(error.value)
+        assert f"unknown option '{option}' (a spark-sql-kafka option): txlog has no equivalent" in message
+        assert says in message
+
+
+@pytest.mark.parametrize("option", ["kafka.sasl.mechanism", "kafka.sasl.jaas.config", "kafka.ssl.truststore.location",
+                                    "kafka.ssl.keystore.password"])
+def test_kafka_security_settings_are_refused_naming_the_tls_options(option):
+    for parse, options in ((parse_read, READ), (parse_write, WRITE)):
+        with pytest.raises(OptionError) as error:
+            parse({**options, option: "x"})
+        assert f"unknown option '{option}' (a Kafka client setting): txlog has no equivalent" in str(error.value)
+        assert all(f"'{name}'" in str(error.value) for name in ("tlsCa", "tlsCert", "tlsKey", "tokenFile"))
+
+
+@pytest.mark.parametrize(("option", "instead"), [
+    ("maxRecordsPerPartition", "use txlog's 'maxRecordsPerSplit', which means the same"),
+    ("kafkaConsumer.pollTimeoutMs", "use txlog's 'pollTimeoutMs'"),
+])
+def test_a_spark_kafka_option_with_a_txlog_equivalent_names_it(option, instead):
+    with pytest.raises(OptionError, match=f"unknown option '{option}' \\(a spark-sql-kafka option\\): {instead}"):
+        parse_read({**READ, option.lower(): "10"})
+
+
+def test_every_spark_kafka_option_refused_is_no_txlog_option():
+    known = {name.lower() for name in (*READ_OPTIONS, *WRITE_OPTIONS)}
+    assert not known & set(KAFKA_OPTIONS)
+    assert parse_read({**READ, "failOnDataLoss": "false"}).fail_on_data_loss is False  # the same name in both
+
+
+@pytest.mark.parametrize(("parse", "options", "typo", "meant"), [
+    (parse_read, READ, "startingOffset", "startingOffsets"),
+    (parse_read, READ, "startingoffset", "startingOffsets"),
+    (parse_read, READ, "endingOfsets", "endingOffsets"),
+    (parse_read, READ, "boostrap", "bootstrap"),
+    (parse_read, READ, "topics", "topic"),
+    (parse_read, READ, "maxRecordsPerSplits", "maxRecordsPerSplit"),
+    (parse_read, READ, "isolationLevel", "kafka.isolation.level"),
+    (parse_read, READ, "kafka.bootstrap.server", "kafka.bootstrap.servers"),
+    (parse_write, WRITE, "transactionalIdPrefx", "transactionalIdPrefix"),
+    (parse_write, WRITE, "transactiontimeout", "transactionTimeoutMs"),
+    (parse_write, WRITE, "tlsCaCert", "tlsCert"),
+])
+def test_a_typo_is_refused_naming_the_closest_option(parse, options, typo, meant):
+    with pytest.raises(OptionError) as error:
+        parse({**options, typo: "1"})
+    assert str(error.value) == f"txlog: unknown option '{typo}': did you mean '{meant}'?"
+
+
+def test_an_option_like_none_is_refused_with_the_list_of_options():
+    with pytest.raises(OptionError) as error:
+        parse_read({**READ, "foo": "1"})
+    assert str(error.value) == ("txlog: unknown option 'foo': the read options are bootstrap, topic, startingOffsets, "
+                                "endingOffsets, isolation, maxRecordsPerSplit, failOnDataLoss, pollTimeoutMs, "
+                                "tlsCa, tlsCert, tlsKey, tokenFile")
+    with pytest.raises(OptionError, match=r"unknown option 'kafka.linger.ms' \(a Kafka client setting\): txlog has "
+                                          r"no equivalent; the write options are bootstrap, topic, transactionalIdPrefix"):
+        parse_write({**WRITE, "kafka.linger.ms": "5"})
+
+
+def test_a_path_is_refused_pointing_at_topic():
+    with pytest.raises(OptionError, match="a write takes no path .*name the topic in 'topic'"):
+        parse_write({**WRITE, "path": "copy"})
+
+
+@pytest.mark.parametrize(("parse", "options", "option", "message"), [
+    (parse_read, READ, "transactionalIdPrefix", "option 'transactionalIdPrefix' is a write option: a read does not take it"),
+    (parse_read, READ, "groupcommitwith", "option 'groupCommitWith' is a write option: a read does not take it"),
+    (parse_write, WRITE, "startingOffsets", "option 'startingOffsets' is a read option: a write does not take it"),
+    (parse_write, WRITE, "failOnDataLoss", "option 'failOnDataLoss' is a read option: a write does not take it"),
+    (parse_write, WRITE, "subscribe", "option 'subscribe' is a read option: a write does not take it; use 'topic'"),
+    (parse_write, WRITE, "kafka.isolation.level", "option 'kafka.isolation.level' is a read option: a write does not"),
+])
+def test_an_option_of_the_other_direction_is_refused_as_such(parse, options, option, message):
+    with pytest.raises(OptionError) as error:
+        parse({**options, option: "x"})
+    assert message in str(error.value)
+
+
+def test_several_unknown_options_are_all_named_at_once():
+    with pytest.raises(OptionError) as error:
+        parse_read({**READ, "maxOffsetsPerTrigger": "10", "startingOffset": "latest", "kafka.acks": "all"})
+    lines = str(error.value).splitlines()
+    assert [line.split(":")[1].strip() for line in lines] == \
+        ["unknown option 'maxOffsetsPerTrigger' (a spark-sql-kafka option)", "unknown option 'startingOffset'",
+         "unknown option 'kafka.acks' (a Kafka client setting)"]
+
+
+def test_an_unknown_option_is_refused_before_a_missing_one_is_reported():
+    with pytest.raises(OptionError, match="unknown option 'maxOffsetsPerTrigger'"):
+        parse_read({"maxOffsetsPerTrigger": "10"})
