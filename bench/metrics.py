@@ -43,7 +43,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=200_000, help="records per run (default: %(default)s)")
     parser.add_argument("--rounds", type=int, default=3, help="off + on rounds, alternating (default: %(default)s)")
-    parser.add_argument("--scrape-interval-s", type=float, default=5.0, help="how often /metrics is read (default: %(default)s)")
+    parser.add_argument("--scrape-interval-s", type=float, default=1.0, help="how often /metrics is read (default: %(default)s)")
     args = parser.parse_args(argv)
     if args.records < 1 or args.rounds < 1 or args.scrape_interval_s <= 0:
         parser.error("--records and --rounds must be >= 1, --scrape-interval-s > 0")
