@@ -395,7 +395,11 @@ class LocalCluster:
             client.close()
 
     def down(self, grace_s: float = STOP_GRACE_S) -> None:
-        """SIGTERM to every process (services before ZooKeeper), SIGKILL after the grace period."""
+        """SIGTERM to every process (services before ZooKeeper), SIGKILL after the grace period.
+        The processes are those cluster.json names now: another LocalCluster of
+        the same folder (a CLI call, a test) may have started some again."""
+        if (self.dir / STATE_FILE).exists():
+            self.state = ClusterState.from_json((self.dir / STATE_FILE).read_text())
         if self.state is None:
             return
         ordered = sorted(self.state.services.values(), key=lambda p: p.kind == "zookeeper")

@@ -120,6 +120,9 @@ async def _awaited(client: KazooClient, target, method: str, *args, **kwargs):
         raise unavailable(type(exc).__name__) from exc
 
 
+DEREGISTER_TIMEOUT_S = 2.0
+
+
 class ServiceRegistry:
     """Registers this instance as an ephemeral node and lists live instances."""
 
@@ -140,12 +143,19 @@ class ServiceRegistry:
         self._registered[path] = data
         self._write(path, data)
 
-    def deregister_all(self) -> None:
-        for path in list(self._registered):
-            self._registered.pop(path)
+    def deregister_all(self, timeout_s: float = DEREGISTER_TIMEOUT_S) -> None:
+        """Deletes this instance's registrations, waiting at most ``timeout_s``
+        for each. With ZooKeeper away nothing is waited for: kazoo would hold a
+        delete until the connection came back, which may be never, and a
+        shutdown must end; the ephemeral nodes go with the session anyway."""
+        paths = list(self._registered)
+        self._registered.clear()
+        if self.client.state != KazooState.CONNECTED:
+            return
+        for path in paths:
             try:
-                self.client.delete(path)
-            except (NoNodeError, *CONNECTION_ERRORS):
+                self.client.delete_async(path).get(timeout=timeout_s)
+            except (NoNodeError, self.client.handler.timeout_exception, *CONNECTION_ERRORS):
                 pass
 
     def live(self, kind: str) -> dict[int, str]:

@@ -13,7 +13,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from producer_id_svc import server as producer_id_server
 from services import config, telemetry, zk
 from services.channels import open_channel
-from services.cluster import pid_alive
+from services.client.two_phase import wait_until
+from services.cluster import health_serving, pid_alive
 from services.server import SERVER_SETTINGS, ServiceRuntime, rpc_handler
 from services.stubs.txlog.v1 import producer_id_pb2, producer_id_pb2_grpc
 
@@ -59,6 +60,19 @@ def test_sigterm_stops_the_process_with_status_0_and_deregisters(cluster):
     lines = [json.loads(line) for line in open(service.log) if line.startswith("{")]
     assert [line["msg"] for line in lines][-2:] == ["shutting down", "stopped"]
     assert not pid_alive(service.pid)
+
+
+def test_sigterm_stops_the_process_with_status_0_while_zookeeper_is_gone(cluster):
+    # found by orphaned services that hung in shutdown: deregistering waited for a ZooKeeper that never came back
+    service = cluster.add_service("producer_id_svc", 1)
+    cluster.kill("zookeeper")
+    try:
+        wait_until(lambda: not health_serving(service.address), 30, "the service noticing ZooKeeper gone")
+        assert cluster.stop(service.name, grace_s=30) == 0, "stopped by SIGTERM, not killed after the grace period"
+    finally:
+        cluster.start("zookeeper")
+    lines = [json.loads(line) for line in open(service.log) if line.startswith("{")]
+    assert [line["msg"] for line in lines][-1] == "stopped"
 
 
 class SlowServicer(producer_id_pb2_grpc.ProducerIdServiceServicer):
