@@ -25,11 +25,14 @@ Modules: ``producer`` (facade), ``accumulator`` (batching), ``sender`` (I/O
 loop), ``sequences`` (idempotence state machine), ``transactions`` (the
 transactional producer's state machine), ``txn_requests`` (coordinator
 requests), ``partitioner``,
-``consumer`` / ``fetcher`` / ``group`` (reading and committed offsets),
-``admin``, ``metadata`` (cluster metadata cache), ``transport`` (gRPC
-channels, test-only fault injection), ``requests`` (retry drivers),
-``errors`` (exceptions and the one error-sorting table), ``config``,
-``structs`` (value types), ``testing`` (an in-memory fake cluster for unit tests).
+``consumer`` / ``fetcher`` / ``group`` / ``membership`` (reading, committed
+offsets, group membership), ``admin``, ``aio`` (the asyncio clients over the
+synchronous ones), ``serde`` (serializers), ``shutdown`` (clients left open
+are closed at exit), ``console`` (what the ``txlog`` command prints),
+``metadata`` (cluster metadata cache), ``transport`` (gRPC channels, test-only
+fault injection), ``requests`` (retry drivers), ``errors`` (exceptions and the
+one error-sorting table), ``config``, ``structs`` (value types),
+``two_phase`` (run and task transactional ids of two-phase writes, waiting helpers).
 """
 
 from services.acls import AclBinding, AclFilter
