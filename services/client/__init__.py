@@ -32,7 +32,7 @@ are closed at exit), ``console`` (what the ``txlog`` command prints),
 ``metadata`` (cluster metadata cache), ``transport`` (gRPC channels, test-only
 fault injection), ``requests`` (retry drivers), ``errors`` (exceptions and the
 one error-sorting table), ``config``, ``structs`` (value types),
-``two_phase`` (run and task transactional ids of two-phase writes, waiting helpers).
+``two_phase`` (the exactly-once protocol of jobs whose tasks write in parallel and commit as one).
 """
 
 from services.acls import AclBinding, AclFilter
