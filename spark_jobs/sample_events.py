@@ -34,22 +34,12 @@ def events(count: int, seed: int = 1) -> list[tuple[str, str]]:
     return generated
 
 
-def event_time_ms(value: str) -> int:
-    """The record's timestamp: when the event happened, as a page-view tracker
-    would stamp it, so that the job counts a malformed event (by its record's
-    timestamp) in the windows of its neighbours, not on the day it was loaded."""
-    try:
-        return int(json.loads(value)["ts"])
-    except (ValueError, KeyError, TypeError):
-        return START_MS
-
-
 def load(bootstrap: str, topic: str, generated: list[tuple[str, str]], **client_tls: str) -> None:
     """Produces the events with an idempotent producer, keyed by user; raises if any failed."""
     failures = SendFailures()
     with Producer(bootstrap, linger_ms=20, **client_tls) as producer:
         for key, value in generated:
-            failures.watch(producer.send(topic, value=value, key=key, timestamp_ms=event_time_ms(value)))
+            failures.watch(producer.send(topic, value=value, key=key))
         producer.flush()
     failures.raise_first()
 

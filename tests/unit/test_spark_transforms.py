@@ -520,15 +520,6 @@ def test_send_row_turns_a_timestamp_column_into_epoch_ms():
     assert [fields["timestamp_ms"] for _, fields in producer.sent] == [1_795_076_800_123, 1_000]
 
 
-def test_every_sample_event_is_stamped_with_when_it_happened_malformed_ones_beside_their_neighbours():
-    generated = sample_events.events(5_000, seed=5)
-    malformed = [value for _, value in generated if value.startswith("not json")]
-    assert malformed, "the seed makes some malformed events"
-    stamps = [sample_events.event_time_ms(value) for _, value in generated]
-    assert all(sample_events.START_MS <= ts < sample_events.START_MS + sample_events.SPREAD_MS for ts in stamps)
-    assert stamps[3] == json.loads(generated[3][1])["ts"]
-
-
 def test_totals_are_printed_with_utc_window_starts(capsys):
     windowed_counts.print_totals([{"window_start_ms": 1_795_000_020_000, "section": "docs", "views": 3, "bytes": 70}])
     lines = capsys.readouterr().out.splitlines()
