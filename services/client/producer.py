@@ -429,9 +429,11 @@ class Producer:
 
     def commit_transaction(self, timeout_s: float | None = None) -> None:
         """Sends every record of the transaction, waits for them, then commits
-        (EndTxn): on return, the transaction's records and offsets are visible to
-        read_committed readers. If a record or request of the transaction failed,
-        raises TransactionAbortableError: call abort_transaction()."""
+        (EndTxn): on return the transaction is committed for good; its records
+        and offsets become visible to read_committed readers once the coordinator
+        has written its markers, a moment later (as in Kafka). If a record or
+        request of the transaction failed, raises TransactionAbortableError:
+        call abort_transaction()."""
         txn = self._transactional(Call.COMMIT)
         if txn.start(Call.COMMIT) is Verdict.STARTED:
             txn.wait_sends_done()

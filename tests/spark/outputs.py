@@ -9,6 +9,7 @@ import json
 
 from services.client import Admin, Consumer
 from services.client.admin import OPEN_STATES
+from services.client.two_phase import wait_until
 from spark_jobs import sample_events
 from spark_jobs.windowed_counts import MALFORMED, section_of
 
@@ -41,16 +42,36 @@ def expected_windows(count: int, seed: int = 1) -> dict[tuple[str, int], tuple[i
     return {key: tuple(v) for key, v in totals.items()}
 
 
+MARKERS_SETTLE_S = 15  # how long a read_committed read waits for the markers of transactions already committed
+
+
 def read_all(bootstrap: str, topic: str, isolation: str = "read_committed", **client_tls: str) -> list:
     with Consumer(bootstrap, isolation_level=isolation, **client_tls) as consumer:
         tps = [(topic, p) for p in consumer.partitions_for(topic)]
         consumer.assign(tps)
         consumer.seek_to_beginning(*tps)
+        if isolation == "read_committed":
+            settle(bootstrap, tps, client_tls)
         ends = consumer.end_offsets(tps)
         records = []
         while any(consumer.position(tp) < end for tp, end in ends.items()):
             records.extend(r for r in consumer.poll(timeout_s=1.0) if r.offset < ends[(r.topic, r.partition)])
         return records
+
+
+def settle(bootstrap: str, tps: list, client_tls: dict) -> None:
+    """Waits (at most MARKERS_SETTLE_S) until no transaction holds the topic's
+    last stable offset below its high watermark. A commit answers once its
+    decision is written; its markers follow (as in Kafka), and until they are
+    written read_committed readers stop short of the transaction. A test that
+    leaves a transaction open on purpose reads what is stable after the wait."""
+    with Admin(bootstrap, **client_tls) as admin:
+        try:
+            wait_until(lambda: {tp: o.offset for tp, o in admin.list_offsets(dict.fromkeys(tps, "last_stable")).items()}
+                       == {tp: o.offset for tp, o in admin.list_offsets(dict.fromkeys(tps, "latest")).items()},
+                       MARKERS_SETTLE_S, "the committed transactions' markers")
+        except TimeoutError:
+            pass
 
 
 def counts(bootstrap: str, topic: str, **client_tls: str) -> list[dict]:
