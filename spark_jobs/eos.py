@@ -56,7 +56,7 @@ import logging
 import random
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, NamedTuple
 
 from pyspark import TaskContext
@@ -68,7 +68,7 @@ from services.client.errors import ProducerFencedError
 from services.client.structs import ConsumerRecord
 from services.client.two_phase import wait_until
 from services.protocol import TransactionState
-from spark_jobs import options, planning, reading
+from spark_jobs import options, planning, reading, tracing
 from spark_jobs.writing import SendFailures, abort_quietly
 
 log = logging.getLogger("spark_jobs.eos")
@@ -104,6 +104,7 @@ class EosJob:
     transaction_timeout_ms: int = 60_000
     commit_scope: str = "partition"
     client_tls: Mapping[str, str] = field(default_factory=dict)  # the SDK's tls_ca= / tls_cert= / tls_key=
+    trace_context: Mapping[str, str] = field(default_factory=dict)  # the run's span, for the tasks' (tracing.py)
 
     @property
     def spark_tls_options(self) -> dict[str, str]:
@@ -191,7 +192,10 @@ def run_once(spark, job: EosJob) -> list[RangeResult]:
     if not ranges:
         return []
     spark.sparkContext.setJobDescription(f"{job.name}: {len(ranges)} ranges of {','.join(job.input_topics)}")
-    results = spark.sparkContext.parallelize(ranges, len(ranges)).map(lambda r: process_range(job, r)).collect()
+    with tracing.run_span("txlog.spark.run", {"txlog.job": job.name, "txlog.group": job.group,
+                                              "txlog.ranges": len(ranges)}) as trace_context:
+        traced = replace(job, trace_context=trace_context)
+        results = spark.sparkContext.parallelize(ranges, len(ranges)).map(lambda r: process_range(traced, r)).collect()
     for result in results:
         log.info("range %s-%d %s", result.topic, result.partition, result.status, extra={"fields": asdict(result)})
     return results
@@ -258,6 +262,14 @@ def _abort_offsets(job: EosJob, handle) -> None:
 
 
 def process_range(job: EosJob, offsets: planning.OffsetRange) -> RangeResult:
+    """One range's transaction, in a span of the run's trace (tracing.py)."""
+    attributes = {"txlog.partitions": [f"{offsets.topic}-{offsets.partition}"], "txlog.range": f"{offsets.start}-{offsets.end}",
+                  "txlog.transactional_id": job.transactional_id(offsets) if job.delivery == "exactly-once" else ""}
+    with tracing.task_span(job.trace_context, "txlog.spark.range", attributes) as tracer_provider:
+        return _process_range(job, offsets, tracer_provider)
+
+
+def _process_range(job: EosJob, offsets: planning.OffsetRange, tracer_provider) -> RangeResult:
     transform = load_transform(job.transform)
     context = TaskContext.get()
     attempt = context.attemptNumber() if context is not None else 0
@@ -265,7 +277,8 @@ def process_range(job: EosJob, offsets: planning.OffsetRange) -> RangeResult:
         return _at_least_once(job, offsets, transform, attempt)
     tid = job.transactional_id(offsets)
     for fenced_rounds in range(FENCED_ROUNDS_MAX):
-        with Producer(job.bootstrap, **job.client_tls, transactional_id=tid, transaction_timeout_ms=job.transaction_timeout_ms) as producer:
+        with Producer(job.bootstrap, **job.client_tls, transactional_id=tid, transaction_timeout_ms=job.transaction_timeout_ms,
+                      tracer_provider=tracer_provider) as producer:
             try:
                 producer.init_transactions()
                 start = _committed(job, offsets)

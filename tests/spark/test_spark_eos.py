@@ -164,3 +164,24 @@ def test_a_run_killed_mid_way_then_run_again_is_exactly_once(loaded):
     assert sorted((r["partition"], r["status"]) for r in rerun) == [(2, "committed"), (3, "committed")]
     assert_exactly_once(loaded)
     assert len(read_all(loaded, OUTPUT, "read_uncommitted")) > len(read_all(loaded, OUTPUT))  # the killed run's halves
+
+
+def test_one_trace_runs_from_the_job_through_each_ranges_transaction_to_its_commit(loaded):
+    more = sample_events.events(EVENTS + 8_000)[EVENTS + 7_000:]  # input no earlier run has counted
+    sample_events.load(loaded, INPUT, more)
+    job_process = run_job_process(loaded, "spark_jobs.windowed_counts:count_views", {"TXLOG_OTEL_EXPORTER": "console"})
+    stdout, stderr = job_process.communicate(timeout=240)
+    assert job_process.returncode == 0, stderr[-3000:]
+    (report,) = [json.loads(line) for line in stdout.splitlines() if line.startswith('{"run"')]
+    committed = {r["partition"] for r in report["ranges"] if r["status"] == "committed"}
+    assert committed, "the new input was counted"
+    spans = [json.loads(line)["span"] for line in stderr.splitlines() if line.startswith('{"span"')]
+    (run,) = [s for s in spans if s["name"] == "txlog.spark.run"]
+    trace_id = run["context"]["trace_id"]
+    ranges = [s for s in spans if s["name"] == "txlog.spark.range" and s["context"]["trace_id"] == trace_id]
+    assert {int(s["attributes"]["txlog.partitions"][0].rsplit("-", 1)[1]) for s in ranges} >= committed
+    assert all(s["parent_id"] == run["context"]["span_id"] for s in ranges), "each range's span a child of the run's"
+    end_txns = [s for s in spans if s["name"].endswith("/EndTxn") and s["context"]["trace_id"] == trace_id]
+    range_ids = {s["context"]["span_id"] for s in ranges}
+    assert len(end_txns) >= len(committed) and all(s["parent_id"] in range_ids for s in end_txns), \
+        "each commit's EndTxn call in its range's span, so the coordinator and the markers continue the trace"
