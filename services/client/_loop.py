@@ -26,6 +26,12 @@ from services.client.errors import ClientClosedError, ClientTimeoutError, IoThre
 T = TypeVar("T")
 STOP_TIMEOUT_S_DEFAULT = 5.0
 
+# Set while the interpreter exits (shutdown.py): a stopped loop is then left
+# open. gRPC's completion-queue poller may still hand it an event of a channel
+# just closed, and on a closed loop that prints "Event loop is closed" with a
+# traceback, the noise a script's exit must not make; the process is ending.
+interpreter_exiting = False
+
 
 class LoopThread:
     """An event loop running forever in a daemon thread named ``name``."""
@@ -50,7 +56,8 @@ class LoopThread:
             if pending:
                 self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
             self._loop.run_until_complete(self._loop.shutdown_asyncgens())
-            self._loop.close()
+            if not interpreter_exiting:
+                self._loop.close()
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:

@@ -14,6 +14,8 @@ import atexit
 import logging
 import weakref
 
+from services.client import _loop
+
 log = logging.getLogger(__name__)
 
 EXIT_CLOSE_TIMEOUT_S = 10.0
@@ -28,6 +30,7 @@ def close_at_exit(client) -> None:
 
 @atexit.register
 def _close_open_clients() -> None:
+    _loop.interpreter_exiting = True
     for client in list(_open):
         try:
             client.close_at_exit(EXIT_CLOSE_TIMEOUT_S)
