@@ -132,7 +132,9 @@ def test_another_coordinator_completes_a_commit_decided_before_a_crash(raw, txn_
     txn_cluster.kill(coordinator_name)  # the coordinator dies with the markers unsent
     txn_cluster.start(data_leader_name)
     wait_until(lambda: values(raw, "failover", 0, COMMITTED) == ["decided"], timeout_s=40, what="the other coordinator's markers")
-    assert producer.describe().state == TransactionState.COMPLETE_COMMIT.to_proto()
+    # CompleteCommit is written once the markers are: a moment after a reader sees them (seen in CI)
+    wait_until(lambda: producer.describe().state == TransactionState.COMPLETE_COMMIT.to_proto(), timeout_s=40,
+               what="the transaction completed")
     txn_cluster.start(coordinator_name)
 
 
