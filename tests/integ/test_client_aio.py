@@ -99,7 +99,12 @@ def test_produce_consume_round_trip(bootstrap):
             assert consumer.assignment() == set(tps)
             first = await consumer.getone()
             some = _flat(await consumer.getmany(timeout_ms=5000, max_records=7))
-            assert 1 <= len(some) <= 7
+            assert some and len(some) <= 7, "records, never more than max_records"
+            offsets_by_partition: dict[int, list[int]] = {}
+            for record in some:
+                offsets_by_partition.setdefault(record.partition, []).append(record.offset)
+            assert all(offsets == list(range(offsets[0], offsets[0] + len(offsets))) for offsets in offsets_by_partition.values()), \
+                "each partition's records in offset order, none skipped"
             rest = await _read(consumer, 61 - 1 - len(some))
             records = [first, *some, *rest]
             more = [record async for record in consumer]  # ends after consumer_timeout_ms without a record
