@@ -150,6 +150,16 @@ class PartitionServiceStub:
                 request_serializer=txlog_dot_v1_dot_partition__pb2.CreatePartitionsRequest.SerializeToString,
                 response_deserializer=txlog_dot_v1_dot_partition__pb2.CreatePartitionsResponse.FromString,
                 _registered_method=True)
+        self.DeleteTopics = channel.unary_unary(
+                '/txlog.v1.PartitionService/DeleteTopics',
+                request_serializer=txlog_dot_v1_dot_partition__pb2.DeleteTopicsRequest.SerializeToString,
+                response_deserializer=txlog_dot_v1_dot_partition__pb2.DeleteTopicsResponse.FromString,
+                _registered_method=True)
+        self.DeleteRecords = channel.unary_unary(
+                '/txlog.v1.PartitionService/DeleteRecords',
+                request_serializer=txlog_dot_v1_dot_partition__pb2.DeleteRecordsRequest.SerializeToString,
+                response_deserializer=txlog_dot_v1_dot_partition__pb2.DeleteRecordsResponse.FromString,
+                _registered_method=True)
 
 
 class PartitionServiceServicer:
@@ -334,6 +344,29 @@ class PartitionServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DeleteTopics(self, request, context):
+        """Deletes topics (Kafka's DeleteTopics): at once they are unknown to every
+        request (UNKNOWN_TOPIC_OR_PARTITION), then their partitions go from every
+        replica, their state and configs from ZooKeeper, and groups' committed
+        offsets for them. Internal topics ("__" names) are refused. Answers when
+        the deletion is complete, or REQUEST_TIMED_OUT (retriable) at timeout_ms
+        while it goes on; a topic of the same name may be created once it is gone.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteRecords(self, request, context):
+        """Moves partitions' log start offsets forward (Kafka's DeleteRecords): the
+        records below go, on the leader at once and on every replica as it
+        follows. Answers each partition's low watermark (the lowest log start of
+        its in-sync replicas) once every in-sync replica has moved, or
+        REQUEST_TIMED_OUT at timeout_ms while they go on.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PartitionServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -451,6 +484,16 @@ def add_PartitionServiceServicer_to_server(servicer, server):
                     servicer.CreatePartitions,
                     request_deserializer=txlog_dot_v1_dot_partition__pb2.CreatePartitionsRequest.FromString,
                     response_serializer=txlog_dot_v1_dot_partition__pb2.CreatePartitionsResponse.SerializeToString,
+            ),
+            'DeleteTopics': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteTopics,
+                    request_deserializer=txlog_dot_v1_dot_partition__pb2.DeleteTopicsRequest.FromString,
+                    response_serializer=txlog_dot_v1_dot_partition__pb2.DeleteTopicsResponse.SerializeToString,
+            ),
+            'DeleteRecords': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteRecords,
+                    request_deserializer=txlog_dot_v1_dot_partition__pb2.DeleteRecordsRequest.FromString,
+                    response_serializer=txlog_dot_v1_dot_partition__pb2.DeleteRecordsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1074,6 +1117,60 @@ class PartitionService:
             '/txlog.v1.PartitionService/CreatePartitions',
             txlog_dot_v1_dot_partition__pb2.CreatePartitionsRequest.SerializeToString,
             txlog_dot_v1_dot_partition__pb2.CreatePartitionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteTopics(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/txlog.v1.PartitionService/DeleteTopics',
+            txlog_dot_v1_dot_partition__pb2.DeleteTopicsRequest.SerializeToString,
+            txlog_dot_v1_dot_partition__pb2.DeleteTopicsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteRecords(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/txlog.v1.PartitionService/DeleteRecords',
+            txlog_dot_v1_dot_partition__pb2.DeleteRecordsRequest.SerializeToString,
+            txlog_dot_v1_dot_partition__pb2.DeleteRecordsResponse.FromString,
             options,
             channel_credentials,
             insecure,
