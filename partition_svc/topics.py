@@ -157,10 +157,20 @@ class TopicRegistry:
     async def request_reassignment(self, topic: str, index: int, target: tuple[int, ...]) -> None:
         path = posixpath.join(self.reassignments_base, topic, str(index))
         data = json.dumps({"target": list(target)}).encode()
-        try:
-            await zk.call(self.client, "create", path, data, makepath=True)
-        except NodeExistsError:
-            await zk.call(self.client, "set", path, data)
+        # The controller deletes a finished reassignment's node at any moment,
+        # so "exists" may be stale by the time it is overwritten: go round
+        # until one of the two writes lands.
+        while True:
+            try:
+                await zk.call(self.client, "create", path, data, makepath=True)
+                return
+            except NodeExistsError:
+                pass
+            try:
+                await zk.call(self.client, "set", path, data)
+                return
+            except NoNodeError:
+                pass
 
     async def reassignments(self) -> dict[tuple[str, int], tuple[int, ...]]:
         """Every reassignment in progress: {(topic, partition): target replicas}."""
