@@ -826,22 +826,33 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
         if unknown:
             raise validation.invalid(f"unknown topic config {unknown[0][:100]!r} to delete; known: "
                                      f"{sorted(validation.TOPIC_CONFIG_DEFAULTS)}", "INVALID_CONFIG")
-        for _ in range(CONFIG_WRITE_ATTEMPTS):
-            versioned = await self.topics.versioned(change.topic)
-            if versioned is None:
-                raise TxlogError(ErrorCode.Value("UNKNOWN_TOPIC_OR_PARTITION"), f"topic {change.topic!r} does not exist")
-            info, version = versioned
+
+        async def attempt(info: TopicInfo, version: int) -> dict[str, str] | None:
             kept = {key: value for key, value in info.configs.items() if key not in change.delete}
             configs = validation.topic_configs({**kept, **change.set}, self.config.record_bytes_max, info.replication_factor)
             if validate_only or configs == info.configs:
                 return configs
             written = await self.topics.write_configs(info, configs, version)
-            if written is not None:
-                self.replicas.apply_configs(written)
-                log.info("topic configs altered", extra=fields(topic=change.topic, set=dict(change.set), deleted=list(change.delete)))
-                return configs
-        raise TxlogError(ErrorCode.Value("REQUEST_TIMED_OUT"),
-                         f"topic {change.topic!r} kept changing while its configs were written; retry")
+            if written is None:
+                return None
+            self.replicas.apply_configs(written)
+            log.info("topic configs altered", extra=fields(topic=change.topic, set=dict(change.set), deleted=list(change.delete)))
+            return configs
+
+        return await self.change_topic(change.topic, attempt, "its configs were written")
+
+    async def change_topic(self, topic: str, attempt, doing: str):
+        """Runs ``attempt(info, version)`` on the topic as ZooKeeper holds it
+        until it answers something other than None (None: its conditional write
+        lost to another change of the topic, so read again and redo)."""
+        for _ in range(CONFIG_WRITE_ATTEMPTS):
+            versioned = await self.topics.versioned(topic)
+            if versioned is None:
+                raise TxlogError(ErrorCode.Value("UNKNOWN_TOPIC_OR_PARTITION"), f"topic {topic!r} does not exist")
+            done = await attempt(*versioned)
+            if done is not None:
+                return done
+        raise TxlogError(ErrorCode.Value("REQUEST_TIMED_OUT"), f"topic {topic!r} kept changing while {doing}; retry")
 
     @server.rpc_handler
     async def CreatePartitions(self, request, context):
@@ -863,11 +874,8 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
             raise TxlogError(ErrorCode.Value("INVALID_PARTITIONS"), f"{topic} is internal: its partition count places "
                              "transactional ids and groups, and stays as it was created")
         validation.check_partition_count(total, self.config.partitions_per_topic_max)
-        for _ in range(CONFIG_WRITE_ATTEMPTS):
-            versioned = await self.topics.versioned(topic)
-            if versioned is None:
-                raise TxlogError(ErrorCode.Value("UNKNOWN_TOPIC_OR_PARTITION"), f"topic {topic!r} does not exist")
-            info, version = versioned
+
+        async def attempt(info: TopicInfo, version: int) -> int | None:
             if total <= info.partition_count:
                 raise TxlogError(ErrorCode.Value("INVALID_PARTITIONS"), f"topic {topic!r} has {info.partition_count} partitions: "
                                  f"a new count must be more (partitions are never removed), got {total}")
@@ -881,11 +889,13 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
             start = partition_for_id(topic, len(nodes))
             placed = placement.assign_replicas(total, info.replication_factor, racks, start=start, shift=start)[info.partition_count:]
             grown = await self.topics.add_partitions(info, [tuple(r) for r in placed], version, self.replicas.controller_epoch)
-            if grown is not None:
-                self.controller.wake()
-                log.info("partitions added", extra=fields(topic=topic, partitions=grown.partition_count))
-                return grown.partition_count
-        raise TxlogError(ErrorCode.Value("REQUEST_TIMED_OUT"), f"topic {topic!r} kept changing while partitions were added; retry")
+            if grown is None:
+                return None
+            self.controller.wake()
+            log.info("partitions added", extra=fields(topic=topic, partitions=grown.partition_count))
+            return grown.partition_count
+
+        return await self.change_topic(topic, attempt, "partitions were added")
 
     # --- consumer groups ---------------------------------------------------------------
 
