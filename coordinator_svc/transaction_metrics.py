@@ -43,7 +43,9 @@ class TransactionMetrics:
     def _open_transactions(self):
         for loaded in self._partitions():
             if loaded.loaded:
-                yield from (m for m in loaded.transactions.values() if m.state in OPEN_TRANSACTION_STATES)
+                # A scrape runs on the exporter's thread while the loop adds and removes transactions:
+                # list() copies the values in one step (under the GIL) before they are walked.
+                yield from (m for m in list(loaded.transactions.values()) if m.state in OPEN_TRANSACTION_STATES)
 
     def _open(self, _: CallbackOptions) -> Iterable[Observation]:
         by_state = Counter(m.state.value for m in self._open_transactions())

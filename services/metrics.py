@@ -14,6 +14,7 @@ service adds its own instruments on ``meter``.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -102,6 +103,10 @@ class ServiceMetrics:
             status = grpc.StatusCode.OK
             try:
                 return await handler(request, context)
+            except asyncio.CancelledError:
+                # The caller went (its deadline, a cancelled poll): not a server failure, whatever the context says.
+                status = grpc.StatusCode.CANCELLED
+                raise
             except BaseException:
                 status = _status_of(context)
                 raise
