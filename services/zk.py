@@ -30,6 +30,7 @@ import json
 import logging
 import os
 import posixpath
+import threading
 from collections.abc import Callable
 
 from kazoo.client import KazooClient, KazooState
@@ -130,6 +131,7 @@ class ServiceRegistry:
         self.client = client
         self.root = root
         self._registered: dict[str, bytes] = {}
+        self._live: dict[str, LiveInstances] = {}
         client.add_listener(self._on_state)
 
     def path(self, kind: str, node_id: int | None = None) -> str:
@@ -164,24 +166,10 @@ class ServiceRegistry:
 
     def live_details(self, kind: str) -> dict[int, dict]:
         """node_id -> what each live instance of a kind registered (address, details)."""
-        base = self.path(kind)
-        try:
-            children = self.client.get_children(base)
-        except NoNodeError:
-            return {}
-        except CONNECTION_ERRORS as exc:
-            raise unavailable(type(exc).__name__) from exc
-        instances = {}
-        for child in children:
-            try:
-                data, _ = self.client.get(posixpath.join(base, child))
-            except NoNodeError:
-                continue
-            except CONNECTION_ERRORS as exc:
-                raise unavailable(type(exc).__name__) from exc
-            info = json.loads(data)
-            instances[int(info["node_id"])] = info
-        return instances
+        view = self._live.get(kind)
+        if view is None:
+            view = self._live.setdefault(kind, LiveInstances(self.client, self.path(kind)))
+        return view.read()
 
     def _write(self, path: str, data: bytes) -> None:
         self.client.ensure_path(posixpath.dirname(path))
@@ -197,6 +185,9 @@ class ServiceRegistry:
     def _on_state(self, state: str) -> None:
         # Ephemeral nodes vanish with a lost session; write them again once a new
         # session exists. The listener runs on kazoo's thread, which must not block.
+        if state != KazooState.CONNECTED:  # watches may be gone with the session: read again once back
+            for view in list(self._live.values()):
+                view.changed()
         if state == KazooState.CONNECTED and self._registered:
             self.client.handler.spawn(self._reregister)
 
@@ -207,6 +198,62 @@ class ServiceRegistry:
                     self._write(path, data)
             except CONNECTION_ERRORS:
                 return
+
+
+class LiveInstances:
+    """The live instances of one kind, read from ZooKeeper again only after a
+    watch said something changed under them (an instance came, went or
+    registered again), instead of 1 + n reads on every call.
+
+    Invariant: while ``stale`` is false, a watch is set on the folder's
+    children and on every child's data as the cache holds them, so any change
+    fires one and sets ``stale`` before the next read. ``stale`` is cleared
+    before a read sets its watches, so a change during the read is not lost:
+    it makes the next call read again. A lost connection makes it stale too
+    (ServiceRegistry._on_state): watches do not outlive a session.
+    """
+
+    def __init__(self, client: KazooClient, base: str):
+        self.client = client
+        self.base = base
+        self.stale = True
+        self.instances: dict[int, dict] = {}
+        self._lock = threading.Lock()
+
+    def changed(self, _event=None) -> None:
+        self.stale = True
+
+    def read(self) -> dict[int, dict]:
+        with self._lock:
+            if not self.stale and self.client.state == KazooState.CONNECTED:
+                return dict(self.instances)
+            self.stale = False
+            try:
+                self.instances = self._read()
+            except BaseException:
+                self.stale = True
+                raise
+            return dict(self.instances)
+
+    def _read(self) -> dict[int, dict]:
+        try:
+            try:
+                children = self.client.get_children(self.base, watch=self.changed)
+            except NoNodeError:
+                if self.client.exists(self.base, watch=self.changed) is not None:  # created in between
+                    self.stale = True
+                return {}
+            instances = {}
+            for child in children:
+                try:
+                    data, _ = self.client.get(posixpath.join(self.base, child), watch=self.changed)
+                except NoNodeError:
+                    continue
+                info = json.loads(data)
+                instances[int(info["node_id"])] = info
+            return instances
+        except CONNECTION_ERRORS as exc:
+            raise unavailable(type(exc).__name__) from exc
 
 
 def add_state_listener(client: KazooClient, on_change: Callable[[bool], None]) -> None:

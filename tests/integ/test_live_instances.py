@@ -1,0 +1,89 @@
+"""The live-instance lists services read (ServiceRegistry.live) against a real
+ZooKeeper: served from memory between changes, yet every change (an instance
+coming, going, registering again with another address) seen through watches."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+from kazoo.client import KazooState
+
+from services import zk
+from services.client.two_phase import wait_until
+from services.cluster import LocalCluster
+
+ROOT = "/live-instances"
+
+
+@pytest.fixture(scope="module")
+def zookeeper(tmp_path_factory):
+    local = LocalCluster(tmp_path_factory.mktemp("live-instances") / "cluster")
+    local.up(producer_id_svcs=0, partition_svcs=0, coordinator_svcs=0)
+    yield local.state.zookeeper
+    local.down(grace_s=5)
+
+
+@pytest.fixture
+def sessions(zookeeper):
+    made = []
+
+    def session():
+        client = zk.connect(zookeeper)
+        made.append(client)
+        return client
+
+    yield session
+    for client in made:
+        client.stop()
+        client.close()
+
+
+def requests_received(connection: str) -> int:
+    host, port = connection.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as conn:
+        conn.sendall(b"mntr")
+        answer = b""
+        while chunk := conn.recv(65536):
+            answer += chunk
+    return int(dict(line.split("\t", 1) for line in answer.decode().splitlines() if "\t" in line)["zk_packets_received"])
+
+
+def test_instances_coming_going_and_moving_are_seen(sessions):
+    reader = zk.ServiceRegistry(sessions(), ROOT)
+    assert reader.live("kind") == {}  # the folder does not exist yet
+    first = zk.ServiceRegistry(sessions(), ROOT)
+    first.register("kind", 1, "10.0.0.1:1")
+    wait_until(lambda: reader.live("kind") == {1: "10.0.0.1:1"}, 30, "the first instance seen")
+    second_session = sessions()
+    zk.ServiceRegistry(second_session, ROOT).register("kind", 2, "10.0.0.2:2")
+    wait_until(lambda: reader.live("kind") == {1: "10.0.0.1:1", 2: "10.0.0.2:2"}, 30, "the second instance seen")
+    first.register("kind", 1, "10.0.0.9:9")  # registered again elsewhere: same child name, new data
+    wait_until(lambda: reader.live("kind")[1] == "10.0.0.9:9", 30, "the new address seen")
+    second_session.stop()  # its session ends: the ephemeral node goes
+    wait_until(lambda: reader.live("kind") == {1: "10.0.0.9:9"}, 30, "the second instance gone")
+
+
+def test_between_changes_the_list_is_served_without_asking_zookeeper(zookeeper, sessions):
+    zk.ServiceRegistry(sessions(), ROOT + "-quiet").register("kind", 1, "10.0.0.1:1")
+    reader = zk.ServiceRegistry(sessions(), ROOT + "-quiet")
+    assert reader.live("kind") == {1: "10.0.0.1:1"}
+    before = requests_received(zookeeper)
+    for _ in range(300):
+        assert reader.live("kind") == {1: "10.0.0.1:1"}
+    # Uncached, each call would be 2 requests (the children, the one instance): 600. Pings of the
+    # test's sessions and the mntr connection itself are the few that remain.
+    assert requests_received(zookeeper) - before < 30
+
+
+def test_a_connection_problem_makes_the_next_read_ask_zookeeper_again(sessions):
+    owner = zk.ServiceRegistry(sessions(), ROOT + "-blip")
+    owner.register("kind", 1, "10.0.0.1:1")
+    reader_session = sessions()
+    reader = zk.ServiceRegistry(reader_session, ROOT + "-blip")
+    assert reader.live("kind") == {1: "10.0.0.1:1"}
+    view = reader._live["kind"]
+    assert not view.stale
+    reader._on_state(KazooState.SUSPENDED)  # what kazoo tells its listeners when the connection drops
+    assert view.stale
+    assert reader.live("kind") == {1: "10.0.0.1:1"} and not view.stale
