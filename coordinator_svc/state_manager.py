@@ -79,6 +79,7 @@ class TransactionStateManager:
         # answering from state another owner may have changed since. Shorter than
         # the ZooKeeper session timeout, after which another owner can take over.
         self.lease_s = config.ownership_lease_ms / 1000
+        self.owners = coordinators.WatchedOwners(zookeeper, config.zookeeper_root)
         # What the coordinator does once a partition's records are in memory: resume its decisions, mark it loaded.
         self.on_loaded = on_loaded
 
@@ -250,7 +251,7 @@ class TransactionStateManager:
     async def owner_address(self, transactional_id: str) -> tuple[int, str, int, int]:
         """(node id, address, partition, coordinator epoch) of the id's coordinator."""
         index = self.partition_of(transactional_id)
-        current = await coordinators.read_owner(self.zookeeper, self.config.zookeeper_root, index)
+        current = await self.owners.get(index)
         if current is None:
             raise error("COORDINATOR_NOT_AVAILABLE", f"transaction log partition {index} has no owner yet; retry")
         live = await asyncio.to_thread(self.registry.live, coordinators.COORDINATOR_KIND)

@@ -125,7 +125,7 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
         self.topics = TopicRegistry(runtime.zookeeper, runtime.config.zookeeper_root)
         self.limits = validation.BatchLimits(runtime.config.records_per_batch_max, runtime.config.batch_bytes_max)
         self._live_nodes: dict[str, tuple[float, dict[int, str]]] = {}
-        self._owners: dict[int, tuple[float, object]] = {}
+        self._owners = coordinators.WatchedOwners(runtime.zookeeper, runtime.config.zookeeper_root)
         self.peers = PeerClient(runtime.registry, tls_files=runtime.tls_files)  # coordinators (verification), producer_id_svc, other replicas
         self.verifier = TransactionVerifier(self.transaction_coordinator, self.peers)
         cfg = runtime.config
@@ -187,24 +187,23 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
         return found
 
     async def transaction_log_owner(self, index: int, *, fresh: bool = False):
-        """The owner of a __transaction_state partition and its node version (or None),
-        read from ZooKeeper at most once per cache period unless ``fresh``."""
-        cached = self._owners.get(index)
-        if not fresh and cached is not None and time.monotonic() - cached[0] < self.config.live_nodes_cache_ms / 1000:
-            return cached[1]
-        owner = await coordinators.read_owner(self.runtime.zookeeper, self.config.zookeeper_root, index)
-        self._owners[index] = (time.monotonic(), owner)
-        return owner
+        """The owner of a __transaction_state partition and its node version (or
+        None): kept in memory and read again when a ZooKeeper watch says it
+        changed, or at once when ``fresh``."""
+        return await self._owners.get(index, fresh=fresh)
 
     async def check_internal_writer(self, topic: str, index: int, batch) -> None:
         """Internal topics take no client's records: __consumer_offsets is written
         only by OffsetCommit/TxnOffsetCommit here, __transaction_state only by the
         coordinator owning the partition (its log producer id, in the owner node).
-        A stray record there would stop every later load of the partition."""
+        A stray record there would stop every later load of the partition. The
+        owner's id is taken from memory, which a watch keeps current (it was a
+        ZooKeeper read per log write); a refusal is only ever decided on a fresh read."""
         if topic == TRANSACTION_STATE_TOPIC:
-            owner = await self.transaction_log_owner(index, fresh=True)
-            if owner is not None and batch.producer_id == owner[0].log_producer_id:
-                return
+            for fresh in (False, True):
+                owner = await self.transaction_log_owner(index, fresh=fresh)
+                if owner is not None and batch.producer_id == owner[0].log_producer_id:
+                    return
         raise TxlogError(ErrorCode.Value("INVALID_TOPIC"),
                          f"{topic} is an internal topic: only its owner writes to it (offsets go through OffsetCommit)")
 

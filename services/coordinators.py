@@ -78,6 +78,26 @@ def owner_path(root: str, partition: int) -> str:
     return posixpath.join(owners_path(root), str(partition))
 
 
+class WatchedOwners:
+    """The owners of the __transaction_state partitions as read_owner answers
+    them, each kept in memory and read again once a ZooKeeper watch says it
+    changed (or at once when ``fresh``): for answers that may lag a change by
+    a notification (FindCoordinator, which a client retries on
+    NOT_COORDINATOR), never for a coordinator confirming its own lease."""
+
+    def __init__(self, client: KazooClient, root: str):
+        self.client = client
+        self.root = root
+        self._nodes: dict[int, zk.WatchedNode] = {}
+
+    async def get(self, partition: int, *, fresh: bool = False) -> tuple[PartitionOwner, int] | None:
+        node = self._nodes.get(partition)
+        if node is None:
+            node = self._nodes.setdefault(partition, zk.WatchedNode(self.client, owner_path(self.root, partition)))
+        value = await node.get(fresh=fresh)
+        return None if value is None else (PartitionOwner.decode(value[0]), value[1].version)
+
+
 async def read_owner(client: KazooClient, root: str, partition: int) -> tuple[PartitionOwner, int] | None:
     """The owner of a __transaction_state partition and the node's version, or None."""
     try:

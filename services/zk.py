@@ -256,6 +256,40 @@ class LiveInstances:
             raise unavailable(type(exc).__name__) from exc
 
 
+class WatchedNode:
+    """One znode's data and stat (None while it does not exist), read from
+    ZooKeeper again only after a watch said it changed, or after the
+    connection dropped (watches do not outlive a session). Same invariant as
+    LiveInstances: ``stale`` is cleared before the read that sets the watch."""
+
+    def __init__(self, client: KazooClient, path: str):
+        self.client = client
+        self.path = path
+        self.stale = True
+        self.value = None
+        add_state_listener(client, lambda connected: None if connected else self.changed())
+
+    def changed(self, _event=None) -> None:
+        self.stale = True
+
+    async def get(self, *, fresh: bool = False):
+        """(data, stat) or None; ``fresh``: read it from ZooKeeper whatever the cache says."""
+        if not fresh and not self.stale and self.client.state == KazooState.CONNECTED:
+            return self.value
+        self.stale = False
+        try:
+            try:
+                self.value = await call(self.client, "get", self.path, watch=self.changed)
+            except NoNodeError:
+                self.value = None
+                if await call(self.client, "exists", self.path, watch=self.changed) is not None:  # created in between
+                    self.stale = True
+        except BaseException:
+            self.stale = True
+            raise
+        return self.value
+
+
 def add_state_listener(client: KazooClient, on_change: Callable[[bool], None]) -> None:
     """Calls ``on_change(connected)`` (from kazoo's thread) on every session change."""
     client.add_listener(lambda state: on_change(state == KazooState.CONNECTED))

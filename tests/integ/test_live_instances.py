@@ -87,3 +87,27 @@ def test_a_connection_problem_makes_the_next_read_ask_zookeeper_again(sessions):
     reader._on_state(KazooState.SUSPENDED)  # what kazoo tells its listeners when the connection drops
     assert view.stale
     assert reader.live("kind") == {1: "10.0.0.1:1"} and not view.stale
+
+
+def test_a_watched_node_follows_creation_change_and_deletion_and_otherwise_asks_nothing(zookeeper, sessions):
+    import asyncio
+
+    writer, reader = sessions(), sessions()
+    node = zk.WatchedNode(reader, ROOT + "-node/owner")
+
+    def seen():
+        value = asyncio.run(node.get())
+        return None if value is None else value[0]
+
+    assert seen() is None
+    writer.create(ROOT + "-node/owner", b"one", makepath=True)
+    wait_until(lambda: seen() == b"one", 30, "the creation seen")
+    writer.set(ROOT + "-node/owner", b"two")
+    wait_until(lambda: seen() == b"two", 30, "the change seen")
+    before = requests_received(zookeeper)
+    for _ in range(300):
+        assert seen() == b"two"
+    assert requests_received(zookeeper) - before < 30
+    assert asyncio.run(node.get(fresh=True))[0] == b"two"
+    writer.delete(ROOT + "-node/owner")
+    wait_until(lambda: seen() is None, 30, "the deletion seen")
