@@ -13,6 +13,13 @@ outstanding), then measures, one call at a time, ``--samples`` calls each:
 and, after each level, partition_svc's resident memory (VmRSS) and the time a
 restart (SIGTERM, start) takes until the partition answers ListOffsets again.
 
+Then, on a second cluster with a coordinator_svc, what ZooKeeper does for the
+work (its ``mntr`` counters, the services' own session pings over the same
+time subtracted): requests and znodes per ``--transactions`` one-record
+transactions through the SDK's transactional Producer, and per
+``--producer-ids-allocated`` InitProducerId calls without a transactional id
+(target: none per transaction; a block write per 1,000 producer ids).
+
 The baseline is the first level (few producers) of the same run: the target is
 latency flat within 20% (p50 at every level at most 1.2 times the first's),
 which a last stable offset computed by scanning every producer on every call
@@ -28,6 +35,7 @@ import argparse
 import asyncio
 import json
 import os
+import socket
 import statistics
 import sys
 import tempfile
@@ -55,6 +63,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="distinct producer ids seen on the partition, per level (default: %(default)s)")
     parser.add_argument("--samples", type=int, default=300, help="calls per latency figure (default: %(default)s)")
     parser.add_argument("--in-flight", type=int, default=64, help="produce requests outstanding while filling (default: %(default)s)")
+    parser.add_argument("--transactions", type=int, default=1000, help="transactions in the ZooKeeper figure (default: %(default)s)")
+    parser.add_argument("--producer-ids-allocated", type=int, default=1000,
+                        help="InitProducerId calls in the ZooKeeper figure (default: %(default)s)")
     return parser.parse_args(argv)
 
 
@@ -201,6 +212,73 @@ def measure(cluster: LocalCluster, args: argparse.Namespace) -> dict:
     }
 
 
+def zookeeper_counters(connection: str) -> dict[str, int]:
+    """ZooKeeper's ``mntr`` four-letter word: packets received and znodes."""
+    host, port = connection.split(",")[0].rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as conn:
+        conn.sendall(b"mntr")
+        answer = b""
+        while chunk := conn.recv(65536):
+            answer += chunk
+    values = dict(line.split("\t", 1) for line in answer.decode().splitlines() if "\t" in line)
+    return {"packets_received": int(values["zk_packets_received"]), "znodes": int(values["zk_znode_count"])}
+
+
+def zookeeper_per_work(cluster: LocalCluster, work, count: int) -> dict:
+    """ZooKeeper requests and new znodes while ``work()`` runs, less what the
+    cluster asks of ZooKeeper idle over as long (session pings, refreshes)."""
+    before = zookeeper_counters(cluster.state.zookeeper)
+    started = time.monotonic()
+    work()
+    seconds = time.monotonic() - started
+    after = zookeeper_counters(cluster.state.zookeeper)
+    idle_before = after
+    time.sleep(seconds)  # a baseline of the same length, nothing running
+    idle_after = zookeeper_counters(cluster.state.zookeeper)
+    busy = after["packets_received"] - before["packets_received"]
+    idle = idle_after["packets_received"] - idle_before["packets_received"]
+    return {"operations": count, "seconds": round(seconds, 2), "requests": busy, "idle_requests_same_time": idle,
+            "requests_per_1000": round((busy - idle) * 1000 / count, 1),
+            "new_znodes_per_1000": round((after["znodes"] - before["znodes"]) * 1000 / count, 1)}
+
+
+def measure_zookeeper(workdir: str, args: argparse.Namespace) -> dict:
+    from services.client import Producer
+    from services.stubs.txlog.v1 import coordinator_pb2, coordinator_pb2_grpc
+
+    cluster = LocalCluster(Path(workdir) / "zookeeper-cluster")
+    cluster.up(producer_id_svcs=1, partition_svcs=1, coordinator_svcs=1)
+    try:
+        cluster.wait_until_coordinators_settle()
+        bootstrap = cluster.state.bootstrap
+        with grpc.insecure_channel(bootstrap.split(",")[0]) as channel:
+            partition_pb2_grpc.PartitionServiceStub(channel).CreateTopics(partition_pb2.CreateTopicsRequest(topics=[
+                partition_pb2.CreatableTopic(name="zk-txn", partition_count=1, replication_factor=1)]), timeout=30)
+            init = coordinator_pb2_grpc.CoordinatorServiceStub(channel).InitProducerId
+
+            def allocate() -> None:
+                for _ in range(args.producer_ids_allocated):
+                    init(coordinator_pb2.InitProducerIdRequest(producer_id=-1, producer_epoch=-1), timeout=30)
+
+            progress(f"ZooKeeper per {args.producer_ids_allocated} producer ids")
+            producer_ids = zookeeper_per_work(cluster, allocate, args.producer_ids_allocated)
+        with Producer(bootstrap, transactional_id="zk-txn") as producer:
+            producer.init_transactions()
+
+            def transact() -> None:
+                for i in range(args.transactions):
+                    producer.begin_transaction()
+                    producer.send("zk-txn", f"{i}", partition=0)
+                    producer.commit_transaction()
+
+            transact()  # warm: coordinators found, metadata cached
+            progress(f"ZooKeeper per {args.transactions} transactions")
+            transactions = zookeeper_per_work(cluster, transact, args.transactions)
+        return {"transactions": transactions, "producer_ids": producer_ids}
+    finally:
+        cluster.down(grace_s=5)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="txlog-bench-scale-") as workdir:
@@ -210,6 +288,7 @@ def main(argv=None) -> int:
             figures = measure(cluster, args)
         finally:
             cluster.down(grace_s=5)
+        figures["zookeeper"] = measure_zookeeper(workdir, args)
     print(json.dumps({
         "benchmark": "scale: partition_svc latency, memory and restart against the producer ids a partition has seen",
         "parameters": {"samples": args.samples, "in_flight": args.in_flight},
