@@ -42,7 +42,7 @@ class TxlogDataSource(DataSource):
         run = new_run_id()
         if parsed.transactional_id_prefix:
             writing.abort_earlier_runs(parsed.bootstrap, parsed.transactional_id_prefix, run, parsed.client_tls)
-        return writing.TxlogWriter(parsed, run)
+        return writing.TxlogWriter(parsed, run, writing.begin_write_span(parsed, run))
 
 
 class TxlogReader(DataSourceReader):

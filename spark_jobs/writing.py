@@ -35,6 +35,14 @@ may even finish sending part of its rows) leaves what it sent, and its retry
 sends the rows again; a task that succeeded and that Spark runs again (a stage
 retry, a speculative copy that also finishes) writes its rows a second time;
 a job that fails leaves what its tasks sent. Use the prefix for exactly once.
+
+With TXLOG_OTEL_EXPORTER set (tracing.py), a write is one trace: its span on
+the driver (txlog.spark.write: topic, prefix, run), each task attempt's
+transaction a child (txlog.spark.write.task: its transactional id, producer
+id and epoch; the producer's calls inside it), and the commit or abort on the
+driver another (txlog.spark.write.commit / .abort: the committed
+transactional ids; the group commit's calls inside it, so the coordinator
+and the markers continue the trace).
 """
 
 from __future__ import annotations
@@ -53,6 +61,7 @@ from pyspark.sql.types import ArrayType, BinaryType, IntegerType, LongType, Stri
 from services.client import Admin, Consumer, Producer, TransactionHandle
 from services.client.errors import ClientError
 from services.client.two_phase import GroupWrite, task_transactional_id
+from spark_jobs import tracing
 from spark_jobs.options import OptionError, WriteOptions
 
 log = logging.getLogger("spark_jobs.writing")
@@ -144,21 +153,35 @@ def send_row(producer: Producer, topic: str, row: dict):
                          headers=headers or None, timestamp_ms=timestamp)
 
 
+def begin_write_span(options: WriteOptions, run: str) -> tracing.DeferredSpan | None:
+    """The write's span, begun on the driver as Spark makes the writer (None when tracing is off)."""
+    return tracing.begin_span("txlog.spark.write", {"txlog.topic": options.topic, "txlog.run": run,
+                                                    "txlog.transactional_id_prefix": options.transactional_id_prefix or ""})
+
+
 class TxlogWriter(DataSourceArrowWriter):
-    def __init__(self, options: WriteOptions, run: str):
+    def __init__(self, options: WriteOptions, run: str, span: tracing.DeferredSpan | None = None):
         self.options = options
         self.run = run
+        self.span = span  # the write's, for its tasks' and its commit's spans
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> TaskReport:
         context = TaskContext.get()
         task_partition, attempt = context.partitionId(), context.attemptNumber()
         prefix = self.options.transactional_id_prefix
         tid = task_transactional_id(prefix, self.run, task_partition, context.taskAttemptId()) if prefix else None
+        attributes = {"txlog.topic": self.options.topic, "txlog.transactional_id": tid or "",
+                      "txlog.task_partition": task_partition, "txlog.attempt": attempt}
+        with tracing.task_span(self.span.context if self.span else {}, "txlog.spark.write.task", attributes) as spans:
+            return self._write(iterator, task_partition, attempt, tid, spans)
+
+    def _write(self, iterator: Iterator[pa.RecordBatch], task_partition: int, attempt: int, tid: str | None,
+               tracer_provider) -> TaskReport:
         failures = SendFailures()
         records = 0
         handle = None
         with Producer(self.options.bootstrap, transactional_id=tid, transaction_timeout_ms=self.options.transaction_timeout_ms,
-                      **self.options.client_tls) as producer:
+                      tracer_provider=tracer_provider, **self.options.client_tls) as producer:
             if tid:
                 producer.init_transactions()
                 producer.begin_transaction()
@@ -178,14 +201,24 @@ class TxlogWriter(DataSourceArrowWriter):
                 if tid:
                     abort_quietly(producer)
                 raise
+            finally:
+                tracing.annotate({"txlog.producer_id": producer.producer_id, "txlog.producer_epoch": producer.producer_epoch,
+                                  "txlog.records": records})
             return TaskReport(task_partition, attempt, records, handle)  # close() leaves a prepared transaction
 
     def commit(self, messages: list[TaskReport]) -> None:
         total = sum(m.records for m in messages)
         prefix = self.options.transactional_id_prefix
+        handles = [m.handle for m in messages] + list(self.options.group_commit_with) if prefix else []
+        attributes = {"txlog.topic": self.options.topic, "txlog.run": self.run, "txlog.records": total,
+                      "txlog.transactional_ids": [h.transactional_id for h in handles]}
+        with tracing.ending(self.span, "txlog.spark.write.commit", attributes) as tracer_provider:
+            self._commit(messages, total, handles, tracer_provider)
+
+    def _commit(self, messages: list[TaskReport], total: int, handles: list[TransactionHandle], tracer_provider) -> None:
+        prefix = self.options.transactional_id_prefix
         if prefix:
-            handles = [m.handle for m in messages] + list(self.options.group_commit_with)
-            with Admin(self.options.bootstrap, **self.options.client_tls) as admin:
+            with Admin(self.options.bootstrap, tracer_provider=tracer_provider, **self.options.client_tls) as admin:
                 aborted = GroupWrite(admin, self.options.bootstrap, prefix, self.run).commit(handles)
             log.info("txlog write committed: %d records to %s in %d tasks as one group commit of %s (run %s); "
                      "aborted %d other attempts", total, self.options.topic, len(messages), prefix, self.run,
@@ -197,8 +230,13 @@ class TxlogWriter(DataSourceArrowWriter):
         """The job failed: with a prefix, every transaction of this run is aborted
         (nothing of it becomes visible); a plain write keeps what finished tasks wrote."""
         prefix = self.options.transactional_id_prefix
+        with tracing.ending(self.span, "txlog.spark.write.abort", {"txlog.topic": self.options.topic, "txlog.run": self.run}) \
+                as tracer_provider:
+            self._abort(messages, prefix, tracer_provider)
+
+    def _abort(self, messages: list[TaskReport | None], prefix: str | None, tracer_provider) -> None:
         if prefix:
-            with Admin(self.options.bootstrap, **self.options.client_tls) as admin:
+            with Admin(self.options.bootstrap, tracer_provider=tracer_provider, **self.options.client_tls) as admin:
                 aborted = GroupWrite(admin, self.options.bootstrap, prefix, self.run).abort()
             log.warning("txlog write aborted: run %s of %s; aborted transactions %s", self.run, prefix, aborted)
         else:

@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import collections
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 from outputs import read_all
 from pyspark import TaskContext
 from pyspark.sql import functions as F
 from pyspark.sql.types import IntegerType
+from spark_env import worker_pythonpath
 
 from services.client import Admin, Producer
 from services.client.two_phase import wait_until
@@ -170,6 +174,46 @@ def test_a_transactional_write_whose_first_attempts_fail_is_visible_exactly_once
     assert states["CompleteCommit"] == 2 and sum(states.values()) == 4, listed
     assert set(states) <= {"CompleteCommit", "CompleteAbort", "Empty"}, listed
     assert {t.transactional_id.rsplit(".", 2)[1] for t in listed if t.state == "CompleteCommit"} == {"p0", "p1"}
+
+
+TRACED_WRITE = """
+import sys
+from spark_jobs import session
+bootstrap, topic = sys.argv[1:]
+spark = session.build("local[2]", "traced-write")
+try:
+    rows = spark.createDataFrame([(f"v{i}",) for i in range(40)], "value string").repartition(2)
+    (rows.write.format("txlog").option("bootstrap", bootstrap).option("topic", topic)
+     .option("transactionalIdPrefix", "traced").mode("append").save())
+finally:
+    spark.stop()
+"""
+
+
+def test_a_transactional_write_is_one_trace_from_the_driver_through_each_tasks_transaction_to_the_group_commit(bootstrap):
+    create(bootstrap, "traced", 2)
+    job = subprocess.run([sys.executable, "-c", TRACED_WRITE, bootstrap, "traced"], capture_output=True, text=True, timeout=240,
+                         env={**os.environ, "PYTHONPATH": worker_pythonpath(), "TXLOG_OTEL_EXPORTER": "console"})
+    assert job.returncode == 0, job.stderr[-3000:]
+    assert sorted(r.value for r in read_all(bootstrap, "traced")) == sorted(f"v{i}".encode() for i in range(40))
+    spans = [json.loads(line)["span"] for line in job.stderr.splitlines() if line.startswith('{"span"')]
+    (write,) = [s for s in spans if s["name"] == "txlog.spark.write"]  # begun as Spark made the writer, recorded at its commit
+    assert write["attributes"]["txlog.topic"] == "traced" and write["attributes"]["txlog.transactional_id_prefix"] == "traced"
+    in_trace = [s for s in spans if s["context"]["trace_id"] == write["context"]["trace_id"]]
+    tasks = [s for s in in_trace if s["name"] == "txlog.spark.write.task"]
+    (commit,) = [s for s in in_trace if s["name"] == "txlog.spark.write.commit"]
+    assert len(tasks) == 2 and all(s["parent_id"] == write["context"]["span_id"] for s in [*tasks, commit]), \
+        "each task's transaction and the commit children of the write's span"
+    assert write["start_time"] <= min(s["start_time"] for s in tasks) and write["end_time"] >= commit["end_time"]
+    assert sorted(s["attributes"]["txlog.transactional_id"] for s in tasks) == sorted(commit["attributes"]["txlog.transactional_ids"])
+    assert all(s["attributes"]["txlog.transactional_id"].startswith(f"traced/{write['attributes']['txlog.run']}.p") and
+               s["attributes"]["txlog.producer_id"] >= 0 and s["attributes"]["txlog.producer_epoch"] >= 0 for s in tasks)
+    task_ids = {s["context"]["span_id"] for s in tasks}
+    prepares = [s for s in in_trace if s["name"].endswith("/PrepareTransaction")]
+    assert len(prepares) >= 2 and all(s["parent_id"] in task_ids for s in prepares), "each task's prepare in its span"
+    group_commits = [s for s in in_trace if s["name"].endswith("/CommitTransactionGroup")]
+    assert group_commits and all(s["parent_id"] == commit["context"]["span_id"] for s in group_commits), \
+        "the group commit in the commit's span, so the coordinator and the markers continue the trace"
 
 
 def test_a_plain_write_goes_through_an_idempotent_producer(spark, bootstrap):
