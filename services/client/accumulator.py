@@ -34,10 +34,21 @@ from services.stubs.txlog.v1 import common_pb2
 
 RECORD_FRAMING_BYTES = 6  # a Record's field tag and length prefix inside its RecordBatch
 BATCH_OVERHEAD_BYTES = 64  # a PartitionBatch's fixed fields and framing inside a ProduceRequest
+# At most, besides the key's and value's bytes: a timestamp (tag and a 10-byte varint), the key's and
+# the value's tags and length prefixes (1 + 5 each), and the record's own framing.
+RECORD_FIELDS_BYTES_MAX = 11 + 12 + RECORD_FRAMING_BYTES
+HEADER_FIELDS_BYTES_MAX = 18  # a header's framing, and its name's and value's tags and length prefixes
 
 
 def record_size_bytes(record: common_pb2.Record) -> int:
-    return record.ByteSize() + RECORD_FRAMING_BYTES
+    """What the record takes in a request, at most (never less than its
+    serialized size and framing), counted from its fields' lengths: protobuf's
+    ByteSize walked the record and was a sixth of send()'s time."""
+    headers = record.headers
+    size = len(record.key) + len(record.value) + RECORD_FIELDS_BYTES_MAX
+    if headers:
+        size += sum(HEADER_FIELDS_BYTES_MAX + len(h.key) + len(h.value) for h in headers)
+    return size
 
 
 class BatchState(enum.Enum):
@@ -73,29 +84,81 @@ class ProducerBatch:
     def record_count(self) -> int:
         return len(self.records)
 
-    def to_proto(self, *, is_transactional: bool = False) -> common_pb2.RecordBatch:
-        return common_pb2.RecordBatch(
-            producer_id=self.producer_id,
-            producer_epoch=self.producer_epoch,
-            base_sequence=self.base_sequence,
-            is_transactional=is_transactional,
-            records=self.records,
-        )
+    def fill(self, target: common_pb2.RecordBatch, *, is_transactional: bool = False) -> None:
+        """Writes the batch into ``target`` (a request's own RecordBatch: one copy of the records, not two)."""
+        target.producer_id = self.producer_id
+        target.producer_epoch = self.producer_epoch
+        target.base_sequence = self.base_sequence
+        target.is_transactional = is_transactional
+        target.records.extend(self.records)
 
     def complete(self, base_offset: int, log_append_time_ms: int = -1) -> None:
         """Resolves every record's future; ``base_offset`` -1 means unknown."""
         self.state = BatchState.DONE
-        for index, (record, future) in enumerate(zip(self.records, self.futures, strict=True)):
-            offset = base_offset + index if base_offset >= 0 else -1
-            timestamp_ms = record.timestamp_ms or (log_append_time_ms if log_append_time_ms > 0 else -1)
-            _resolve(future, result=RecordMetadata(self.tp.topic, self.tp.partition, offset, timestamp_ms))
+        topic, partition = self.tp.topic, self.tp.partition
+        append_time_ms = log_append_time_ms if log_append_time_ms > 0 else -1
+        results = [RecordMetadata(topic, partition, base_offset + index if base_offset >= 0 else -1,
+                                  record.timestamp_ms or append_time_ms) for index, record in enumerate(self.records)]
+        _settle(self.futures, results, None)
         _resolve(self.done, result=None)
 
     def fail(self, error: BaseException) -> None:
         self.state = BatchState.DONE
-        for future in self.futures:
-            _resolve(future, error=error)
+        _settle(self.futures, None, error)
         _resolve(self.done, result=None)
+
+
+class RecordFuture(concurrent.futures.Future):
+    """A record's future: a real concurrent.futures.Future (``wait``,
+    ``as_completed`` and ``asyncio.wrap_future`` take it) that shares one
+    condition with the other records of its producer and is born running
+    (a record's fate is not the caller's to cancel). A Future of its own made
+    a Condition and an RLock per record: a quarter of ``send()``'s time."""
+
+    def __init__(self, condition: threading.Condition):  # no super().__init__(): it would make a condition of its own
+        self._condition = condition
+        self._state = _RUNNING
+        self._result = None
+        self._exception = None
+        self._waiters = []
+        self._done_callbacks = []
+
+
+# concurrent.futures' own states (CPython's _base module): RecordFuture and
+# _settle set them as Future.set_result / set_exception do.
+_RUNNING, _FINISHED = concurrent.futures._base.RUNNING, concurrent.futures._base.FINISHED
+_SETTLED = (concurrent.futures._base.CANCELLED, concurrent.futures._base.CANCELLED_AND_NOTIFIED, _FINISHED)
+
+
+def _settle(futures: list, results: list | None, error: BaseException | None) -> None:
+    """Resolves a batch's futures: RecordFutures of one condition under one
+    acquisition of it and one notify_all, the callbacks run after it (as
+    Future.set_result does, one future at a time); any other future alone."""
+    condition = futures[0]._condition if futures and type(futures[0]) is RecordFuture else None
+    if condition is None or any(type(f) is not RecordFuture or f._condition is not condition for f in futures):
+        for index, future in enumerate(futures):
+            _resolve(future, result=None if results is None else results[index], error=error)
+        return
+    called = []
+    with condition:
+        for index, future in enumerate(futures):
+            if future._state in _SETTLED:
+                continue
+            if error is not None:
+                future._exception = error
+            else:
+                future._result = results[index]
+            future._state = _FINISHED
+            for waiter in future._waiters:
+                if error is not None:
+                    waiter.add_exception(future)
+                else:
+                    waiter.add_result(future)
+            if future._done_callbacks:
+                called.append(future)
+        condition.notify_all()
+    for future in called:
+        future._invoke_callbacks()
 
 
 def _resolve(future: concurrent.futures.Future, *, result=None, error: BaseException | None = None) -> None:

@@ -65,13 +65,14 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import threading
 import time
 from collections.abc import Mapping, Sequence
 
 from services import names
 from services.client import serde, shutdown
 from services.client._loop import LoopThread
-from services.client.accumulator import RecordAccumulator, record_size_bytes
+from services.client.accumulator import RecordAccumulator, RecordFuture, record_size_bytes
 from services.client.config import ProducerConfig
 from services.client.errors import (
     ClientClosedError,
@@ -180,6 +181,7 @@ class Producer:
             batch_size_bytes=batch_size_bytes, linger_ms=linger_ms, buffer_memory_bytes=buffer_memory_bytes,
             batch_records_max=batch_records_max)
         self._closed = False
+        self._record_condition = threading.Condition()  # shared by the futures of every record sent (RecordFuture)
         self._txn = TransactionManager(transactional_id, transaction_timeout_ms) if transactional_id else None
         self._coordinator: CoordinatorClient | None = None
         self._offsets_tasks: set[asyncio.Task] = set()  # send_offsets_to_transaction operations (loop thread)
@@ -228,8 +230,7 @@ class Producer:
         if self._txn is not None:
             self._txn.enter_send()
         try:
-            future: concurrent.futures.Future = concurrent.futures.Future()
-            future.set_running_or_notify_cancel()  # a record's fate is not the caller's to cancel
+            future = RecordFuture(self._record_condition)
             try:
                 self._append(topic, record, partition, future)
             except ClientError as exc:

@@ -328,12 +328,10 @@ class Sender:
             transactional_id=self._txn.transactional_id if transactional else "",
             acks=self._config.acks,
             timeout_ms=int(self._config.request_timeout_ms),
-            batches=[
-                partition_pb2.PartitionBatch(topic=b.tp.topic, partition=b.tp.partition, leader_epoch=epoch,
-                                             batch=b.to_proto(is_transactional=transactional))
-                for b, epoch in entries
-            ],
         )
+        for b, epoch in entries:
+            b.fill(request.batches.add(topic=b.tp.topic, partition=b.tp.partition, leader_epoch=epoch).batch,
+                   is_transactional=transactional)
         self.stats.requests_sent += 1
         self.stats.batches_sent += len(entries)
         started_ms = self._clock_ms()

@@ -47,8 +47,8 @@ def test_a_batch_is_ready_only_once_it_has_lingered():
 
 def test_a_full_batch_is_ready_at_once_and_the_next_record_starts_a_new_batch():
     acc = _acc(batch_size_bytes=100, linger_ms=10_000)
-    size = record_size_bytes(_record(40))
-    wakes = [_append(acc, TP, now_ms=0, size_bytes=40)[0] for _ in range(3)]
+    size = record_size_bytes(_record(20))
+    wakes = [_append(acc, TP, now_ms=0, size_bytes=20)[0] for _ in range(3)]
     assert size * 2 <= 100 < size * 3
     assert wakes == [True, False, True]  # the third record does not fit: a new batch
     ready, _ = acc.ready(now_ms=0)
