@@ -115,6 +115,7 @@ class ConsumerConfig:
     retry_backoff_ms: float = 100
     default_api_timeout_ms: float = 60_000
     metadata_max_age_ms: float = 300_000
+    include_transaction_outcomes: bool = False
 
     def __post_init__(self):
         if self.group_id is not None and (not isinstance(self.group_id, str) or not self.group_id):
@@ -125,6 +126,11 @@ class ConsumerConfig:
             raise ValueError(f"auto_offset_reset must be one of {OFFSET_RESETS}, not {self.auto_offset_reset!r}")
         if self.enable_auto_commit and self.group_id is None:
             raise ValueError("enable_auto_commit=True needs a group_id")
+        if not isinstance(self.include_transaction_outcomes, bool):
+            raise ValueError(f"include_transaction_outcomes must be True or False, not {self.include_transaction_outcomes!r}")
+        if self.include_transaction_outcomes and self.isolation_level != "read_uncommitted":
+            raise ValueError("include_transaction_outcomes=True needs isolation_level='read_uncommitted': "
+                             "read_committed returns only committed records")
         _check_range("auto_commit_interval_ms", self.auto_commit_interval_ms, 1, 24 * 3600 * 1000)
         _check_range("max_poll_records", self.max_poll_records, 1, MAX_POLL_RECORDS_MAX)
         _check_range("fetch_max_bytes", self.fetch_max_bytes, 1024, FETCH_MAX_BYTES_MAX)

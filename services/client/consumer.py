@@ -103,6 +103,7 @@ class Consumer:
         consumer_timeout_ms: float | None = None,
         key_deserializer: str | serde.Deserializer | None = None,
         value_deserializer: str | serde.Deserializer | None = None,
+        include_transaction_outcomes: bool = False,
     ):
         self._key_deserializer = serde.deserializer(key_deserializer, "key_deserializer")
         self._value_deserializer = serde.deserializer(value_deserializer, "value_deserializer")
@@ -113,6 +114,7 @@ class Consumer:
             max_partition_fetch_bytes=max_partition_fetch_bytes, fetch_max_wait_ms=fetch_max_wait_ms,
             request_timeout_ms=request_timeout_ms, retry_backoff_ms=retry_backoff_ms,
             default_api_timeout_ms=default_api_timeout_ms, metadata_max_age_ms=metadata_max_age_ms,
+            include_transaction_outcomes=include_transaction_outcomes,
         )
         self._transport = transport or Transport(request_timeout_ms=int(request_timeout_ms),
                                                  tracer_provider=tracer_provider,
@@ -377,7 +379,7 @@ class Consumer:
                 tp = TopicPartition(record.topic, record.partition)
                 raise serde.RecordDeserializationError(
                     tp, record.offset, f"{tp} offset {record.offset}: its deserializer failed: {type(exc).__name__}: {exc}; "
-                    f"seek({tp.topic!r}, {record.offset + 1}) to go on past it") from exc
+                    f"seek(({tp.topic!r}, {tp.partition}), {record.offset + 1}) to go on past it") from exc
         return done
 
     async def _poll(self, timeout_ms: float) -> list[ConsumerRecord]:

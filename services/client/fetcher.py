@@ -8,6 +8,9 @@ Guarantees
   a ``seek`` drops whatever was fetched for the partition before it.
 * Positions move past offsets the leader skips (transaction markers, aborted
   batches under read_committed) by following ``next_fetch_offset``.
+* With ``include_transaction_outcomes`` (read_uncommitted only), each record
+  carries its producer id and its transaction's outcome as the leader answered
+  it with the records (services/txn_outcomes.py); without, Fetch asks nothing more.
 * At most ``max_poll_records`` records per poll and ``fetch_max_bytes`` per
   Fetch request (and ``max_partition_fetch_bytes`` per partition); one request
   per leader, in parallel, each a long poll of at most ``fetch_max_wait_ms``.
@@ -47,6 +50,7 @@ from services.client.structs import ConsumerRecord, TopicPartition, consumer_rec
 from services.errors import ErrorCode
 from services.leader_epochs import AskAgain, LeaderEpochCache, truncation_step
 from services.stubs.txlog.v1 import common_pb2, partition_pb2
+from services.txn_outcomes import Outcomes
 
 NONE = ErrorCode.Value("NONE")
 OFFSET_OUT_OF_RANGE = ErrorCode.Value("OFFSET_OUT_OF_RANGE")
@@ -236,6 +240,7 @@ class Fetcher:
         epochs = {tp: self._leader_epoch(tp) for tp in tps}
         request = partition_pb2.FetchRequest(
             isolation_level=self._isolation,
+            include_transaction_outcomes=self._config.include_transaction_outcomes,
             max_wait_ms=int(max_wait_ms),
             min_bytes=1,
             max_bytes=self._config.fetch_max_bytes,
@@ -356,11 +361,13 @@ class Fetcher:
         state.last_stable_offset = result.last_stable_offset
         state.fetched_under_epoch = leader_epoch if leader_epoch >= 0 else None
         next_offset, skipped_epoch = fetch_offset, None
+        outcomes = Outcomes.of_result(result) if self._config.include_transaction_outcomes else None
         for batch in result.batches:
             epoch = batch.partition_leader_epoch if batch.HasField("partition_leader_epoch") else None
+            outcome = None if outcomes is None else outcomes.of(batch.is_transactional, batch.producer_id, batch.base_offset)
             for record in batch.records:
                 if record.offset >= fetch_offset:
-                    state.buffer.append(consumer_record(tp.topic, tp.partition, record, epoch))
+                    state.buffer.append(consumer_record(tp.topic, tp.partition, record, epoch, batch.producer_id, outcome))
                     next_offset = record.offset + 1
         if result.next_fetch_offset > next_offset:
             next_offset = result.next_fetch_offset

@@ -59,6 +59,10 @@ class ConsumerRecord(NamedTuple):
     headers: list[tuple[str, bytes | None]]
     timestamp_ms: int
     leader_epoch: int | None = None  # the leader epoch the record was written in, when the server said
+    producer_id: int = -1  # the producer that wrote it (-1: one neither idempotent nor transactional)
+    # With include_transaction_outcomes: "committed", "aborted" or "open" (its transaction's, as the leader knew
+    # when it was read), "none" outside any transaction; None when not asked (services/txn_outcomes.py).
+    transaction_outcome: str | None = None
 
 
 class OffsetAndTimestamp(NamedTuple):
@@ -246,10 +250,12 @@ def build_record(
 
 def record_payload_bytes(record: common_pb2.Record) -> int:
     """What a topic's ``max.record.bytes`` counts: key, value and headers."""
-    return len(record.key) + len(record.value) + sum(len(h.key) + len(h.value) for h in record.headers)
+    headers = record.headers
+    return len(record.key) + len(record.value) + (sum(len(h.key) + len(h.value) for h in headers) if headers else 0)
 
 
-def consumer_record(topic: str, partition: int, record: common_pb2.Record, leader_epoch: int | None = None) -> ConsumerRecord:
+def consumer_record(topic: str, partition: int, record: common_pb2.Record, leader_epoch: int | None = None,
+                    producer_id: int = -1, transaction_outcome: str | None = None) -> ConsumerRecord:
     return ConsumerRecord(
         topic=topic,
         partition=partition,
@@ -259,4 +265,6 @@ def consumer_record(topic: str, partition: int, record: common_pb2.Record, leade
         headers=[(h.key, h.value if h.HasField("value") else None) for h in record.headers],
         timestamp_ms=record.timestamp_ms,
         leader_epoch=leader_epoch,
+        producer_id=producer_id,
+        transaction_outcome=transaction_outcome,
     )

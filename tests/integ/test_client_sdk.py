@@ -222,6 +222,7 @@ def test_serializers_round_trip_json_and_a_record_that_does_not_read_is_reported
                 read += consumer.poll(timeout_s=1)
         assert [(r.key, r.value) for r in read] == [("a", {"n": 1}), ("b", {"n": 2})], "the records before it"
         assert (failed.value.partition, failed.value.offset) == (TopicPartition("serde", 0), 2)
+        assert "seek(('serde', 0), 3) to go on past it" in str(failed.value), "advice a caller can follow as written"
         assert consumer.position(("serde", 0)) == 2, "nothing skipped until the application says so"
         consumer.seek(("serde", 0), failed.value.offset + 1)
         rest = []
