@@ -20,6 +20,11 @@ back on a new disk registers a storage zxid above the state's mzxid too
 it changes is written conditionally (on the znode version it read) and sent
 with LeaderAndIsr to every live instance; an instance that is new or
 restarted gets every state.
+
+Deletions: each pass also removes every topic marked for deletion whose
+instances have all acknowledged (topic_deletion.py); a watch on each pending
+mark's acknowledgements runs a pass as soon as one comes, and a new
+controller carries on from the marks.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 from kazoo.recipe.watchers import ChildrenWatch
 
-from partition_svc import election
+from partition_svc import election, topic_deletion
 from partition_svc.election import LeaderAndIsr
 from partition_svc.log_store import LogStore
 from partition_svc.topics import TopicInfo, TopicRegistry
@@ -87,6 +92,8 @@ class Controller:
         self.offline_partitions = 0  # partitions without a live leader at the last pass (as the active controller saw them)
         self._sessions: dict[int, int] = {}  # node id -> ZooKeeper session of its registration, at the last pass
         self._topics_seen: dict[str, int] = {}  # topic -> partition count announced (CreatePartitions grows it)
+        self.deletions_pending: set[str] = set()  # topics marked for deletion, not all instances done yet
+        self._marks_watched: set[str] = set()  # pending deletions whose acknowledgements wake a pass
         self._wake = asyncio.Event()
 
     def wake(self) -> None:
@@ -99,7 +106,7 @@ class Controller:
         def wake(_children=None) -> None:
             loop.call_soon_threadsafe(self._wake.set)
 
-        for path in (self.registrations, self.topics.base):
+        for path in (self.registrations, self.topics.base, self.topics.deletions_base):
             await zk.call(self.client, "ensure_path", path)
             ChildrenWatch(self.client, path, wake)
         self.client.DataWatch(self.controller_path, lambda *_: wake())
@@ -118,6 +125,15 @@ class Controller:
                 await asyncio.wait_for(self._wake.wait(), self.pass_interval_ms / 1000)
             except TimeoutError:
                 pass
+
+    def _watch_acknowledgements(self) -> None:
+        """Wakes a pass on every acknowledgement of a pending deletion (the
+        watch ends with its mark)."""
+        loop = asyncio.get_running_loop()
+        self._marks_watched &= self.deletions_pending
+        for name in self.deletions_pending - self._marks_watched:
+            ChildrenWatch(self.client, self.topics.deletion_path(name), lambda _children: loop.call_soon_threadsafe(self._wake.set))
+            self._marks_watched.add(name)
 
     async def _try_to_become_controller(self) -> None:
         try:
@@ -177,6 +193,8 @@ class Controller:
     async def run_pass(self) -> None:
         if not await self._still_controller():
             return
+        self.deletions_pending = await topic_deletion.finish_deletions(self.topics, (self.epoch_path, self.epoch_version))
+        self._watch_acknowledgements()
         sessions = await self.live_sessions()
         live = set(sessions)
         newcomers = {n for n, (_, session, _, _) in sessions.items() if self._sessions.get(n) != session}

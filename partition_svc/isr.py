@@ -12,6 +12,9 @@ ISR with ``replica.lag.time.max.ms`` and ``min.insync.replicas``).
   below it is on every in-sync replica. It never moves backwards.
 - ``acks=all`` needs at least ``min_insync`` replicas in the ISR: fewer, and a
   produce is refused before anything is appended (NOT_ENOUGH_REPLICAS).
+- The low watermark is the smallest log start offset in the ISR (what
+  DeleteRecords waits for): each follower says its own in every fetch (what
+  it holds durably); one that has not said counts as 0.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from dataclasses import dataclass, field
 class FollowerProgress:
     log_end_offset: int = 0
     last_caught_up_ms: int = -1
+    log_start_offset: int = 0  # as its last fetch said
 
 
 @dataclass
@@ -32,16 +36,26 @@ class ReplicaSet:
     followers: dict[int, FollowerProgress] = field(default_factory=dict)  # every replica but the leader
     high_watermark: int = 0
 
-    def on_fetch(self, follower: int, log_end_offset: int, leader_log_end: int, now_ms: int) -> None:
-        """A follower fetched from ``log_end_offset``: it holds everything below it."""
+    def on_fetch(self, follower: int, log_end_offset: int, leader_log_end: int, now_ms: int,
+                 log_start_offset: int = 0) -> bool:
+        """A follower fetched from ``log_end_offset``: it holds everything below it,
+        from ``log_start_offset`` on. True when its log start changed."""
         progress = self.followers.setdefault(follower, FollowerProgress())
+        log_start_was = progress.log_start_offset
         if log_end_offset < progress.log_end_offset:
             # it holds less than it did (its disk was wiped, or it truncated): out of sync at once, whatever
             # the lag time, so it is never counted, nor elected, for records it no longer has
             progress.last_caught_up_ms = -1
         progress.log_end_offset = log_end_offset
+        progress.log_start_offset = log_start_offset
         if log_end_offset >= leader_log_end:
             progress.last_caught_up_ms = now_ms
+        return progress.log_start_offset != log_start_was
+
+    def low_watermark(self, leader_log_start: int) -> int:
+        """The smallest log start offset in the ISR."""
+        return min([leader_log_start] + [self.followers[n].log_start_offset if n in self.followers else 0
+                                         for n in self.isr if n != self.leader])
 
     def isr_change(self, leader_log_end: int, now_ms: int, lag_max_ms: int) -> frozenset[int] | None:
         """The ISR as it should be now, or None when it stays. The new ISR must be

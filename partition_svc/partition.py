@@ -15,7 +15,12 @@ Invariants:
   rebuild after truncation when it replays the log.
 - The last stable offset (LSO) is the first offset of the oldest open
   transaction, else the high watermark; no read_committed read goes past it,
-  and retention never deletes past it.
+  and neither retention nor DeleteRecords deletes past it.
+- The log start offset only moves forward (retention, compaction,
+  DeleteRecords on the leader, a follower following its leader's). Whole
+  batches below it are deleted; a batch it falls inside stays, and reads trim
+  its records below the log start. The leader's low watermark is the lowest
+  log start among its in-sync replicas.
 - A batch is checked against its producer's state before it gets offsets; a
   rejected batch changes nothing.
 - A COMMIT or ABORT marker closes its producer's open transaction, resets its
@@ -26,7 +31,7 @@ Invariants:
 Every change goes through one door per request kind (:meth:`Partition.produce`,
 :meth:`~Partition.write_marker`, :meth:`~Partition.seal_prepared`,
 :meth:`~Partition.commit_offsets`, :meth:`~Partition.commit_txn_offsets`,
-:meth:`~Partition.enforce_retention`): each checks, applies the change in
+:meth:`~Partition.enforce_retention`, :meth:`~Partition.delete_records`): each checks, applies the change in
 memory and hands it to the writer in one synchronous call, with no await
 inside, so the writer receives changes in the order the memory took them (an
 earlier change can never overwrite a later one's producer state or metadata on
@@ -40,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import itertools
 import time
 from collections import deque
 from collections.abc import Callable
@@ -49,11 +55,12 @@ from typing import Protocol
 from partition_svc import log_store, producer_state, validation, wire
 from partition_svc.isr import FollowerProgress, ReplicaSet
 from partition_svc.log_store import LogStore, StoredBatchHeader
-from partition_svc.producer_state import Append, Duplicate, ProducerStateEntry, Reject
+from partition_svc.producer_state import Append, Duplicate, ProducerStateEntry, ProducerStates, Reject
+from services import txn_outcomes
 from services.errors import ErrorCode, TxlogError
 from services.hashing import partition_for_id
 from services.leader_epochs import LeaderEpochCache
-from services.protocol import CONSUMER_OFFSETS_TOPIC
+from services.protocol import CONSUMER_OFFSETS_TOPIC, INTERNAL_TOPIC_PREFIX
 from services.stubs.txlog.v1 import common_pb2
 
 Changes = list[tuple[bytes, bytes | None]]
@@ -80,6 +87,16 @@ class Produced:
     duplicate: bool = False
 
 
+@dataclass(frozen=True)
+class RecordsDeleted:
+    """DeleteRecords taken on the leader: the log start is ``log_start_offset``
+    now; ``written`` completes once that is durable here (None: it was there
+    already, nothing changed)."""
+
+    log_start_offset: int
+    written: asyncio.Future | None
+
+
 class Partition:
     def __init__(self, topic: str, index: int, configs: dict[str, str], store: LogStore, writer: Writer, *, node_id: int = 0,
                  partition_count: int = 1, sole_replica: bool = True):
@@ -97,7 +114,7 @@ class Partition:
         self.durable_end = 0
         self.high_watermark = 0
         self.size_bytes = 0
-        self.producers: dict[int, ProducerStateEntry] = {}
+        self.producers = ProducerStates()
         self.epochs = LeaderEpochCache()
         # A sole replica leads at epoch 0 from the start; a replicated one follows until the controller says.
         self.leader_epoch = 0 if sole_replica else -1
@@ -108,6 +125,8 @@ class Partition:
         self._replicating: deque[tuple[int, asyncio.Future, Callable[[], None] | None]] = deque()
         self._data_arrived = asyncio.Event()  # the high watermark moved
         self._log_end_moved = asyncio.Event()  # durable_end moved
+        self._log_start_moved = asyncio.Event()  # the leader's log start moved (its followers are told at once)
+        self._low_watermark_moved = asyncio.Event()  # the lowest log start of the ISR moved
         self.aborted: dict[int, list[tuple[int, int]]] = {}  # producer id -> [(first, last offset)]
         self.pending_offsets: dict[int, dict[bytes, bytes]] = {}  # producer id -> {G key: value}
         # Offsets a marker decided, until the marker is replicated: the G keys they become are not there yet,
@@ -139,7 +158,7 @@ class Partition:
             self._advance_high_watermark()
 
     def _load_derived_state(self) -> None:
-        self.producers = {}
+        self.producers = ProducerStates()
         for value in self.store.producers(self.pkey):
             entry = ProducerStateEntry.from_json(value)
             self.producers[entry.producer_id] = entry
@@ -154,8 +173,8 @@ class Partition:
 
     @property
     def last_stable_offset(self) -> int:
-        open_starts = [e.current_txn_first_offset for e in self.producers.values() if e.current_txn_first_offset >= 0]
-        return min([self.high_watermark, *open_starts, *self.closing_transactions.values()])
+        first_open = self.producers.first_open_offset()
+        return min([self.high_watermark, *([] if first_open is None else [first_open]), *self.closing_transactions.values()])
 
     @property
     def record_bytes_max(self) -> int:
@@ -183,8 +202,7 @@ class Partition:
         in the ISR counts as caught up now: each gets the lag time to fetch
         before it can be dropped (as in Kafka)."""
         if self.is_leader and leader_epoch == self.leader_epoch:
-            self.replica_set.isr = isr
-            self._advance_high_watermark()
+            self.isr_changed(isr)
             return
         self.leader_epoch = leader_epoch
         if self.epochs.assign(leader_epoch, self.next_offset):
@@ -208,12 +226,14 @@ class Partition:
         self.closing_transactions.clear()
         self.settling_offsets.clear()
         self._wake("_data_arrived")
+        self._wake("_low_watermark_moved")
 
     def isr_changed(self, isr: frozenset[int]) -> None:
         """The ISR as written to ZooKeeper (by this leader or the controller)."""
         if self.replica_set is not None:
             self.replica_set.isr = isr
             self._advance_high_watermark()
+            self._wake("_low_watermark_moved")
 
     def not_leading(self) -> Reject | None:
         """Only a leader appends: a request that found this replica leading
@@ -328,6 +348,54 @@ class Partition:
         """Deletes what retention.ms/bytes and compaction let go; None when nothing."""
         changes = self._retention_changes(now_ms) + self._compaction_changes()
         return self.writer.submit(changes) if changes else None
+
+    def expire_producers(self, now_ms: int, expiration_ms: int) -> asyncio.Future | None:
+        """Forgets the producers ``ProducerStateEntry.expired`` says may go (their
+        next batch must then start at sequence 0, as a new producer's); None
+        when none. Internal topics keep theirs: their writers (the coordinators'
+        log writers) live as long as their process, and a sequence gap there is
+        read as fencing."""
+        if self.topic.startswith(INTERNAL_TOPIC_PREFIX):
+            return None
+        gone = [producer_id for producer_id, entry in self.producers.items()
+                if entry.expired(now_ms, expiration_ms) and not self._has_open_transaction(producer_id, entry)]
+        for producer_id in gone:
+            del self.producers[producer_id]
+        return self.writer.submit([(log_store.producer_key(self.pkey, producer_id), None) for producer_id in gone]) if gone else None
+
+    def delete_records(self, offset: int) -> RecordsDeleted | Reject:
+        """DeleteRecords (Kafka's): moves the log start to ``offset``, at most
+        the LSO (-1: the LSO itself), so no record of an open transaction, nor
+        the marker still to come for it, is deleted. An offset at or below the
+        log start changes nothing. A Reject (OFFSET_OUT_OF_RANGE, NOT_LEADER)
+        changes nothing. Producer states stay (as with retention: only open
+        transactions need their first offset, and those are never deleted);
+        the leader-epoch cache keeps its history (its answers stay true, and a
+        follower behind the log start restarts at it)."""
+        refused = self.not_leading()
+        if refused is not None:
+            return refused
+        lso = self.last_stable_offset
+        target = lso if offset == -1 else offset
+        if not 0 <= target <= lso:
+            return Reject(ErrorCode.Value("OFFSET_OUT_OF_RANGE"),
+                          f"offset {offset} is outside [0, {lso}] of {self.topic}-{self.index}: the log start moves at most to the "
+                          "last stable offset (-1 names it); nothing was deleted")
+        if target <= self.log_start_offset:
+            return RecordsDeleted(self.log_start_offset, None)
+        written = self.writer.submit(self._log_start_changes(target))
+        self._wake("_log_start_moved")
+        self._wake("_low_watermark_moved")
+        return RecordsDeleted(target, written)
+
+    def follow_log_start(self, leader_log_start: int) -> asyncio.Future | None:
+        """A follower takes its leader's log start (a ReplicaFetch answer),
+        within what it holds as replicated: min(the leader's, its own high
+        watermark), as Kafka's followers do. None when it does not move."""
+        target = min(leader_log_start, self.high_watermark)
+        if self.is_leader or target <= self.log_start_offset:
+            return None
+        return self.writer.submit(self._log_start_changes(target))
 
     def _submit(self, changes: Changes, on_replicated: Callable[[], None] | None = None) -> tuple[asyncio.Future, asyncio.Future]:
         """Hands an append's changes to the writer: (written: durable here,
@@ -457,7 +525,7 @@ class Partition:
     def _effect_data(self, producer_id: int, producer_epoch: int, base_sequence: int, count: int, base: int,
                      max_timestamp_ms: int, is_transactional: bool) -> Changes:
         entry = producer_state.after_append(self.producers.get(producer_id), producer_id, producer_epoch, base_sequence,
-                                            count, base, max_timestamp_ms, is_transactional)
+                                            count, base, max_timestamp_ms, is_transactional, appended_ms=now_ms())
         self.producers[producer_id] = entry
         return [(log_store.producer_key(self.pkey, producer_id), entry.to_json())]
 
@@ -551,7 +619,7 @@ class Partition:
         self.leader_high_watermark = max(self.leader_high_watermark, leader_high_watermark)
         changes: Changes = []
         for base_offset, epoch, value in batches:
-            if base_offset < self.next_offset:
+            if base_offset < self.next_offset and not self._restarts_inside(base_offset, value):
                 raise ValueError(f"{self.topic}-{self.index}: the leader sent offset {base_offset}, below the log end {self.next_offset}")
             if self.epochs.assign(epoch, base_offset):
                 changes.append((log_store.epoch_key(self.pkey, epoch), log_store.offset_value(base_offset)))
@@ -564,6 +632,13 @@ class Partition:
             return None
         changes.append(self.metadata_change())
         return self._submit(changes)[0]
+
+    def _restarts_inside(self, base_offset: int, value: bytes) -> bool:
+        """Whether the leader's batch is the one its log start falls inside,
+        sent whole to this replica, whose log restarted empty at that log start
+        (restart_log_at)."""
+        empty = self.next_offset == self.log_start_offset and self.store.batch_at_or_before(self.pkey, 2**63 - 1) is None
+        return empty and base_offset < self.log_start_offset <= log_store.decode_header(base_offset, value).last_offset
 
     def truncate_to(self, offset: int) -> asyncio.Future | None:
         """Removes the log from ``offset`` on (where it diverges from the
@@ -580,12 +655,12 @@ class Partition:
         self.epochs.truncate_from_end(offset)
         changes += [(key, None) for key, _ in self.store.items(b"E" + self.pkey)]
         changes += [(log_store.epoch_key(self.pkey, e), log_store.offset_value(start)) for e, start in self.epochs.entries]
-        self.producers, self.aborted, self.pending_offsets = {}, {}, {}
+        self.producers, self.aborted, self.pending_offsets = ProducerStates(), {}, {}
         self.next_offset = max(offset, self.log_start_offset)
         self.durable_end = min(self.durable_end, self.next_offset)
         self.high_watermark = min(self.high_watermark, self.next_offset)
         self.size_bytes = 0
-        for base_offset, value in self.store.batches(self.pkey, self.log_start_offset):
+        for base_offset, value in self.store.batches(self.pkey, self.first_batch_at(self.log_start_offset)):
             if base_offset >= offset:
                 break
             self.size_bytes += len(value)
@@ -597,7 +672,7 @@ class Partition:
         """Drops the whole log and starts it empty at ``offset`` (the leader's
         log start, when retention there deleted what this replica lacks)."""
         changes = self._wipe_changes()
-        self.producers, self.aborted, self.pending_offsets = {}, {}, {}
+        self.producers, self.aborted, self.pending_offsets = ProducerStates(), {}, {}
         self.log_start_offset = self.next_offset = self.durable_end = offset
         self.high_watermark = min(self.high_watermark, offset)
         self.size_bytes = 0
@@ -610,9 +685,7 @@ class Partition:
         await self.writer.submit(self._wipe_changes())
 
     def _wipe_changes(self) -> Changes:
-        """Deletes of every key of this partition: log, epochs, metadata and what derives from the log."""
-        changes: Changes = [(key, None) for kind in (b"L", b"E", b"M") for key, _ in self.store.items(kind + self.pkey)]
-        return changes + [(key, None) for key in self.store.derived_keys(self.pkey, self._owns_group())]
+        return wipe_changes(self.store, self.pkey, self._owns_group())
 
     def _owns_group(self) -> Callable[[str], bool] | None:
         """For a __consumer_offsets partition, which groups' committed offsets it holds."""
@@ -713,6 +786,34 @@ class Partition:
         index = bisect.bisect_right(spans, (offset, 2**63)) - 1
         return index >= 0 and spans[index][0] <= offset <= spans[index][1]
 
+    def aborted_span(self, producer_id: int, offset: int) -> tuple[int, int] | None:
+        """The aborted span (first, last offset) of the producer holding ``offset``, if one does."""
+        if not self.is_aborted(producer_id, offset):
+            return None
+        spans = self.aborted[producer_id]
+        return spans[bisect.bisect_right(spans, (offset, 2**63)) - 1]
+
+    def transaction_outcomes(self, from_offset: int, to_offset: int) -> tuple[list[tuple[int, int, int]], list[tuple[int, int]]]:
+        """The aborted ((producer id, first, last)) and open ((producer id,
+        first)) transactions that the transactional batches holding offsets
+        ``from_offset``..``to_offset`` - 1 belong to (txn_outcomes.leader_answer):
+        what a READ_UNCOMMITTED read of that range asked for. A second pass
+        over the batches read, only when asked, so a read that does not ask
+        pays nothing; no await between the read and this, so both see one state."""
+        batches = []
+        for base_offset, value in self.store.batches(self.pkey, self.first_batch_at(from_offset)):
+            if base_offset >= to_offset:
+                break
+            header = log_store.decode_header(base_offset, value)
+            if header.last_offset >= from_offset and header.is_transactional and not header.is_control:
+                batches.append((header.producer_id, base_offset))
+
+        def open_first_offset(producer_id: int) -> int:
+            entry = self.producers.get(producer_id)
+            return entry.current_txn_first_offset if entry is not None else producer_state.NO_OFFSET
+
+        return txn_outcomes.leader_answer(batches, self.aborted_span, open_first_offset)
+
     # --- durability and the high watermark ---------------------------------------------
 
     def _on_written(self) -> None:
@@ -743,11 +844,33 @@ class Partition:
             if not future.done():
                 future.set_result(True)
 
-    def follower_fetched(self, follower: int, log_end_offset: int, now_ms: int) -> None:
-        """A follower fetched from ``log_end_offset``: it holds everything below."""
+    def follower_fetched(self, follower: int, log_end_offset: int, now_ms: int, log_start_offset: int = 0) -> None:
+        """A follower fetched from ``log_end_offset``: it holds everything below,
+        from ``log_start_offset`` (as it said; 0 when it did not) on."""
         if self.replica_set is not None:
-            self.replica_set.on_fetch(follower, log_end_offset, self.durable_end, now_ms)
+            if self.replica_set.on_fetch(follower, log_end_offset, self.durable_end, now_ms, log_start_offset):
+                self._wake("_low_watermark_moved")
             self._advance_high_watermark()
+
+    @property
+    def low_watermark(self) -> int:
+        """The lowest log start offset among the in-sync replicas (as far as
+        this leader knows its followers'); a follower's own log start."""
+        if self.replica_set is None:
+            return self.log_start_offset
+        return self.replica_set.low_watermark(self.log_start_offset)
+
+    async def wait_log_start_followed(self, deleted: RecordsDeleted) -> bool:
+        """True once DeleteRecords' new log start is durable here and every
+        in-sync replica has moved its own to it (the low watermark reached
+        it); False if this replica stops leading first."""
+        if deleted.written is not None:
+            await asyncio.shield(deleted.written)  # the write goes on if the caller stops waiting
+        while self.low_watermark < deleted.log_start_offset:
+            if not self.is_leader:
+                return False
+            await self._low_watermark_moved.wait()
+        return self.is_leader
 
     def _wake(self, name: str) -> None:
         # A new event each time: whoever took the old one before the move and waits on it after returns at once.
@@ -776,6 +899,10 @@ class Partition:
         """Set once durable_end moves (a new event is made then)."""
         return self._log_end_moved
 
+    def log_start_moved(self) -> asyncio.Event:
+        """Set once DeleteRecords moves the leader's log start (a new event is made then)."""
+        return self._log_start_moved
+
     # --- reading ------------------------------------------------------------------
 
     def read(
@@ -792,8 +919,7 @@ class Partition:
         payloads: list[bytes] = []
         if fetch_offset >= upper_offset:
             return payloads, fetch_offset, 0
-        start = self.store.batch_at_or_before(self.pkey, fetch_offset)
-        start_offset = start[0] if start is not None and start[0] >= self.log_start_offset else fetch_offset
+        start_offset = self.first_batch_at(fetch_offset)
         next_offset = fetch_offset
         taken_bytes = taken_records = 0
         for base_offset, value in self.store.batches(self.pkey, start_offset):
@@ -822,8 +948,19 @@ class Partition:
         return payloads, next_offset, taken_records
 
     def headers(self, from_offset: int = 0):
-        for base_offset, value in self.store.batches(self.pkey, max(from_offset, self.log_start_offset)):
+        """The stored batches' headers from ``from_offset`` or the log start (the first may start before it)."""
+        for base_offset, value in self.store.batches(self.pkey, self.first_batch_at(max(from_offset, self.log_start_offset))):
             yield log_store.decode_header(base_offset, value)
+
+    def first_batch_at(self, offset: int) -> int:
+        """Where to scan the log from to find ``offset`` (at or above the log
+        start): the base offset of the stored batch holding it (the log start
+        may fall inside a batch), else ``offset`` itself. A batch below the log
+        start whose deletion is not written yet never holds it."""
+        found = self.store.batch_at_or_before(self.pkey, offset)
+        if found is not None and log_store.decode_header(*found).last_offset >= offset:
+            return found[0]
+        return offset
 
     def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int]:
         """(offset, timestamp) of the first record at or after ``timestamp_ms``, or (-1, -1)."""
@@ -834,7 +971,7 @@ class Partition:
                 continue
             batch = common_pb2.RecordBatch.FromString(log_store.payload_of(self.store.batch(self.pkey, header.base_offset)))
             for record in batch.records:
-                if record.timestamp_ms >= timestamp_ms:
+                if record.timestamp_ms >= timestamp_ms and record.offset >= self.log_start_offset:
                     return record.offset, record.timestamp_ms
         return -1, -1
 
@@ -843,7 +980,7 @@ class Partition:
     def _retention_changes(self, now_ms: int) -> list[tuple[bytes, bytes | None]]:
         """Deletes whole batches from the log start while they are older than
         retention.ms or the log is larger than retention.bytes, never at or past
-        the LSO; applies the new log start in memory and returns the changes."""
+        the LSO: moves the log start past them (_log_start_changes)."""
         retention_ms = int(self.configs["retention.ms"])
         retention_bytes = int(self.configs["retention.bytes"])
         if retention_ms < 0 and retention_bytes < 0:
@@ -860,10 +997,21 @@ class Partition:
             size -= header.stored_bytes
         if not doomed:
             return []
-        self.log_start_offset = doomed[-1].last_offset + 1
-        self.size_bytes = size
-        changes: list[tuple[bytes, bytes | None]] = [(log_store.log_key(self.pkey, h.base_offset), None) for h in doomed]
-        changes += self._forget_aborted_below(self.log_start_offset)
+        return self._log_start_changes(doomed[-1].last_offset + 1)
+
+    def _log_start_changes(self, offset: int) -> Changes:
+        """Moves the log start forward to ``offset``: deletes the whole batches
+        below it, keeps the one it falls inside (reads trim its records below
+        the log start), forgets the aborted spans ending below it; applies it
+        in memory and returns the changes, one write (retention's and
+        DeleteRecords' alike, on the leader and on its followers)."""
+        if offset < self.log_start_offset:
+            raise ValueError(f"{self.topic}-{self.index}: the log start never moves back, from {self.log_start_offset} to {offset}")
+        doomed = list(itertools.takewhile(lambda header: header.last_offset < offset, self.headers()))
+        self.log_start_offset = offset
+        self.size_bytes -= sum(h.stored_bytes for h in doomed)
+        changes: Changes = [(log_store.log_key(self.pkey, h.base_offset), None) for h in doomed]
+        changes += self._forget_aborted_below(offset)
         changes.append(self.metadata_change())
         return changes
 
@@ -893,7 +1041,7 @@ class Partition:
         batches: list[tuple[StoredBatchHeader, list[tuple[bytes, int]]]] = []
         aborted: list[StoredBatchHeader] = []
         scanned: list[StoredBatchHeader] = []  # every batch in offset order, markers included
-        for base_offset, value in self.store.batches(self.pkey, self.log_start_offset):
+        for base_offset, value in self.store.batches(self.pkey, self.first_batch_at(self.log_start_offset)):
             header = log_store.decode_header(base_offset, value)
             if header.last_offset >= lso:
                 break
@@ -919,6 +1067,13 @@ class Partition:
         changes: list[tuple[bytes, bytes | None]] = [(log_store.log_key(self.pkey, h.base_offset), None) for h in doomed]
         changes.append(self.metadata_change())
         return changes
+
+
+def wipe_changes(store: LogStore, pkey: bytes, owns_group: Callable[[str], bool] | None = None) -> Changes:
+    """Deletes of every key of a partition: log, epochs, metadata and what
+    derives from the log (also of one not loaded: a deleted topic's, found on disk)."""
+    changes: Changes = [(key, None) for kind in (b"L", b"E", b"M") for key, _ in store.items(kind + pkey)]
+    return changes + [(key, None) for key in store.derived_keys(pkey, owns_group)]
 
 
 def now_ms() -> int:

@@ -57,6 +57,13 @@ class PartitionMetrics:
             attributes = self._topics[name] = {"topic": name}
         return attributes
 
+    def forget_topic(self, name: str) -> None:
+        """A deleted topic: its cached labels go (its partitions' gauges stop
+        with the partitions; its counters' series are cumulative and stay)."""
+        self._topics.pop(name, None)
+        for key in [key for key in self._refusals if key[1] == name]:
+            del self._refusals[key]
+
     def produced(self, topic: str, records: int, size: int) -> None:
         attributes = self.topic(topic)
         self.produced_records.add(records, attributes)

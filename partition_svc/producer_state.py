@@ -30,6 +30,7 @@ Outcomes are values (Append, Duplicate, Reject), never exceptions.
 
 from __future__ import annotations
 
+import heapq
 import json
 from dataclasses import dataclass, field, replace
 
@@ -59,6 +60,10 @@ class ProducerStateEntry:
     current_txn_first_offset: int = NO_OFFSET
     # The transaction at producer_epoch was prepared (sealed by its coordinator): it takes nothing more here.
     txn_prepared: bool = False
+    # This replica's clock when it last appended a batch of the producer (-1: never, or before it was kept).
+    # Expiry counts from it, not from last_timestamp_ms: that is the producer's clock, and a producer
+    # re-publishing old events would otherwise lose its state, and with it its duplicate detection, at once.
+    appended_ms: int = field(default=-1, compare=False)  # each replica's own clock: not part of the replicated state
 
     @property
     def last_sequence(self) -> int:
@@ -78,6 +83,7 @@ class ProducerStateEntry:
                 "coord_epoch": self.coordinator_epoch,
                 "txn_first": self.current_txn_first_offset,
                 "prepared": self.txn_prepared,
+                "appended": self.appended_ms,
             },
             separators=(",", ":"),
         ).encode()
@@ -93,7 +99,73 @@ class ProducerStateEntry:
             coordinator_epoch=raw["coord_epoch"],
             current_txn_first_offset=raw["txn_first"],
             txn_prepared=raw.get("prepared", False),  # snapshots before the seal existed have none
+            appended_ms=raw.get("appended", -1),  # nor before expiry existed
         )
+
+    def expired(self, now_ms: int, expiration_ms: int) -> bool:
+        """Whether this replica may forget the producer (Kafka's producer.id.expiration.ms):
+        nothing appended for ``expiration_ms`` by this replica's clock or the
+        producer's, and no transaction open or prepared (its first offset holds
+        the LSO, and its marker needs the entry)."""
+        if self.has_open_transaction or self.txn_prepared:
+            return False
+        return now_ms - max(self.appended_ms, self.last_timestamp_ms) >= expiration_ms
+
+
+class ProducerStates(dict):
+    """A partition's producer entries by producer id, which also keeps the
+    first offsets of its open transactions in a heap, so that the oldest one
+    (what bounds the last stable offset) is found in O(log n) however many
+    producers the partition has seen, instead of by a scan of them all.
+
+    Invariant: ``_open`` maps exactly the producers whose entry has an open
+    transaction to its first offset, and every pair of ``_open`` is in
+    ``_heap``; the heap may also hold stale pairs (transactions since ended),
+    dropped when they reach its top or when they outnumber the live ones.
+    Entries change only through item assignment, ``pop`` and ``del``.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._open: dict[int, int] = {}
+        self._heap: list[tuple[int, int]] = []
+
+    def __setitem__(self, producer_id: int, entry: ProducerStateEntry) -> None:
+        super().__setitem__(producer_id, entry)
+        first = entry.current_txn_first_offset
+        if first < 0:
+            self._open.pop(producer_id, None)
+        elif self._open.get(producer_id) != first:
+            self._open[producer_id] = first
+            heapq.heappush(self._heap, (first, producer_id))
+            if len(self._heap) > 2 * len(self._open) + 64:
+                self._heap = [(offset, pid) for pid, offset in self._open.items()]
+                heapq.heapify(self._heap)
+
+    def __delitem__(self, producer_id: int) -> None:
+        super().__delitem__(producer_id)
+        self._open.pop(producer_id, None)
+
+    def pop(self, producer_id: int, *default):
+        self._open.pop(producer_id, None)
+        return super().pop(producer_id, *default)
+
+    def update(self, *args, **kwargs):
+        raise TypeError("ProducerStates changes entry by entry (item assignment keeps the open-transaction index)")
+
+    setdefault = popitem = clear = update
+
+    def first_open_offset(self) -> int | None:
+        """The first offset of the oldest open transaction; None when none is open."""
+        heap = self._heap
+        while heap and self._open.get(heap[0][1]) != heap[0][0]:
+            heapq.heappop(heap)
+        return heap[0][0] if heap else None
+
+    @property
+    def open_transactions(self) -> dict[int, int]:
+        """{producer id: first offset} of the open transactions (read only)."""
+        return dict(self._open)
 
 
 @dataclass(frozen=True)
@@ -197,9 +269,11 @@ def after_append(
     timestamp_ms: int,
     is_transactional: bool,
     cache_batches: int = DUPLICATE_CACHE_BATCHES,
+    appended_ms: int = -1,
 ) -> ProducerStateEntry:
-    """The state once a batch that passed ``check_batch`` is appended; the last
-    ``cache_batches`` batches are kept to answer duplicates (tests shrink it)."""
+    """The state once a batch that passed ``check_batch`` is appended (at
+    ``appended_ms`` by this replica's clock); the last ``cache_batches``
+    batches are kept to answer duplicates (tests shrink it)."""
     batch = BatchMetadata(
         base_sequence, last_sequence_of(base_sequence, record_count), base_offset, base_offset + record_count - 1, timestamp_ms
     )
@@ -214,4 +288,5 @@ def after_append(
         batches=(*entry.batches, batch)[-cache_batches:],
         last_timestamp_ms=timestamp_ms,
         current_txn_first_offset=txn_first,
+        appended_ms=max(appended_ms, entry.appended_ms),
     )

@@ -9,6 +9,10 @@ so an old leader's unreplicated tail never survives. It then stores the
 leader's batches byte for byte at the leader's offsets, awaits their
 durability, and only then fetches again: the offset it fetches from is what
 it holds durably, which is what the leader counts toward the high watermark.
+Each answer also carries the leader's log start: the follower moves its own
+to it (up to its high watermark: Partition.follow_log_start), durably, before
+it fetches again; each fetch says the follower's log start, which the leader
+counts toward the low watermark DeleteRecords waits for (isr.py).
 """
 
 from __future__ import annotations
@@ -142,9 +146,10 @@ class ReplicaFetcher:
             replica_id=self.manager.node_id, max_wait_ms=self.manager.fetch_wait_ms, max_bytes=self.manager.fetch_bytes_max,
             partitions=[replication_pb2.ReplicaFetchPartition(
                 topic=topic, partition=index, leader_epoch=f.leader_epoch, fetch_offset=f.partition.next_offset,
-                last_fetched_epoch=f.partition.epochs.latest_epoch) for (topic, index), f in ready.items()])
+                last_fetched_epoch=f.partition.epochs.latest_epoch, log_start_offset=f.partition.log_start_offset)
+                for (topic, index), f in ready.items()])
         reply = await answer_of(lambda: stub.ReplicaFetch(request, timeout=self.manager.fetch_wait_ms / 1000 + 30))
-        written, refused = [], 0
+        written, refused, log_starts = [], 0, []
         for result in reply.results:
             key = (result.topic, result.partition)
             followed = self.followed.get(key)
@@ -158,6 +163,7 @@ class ReplicaFetcher:
                 await self._on_error(key, result.error)
                 refused += 1
                 continue
+            log_starts.append((followed.partition, result.log_start_offset))
             if result.HasField("diverging_epoch"):
                 followed.truncated = False
                 continue
@@ -173,7 +179,9 @@ class ReplicaFetcher:
                 written.append(durable)
         if written:
             await asyncio.gather(*written)
-        elif refused == len(reply.results):
+        moved = [partition.follow_log_start(log_start) for partition, log_start in log_starts]  # up to the high watermark just moved
+        await asyncio.gather(*(future for future in moved if future is not None))
+        if not written and refused == len(reply.results):
             raise TxlogError(ErrorCode.Value("NOT_LEADER"), f"node {self.leader_id} refused every partition fetched")
 
     async def _on_error(self, key: Key, error) -> None:

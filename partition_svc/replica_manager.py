@@ -31,7 +31,7 @@ from dataclasses import replace
 
 from partition_svc.election import LeaderAndIsr
 from partition_svc.log_store import GroupCommitWriter, LogStore
-from partition_svc.partition import Partition, now_ms
+from partition_svc.partition import Partition, now_ms, wipe_changes
 from partition_svc.replica_fetcher import ReplicaFetcher
 from partition_svc.topics import TopicInfo, TopicRegistry
 from services import zk
@@ -71,6 +71,8 @@ class ReplicaManager:
     async def state(self, topic: str, index: int, *, fresh: bool = False) -> LeaderAndIsr | None:
         """The partition's state as known here (read from ZooKeeper when not
         known yet, or when ``fresh``); None when the partition does not exist."""
+        if topic in self.topics.deleting:
+            return None  # marked for deletion: unknown at once, though its replicas may not be dropped yet
         known = self.states.get((topic, index))
         if known is not None and not fresh:
             return known
@@ -93,6 +95,8 @@ class ReplicaManager:
         # The one await, before anything changes: from here to the role taken nothing else may run, or a
         # request could find the partition created but its role not set yet.
         registered_at = await self.registered_at() if state.leader == self.node_id else 0
+        if info.name in self.topics.deleting:
+            return  # marked for deletion while this state was on its way: its partitions are going, not coming
         if replicas is not None:
             self.topics.learned_replicas(info.name, index, replicas)
             if key in self.partitions and self.node_id in replicas:
@@ -178,6 +182,22 @@ class ReplicaManager:
                 if state is not None:
                     await self.take(info, index, state)
 
+    async def drop_topic(self, name: str) -> int:
+        """Stops every replica of the topic here and deletes every key of each
+        on disk, loaded or not (an instance down while the topic was deleted
+        loads none of them again); how many were on disk."""
+        for key in [key for key in self.partitions if key[0] == name]:
+            self._stop_following(key)
+            partition = self.partitions.pop(key)
+            partition.become_follower(partition.leader_epoch + 1)  # a request still holding it is refused from here
+        for key in [key for key in self.states if key[0] == name]:
+            del self.states[key]
+        prefix = name.encode() + b"\x00"
+        stored = [pkey for pkey, _ in self.store.partitions() if pkey.startswith(prefix) and len(pkey) == len(prefix) + 4]
+        for pkey in stored:  # after whatever the replicas submitted before (one writer, in order)
+            await self.writer.submit(wipe_changes(self.store, pkey))
+        return len(stored)
+
     def apply_configs(self, info: TopicInfo) -> None:
         """The topic's configs as ZooKeeper holds them, taken by every replica
         of it here (each reads its configs on use: retention, limits, acks)."""
@@ -199,7 +219,7 @@ class ReplicaManager:
 
     async def leader(self, topic: str, index: int) -> Partition:
         """The partition, if this instance leads it; else a TxlogError saying where to go."""
-        partition = self.partitions.get((topic, index))
+        partition = self.partitions.get((topic, index)) if topic not in self.topics.deleting else None
         if partition is not None and partition.is_leader:
             return partition
         state = await self.state(topic, index)
@@ -218,8 +238,8 @@ class ReplicaManager:
         raise TxlogError(ErrorCode.Value("NOT_LEADER"),
                          f"{topic} partition {index} is led by node {state.leader}, not node {self.node_id}; refresh metadata")
 
-    def follower_fetched(self, partition: Partition, follower: int, log_end_offset: int) -> None:
-        partition.follower_fetched(follower, log_end_offset, now_ms())
+    def follower_fetched(self, partition: Partition, follower: int, log_end_offset: int, log_start_offset: int = 0) -> None:
+        partition.follower_fetched(follower, log_end_offset, now_ms(), log_start_offset)
         self.check_isr(partition)
 
     def check_isr(self, partition: Partition) -> None:

@@ -75,7 +75,9 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServiceServicer):
         reply = self._collect(leading, request.max_bytes)
         wait_ms = min(request.max_wait_ms, self.fetch_wait_ms_max)
         if wait_ms > 0 and not any(r.batches or r.HasField("error") or r.HasField("diverging_epoch") for r in reply.results):
-            events = [p.log_end_moved() for _, p, outcome in leading if p is not None and outcome is None]
+            # new batches, or a log start DeleteRecords moved, end the wait
+            events = [event for _, p, outcome in leading if p is not None and outcome is None
+                      for event in (p.log_end_moved(), p.log_start_moved())]
             if events:
                 waiters = [asyncio.ensure_future(e.wait()) for e in events]
                 try:
@@ -102,7 +104,8 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServiceServicer):
             return TxlogError(ErrorCode.Value("OFFSET_OUT_OF_RANGE"),
                               f"offset {wanted.fetch_offset} is below the log start {partition.log_start_offset}")
         if wanted.fetch_offset <= partition.durable_end:
-            self.replicas.follower_fetched(partition, follower, wanted.fetch_offset)
+            self.replicas.follower_fetched(partition, follower, wanted.fetch_offset,
+                                           wanted.log_start_offset if wanted.HasField("log_start_offset") else 0)
         return None
 
     def _collect(self, leading, bytes_max: int) -> replication_pb2.ReplicaFetchResponse:
@@ -119,7 +122,8 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServiceServicer):
             if outcome is not None:
                 result.diverging_epoch.CopyFrom(outcome)
                 continue
-            for base_offset, value in partition.store.batches(partition.pkey, wanted.fetch_offset):
+            # from the batch holding fetch_offset: a follower restarted at a log start inside a batch gets it whole
+            for base_offset, value in partition.store.batches(partition.pkey, partition.first_batch_at(wanted.fetch_offset)):
                 if base_offset >= partition.durable_end or (left <= 0 and result.batches):
                     break
                 result.batches.add(base_offset=base_offset, leader_epoch=partition.epochs.epoch_at(base_offset), value=value)

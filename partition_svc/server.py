@@ -16,6 +16,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 
 from partition_svc import log_store, placement, validation, wire
 from partition_svc.controller import Controller, PartitionStates, storage_zxid
@@ -26,6 +27,7 @@ from partition_svc.partition_metrics import PartitionMetrics
 from partition_svc.producer_state import Reject
 from partition_svc.replica_manager import ReplicaManager
 from partition_svc.replication import ReplicationServicer
+from partition_svc.topic_deletion import TopicDeletion
 from partition_svc.topics import INTERNAL_PREFIX, TopicInfo, TopicRegistry
 from partition_svc.txn_verification import TransactionVerifier
 from services import acls, coordinators, server
@@ -65,6 +67,11 @@ SETTINGS = (
     Setting("partitions_per_request_max", 10_000, "most partitions named in one request", positive_int),
     Setting("fetch_wait_ms_max", 30_000, "longest long-poll a Fetch may ask for, ms (longer asks are cut)", positive_int),
     Setting("retention_check_interval_ms", 30_000, "how often retention and compaction run, ms", positive_int),
+    Setting("producer_id_expiration_ms", 86_400_000, "a producer that appended nothing to a partition for this long, "
+            "and has no transaction open there, is forgotten by it (Kafka's producer.id.expiration.ms): its next batch "
+            "must start at sequence 0, as a new producer's; internal topics keep theirs, ms", positive_int),
+    Setting("producer_id_expiration_check_interval_ms", 600_000, "how often producers are checked for expiry, ms",
+            positive_int),
     Setting("live_nodes_cache_ms", 1_000, "how long the list of live instances is reused, ms", positive_int),
     Setting("rack", "", "this instance's rack (or zone): replicas of a partition go to different racks when every instance has one"),
     Setting("default_replication_factor", 3, "replication factor of a topic created without one (capped at the live instances)",
@@ -87,6 +94,7 @@ SETTINGS = (
 NONE = ErrorCode.Value("NONE")
 ACKS_ALL = -1
 LEADER_AND_ISR_TIMEOUT_S = 5.0
+DELETE_RECORDS_TIMEOUT_MS_DEFAULT = 30_000  # DeleteRecords' wait for the in-sync replicas when its timeout_ms is 0
 # Internal topics, created by the services that own them (names starting "__" are refused otherwise).
 INTERNAL_TOPICS = (CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC)
 
@@ -138,6 +146,8 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
         self.metrics = PartitionMetrics(runtime.metrics.meter, lambda: list(self.replicas.partitions.values()),
                                         lambda: self.controller.offline_partitions if self.controller.active else None,
                                         store.properties, self.coordinated_group_offsets)
+        self.deletion = TopicDeletion(self.node_id, self.topics, self.replicas, store, self.limits, self.metrics.forget_topic,
+                                      refresh_ms=cfg.partition_state_refresh_ms)
 
     @property
     def partitions(self) -> dict[tuple[str, int], Partition]:
@@ -413,11 +423,12 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
                 result.error.CopyFrom(error_proto(outcome.code, outcome.message))
                 continue
             result.base_offset = outcome.base_offset
+            written = outcome.replicated if acks == ACKS_ALL else outcome.durable
             if not outcome.duplicate:
-                self.metrics.produced(item.topic, len(item.batch.records), item.batch.ByteSize())
+                self.count_produced(item.topic, len(item.batch.records), item.batch.ByteSize(), written)
             result.log_start_offset = partition.log_start_offset
             result.log_append_time_ms = now
-            taken.append((result, partition, outcome.replicated if acks == ACKS_ALL else outcome.durable))
+            taken.append((result, partition, written))
         if acks == 0:  # answered before anything is durable: no offsets to rely on
             for result in reply.results:
                 result.base_offset = -1
@@ -440,6 +451,17 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
             if result.error.code:
                 self.metrics.refused("Produce", self.known_topic(result.topic), result.error.code)
         return reply
+
+    def count_produced(self, topic: str, records: int, size_bytes: int, written: asyncio.Future) -> None:
+        """Counts an appended batch once it is written as its acks asked (for
+        acks=all: replicated), whether or not the request still waits for it: a
+        batch a leader change truncated is not counted, and its retry, appended
+        again at the new leader, is counted there once."""
+        def counted(future: asyncio.Future) -> None:
+            if not future.cancelled() and future.exception() is None and future.result() is not False:
+                self.metrics.produced(topic, records, size_bytes)
+
+        written.add_done_callback(counted)
 
     @staticmethod
     def check_replicated(result, partition: Partition, replicated: bool) -> None:
@@ -496,9 +518,10 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
         wait_s = min(request.max_wait_ms, self.config.fetch_wait_ms_max) / 1000
         deadline = time.monotonic() + wait_s
         while True:
-            reply, waits, returned_bytes = await self._fetch_once(request)
+            reply, waits, returned_bytes, tally = await self._fetch_once(request)
             remaining = deadline - time.monotonic()
             if returned_bytes > max(request.min_bytes - 1, 0) or not waits or remaining <= 0:
+                tally()  # only the pass answered counts: a long poll's earlier passes were thrown away
                 return reply
             waiters = [asyncio.ensure_future(w.wait()) for w in waits]
             try:
@@ -507,10 +530,13 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
                 for waiter in waiters:
                     waiter.cancel()
 
-    async def _fetch_once(self, request) -> tuple[bytes, list[asyncio.Event], int]:
+    async def _fetch_once(self, request) -> tuple[bytes, list[asyncio.Event], int, Callable[[], None]]:
         """One pass over the partitions: the encoded response, the events to
-        wait on for partitions that had nothing, and the bytes returned."""
+        wait on for partitions that had nothing, the bytes returned, and what
+        records the pass in the metrics once it is the answer."""
         encoded_results = []
+        fetched: list[tuple[str, int, int]] = []
+        refused: list[tuple[str, int]] = []
         bytes_left = request.max_bytes or self.config.batch_bytes_max * 4
         records_left = request.max_records or 2**31
         waits, returned_bytes = [], 0
@@ -522,23 +548,32 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
                 partition = await self.hosted(wanted.topic, wanted.partition)
                 await self.check_leader_epoch(wanted, partition)
                 payloads, records = self._read(
-                    partition, wanted, request.isolation_level, result, bytes_left, records_left, returned_bytes == 0
+                    partition, wanted, request.isolation_level, result, bytes_left, records_left, returned_bytes == 0,
+                    outcomes=request.include_transaction_outcomes,
                 )
             except TxlogError as exc:
                 result.error.CopyFrom(error_of(exc))
-                self.metrics.refused("Fetch", self.known_topic(wanted.topic), exc.code)
+                refused.append((self.known_topic(wanted.topic), exc.code))
             taken = sum(len(p) for p in payloads)
             if records:
-                self.metrics.fetched(wanted.topic, records, taken)
+                fetched.append((wanted.topic, records, taken))
             returned_bytes += taken
             bytes_left = max(bytes_left - taken, 0)
             records_left = max(records_left - records, 0)
             if not payloads and not result.HasField("error"):
                 waits.append(partition.data_arrived())
             encoded_results.append(wire.partition_result(result, payloads))
-        return wire.fetch_response(encoded_results), waits, returned_bytes
 
-    def _read(self, partition, wanted, isolation_level, result, bytes_left, records_left, take_first) -> tuple[list[bytes], int]:
+        def tally() -> None:
+            for topic, code in refused:
+                self.metrics.refused("Fetch", topic, code)
+            for topic, records, taken in fetched:
+                self.metrics.fetched(topic, records, taken)
+
+        return wire.fetch_response(encoded_results), waits, returned_bytes, tally
+
+    def _read(self, partition, wanted, isolation_level, result, bytes_left, records_left, take_first, *,
+              outcomes: bool = False) -> tuple[list[bytes], int]:
         check_settled(partition)
         hw, lso = partition.high_watermark, partition.last_stable_offset
         result.high_watermark, result.last_stable_offset, result.log_start_offset = hw, lso, partition.log_start_offset
@@ -555,6 +590,11 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
         )
         if result.next_fetch_offset > wanted.fetch_offset:
             result.next_fetch_epoch = partition.epochs.epoch_at(result.next_fetch_offset - 1)
+        if outcomes and payloads and isolation_level == common_pb2.ISOLATION_LEVEL_READ_UNCOMMITTED:
+            aborted, opened = partition.transaction_outcomes(wanted.fetch_offset, result.next_fetch_offset)
+            result.aborted_transactions.extend(
+                partition_pb2.AbortedTransaction(producer_id=p, first_offset=first, last_offset=last) for p, first, last in aborted)
+            result.open_transactions.extend(partition_pb2.OpenTransaction(producer_id=p, first_offset=first) for p, first in opened)
         return payloads, records
 
     @server.rpc_handler
@@ -597,6 +637,52 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
                     raise request_error(f"unknown offset spec {wanted.spec}")
             except TxlogError as exc:
                 result.error.CopyFrom(error_of(exc))
+        return reply
+
+    # --- DeleteRecords -------------------------------------------------------------------
+
+    @server.rpc_handler
+    async def DeleteRecords(self, request, context):
+        if request.timeout_ms < 0:
+            raise request_error(f"timeout_ms must be 0 (the default, {DELETE_RECORDS_TIMEOUT_MS_DEFAULT}) or positive, "
+                                f"got {request.timeout_ms}")
+        self.check_partition_count(len(request.partitions))
+        if len({(p.topic, p.partition) for p in request.partitions}) != len(request.partitions):
+            raise request_error("the request names a partition twice")
+        reply = partition_pb2.DeleteRecordsResponse()
+        waits: dict[asyncio.Future, tuple[object, Partition]] = {}
+        for wanted in request.partitions:
+            result = reply.results.add(topic=wanted.topic, partition=wanted.partition, low_watermark=-1)
+            try:
+                if wanted.topic.startswith(INTERNAL_PREFIX):  # as Kafka: only their owners' compaction deletes there
+                    raise TxlogError(ErrorCode.Value("INVALID_TOPIC"), f"{wanted.topic[:300]} is internal: its records are not deleted on request")
+                partition = await self.hosted(wanted.topic, wanted.partition)
+                check_settled(partition)
+            except TxlogError as exc:
+                result.error.CopyFrom(error_of(exc))
+                continue
+            outcome = partition.delete_records(wanted.offset)
+            if isinstance(outcome, Reject):
+                result.error.CopyFrom(error_proto(outcome.code, outcome.message))
+                continue
+            if outcome.written is not None:
+                log.info("records deleted", extra=fields(topic=wanted.topic, partition=wanted.partition,
+                                                         log_start_offset=outcome.log_start_offset))
+            waits[asyncio.ensure_future(partition.wait_log_start_followed(outcome))] = (result, partition)
+        if waits:
+            try:
+                done, _ = await asyncio.wait(waits, timeout=(request.timeout_ms or DELETE_RECORDS_TIMEOUT_MS_DEFAULT) / 1000)
+            finally:  # also when the caller goes away: a wait for replicas that never follow must not stay behind
+                for task in waits:
+                    task.cancel()
+            for task, (result, partition) in waits.items():
+                result.low_watermark = partition.low_watermark
+                if task not in done or not task.result():
+                    result.error.CopyFrom(error("REQUEST_TIMED_OUT", (
+                        f"the log start of {partition.topic}-{partition.index} moved on the leader, but not every in-sync replica "
+                        f"had moved its own (the low watermark is {result.low_watermark}) "
+                        + ("within timeout_ms" if task not in done else "before this replica stopped leading")
+                        + "; they go on, and a retry answers once they have")))
         return reply
 
     # --- consumer-group offsets ------------------------------------------------------
@@ -804,13 +890,16 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
 
     def check_topic_items(self, items) -> None:
         """A per-topic request's items: at least one, at most the limit, each topic once."""
-        if not items:
+        self.check_topic_names([item.topic for item in items], "; put its changes together")
+
+    def check_topic_names(self, names, hint: str = "") -> None:
+        """A request's topics: at least one, at most the limit, each once."""
+        if not names:
             raise request_error("the request names no topic")
-        if len(items) > self.config.partitions_per_request_max:
-            raise request_error(f"the request names {len(items)} topics, more than {self.config.partitions_per_request_max}")
-        names = [item.topic for item in items]
+        if len(names) > self.config.partitions_per_request_max:
+            raise request_error(f"the request names {len(names)} topics, more than {self.config.partitions_per_request_max}")
         if len(set(names)) < len(names):
-            raise request_error("the request names a topic twice; put its changes together")
+            raise request_error(f"the request names a topic twice{hint}")
 
     async def alter_topic_configs(self, change, validate_only: bool) -> dict[str, str]:
         """The topic's configs after ``change`` (written unless ``validate_only``),
@@ -895,6 +984,11 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
             return grown.partition_count
 
         return await self.change_topic(topic, attempt, "partitions were added")
+
+    @server.rpc_handler
+    async def DeleteTopics(self, request, context):
+        self.check_topic_names(request.topics)
+        return await self.deletion.delete_topics(list(request.topics), request.timeout_ms)
 
     # --- consumer groups ---------------------------------------------------------------
 
@@ -1040,13 +1134,25 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
 
     # --- background work -------------------------------------------------------------
 
-    async def enforce_retention_forever(self) -> None:
+    @staticmethod
+    async def every(interval_ms: int, one_pass, what: str) -> None:
+        """Runs ``one_pass()`` every ``interval_ms``, for good; a pass that fails is logged, the next one runs."""
         while True:
-            await asyncio.sleep(self.config.retention_check_interval_ms / 1000)
+            await asyncio.sleep(interval_ms / 1000)
             try:
-                await self.enforce_retention()
+                await one_pass()
             except Exception:
-                log.exception("retention pass failed")
+                log.exception(f"{what} pass failed")
+
+    async def expire_producers(self) -> None:
+        now = now_ms()
+        for partition in list(self.partitions.values()):
+            before = len(partition.producers)
+            written = partition.expire_producers(now, self.config.producer_id_expiration_ms)
+            if written is not None:
+                await written
+                log.info("producers expired", extra=fields(topic=partition.topic, partition=partition.index,
+                                                           expired=before - len(partition.producers)))
 
     async def enforce_retention(self) -> None:
         now = now_ms()
@@ -1118,6 +1224,7 @@ async def build(runtime: server.ServiceRuntime) -> PartitionServicer:
         runtime.registration_details["rack"] = cfg.rack
     runtime.registration_details["storage_zxid"] = str(
         await storage_zxid(runtime.zookeeper, cfg.zookeeper_root, KIND, cfg.node_id, store))
+    await servicer.deletion.start()  # before recovery: a topic marked for deletion is not loaded again
     await servicer.replicas.recover()
     runtime.add_servicer(servicer, partition_pb2.DESCRIPTOR.services_by_name["PartitionService"])
     runtime.add_servicer(ReplicationServicer(servicer.replicas, cfg.fetch_wait_ms_max),
@@ -1125,10 +1232,12 @@ async def build(runtime: server.ServiceRuntime) -> PartitionServicer:
     bootstrap = BootstrapCoordinatorServicer(ProducerIdSource(servicer.peers, requester_id=cfg.node_id), servicer)
     runtime.add_servicer(bootstrap, coordinator_pb2.DESCRIPTOR.services_by_name["CoordinatorService"])
     background = [asyncio.ensure_future(work) for work in (
-        servicer.enforce_retention_forever(),
+        servicer.every(cfg.retention_check_interval_ms, servicer.enforce_retention, "retention"),
+        servicer.every(cfg.producer_id_expiration_check_interval_ms, servicer.expire_producers, "producer expiry"),
         servicer.controller.run_forever(),
         servicer.replicas.maintain_forever(cfg.partition_state_refresh_ms),
         servicer.groups.expire_forever(),
+        servicer.deletion.run_forever(),
     )]
 
     async def close() -> None:

@@ -3,6 +3,8 @@
     <root>/topics/<name>                          JSON {"partitions", "configs", "replicas": [[node, ...], ...], "internal"}
     <root>/topics/<name>/partitions/<p>/state     JSON {"leader", "leader_epoch", "isr", "controller_epoch"}
     <root>/reassignments/<name>/<p>               JSON {"target": [node, ...]}: a reassignment the controller carries out
+    <root>/admin/delete_topics/<name>             the topic is being deleted (Kafka's deletion mark)
+    <root>/admin/delete_topics/<name>/<node>      that instance holds nothing of it any more (topic_deletion.py)
 
 A topic is created once, its node and every partition's state in one
 ZooKeeper transaction that fails if the topic exists, so two concurrent
@@ -11,6 +13,15 @@ leader first) change only by reassignment. A partition state changes only by
 a conditional write on its znode version (the controller electing a leader,
 the leader changing its ISR): a writer whose view is stale fails and reads
 again, so no decision is ever taken on an outdated ISR.
+
+A topic is deleted as in Kafka's ZooKeeper mode: a deletion mark, created in
+one transaction with a check of the topic's node (so only an existing topic
+is marked), hides it at once from every read of this registry (``get``,
+``versioned``, ``names``); its nodes, its reassignments and the mark go
+together in one transaction once every instance concerned has acknowledged
+(topic_deletion.py). A creation fails while a mark of its name exists (it
+creates and deletes the mark in its own transaction), so a topic is never
+created again before the old one is gone.
 """
 
 from __future__ import annotations
@@ -24,9 +35,11 @@ from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
 from partition_svc.election import LeaderAndIsr, initial_state
 from services import zk
+from services.errors import ErrorCode, TxlogError
 from services.protocol import INTERNAL_TOPIC_PREFIX
 
 INTERNAL_PREFIX = INTERNAL_TOPIC_PREFIX
+MARK_ATTEMPTS = 5  # conditional marks of a topic raced by writes of its node (a reassignment, a config change)
 
 
 @dataclass(frozen=True)
@@ -56,7 +69,9 @@ class TopicRegistry:
         self.client = client
         self.base = posixpath.join(root, "topics")
         self.reassignments_base = posixpath.join(root, "reassignments")
+        self.deletions_base = posixpath.join(root, "admin", "delete_topics")
         self._cache: dict[str, TopicInfo] = {}
+        self.deleting: frozenset[str] = frozenset()  # topics marked for deletion, as last seen (a watch keeps it)
 
     def state_path(self, topic: str, partition: int) -> str:
         return posixpath.join(self.base, topic, "partitions", str(partition), "state")
@@ -66,6 +81,9 @@ class TopicRegistry:
         return self._cache.get(name)
 
     async def get(self, name: str, *, fresh: bool = False) -> TopicInfo | None:
+        """The topic, None when it does not exist or is being deleted."""
+        if name in self.deleting:
+            return None
         info = None if fresh else self._cache.get(name)
         if info is not None:
             return info
@@ -86,9 +104,15 @@ class TopicRegistry:
         for index, replicas in enumerate(info.replicas):
             transaction.create(posixpath.join(self.base, info.name, "partitions", str(index)), b"")
             transaction.create(self.state_path(info.name, index), initial_state(replicas, controller_epoch).encode())
+        transaction.create(self.deletion_path(info.name), b"")  # fails while the name is marked for deletion
+        transaction.delete(self.deletion_path(info.name))
         await zk.call(self.client, "ensure_path", self.base)
+        await zk.call(self.client, "ensure_path", self.deletions_base)
         results = await zk.commit(self.client, transaction)
         if any(isinstance(r, NodeExistsError) for r in results):
+            if await zk.call(self.client, "exists", self.deletion_path(info.name)) is not None:
+                raise TxlogError(ErrorCode.Value("TOPIC_ALREADY_EXISTS"),
+                                 f"topic {info.name!r} is being deleted; create it again once it is gone")
             existing = await self.get(info.name, fresh=True)
             if existing is None:
                 raise NodeExistsError(f"topic {info.name} was being created and deleted")
@@ -99,8 +123,11 @@ class TopicRegistry:
         self._cache[info.name] = info
         return info
 
-    async def versioned(self, name: str) -> tuple[TopicInfo, int] | None:
-        """The topic as stored now, with its znode version (for a conditional rewrite)."""
+    async def versioned(self, name: str, *, deleting: bool = False) -> tuple[TopicInfo, int] | None:
+        """The topic as stored now, with its znode version (for a conditional
+        rewrite); None when it does not exist or, unless ``deleting``, is being deleted."""
+        if name in self.deleting and not deleting:
+            return None
         try:
             data, stat = await zk.call(self.client, "get", posixpath.join(self.base, name))
         except NoNodeError:
@@ -199,8 +226,114 @@ class TopicRegistry:
             pass
 
     async def names(self) -> list[str]:
+        """Every topic but those being deleted."""
         try:
-            return sorted(await zk.call(self.client, "get_children", self.base))
+            return sorted(set(await zk.call(self.client, "get_children", self.base)) - self.deleting)
+        except NoNodeError:
+            return []
+
+    # --- deletion ---------------------------------------------------------------------
+
+    def deletion_path(self, name: str) -> str:
+        return posixpath.join(self.deletions_base, name)
+
+    def marks_seen(self, marked: set[str]) -> set[str]:
+        """Takes the topics marked for deletion as ZooKeeper lists them now;
+        returns those newly marked. Their cached nodes go, so a topic of the
+        same name created later is read afresh."""
+        new = set(marked) - self.deleting
+        for name in self.deleting | new:
+            self._cache.pop(name, None)
+        self.deleting = frozenset(marked)
+        return new
+
+    def forget_gone(self, existing: set[str]) -> None:
+        """Drops the cached nodes of topics ZooKeeper no longer holds (one
+        deleted while this instance missed its short-lived mark)."""
+        for name in [name for name in self._cache if name not in existing]:
+            self._cache.pop(name, None)
+
+    async def read_marks(self) -> set[str]:
+        """The topics marked for deletion, read from ZooKeeper (and taken)."""
+        try:
+            marked = set(await zk.call(self.client, "get_children", self.deletions_base))
+        except NoNodeError:
+            marked = set()
+        self.marks_seen(marked)
+        return marked
+
+    async def mark_for_deletion(self, name: str) -> bool:
+        """Marks an existing topic for deletion (conditional on its node, so a
+        topic deleted meanwhile is not marked); True when it is marked (now or
+        before), False when it does not exist."""
+        await zk.call(self.client, "ensure_path", self.deletions_base)
+        for _ in range(MARK_ATTEMPTS):
+            try:
+                _, stat = await zk.call(self.client, "get", posixpath.join(self.base, name))
+            except NoNodeError:
+                return False
+            transaction = self.client.transaction()
+            transaction.check(posixpath.join(self.base, name), stat.version)
+            transaction.create(self.deletion_path(name), b"")
+            results = await zk.commit(self.client, transaction)
+            if isinstance(results[1], NodeExistsError):
+                break
+            if not any(isinstance(r, Exception) for r in results):
+                break
+            if not isinstance(results[0], (BadVersionError, NoNodeError)):
+                raise next(r for r in results if isinstance(r, Exception))
+        else:
+            raise TxlogError(ErrorCode.Value("REQUEST_TIMED_OUT"), f"topic {name!r} kept changing while it was marked; retry")
+        self.marks_seen(set(self.deleting) | {name})
+        return True
+
+    async def is_marked(self, name: str) -> bool:
+        return await zk.call(self.client, "exists", self.deletion_path(name)) is not None
+
+    async def acknowledge_deletion(self, name: str, node_id: int) -> None:
+        """This instance holds nothing of the topic any more (a mark already gone is fine)."""
+        try:
+            await zk.call(self.client, "create", posixpath.join(self.deletion_path(name), str(node_id)), b"")
+        except (NodeExistsError, NoNodeError):
+            pass
+
+    async def deletion_acks(self, name: str) -> set[int]:
+        try:
+            return {int(child) for child in await zk.call(self.client, "get_children", self.deletion_path(name))}
+        except NoNodeError:
+            return set()
+
+    async def remove(self, name: str, controller: tuple[str, int]) -> bool:
+        """Deletes the topic's nodes (partition states, reassignments) and its
+        deletion mark in one ZooKeeper transaction, while ``controller`` (the
+        controller-epoch path and the version it set) is still the
+        controller; False when something changed meanwhile (the caller reads
+        again)."""
+        paths = []
+        for root in (posixpath.join(self.base, name), posixpath.join(self.reassignments_base, name), self.deletion_path(name)):
+            paths += await self._subtree(root)
+        transaction = self.client.transaction()
+        transaction.check(*controller)
+        for path in paths:
+            transaction.delete(path)
+        results = await zk.commit(self.client, transaction)
+        if any(isinstance(r, Exception) for r in results):
+            return False
+        self._cache.pop(name, None)
+        return True
+
+    async def _subtree(self, path: str) -> list[str]:
+        """The node and every node below it, children first (the order to delete them); none if it does not exist."""
+        if await zk.call(self.client, "exists", path) is None:
+            return []
+        below = []
+        for child in await self._children(path):
+            below += await self._subtree(posixpath.join(path, child))
+        return below + [path]
+
+    async def _children(self, path: str) -> list[str]:
+        try:
+            return await zk.call(self.client, "get_children", path)
         except NoNodeError:
             return []
 

@@ -144,6 +144,8 @@ CHECKS: dict[str, Callable[[object, Permissions], list[Need]]] = {
     "DeleteGroups": lambda r, caller: [(GROUP, g, "Delete") for g in r.group_ids],
     "CreatePartitions": lambda r, caller: topics((t.topic for t in r.topics), "Alter"),
     "AlterTopicConfigs": lambda r, caller: topics((t.topic for t in r.topics), "AlterConfigs"),
+    "DeleteRecords": lambda r, caller: topics((p.topic for p in r.partitions), "Delete"),
+    "DeleteTopics": lambda r, caller: topics(r.topics, "Delete"),
     "DeleteGroupOffsets": lambda r, caller: [(GROUP, r.group_id, "Delete"), *topics((p.topic for p in r.partitions), "Read")],
     # ReplicationService and ProducerIdService: the services among themselves
     "LeaderAndIsr": lambda r, caller: cluster("ClusterAction"),

@@ -29,7 +29,10 @@ its admin's):
     txlog topics list
     txlog topics describe NAME
     txlog topics alter-configs NAME [--set KEY=VALUE ...] [--delete KEY ...] [--dry-run]
+    txlog topics delete NAME [NAME ...]      waits until every replica and group offset of each is gone
     txlog offsets TOPIC [--time earliest|latest|last_stable|MS|ISO-8601] [--partition P]
+    txlog delete-records (--topic T --partition P --offset N | --from-file F)   move log starts (N -1: the
+                                         last stable offset); prints each partition's low watermark
     txlog partitions add TOPIC --partitions N [--dry-run]          grow TOPIC to N partitions
     txlog partitions under-replicated | reassign (--file F | --topic T --partition P --replicas N,N) [--wait] | rebalance [--execute]
     txlog produce TOPIC [--key-separator SEP] [--partition P]        lines from stdin
@@ -37,7 +40,7 @@ its admin's):
                         [--timeout-ms MS] [--isolation read_committed|read_uncommitted]
                         [--partition P] [--print-key] [--key-separator SEP]
                         [--print-timestamp] [--print-partition] [--print-offset] [--print-headers]
-                        [--format plain|json]
+                        [--print-outcome] [--format plain|json]
     txlog producers describe TOPIC [--partition P]
     txlog transactions list [--state S ...] [--producer-id P ...] [--min-duration-ms N] [--prefix P]
     txlog transactions describe TID [TID ...]
@@ -217,6 +220,8 @@ def _topics(args) -> int:
             raise console.invalid("alter-configs takes --set KEY=VALUE or --delete KEY (each repeatable)")
         console.topics_alter_configs(bootstrap, args.name, console.parse_configs(args.set), args.delete or [], args.dry_run,
                                      sys.stdout, timeout_s=args.timeout_s)
+    elif args.action == "delete":
+        console.topics_delete(bootstrap, args.names, sys.stdout, timeout_s=args.timeout_s)
     return 0
 
 
@@ -230,7 +235,7 @@ def _produce(args) -> int:
 def _consume(args) -> int:
     console.consume(
         _bootstrap(args), args.topic, from_beginning=args.from_beginning, group=args.group,
-        max_records=args.max_records, isolation=args.isolation, partition=args.partition, to_end=args.to_end,
+        max_records=args.max_records, isolation=consume_isolation(args), partition=args.partition, to_end=args.to_end,
         timeout_ms=args.timeout_ms, print_key=args.print_key, key_separator=args.key_separator,
         out=sys.stdout.buffer, err=sys.stderr, timeout_s=args.timeout_s, output_format=args.format,
         print_fields=frozenset(f for f in console.PRINT_FIELDS if getattr(args, f"print_{f}")),
@@ -238,14 +243,40 @@ def _consume(args) -> int:
     return 0
 
 
+def consume_isolation(args) -> str:
+    """--isolation, or read_uncommitted for --print-outcome (which sees every transaction's records), else read_committed."""
+    return args.isolation or ("read_uncommitted" if args.print_outcome else "read_committed")
+
+
+def consume_usage_error(args) -> str | None:
+    if args.print_outcome and args.isolation == "read_committed":
+        return ("--print-outcome reads read_uncommitted (read_committed returns only committed records): "
+                "drop --isolation read_committed")
+    return None
+
+
 def _offsets(args) -> int:
     spec: str | int = args.time
     if spec not in ("earliest", "latest", "last_stable"):
-        spec = _timestamp_ms(spec) if not spec.lstrip("-").isdigit() else int(spec)
+        spec = _timestamp_ms(spec, "--time") if not spec.lstrip("-").isdigit() else int(spec)
         if spec < 0:
             raise console.invalid(f"--time takes earliest, latest, last_stable, epoch milliseconds >= 0 or an ISO 8601 time, "
                                   f"not {args.time!r}")
     console.offsets(_bootstrap(args), args.topic, spec, args.partition, sys.stdout, timeout_s=args.timeout_s)
+    return 0
+
+
+def _delete_records(args) -> int:
+    if args.from_file:
+        if args.topic is not None or args.partition is not None or args.offset is not None:
+            raise console.invalid("delete-records takes --from-file F, or --topic T --partition P --offset N, not both")
+        offsets = console.read_delete_records_file(args.from_file)
+    elif args.topic is not None and args.partition is not None and args.offset is not None:
+        offsets = {TopicPartition(args.topic, args.partition): args.offset}
+    else:
+        raise console.invalid("delete-records needs --topic T --partition P --offset N, or --from-file F "
+                              '({"partitions": [{"topic": "t", "partition": 0, "offset": 3}], "version": 1})')
+    console.delete_records(_bootstrap(args), offsets, sys.stdout, timeout_s=args.timeout_s)
     return 0
 
 
@@ -313,7 +344,7 @@ def _groups(args) -> int:
                                   "--to-timestamp-ms T, --to-datetime D, --from-file F")
         kind, value = chosen[0]
         if kind == "datetime":
-            kind, value = "timestamp", _timestamp_ms(value)
+            kind, value = "timestamp", _timestamp_ms(value, "--to-datetime")
         elif kind == "file":
             value = console.read_offsets_file(value)
         elif not args.topic:
@@ -323,12 +354,12 @@ def _groups(args) -> int:
     return 0
 
 
-def _timestamp_ms(text: str) -> int:
+def _timestamp_ms(text: str, flag: str) -> int:
     """An ISO 8601 date and time (UTC unless it names its offset) as epoch milliseconds."""
     try:
         moment = datetime.datetime.fromisoformat(text)
     except ValueError:
-        raise console.invalid(f"--to-datetime takes an ISO 8601 date and time such as 2026-11-23T00:00:00 or "
+        raise console.invalid(f"{flag} takes an ISO 8601 date and time such as 2026-11-23T00:00:00 or "
                               f"2026-11-23T09:30:00+01:00, not {text!r}") from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=datetime.UTC)
@@ -424,8 +455,11 @@ def _add_client_commands(commands) -> None:
     alter.add_argument("--set", action="append", metavar="KEY=VALUE", help="a config to set; repeatable")
     alter.add_argument("--delete", action="append", metavar="KEY", help="a config back to its default; repeatable")
     alter.add_argument("--dry-run", action="store_true", help="check the change and print the result, change nothing")
+    delete = topic_actions.add_parser("delete", help="delete topics: their partitions on every replica and the groups' "
+                                      "offsets for them; one JSON line per topic once it is gone (internal topics are refused)")
+    delete.add_argument("names", nargs="+", metavar="NAME")
     listing = topic_actions.add_parser("list", help="topic names, one per line")
-    for sub in (create, describe, listing, alter):
+    for sub in (create, describe, listing, alter, delete):
         _add_bootstrap(sub)
     topics.set_defaults(run=_topics)
 
@@ -449,19 +483,22 @@ def _add_client_commands(commands) -> None:
     consume.add_argument("--timeout-ms", type=float, help="stop after this long without a new record (as "
                          "kafka-console-consumer's; default: wait for more for ever); --timeout-s is how long one "
                          "call to the cluster may take")
-    consume.add_argument("--isolation", choices=("read_committed", "read_uncommitted"), default="read_committed")
+    consume.add_argument("--isolation", choices=("read_committed", "read_uncommitted"),
+                         help="default: read_committed, or read_uncommitted with --print-outcome")
     consume.add_argument("--partition", type=int, help="read only this partition")
     consume.add_argument("--print-key", action="store_true", help="print KEY<SEP>VALUE")
     for field, shown in (("timestamp", "CreateTime:MS"), ("partition", "Partition:P"), ("offset", "Offset:O"),
-                         ("headers", "NAME:VALUE,... or NO_HEADERS")):
+                         ("headers", "NAME:VALUE,... or NO_HEADERS"),
+                         ("outcome", "Outcome:committed|aborted|open|none (the record's transaction's; reads "
+                                     "read_uncommitted)")):
         consume.add_argument(f"--print-{field}", action="store_true", help=f"print {shown} before the key and value")
     consume.add_argument("--format", choices=console.OUTPUT_FORMATS, default="plain",
                          help="plain (the value, with the --print-* fields before it) or json (one object per record with "
-                              "topic, partition, offset, timestamp_ms, key, value, headers; bytes that are not UTF-8 as "
+                              "topic, partition, offset, timestamp_ms, key, value, headers, and outcome with --print-outcome; bytes that are not UTF-8 as "
                               "{\"base64\": ...})")
     consume.add_argument("--key-separator", default="\t", help="separator for --print-key (default: tab)")
     _add_bootstrap(consume)
-    consume.set_defaults(run=_consume)
+    consume.set_defaults(run=_consume, usage_error=consume_usage_error)
 
     offsets_command = commands.add_parser("offsets", help="each partition's offset at a time (kafka-get-offsets.sh): JSON lines")
     offsets_command.add_argument("topic")
@@ -472,6 +509,16 @@ def _add_client_commands(commands) -> None:
     offsets_command.add_argument("--partition", type=int, help="only this partition")
     _add_bootstrap(offsets_command)
     offsets_command.set_defaults(run=_offsets)
+
+    delete_records = commands.add_parser("delete-records", help="delete records below an offset (kafka-delete-records.sh): "
+                                         "each partition's low watermark as JSON lines")
+    delete_records.add_argument("--topic")
+    delete_records.add_argument("--partition", type=int)
+    delete_records.add_argument("--offset", type=int, help="the new log start: at most the last stable offset; -1 means it")
+    delete_records.add_argument("--from-file", metavar="F", help='Kafka\'s offsets JSON: {"partitions": [{"topic": "t", '
+                                "\"partition\": 0, \"offset\": 3}], \"version\": 1}")
+    _add_bootstrap(delete_records)
+    delete_records.set_defaults(run=_delete_records)
 
     partitions = commands.add_parser("partitions", help="replicas: under-replicated partitions, reassignment, rebalancing")
     partition_actions = partitions.add_subparsers(dest="action", required=True)
@@ -607,7 +654,8 @@ class CommandParser(argparse.ArgumentParser):
     def error(self, message):
         known = self._option_string_actions
         typo = next((t.split("=", 1)[0] for t in _argv.get() if t.startswith("--") and t.split("=", 1)[0] not in known), None)
-        if typo is not None:
+        # Only a complaint about an argument is about the typo: "invalid choice" and the like stay as they are.
+        if typo is not None and message.startswith("unrecognized argument"):
             message = f"unrecognized argument {typo}"
             close = difflib.get_close_matches(typo, [o for o in known if o.startswith("--")], n=1, cutoff=0.6)
             if close:
@@ -622,6 +670,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         args, extras = parser().parse_known_args(argv)
         if extras:
             _parsers.get()[-1].error(f"unrecognized arguments: {' '.join(extras)}")
+        problem = args.usage_error(args) if hasattr(args, "usage_error") else None
+        if problem:
+            _parsers.get()[-1].error(problem)
         return args
     finally:
         _argv.reset(argv_token)

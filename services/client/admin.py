@@ -64,6 +64,7 @@ from services.stubs.txlog.v1 import common_pb2, coordinator_pb2, partition_pb2
 NONE = ErrorCode.Value("NONE")
 TOPICS_PER_CALL_MAX = 10_000
 TRANSACTIONAL_IDS_PER_CALL_MAX = 10_000
+DELETE_WAIT_SHARE = 0.8  # delete_topics: the share of its timeout the server waits, so its answer comes before the deadline
 MAX_TRANSACTION_TIMEOUT_MS_DEFAULT = 15 * 60 * 1000  # the coordinators' default maximum
 ADMIN_KEY = "txlog-admin"  # a transactional id whose coordinator is asked for cluster-wide answers
 # Coordinator state names (as Kafka prints them, what the SDK shows) <-> the protocol's enum.
@@ -366,6 +367,35 @@ class Admin:
                 raise from_proto(result.error)
         return {result.topic: result.partition_count for result in response.results}
 
+    def delete_topics(self, topics: Iterable[str], *, timeout_s: float | None = None) -> None:
+        """Deletes the topics (Kafka's deleteTopics): at once unknown to every
+        request, then gone from every replica with the groups' committed
+        offsets for them; returns once every one is gone. Raises the first
+        topic's error (UNKNOWN_TOPIC_OR_PARTITION; INVALID_REQUEST for an
+        internal topic; REQUEST_TIMED_OUT, retriable, when the deletion was
+        not complete within ``timeout_s``: it goes on, and asking again waits
+        for it again); the others were still done. A topic of the same name
+        may be created once it is gone."""
+        wanted = list(dict.fromkeys(topics))
+        for topic in wanted:
+            names.check_topic_name(topic)
+        if not wanted:
+            return
+        if len(wanted) > TOPICS_PER_CALL_MAX:
+            raise ValueError(f"at most {TOPICS_PER_CALL_MAX} topics per call, not {len(wanted)}")
+        timeout_ms = self._timeout_ms(timeout_s)
+        # the server waits for the deletion at most this long, and answers before the call's own deadline
+        request = partition_pb2.DeleteTopicsRequest(topics=wanted, timeout_ms=max(1, int(timeout_ms * DELETE_WAIT_SHARE)))
+
+        async def attempt():
+            return await self._metadata.call_any("DeleteTopics", request, timeout_ms=max(self._request_timeout_ms, timeout_ms))
+
+        response = self._run(with_retries(attempt, metadata=self._metadata, policy=self._policy(timeout_ms)), timeout_ms, "delete_topics")
+        self._metadata.request_update()
+        for result in response.results:
+            if result.error.code != NONE:
+                raise from_proto(result.error)
+
     def _call_any(self, rpc: str, request, timeout_s: float | None, what: str):
         timeout_ms = self._timeout_ms(timeout_s)
 
@@ -537,6 +567,42 @@ class Admin:
                          policy=self._policy(timeout_ms), timeout_ms=self._request_timeout_ms),
             timeout_ms, "describe_producers")
         return {tp: answers[tp] for tp in tps}
+
+    def delete_records(self, offsets: Mapping, *, timeout_s: float | None = None) -> dict[TopicPartition, int]:
+        """{(topic, partition): offset} -> {TopicPartition: low watermark}
+        (Kafka's deleteRecords): moves each partition's log start to the
+        offset (at most its last stable offset; -1 means that one), deleting
+        the records below on the leader and on every replica, and returns
+        once every in-sync replica has (the low watermark: their lowest log
+        start). Raises the first partition's error that is not retriable
+        (OFFSET_OUT_OF_RANGE for an offset past the last stable offset: that
+        partition unchanged); REQUEST_TIMED_OUT when replicas have not
+        followed within ``timeout_s`` (the deletion goes on)."""
+        wanted: dict[TopicPartition, int] = {}
+        for key, offset in offsets.items():
+            tp = as_tp(key)
+            names.check_topic_name(tp.topic)
+            if not isinstance(offset, int) or isinstance(offset, bool) or offset < -1:
+                raise ValueError(f"an offset to delete records below is an int >= 0, or -1 (the last stable offset), not {offset!r}")
+            wanted[tp] = offset
+        if not wanted:
+            return {}
+        timeout_ms = self._timeout_ms(timeout_s)
+        wait_ms = int(min(timeout_ms, self._request_timeout_ms))  # each attempt's wait at the leader for its replicas
+
+        def build(group: list[TopicPartition]):
+            return partition_pb2.DeleteRecordsRequest(timeout_ms=wait_ms, partitions=[
+                partition_pb2.DeleteRecordsPartition(topic=tp.topic, partition=tp.partition, offset=wanted[tp]) for tp in group])
+
+        def results_of(response):
+            for item in response.results:
+                yield TopicPartition(item.topic, item.partition), item.error, item.low_watermark
+
+        answers = self._run(
+            call_leaders(self._metadata, self._transport, list(wanted), "DeleteRecords", build, results_of,
+                         policy=self._policy(timeout_ms), timeout_ms=wait_ms + self._request_timeout_ms),
+            timeout_ms + self._request_timeout_ms, "delete_records")
+        return {tp: answers[tp] for tp in wanted}
 
     # --- transactions ---------------------------------------------------------------------------------
 

@@ -148,6 +148,15 @@ def topics_alter_configs(bootstrap: str | Target, name: str, configs: dict[str, 
     out.write(json.dumps({"topic": name, "configs": after, "applied": not validate_only}, sort_keys=True) + "\n")
 
 
+def topics_delete(bootstrap: str | Target, names: list[str], out: TextIO, *, timeout_s: float = TIMEOUT_S_DEFAULT) -> None:
+    """Deletes the topics, one JSON line each once it is gone (a topic's
+    error, the first, raises: the others were still deleted)."""
+    with _admin(bootstrap, timeout_s) as admin:
+        admin.delete_topics(names, timeout_s=timeout_s)
+    for name in dict.fromkeys(names):
+        out.write(json.dumps({"topic": name, "deleted": True}) + "\n")
+
+
 def partitions_add(bootstrap: str | Target, topic: str, total: int, validate_only: bool, out: TextIO, *,
                    timeout_s: float = TIMEOUT_S_DEFAULT) -> None:
     with _admin(bootstrap, timeout_s) as admin:
@@ -192,6 +201,44 @@ def offsets(bootstrap: str | Target, topic: str, spec: str | int, partition: int
         if isinstance(spec, int):
             line["timestamp_ms"] = answer.timestamp_ms
         out.write(json.dumps(line) + "\n")
+
+
+def read_delete_records_file(path: str) -> dict[TopicPartition, int]:
+    """kafka-delete-records.sh's offsets JSON file:
+    {"partitions": [{"topic": "t", "partition": 0, "offset": 3}, ...], "version": 1}."""
+    shape = '{"partitions": [{"topic": "t", "partition": 0, "offset": 3}, ...], "version": 1}'
+    text = "\n".join(_read_lines(path, "offsets file"))
+    try:
+        document = json.loads(text)
+        if document.get("version", 1) != 1:
+            raise ValueError(f"version {document['version']!r} is not supported (1 is)")
+        plan: dict[TopicPartition, int] = {}
+        for entry in document["partitions"]:
+            topic, partition, offset = entry["topic"], entry["partition"], entry["offset"]
+            if not isinstance(topic, str) or not all(isinstance(n, int) and not isinstance(n, bool) for n in (partition, offset)):
+                raise ValueError(f"topic is a string, partition and offset are integers: {json.dumps(entry)[:200]}")
+            if partition < 0 or offset < -1:
+                raise ValueError(f"partition >= 0 and offset >= 0 (or -1, the last stable offset): {json.dumps(entry)[:200]}")
+            tp = TopicPartition(topic, partition)
+            if tp in plan:
+                raise ValueError(f"{topic}-{partition} is named twice")
+            plan[tp] = offset
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise invalid(f"{path}: a delete-records offsets file is {shape}: {exc}") from None
+    if not plan:
+        raise invalid(f"{path} names no partition")
+    return plan
+
+
+def delete_records(bootstrap: str | Target, offsets: dict[TopicPartition, int], out: TextIO, *,
+                   timeout_s: float = TIMEOUT_S_DEFAULT) -> None:
+    """Moves each partition's log start to its offset (kafka-delete-records.sh):
+    one JSON line per partition with its low watermark once every in-sync
+    replica has followed."""
+    with _admin(bootstrap, timeout_s) as admin:
+        low_watermarks = admin.delete_records(offsets, timeout_s=timeout_s)
+    for tp, low_watermark in sorted(low_watermarks.items()):
+        out.write(json.dumps({"topic": tp.topic, "partition": tp.partition, "low_watermark": low_watermark}) + "\n")
 
 
 def partitions_under_replicated(bootstrap: str | Target, out: TextIO, *, timeout_s: float = TIMEOUT_S_DEFAULT) -> int:
@@ -468,11 +515,14 @@ def consume(
         raise invalid(f"unknown fields to print {sorted(unknown)}; known: {', '.join(PRINT_FIELDS)}")
     if max_records is not None and max_records < 0:
         raise invalid(f"--max-records must be >= 0, not {max_records}")
+    if "outcome" in print_fields and isolation != "read_uncommitted":
+        raise invalid(f"--print-outcome reads read_uncommitted, not {isolation}: read_committed returns only committed records")
     reset = "earliest" if from_beginning else "latest"
     consumed = 0
     target = _target(bootstrap)
     with Consumer(target.bootstrap, **target.client_options(), group_id=group, isolation_level=isolation, auto_offset_reset=reset,
-                  max_poll_records=min(500, max_records or 500), default_api_timeout_ms=timeout_s * 1000) as consumer:
+                  max_poll_records=min(500, max_records or 500), default_api_timeout_ms=timeout_s * 1000,
+                  include_transaction_outcomes="outcome" in print_fields) as consumer:
         partitions = consumer.partitions_for(topic)
         if partition is not None:
             if partition not in partitions:
@@ -530,27 +580,33 @@ def consume(
 
 
 OUTPUT_FORMATS = ("plain", "json")
-PRINT_FIELDS = ("timestamp", "partition", "offset", "headers")  # in the order plain output prints them
+PRINT_FIELDS = ("timestamp", "partition", "offset", "headers", "outcome")  # in the order plain output prints them
 
 
 def format_record(record, output_format: str, print_key: bool, separator: bytes, print_fields: frozenset[str]) -> bytes:
     """One record as ``consume`` prints it. plain: the chosen fields as
     kafka-console-consumer prints them (CreateTime:ms, Partition:p, Offset:o,
     headers k:v,... or NO_HEADERS), then the key and the value, separated by
-    ``separator``. json: one object with every field; a key, value or header
-    value that is not UTF-8 is {"base64": ...}."""
+    ``separator``. json: one object with every field (``outcome`` only when
+    asked); a key, value or header value that is not UTF-8 is {"base64": ...}.
+    The outcome (Outcome:committed, aborted, open or none) is the record's
+    transaction's, as the leader knew it when it was read."""
     if output_format == "json":
-        return json.dumps({
+        shown_json = {
             "topic": record.topic, "partition": record.partition, "offset": record.offset,
             "timestamp_ms": record.timestamp_ms, "key": _json_bytes(record.key), "value": _json_bytes(record.value),
             "headers": [[name, _json_bytes(value)] for name, value in record.headers],
-        }).encode() + b"\n"
+        }
+        if "outcome" in print_fields:
+            shown_json["outcome"] = record.transaction_outcome
+        return json.dumps(shown_json).encode() + b"\n"
     shown = {
         "timestamp": b"CreateTime:%d" % record.timestamp_ms,
         "partition": b"Partition:%d" % record.partition,
         "offset": b"Offset:%d" % record.offset,
         "headers": b",".join(name.encode() + b":" + (b"null" if value is None else value) for name, value in record.headers)
         or b"NO_HEADERS",
+        "outcome": b"Outcome:%s" % (record.transaction_outcome or "").encode(),
     }
     parts = [shown[name] for name in PRINT_FIELDS if name in print_fields]
     if print_key:

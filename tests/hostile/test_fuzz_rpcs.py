@@ -490,6 +490,8 @@ class Hostile:
         # creating an existing topic changes nothing (the snapshot says so)
         if target.name != "CreateTopics" and any(v in (b.topic, b.group) for _, v in walk_strings(request)):
             return "names the baseline's topic or group"
+        if target.name == "DeleteTopics" and b.scratch_topic in request.topics:
+            return "deletes the scratch topic the other mutating RPCs aim at"
         if getattr(request, "transactional_id", None) == b.transactional_id and hasattr(request, "producer_epoch"):
             producer_id, epoch = request.producer_id, request.producer_epoch
             if target.name == "InitProducerId" and not request.HasField("producer_id"):
@@ -520,6 +522,10 @@ class Hostile:
             self.accepted.append((target, call))
         if target.name == "CreateTopics" and not call.request.validate_only:
             self.created_topics.update(r.name for r in response.results if r.error.code == NONE)
+        if target.name == "DeleteTopics":  # only topics the fuzzing created can go (off_limits keeps the others); one
+            # not gone by the request's timeout is already unknown to Metadata, its deletion going on
+            gone = (NONE, ErrorCode.Value("REQUEST_TIMED_OUT"))
+            self.created_topics.difference_update(r.topic for r in response.results if r.error.code in gone)
 
     def check_error(self, target: Target, call: FuzzCall, exc: grpc.RpcError) -> None:
         code = exc.code()
@@ -645,6 +651,8 @@ def request_strategies(target: Target, hostile: Hostile) -> st.SearchStrategy[Fu
         {
             "topic": topics,
             "txlog.v1.MetadataRequest.topics": topics,
+            # deletions: of internal topics (refused), fresh names (unknown) and topics the fuzzing created
+            "txlog.v1.DeleteTopicsRequest.topics": pool([*INTERNAL_TOPICS, *sorted(hostile.created_topics)], own),
             "txlog.v1.CreatableTopic.name": pool([b.topic, b.scratch_topic, *INTERNAL_TOPICS]),
             "txlog.v1.CreatableTopic.partition_count": mostly(st.sampled_from([1, 2]), st.sampled_from([1000, 1001]) | edge_integers(INT32_MIN, INT32_MAX)),
             "transactional_id": transactional_ids,

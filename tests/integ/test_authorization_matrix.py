@@ -86,8 +86,13 @@ CALLS: list[tuple[str, str, str, Message]] = [
         topics=[partition_pb2.PartitionsIncrease(topic=TOPIC, total_count=1)])),
     ("PartitionService", "AlterTopicConfigs", "partition_svc", partition_pb2.AlterTopicConfigsRequest(
         topics=[partition_pb2.TopicConfigChange(topic=TOPIC, set={"retention.ms": "86400000"})])),
+    # a topic that never exists: the allowed caller's deletion answers UNKNOWN_TOPIC_OR_PARTITION, the matrix's topic stays
+    ("PartitionService", "DeleteTopics", "partition_svc", partition_pb2.DeleteTopicsRequest(topics=["mx-deleted"], timeout_ms=1000)),
     ("PartitionService", "DeleteGroupOffsets", "partition_svc", partition_pb2.DeleteGroupOffsetsRequest(
         group_id=GROUP, partitions=[common_pb2.TopicPartition(topic=TOPIC, partition=0)])),
+    # offset 0, the log start already: the allowed caller's deletion changes nothing
+    ("PartitionService", "DeleteRecords", "partition_svc", partition_pb2.DeleteRecordsRequest(
+        partitions=[partition_pb2.DeleteRecordsPartition(topic=TOPIC, partition=0, offset=0)], timeout_ms=1000)),
     ("ReplicationService", "LeaderAndIsr", "partition_svc", replication_pb2.LeaderAndIsrRequest(controller_id=0, controller_epoch=1_000_000)),
     ("ReplicationService", "ReplicaFetch", "partition_svc", replication_pb2.ReplicaFetchRequest(
         replica_id=1, partitions=[replication_pb2.ReplicaFetchPartition(topic=TOPIC, partition=0)])),
@@ -139,6 +144,8 @@ EXPECTED_NEEDS = {
     "DeleteGroupOffsets": [(GRP, GROUP, "Delete"), (TOP, TOPIC, "Read")],
     "AlterTopicConfigs": [(TOP, TOPIC, "AlterConfigs")],
     "CreatePartitions": [(TOP, TOPIC, "Alter")],
+    "DeleteTopics": [(TOP, "mx-deleted", "Delete")],
+    "DeleteRecords": [(TOP, TOPIC, "Delete")],
     "LeaderAndIsr": [(CLU, CLUSTER_NAME, "ClusterAction")],
     "ReplicaFetch": [(CLU, CLUSTER_NAME, "ClusterAction")],
     "OffsetForLeaderEpoch": [(CLU, CLUSTER_NAME, "ClusterAction")],

@@ -244,3 +244,22 @@ def test_partitions_added_to_a_topic_get_leaders_take_records_and_reach_a_groups
         wait_until(lambda: seen.extend(member.poll(timeout_s=0.5)) or any(r.value == b"in-three" for r in seen), 60,
                    "the member reading the new partition")
         assert member.assignment() == {TopicPartition("grown", p) for p in range(4)}
+
+
+def test_cli_topics_delete_removes_topics_and_refuses_internal_and_unknown_ones(cluster_dir):
+    where = ("--dir", cluster_dir)
+    for name in ("gone-a", "gone-b"):
+        txlog("topics", "create", name, "--partitions", "2", *where)
+    txlog("produce", "gone-a", *where, stdin=b"one\ntwo\n")
+    deleted = [json.loads(line) for line in txlog("topics", "delete", "gone-a", "gone-b", *where).stdout.splitlines()]
+    assert deleted == [{"topic": "gone-a", "deleted": True}, {"topic": "gone-b", "deleted": True}]
+    listed = txlog("topics", "list", *where).stdout.decode().split()
+    assert "gone-a" not in listed and "gone-b" not in listed
+    for args, expected in ((("gone-a",), "error: UNKNOWN_TOPIC_OR_PARTITION"),
+                           (("__transaction_state",), "error: INVALID_REQUEST: __transaction_state is internal"),
+                           ((), "the following arguments are required: NAME")):
+        result = txlog("topics", "delete", *args, *where, check=False)
+        assert result.returncode in (1, 2) and expected in result.stderr.decode(), result.stderr.decode()
+    assert "__transaction_state" in txlog("topics", "list", *where).stdout.decode().split()
+    txlog("topics", "create", "gone-a", "--partitions", "1", *where)  # the name is free again, the topic empty
+    assert txlog("consume", "gone-a", "--from-beginning", "--to-end", *where).stdout == b""

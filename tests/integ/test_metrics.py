@@ -173,3 +173,26 @@ def raw_produce(address: str, topic: str, partition: int):
         batch = common_pb2.RecordBatch(records=[common_pb2.Record(value=b"x")])
         return partition_pb2_grpc.PartitionServiceStub(channel).Produce(partition_pb2.ProduceRequest(
             acks=1, batches=[partition_pb2.PartitionBatch(topic=topic, partition=partition, batch=batch)]), timeout=30)
+
+
+def test_a_long_poll_counts_only_the_records_of_its_answer(cluster):
+    # found in review: each pass of a long poll counted what it read, the passes thrown away too
+    from services.stubs.txlog.v1 import common_pb2, partition_pb2, partition_pb2_grpc
+
+    with Admin(cluster.state.bootstrap) as admin:
+        admin.create_topics([(f"poll-{i}", 1, 1) for i in range(6)])
+        by_leader = defaultdict(list)
+        for described in admin.describe_topics([f"poll-{i}" for i in range(6)]):
+            by_leader[described.partitions[0].leader_id].append(described.name)
+    leader, (full, empty, *_) = next((node, names) for node, names in by_leader.items() if len(names) >= 2)
+    raw_produce(cluster.address(f"partition_svc-{leader}"), full, 0)
+    before = total(cluster, "partition_svc", "txlog_fetch_records_total", topic=full)
+    with grpc.insecure_channel(cluster.address(f"partition_svc-{leader}")) as channel:
+        # the first pass reads the one record, too few bytes: it waits on the empty partition until the deadline
+        reply = partition_pb2_grpc.PartitionServiceStub(channel).Fetch(partition_pb2.FetchRequest(
+            isolation_level=common_pb2.ISOLATION_LEVEL_READ_UNCOMMITTED, max_wait_ms=300, min_bytes=1_000_000,
+            partitions=[partition_pb2.FetchPartition(topic=topic, partition=0, fetch_offset=0) for topic in (full, empty)]),
+            timeout=30)
+    returned = sum(len(b.records) for r in reply.results for b in r.batches)
+    assert returned == 1
+    assert total(cluster, "partition_svc", "txlog_fetch_records_total", topic=full) - before == returned

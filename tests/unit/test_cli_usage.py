@@ -62,6 +62,21 @@ def test_records_print_as_kafka_console_consumer_prints_them_or_as_json():
         "value": {"base64": "dv8="}, "headers": [["h", "1"], ["n", None]]}
 
 
+def test_print_outcome_reads_read_uncommitted_and_is_refused_with_read_committed(capsys):
+    record = ConsumerRecord("t", 0, 5, None, b"v", [], 1, producer_id=7, transaction_outcome="aborted")
+    assert console.format_record(record, "plain", False, b"\t", frozenset({"offset", "outcome"})) == b"Offset:5\tOutcome:aborted\tv\n"
+    assert json.loads(console.format_record(record, "json", False, b"\t", frozenset({"outcome"})))["outcome"] == "aborted"
+    assert "outcome" not in json.loads(console.format_record(record, "json", False, b"\t", frozenset()))
+    assert cli.consume_isolation(cli.parse(["consume", "t", "--print-outcome"])) == "read_uncommitted"
+    assert cli.consume_isolation(cli.parse(["consume", "t"])) == "read_committed"
+    err = usage_error(capsys, "consume", "t", "--print-outcome", "--isolation", "read_committed", "--bootstrap", "h:1")
+    assert err.startswith("usage: txlog consume") and "--print-outcome reads read_uncommitted" in err
+    with pytest.raises(ClientError, match="--print-outcome reads read_uncommitted, not read_committed"):
+        console.consume("h:1", "t", from_beginning=True, group=None, max_records=None, isolation="read_committed",
+                        partition=None, to_end=True, timeout_ms=None, print_key=False, key_separator="\t",
+                        out=io.BytesIO(), err=io.StringIO(), print_fields=frozenset({"outcome"}))
+
+
 class Terminal(io.StringIO):
     def isatty(self) -> bool:
         return True
@@ -95,3 +110,16 @@ def test_progress_counts_lines_on_a_terminal_when_there_is_no_total():
     progress.finish(7)
     assert terminal.getvalue() == "\r5 lines sent\r7 lines sent\n"
     assert not console.Progress(io.StringIO(), 0, counting=True).enabled
+
+
+def test_a_mistyped_command_is_an_invalid_choice_even_with_flags_after_it(capsys):
+    err = usage_error(capsys, "topic", "list", "--bootstrap", "x:1")
+    assert "invalid choice: 'topic'" in err and "unrecognized argument" not in err
+    err = usage_error(capsys, "topics", "lst", "--bootstrap", "x:1")
+    assert "invalid choice: 'lst'" in err and "unrecognized argument" not in err
+
+
+def test_a_bad_time_names_the_flag_it_came_with(capsys):
+    assert cli.main(["offsets", "t", "--time", "yesterday", "--bootstrap", "127.0.0.1:1"]) == 1
+    err = capsys.readouterr().err
+    assert "--time takes an ISO 8601" in err and "--to-datetime" not in err

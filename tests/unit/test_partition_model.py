@@ -338,6 +338,14 @@ class Model:
                             [(key, offset_value(offset)) for key, offset in kept], (r.pid, p.txn_first)))
         return ("write", base)
 
+    def expire_idle(self) -> list[int]:
+        """Producer expiry, once every producer has been idle long enough: all
+        without a transaction open (offsets included) or prepared are forgotten."""
+        idle = [pid for pid, p in self.live.producers.items() if not p.is_open() and not p.prepared]
+        for pid in idle:
+            del self.live.producers[pid]
+        return idle
+
     # --- derived views ---
 
     def lso(self) -> int:
@@ -401,6 +409,7 @@ class PartitionMachine(RuleBasedStateMachine):
         self.committed_seen: list = []
         self.uncommitted_seen: list = []
         self.acknowledged: dict[int, bytes] = {}  # offset -> value, of appends written and acknowledged
+        self.beyond_expiry: set[bytes] = set()  # values sent before their producer expired
 
     def open_store(self) -> None:
         # sync=False: a crash here is the process dying (close and reopen), which keeps what was written;
@@ -468,6 +477,20 @@ class PartitionMachine(RuleBasedStateMachine):
         self.unacked.clear()
         self.open_store()
         self.model.restart()
+
+    @rule(durable=st.booleans())
+    def expire_idle_producers(self, durable):
+        """Time passes past producer.id.expiration.ms: the retries, replays and
+        zombies that come after meet producers the partition no longer knows."""
+        written = self.call(self.partition.expire_producers, 2 ** 62, 1)
+        expired = self.model.expire_idle()
+        self.say(f"expire idle producers -> {'some' if written else 'none'}, model {expired}")
+        assert (written is not None) == bool(expired), f"expiry wrote {written is not None}, model expired {expired}"
+        # Past the window a retry is a new producer's batch (Kafka's too): only these may be appended twice.
+        self.beyond_expiry |= {v for pid in expired for r in self.appended[pid] for v in r.values}
+        if written is not None:
+            self.track()
+            self.settle_if(durable)
 
     # --- produce ---
 
@@ -726,7 +749,7 @@ class PartitionMachine(RuleBasedStateMachine):
         present = {offset: value for offset, _, value in uncommitted}
         lost = {o: v for o, v in self.acknowledged.items() if present.get(o) != v}
         assert not lost, f"acknowledged records lost: {lost}"
-        values = [value for _, key, value in uncommitted if not key]
+        values = [value for _, key, value in uncommitted if not key and value not in self.beyond_expiry]
         assert len(values) == len(set(values)), "a record was appended twice"
         visible = {offset for offset, _, _ in committed}
         members: dict = {}

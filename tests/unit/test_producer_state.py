@@ -126,3 +126,25 @@ def test_a_prepared_transaction_takes_no_more_batches_of_its_epoch_but_answers_d
 def test_snapshots_written_before_the_seal_existed_still_load():
     raw = b'{"pid":42,"epoch":1,"batches":[],"ts":5,"coord_epoch":0,"txn_first":-1}'
     assert ProducerStateEntry.from_json(raw) == ProducerStateEntry(PID, 1, last_timestamp_ms=5, coordinator_epoch=0)
+
+
+def test_a_producer_expires_only_after_the_window_by_the_later_of_the_two_clocks():
+    entry = after_append(None, PID, 0, 0, 1, 0, timestamp_ms=1_000, is_transactional=False, appended_ms=50_000)
+    assert not entry.expired(now_ms=50_000 + 9_999, expiration_ms=10_000)
+    assert entry.expired(now_ms=50_000 + 10_000, expiration_ms=10_000)
+    # A producer stamping old event times does not expire by them: its duplicates stay detected.
+    republisher = after_append(None, PID, 0, 0, 1, 0, timestamp_ms=1, is_transactional=False, appended_ms=50_000)
+    assert not republisher.expired(now_ms=50_001, expiration_ms=10_000)
+    assert ProducerStateEntry.from_json(entry.to_json()).appended_ms == 50_000
+
+
+def test_a_producer_with_a_transaction_open_or_prepared_never_expires():
+    opened = after_append(None, PID, 0, 0, 1, 7, timestamp_ms=1, is_transactional=True, appended_ms=1)
+    assert not opened.expired(now_ms=10 ** 15, expiration_ms=1)
+    assert not ProducerStateEntry(PID, 0, txn_prepared=True).expired(now_ms=10 ** 15, expiration_ms=1)
+
+
+def test_an_expired_producer_is_a_new_one_its_retries_past_zero_are_unknown():
+    # What the partition answers once the entry is gone: the SDK then takes a new epoch (KIP-360).
+    assert code(check_batch(None, PID, 0, 5, 1, False)) == "UNKNOWN_PRODUCER_ID"
+    assert check_batch(None, PID, 0, 0, 1, False) == APPEND

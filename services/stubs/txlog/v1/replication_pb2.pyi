@@ -48,18 +48,20 @@ class LeaderAndIsrResponse(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[_common_pb2.PartitionResult, _Mapping]]] = ...) -> None: ...
 
 class ReplicaFetchPartition(_message.Message):
-    __slots__ = ("topic", "partition", "leader_epoch", "fetch_offset", "last_fetched_epoch")
+    __slots__ = ("topic", "partition", "leader_epoch", "fetch_offset", "last_fetched_epoch", "log_start_offset")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     FETCH_OFFSET_FIELD_NUMBER: _ClassVar[int]
     LAST_FETCHED_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    LOG_START_OFFSET_FIELD_NUMBER: _ClassVar[int]
     topic: str
     partition: int
     leader_epoch: int
     fetch_offset: int
     last_fetched_epoch: int
-    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., leader_epoch: _Optional[int] = ..., fetch_offset: _Optional[int] = ..., last_fetched_epoch: _Optional[int] = ...) -> None: ...
+    log_start_offset: int
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., leader_epoch: _Optional[int] = ..., fetch_offset: _Optional[int] = ..., last_fetched_epoch: _Optional[int] = ..., log_start_offset: _Optional[int] = ...) -> None: ...
 
 class ReplicaFetchRequest(_message.Message):
     __slots__ = ("replica_id", "max_wait_ms", "max_bytes", "partitions")
