@@ -535,7 +535,8 @@ def _add_client_commands(commands) -> None:
     reassign.add_argument("--partition", type=int)
     reassign.add_argument("--replicas", help="comma-separated node ids, the preferred leader first")
     reassign.add_argument("--wait", action="store_true", help="return once every reassignment is done")
-    rebalance = partition_actions.add_parser("rebalance", help="print a plan spreading replicas over every live instance")
+    rebalance = partition_actions.add_parser("rebalance", help="print a plan spreading replicas and preferred leaders evenly "
+                                             "over every live instance, moving as few replicas as it can")
     rebalance.add_argument("--execute", action="store_true", help="start the plan's reassignments")
     for sub in (under, reassign, rebalance):
         _add_bootstrap(sub)

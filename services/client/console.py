@@ -37,6 +37,7 @@ from services.client.admin import Admin
 from services.client.consumer import Consumer
 from services.client.errors import ClientError
 from services.client.producer import Producer
+from services.client.rebalance import rebalance
 from services.client.structs import TopicPartition, TransactionHandle
 from services.errors import ErrorCode
 
@@ -276,19 +277,13 @@ def partitions_reassign(bootstrap: str | Target, plan: dict[TopicPartition, list
 
 
 def rebalance_plan(topics, nodes: list[int]) -> dict[TopicPartition, list[int]]:
-    """Replicas spread evenly over ``nodes``: partition p of a topic of
-    replication factor r goes to r consecutive nodes starting at p (shifted
-    per topic), so leaders and followers are spread alike. Only partitions
-    whose replicas change are in the plan."""
-    nodes = sorted(nodes)
+    """Each topic's replicas and preferred leaders spread evenly over
+    ``nodes``, moving as few replicas as it can (services/client/rebalance.py):
+    per topic, so a busy topic's load lands on every instance, not only the
+    cluster's totals. Only partitions whose replicas change are in the plan."""
     plan = {}
     for topic in topics:
-        for p in topic.partitions:
-            factor = min(len(p.replicas), len(nodes))
-            start = (sum(topic.name.encode()) + p.partition) % len(nodes)
-            target = [nodes[(start + i) % len(nodes)] for i in range(factor)]
-            if target != list(p.replicas):
-                plan[TopicPartition(topic.name, p.partition)] = target
+        plan.update(rebalance({TopicPartition(topic.name, p.partition): list(p.replicas) for p in topic.partitions}, nodes))
     return plan
 
 

@@ -263,3 +263,50 @@ def test_cli_topics_delete_removes_topics_and_refuses_internal_and_unknown_ones(
     assert "__transaction_state" in txlog("topics", "list", *where).stdout.decode().split()
     txlog("topics", "create", "gone-a", "--partitions", "1", *where)  # the name is free again, the topic empty
     assert txlog("consume", "gone-a", "--from-beginning", "--to-end", *where).stdout == b""
+
+
+def test_a_rebalance_spreads_replicas_over_a_new_instance_moving_only_its_share(tmp_path):
+    directory = tmp_path / "cluster"
+    cluster = LocalCluster(directory)
+    cluster.up(partition_svcs=2)
+    try:
+        where = ("--dir", str(directory))
+        bootstrap = cluster.state.bootstrap
+        with Admin(bootstrap) as admin:
+            admin.create_topics([("spread", 6, 2)])
+        with Producer(bootstrap) as producer:
+            for i in range(60):
+                producer.send("spread", f"{i}", partition=i % 6)
+            producer.flush()
+        assert json.loads(txlog("partitions", "rebalance", *where).stdout)["partitions"] == [], "balanced already"
+        cluster.add_service("partition_svc", 2)
+        with Admin(bootstrap) as admin:
+            wait_until(lambda: 2 in admin.live_partition_nodes(), 60, "the new instance live")
+            before = {p.partition: set(p.replicas) for p in admin.describe_topics(["spread"])[0].partitions}
+        planned = json.loads(txlog("partitions", "rebalance", "--execute", *where).stdout.decode().split("reassigning")[0])
+        assert len(planned["partitions"]) >= 1
+        with Admin(bootstrap) as admin:
+            def spread() -> dict[int, int] | None:
+                if admin.list_partition_reassignments():
+                    return None
+                loads = {0: 0, 1: 0, 2: 0}
+                for p in admin.describe_topics(["spread"])[0].partitions:
+                    if set(p.isr) != set(p.replicas):
+                        return None
+                    for node in p.replicas:
+                        loads[node] += 1
+                return loads
+
+            wait_until(lambda: spread() == {0: 4, 1: 4, 2: 4}, 120, "12 replicas, 4 on each instance, all in sync")
+            after = {p.partition: set(p.replicas) for p in admin.describe_topics(["spread"])[0].partitions}
+        moved = sum(len(after[p] - before[p]) for p in before)
+        assert moved == 4, f"only the new instance's share moves: {before} -> {after}"
+        with Consumer(bootstrap, fetch_max_wait_ms=100) as consumer:
+            consumer.assign([("spread", p) for p in range(6)])
+            consumer.seek_to_beginning()
+            read = []
+            wait_until(lambda: read.extend(consumer.poll(timeout_s=1)) or len(read) >= 60, 60, "every record read back")
+        assert sorted(int(r.value) for r in read) == list(range(60))
+        assert json.loads(txlog("partitions", "rebalance", *where).stdout)["partitions"] == [], "nothing more to do"
+    finally:
+        cluster.down(grace_s=5)
