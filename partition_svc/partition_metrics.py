@@ -78,7 +78,7 @@ class PartitionMetrics:
         key = (method, topic, code)
         attributes = self._refusals.get(key)
         if attributes is None:
-            attributes = self._refusals[key] = {"rpc_method": method, "topic": topic, "error_code": spec_of(code).name}
+            attributes = self._refusals[key] = {"rpc.method": method, "topic": topic, "error_code": spec_of(code).name}
         self.partition_errors.add(1, attributes)
 
     def _leaders(self):
