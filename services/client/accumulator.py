@@ -47,7 +47,7 @@ def record_size_bytes(record: common_pb2.Record) -> int:
     headers = record.headers
     size = len(record.key) + len(record.value) + RECORD_FIELDS_BYTES_MAX
     if headers:
-        size += sum(HEADER_FIELDS_BYTES_MAX + len(h.key) + len(h.value) for h in headers)
+        size += sum(HEADER_FIELDS_BYTES_MAX + len(h.key.encode()) + len(h.value) for h in headers)  # a name is str: its UTF-8 bytes
     return size
 
 

@@ -251,7 +251,7 @@ def build_record(
 def record_payload_bytes(record: common_pb2.Record) -> int:
     """What a topic's ``max.record.bytes`` counts: key, value and headers."""
     headers = record.headers
-    return len(record.key) + len(record.value) + (sum(len(h.key) + len(h.value) for h in headers) if headers else 0)
+    return len(record.key) + len(record.value) + (sum(len(h.key.encode()) + len(h.value) for h in headers) if headers else 0)
 
 
 def consumer_record(topic: str, partition: int, record: common_pb2.Record, leader_epoch: int | None = None,
