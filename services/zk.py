@@ -267,6 +267,7 @@ class WatchedNode:
         self.path = path
         self.stale = True
         self.value = None
+        self._reading: asyncio.Future | None = None  # a read under way: callers meanwhile wait for it, not the old value
         add_state_listener(client, lambda connected: None if connected else self.changed())
 
     def changed(self, _event=None) -> None:
@@ -274,8 +275,20 @@ class WatchedNode:
 
     async def get(self, *, fresh: bool = False):
         """(data, stat) or None; ``fresh``: read it from ZooKeeper whatever the cache says."""
-        if not fresh and not self.stale and self.client.state == KazooState.CONNECTED:
+        if self._reading is not None and self._reading.done():  # its callers went before it ended
+            self._reading = None
+        if self._reading is None and not fresh and not self.stale and self.client.state == KazooState.CONNECTED:
             return self.value
+        if self._reading is None or fresh:
+            self._reading = asyncio.ensure_future(self._read())
+        reading = self._reading
+        try:
+            return await asyncio.shield(reading)
+        finally:
+            if reading.done() and self._reading is reading:
+                self._reading = None
+
+    async def _read(self):
         self.stale = False
         try:
             try:

@@ -111,3 +111,19 @@ def test_a_watched_node_follows_creation_change_and_deletion_and_otherwise_asks_
     assert asyncio.run(node.get(fresh=True))[0] == b"two"
     writer.delete(ROOT + "-node/owner")
     wait_until(lambda: seen() is None, 30, "the deletion seen")
+
+
+def test_callers_during_a_read_wait_for_it_instead_of_taking_the_value_before_it(sessions):
+    import asyncio
+
+    writer, reader = sessions(), sessions()
+    writer.create(ROOT + "-concurrent/owner", b"one", makepath=True)
+    node = zk.WatchedNode(reader, ROOT + "-concurrent/owner")
+
+    async def both():
+        return await asyncio.gather(node.get(), node.get(), node.get())
+
+    assert [value[0] for value in asyncio.run(both())] == [b"one"] * 3
+    writer.set(ROOT + "-concurrent/owner", b"two")
+    wait_until(lambda: node.stale, 30, "the change's watch")
+    assert [value[0] for value in asyncio.run(both())] == [b"two"] * 3
