@@ -108,8 +108,15 @@ class Fetcher:
 
     def seek(self, tp: TopicPartition, offset: int) -> None:
         state = self._state(tp)
+        if state.position is not None and offset <= state.position:
+            # Back over what was read (after a LogTruncationError, say): the epochs of what lies below
+            # still say what the log held there, so a leader change is still checked against them
+            # (Kafka's seek with the divergent offset's epoch); forward, nothing read describes the gap.
+            state.read_epochs.truncate_from_end(offset)
+        else:
+            state.read_epochs = LeaderEpochCache()
         state.position, state.reset_to = offset, None
-        state.read_epochs, state.asking_epoch = LeaderEpochCache(), None  # what was read no longer leads here
+        state.asking_epoch = None
         state.buffer.clear()
         state.buffer_next_offset = None
 

@@ -285,3 +285,30 @@ def test_a_truncated_tail_is_noticed_and_read_again_from_the_new_leader():
         assert machine.state.position == 4
     finally:
         machine.teardown()
+
+
+def test_a_seek_back_after_a_truncation_keeps_checking_what_lies_below_it():
+    # found by this machine's search: after LogTruncationError the application seeks back to the
+    # divergent offset; the seek dropped the epochs of what it had read below, so a later unclean
+    # election that lost those records went unnoticed (the consumer fetched on, or met
+    # OFFSET_OUT_OF_RANGE instead of a truncation)
+    machine = ConsumerTruncation()
+    try:
+        machine.elect_uncleanly(node="node-2:3")
+        machine.strict_consumer()
+        machine.append(count=2)
+        machine.poll(max_records=1)
+        machine.replicate(keep=1, node="node-0:1")
+        machine.metadata_refreshes()
+        machine.elect_uncleanly(node="node-0:1")
+        machine.poll(max_records=1)
+        machine.poll(max_records=1)  # the truncation: back to offset 1
+        assert machine.truncations == 1
+        machine.metadata_refreshes()
+        machine.elect_uncleanly(node="node-1:2")  # a leader without offset 0 either
+        machine.append(count=1)
+        machine.poll(max_records=1)
+        assert machine.truncations == 2, "the second divergence is found too"
+        machine.what_was_returned_is_in_the_current_leaders_log()
+    finally:
+        machine.teardown()
