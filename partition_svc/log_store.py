@@ -48,6 +48,10 @@ BATCH_HEADER = struct.Struct(">qqqhBI")
 FLAG_TRANSACTIONAL = 1
 FLAG_CONTROL = 2
 FLAG_COMMIT = 4
+# Bits 3 and 4: the batch's RecordBatch.compression (0: none), so that reads
+# know which batches to decompress without parsing any.
+COMPRESSION_SHIFT = 3
+COMPRESSION_MASK = 3
 BLOB_BYTES_MIN = 4096
 
 
@@ -143,6 +147,15 @@ class StoredBatchHeader:
     @property
     def is_control(self) -> bool:
         return bool(self.flags & FLAG_CONTROL)
+
+    @property
+    def compression(self) -> int:
+        """The RecordBatch.compression the batch is stored with (0: uncompressed)."""
+        return self.flags >> COMPRESSION_SHIFT & COMPRESSION_MASK
+
+
+def compression_flags(compression: int) -> int:
+    return compression << COMPRESSION_SHIFT
 
 
 def encode_batch(last_offset, max_timestamp_ms, producer_id, producer_epoch, flags, record_count, payload: bytes) -> bytes:

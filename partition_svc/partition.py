@@ -56,7 +56,7 @@ from partition_svc import log_store, producer_state, validation, wire
 from partition_svc.isr import FollowerProgress, ReplicaSet
 from partition_svc.log_store import LogStore, StoredBatchHeader
 from partition_svc.producer_state import Append, Duplicate, ProducerStateEntry, ProducerStates, Reject
-from services import txn_outcomes
+from services import compression, txn_outcomes
 from services.errors import ErrorCode, TxlogError
 from services.hashing import partition_for_id
 from services.leader_epochs import LeaderEpochCache
@@ -265,12 +265,13 @@ class Partition:
         if isinstance(outcome, Duplicate):
             return Produced(outcome.base_offset, outcome.last_offset, asyncio.ensure_future(self.wait_durable(outcome.last_offset)),
                             asyncio.ensure_future(self.wait_replicated(outcome.last_offset)), duplicate=True)
+        count = len(batch.records)
         try:
             base, changes = self._append(batch, now_ms, limits)
         except TxlogError as exc:
             return Reject(exc.code, exc.message)
         written, replicated = self._submit(changes)
-        return Produced(base, base + len(batch.records) - 1, written, replicated)
+        return Produced(base, base + count - 1, written, replicated)
 
     def write_marker(
         self, producer_id: int, producer_epoch: int, coordinator_epoch: int, committed: bool, now_ms: int
@@ -440,26 +441,49 @@ class Partition:
         """Checks the batch's records while giving them offsets, then updates the
         in-memory state. Returns the base offset and the changes to persist.
         Only for a batch whose check() was Append; raises TxlogError, with
-        nothing changed, for a bad record."""
+        nothing changed, for a bad record.
+
+        A batch validation.check_batch opened (compressed: its records
+        decompressed into ``records``) is checked as a plain one, then stored
+        as the topic's compression.type says: compressed (the producer's bytes
+        as they came when the codec is the same, else re-encoded), its records
+        without offsets and timestamps 0 left for log_append_time_ms; or plain,
+        as today."""
         base = self.next_offset
         count = len(batch.records)
         batch.base_offset = base
         batch.ClearField("partition_leader_epoch")  # a fetch says it
+        codec = validation.stored_compression(self.topic, self.configs, batch.compression)
         max_timestamp_ms = 0
         for i, record in enumerate(batch.records):
-            record.offset = base + i
             timestamp_ms = record.timestamp_ms
+            if not codec:  # a compressed batch's records are stored as the producer sent them
+                record.offset = base + i
+                if timestamp_ms == 0:
+                    record.timestamp_ms = now_ms
             if timestamp_ms == 0:
-                record.timestamp_ms = timestamp_ms = now_ms
+                timestamp_ms = now_ms
             elif not 0 < timestamp_ms <= validation.TIMESTAMP_MS_MAX:
                 validation.check_record(i, record)
             if len(record.headers) > validation.HEADERS_PER_RECORD_MAX:
                 validation.check_record(i, record)
             if timestamp_ms > max_timestamp_ms:
                 max_timestamp_ms = timestamp_ms
-        payload = batch.SerializeToString()
-        validation.check_sizes(batch, len(payload), limits, self.record_bytes_max)
-        flags = log_store.FLAG_TRANSACTIONAL if batch.is_transactional else 0
+        if codec:
+            # the records' plain size: the message holds them and, when it came compressed, their compressed bytes
+            validation.check_sizes(batch, batch.ByteSize() - len(batch.compressed_records), limits, self.record_bytes_max)
+            if codec != batch.compression:
+                batch.compressed_records = compression.compress_records(codec, batch.records)
+                batch.compression = codec
+            batch.ClearField("records")
+            batch.log_append_time_ms = now_ms
+            payload = batch.SerializeToString()
+        else:
+            for name in ("compression", "compressed_records", "log_append_time_ms"):
+                batch.ClearField(name)
+            payload = batch.SerializeToString()
+            validation.check_sizes(batch, len(payload), limits, self.record_bytes_max)
+        flags = (log_store.FLAG_TRANSACTIONAL if batch.is_transactional else 0) | log_store.compression_flags(codec)
         value = log_store.encode_batch(base + count - 1, max_timestamp_ms, batch.producer_id, batch.producer_epoch, flags, count, payload)
         self.next_offset = base + count
         self.size_bytes += len(value)
@@ -906,7 +930,8 @@ class Partition:
     # --- reading ------------------------------------------------------------------
 
     def read(
-        self, fetch_offset: int, upper_offset: int, bytes_max: int, records_max: int, *, take_first: bool, committed: bool = False
+        self, fetch_offset: int, upper_offset: int, bytes_max: int, records_max: int, *, take_first: bool, committed: bool = False,
+        accepted: frozenset[int] = frozenset(),
     ) -> tuple[list[bytes], int, int]:
         """The serialized RecordBatches from ``fetch_offset`` below ``upper_offset``,
         up to ``bytes_max`` bytes and ``records_max`` records, except that with
@@ -914,8 +939,12 @@ class Partition:
         always makes progress); records before fetch_offset are trimmed from the
         first batch; with ``committed``, batches of aborted transactions are
         skipped; each batch says the leader epoch it was written in
-        (partition_leader_epoch). Returns (payloads, offset to fetch next,
-        record count)."""
+        (partition_leader_epoch). A batch stored compressed goes out as
+        stored, whole, when its codec is in ``accepted`` (the reader skips its
+        records below fetch_offset, as Kafka's consumers do), else
+        decompressed into plain records with offsets, trimmed as an
+        uncompressed one. Returns (payloads, offset to fetch next, record
+        count)."""
         payloads: list[bytes] = []
         if fetch_offset >= upper_offset:
             return payloads, fetch_offset, 0
@@ -938,7 +967,11 @@ class Partition:
             if header.is_control or (committed and header.is_transactional and self.is_aborted(header.producer_id, base_offset)):
                 continue
             payload = log_store.payload_of(value)
-            if base_offset < fetch_offset:
+            if header.compression and header.compression not in accepted:
+                batch = common_pb2.RecordBatch.FromString(payload)
+                compression.expand(batch, compression.READ_BYTES_MAX, fetch_offset)
+                payload = batch.SerializeToString()
+            elif base_offset < fetch_offset and not header.compression:
                 batch = common_pb2.RecordBatch.FromString(payload)
                 del batch.records[: fetch_offset - base_offset]
                 payload = batch.SerializeToString()
@@ -969,11 +1002,17 @@ class Partition:
                 break
             if header.max_timestamp_ms < timestamp_ms or header.is_control:
                 continue
-            batch = common_pb2.RecordBatch.FromString(log_store.payload_of(self.store.batch(self.pkey, header.base_offset)))
-            for record in batch.records:
+            for record in self.records_of(self.store.batch(self.pkey, header.base_offset)):
                 if record.timestamp_ms >= timestamp_ms and record.offset >= self.log_start_offset:
                     return record.offset, record.timestamp_ms
         return -1, -1
+
+    @staticmethod
+    def records_of(value: bytes):
+        """A stored batch's records, with their offsets and timestamps, decompressed if it is compressed."""
+        batch = common_pb2.RecordBatch.FromString(log_store.payload_of(value))
+        compression.expand(batch, compression.READ_BYTES_MAX)
+        return batch.records
 
     # --- retention ----------------------------------------------------------------
 
@@ -1051,7 +1090,7 @@ class Partition:
             if header.is_transactional and self.is_aborted(header.producer_id, header.base_offset):
                 aborted.append(header)
                 continue
-            records = [(r.key, r.offset) for r in common_pb2.RecordBatch.FromString(log_store.payload_of(value)).records]
+            records = [(r.key, r.offset) for r in self.records_of(value)]
             batches.append((header, records))
             for key, offset in records:
                 latest[key] = offset

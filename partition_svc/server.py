@@ -395,7 +395,7 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
             try:
                 partition = await self.hosted(item.topic, item.partition)
                 await self.check_leader_epoch(item, partition)
-                validation.check_batch(item.batch, self.limits)  # first: it gives an absent producer id its -1
+                validation.check_batch(item.batch, self.limits, item.topic)  # first: it gives an absent producer id its -1
                 if item.topic in INTERNAL_TOPICS:
                     await self.check_internal_writer(item.topic, item.partition, item.batch)
                 if item.batch.is_transactional and self.needs_verification(request.transactional_id, item.batch, partition):
@@ -425,7 +425,7 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
             result.base_offset = outcome.base_offset
             written = outcome.replicated if acks == ACKS_ALL else outcome.durable
             if not outcome.duplicate:
-                self.count_produced(item.topic, len(item.batch.records), item.batch.ByteSize(), written)
+                self.count_produced(item.topic, outcome.last_offset + 1 - outcome.base_offset, item.batch.ByteSize(), written)
             result.log_start_offset = partition.log_start_offset
             result.log_append_time_ms = now
             taken.append((result, partition, written))
@@ -539,6 +539,7 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
         refused: list[tuple[str, int]] = []
         bytes_left = request.max_bytes or self.config.batch_bytes_max * 4
         records_left = request.max_records or 2**31
+        accepted = frozenset(request.accepted_compressions)
         waits, returned_bytes = [], 0
         for wanted in request.partitions:
             result = partition_pb2.FetchPartitionResult(topic=wanted.topic, partition=wanted.partition, next_fetch_offset=wanted.fetch_offset)
@@ -549,7 +550,7 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
                 await self.check_leader_epoch(wanted, partition)
                 payloads, records = self._read(
                     partition, wanted, request.isolation_level, result, bytes_left, records_left, returned_bytes == 0,
-                    outcomes=request.include_transaction_outcomes,
+                    outcomes=request.include_transaction_outcomes, accepted=accepted,
                 )
             except TxlogError as exc:
                 result.error.CopyFrom(error_of(exc))
@@ -573,7 +574,7 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
         return wire.fetch_response(encoded_results), waits, returned_bytes, tally
 
     def _read(self, partition, wanted, isolation_level, result, bytes_left, records_left, take_first, *,
-              outcomes: bool = False) -> tuple[list[bytes], int]:
+              outcomes: bool = False, accepted: frozenset[int] = frozenset()) -> tuple[list[bytes], int]:
         check_settled(partition)
         hw, lso = partition.high_watermark, partition.last_stable_offset
         result.high_watermark, result.last_stable_offset, result.log_start_offset = hw, lso, partition.log_start_offset
@@ -586,7 +587,7 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
         partition_bytes = min(wanted.partition_max_bytes or bytes_left, bytes_left)
         payloads, result.next_fetch_offset, records = partition.read(
             wanted.fetch_offset, upper, partition_bytes, records_left, take_first=take_first,
-            committed=isolation_level == common_pb2.ISOLATION_LEVEL_READ_COMMITTED,
+            committed=isolation_level == common_pb2.ISOLATION_LEVEL_READ_COMMITTED, accepted=accepted,
         )
         if result.next_fetch_offset > wanted.fetch_offset:
             result.next_fetch_epoch = partition.epochs.epoch_at(result.next_fetch_offset - 1)

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from services import compression
 from services.errors import ErrorCode, TxlogError
 from services.names import check_group_id, check_topic_name  # noqa: F401 -- the name rules, re-exported
-from services.protocol import PRODUCER_EPOCH_MAX, SEQUENCE_MAX
+from services.protocol import INTERNAL_TOPIC_PREFIX, PRODUCER_EPOCH_MAX, SEQUENCE_MAX
 from services.stubs.txlog.v1 import common_pb2
 
 TIMESTAMP_MS_MAX = 2**53
@@ -22,7 +23,11 @@ TOPIC_CONFIG_DEFAULTS = {
     "cleanup.policy": "delete",
     "min.insync.replicas": "1",  # acks=all needs this many in-sync replicas
     "unclean.leader.election.enable": "false",  # true: a replica outside the ISR may lead (may lose records)
+    # producer: store each batch as its producer compressed it; uncompressed, gzip, zstd, lz4: store every
+    # batch so (the leader re-encodes a batch produced otherwise, as Kafka's broker does).
+    "compression.type": "producer",
 }
+TOPIC_COMPRESSION_TYPES = ("producer", "uncompressed", "gzip", "zstd", "lz4")
 
 
 def invalid(message: str, code: str = "INVALID_REQUEST") -> TxlogError:
@@ -61,6 +66,9 @@ def topic_configs(configs: dict[str, str], record_bytes_max: int, replication_fa
     if merged["unclean.leader.election.enable"] not in ("true", "false"):
         raise invalid("topic config unclean.leader.election.enable must be true or false, not "
                       f"{merged['unclean.leader.election.enable'][:100]!r}", "INVALID_CONFIG")
+    if merged["compression.type"] not in TOPIC_COMPRESSION_TYPES:
+        raise invalid(f"topic config compression.type must be one of {', '.join(TOPIC_COMPRESSION_TYPES)}, not "
+                      f"{merged['compression.type'][:100]!r}", "INVALID_CONFIG")
     return merged
 
 
@@ -77,12 +85,17 @@ def record_bytes(record: common_pb2.Record) -> int:
 PRODUCER_FIELDS = ("producer_id", "producer_epoch", "base_sequence")
 
 
-def check_batch(batch: common_pb2.RecordBatch, limits: BatchLimits) -> None:
+def check_batch(batch: common_pb2.RecordBatch, limits: BatchLimits, topic: str = "") -> None:
     """Raises a TxlogError naming what is wrong with a produced batch's frame
     (its records are checked as the leader gives them offsets:
     :func:`check_record` and :func:`check_sizes`). A batch that leaves all of
     its producer fields out is non-idempotent: they are set to -1 here, the
-    form it is stored and read back in."""
+    form it is stored and read back in. A compressed batch is opened here:
+    its records are decompressed (at most batch_bytes_max bytes) into
+    ``records`` so that every check counts and reads them as a plain batch's;
+    compression and compressed_records stay (see Partition._append)."""
+    if batch.compression != common_pb2.COMPRESSION_NONE or batch.compressed_records:
+        open_compressed(batch, limits, topic)
     count = len(batch.records)
     if count == 0:
         raise invalid("a batch needs at least one record")
@@ -108,6 +121,35 @@ def check_batch(batch: common_pb2.RecordBatch, limits: BatchLimits) -> None:
             raise invalid(f"producer_epoch must be 0..{PRODUCER_EPOCH_MAX}, got {batch.producer_epoch}")
         if not 0 <= batch.base_sequence <= SEQUENCE_MAX:
             raise invalid(f"base_sequence must be 0..{SEQUENCE_MAX}, got {batch.base_sequence}")
+
+
+def open_compressed(batch: common_pb2.RecordBatch, limits: BatchLimits, topic: str) -> None:
+    """Decompresses a compressed batch's records into its ``records``, or raises."""
+    if batch.compression not in compression.CODECS:
+        if batch.compression == common_pb2.COMPRESSION_NONE:
+            raise invalid("a batch with compression COMPRESSION_NONE has its records in records, not compressed_records")
+        raise invalid(f"unknown compression {batch.compression}; known: {sorted(compression.CODECS)}")
+    if batch.records:
+        raise invalid("a compressed batch has its records in compressed_records only, and records empty")
+    if topic.startswith(INTERNAL_TOPIC_PREFIX):
+        raise invalid(f"internal topic {topic!r} takes uncompressed batches only")
+    try:
+        inner = compression.open_records(batch, limits.batch_bytes_max)
+    except compression.CompressionError as exc:
+        raise invalid(str(exc), "INVALID_RECORD") from None
+    batch.records.MergeFrom(inner.records)
+
+
+def stored_compression(topic: str, configs: dict[str, str], produced: int) -> int:
+    """The codec a batch produced with ``produced`` is stored with: the topic's
+    compression.type, or the producer's for ``producer``; never compressed in an
+    internal topic (its readers, the services themselves, read records)."""
+    wanted = configs.get("compression.type", "producer")
+    if topic.startswith(INTERNAL_TOPIC_PREFIX):
+        return common_pb2.COMPRESSION_NONE
+    if wanted == "producer":
+        return produced
+    return compression.CODEC_BY_NAME["none" if wanted == "uncompressed" else wanted]
 
 
 def check_record(index: int, record: common_pb2.Record) -> None:

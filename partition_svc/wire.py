@@ -6,7 +6,9 @@ FetchPartitionResult is the encoding of its scalar fields followed by one
 ``batches`` field per stored RecordBatch payload, and a FetchResponse is one
 ``results`` field per partition result: the stored bytes go out as they are.
 (Parsing every batch and serializing the response again cost more than half of
-partition_svc's CPU in bench/produce_fetch.py.)
+partition_svc's CPU in bench/produce_fetch.py.) A compressed batch goes out so
+too, whole, to a reader that accepts its codec; Partition.read decompresses it
+for one that does not (FetchRequest.accepted_compressions).
 """
 
 from __future__ import annotations

@@ -35,7 +35,8 @@ its admin's):
                                          last stable offset); prints each partition's low watermark
     txlog partitions add TOPIC --partitions N [--dry-run]          grow TOPIC to N partitions
     txlog partitions under-replicated | reassign (--file F | --topic T --partition P --replicas N,N) [--wait] | rebalance [--execute]
-    txlog produce TOPIC [--key-separator SEP] [--partition P]        lines from stdin
+    txlog produce TOPIC [--key-separator SEP] [--partition P] [--compression-type none|gzip|zstd|lz4]
+                                                                     lines from stdin
     txlog consume TOPIC [--from-beginning] [--group G] [--max-records N] [--to-end]
                         [--timeout-ms MS] [--isolation read_committed|read_uncommitted]
                         [--partition P] [--print-key] [--key-separator SEP]
@@ -78,7 +79,7 @@ from pathlib import Path
 
 import grpc
 
-from services import acls, certs, errors
+from services import acls, certs, compression, errors
 from services.channels import open_channel
 from services.client import console
 from services.client.structs import TopicPartition
@@ -228,7 +229,7 @@ def _topics(args) -> int:
 def _produce(args) -> int:
     console.produce(_bootstrap(args), args.topic, args.key_separator, args.partition, sys.stdin.buffer, sys.stderr,
                     timeout_s=args.timeout_s, acks=args.acks, linger_ms=args.linger_ms,
-                    enable_idempotence=args.acks == "all")
+                    enable_idempotence=args.acks == "all", compression_type=args.compression_type)
     return 0
 
 
@@ -470,6 +471,8 @@ def _add_client_commands(commands) -> None:
     produce.add_argument("--acks", choices=("all", "1", "0"), default="all",
                          help="all (default: idempotent), 1 or 0 (not idempotent)")
     produce.add_argument("--linger-ms", type=float, default=5.0)
+    produce.add_argument("--compression-type", choices=tuple(compression.CODEC_BY_NAME), default="none",
+                         help="compress each batch (the topic's compression.type may store it otherwise)")
     _add_bootstrap(produce)
     produce.set_defaults(run=_produce)
 

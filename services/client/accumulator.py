@@ -28,6 +28,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from services import compression as compression_codecs
 from services.client.errors import BufferExhaustedError, ClientClosedError
 from services.client.structs import RecordMetadata, TopicPartition
 from services.stubs.txlog.v1 import common_pb2
@@ -79,18 +80,27 @@ class ProducerBatch:
     order: int = -1  # position among the partition's sequenced batches (set by sequences.py)
     state: BatchState = BatchState.QUEUED
     done: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
+    compressed_records: bytes | None = None  # made on the first fill() with a codec; every retry sends these bytes
 
     @property
     def record_count(self) -> int:
         return len(self.records)
 
-    def fill(self, target: common_pb2.RecordBatch, *, is_transactional: bool = False) -> None:
-        """Writes the batch into ``target`` (a request's own RecordBatch: one copy of the records, not two)."""
+    def fill(self, target: common_pb2.RecordBatch, *, is_transactional: bool = False, compression: int = 0) -> None:
+        """Writes the batch into ``target`` (a request's own RecordBatch: one copy of the records, not two).
+        With a ``compression`` codec, its records are compressed the first time (a batch is drained
+        whole: it no longer grows) and the same bytes go into every retry (same sequence, same bytes)."""
         target.producer_id = self.producer_id
         target.producer_epoch = self.producer_epoch
         target.base_sequence = self.base_sequence
         target.is_transactional = is_transactional
-        target.records.extend(self.records)
+        if not compression:
+            target.records.extend(self.records)
+            return
+        if self.compressed_records is None:
+            self.compressed_records = compression_codecs.compress_records(compression, self.records)
+        target.compression = compression
+        target.compressed_records = self.compressed_records
 
     def complete(self, base_offset: int, log_append_time_ms: int = -1) -> None:
         """Resolves every record's future; ``base_offset`` -1 means unknown."""

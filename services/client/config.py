@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from services import compression
+
 ACKS_BY_NAME = {"all": -1, "-1": -1, -1: -1, "1": 1, 1: 1, "0": 0, 0: 0}
 ISOLATION_LEVELS = ("read_committed", "read_uncommitted")
 OFFSET_RESETS = ("earliest", "latest", "none")
@@ -59,6 +61,12 @@ class ProducerConfig:
     metadata_max_age_ms: float = 300_000
     transactional_id: str | None = None
     transaction_timeout_ms: int = 60_000
+    compression_type: str = "none"  # Kafka's name: none, gzip, zstd or lz4 (services.compression)
+
+    @property
+    def compression(self) -> int:
+        """The RecordBatch.compression of compression_type."""
+        return compression.codec_named(self.compression_type)
 
     @staticmethod
     def parse_acks(acks) -> int:
@@ -98,6 +106,7 @@ class ProducerConfig:
         if isinstance(self.transaction_timeout_ms, float) or not isinstance(self.transaction_timeout_ms, int):
             raise ValueError(f"transaction_timeout_ms must be an int, not {self.transaction_timeout_ms!r}")
         _check_range("transaction_timeout_ms", self.transaction_timeout_ms, 1, TRANSACTION_TIMEOUT_MS_MAX)
+        self.compression  # noqa: B018 -- raises ValueError naming the choices
 
 
 @dataclass(frozen=True)

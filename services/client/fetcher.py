@@ -42,6 +42,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from services import compression
 from services.client.config import ConsumerConfig
 from services.client.errors import ClientError, LogTruncationError, NoOffsetForPartitionError, from_proto
 from services.client.metadata import Metadata
@@ -53,6 +54,8 @@ from services.stubs.txlog.v1 import common_pb2, partition_pb2
 from services.txn_outcomes import Outcomes
 
 NONE = ErrorCode.Value("NONE")
+# Every codec services.compression decodes: batches stored so come as stored (smaller on the wire), decoded here.
+ACCEPTED_COMPRESSIONS = sorted(compression.CODECS)
 OFFSET_OUT_OF_RANGE = ErrorCode.Value("OFFSET_OUT_OF_RANGE")
 log = logging.getLogger(__name__)
 
@@ -248,6 +251,7 @@ class Fetcher:
         request = partition_pb2.FetchRequest(
             isolation_level=self._isolation,
             include_transaction_outcomes=self._config.include_transaction_outcomes,
+            accepted_compressions=ACCEPTED_COMPRESSIONS,
             max_wait_ms=int(max_wait_ms),
             min_bytes=1,
             max_bytes=self._config.fetch_max_bytes,
@@ -372,6 +376,8 @@ class Fetcher:
         for batch in result.batches:
             epoch = batch.partition_leader_epoch if batch.HasField("partition_leader_epoch") else None
             outcome = None if outcomes is None else outcomes.of(batch.is_transactional, batch.producer_id, batch.base_offset)
+            if batch.compression:  # whole, as stored: its records get their offsets here, those below ours are skipped
+                compression.expand(batch, compression.READ_BYTES_MAX, fetch_offset)
             for record in batch.records:
                 if record.offset >= fetch_offset:
                     state.buffer.append(consumer_record(tp.topic, tp.partition, record, epoch, batch.producer_id, outcome))

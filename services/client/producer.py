@@ -115,6 +115,10 @@ class Producer:
     ``transactional_id``: makes the producer transactional (module docstring);
     ``transaction_timeout_ms``: how long a transaction may stay open before the
     coordinator aborts it (at most the coordinator's maximum, 15 min by default).
+    ``compression_type``: "none" (the default), "gzip", "zstd" or "lz4" (Kafka's
+    names): each batch's records are compressed once, when it is first sent, and
+    a retry re-sends the same bytes; the topic's compression.type may store it
+    otherwise (the leader re-encodes it).
     ``fault_injection``: test-only (see ``transport.FaultInjection``); ``transport``:
     a test seam replacing the gRPC transport."""
 
@@ -139,6 +143,7 @@ class Producer:
         metadata_max_age_ms: float = 300_000,
         transactional_id: str | None = None,
         transaction_timeout_ms: int = 60_000,
+        compression_type: str = "none",
         partitioner: Partitioner | None = None,
         fault_injection: FaultInjection | None = None,
         transport=None,
@@ -170,6 +175,7 @@ class Producer:
             metadata_max_age_ms=metadata_max_age_ms,
             transactional_id=transactional_id,
             transaction_timeout_ms=transaction_timeout_ms,
+            compression_type=compression_type,
         )
         self._partitioner = partitioner or DefaultPartitioner()
         self._transport = transport or Transport(

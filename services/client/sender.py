@@ -142,6 +142,7 @@ class Sender:
         coordinator: CoordinatorClient | None = None,
     ):
         self._config = config
+        self._compression = config.compression  # read once: _send_request is hot
         self._accumulator = accumulator
         self._metadata = metadata
         self._transport = transport
@@ -329,9 +330,10 @@ class Sender:
             acks=self._config.acks,
             timeout_ms=int(self._config.request_timeout_ms),
         )
+        codec = self._compression
         for b, epoch in entries:
             b.fill(request.batches.add(topic=b.tp.topic, partition=b.tp.partition, leader_epoch=epoch).batch,
-                   is_transactional=transactional)
+                   is_transactional=transactional, compression=codec)
         self.stats.requests_sent += 1
         self.stats.batches_sent += len(entries)
         started_ms = self._clock_ms()

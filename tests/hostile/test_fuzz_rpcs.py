@@ -49,6 +49,7 @@ suite stays green and each entry is removed with its fix.
 from __future__ import annotations
 
 import collections
+import functools
 import importlib
 import os
 import pkgutil
@@ -80,7 +81,7 @@ from proto_strategies import (
     weighted,
 )
 
-from services import acls, certs, errors
+from services import acls, certs, compression, errors
 from services.acls import (
     ALLOW,
     CLUSTER,
@@ -931,3 +932,43 @@ def test_the_authorizer_refused_only_where_it_is_on(hostile):
     else:
         assert refused == 0, answered
         assert "SECURITY_DISABLED" in hostile.outcomes["PartitionService.CreateAcls@partition_svc"], answered
+
+
+
+@functools.cache
+def hostile_compressed_records() -> dict[str, common_pb2.RecordBatch]:
+    """Compressed batches no leader may store: garbage, truncated, a bomb far past batch_bytes_max (16 MiB),
+    a codec number that does not exist, records on both sides, and compressed bytes that are not records."""
+    cases = {}
+    for codec in sorted(compression.CODECS):
+        name = compression.NAME_BY_CODEC[codec]
+        whole = compression.compress_records(codec, [common_pb2.Record(value=b"v" * 100)] * 10)
+        cases[f"{name}-garbage"] = common_pb2.RecordBatch(compression=codec, compressed_records=os.urandom(64))
+        cases[f"{name}-truncated"] = common_pb2.RecordBatch(compression=codec, compressed_records=whole[: len(whole) // 2])
+        cases[f"{name}-bomb"] = common_pb2.RecordBatch(compression=codec, compressed_records=compression.compress(codec, bytes(64 << 20)))
+        cases[f"{name}-not-records"] = common_pb2.RecordBatch(compression=codec, compressed_records=compression.compress(codec, b"\xff" * 50))
+    cases["unknown-codec"] = common_pb2.RecordBatch(compression=77, compressed_records=b"x")
+    cases["none-with-bytes"] = common_pb2.RecordBatch(compressed_records=b"x")
+    cases["records-and-compressed"] = common_pb2.RecordBatch(
+        compression=common_pb2.COMPRESSION_GZIP, records=[common_pb2.Record(value=b"v")],
+        compressed_records=compression.compress_records(common_pb2.COMPRESSION_GZIP, [common_pb2.Record()]))
+    return cases
+
+
+def latest_offset(hostile: Hostile, topic: str, leader: str) -> int:
+    return hostile.partition("ListOffsets", partition_pb2.ListOffsetsRequest(partitions=[partition_pb2.ListOffsetsPartition(
+        topic=topic, partition=0, spec=partition_pb2.OFFSET_SPEC_LATEST)]), leader).results[0].offset
+
+
+@pytest.mark.parametrize("case", sorted(hostile_compressed_records()))
+def test_hostile_compressed_batches_get_a_clear_per_partition_error_and_store_nothing(case, hostile):
+    for topic in (hostile.baseline.scratch_topic, "__consumer_offsets"):
+        leader = hostile.leader(topic, 0)
+        before = latest_offset(hostile, topic, leader)
+        reply = hostile.partition("Produce", partition_pb2.ProduceRequest(acks=-1, batches=[
+            partition_pb2.PartitionBatch(topic=topic, partition=0, leader_epoch=-1, batch=hostile_compressed_records()[case])]),
+            leader)
+        error = reply.results[0].error
+        if ErrorCode.Name(error.code) not in ("TOPIC_AUTHORIZATION_FAILED", "CLUSTER_AUTHORIZATION_FAILED"):
+            assert ErrorCode.Name(error.code) in ("INVALID_RECORD", "INVALID_REQUEST") and "compress" in error.message, reply
+        assert latest_offset(hostile, topic, leader) == before

@@ -26,7 +26,7 @@ _sym_db = _symbol_database.Default()
 from services.stubs.txlog.v1 import errors_pb2 as txlog_dot_v1_dot_errors__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15txlog/v1/common.proto\x12\x08txlog.v1\x1a\x15txlog/v1/errors.proto\"2\n\x0eTopicPartition\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\"3\n\x06Header\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x12\n\x05value\x18\x02 \x01(\x0cH\x00\x88\x01\x01\x42\x08\n\x06_value\"\x89\x01\n\x06Record\x12\x0e\n\x06offset\x18\x01 \x01(\x03\x12\x14\n\x0ctimestamp_ms\x18\x02 \x01(\x03\x12\x10\n\x03key\x18\x03 \x01(\x0cH\x00\x88\x01\x01\x12\x12\n\x05value\x18\x04 \x01(\x0cH\x01\x88\x01\x01\x12!\n\x07headers\x18\x05 \x03(\x0b\x32\x10.txlog.v1.HeaderB\x06\n\x04_keyB\x08\n\x06_value\"\xef\x02\n\x0bRecordBatch\x12\x13\n\x0b\x62\x61se_offset\x18\x01 \x01(\x03\x12\x18\n\x0bproducer_id\x18\x02 \x01(\x03H\x00\x88\x01\x01\x12\x1b\n\x0eproducer_epoch\x18\x03 \x01(\x05H\x01\x88\x01\x01\x12\x1a\n\rbase_sequence\x18\x04 \x01(\x05H\x02\x88\x01\x01\x12\x18\n\x10is_transactional\x18\x05 \x01(\x08\x12+\n\x0c\x63ontrol_type\x18\x06 \x01(\x0e\x32\x15.txlog.v1.ControlType\x12\x19\n\x11\x63oordinator_epoch\x18\x07 \x01(\x05\x12!\n\x07records\x18\x08 \x03(\x0b\x32\x10.txlog.v1.Record\x12#\n\x16partition_leader_epoch\x18\t \x01(\x05H\x03\x88\x01\x01\x42\x0e\n\x0c_producer_idB\x11\n\x0f_producer_epochB\x10\n\x0e_base_sequenceB\x19\n\x17_partition_leader_epoch\"^\n\x0fPartitionResult\x12+\n\tpartition\x18\x01 \x01(\x0b\x32\x18.txlog.v1.TopicPartition\x12\x1e\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x0f.txlog.v1.Error*Z\n\x0eIsolationLevel\x12$\n ISOLATION_LEVEL_READ_UNCOMMITTED\x10\x00\x12\"\n\x1eISOLATION_LEVEL_READ_COMMITTED\x10\x01*p\n\x0b\x43ontrolType\x12\x15\n\x11\x43ONTROL_TYPE_DATA\x10\x00\x12\x17\n\x13\x43ONTROL_TYPE_COMMIT\x10\x01\x12\x16\n\x12\x43ONTROL_TYPE_ABORT\x10\x02\x12\x19\n\x15\x43ONTROL_TYPE_PREPARED\x10\x03\x42\x0f\n\x0bio.txlog.v1P\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15txlog/v1/common.proto\x12\x08txlog.v1\x1a\x15txlog/v1/errors.proto\"2\n\x0eTopicPartition\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\"3\n\x06Header\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x12\n\x05value\x18\x02 \x01(\x0cH\x00\x88\x01\x01\x42\x08\n\x06_value\"\x89\x01\n\x06Record\x12\x0e\n\x06offset\x18\x01 \x01(\x03\x12\x14\n\x0ctimestamp_ms\x18\x02 \x01(\x03\x12\x10\n\x03key\x18\x03 \x01(\x0cH\x00\x88\x01\x01\x12\x12\n\x05value\x18\x04 \x01(\x0cH\x01\x88\x01\x01\x12!\n\x07headers\x18\x05 \x03(\x0b\x32\x10.txlog.v1.HeaderB\x06\n\x04_keyB\x08\n\x06_value\"\xd3\x03\n\x0bRecordBatch\x12\x13\n\x0b\x62\x61se_offset\x18\x01 \x01(\x03\x12\x18\n\x0bproducer_id\x18\x02 \x01(\x03H\x00\x88\x01\x01\x12\x1b\n\x0eproducer_epoch\x18\x03 \x01(\x05H\x01\x88\x01\x01\x12\x1a\n\rbase_sequence\x18\x04 \x01(\x05H\x02\x88\x01\x01\x12\x18\n\x10is_transactional\x18\x05 \x01(\x08\x12+\n\x0c\x63ontrol_type\x18\x06 \x01(\x0e\x32\x15.txlog.v1.ControlType\x12\x19\n\x11\x63oordinator_epoch\x18\x07 \x01(\x05\x12!\n\x07records\x18\x08 \x03(\x0b\x32\x10.txlog.v1.Record\x12#\n\x16partition_leader_epoch\x18\t \x01(\x05H\x03\x88\x01\x01\x12*\n\x0b\x63ompression\x18\n \x01(\x0e\x32\x15.txlog.v1.Compression\x12\x1a\n\x12\x63ompressed_records\x18\x0b \x01(\x0c\x12\x1a\n\x12log_append_time_ms\x18\x0c \x01(\x03\x42\x0e\n\x0c_producer_idB\x11\n\x0f_producer_epochB\x10\n\x0e_base_sequenceB\x19\n\x17_partition_leader_epoch\"^\n\x0fPartitionResult\x12+\n\tpartition\x18\x01 \x01(\x0b\x32\x18.txlog.v1.TopicPartition\x12\x1e\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x0f.txlog.v1.Error*Z\n\x0eIsolationLevel\x12$\n ISOLATION_LEVEL_READ_UNCOMMITTED\x10\x00\x12\"\n\x1eISOLATION_LEVEL_READ_COMMITTED\x10\x01*p\n\x0b\x43ontrolType\x12\x15\n\x11\x43ONTROL_TYPE_DATA\x10\x00\x12\x17\n\x13\x43ONTROL_TYPE_COMMIT\x10\x01\x12\x16\n\x12\x43ONTROL_TYPE_ABORT\x10\x02\x12\x19\n\x15\x43ONTROL_TYPE_PREPARED\x10\x03*d\n\x0b\x43ompression\x12\x14\n\x10\x43OMPRESSION_NONE\x10\x00\x12\x14\n\x10\x43OMPRESSION_GZIP\x10\x01\x12\x14\n\x10\x43OMPRESSION_ZSTD\x10\x02\x12\x13\n\x0f\x43OMPRESSION_LZ4\x10\x03\x42\x0f\n\x0bio.txlog.v1P\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,10 +34,12 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'txlog.v1.common_pb2', _glob
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'\n\013io.txlog.v1P\001'
-  _globals['_ISOLATIONLEVEL']._serialized_start=769
-  _globals['_ISOLATIONLEVEL']._serialized_end=859
-  _globals['_CONTROLTYPE']._serialized_start=861
-  _globals['_CONTROLTYPE']._serialized_end=973
+  _globals['_ISOLATIONLEVEL']._serialized_start=869
+  _globals['_ISOLATIONLEVEL']._serialized_end=959
+  _globals['_CONTROLTYPE']._serialized_start=961
+  _globals['_CONTROLTYPE']._serialized_end=1073
+  _globals['_COMPRESSION']._serialized_start=1075
+  _globals['_COMPRESSION']._serialized_end=1175
   _globals['_TOPICPARTITION']._serialized_start=58
   _globals['_TOPICPARTITION']._serialized_end=108
   _globals['_HEADER']._serialized_start=110
@@ -45,7 +47,7 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RECORD']._serialized_start=164
   _globals['_RECORD']._serialized_end=301
   _globals['_RECORDBATCH']._serialized_start=304
-  _globals['_RECORDBATCH']._serialized_end=671
-  _globals['_PARTITIONRESULT']._serialized_start=673
-  _globals['_PARTITIONRESULT']._serialized_end=767
+  _globals['_RECORDBATCH']._serialized_end=771
+  _globals['_PARTITIONRESULT']._serialized_start=773
+  _globals['_PARTITIONRESULT']._serialized_end=867
 # @@protoc_insertion_point(module_scope)

@@ -20,12 +20,23 @@ class ControlType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CONTROL_TYPE_COMMIT: _ClassVar[ControlType]
     CONTROL_TYPE_ABORT: _ClassVar[ControlType]
     CONTROL_TYPE_PREPARED: _ClassVar[ControlType]
+
+class Compression(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    COMPRESSION_NONE: _ClassVar[Compression]
+    COMPRESSION_GZIP: _ClassVar[Compression]
+    COMPRESSION_ZSTD: _ClassVar[Compression]
+    COMPRESSION_LZ4: _ClassVar[Compression]
 ISOLATION_LEVEL_READ_UNCOMMITTED: IsolationLevel
 ISOLATION_LEVEL_READ_COMMITTED: IsolationLevel
 CONTROL_TYPE_DATA: ControlType
 CONTROL_TYPE_COMMIT: ControlType
 CONTROL_TYPE_ABORT: ControlType
 CONTROL_TYPE_PREPARED: ControlType
+COMPRESSION_NONE: Compression
+COMPRESSION_GZIP: Compression
+COMPRESSION_ZSTD: Compression
+COMPRESSION_LZ4: Compression
 
 class TopicPartition(_message.Message):
     __slots__ = ("topic", "partition")
@@ -58,7 +69,7 @@ class Record(_message.Message):
     def __init__(self, offset: _Optional[int] = ..., timestamp_ms: _Optional[int] = ..., key: _Optional[bytes] = ..., value: _Optional[bytes] = ..., headers: _Optional[_Iterable[_Union[Header, _Mapping]]] = ...) -> None: ...
 
 class RecordBatch(_message.Message):
-    __slots__ = ("base_offset", "producer_id", "producer_epoch", "base_sequence", "is_transactional", "control_type", "coordinator_epoch", "records", "partition_leader_epoch")
+    __slots__ = ("base_offset", "producer_id", "producer_epoch", "base_sequence", "is_transactional", "control_type", "coordinator_epoch", "records", "partition_leader_epoch", "compression", "compressed_records", "log_append_time_ms")
     BASE_OFFSET_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -68,6 +79,9 @@ class RecordBatch(_message.Message):
     COORDINATOR_EPOCH_FIELD_NUMBER: _ClassVar[int]
     RECORDS_FIELD_NUMBER: _ClassVar[int]
     PARTITION_LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    COMPRESSION_FIELD_NUMBER: _ClassVar[int]
+    COMPRESSED_RECORDS_FIELD_NUMBER: _ClassVar[int]
+    LOG_APPEND_TIME_MS_FIELD_NUMBER: _ClassVar[int]
     base_offset: int
     producer_id: int
     producer_epoch: int
@@ -77,7 +91,10 @@ class RecordBatch(_message.Message):
     coordinator_epoch: int
     records: _containers.RepeatedCompositeFieldContainer[Record]
     partition_leader_epoch: int
-    def __init__(self, base_offset: _Optional[int] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., base_sequence: _Optional[int] = ..., is_transactional: _Optional[bool] = ..., control_type: _Optional[_Union[ControlType, str]] = ..., coordinator_epoch: _Optional[int] = ..., records: _Optional[_Iterable[_Union[Record, _Mapping]]] = ..., partition_leader_epoch: _Optional[int] = ...) -> None: ...
+    compression: Compression
+    compressed_records: bytes
+    log_append_time_ms: int
+    def __init__(self, base_offset: _Optional[int] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., base_sequence: _Optional[int] = ..., is_transactional: _Optional[bool] = ..., control_type: _Optional[_Union[ControlType, str]] = ..., coordinator_epoch: _Optional[int] = ..., records: _Optional[_Iterable[_Union[Record, _Mapping]]] = ..., partition_leader_epoch: _Optional[int] = ..., compression: _Optional[_Union[Compression, str]] = ..., compressed_records: _Optional[bytes] = ..., log_append_time_ms: _Optional[int] = ...) -> None: ...
 
 class PartitionResult(_message.Message):
     __slots__ = ("partition", "error")

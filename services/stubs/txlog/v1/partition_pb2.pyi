@@ -272,7 +272,7 @@ class FetchPartition(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., fetch_offset: _Optional[int] = ..., partition_max_bytes: _Optional[int] = ..., leader_epoch: _Optional[int] = ...) -> None: ...
 
 class FetchRequest(_message.Message):
-    __slots__ = ("isolation_level", "max_wait_ms", "min_bytes", "max_bytes", "max_records", "partitions", "include_transaction_outcomes")
+    __slots__ = ("isolation_level", "max_wait_ms", "min_bytes", "max_bytes", "max_records", "partitions", "include_transaction_outcomes", "accepted_compressions")
     ISOLATION_LEVEL_FIELD_NUMBER: _ClassVar[int]
     MAX_WAIT_MS_FIELD_NUMBER: _ClassVar[int]
     MIN_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -280,6 +280,7 @@ class FetchRequest(_message.Message):
     MAX_RECORDS_FIELD_NUMBER: _ClassVar[int]
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     INCLUDE_TRANSACTION_OUTCOMES_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_COMPRESSIONS_FIELD_NUMBER: _ClassVar[int]
     isolation_level: _common_pb2.IsolationLevel
     max_wait_ms: int
     min_bytes: int
@@ -287,7 +288,8 @@ class FetchRequest(_message.Message):
     max_records: int
     partitions: _containers.RepeatedCompositeFieldContainer[FetchPartition]
     include_transaction_outcomes: bool
-    def __init__(self, isolation_level: _Optional[_Union[_common_pb2.IsolationLevel, str]] = ..., max_wait_ms: _Optional[int] = ..., min_bytes: _Optional[int] = ..., max_bytes: _Optional[int] = ..., max_records: _Optional[int] = ..., partitions: _Optional[_Iterable[_Union[FetchPartition, _Mapping]]] = ..., include_transaction_outcomes: _Optional[bool] = ...) -> None: ...
+    accepted_compressions: _containers.RepeatedScalarFieldContainer[_common_pb2.Compression]
+    def __init__(self, isolation_level: _Optional[_Union[_common_pb2.IsolationLevel, str]] = ..., max_wait_ms: _Optional[int] = ..., min_bytes: _Optional[int] = ..., max_bytes: _Optional[int] = ..., max_records: _Optional[int] = ..., partitions: _Optional[_Iterable[_Union[FetchPartition, _Mapping]]] = ..., include_transaction_outcomes: _Optional[bool] = ..., accepted_compressions: _Optional[_Iterable[_Union[_common_pb2.Compression, str]]] = ...) -> None: ...
 
 class FetchPartitionResult(_message.Message):
     __slots__ = ("topic", "partition", "error", "high_watermark", "last_stable_offset", "log_start_offset", "batches", "next_fetch_offset", "next_fetch_epoch", "aborted_transactions", "open_transactions")
