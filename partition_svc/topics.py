@@ -30,7 +30,7 @@ import json
 import posixpath
 from dataclasses import dataclass, replace
 
-from kazoo.client import KazooClient
+from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
 from partition_svc.election import LeaderAndIsr, initial_state
@@ -39,6 +39,7 @@ from services.errors import ErrorCode, TxlogError
 from services.protocol import INTERNAL_TOPIC_PREFIX
 
 INTERNAL_PREFIX = INTERNAL_TOPIC_PREFIX
+ABSENT_NAMES_MAX = 10_000  # unknown topic names remembered as absent, at most
 MARK_ATTEMPTS = 5  # conditional marks of a topic raced by writes of its node (a reassignment, a config change)
 
 
@@ -72,6 +73,11 @@ class TopicRegistry:
         self.deletions_base = posixpath.join(root, "admin", "delete_topics")
         self._cache: dict[str, TopicInfo] = {}
         self.deleting: frozenset[str] = frozenset()  # topics marked for deletion, as last seen (a watch keeps it)
+        # Names found absent, each with an exists-watch that drops it when the topic is created: an unknown
+        # topic asked for again and again (a misconfigured client) costs no ZooKeeper read. Dropped whole
+        # when the connection goes (watches do not outlive a session); the oldest go past ABSENT_NAMES_MAX.
+        self._absent: dict[str, None] = {}
+        zk.add_state_listener(client, lambda connected: None if connected else self._absent.clear())
 
     def state_path(self, topic: str, partition: int) -> str:
         return posixpath.join(self.base, topic, "partitions", str(partition), "state")
@@ -84,16 +90,34 @@ class TopicRegistry:
         """The topic, None when it does not exist or is being deleted."""
         if name in self.deleting:
             return None
-        info = None if fresh else self._cache.get(name)
-        if info is not None:
-            return info
+        if not fresh:
+            info = self._cache.get(name)
+            if info is not None:
+                return info
+            if name in self._absent and self.client.state == KazooState.CONNECTED:
+                return None
         try:
             data, _ = await zk.call(self.client, "get", posixpath.join(self.base, name))
         except NoNodeError:
+            await self._remember_absent(name)
             return None
         info = TopicInfo.decode(name, data)
         self._cache[name] = info
+        self._absent.pop(name, None)
         return info
+
+    async def _remember_absent(self, name: str) -> None:
+        def created(_event) -> None:  # kazoo's thread: a dict pop is one step under the GIL
+            self._absent.pop(name, None)
+
+        if await zk.call(self.client, "exists", posixpath.join(self.base, name), watch=created) is not None:
+            return  # created since the read: not absent after all
+        self._absent[name] = None
+        while len(self._absent) > ABSENT_NAMES_MAX:
+            try:
+                self._absent.pop(next(iter(self._absent)), None)
+            except (StopIteration, RuntimeError):  # emptied or changed by a watch meanwhile
+                break
 
     async def create(self, info: TopicInfo, controller_epoch: int) -> TopicInfo:
         """Creates the topic with its partitions' first states; if it exists
@@ -121,6 +145,7 @@ class TopicRegistry:
         if failed:
             raise failed[0]
         self._cache[info.name] = info
+        self._absent.pop(info.name, None)
         return info
 
     async def versioned(self, name: str, *, deleting: bool = False) -> tuple[TopicInfo, int] | None:

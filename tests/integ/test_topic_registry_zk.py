@@ -57,3 +57,58 @@ def test_a_reassignment_requested_while_the_previous_one_completes_is_recorded(z
         controller.delete(root, recursive=True)
         controller.stop()
         controller.close()
+
+
+def packets_received(connection: str) -> int:
+    import socket
+
+    host, port = connection.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as conn:
+        conn.sendall(b"mntr")
+        answer = b""
+        while chunk := conn.recv(65536):
+            answer += chunk
+    return int(dict(line.split("\t", 1) for line in answer.decode().splitlines() if "\t" in line)["zk_packets_received"])
+
+
+def test_an_unknown_topic_is_asked_of_zookeeper_once_until_it_is_created(zookeeper):
+    from services import zk
+    from services.client.two_phase import wait_until
+
+    root = "/topic-registry-absent"
+    reader, writer = zk.connect(zookeeper), zk.connect(zookeeper)
+    try:
+        registry = TopicRegistry(reader, root)
+        assert asyncio.run(registry.get("later")) is None
+        before = packets_received(zookeeper)
+        for _ in range(200):
+            assert asyncio.run(registry.get("later")) is None
+        assert packets_received(zookeeper) - before < 20, "unknown names answered from memory"
+        writer.create(f"{root}/topics/later", b'{"partitions": 1, "configs": {}, "replicas": [[0]], "internal": false}',
+                      makepath=True)
+        wait_until(lambda: asyncio.run(registry.get("later")) is not None, 30, "the topic created elsewhere seen")
+        assert asyncio.run(registry.get("later")).partition_count == 1
+    finally:
+        for client in (reader, writer):
+            client.stop()
+            client.close()
+        cleanup = zk.connect(zookeeper)
+        cleanup.delete(root, recursive=True)
+        cleanup.stop()
+        cleanup.close()
+
+
+def test_the_names_remembered_absent_are_bounded_oldest_first(zookeeper, monkeypatch):
+    from partition_svc import topics
+    from services import zk
+
+    monkeypatch.setattr(topics, "ABSENT_NAMES_MAX", 3)
+    client = zk.connect(zookeeper)
+    try:
+        registry = TopicRegistry(client, "/topic-registry-bounded")
+        for name in ("a", "b", "c", "d", "e"):
+            assert asyncio.run(registry.get(name)) is None
+        assert list(registry._absent) == ["c", "d", "e"]
+    finally:
+        client.stop()
+        client.close()
