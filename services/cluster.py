@@ -83,6 +83,19 @@ def zookeeper_ruok(address: str, timeout_s: float = 1.0) -> bool:
         return False
 
 
+def zookeeper_counters(address: str, timeout_s: float = 10.0) -> dict[str, int]:
+    """ZooKeeper's ``mntr`` counters (zk_packets_received, zk_znode_count, ...),
+    the numeric ones, as ints: what tests and benchmarks count requests with."""
+    host, port = address.split(",")[0].rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=timeout_s) as sock:
+        sock.sendall(b"mntr")
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    pairs = (line.split("\t", 1) for line in answer.decode().splitlines() if "\t" in line)
+    return {key: int(value) for key, value in pairs if value.lstrip("-").isdigit()}
+
+
 def sync_channel(address: str, tls: dict | None = None) -> grpc.Channel:
     """A blocking channel to a service of the cluster, with the admin's
     certificate when the cluster runs TLS (``ClusterState.tls``)."""

@@ -4,14 +4,12 @@ coming, going, registering again with another address) seen through watches."""
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 from kazoo.client import KazooState
 
 from services import zk
 from services.client.two_phase import wait_until
-from services.cluster import LocalCluster
+from services.cluster import LocalCluster, zookeeper_counters
 
 ROOT = "/live-instances"
 
@@ -39,16 +37,6 @@ def sessions(zookeeper):
         client.close()
 
 
-def requests_received(connection: str) -> int:
-    host, port = connection.rsplit(":", 1)
-    with socket.create_connection((host, int(port)), timeout=10) as conn:
-        conn.sendall(b"mntr")
-        answer = b""
-        while chunk := conn.recv(65536):
-            answer += chunk
-    return int(dict(line.split("\t", 1) for line in answer.decode().splitlines() if "\t" in line)["zk_packets_received"])
-
-
 def test_instances_coming_going_and_moving_are_seen(sessions):
     reader = zk.ServiceRegistry(sessions(), ROOT)
     assert reader.live("kind") == {}  # the folder does not exist yet
@@ -68,12 +56,12 @@ def test_between_changes_the_list_is_served_without_asking_zookeeper(zookeeper, 
     zk.ServiceRegistry(sessions(), ROOT + "-quiet").register("kind", 1, "10.0.0.1:1")
     reader = zk.ServiceRegistry(sessions(), ROOT + "-quiet")
     assert reader.live("kind") == {1: "10.0.0.1:1"}
-    before = requests_received(zookeeper)
+    before = zookeeper_counters(zookeeper)["zk_packets_received"]
     for _ in range(300):
         assert reader.live("kind") == {1: "10.0.0.1:1"}
     # Uncached, each call would be 2 requests (the children, the one instance): 600. Pings of the
     # test's sessions and the mntr connection itself are the few that remain.
-    assert requests_received(zookeeper) - before < 30
+    assert zookeeper_counters(zookeeper)["zk_packets_received"] - before < 30
 
 
 def test_a_connection_problem_makes_the_next_read_ask_zookeeper_again(sessions):
@@ -104,10 +92,10 @@ def test_a_watched_node_follows_creation_change_and_deletion_and_otherwise_asks_
     wait_until(lambda: seen() == b"one", 30, "the creation seen")
     writer.set(ROOT + "-node/owner", b"two")
     wait_until(lambda: seen() == b"two", 30, "the change seen")
-    before = requests_received(zookeeper)
+    before = zookeeper_counters(zookeeper)["zk_packets_received"]
     for _ in range(300):
         assert seen() == b"two"
-    assert requests_received(zookeeper) - before < 30
+    assert zookeeper_counters(zookeeper)["zk_packets_received"] - before < 30
     assert asyncio.run(node.get(fresh=True))[0] == b"two"
     writer.delete(ROOT + "-node/owner")
     wait_until(lambda: seen() is None, 30, "the deletion seen")

@@ -9,7 +9,7 @@ import pytest
 from kazoo.client import KazooClient
 
 from partition_svc.topics import TopicRegistry
-from services.cluster import LocalCluster
+from services.cluster import LocalCluster, zookeeper_counters
 
 
 @pytest.fixture(scope="module")
@@ -59,18 +59,6 @@ def test_a_reassignment_requested_while_the_previous_one_completes_is_recorded(z
         controller.close()
 
 
-def packets_received(connection: str) -> int:
-    import socket
-
-    host, port = connection.rsplit(":", 1)
-    with socket.create_connection((host, int(port)), timeout=10) as conn:
-        conn.sendall(b"mntr")
-        answer = b""
-        while chunk := conn.recv(65536):
-            answer += chunk
-    return int(dict(line.split("\t", 1) for line in answer.decode().splitlines() if "\t" in line)["zk_packets_received"])
-
-
 def test_an_unknown_topic_is_asked_of_zookeeper_once_until_it_is_created(zookeeper):
     from services import zk
     from services.client.two_phase import wait_until
@@ -80,10 +68,10 @@ def test_an_unknown_topic_is_asked_of_zookeeper_once_until_it_is_created(zookeep
     try:
         registry = TopicRegistry(reader, root)
         assert asyncio.run(registry.get("later")) is None
-        before = packets_received(zookeeper)
+        before = zookeeper_counters(zookeeper)["zk_packets_received"]
         for _ in range(200):
             assert asyncio.run(registry.get("later")) is None
-        assert packets_received(zookeeper) - before < 20, "unknown names answered from memory"
+        assert zookeeper_counters(zookeeper)["zk_packets_received"] - before < 20, "unknown names answered from memory"
         writer.create(f"{root}/topics/later", b'{"partitions": 1, "configs": {}, "replicas": [[0]], "internal": false}',
                       makepath=True)
         wait_until(lambda: asyncio.run(registry.get("later")) is not None, 30, "the topic created elsewhere seen")
