@@ -25,3 +25,4 @@ bench: setup
 	.venv/bin/python bench/spark_eos.py
 	.venv/bin/python bench/replication.py
 	.venv/bin/python bench/metrics.py
+	.venv/bin/python bench/scale.py
