@@ -77,7 +77,7 @@ class TopicRegistry:
         # topic asked for again and again (a misconfigured client) costs no ZooKeeper read. Dropped whole
         # when the connection goes (watches do not outlive a session); the oldest go past ABSENT_NAMES_MAX.
         self._absent: dict[str, None] = {}
-        zk.add_state_listener(client, lambda connected: None if connected else self._absent.clear())
+        self._absent_listened = False
 
     def state_path(self, topic: str, partition: int) -> str:
         return posixpath.join(self.base, topic, "partitions", str(partition), "state")
@@ -110,6 +110,9 @@ class TopicRegistry:
         def created(_event) -> None:  # kazoo's thread: a dict pop is one step under the GIL
             self._absent.pop(name, None)
 
+        if not self._absent_listened:
+            zk.add_state_listener(self.client, lambda connected: None if connected else self._absent.clear())
+            self._absent_listened = True
         if await zk.call(self.client, "exists", posixpath.join(self.base, name), watch=created) is not None:
             return  # created since the read: not absent after all
         self._absent[name] = None
