@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 from services import compression as compression_codecs
 from services.client.errors import BufferExhaustedError, ClientClosedError
-from services.client.structs import RecordMetadata, TopicPartition
+from services.client.structs import RecordMetadata, TopicPartition, record_payload_bytes
 from services.stubs.txlog.v1 import common_pb2
 
 RECORD_FRAMING_BYTES = 6  # a Record's field tag and length prefix inside its RecordBatch
@@ -41,15 +41,15 @@ RECORD_FIELDS_BYTES_MAX = 11 + 12 + RECORD_FRAMING_BYTES
 HEADER_FIELDS_BYTES_MAX = 18  # a header's framing, and its name's and value's tags and length prefixes
 
 
-def record_size_bytes(record: common_pb2.Record) -> int:
+def record_size_bytes(record: common_pb2.Record, payload_bytes: int | None = None) -> int:
     """What the record takes in a request, at most (never less than its
-    serialized size and framing), counted from its fields' lengths: protobuf's
-    ByteSize walked the record and was a sixth of send()'s time."""
-    headers = record.headers
-    size = len(record.key) + len(record.value) + RECORD_FIELDS_BYTES_MAX
-    if headers:
-        size += sum(HEADER_FIELDS_BYTES_MAX + len(h.key.encode()) + len(h.value) for h in headers)  # a name is str: its UTF-8 bytes
-    return size
+    serialized size and framing), counted from its fields' lengths (protobuf's
+    ByteSize walked the record and was a sixth of send()'s time):
+    ``payload_bytes`` (record_payload_bytes, counted here when not given) and
+    the fields' overhead."""
+    if payload_bytes is None:
+        payload_bytes = record_payload_bytes(record)
+    return payload_bytes + RECORD_FIELDS_BYTES_MAX + HEADER_FIELDS_BYTES_MAX * len(record.headers)
 
 
 class BatchState(enum.Enum):

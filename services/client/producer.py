@@ -254,13 +254,14 @@ class Producer:
     def _append(self, topic: str, record, partition: int | None, future) -> None:
         if self._sender.fatal_error is not None:
             raise self._sender.fatal_error
-        size_bytes = record_size_bytes(record)
+        payload_bytes = record_payload_bytes(record)  # counted once: the size and max.record.bytes both take it
+        size_bytes = record_size_bytes(record, payload_bytes)
         limit_bytes = self.config.max_request_size_bytes - REQUEST_OVERHEAD_BYTES - 64
         if size_bytes > limit_bytes:
             raise RecordTooLargeError(
                 f"the record takes {size_bytes} bytes, more than max_request_size_bytes allows ({limit_bytes})")
         partition_count = self._partition_count(topic)
-        self._check_record_size(topic, record)
+        self._check_record_size(topic, payload_bytes)
         if partition is None:
             key = record.key if record.HasField("key") else None
             partition = self._partitioner.partition(topic, key, partition_count)
@@ -283,14 +284,13 @@ class Producer:
                               timeout_s=self.config.max_block_ms / 1000 + 5, what=f"waiting for topic {topic!r}")
         return len(info.partitions)
 
-    def _check_record_size(self, topic: str, record) -> None:
+    def _check_record_size(self, topic: str, payload_bytes: int) -> None:
         """Fails early a record the topic's ``max.record.bytes`` refuses (the
         leader would reject its whole batch)."""
         info = self._metadata.topic(topic)
         limit = info.configs.get("max.record.bytes") if info is not None else None
         if limit is None or not limit.isdigit():
             return
-        payload_bytes = record_payload_bytes(record)
         if payload_bytes > int(limit):
             raise RecordTooLargeError(
                 f"the record's key, value and headers take {payload_bytes} bytes, more than max.record.bytes={limit} "
