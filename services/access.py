@@ -166,6 +166,12 @@ CHECKS: dict[str, Callable[[object, Permissions], list[Need]]] = {
     # the holder of a prepared transaction's handle completes it, as its producer would
     "CompleteTransaction": lambda r, caller: _handles([r.handle], "Write"),
     "CommitTransactionGroup": lambda r, caller: _handles(r.handles, "Write"),
+    # a checker decides the group's prepared transactions, as their producers would: Write on the group's
+    # name (a PREFIXED binding on it covers every id of the group)
+    "RegisterTransactionChecker": lambda r, caller: [(TRANSACTIONAL_ID, r.group_id, "Write")],
+    "UnregisterTransactionChecker": lambda r, caller: [(TRANSACTIONAL_ID, r.group_id, "Write")],
+    "AlterTransactionGroupConfig": lambda r, caller: [(TRANSACTIONAL_ID, r.group_id, "AlterConfigs")],
+    "DescribeTransactionGroupConfig": lambda r, caller: [(TRANSACTIONAL_ID, r.group_id, "DescribeConfigs")],
 }
 
 

@@ -93,6 +93,26 @@ class CoordinatorServiceStub:
                 request_serializer=txlog_dot_v1_dot_coordinator__pb2.CommitTransactionGroupRequest.SerializeToString,
                 response_deserializer=txlog_dot_v1_dot_coordinator__pb2.CommitTransactionGroupResponse.FromString,
                 _registered_method=True)
+        self.RegisterTransactionChecker = channel.unary_unary(
+                '/txlog.v1.CoordinatorService/RegisterTransactionChecker',
+                request_serializer=txlog_dot_v1_dot_coordinator__pb2.RegisterTransactionCheckerRequest.SerializeToString,
+                response_deserializer=txlog_dot_v1_dot_coordinator__pb2.RegisterTransactionCheckerResponse.FromString,
+                _registered_method=True)
+        self.UnregisterTransactionChecker = channel.unary_unary(
+                '/txlog.v1.CoordinatorService/UnregisterTransactionChecker',
+                request_serializer=txlog_dot_v1_dot_coordinator__pb2.UnregisterTransactionCheckerRequest.SerializeToString,
+                response_deserializer=txlog_dot_v1_dot_coordinator__pb2.UnregisterTransactionCheckerResponse.FromString,
+                _registered_method=True)
+        self.AlterTransactionGroupConfig = channel.unary_unary(
+                '/txlog.v1.CoordinatorService/AlterTransactionGroupConfig',
+                request_serializer=txlog_dot_v1_dot_coordinator__pb2.AlterTransactionGroupConfigRequest.SerializeToString,
+                response_deserializer=txlog_dot_v1_dot_coordinator__pb2.AlterTransactionGroupConfigResponse.FromString,
+                _registered_method=True)
+        self.DescribeTransactionGroupConfig = channel.unary_unary(
+                '/txlog.v1.CoordinatorService/DescribeTransactionGroupConfig',
+                request_serializer=txlog_dot_v1_dot_coordinator__pb2.DescribeTransactionGroupConfigRequest.SerializeToString,
+                response_deserializer=txlog_dot_v1_dot_coordinator__pb2.DescribeTransactionGroupConfigResponse.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServiceServicer:
@@ -199,6 +219,43 @@ class CoordinatorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RegisterTransactionChecker(self, request, context):
+        """Check-back (transaction_check.proto): registers, or renews, the address of
+        an application instance that answers CheckTransaction for a transaction
+        group. Sent to the group's coordinator (FindCoordinator with the group as
+        the key). The registration lapses lease_ms after the last call, so an
+        instance renews it well within that (every lease_ms / 3); any live
+        registered instance of the group may be asked. Registrations are kept in
+        the coordinator's memory: after a coordinator failover the instances
+        register again at the new one (their renewal answers NOT_COORDINATOR).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnregisterTransactionChecker(self, request, context):
+        """Removes a registration at once (an instance stopping).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AlterTransactionGroupConfig(self, request, context):
+        """Changes a transaction group's check-back settings; kept durably in the
+        transaction log with the group's transactions. Sent to the group's coordinator.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DescribeTransactionGroupConfig(self, request, context):
+        """A transaction group's check-back settings (every key, with its default
+        where none was set), and the checkers registered for it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -256,6 +313,26 @@ def add_CoordinatorServiceServicer_to_server(servicer, server):
                     servicer.CommitTransactionGroup,
                     request_deserializer=txlog_dot_v1_dot_coordinator__pb2.CommitTransactionGroupRequest.FromString,
                     response_serializer=txlog_dot_v1_dot_coordinator__pb2.CommitTransactionGroupResponse.SerializeToString,
+            ),
+            'RegisterTransactionChecker': grpc.unary_unary_rpc_method_handler(
+                    servicer.RegisterTransactionChecker,
+                    request_deserializer=txlog_dot_v1_dot_coordinator__pb2.RegisterTransactionCheckerRequest.FromString,
+                    response_serializer=txlog_dot_v1_dot_coordinator__pb2.RegisterTransactionCheckerResponse.SerializeToString,
+            ),
+            'UnregisterTransactionChecker': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnregisterTransactionChecker,
+                    request_deserializer=txlog_dot_v1_dot_coordinator__pb2.UnregisterTransactionCheckerRequest.FromString,
+                    response_serializer=txlog_dot_v1_dot_coordinator__pb2.UnregisterTransactionCheckerResponse.SerializeToString,
+            ),
+            'AlterTransactionGroupConfig': grpc.unary_unary_rpc_method_handler(
+                    servicer.AlterTransactionGroupConfig,
+                    request_deserializer=txlog_dot_v1_dot_coordinator__pb2.AlterTransactionGroupConfigRequest.FromString,
+                    response_serializer=txlog_dot_v1_dot_coordinator__pb2.AlterTransactionGroupConfigResponse.SerializeToString,
+            ),
+            'DescribeTransactionGroupConfig': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeTransactionGroupConfig,
+                    request_deserializer=txlog_dot_v1_dot_coordinator__pb2.DescribeTransactionGroupConfigRequest.FromString,
+                    response_serializer=txlog_dot_v1_dot_coordinator__pb2.DescribeTransactionGroupConfigResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -558,6 +635,114 @@ class CoordinatorService:
             '/txlog.v1.CoordinatorService/CommitTransactionGroup',
             txlog_dot_v1_dot_coordinator__pb2.CommitTransactionGroupRequest.SerializeToString,
             txlog_dot_v1_dot_coordinator__pb2.CommitTransactionGroupResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RegisterTransactionChecker(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/txlog.v1.CoordinatorService/RegisterTransactionChecker',
+            txlog_dot_v1_dot_coordinator__pb2.RegisterTransactionCheckerRequest.SerializeToString,
+            txlog_dot_v1_dot_coordinator__pb2.RegisterTransactionCheckerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnregisterTransactionChecker(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/txlog.v1.CoordinatorService/UnregisterTransactionChecker',
+            txlog_dot_v1_dot_coordinator__pb2.UnregisterTransactionCheckerRequest.SerializeToString,
+            txlog_dot_v1_dot_coordinator__pb2.UnregisterTransactionCheckerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AlterTransactionGroupConfig(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/txlog.v1.CoordinatorService/AlterTransactionGroupConfig',
+            txlog_dot_v1_dot_coordinator__pb2.AlterTransactionGroupConfigRequest.SerializeToString,
+            txlog_dot_v1_dot_coordinator__pb2.AlterTransactionGroupConfigResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeTransactionGroupConfig(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/txlog.v1.CoordinatorService/DescribeTransactionGroupConfig',
+            txlog_dot_v1_dot_coordinator__pb2.DescribeTransactionGroupConfigRequest.SerializeToString,
+            txlog_dot_v1_dot_coordinator__pb2.DescribeTransactionGroupConfigResponse.FromString,
             options,
             channel_credentials,
             insecure,
