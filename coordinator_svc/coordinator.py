@@ -14,8 +14,9 @@ Guarantees
   markers until every partition acknowledged, then writes Complete*.
 - Two-phase participation: a PREPARED transaction is decided only by whoever
   holds its handle (CompleteTransaction), by a group decision
-  (CommitTransactionGroup), by its own prepared timeout, or by a new producer
-  with its id. A group decision record naming every member is durable before
+  (CommitTransactionGroup), by its own prepared timeout, by a new producer
+  with its id, or by its group's checker when its owner went silent
+  (check_back.py: the answer is applied as CompleteTransaction would be). A group decision record naming every member is durable before
   any member moves on; a coordinator loading the partition finishes it.
 - Epochs (Transactions V2): EndTxn and every coordinator-initiated abort bump
   the producer epoch; nothing sent with an older epoch can join, commit or abort
@@ -45,8 +46,10 @@ from collections.abc import Callable
 
 from opentelemetry.metrics import Meter, NoOpMeter
 
+from coordinator_svc import check_rules
 from coordinator_svc import transaction_core as core
 from coordinator_svc import transaction_state as ts
+from coordinator_svc.check_back import CheckBack
 from coordinator_svc.markers import MarkerSender, MarkerSet
 from coordinator_svc.state_manager import CoordinatorConfig, LoadedPartition, TransactionStateManager
 from coordinator_svc.transaction_metrics import TransactionMetrics
@@ -88,6 +91,7 @@ class TransactionCoordinator:
         self.clock_ms = clock_ms
         self.state = TransactionStateManager(config, zookeeper, registry, client, producer_ids, self._resume, clock_ms, monotonic)
         self.metrics = TransactionMetrics(meter or NoOpMeter("txlog"), lambda: list(self.state.partitions.values()), clock_ms)
+        self.check_back = CheckBack(self, config.checks_in_flight_max, monotonic)
 
     # --- ownership of __transaction_state partitions ------------------------------------
 
@@ -113,7 +117,7 @@ class TransactionCoordinator:
             elif meta.state is S.PREPARED:  # the previous owner may have stopped before sealing it
                 self.state.spawn(loaded, self._seal_quietly(loaded, meta))
 
-    async def _carry_out(self, loaded: LoadedPartition, transactional_id: str, decide: Callable[[TransactionMetadata | None, list[int]], core.Outcome]):
+    async def carry_out(self, loaded: LoadedPartition, transactional_id: str, decide: Callable[[TransactionMetadata | None, list[int]], core.Outcome]):
         """Decides (transaction_core) and carries the outcome out: producer ids
         the decision needs are fetched first, then it is decided again with them,
         so there is no await between a decision and the transition it names."""
@@ -181,7 +185,7 @@ class TransactionCoordinator:
         if not 1 <= timeout_ms <= self.config.transaction_timeout_ms_max:
             raise error("INVALID_TRANSACTION_TIMEOUT", f"transaction_timeout_ms must be 1..{self.config.transaction_timeout_ms_max}, got {timeout_ms}")
         loaded = self.state.loaded_partition(transactional_id)
-        return await self._carry_out(loaded, transactional_id, lambda meta, spare_ids: core.decide_init(
+        return await self.carry_out(loaded, transactional_id, lambda meta, spare_ids: core.decide_init(
             meta, transactional_id, timeout_ms, producer_id, producer_epoch, spare_ids))
 
     # --- AddPartitionsToTxn, AddOffsetsToTxn -------------------------------------------
@@ -200,7 +204,7 @@ class TransactionCoordinator:
             with contextlib.suppress(TimeoutError):  # still completing: CONCURRENT_TRANSACTIONS below
                 await asyncio.wait_for(done.wait(), timeout=5)
         unknown = await self._unknown_partitions(partitions)
-        return await self._carry_out(loaded, transactional_id, lambda meta, _: core.decide_add_partitions(
+        return await self.carry_out(loaded, transactional_id, lambda meta, _: core.decide_add_partitions(
             meta, transactional_id, producer_id, producer_epoch, partitions, unknown, self.clock_ms()))
 
     async def _unknown_partitions(self, partitions) -> dict:
@@ -233,7 +237,7 @@ class TransactionCoordinator:
     async def handle_end_txn(self, transactional_id, producer_id, producer_epoch, committed) -> tuple[int, int]:
         names.check_transactional_id(transactional_id)
         loaded = self.state.loaded_partition(transactional_id)
-        return await self._carry_out(loaded, transactional_id, lambda meta, spare_ids: core.decide_end_txn(
+        return await self.carry_out(loaded, transactional_id, lambda meta, spare_ids: core.decide_end_txn(
             meta, transactional_id, producer_id, producer_epoch, committed, spare_ids))
 
     async def _complete(self, loaded: LoadedPartition, meta: TransactionMetadata) -> None:
@@ -260,15 +264,18 @@ class TransactionCoordinator:
 
     # --- two-phase: PrepareTransaction, CompleteTransaction, CommitTransactionGroup ------------
 
-    async def handle_prepare(self, transactional_id: str, producer_id: int, producer_epoch: int, prepared_timeout_ms: int) -> Handle:
+    async def handle_prepare(self, transactional_id: str, producer_id: int, producer_epoch: int, prepared_timeout_ms: int,
+                             metadata: bytes = b"") -> Handle:
         names.check_transactional_id(transactional_id)
         limit = self.config.prepared_transaction_timeout_ms
         timeout_ms = prepared_timeout_ms or limit
         if not 1 <= timeout_ms <= limit:
             raise error("INVALID_TRANSACTION_TIMEOUT", f"prepared_timeout_ms must be 0 (the default, {limit}) or 1..{limit}, got {prepared_timeout_ms}")
+        if len(metadata) > check_rules.PREPARE_METADATA_BYTES_MAX:
+            raise error("INVALID_REQUEST", f"prepare_metadata holds {len(metadata):,} bytes; at most {check_rules.PREPARE_METADATA_BYTES_MAX:,}")
         loaded = self.state.loaded_partition(transactional_id)
         handle = Handle(transactional_id, producer_id, producer_epoch)
-        return await self._carry_out(loaded, transactional_id, lambda meta, _: core.decide_prepare(meta, handle, timeout_ms, self.clock_ms()))
+        return await self.carry_out(loaded, transactional_id, lambda meta, _: core.decide_prepare(meta, handle, timeout_ms, self.clock_ms(), metadata))
 
     async def _seal(self, loaded: LoadedPartition, meta: TransactionMetadata) -> None:
         """Tells every partition of a PREPARED transaction that it takes nothing
@@ -290,7 +297,7 @@ class TransactionCoordinator:
     async def handle_complete(self, handle: Handle, committed: bool) -> tuple[int, int]:
         names.check_transactional_id(handle.transactional_id)
         loaded = self.state.loaded_partition(handle.transactional_id)
-        return await self._carry_out(loaded, handle.transactional_id, lambda meta, spare_ids: core.decide_complete(
+        return await self.carry_out(loaded, handle.transactional_id, lambda meta, spare_ids: core.decide_complete(
             meta, handle, committed, spare_ids))
 
     async def handle_commit_group(self, group_id: str, handles: list[Handle]) -> None:
@@ -407,7 +414,7 @@ class TransactionCoordinator:
                         decided.append(core.decide_timeout(m, now, spare_ids))
                         return decided[-1] or core.Reply()
                     try:
-                        await self._carry_out(loaded, meta.transactional_id, decide)
+                        await self.carry_out(loaded, meta.transactional_id, decide)
                         if isinstance(decided[-1], core.Transit):
                             self.metrics.timed_out.add(1)
                     except TxlogError as exc:
@@ -425,4 +432,21 @@ class TransactionCoordinator:
 
     # --- admin -------------------------------------------------------------------------------
 
+    async def alter_group_config(self, group_id: str, to_set: dict[str, str], to_delete: list[str]) -> dict[str, str]:
+        """Changes a transaction group's check-back settings: written to the
+        group's transaction-log partition, then applied (one change at a time)."""
+        names.check_transaction_group(group_id)
+        loaded = self.state.loaded_partition(group_id)
+        async with loaded.config_changes:
+            config = check_rules.altered(self.state.group_config(loaded, group_id), to_set, to_delete)
+            await loaded.log.write_group_config(group_id, dict(config.overrides))
+            if config.overrides:
+                loaded.group_configs[group_id] = config
+            else:
+                loaded.group_configs.pop(group_id, None)
+        log.info("transaction group settings changed", extra=fields(group_id=group_id, overrides=dict(config.overrides)))
+        return config.configs()
 
+    def group_config(self, group_id: str) -> check_rules.GroupCheckConfig:
+        names.check_transaction_group(group_id)
+        return self.state.group_config(self.state.loaded_partition(group_id), group_id)

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import sys
 
+from coordinator_svc.check_back import describe_check
 from coordinator_svc.coordinator import TransactionCoordinator, error
 from coordinator_svc.state_manager import ANSWERS_FROM_STATE, CoordinatorConfig
 from coordinator_svc.transaction_state import Handle, TransactionMetadata, TransactionState
@@ -28,7 +29,8 @@ SETTINGS = (
     Setting("transaction_timeout_ms_max", 900_000, "largest transaction timeout a producer may ask for, ms", positive_int),
     Setting("transactional_id_expiration_ms", 7 * 24 * 3600 * 1000, "idle transactional ids are removed after this long, ms", positive_int),
     Setting("prepared_transaction_timeout_ms", 24 * 3600 * 1000, "how long a prepared transaction may wait for its outcome before it is aborted, ms (default and largest allowed)", positive_int),
-    Setting("transaction_check_interval_ms", 1_000, "how often timed-out transactions are aborted and idle ids expired, ms", positive_int),
+    Setting("transaction_check_interval_ms", 1_000, "how often timed-out transactions are aborted, idle ids expired and prepared transactions due a check-back checked, ms (the groups' own transaction.check.interval.ms is how long a prepared transaction waits for a check)", positive_int),
+    Setting("transaction_checks_in_flight_max", 16, "most check-backs (CheckTransaction calls to applications) in flight at once on this coordinator; the due ones beyond wait", positive_int),
     Setting("ownership_check_interval_ms", 1_000, "how often partition ownership is checked against the live coordinators, ms", positive_int),
 )
 
@@ -38,7 +40,10 @@ def topic_partitions(partitions) -> list[tuple[str, int]]:
     return [(tp.topic, tp.partition) for tp in partitions]
 
 
-def describe(meta: TransactionMetadata) -> coordinator_pb2.TransactionDescription:
+def describe(meta: TransactionMetadata, check: tuple[int, int, int] = (0, 0, -1)) -> coordinator_pb2.TransactionDescription:
+    """``check``: (checks done, last answer, next check time) when PREPARED (check_back.describe_check)."""
+    prepared = meta.state is TransactionState.PREPARED
+    checks_done, last_answer, next_check_ms = check if prepared else (0, 0, -1)
     return coordinator_pb2.TransactionDescription(
         transactional_id=meta.transactional_id,
         state=meta.state.to_proto(),
@@ -47,8 +52,12 @@ def describe(meta: TransactionMetadata) -> coordinator_pb2.TransactionDescriptio
         transaction_timeout_ms=meta.txn_timeout_ms,
         transaction_start_time_ms=meta.txn_start_ms if meta.state in (TransactionState.ONGOING, TransactionState.PREPARED) or meta.state.is_preparing else -1,
         partitions=[common_pb2.TopicPartition(topic=t, partition=p) for t, p in sorted(meta.partitions)],
-        prepared_time_ms=meta.prepared_ms if meta.state is TransactionState.PREPARED else -1,
-        prepared_timeout_ms=meta.prepared_timeout_ms if meta.state is TransactionState.PREPARED else 0,
+        prepared_time_ms=meta.prepared_ms if prepared else -1,
+        prepared_timeout_ms=meta.prepared_timeout_ms if prepared else 0,
+        prepare_metadata=meta.prepare_metadata if prepared else b"",
+        checks_done=checks_done,
+        last_check_answer=last_answer,
+        next_check_time_ms=next_check_ms,
     )
 
 
@@ -157,7 +166,9 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
         reply = coordinator_pb2.DescribeTransactionsResponse()
         for transactional_id in request.transactional_ids:
             try:
-                reply.transactions.append(describe(self.coordinator.state.describe(transactional_id)))
+                meta = self.coordinator.state.describe(transactional_id)
+                loaded = self.coordinator.state.loaded_partition(transactional_id)
+                reply.transactions.append(describe(meta, describe_check(self.coordinator.check_back, loaded, meta)))
             except TxlogError as exc:
                 reply.transactions.add(transactional_id=transactional_id, error=exc.to_proto())
         return reply
@@ -185,7 +196,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
     @server.rpc_handler
     async def PrepareTransaction(self, request, context):
         handle = await self.coordinator.state.answer_as_owner(request.transactional_id, self.coordinator.handle_prepare(
-            request.transactional_id, *named_producer(request, "PrepareTransaction"), request.prepared_timeout_ms
+            request.transactional_id, *named_producer(request, "PrepareTransaction"), request.prepared_timeout_ms, request.prepare_metadata
         ))
         return coordinator_pb2.PrepareTransactionResponse(
             handle=coordinator_pb2.TransactionHandle(
@@ -205,6 +216,32 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
         await self.coordinator.state.answer_as_owner(
             request.group_id, self.coordinator.handle_commit_group(request.group_id, [handle_of(h, "CommitTransactionGroup") for h in request.handles]))
         return coordinator_pb2.CommitTransactionGroupResponse()
+
+    # --- check-back (check_back.py) ------------------------------------------------------------
+
+    @server.rpc_handler
+    async def RegisterTransactionChecker(self, request, context):
+        lease_ms = self.coordinator.check_back.register(request.group_id, request.address, request.lease_ms)
+        return coordinator_pb2.RegisterTransactionCheckerResponse(lease_ms=lease_ms)
+
+    @server.rpc_handler
+    async def UnregisterTransactionChecker(self, request, context):
+        self.coordinator.check_back.unregister(request.group_id, request.address)
+        return coordinator_pb2.UnregisterTransactionCheckerResponse()
+
+    @server.rpc_handler
+    async def AlterTransactionGroupConfig(self, request, context):
+        configs = await self.coordinator.alter_group_config(request.group_id, dict(request.set), list(request.delete))
+        return coordinator_pb2.AlterTransactionGroupConfigResponse(configs=configs)
+
+    @server.rpc_handler
+    async def DescribeTransactionGroupConfig(self, request, context):
+        config = self.coordinator.group_config(request.group_id)
+        return coordinator_pb2.DescribeTransactionGroupConfigResponse(
+            configs=config.configs(), overridden=sorted(config.overrides),
+            checkers=[coordinator_pb2.RegisteredChecker(address=a, lease_remaining_ms=ms)
+                      for a, ms in self.coordinator.check_back.checkers(request.group_id)],
+        )
 
 
 async def run_every(interval_ms: int, step, what: str) -> None:
@@ -226,6 +263,7 @@ async def build(runtime: server.ServiceRuntime) -> CoordinatorServicer:
             cfg.node_id, cfg.zookeeper_root, cfg.transaction_state_partitions, cfg.transaction_timeout_ms_max,
             cfg.transactional_id_expiration_ms,
             prepared_transaction_timeout_ms=cfg.prepared_transaction_timeout_ms,
+            checks_in_flight_max=cfg.transaction_checks_in_flight_max,
             ownership_lease_ms=min(3 * cfg.ownership_check_interval_ms + 1000, int(cfg.zookeeper_session_timeout_s * 1000 / 2)),
         ),
         runtime.zookeeper,
@@ -239,6 +277,7 @@ async def build(runtime: server.ServiceRuntime) -> CoordinatorServicer:
     loops = [
         asyncio.ensure_future(run_every(cfg.ownership_check_interval_ms, coordinator.state.balance, "balancing transaction log partitions")),
         asyncio.ensure_future(run_every(cfg.transaction_check_interval_ms, coordinator.abort_timed_out, "aborting timed-out transactions")),
+        asyncio.ensure_future(run_every(cfg.transaction_check_interval_ms, coordinator.check_back.check_due, "checking back prepared transactions")),
     ]
 
     async def close() -> None:

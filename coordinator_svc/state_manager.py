@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from kazoo.exceptions import BadVersionError, NodeExistsError
 
 from coordinator_svc import transaction_state as ts
+from coordinator_svc.check_rules import DEFAULT_CONFIG, GroupCheckConfig, altered
 from coordinator_svc.transaction_core import error
 from coordinator_svc.transaction_state import GroupDecision, TransactionMetadata
 from coordinator_svc.txn_log import FENCE_KEY, TransactionLogPartition
@@ -47,6 +48,8 @@ class LoadedPartition:
     tasks: set = field(default_factory=set)
     completing: dict = field(default_factory=dict)  # transactional id -> asyncio.Event set when its completion ends
     decisions: dict[str, GroupDecision] = field(default_factory=dict)  # group decisions not finished yet
+    group_configs: dict[str, GroupCheckConfig] = field(default_factory=dict)  # groups whose check-back settings were changed
+    config_changes: asyncio.Lock = field(default_factory=asyncio.Lock)  # one group-config write at a time: no lost update
     confirmed_s: float = 0.0  # monotonic time ZooKeeper last confirmed this owner and epoch
 
 
@@ -59,6 +62,7 @@ class CoordinatorConfig:
     transactional_id_expiration_ms: int
     ownership_lease_ms: int = 3_000
     prepared_transaction_timeout_ms: int = 24 * 3600 * 1000
+    checks_in_flight_max: int = 16
 
 
 class TransactionStateManager:
@@ -148,13 +152,18 @@ class TransactionStateManager:
         self.partitions[index] = loaded
         try:
             await loaded.log.append(FENCE_KEY, str(owner.coordinator_epoch).encode())  # fences the previous owner's writes
-            records, decisions = await loaded.log.read_all()
+            records, decisions, group_configs = await loaded.log.read_all()
         except TxlogError as exc:
             self.unload(index, f"loading failed: {exc}")
             return
         for tid, record in records.items():
             if record is not None:
                 loaded.transactions[tid] = TransactionMetadata.from_record(record)
+        for group_id, overrides in group_configs.items():
+            try:
+                loaded.group_configs[group_id] = altered(DEFAULT_CONFIG, overrides, [])
+            except TxlogError as exc:  # written by a version with other settings: the defaults, rather than no partition
+                log.warning("ignoring a transaction group's stored settings", extra=fields(group_id=group_id, error=str(exc)))
         await self.on_loaded(loaded, [d for d in decisions.values() if d is not None])
 
 
@@ -240,6 +249,9 @@ class TransactionStateManager:
                     continue
                 found.append(meta)
         return sorted(found, key=lambda m: m.transactional_id)
+
+    def group_config(self, loaded: LoadedPartition, group_id: str) -> GroupCheckConfig:
+        return loaded.group_configs.get(group_id, DEFAULT_CONFIG)
 
     def describe(self, transactional_id: str) -> TransactionMetadata:
         names.check_transactional_id(transactional_id)

@@ -38,7 +38,8 @@ from services.errors import ErrorCode, TxlogError
 S = TransactionState
 Partition = tuple[str, int]
 # A Complete* record's resets.
-COMPLETED = {"partitions": frozenset(), "txn_start_ms": -1, "prepared_ms": -1, "prepared_timeout_ms": 0}
+COMPLETED = {"partitions": frozenset(), "txn_start_ms": -1, "prepared_ms": -1, "prepared_timeout_ms": 0,
+             "prepare_metadata": b"", "checks_done": 0, "last_check_ms": -1}
 
 
 def error(code: str, message: str) -> TxlogError:
@@ -271,14 +272,18 @@ def decide_end_txn(meta: TransactionMetadata | None, transactional_id: str, prod
 # --- two-phase: PrepareTransaction, CompleteTransaction --------------------------------------
 
 
-def decide_prepare(meta: TransactionMetadata | None, handle: Handle, timeout_ms: int, now_ms: int) -> Outcome:
+def decide_prepare(meta: TransactionMetadata | None, handle: Handle, timeout_ms: int, now_ms: int, metadata: bytes = b"") -> Outcome:
     if meta is not None and meta.pending_state is None and ts.is_prepared_as(meta, handle):
+        if metadata != meta.prepare_metadata:  # not a retry: a retry sends the same request
+            return Refuse(error("INVALID_TXN_STATE", f"the transaction of {handle.transactional_id!r} is prepared already, "
+                                                     "with other prepare_metadata"))
         return Reply(handle, Then.SEAL)  # a retry whose first attempt was applied: it may not have sealed
     refused = check_producer(meta, handle.transactional_id, handle.producer_id, handle.producer_epoch) or completing(meta)
     if refused is not None:
         return refused
     start = meta.txn_start_ms if meta.state is S.ONGOING else now_ms
-    return Transit(S.PREPARED, {"prepared_ms": now_ms, "prepared_timeout_ms": timeout_ms, "txn_start_ms": start}, Then.SEAL, handle)
+    return Transit(S.PREPARED, {"prepared_ms": now_ms, "prepared_timeout_ms": timeout_ms, "txn_start_ms": start,
+                                "prepare_metadata": metadata, "checks_done": 0, "last_check_ms": -1}, Then.SEAL, handle)
 
 
 def check_handle(meta: TransactionMetadata | None, handle: Handle) -> Refuse | None:

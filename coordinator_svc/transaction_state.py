@@ -9,10 +9,12 @@ from; :func:`prepare_transition` refuses any other move with IllegalStateError.
         InitProducerId: a producer registered (new id, or epoch bumped).
     ONGOING               <- EMPTY, ONGOING, COMPLETE_COMMIT, COMPLETE_ABORT
         AddPartitionsToTxn / AddOffsetsToTxn: the transaction started or grew.
-    PREPARED              <- ONGOING, EMPTY, COMPLETE_COMMIT, COMPLETE_ABORT
+    PREPARED              <- ONGOING, EMPTY, COMPLETE_COMMIT, COMPLETE_ABORT, PREPARED
         PrepareTransaction: every record is written; the outcome waits for
         whoever holds the handle (from Empty/Complete*: a prepared transaction
         with nothing in it, so every participant has a handle to hand over).
+        From PREPARED: a check-back answered without a decision (UNKNOWN, an
+        error, no answer); the record counts it (check_back.py).
     PREPARE_COMMIT        <- ONGOING, PREPARED
         EndTxn(commit), CompleteTransaction(commit), or a group decision that
         names it: the outcome is decided; markers go out.
@@ -54,6 +56,7 @@ request of the zombie is ever answered as a retry.
 
 from __future__ import annotations
 
+import base64
 import json
 from dataclasses import dataclass, field, replace
 
@@ -69,7 +72,7 @@ S = TransactionState
 VALID_PREVIOUS_STATES: dict[TransactionState, frozenset[TransactionState]] = {
     S.EMPTY: frozenset({S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT}),
     S.ONGOING: frozenset({S.EMPTY, S.ONGOING, S.COMPLETE_COMMIT, S.COMPLETE_ABORT}),
-    S.PREPARED: frozenset({S.ONGOING, S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT}),
+    S.PREPARED: frozenset({S.ONGOING, S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT, S.PREPARED}),
     S.PREPARE_COMMIT: frozenset({S.ONGOING, S.PREPARED}),
     S.PREPARE_ABORT: frozenset({S.ONGOING, S.PREPARE_EPOCH_FENCE, S.PREPARED, S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT}),
     S.COMPLETE_COMMIT: frozenset({S.PREPARE_COMMIT}),
@@ -100,6 +103,9 @@ class TransactionRecord:
     last_update_ms: int
     prepared_ms: int = -1  # when it became PREPARED
     prepared_timeout_ms: int = 0  # how long it may stay PREPARED
+    prepare_metadata: bytes = b""  # the owner's, for the check-back
+    checks_done: int = 0  # check-backs answered without a decision
+    last_check_ms: int = -1  # when the last of those ended
 
     def encode(self) -> bytes:
         return json.dumps(
@@ -116,6 +122,8 @@ class TransactionRecord:
                 "update_ms": self.last_update_ms,
                 "prepared_ms": self.prepared_ms,
                 "prepared_timeout_ms": self.prepared_timeout_ms,
+                **({"prepare_metadata": base64.b64encode(self.prepare_metadata).decode()} if self.prepare_metadata else {}),
+                **({"checks": self.checks_done, "last_check_ms": self.last_check_ms} if self.checks_done else {}),
             },
             separators=(",", ":"),
         ).encode()
@@ -136,6 +144,9 @@ class TransactionRecord:
             last_update_ms=raw["update_ms"],
             prepared_ms=raw.get("prepared_ms", -1),  # version 1 records had no prepared state
             prepared_timeout_ms=raw.get("prepared_timeout_ms", 0),
+            prepare_metadata=base64.b64decode(raw.get("prepare_metadata", "")),  # absent before the check-back
+            checks_done=raw.get("checks", 0),
+            last_check_ms=raw.get("last_check_ms", -1),
         )
 
 
@@ -190,6 +201,9 @@ class TransactionMetadata:
     last_update_ms: int = -1
     prepared_ms: int = -1
     prepared_timeout_ms: int = 0
+    prepare_metadata: bytes = b""
+    checks_done: int = 0
+    last_check_ms: int = -1
     pending_state: TransactionState | None = None
 
     def record(self) -> TransactionRecord:
@@ -206,6 +220,9 @@ class TransactionMetadata:
             self.last_update_ms,
             self.prepared_ms,
             self.prepared_timeout_ms,
+            self.prepare_metadata,
+            self.checks_done,
+            self.last_check_ms,
         )
 
     @classmethod
@@ -223,6 +240,9 @@ class TransactionMetadata:
             last_update_ms=record.last_update_ms,
             prepared_ms=record.prepared_ms,
             prepared_timeout_ms=record.prepared_timeout_ms,
+            prepare_metadata=record.prepare_metadata,
+            checks_done=record.checks_done,
+            last_check_ms=record.last_check_ms,
         )
 
 
@@ -259,6 +279,9 @@ def complete_transition(meta: TransactionMetadata, record: TransactionRecord) ->
     meta.last_update_ms = record.last_update_ms
     meta.prepared_ms = record.prepared_ms
     meta.prepared_timeout_ms = record.prepared_timeout_ms
+    meta.prepare_metadata = record.prepare_metadata
+    meta.checks_done = record.checks_done
+    meta.last_check_ms = record.last_check_ms
     meta.pending_state = None
 
 

@@ -7,8 +7,10 @@ epoch. So the partition leader itself fences a deposed coordinator: once the new
 owner has written with a higher epoch, every write of the old one is refused
 (INVALID_PRODUCER_EPOCH), and a retried write is never appended twice.
 
-Keys are transactional ids, except the fence record (empty key) and group
-decisions (``#decision:<id>``; "#" is in no transactional id).
+Keys are transactional ids, except the fence record (empty key), group
+decisions (``#decision:<id>``) and transaction groups' check-back settings
+(``#group-config:<group>``, a JSON object of the keys set; "#" is in no
+transactional id).
 
 Writes are batched: records submitted while a write is in flight go out
 together in the next one (one Produce, one sync on the leader). A write whose
@@ -20,6 +22,7 @@ memory never disagrees with the log.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 
 from coordinator_svc.transaction_state import GroupDecision, TransactionRecord
@@ -37,6 +40,7 @@ ALREADY_WRITTEN = ErrorCode.Value("DUPLICATE_SEQUENCE")
 FENCED = {ErrorCode.Value(c) for c in ("INVALID_PRODUCER_EPOCH", "PRODUCER_FENCED", "OUT_OF_ORDER_SEQUENCE", "UNKNOWN_PRODUCER_ID")}
 FENCE_KEY = b""  # the record that opens an owner's epoch; ignored when loading
 DECISION_KEY_PREFIX = b"#decision:"
+GROUP_CONFIG_KEY_PREFIX = b"#group-config:"
 
 
 def decision_key(decision_id: str) -> bytes:
@@ -78,6 +82,11 @@ class TransactionLogPartition:
 
     async def remove_decision(self, decision_id: str) -> None:
         await self.append(decision_key(decision_id), None)
+
+    async def write_group_config(self, group_id: str, overrides: dict[str, str]) -> None:
+        """A group's check-back settings (the keys set; none: a tombstone)."""
+        value = json.dumps(overrides, sort_keys=True, separators=(",", ":")).encode() if overrides else None
+        await self.append(GROUP_CONFIG_KEY_PREFIX + group_id.encode(), value)
 
     async def _flush(self) -> None:
         while self._pending:
@@ -126,11 +135,13 @@ class TransactionLogPartition:
             raise TxlogError(ErrorCode.Value("TRANSACTION_COORDINATOR_FENCED"), error.message)
         raise TxlogError(error.code, error.message)
 
-    async def read_all(self) -> tuple[dict[str, TransactionRecord | None], dict[str, GroupDecision | None]]:
-        """Every transactional id's latest record and every group decision (None:
-        removed), read from the log start to its end."""
+    async def read_all(self) -> tuple[dict[str, TransactionRecord | None], dict[str, GroupDecision | None], dict[str, dict[str, str]]]:
+        """Every transactional id's latest record, every group decision (None:
+        removed) and every group's check-back settings, read from the log start
+        to its end."""
         records: dict[str, TransactionRecord | None] = {}
         decisions: dict[str, GroupDecision | None] = {}
+        group_configs: dict[str, dict[str, str]] = {}
         offset = 0
         while True:
             leader = await self.client.leader(TRANSACTION_STATE_TOPIC, self.partition)
@@ -155,8 +166,12 @@ class TransactionLogPartition:
                         decision_id = record.key[len(DECISION_KEY_PREFIX):].decode()
                         decisions[decision_id] = GroupDecision.decode(decision_id, record.value) if record.HasField("value") else None
                         continue
+                    if record.key.startswith(GROUP_CONFIG_KEY_PREFIX):
+                        group_id = record.key[len(GROUP_CONFIG_KEY_PREFIX):].decode()
+                        group_configs[group_id] = json.loads(record.value) if record.HasField("value") else {}
+                        continue
                     tid = record.key.decode()
                     records[tid] = TransactionRecord.decode(tid, record.value) if record.HasField("value") else None
             if result.next_fetch_offset >= result.high_watermark:
-                return records, decisions
+                return records, decisions, group_configs
             offset = result.next_fetch_offset

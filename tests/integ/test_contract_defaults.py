@@ -6,18 +6,10 @@ the real services (they fail on the tree before the contract changed)."""
 
 import grpc
 import pytest
-from raw import Raw
 from txn_raw import TxnProducer, wait_until
 
 from services import errors
 from services.stubs.txlog.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc, errors_pb2, partition_pb2
-
-
-@pytest.fixture
-def raw(txn_cluster):
-    client = Raw(txn_cluster)
-    yield client
-    client.close()
 
 
 def produce(raw, topic, batch, **request_fields):

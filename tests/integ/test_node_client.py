@@ -11,8 +11,6 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
-from raw import Raw
 from txn_raw import TxnProducer, wait_until
 
 from services.errors import RETRY_DELAY_MS_DEFAULT
@@ -22,13 +20,6 @@ CLIENT = Path(__file__).resolve().parents[2] / "clients" / "node"
 NODE_TIMEOUT_S = 120
 TOPIC = "node-client"
 TRANSACTIONAL_ID = "node-client-test"
-
-
-@pytest.fixture
-def raw(txn_cluster):
-    client = Raw(txn_cluster)
-    yield client
-    client.close()
 
 
 def run_node(bootstrap: str, topic: str, **env) -> tuple[int, dict, str]:

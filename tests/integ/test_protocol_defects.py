@@ -19,13 +19,6 @@ from services.stubs.txlog.v1 import common_pb2, coordinator_pb2, coordinator_pb2
 COMMITTED, UNCOMMITTED = common_pb2.ISOLATION_LEVEL_READ_COMMITTED, common_pb2.ISOLATION_LEVEL_READ_UNCOMMITTED
 
 
-@pytest.fixture
-def raw(txn_cluster):
-    client = Raw(txn_cluster)
-    yield client
-    client.close()
-
-
 def values(raw, topic, partition, isolation=COMMITTED):
     result = raw.fetch(topic, partition, 0, isolation=isolation)
     assert result.error.code == 0, result.error

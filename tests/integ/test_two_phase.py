@@ -16,7 +16,6 @@ import time
 
 import grpc
 import pytest
-from raw import Raw
 
 from coordinator_svc.transaction_state import GroupDecision, Handle
 from coordinator_svc.txn_log import DECISION_KEY_PREFIX
@@ -32,13 +31,6 @@ COMMITTED, UNCOMMITTED = common_pb2.ISOLATION_LEVEL_READ_COMMITTED, common_pb2.I
 STATE_TOPIC = TRANSACTION_STATE_TOPIC
 PREPARED_TIMEOUT_MS_DEFAULT = 24 * 3600 * 1000  # the coordinator's --prepared-transaction-timeout-ms default
 TAKEOVER_TIMEOUT_S = 60  # ZooKeeper session expiry (10 s) + ownership check + load, with room for a slow machine
-
-
-@pytest.fixture
-def raw(txn_cluster):
-    client = Raw(txn_cluster)
-    yield client
-    client.close()
 
 
 @pytest.fixture

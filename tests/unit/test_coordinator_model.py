@@ -71,7 +71,8 @@ S = TransactionState
 # Kafka's table of valid previous states under Transactions V2, with our Prepared
 # state: aborting an empty transaction (Empty, Complete*) bumps the epoch, so it
 # goes through PrepareAbort; Prepared is decided (PrepareCommit/PrepareAbort) or
-# fenced like Ongoing.
+# fenced like Ongoing, and a check-back that decided nothing rewrites it with its
+# count (Prepared -> Prepared).
 TV2_VALID_PREVIOUS_STATES: dict[TransactionState, frozenset[TransactionState]] = {
     S.ONGOING: frozenset({S.EMPTY, S.ONGOING, S.COMPLETE_COMMIT, S.COMPLETE_ABORT}),
     S.PREPARE_COMMIT: frozenset({S.ONGOING, S.PREPARED}),
@@ -80,7 +81,7 @@ TV2_VALID_PREVIOUS_STATES: dict[TransactionState, frozenset[TransactionState]] =
     S.COMPLETE_ABORT: frozenset({S.PREPARE_ABORT}),
     S.EMPTY: frozenset({S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT}),
     S.PREPARE_EPOCH_FENCE: frozenset({S.ONGOING, S.PREPARED}),
-    S.PREPARED: frozenset({S.ONGOING, S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT}),
+    S.PREPARED: frozenset({S.ONGOING, S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT, S.PREPARED}),
     S.DEAD: frozenset({S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT}),  # expiration (not exercised here)
 }
 

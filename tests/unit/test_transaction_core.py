@@ -131,9 +131,17 @@ def test_end_txn_commits_only_an_open_transaction_and_an_empty_abort_still_bumps
 
 def test_prepare_seals_before_answering_and_a_retry_seals_again_without_a_write():
     handle = Handle(TID, 7, 3)
-    outcome = core.decide_prepare(meta(S.ONGOING, txn_start_ms=NOW - 9), handle, 1000, NOW)
-    assert outcome == Transit(S.PREPARED, {"prepared_ms": NOW, "prepared_timeout_ms": 1000, "txn_start_ms": NOW - 9}, Then.SEAL, handle)
-    assert core.decide_prepare(meta(S.PREPARED), handle, 1000, NOW) == Reply(handle, Then.SEAL)
+    outcome = core.decide_prepare(meta(S.ONGOING, txn_start_ms=NOW - 9), handle, 1000, NOW, b"db-tx-1")
+    assert outcome == Transit(S.PREPARED, {"prepared_ms": NOW, "prepared_timeout_ms": 1000, "txn_start_ms": NOW - 9,
+                                           "prepare_metadata": b"db-tx-1", "checks_done": 0, "last_check_ms": -1}, Then.SEAL, handle)
+    assert core.decide_prepare(meta(S.PREPARED, prepare_metadata=b"db-tx-1"), handle, 1000, NOW, b"db-tx-1") == Reply(handle, Then.SEAL)
+
+
+def test_a_prepare_repeated_with_other_metadata_is_refused_not_taken_for_a_retry():
+    handle = Handle(TID, 7, 3)
+    prepared = meta(S.PREPARED, prepare_metadata=b"db-tx-1")
+    assert refused(core.decide_prepare(prepared, handle, 1000, NOW, b"db-tx-2")) == "INVALID_TXN_STATE"
+    assert refused(core.decide_prepare(prepared, handle, 1000, NOW)) == "INVALID_TXN_STATE"
 
 
 def test_a_handle_completes_only_its_prepared_transaction_and_repeats_are_answered():

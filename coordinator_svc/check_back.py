@@ -1,0 +1,155 @@
+"""The check-back, carried out: which prepared transactions are due a check
+(check_rules.py decides), asking a registered checker of the group
+(TransactionCheckService, served by the application), and applying its answer
+through the coordinator like any request (write, then apply; the same fencing
+as CompleteTransaction).
+
+Bounds
+------
+- At most ``checks_in_flight_max`` checks at once per coordinator; the due ones
+  beyond it wait for a later round, oldest due first. With the jitter of the
+  due times, thousands of transactions stuck at once reach the application at
+  that rate, not as a storm.
+- One check per transactional id at a time.
+- A check tries the group's registered checkers in a random order until one
+  answers (an instance that is gone fails fast and the next is asked); only
+  when none answers does it count as an attempt.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import grpc
+
+from coordinator_svc import check_rules as rules
+from coordinator_svc.check_rules import CheckAnswer, GroupCheckConfig
+from coordinator_svc.transaction_state import Handle, TransactionMetadata
+from services import names
+from services.errors import TxlogError
+from services.logs import fields
+from services.stubs.txlog.v1 import transaction_check_pb2, transaction_check_pb2_grpc
+
+log = logging.getLogger(__name__)
+ANSWERS = {
+    transaction_check_pb2.TRANSACTION_CHECK_ANSWER_COMMIT: CheckAnswer.COMMIT,
+    transaction_check_pb2.TRANSACTION_CHECK_ANSWER_ABORT: CheckAnswer.ABORT,
+}  # anything else (UNKNOWN, UNSPECIFIED, a value this version does not know) is UNKNOWN
+ANSWER_PROTOS = {
+    CheckAnswer.COMMIT: transaction_check_pb2.TRANSACTION_CHECK_ANSWER_COMMIT,
+    CheckAnswer.ABORT: transaction_check_pb2.TRANSACTION_CHECK_ANSWER_ABORT,
+    CheckAnswer.UNKNOWN: transaction_check_pb2.TRANSACTION_CHECK_ANSWER_UNKNOWN,
+}
+
+
+class CheckBack:
+    def __init__(self, coordinator, checks_in_flight_max: int, monotonic: Callable[[], float] = time.monotonic):
+        self.coordinator = coordinator
+        self.state = coordinator.state
+        self.checks_in_flight_max = checks_in_flight_max
+        self.monotonic = monotonic
+        self.registrations = rules.CheckerRegistrations()
+        self.in_flight: set[str] = set()
+        self.in_flight_peak = 0
+        self.checks_sent = 0
+
+    # --- registrations ----------------------------------------------------------------------
+
+    def register(self, group_id: str, address: str, lease_ms: int) -> int:
+        names.check_transaction_group(group_id)
+        rules.check_checker_address(address)
+        lease_ms = rules.lease_of(lease_ms)
+        self.state.loaded_partition(group_id)  # the group's coordinator only (NOT_COORDINATOR elsewhere)
+        self.registrations.register(group_id, address, lease_ms, self.monotonic())
+        return lease_ms
+
+    def unregister(self, group_id: str, address: str) -> None:
+        names.check_transaction_group(group_id)
+        rules.check_checker_address(address)
+        self.state.loaded_partition(group_id)
+        self.registrations.unregister(group_id, address)
+
+    def checkers(self, group_id: str) -> list[tuple[str, int]]:
+        return self.registrations.leases(group_id, self.monotonic())
+
+    # --- the rounds -------------------------------------------------------------------------
+
+    def next_check_ms(self, loaded, meta: TransactionMetadata) -> int | None:
+        return rules.next_check_ms(meta, self.state.group_config(loaded, names.transaction_group(meta.transactional_id)))
+
+    async def check_due(self) -> None:
+        """One round: starts the checks (or exhausted aborts) that are due, oldest first, up to the bound."""
+        now = self.coordinator.clock_ms()
+        due = []
+        for loaded in list(self.state.partitions.values()):
+            if not loaded.loaded or loaded.log.broken:
+                continue
+            for meta in loaded.transactions.values():
+                if meta.prepared_ms < 0 or meta.transactional_id in self.in_flight:
+                    continue  # prepared_ms is set only while PREPARED (or deciding it): the cheap test first
+                group_id = names.transaction_group(meta.transactional_id)
+                config = self.state.group_config(loaded, group_id)
+                when = rules.next_check_ms(meta, config)
+                if when is not None and when <= now:
+                    due.append((when, meta.transactional_id, loaded, meta, group_id, config))
+        due.sort(key=lambda d: d[:2])
+        for _, tid, loaded, meta, group_id, config in due:
+            if len(self.in_flight) >= self.checks_in_flight_max:
+                break
+            handle = Handle(tid, meta.producer_id, meta.producer_epoch)
+            if rules.exhausted(meta, config):
+                work = self._carry_out(loaded, handle, lambda m, spare, h=handle, c=config: rules.decide_exhausted(m, h, c, spare), "exhausted")
+            elif self.registrations.live(group_id, self.monotonic()):
+                work = self._check(loaded, meta, handle, group_id, config)
+            else:
+                continue  # no checker registered: nothing asked, nothing counted
+            self.in_flight.add(tid)
+            self.in_flight_peak = max(self.in_flight_peak, len(self.in_flight))
+            self.state.spawn(loaded, self._finally_done(tid, work))
+
+    async def _finally_done(self, transactional_id: str, work) -> None:
+        try:
+            await work
+        finally:
+            self.in_flight.discard(transactional_id)
+
+    async def _check(self, loaded, meta: TransactionMetadata, handle: Handle, group_id: str, config: GroupCheckConfig) -> None:
+        request = transaction_check_pb2.CheckTransactionRequest(
+            transactional_id=handle.transactional_id, producer_id=handle.producer_id, producer_epoch=handle.producer_epoch,
+            prepare_metadata=meta.prepare_metadata, group_id=group_id, attempt=meta.checks_done + 1,
+            prepared_time_ms=meta.prepared_ms,
+        )
+        answer, asked = CheckAnswer.UNKNOWN, None
+        for address in self.registrations.live(group_id, self.monotonic()):
+            stub = transaction_check_pb2_grpc.TransactionCheckServiceStub(self.coordinator.client.channel(address))
+            self.checks_sent += 1
+            try:
+                reply = await stub.CheckTransaction(request, timeout=config.timeout_ms / 1000)
+            except grpc.RpcError as exc:
+                log.info("a transaction checker did not answer", extra=fields(
+                    group_id=group_id, address=address, transactional_id=handle.transactional_id, error=f"{exc.code().name}: {exc.details()}"))
+                continue
+            answer, asked = ANSWERS.get(reply.answer, CheckAnswer.UNKNOWN), address
+            break
+        log.info("transaction checked back", extra=fields(
+            transactional_id=handle.transactional_id, producer_id=handle.producer_id, producer_epoch=handle.producer_epoch,
+            attempt=request.attempt, answer=answer.value, checker=asked or "none answered"))
+        now = self.coordinator.clock_ms()
+        await self._carry_out(loaded, handle, lambda m, spare: rules.decide_answer(m, handle, answer, config, now, spare), answer.value)
+
+    async def _carry_out(self, loaded, handle: Handle, decide, what: str) -> None:
+        try:
+            await self.coordinator.carry_out(loaded, handle.transactional_id, decide)
+        except TxlogError as exc:  # fenced, completed otherwise, the partition moved: the answer changes nothing
+            log.info("a check-back answer changed nothing", extra=fields(
+                transactional_id=handle.transactional_id, producer_epoch=handle.producer_epoch, answer=what, reason=str(exc)))
+
+
+def describe_check(check_back: CheckBack | None, loaded, meta: TransactionMetadata) -> tuple[int, int, int]:
+    """(checks done, last answer as TransactionCheckAnswer, next check time or -1) of a PREPARED transaction."""
+    when = check_back.next_check_ms(loaded, meta) if check_back is not None else None
+    last = ANSWER_PROTOS[CheckAnswer.UNKNOWN] if meta.checks_done else transaction_check_pb2.TRANSACTION_CHECK_ANSWER_UNSPECIFIED
+    return meta.checks_done, last, -1 if when is None else when
+

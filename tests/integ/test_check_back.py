@@ -1,0 +1,242 @@
+"""Transaction check-back through the real services (issue 19): a checker the
+test serves over real gRPC (the application's side, written from the proto
+alone, as another language would) answers the coordinator's CheckTransaction
+for prepared transactions whose owner went silent."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent import futures
+
+import grpc
+import pytest
+from txn_raw import TxnProducer, retrying, wait_until
+
+from services import errors
+from services.stubs.txlog.v1 import (
+    common_pb2,
+    coordinator_pb2,
+    transaction_check_pb2,
+    transaction_check_pb2_grpc,
+)
+
+S = coordinator_pb2
+COMMITTED = common_pb2.ISOLATION_LEVEL_READ_COMMITTED
+COMMIT, ABORT, UNKNOWN = (transaction_check_pb2.TRANSACTION_CHECK_ANSWER_COMMIT, transaction_check_pb2.TRANSACTION_CHECK_ANSWER_ABORT,
+                          transaction_check_pb2.TRANSACTION_CHECK_ANSWER_UNKNOWN)
+
+
+class Checker(transaction_check_pb2_grpc.TransactionCheckServiceServicer):
+    """An application's checker: ``decide(request)`` gives the answer; every request is kept."""
+
+    def __init__(self, decide):
+        self.decide = decide
+        self.requests: list[transaction_check_pb2.CheckTransactionRequest] = []
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        transaction_check_pb2_grpc.add_TransactionCheckServiceServicer_to_server(self, self.server)
+        self.address = f"127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"
+        self.server.start()
+
+    def CheckTransaction(self, request, context):
+        self.requests.append(request)
+        return transaction_check_pb2.CheckTransactionResponse(answer=self.decide(request))
+
+    def stop(self):
+        self.server.stop(grace=None)
+
+
+@pytest.fixture
+def checkers():
+    started = []
+    yield lambda decide: started.append(Checker(decide)) or started[-1]
+    for checker in started:
+        checker.stop()
+
+
+def group_stub(raw, group):
+    return TxnProducer(raw, group).coordinator()  # a group's coordinator is its name's
+
+
+def register(raw, group, address, lease_ms=30_000):
+    return retrying(lambda: group_stub(raw, group).RegisterTransactionChecker(
+        S.RegisterTransactionCheckerRequest(group_id=group, address=address, lease_ms=lease_ms), timeout=10))
+
+
+def alter(raw, group, **settings):
+    return retrying(lambda: group_stub(raw, group).AlterTransactionGroupConfig(S.AlterTransactionGroupConfigRequest(
+        group_id=group, set={k.replace("_", "."): str(v) for k, v in settings.items()}), timeout=10)).configs
+
+
+def prepared(raw, topic, transactional_id, value, metadata=b""):
+    """A producer whose transaction wrote ``value`` to ``topic``-0 and is Prepared with ``metadata``; its owner then goes silent."""
+    producer = TxnProducer(raw, transactional_id).init()
+    producer.add((topic, 0))
+    assert producer.send(topic, 0, value).error.code == 0
+    handle = retrying(lambda: producer.coordinator().PrepareTransaction(S.PrepareTransactionRequest(
+        transactional_id=transactional_id, producer_id=producer.producer_id, producer_epoch=producer.producer_epoch,
+        prepare_metadata=metadata), timeout=10)).handle
+    return producer, handle
+
+
+def committed_values(raw, topic):
+    result = raw.fetch(topic, 0, 0, isolation=COMMITTED)
+    return [r.value.decode() for b in result.batches for r in b.records]
+
+
+def state_is(producer, state):
+    return lambda: producer.describe().state == state
+
+
+def test_a_silent_owners_transaction_is_committed_by_the_checkers_answer_exactly_once(raw, checkers):
+    raw.create_topic("orders", 1)
+    checker = checkers(lambda r: COMMIT if r.prepare_metadata == b"db-tx-41" else UNKNOWN)
+    register(raw, "shop", checker.address)
+    alter(raw, "shop", transaction_check_interval_ms=500)
+    producer, handle = prepared(raw, "orders", "shop/order-41", "order 41 placed", b"db-tx-41")
+    described = producer.describe()
+    assert described.state == S.TRANSACTION_STATE_PREPARED and described.prepare_metadata == b"db-tx-41"
+    assert described.next_check_time_ms >= described.prepared_time_ms + 500
+
+    wait_until(state_is(producer, S.TRANSACTION_STATE_COMPLETE_COMMIT), what="the check-back's commit")
+    wait_until(lambda: committed_values(raw, "orders") == ["order 41 placed"], what="the event, visible once")
+    request = checker.requests[0]
+    assert (request.transactional_id, request.producer_id, request.producer_epoch) == (handle.transactional_id, handle.producer_id, handle.producer_epoch)
+    assert (request.group_id, request.attempt, request.prepare_metadata) == ("shop", 1, b"db-tx-41")
+    assert len(checker.requests) == 1  # decided at the first check: never asked again
+
+
+def test_unknown_answers_are_counted_until_exhausted_then_the_group_policy_applies(raw, checkers):
+    raw.create_topic("pending", 1)
+    checker = checkers(lambda r: UNKNOWN)
+    for group, policy in (("undecided", "abort"), ("patient", "keep")):
+        register(raw, group, checker.address)
+        alter(raw, group, transaction_check_interval_ms=300, transaction_check_max=3, transaction_check_exhausted=policy)
+    aborted, _ = prepared(raw, "pending", "undecided/a", "a")
+    kept, _ = prepared(raw, "pending", "patient/k", "k")
+
+    wait_until(state_is(aborted, S.TRANSACTION_STATE_COMPLETE_ABORT), what="the abort once 3 checks decided nothing")
+    wait_until(lambda: kept.describe().checks_done == 3, what="the kept transaction's 3 checks")
+    described = kept.describe()
+    assert described.state == S.TRANSACTION_STATE_PREPARED and described.next_check_time_ms == -1
+    assert described.last_check_answer == UNKNOWN
+    assert sorted(r.attempt for r in checker.requests if r.group_id == "undecided") == [1, 2, 3]
+    assert committed_values(raw, "pending") == []
+
+
+def test_an_answer_after_the_owner_completed_changes_nothing(raw, checkers):
+    raw.create_topic("late-answer", 1)
+    asked, release = threading.Event(), threading.Event()
+
+    def slow_abort(request):
+        asked.set()
+        release.wait(30)
+        return ABORT  # the opposite of what the owner decided, and late
+    checker = checkers(slow_abort)
+    register(raw, "late", checker.address)
+    alter(raw, "late", transaction_check_interval_ms=200)
+    producer, handle = prepared(raw, "late-answer", "late/t", "kept")
+    assert asked.wait(30), "the coordinator never checked back"
+    retrying(lambda: producer.coordinator().CompleteTransaction(S.CompleteTransactionRequest(handle=handle, committed=True), timeout=10))
+    wait_until(state_is(producer, S.TRANSACTION_STATE_COMPLETE_COMMIT), what="the owner's commit")
+    release.set()
+    wait_until(lambda: len(checker.requests) == 1 and committed_values(raw, "late-answer") == ["kept"], what="the commit, visible")
+    assert producer.describe().state == S.TRANSACTION_STATE_COMPLETE_COMMIT
+
+
+def test_a_check_answered_for_a_stale_epoch_is_fenced(raw, checkers):
+    raw.create_topic("stale", 1)
+    asked, release = threading.Event(), threading.Event()
+
+    def answer(request):
+        if request.producer_epoch == stale_epoch[0]:
+            asked.set()
+            release.wait(30)
+            return COMMIT  # for the fenced incarnation's transaction
+        return UNKNOWN
+    stale_epoch = [None]
+    checker = checkers(answer)
+    register(raw, "fence", checker.address)
+    alter(raw, "fence", transaction_check_interval_ms=200, transaction_check_max=1000)
+    old, old_handle = prepared(raw, "stale", "fence/t", "old")
+    stale_epoch[0] = old_handle.producer_epoch
+    assert asked.wait(30)
+    new, new_handle = prepared(raw, "stale", "fence/t", "new")  # a new incarnation: fences and aborts the old one
+    assert new_handle.producer_epoch > old_handle.producer_epoch
+    release.set()
+    wait_until(lambda: any(r.producer_epoch == new_handle.producer_epoch for r in checker.requests), what="a check of the new transaction")
+    described = new.describe()
+    assert described.state == S.TRANSACTION_STATE_PREPARED and described.producer_epoch == new_handle.producer_epoch
+    assert committed_values(raw, "stale") == []  # neither the fenced transaction nor the new one committed
+
+
+def test_with_two_checkers_registered_and_one_gone_the_live_one_decides_at_the_first_check(raw, checkers):
+    raw.create_topic("two", 1)
+    gone = checkers(lambda r: COMMIT)
+    live = checkers(lambda r: COMMIT)
+    register(raw, "pair", gone.address)
+    register(raw, "pair", live.address)
+    gone.stop()  # registered, lease still running, nobody listening
+    alter(raw, "pair", transaction_check_interval_ms=200, transaction_check_max=1)
+    producer, _ = prepared(raw, "two", "pair/t", "v")
+    wait_until(state_is(producer, S.TRANSACTION_STATE_COMPLETE_COMMIT), what="the live checker's commit")
+    assert committed_values(raw, "two") == ["v"] and len(live.requests) == 1 and not gone.requests
+
+
+def test_without_a_registered_checker_nothing_is_checked_or_counted(raw):
+    raw.create_topic("nobody", 1)
+    alter(raw, "alone", transaction_check_interval_ms=100, transaction_check_max=1)
+    producer, _ = prepared(raw, "nobody", "alone/t", "v")
+    wait_until(lambda: producer.describe().prepared_time_ms + 1_000 < time.time() * 1000, what="ten intervals")
+    described = producer.describe()
+    assert described.state == S.TRANSACTION_STATE_PREPARED and described.checks_done == 0
+
+
+def test_group_settings_are_kept_durably_and_described_with_the_checkers(raw, checkers, txn_cluster):
+    checker = checkers(lambda r: UNKNOWN)
+    register(raw, "kept", checker.address, lease_ms=60_000)
+    configs = alter(raw, "kept", transaction_check_max=7, transaction_check_exhausted="keep")
+    assert configs["transaction.check.max"] == "7" and configs["transaction.check.interval.ms"] == "60000"
+    described = group_stub(raw, "kept").DescribeTransactionGroupConfig(S.DescribeTransactionGroupConfigRequest(group_id="kept"), timeout=10)
+    assert sorted(described.overridden) == ["transaction.check.exhausted", "transaction.check.max"]
+    assert [c.address for c in described.checkers] == [checker.address] and 0 < described.checkers[0].lease_remaining_ms <= 60_000
+    deleted = retrying(lambda: group_stub(raw, "kept").AlterTransactionGroupConfig(S.AlterTransactionGroupConfigRequest(
+        group_id="kept", delete=["transaction.check.exhausted"]), timeout=10)).configs
+    assert deleted["transaction.check.exhausted"] == "abort" and deleted["transaction.check.max"] == "7"
+    group_stub(raw, "kept").UnregisterTransactionChecker(S.UnregisterTransactionCheckerRequest(group_id="kept", address=checker.address), timeout=10)
+    described = group_stub(raw, "kept").DescribeTransactionGroupConfig(S.DescribeTransactionGroupConfigRequest(group_id="kept"), timeout=10)
+    assert not described.checkers and list(described.overridden) == ["transaction.check.max"]
+
+
+@pytest.mark.parametrize("request_, code", [
+    (S.RegisterTransactionCheckerRequest(group_id="bad/group", address="127.0.0.1:1"), "INVALID_REQUEST"),
+    (S.RegisterTransactionCheckerRequest(group_id="g", address="0.0.0.0:9"), "INVALID_REQUEST"),
+    (S.RegisterTransactionCheckerRequest(group_id="g", address="127.0.0.1:0"), "INVALID_REQUEST"),
+    (S.RegisterTransactionCheckerRequest(group_id="g", address="no-port"), "INVALID_REQUEST"),
+    (S.RegisterTransactionCheckerRequest(group_id="g", address="127.0.0.1:1", lease_ms=10), "INVALID_REQUEST"),
+    (S.AlterTransactionGroupConfigRequest(group_id="g", set={"transaction.check.max": "0"}), "INVALID_CONFIG"),
+    (S.AlterTransactionGroupConfigRequest(group_id="g", set={"transaction.check.exhausted": "retry"}), "INVALID_CONFIG"),
+    (S.AlterTransactionGroupConfigRequest(group_id="g", set={"no.such.key": "1"}), "INVALID_CONFIG"),
+    (S.AlterTransactionGroupConfigRequest(group_id="g", set={"transaction.check.max": "5"}, delete=["transaction.check.max"]), "INVALID_CONFIG"),
+])
+def test_bad_requests_are_refused_with_our_code_and_change_nothing(raw, request_, code):
+    stub = group_stub(raw, "g")
+    method = {S.RegisterTransactionCheckerRequest: stub.RegisterTransactionChecker,
+              S.AlterTransactionGroupConfigRequest: stub.AlterTransactionGroupConfig}[type(request_)]
+    with pytest.raises(grpc.RpcError) as info:
+        retrying(lambda: method(request_, timeout=10))
+    assert errors.from_rpc_error(info.value).name == code
+    described = stub.DescribeTransactionGroupConfig(S.DescribeTransactionGroupConfigRequest(group_id="g"), timeout=10)
+    assert not described.checkers and not described.overridden
+
+
+def test_prepare_metadata_over_the_bound_is_refused_and_nothing_is_prepared(raw):
+    raw.create_topic("big-meta", 1)
+    producer = TxnProducer(raw, "big/t").init()
+    producer.add(("big-meta", 0))
+    with pytest.raises(grpc.RpcError) as info:
+        producer.coordinator().PrepareTransaction(S.PrepareTransactionRequest(
+            transactional_id="big/t", producer_id=producer.producer_id, producer_epoch=producer.producer_epoch,
+            prepare_metadata=b"x" * 4097), timeout=10)
+    assert errors.from_rpc_error(info.value).name == "INVALID_REQUEST"
+    assert producer.describe().state == S.TRANSACTION_STATE_ONGOING
