@@ -117,6 +117,14 @@ CALLS: list[tuple[str, str, str, Message]] = [
     ("CoordinatorService", "CompleteTransaction", "coordinator_svc", coordinator_pb2.CompleteTransactionRequest(handle=HANDLE, committed=True)),
     ("CoordinatorService", "CommitTransactionGroup", "coordinator_svc", coordinator_pb2.CommitTransactionGroupRequest(
         group_id=TXN, handles=[HANDLE])),
+    ("CoordinatorService", "RegisterTransactionChecker", "coordinator_svc", coordinator_pb2.RegisterTransactionCheckerRequest(
+        group_id=TXN, address="127.0.0.1:9")),
+    ("CoordinatorService", "UnregisterTransactionChecker", "coordinator_svc", coordinator_pb2.UnregisterTransactionCheckerRequest(
+        group_id=TXN, address="127.0.0.1:9")),
+    ("CoordinatorService", "AlterTransactionGroupConfig", "coordinator_svc", coordinator_pb2.AlterTransactionGroupConfigRequest(
+        group_id=TXN, set={"transaction.check.max": "3"})),
+    ("CoordinatorService", "DescribeTransactionGroupConfig", "coordinator_svc", coordinator_pb2.DescribeTransactionGroupConfigRequest(
+        group_id=TXN)),
 ]
 # What each RPC of CALLS needs, written out from Kafka's checks for its counterpart (the list):
 # the matrix grants from access.py's table, so this pins the table itself.
@@ -161,6 +169,10 @@ EXPECTED_NEEDS = {
     "PrepareTransaction": [(TXN_ID, TXN, "Write")],
     "CompleteTransaction": [(TXN_ID, TXN, "Write")],
     "CommitTransactionGroup": [(TXN_ID, TXN, "Write")],
+    "RegisterTransactionChecker": [(TXN_ID, TXN, "Write")],
+    "UnregisterTransactionChecker": [(TXN_ID, TXN, "Write")],
+    "AlterTransactionGroupConfig": [(TXN_ID, TXN, "AlterConfigs")],
+    "DescribeTransactionGroupConfig": [(TXN_ID, TXN, "DescribeConfigs")],
 }
 IDS = [rpc for _, rpc, _, _ in CALLS]
 LISTINGS = {"ListGroups": partition_pb2.ListGroupsResponse, "ListTransactions": coordinator_pb2.ListTransactionsResponse}
