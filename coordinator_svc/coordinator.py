@@ -66,6 +66,7 @@ from services.stubs.txlog.v1 import partition_pb2
 log = logging.getLogger(__name__)
 S = TransactionState
 COMPLETED = core.COMPLETED
+ADD_WAIT_S_MAX = 5.0  # an add waits this long at most for the id's other adds in flight
 
 
 error = core.error
@@ -167,11 +168,16 @@ class TransactionCoordinator:
     async def _transition(self, loaded: LoadedPartition, meta: TransactionMetadata, to_state: TransactionState, **changes) -> None:
         """Write, then apply."""
         record = ts.prepare_transition(meta, to_state, last_update_ms=self.clock_ms(), **changes)
+        written = loaded.writing[meta.transactional_id] = asyncio.Event()
         try:
             await loaded.log.write(record)
         except BaseException:
             ts.abandon_transition(meta)
             raise
+        finally:
+            written.set()
+            if loaded.writing.get(meta.transactional_id) is written:
+                del loaded.writing[meta.transactional_id]
         before = meta.state
         ts.complete_transition(meta, record)
         self.metrics.transitioned(before, meta.state)
@@ -204,8 +210,26 @@ class TransactionCoordinator:
             with contextlib.suppress(TimeoutError):  # still completing: CONCURRENT_TRANSACTIONS below
                 await asyncio.wait_for(done.wait(), timeout=5)
         unknown = await self._unknown_partitions(partitions)
+        await self._after_adds_in_flight(loaded, transactional_id)
         return await self.carry_out(loaded, transactional_id, lambda meta, _: core.decide_add_partitions(
             meta, transactional_id, producer_id, producer_epoch, partitions, unknown, self.clock_ms()))
+
+    @staticmethod
+    async def _after_adds_in_flight(loaded: LoadedPartition, transactional_id: str) -> None:
+        """Waits (a while) until no add of the id is being written: with
+        implicit adds (KIP-890 part 2) every leader of a transaction's first
+        batches adds its partitions at once, and each would otherwise be
+        answered CONCURRENT_TRANSACTIONS and retried after a backoff."""
+        deadline = asyncio.get_running_loop().time() + ADD_WAIT_S_MAX
+        while True:
+            writing, meta = loaded.writing.get(transactional_id), loaded.transactions.get(transactional_id)
+            if writing is None or meta is None or meta.pending_state is not S.ONGOING:
+                return
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                return  # CONCURRENT_TRANSACTIONS, which the caller retries
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(writing.wait(), left)
 
     async def _unknown_partitions(self, partitions) -> dict:
         """The partitions that do not exist; metadata is asked again only on a miss."""

@@ -47,6 +47,7 @@ class LoadedPartition:
     loaded: bool = False
     tasks: set = field(default_factory=set)
     completing: dict = field(default_factory=dict)  # transactional id -> asyncio.Event set when its completion ends
+    writing: dict = field(default_factory=dict)  # transactional id -> asyncio.Event set when its record in flight is written (or not)
     decisions: dict[str, GroupDecision] = field(default_factory=dict)  # group decisions not finished yet
     group_configs: dict[str, GroupCheckConfig] = field(default_factory=dict)  # groups whose check-back settings were changed
     config_changes: asyncio.Lock = field(default_factory=asyncio.Lock)  # one group-config write at a time: no lost update

@@ -406,7 +406,7 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
                 resolved.append((result, None))
         for (producer_id, producer_epoch), indexes in to_verify.items():  # one coordinator call per producer, not per batch
             tps = [(resolved[i][1].topic, resolved[i][1].index) for i in indexes]
-            refused = await self.verifier.verify(request.transactional_id, producer_id, producer_epoch, tps)
+            refused = await self.verifier.verify(request.transactional_id, producer_id, producer_epoch, tps, add=request.add_to_transaction)
             for i, tp in zip(indexes, tps, strict=True):
                 if tp in refused:
                     result, partition = resolved[i]

@@ -1,6 +1,9 @@
 """Checks with the transaction coordinator that a partition is part of a
 producer's open transaction before the leader accepts its first transactional
-batch there (Kafka's KIP-890 server-side defence against hanging transactions).
+batch there (Kafka's KIP-890 server-side defence against hanging transactions),
+or, when the producer asks for it (ProduceRequest.add_to_transaction, KIP-890
+part 2), adds it to the transaction there, saving the producer its own
+AddPartitionsToTxn round trip.
 
 A positive answer is cached per (producer id, epoch, partition): every later
 batch of that transaction on that partition is accepted without asking again;
@@ -30,9 +33,10 @@ class TransactionVerifier:
         self._in_flight: dict[tuple[int, int, str, int], asyncio.Future] = {}
 
     async def verify(
-        self, transactional_id: str, producer_id: int, producer_epoch: int, partitions: list[tuple[str, int]]
+        self, transactional_id: str, producer_id: int, producer_epoch: int, partitions: list[tuple[str, int]], add: bool = False
     ) -> dict[tuple[str, int], errors_pb2.Error]:
-        """The partitions that may NOT take the producer's transactional batches, with why."""
+        """The partitions that may NOT take the producer's transactional batches,
+        with why. ``add``: add them to the transaction rather than only check."""
         unknown = [tp for tp in partitions if (producer_id, producer_epoch, *tp) not in self._verified]
         if not unknown:
             return {}
@@ -46,7 +50,7 @@ class TransactionVerifier:
             for tp in ask:
                 self._in_flight[(producer_id, producer_epoch, *tp)] = future
             try:
-                answer = await self._ask(transactional_id, producer_id, producer_epoch, ask)
+                answer = await self._ask(transactional_id, producer_id, producer_epoch, ask, add)
             except BaseException as exc:
                 answer = {tp: error_proto(ErrorCode.Value("UNKNOWN_SERVER_ERROR"), str(exc)) for tp in ask}
             for tp in ask:
@@ -58,7 +62,7 @@ class TransactionVerifier:
             refused.update({tp: e for tp, e in answer.items() if tp in unknown})
         return refused
 
-    async def _ask(self, transactional_id, producer_id, producer_epoch, unknown):
+    async def _ask(self, transactional_id, producer_id, producer_epoch, unknown, add):
         try:
             address = await self.coordinator_address(transactional_id)
         except TxlogError as exc:
@@ -70,7 +74,7 @@ class TransactionVerifier:
                     producer_id=producer_id,
                     producer_epoch=producer_epoch,
                     partitions=[common_pb2.TopicPartition(topic=t, partition=p) for t, p in unknown],
-                    verify_only=True,
+                    verify_only=not add,
                 )
             ))
         except TxlogError as error:

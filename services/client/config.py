@@ -62,6 +62,9 @@ class ProducerConfig:
     transactional_id: str | None = None
     transaction_timeout_ms: int = 60_000
     compression_type: str = "none"  # Kafka's name: none, gzip, zstd or lz4 (services.compression)
+    # Transactions V2 (KIP-890 part 2): partition leaders add the partitions a transaction
+    # produces to; False: AddPartitionsToTxn first, for clusters older than add_to_transaction
+    implicit_partition_adds: bool = True
 
     @property
     def compression(self) -> int:

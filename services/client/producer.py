@@ -119,6 +119,10 @@ class Producer:
     names): each batch's records are compressed once, when it is first sent, and
     a retry re-sends the same bytes; the topic's compression.type may store it
     otherwise (the leader re-encodes it).
+    ``implicit_partition_adds``: True (the default): a transaction's partitions
+    are added at the coordinator by their leaders, with the first batch there
+    (Transactions V2, KIP-890 part 2), saving a round trip per transaction;
+    False: AddPartitionsToTxn first, for clusters older than this release.
     ``fault_injection``: test-only (see ``transport.FaultInjection``); ``transport``:
     a test seam replacing the gRPC transport."""
 
@@ -154,6 +158,7 @@ class Producer:
         token_file: str | None = None,
         key_serializer: str | serde.Serializer | None = None,
         value_serializer: str | serde.Serializer | None = None,
+        implicit_partition_adds: bool = True,
     ):
         self._key_serializer = serde.serializer(key_serializer, "key_serializer")
         self._value_serializer = serde.serializer(value_serializer, "value_serializer")
@@ -176,6 +181,7 @@ class Producer:
             transactional_id=transactional_id,
             transaction_timeout_ms=transaction_timeout_ms,
             compression_type=compression_type,
+            implicit_partition_adds=implicit_partition_adds,
         )
         self._partitioner = partitioner or DefaultPartitioner()
         self._transport = transport or Transport(
@@ -188,9 +194,11 @@ class Producer:
             batch_records_max=batch_records_max)
         self._closed = False
         self._record_condition = threading.Condition()  # shared by the futures of every record sent (RecordFuture)
-        self._txn = TransactionManager(transactional_id, transaction_timeout_ms) if transactional_id else None
+        self._txn = TransactionManager(transactional_id, transaction_timeout_ms, implicit_partition_adds) if transactional_id else None
         self._coordinator: CoordinatorClient | None = None
         self._offsets_tasks: set[asyncio.Task] = set()  # send_offsets_to_transaction operations (loop thread)
+        self._prepare_lock = threading.Lock()
+        self._prepare_metadata = b""  # what the prepare under way (or done) was given
         self._loop = LoopThread("txlog-producer")
         self._sender = self._loop.run(self._make_sender(), timeout_s=10, what="starting the producer")
         self._sender_done = self._loop.submit(self._sender.run())

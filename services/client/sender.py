@@ -329,6 +329,7 @@ class Sender:
             transactional_id=self._txn.transactional_id if transactional else "",
             acks=self._config.acks,
             timeout_ms=int(self._config.request_timeout_ms),
+            add_to_transaction=transactional and self._txn.implicit_partition_adds,
         )
         codec = self._compression
         for b, epoch in entries:

@@ -190,9 +190,12 @@ DROPPING_STATES = frozenset({S.ABORTABLE_ERROR, S.ABORTING, S.FATAL_ERROR})
 class TransactionManager:
     """The state of one transactional producer. Methods are thread-safe."""
 
-    def __init__(self, transactional_id: str, transaction_timeout_ms: int):
+    def __init__(self, transactional_id: str, transaction_timeout_ms: int, implicit_partition_adds: bool = True):
         self.transactional_id = transactional_id
         self.transaction_timeout_ms = transaction_timeout_ms
+        # Transactions V2 (KIP-890 part 2): the partition leaders add the partitions
+        # the producer writes to (ProduceRequest.add_to_transaction); no AddPartitionsToTxn.
+        self.implicit_partition_adds = implicit_partition_adds
         self._state = S.UNINITIALIZED
         self._lock = threading.Lock()
         self._sends_done = threading.Condition(self._lock)
@@ -302,10 +305,16 @@ class TransactionManager:
     # --- partitions ------------------------------------------------------------------------------
 
     def maybe_add_partition(self, tp: TopicPartition) -> bool:
-        """Notes that the transaction writes to ``tp``; True when it is new (the
-        sender must add it at the coordinator)."""
+        """Notes that the transaction writes to ``tp``; True when it is new and
+        the sender must add it at the coordinator (False with implicit adds:
+        its leader adds it with its first batch, which may go at once)."""
         with self._lock:
             if tp in self._added or tp in self._adding or tp in self._pending:
+                return False
+            if self.implicit_partition_adds:
+                if self._state in SENDING_STATES:
+                    self._added.add(tp)
+                    self.coordinator_touched = True  # its first batch may open the transaction at the coordinator
                 return False
             self._pending.add(tp)
             return True

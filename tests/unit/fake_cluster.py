@@ -288,20 +288,23 @@ class FakeCluster:
             result = response.results.add(topic=entry.topic, partition=entry.partition, base_offset=-1)
             code = scripted(tp) if scripted is not None else None
             if code is None:
-                code, base_offset = self._append(address, tp, entry.batch, request.transactional_id)
+                code, base_offset = self._append(address, tp, entry.batch, request.transactional_id, request.add_to_transaction)
                 result.base_offset = base_offset
             result.error.CopyFrom(errors_pb2.Error(code=code, message="" if code == E("NONE") else "fake"))
             self.produce_results.append((tp, entry.batch.base_sequence, ErrorCode.Name(code)))
         return response
 
     def _append(self, address: str, tp: TopicPartition, batch: common_pb2.RecordBatch,
-                transactional_id: str = "") -> tuple[int, int]:
+                transactional_id: str = "", add_to_transaction: bool = False) -> tuple[int, int]:
         if tp not in self.partitions:
             return E("UNKNOWN_TOPIC_OR_PARTITION"), -1
         if self.leaders[tp] != address:
             return E("NOT_LEADER"), -1
         if batch.is_transactional:
             code = self._verify(transactional_id, batch.producer_id, batch.producer_epoch, tp)
+            if code != E("NONE") and add_to_transaction:  # the leader adds it (KIP-890 part 2), as AddPartitionsToTxn would
+                refused = self._add_partitions(transactional_id, batch.producer_id, batch.producer_epoch, [tp])[tp]
+                code = E("NONE") if refused is None else refused.code
             if code != E("NONE"):
                 return code, -1
         partition = self.partitions[tp]
@@ -417,10 +420,9 @@ class FakeCluster:
             meta, request.transactional_id, request.transaction_timeout_ms, producer_id, producer_epoch, ids))
         return coordinator_pb2.InitProducerIdResponse(producer_id=producer_id, producer_epoch=producer_epoch)
 
-    def _handle_AddPartitionsToTxn(self, address, request):  # noqa: N802
-        self._at_coordinator(address)
+    def _add_partitions(self, transactional_id: str, producer_id: int, producer_epoch: int, wanted: list[TopicPartition]) -> dict:
+        """The coordinator's AddPartitionsToTxn, from a client or (implicit adds) a leader: {tp: None or TxlogError}."""
         script = self._add_partitions_scripts.popleft() if self._add_partitions_scripts else (lambda _: None)
-        wanted = [TopicPartition(item.topic, item.partition) for item in request.partitions]
         unknown = {}
         for tp in wanted:
             code = script(tp)
@@ -428,8 +430,13 @@ class FakeCluster:
                 code = E("UNKNOWN_TOPIC_OR_PARTITION")
             if code is not None:
                 unknown[tp] = TxlogError(code, "fake")
-        answers = self._carry_out(request.transactional_id, lambda meta, _: core.decide_add_partitions(
-            meta, request.transactional_id, request.producer_id, request.producer_epoch, wanted, unknown, self.now_ms()))
+        return self._carry_out(transactional_id, lambda meta, _: core.decide_add_partitions(
+            meta, transactional_id, producer_id, producer_epoch, wanted, unknown, self.now_ms()))
+
+    def _handle_AddPartitionsToTxn(self, address, request):  # noqa: N802
+        self._at_coordinator(address)
+        wanted = [TopicPartition(item.topic, item.partition) for item in request.partitions]
+        answers = self._add_partitions(request.transactional_id, request.producer_id, request.producer_epoch, wanted)
         response = coordinator_pb2.AddPartitionsToTxnResponse()
         for item, tp in zip(request.partitions, wanted, strict=True):
             result = response.results.add(partition=item)

@@ -69,7 +69,7 @@ def test_a_committed_transaction_is_visible_on_every_partition_at_once():
 
 def test_partitions_are_added_to_the_transaction_before_their_first_batch_is_sent():
     fake = FakeCluster({"t": 2})
-    with _ready(fake) as producer:
+    with _ready(fake, implicit_partition_adds=False) as producer:
         producer.begin_transaction()
         _send_both(producer, [b"a", b"b"])
         producer.commit_transaction(timeout_s=10)
@@ -119,7 +119,7 @@ def test_abort_fails_unsent_records_and_leaves_sent_ones_invisible_to_read_commi
 def test_an_abort_while_partitions_are_being_added_stops_adding_them():
     fake = FakeCluster({"t": 1})
     fake.fail_next("AddPartitionsToTxn", *[E("CONCURRENT_TRANSACTIONS")] * 10_000)
-    with _ready(fake) as producer:
+    with _ready(fake, implicit_partition_adds=False) as producer:
         producer.begin_transaction()
         future = producer.send("t", b"v", partition=0)
         deadline = time.monotonic() + 5
@@ -319,20 +319,24 @@ def test_a_sequence_rejection_within_a_transaction_is_abortable_and_the_abort_re
 
 @pytest.mark.parametrize("code, error_type", [("INVALID_TXN_STATE", InvalidTxnStateError),
                                                ("TRANSACTION_TIMED_OUT", TransactionTimedOutError)])
-def test_an_abortable_add_partitions_answer_fails_the_transaction(code, error_type):
+@pytest.mark.parametrize("implicit", [False, True])
+def test_an_abortable_add_partitions_answer_fails_the_transaction(code, error_type, implicit):
+    """Explicit adds: the producer's AddPartitionsToTxn is refused, the batch is never sent.
+    Implicit adds (KIP-890 part 2): the leader's add is refused, and with it the batch."""
     fake = FakeCluster({"t": 1})
-    with _ready(fake) as producer:
+    with _ready(fake, implicit_partition_adds=implicit) as producer:
         producer.begin_transaction()
         fake.fail_add_partitions(lambda _: E(code))
         future = producer.send("t", b"v", partition=0)
-        with pytest.raises(TransactionAbortedError):
+        with pytest.raises(error_type if implicit else TransactionAbortedError):
             future.result(timeout=10)
         with pytest.raises(TransactionAbortableError) as raised:
             producer.commit_transaction(timeout_s=10)
         assert isinstance(raised.value.__cause__, error_type)
         producer.abort_transaction(timeout_s=10)
         assert producer.transaction_state is TxnState.READY
-    assert fake.count("Produce") == 0
+    assert fake.count("Produce") == (1 if implicit else 0)
+    assert fake.values(T0) == []
 
 
 def test_a_timed_out_end_txn_commit_is_abortable_and_the_abort_goes_through():
@@ -381,18 +385,22 @@ def test_a_fatal_init_answer_makes_the_producer_fatal():
 # --- retries and coordinator discovery -------------------------------------------------------------------
 
 
-def test_concurrent_transactions_answers_are_retried_everywhere():
+@pytest.mark.parametrize("implicit", [False, True])
+def test_concurrent_transactions_answers_are_retried_everywhere(implicit):
     fake = FakeCluster({"t": 1})
     fake.fail_next("InitProducerId", *[E("CONCURRENT_TRANSACTIONS")] * 3)
     fake.fail_next("AddPartitionsToTxn", *[E("CONCURRENT_TRANSACTIONS")] * 2)
     fake.fail_next("EndTxn", *[E("CONCURRENT_TRANSACTIONS")] * 2)
-    with _ready(fake) as producer:
+    with _ready(fake, implicit_partition_adds=implicit) as producer:
         producer.begin_transaction()
-        fake.fail_add_partitions(lambda _: E("CONCURRENT_TRANSACTIONS"))  # per partition, too
+        fake.fail_add_partitions(lambda _: E("CONCURRENT_TRANSACTIONS"))  # per partition, too (the leader's add, implicitly)
         producer.send("t", b"v", partition=0)
         producer.commit_transaction(timeout_s=10)
-    assert fake.count("InitProducerId") == 4 and fake.count("AddPartitionsToTxn") == 4
-    assert fake.count("EndTxn") == 3
+    assert fake.count("InitProducerId") == 4 and fake.count("EndTxn") == 3
+    if implicit:  # the leader's add was refused once, with its batch, which went again
+        assert fake.count("AddPartitionsToTxn") == 0 and fake.count("Produce") == 2
+    else:
+        assert fake.count("AddPartitionsToTxn") == 4 and fake.count("Produce") == 1
     assert fake.committed_values(T0) == [b"v"]
 
 
@@ -419,15 +427,17 @@ def test_coordinator_errors_make_the_producer_find_the_coordinator_again(code):
         assert producer.transaction_state is TxnState.READY
 
 
-def test_a_moved_coordinator_is_found_again_through_metadata():
+@pytest.mark.parametrize("implicit", [False, True])
+def test_a_moved_coordinator_is_found_again_through_metadata(implicit):
     fake = FakeCluster({"t": 1})
-    with _ready(fake) as producer:
+    with _ready(fake, implicit_partition_adds=implicit) as producer:
         fake.move_coordinator("fake-coordinator-2:9")
         producer.begin_transaction()
         producer.send("t", b"v", partition=0)
         producer.commit_transaction(timeout_s=10)
     coordinator_rpcs = [address for address, rpc in fake.calls if rpc == "EndTxn"]
-    assert coordinator_rpcs == ["fake-coordinator-2:9"]
+    # explicit adds: AddPartitionsToTxn met the move; implicit: EndTxn is the first to, and goes again
+    assert coordinator_rpcs == (["fake-coordinator:9", "fake-coordinator-2:9"] if implicit else ["fake-coordinator-2:9"])
     assert fake.committed_values(T0) == [b"v"]
 
 
@@ -469,7 +479,7 @@ def test_offsets_sent_to_a_transaction_are_committed_only_with_it():
     with _ready(fake) as producer, Consumer(fake.addresses[0], transport=fake, group_id="g") as consumer, \
             Consumer(fake.addresses[0], transport=fake, group_id="g", isolation_level="read_uncommitted") as peeker:
         producer.begin_transaction()
-        producer.send("t", b"out", partition=0)
+        producer.send("t", b"out", partition=0).result(timeout=10)  # its leader added t-0 (implicit adds)
         producer.send_offsets_to_transaction({("in", 0): 10, TopicPartition("in", 1): 20}, "g")
         assert peeker.committed(("in", 0)) is None  # pending until the COMMIT marker
         assert fake.transactions["tx"].partitions == {T0, OFFSETS_TP}

@@ -32,9 +32,9 @@ FENCED = ProducerFencedError(E("PRODUCER_FENCED"), "fenced in a test")
 ABORTABLE = InvalidTxnStateError(E("INVALID_TXN_STATE"), "refused in a test")
 
 
-def manager_in(state: TxnState) -> TransactionManager:
-    """A manager brought to ``state`` by legal moves only."""
-    txn = TransactionManager("tid", 60_000)
+def manager_in(state: TxnState, implicit_partition_adds: bool = False) -> TransactionManager:
+    """A manager brought to ``state`` by legal moves only (explicit partition adds unless asked)."""
+    txn = TransactionManager("tid", 60_000, implicit_partition_adds)
     if state is S.UNINITIALIZED:
         return txn
     txn.start(Call.INIT)
@@ -187,6 +187,18 @@ def test_a_partition_takes_batches_only_once_added_and_forgets_it_at_the_end():
     assert txn.may_send(TP)  # a commit still sends what is queued
     txn.completed(7, 1)
     assert not txn.may_send(TP) and txn.partitions == frozenset() and not txn.coordinator_touched
+
+
+def test_with_implicit_adds_a_partition_takes_batches_at_once_and_the_coordinator_counts_as_touched():
+    txn = manager_in(S.IN_TRANSACTION, implicit_partition_adds=True)
+    assert not txn.maybe_add_partition(TP)  # nothing for the sender to add: the leader adds it
+    assert txn.may_send(TP) and not txn.has_pending_partitions() and txn.coordinator_touched and txn.partitions == {TP}
+    txn.start(Call.COMMIT)
+    txn.completed(7, 1)
+    assert not txn.may_send(TP) and txn.partitions == frozenset() and not txn.coordinator_touched
+    failed = manager_in(S.IN_TRANSACTION, implicit_partition_adds=True)
+    failed.on_abortable_error(ABORTABLE)
+    assert not failed.maybe_add_partition(TP) and not failed.may_send(TP)
 
 
 def test_no_partition_is_added_or_sent_once_the_transaction_failed():

@@ -224,16 +224,18 @@ class PartitionBatch(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., leader_epoch: _Optional[int] = ..., batch: _Optional[_Union[_common_pb2.RecordBatch, _Mapping]] = ...) -> None: ...
 
 class ProduceRequest(_message.Message):
-    __slots__ = ("transactional_id", "acks", "timeout_ms", "batches")
+    __slots__ = ("transactional_id", "acks", "timeout_ms", "batches", "add_to_transaction")
     TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]
     ACKS_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     BATCHES_FIELD_NUMBER: _ClassVar[int]
+    ADD_TO_TRANSACTION_FIELD_NUMBER: _ClassVar[int]
     transactional_id: str
     acks: int
     timeout_ms: int
     batches: _containers.RepeatedCompositeFieldContainer[PartitionBatch]
-    def __init__(self, transactional_id: _Optional[str] = ..., acks: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., batches: _Optional[_Iterable[_Union[PartitionBatch, _Mapping]]] = ...) -> None: ...
+    add_to_transaction: bool
+    def __init__(self, transactional_id: _Optional[str] = ..., acks: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., batches: _Optional[_Iterable[_Union[PartitionBatch, _Mapping]]] = ..., add_to_transaction: _Optional[bool] = ...) -> None: ...
 
 class ProducePartitionResult(_message.Message):
     __slots__ = ("topic", "partition", "error", "base_offset", "log_start_offset", "log_append_time_ms")
