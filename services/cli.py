@@ -13,6 +13,7 @@
     txlog cluster status --dir DIR       what runs, as JSON
     txlog producer-ids allocate (--dir DIR | --address HOST:PORT) [--requester-id N] [--count K]
     txlog chaos run --minutes N [--seed S] [--dir DIR] [--keep] [--fault-interval-s S] [--faults K,K...]
+                    [--silent-owners N]
                                          a workload under faults, checked; prints one JSON line,
                                          exits 1 when the checker found an anomaly
 
@@ -49,6 +50,8 @@ its admin's):
     txlog transactions abort --topic T --partition P --producer-id PID --producer-epoch E
                              --coordinator-epoch C
     txlog transactions find-hanging [--topic T ...] [--max-transaction-timeout-ms N]
+    txlog transactions group-config G [--set KEY=VALUE ...] [--delete KEY ...]
+                                         a transaction group's check-back settings and checkers (JSON)
     txlog groups list | describe G | delete G | reset-offsets G --topic T (--to-earliest | --to-latest |
                          --to-offset N | --shift-by N | --to-timestamp-ms T | --to-datetime D) [--execute]
     txlog groups reset-offsets G --from-file F [--execute]
@@ -173,8 +176,12 @@ def _chaos(args) -> int:
     if unknown or not kinds:
         print(f"error: unknown fault kinds {unknown}; known: {','.join(run.FAULT_KINDS)}", file=sys.stderr)
         return 2
+    silent_owners = run.SILENT_OWNERS if args.silent_owners is None else args.silent_owners
+    if silent_owners < 0:
+        print(f"error: --silent-owners must be >= 0, not {silent_owners}", file=sys.stderr)
+        return 2
     summary = run.run(args.minutes * 60, seed=args.seed, directory=args.dir, keep=args.keep,
-                      fault_interval_s=args.fault_interval_s, kinds=kinds)
+                      fault_interval_s=args.fault_interval_s, kinds=kinds, silent_owners=silent_owners)
     print(json.dumps(summary), flush=True)
     return 1 if summary["anomalies"] else 0
 
@@ -322,7 +329,21 @@ def _transactions(args) -> int:
     elif args.action == "find-hanging":
         console.transactions_find_hanging(bootstrap, args.topic, args.max_transaction_timeout_ms, sys.stdout,
                                           timeout_s=args.timeout_s, output=args.output)
+    elif args.action == "group-config":
+        console.transactions_group_config(bootstrap, args.group, console.parse_configs(args.set, "--set"),
+                                          args.delete or [], sys.stdout, timeout_s=args.timeout_s)
     return 0
+
+
+def group_config_usage_error(args) -> str | None:
+    try:
+        configs = console.parse_configs(args.set, "--set")
+    except errors.TxlogError as exc:
+        return exc.message
+    both = sorted(set(configs) & set(args.delete or ()))
+    if both:
+        return f"a setting is either set or deleted, not both: {', '.join(both)}"
+    return None
 
 
 def _groups(args) -> int:
@@ -580,7 +601,16 @@ def _add_client_commands(commands) -> None:
     hanging.add_argument("--topic", action="append", help="only this topic (default: every topic); repeatable")
     hanging.add_argument("--max-transaction-timeout-ms", type=int, default=15 * 60 * 1000,
                          help="the coordinators' maximum transaction timeout (default: %(default)s)")
-    for sub in (listing, describe_txn, complete, abort, hanging):
+    group_config = txn_actions.add_parser(
+        "group-config", help="a transaction group's check-back settings, the keys set explicitly and the registered "
+        "checkers, as JSON (after --set/--delete, if given)")
+    group_config.add_argument("group", help="the transaction group (the part of its transactional ids before '/')")
+    group_config.add_argument("--set", action="append", metavar="KEY=VALUE",
+                              help="transaction.check.interval.ms, transaction.check.max, transaction.check.exhausted "
+                                   "(abort|keep) or transaction.check.timeout.ms; repeatable")
+    group_config.add_argument("--delete", action="append", metavar="KEY", help="a setting back to its default; repeatable")
+    group_config.set_defaults(usage_error=group_config_usage_error)
+    for sub in (listing, describe_txn, complete, abort, hanging, group_config):
         _add_bootstrap(sub)
     for sub in (listing, hanging):
         _add_output(sub)
@@ -745,6 +775,8 @@ def parser() -> argparse.ArgumentParser:
     chaos_run.add_argument("--fault-interval-s", type=float, default=10.0, help="mean seconds between faults")
     chaos_run.add_argument("--faults", help="comma-separated fault kinds to inject (default: every kind; "
                                             "see services/chaos/faults.py)")
+    chaos_run.add_argument("--silent-owners", type=int,
+                           help="workers whose transactions only the check-back decides (default 1; 0: none)")
     chaos.set_defaults(run=_chaos)
     _add_client_commands(commands)
     _add_acl_commands(commands)

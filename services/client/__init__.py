@@ -32,12 +32,14 @@ are closed at exit), ``console`` (what the ``txlog`` command prints),
 ``metadata`` (cluster metadata cache), ``transport`` (gRPC channels, test-only
 fault injection), ``requests`` (retry drivers), ``errors`` (exceptions and the
 one error-sorting table), ``config``, ``structs`` (value types),
-``two_phase`` (the exactly-once protocol of jobs whose tasks write in parallel and commit as one).
+``two_phase`` (the exactly-once protocol of jobs whose tasks write in parallel and commit as one),
+``checker`` (``TransactionChecker``: an application's answers to transaction check-back).
 """
 
 from services.acls import AclBinding, AclFilter
 from services.client.admin import Admin
 from services.client.aio import AIOConsumer, AIOProducer
+from services.client.checker import TransactionChecker
 from services.client.consumer import Consumer
 from services.client.errors import (
     AbortableError,
@@ -71,9 +73,11 @@ from services.client.structs import (
     OffsetAndTimestamp,
     ProducerDescription,
     RecordMetadata,
+    RegisteredChecker,
     TopicDescription,
     TopicPartition,
     TransactionDescription,
+    TransactionGroupConfig,
     TransactionHandle,
     TransactionListing,
 )
@@ -113,12 +117,15 @@ __all__ = [
     "ProducerFencedError",
     "RecordMetadata",
     "RecordTooLargeError",
+    "RegisteredChecker",
     "RetriableError",
     "TopicDescription",
     "TopicPartition",
     "TransactionAbortableError",
     "TransactionAbortedError",
+    "TransactionChecker",
     "TransactionDescription",
+    "TransactionGroupConfig",
     "TransactionHandle",
     "TransactionListing",
     "TransactionStateError",

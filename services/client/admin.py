@@ -22,6 +22,10 @@ Guarantees
   coordinator; repeating either answers as the first did). Coordinator errors are sorted by
   ``errors.txn_action_for`` (a moved or unavailable coordinator is looked up
   again, with another key for "any coordinator").
+* Check-back: ``alter_transaction_group_config`` / ``describe_transaction_group_config``
+  (a transaction group's settings and registered checkers) and
+  ``register_transaction_checker`` / ``unregister_transaction_checker`` (what
+  ``TransactionChecker`` calls) go to the group's coordinator, sorted likewise.
 """
 
 from __future__ import annotations
@@ -51,12 +55,22 @@ from services.client.structs import (
     TopicDescription,
     TopicPartition,
     TransactionDescription,
+    TransactionGroupConfig,
     TransactionHandle,
     TransactionListing,
     as_tp,
+    check_answer_name,
 )
 from services.client.transport import Transport, tls_files
-from services.client.txn_requests import CommitTransactionGroupHandler, CompleteTransactionHandler, CoordinatorClient
+from services.client.txn_requests import (
+    AlterTransactionGroupConfigHandler,
+    CommitTransactionGroupHandler,
+    CompleteTransactionHandler,
+    CoordinatorClient,
+    DescribeTransactionGroupConfigHandler,
+    RegisterTransactionCheckerHandler,
+    UnregisterTransactionCheckerHandler,
+)
 from services.errors import ErrorCode
 from services.protocol import OPEN_TRANSACTION_STATES, TRANSACTION_STATE_TOPIC, TransactionState
 from services.stubs.txlog.v1 import common_pb2, coordinator_pb2, partition_pb2
@@ -717,7 +731,8 @@ class Admin:
                         item.transactional_id, state_name(item.state), item.producer_id, item.producer_epoch,
                         item.transaction_timeout_ms, item.transaction_start_time_ms,
                         tuple(TopicPartition(p.topic, p.partition) for p in item.partitions),
-                        item.prepared_time_ms, item.prepared_timeout_ms)
+                        item.prepared_time_ms, item.prepared_timeout_ms, item.prepare_metadata, item.checks_done,
+                        check_answer_name(item.last_check_answer), item.next_check_time_ms)
             pending = [i for i in pending if i not in found]
             if not pending:
                 break
@@ -750,14 +765,71 @@ class Admin:
         none. Repeating it changes nothing. Every handle must be of the group,
         each id once, at most 10,000."""
         wanted = [self._checked_handle(h) for h in handles]
-        if not names.is_transaction_group(group_id):
-            raise ValueError(f"group_id must be 1 to {names.TRANSACTIONAL_ID_CHARS_MAX} characters of "
-                             f"[a-zA-Z0-9._:-], not {group_id!r}")
+        check_transaction_group(group_id)
         if not wanted:
             raise ValueError("commit_transaction_group needs at least one handle")
         timeout_ms = self._timeout_ms(timeout_s)
         self._run(self._send_to_coordinator(group_id, CommitTransactionGroupHandler(group_id, wanted), timeout_ms),
                   timeout_ms, "commit_transaction_group")
+
+    # --- transaction check-back (issue 19) ------------------------------------------------------------
+
+    def alter_transaction_group_config(self, group_id: str, configs: Mapping[str, str] | None = None,
+                                       delete: Iterable[str] = (), *, timeout_s: float | None = None) -> dict[str, str]:
+        """Sets ``configs`` of transaction group ``group_id`` and puts ``delete``'s
+        back to their defaults; returns every setting afterwards (defaults
+        included). Kept durably by the group's coordinator. The keys:
+        ``transaction.check.interval.ms`` (100..86,400,000, default 60,000),
+        ``transaction.check.max`` (1..1,000, default 15),
+        ``transaction.check.exhausted`` (``abort``, the default, or ``keep``),
+        ``transaction.check.timeout.ms`` (100..60,000, default 5,000). An
+        unknown key or a bad value raises (the coordinator's INVALID_CONFIG or
+        INVALID_REQUEST names it), and then nothing changed."""
+        check_transaction_group(group_id)
+        changes = {str(k): str(v) for k, v in (configs or {}).items()}
+        deleted = list(dict.fromkeys(str(k) for k in delete))
+        if not changes and not deleted:
+            raise ValueError("name at least one setting to set or delete")
+        both = sorted(set(changes) & set(deleted))
+        if both:
+            raise ValueError(f"a setting is either set or deleted, not both: {', '.join(both)}")
+        timeout_ms = self._timeout_ms(timeout_s)
+        return self._run(self._send_to_coordinator(group_id, AlterTransactionGroupConfigHandler(group_id, changes, deleted),
+                                                   timeout_ms), timeout_ms, "alter_transaction_group_config")
+
+    def describe_transaction_group_config(self, group_id: str, *,
+                                          timeout_s: float | None = None) -> TransactionGroupConfig:
+        """Transaction group ``group_id``'s check-back settings (every key, with
+        its default where none was set), the keys set explicitly, and the
+        checkers registered now with what is left of their leases."""
+        check_transaction_group(group_id)
+        timeout_ms = self._timeout_ms(timeout_s)
+        return self._run(self._send_to_coordinator(group_id, DescribeTransactionGroupConfigHandler(group_id), timeout_ms),
+                         timeout_ms, "describe_transaction_group_config")
+
+    def register_transaction_checker(self, group_id: str, address: str, lease_ms: int = 0, *,
+                                     timeout_s: float | None = None) -> int:
+        """Registers (or renews) ``address`` (host:port serving
+        TransactionCheckService, reachable from the coordinators) as a checker
+        of transaction group ``group_id`` for ``lease_ms`` (1,000..300,000; 0:
+        the coordinator's 30,000); returns the lease granted, ms: renew within
+        it. :class:`~services.client.checker.TransactionChecker` does this for you."""
+        check_transaction_group(group_id)
+        if not isinstance(address, str) or not address:
+            raise ValueError(f"address must be a non-empty host:port str, not {address!r}")
+        if not isinstance(lease_ms, int) or isinstance(lease_ms, bool) or lease_ms < 0:
+            raise ValueError(f"lease_ms must be an int >= 0 (0: the coordinator's default), not {lease_ms!r}")
+        timeout_ms = self._timeout_ms(timeout_s)
+        return self._run(self._send_to_coordinator(
+            group_id, RegisterTransactionCheckerHandler(group_id, address, lease_ms), timeout_ms),
+            timeout_ms, "register_transaction_checker")
+
+    def unregister_transaction_checker(self, group_id: str, address: str, *, timeout_s: float | None = None) -> None:
+        """Removes the registration of ``address`` for ``group_id`` at once."""
+        check_transaction_group(group_id)
+        timeout_ms = self._timeout_ms(timeout_s)
+        self._run(self._send_to_coordinator(group_id, UnregisterTransactionCheckerHandler(group_id, address), timeout_ms),
+                  timeout_ms, "unregister_transaction_checker")
 
     @staticmethod
     def _checked_handle(handle) -> TransactionHandle:
@@ -874,6 +946,14 @@ class Admin:
 
     def __exit__(self, *exc_info) -> None:
         self.close()
+
+
+def check_transaction_group(group_id) -> None:
+    """ValueError unless ``group_id`` is a transaction group name."""
+    if not names.is_transaction_group(group_id):
+        raise ValueError(f"group_id must be 1 to {names.TRANSACTIONAL_ID_CHARS_MAX} characters of "
+                         f"[a-zA-Z0-9._:-] (a transaction group: the part of a transactional id before its first "
+                         f"'/'), not {group_id!r}")
 
 
 def _check_group_id(group_id) -> None:

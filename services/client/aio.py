@@ -271,10 +271,12 @@ class AIOProducer:
         """``Producer.abort_transaction``, after the sends asked for before it."""
         await self._wait(self._started().abort_transaction, timeout_s)
 
-    async def prepare_transaction(self, prepared_timeout_ms: int = 0,
-                                  timeout_s: float | None = None) -> TransactionHandle:
-        """``Producer.prepare_transaction`` (two-phase participation)."""
-        return await self._wait(self._started().prepare_transaction, prepared_timeout_ms, timeout_s)
+    async def prepare_transaction(self, prepared_timeout_ms: int = 0, timeout_s: float | None = None, *,
+                                  metadata: bytes = b"") -> TransactionHandle:
+        """``Producer.prepare_transaction`` (two-phase participation; ``metadata``
+        goes to the group's checker if the transaction is checked back)."""
+        return await self._wait(functools.partial(self._started().prepare_transaction, metadata=metadata),
+                                prepared_timeout_ms, timeout_s)
 
     def transaction(self) -> _Transaction:
         """``async with producer.transaction():`` begins a transaction, commits it

@@ -30,6 +30,7 @@ MAX_REQUEST_SIZE_BYTES_MAX = 64 * 1024 * 1024
 MAX_BLOCK_MS_MAX = 3600 * 1000
 TRANSACTIONAL_ID_CHARS_MAX = 255  # the coordinator also checks the characters ([a-zA-Z0-9._:-])
 TRANSACTION_TIMEOUT_MS_MAX = 2**31 - 1  # int32 on the wire; the coordinator's own maximum is lower (15 min)
+PREPARE_METADATA_BYTES_MAX = 4096  # PrepareTransactionRequest.prepare_metadata; the coordinator refuses more
 MAX_POLL_RECORDS_MAX = 1_000_000
 FETCH_MAX_BYTES_MAX = 64 * 1024 * 1024
 FETCH_MAX_WAIT_MS_MAX = 60_000
@@ -40,6 +41,17 @@ def _check_range(name: str, value, low, high) -> None:
         raise ValueError(f"{name} must be a number, not {value!r}")
     if not low <= value <= high:
         raise ValueError(f"{name} must be within [{low}, {high}], not {value}")
+
+
+def checked_prepare_metadata(metadata) -> bytes:
+    """``prepare_transaction(metadata=)``: bytes (or a bytearray) of at most
+    PREPARE_METADATA_BYTES_MAX, as bytes; TypeError or ValueError otherwise."""
+    if not isinstance(metadata, (bytes, bytearray)):
+        hint = " (encode a str first, e.g. metadata=text.encode())" if isinstance(metadata, str) else ""
+        raise TypeError(f"metadata must be bytes, not {type(metadata).__name__}{hint}")
+    if len(metadata) > PREPARE_METADATA_BYTES_MAX:
+        raise ValueError(f"metadata must be at most {PREPARE_METADATA_BYTES_MAX} bytes, not {len(metadata)}")
+    return bytes(metadata)
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,10 @@ the SDK.
   ``kafka-transactions.sh``) print JSON lines: one per transaction, per
   described id, or per hanging transaction; ``abort`` prints one line saying
   what it aborted. A ``find-hanging`` line holds every field ``abort`` needs.
+  ``describe`` shows ``prepare_metadata`` as consume's JSON shows bytes: text
+  when it is UTF-8, else ``{"base64": ...}``.
+* ``transactions group-config G`` prints a transaction group's check-back
+  settings and checkers as one JSON object, after ``--set``/``--delete``.
 * Every command waits at most ``--timeout-s`` (default 30 s) for servers that
   do not answer, then fails with the last error.
 """
@@ -51,12 +55,12 @@ def invalid(message: str) -> ClientError:
     return ClientError(ErrorCode.Value("INVALID_REQUEST"), message)
 
 
-def parse_configs(items: list[str] | None) -> dict[str, str]:
+def parse_configs(items: list[str] | None, flag: str = "--config") -> dict[str, str]:
     configs = {}
     for item in items or ():
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise invalid(f"--config takes key=value, not {item!r}")
+            raise invalid(f"{flag} takes key=value, not {item!r}")
         configs[key] = value
     return configs
 
@@ -336,7 +340,24 @@ def transactions_describe(bootstrap: str | Target, transactional_ids: list[str],
     for description in descriptions:
         fields = description._asdict()
         fields["partitions"] = [{"topic": tp.topic, "partition": tp.partition} for tp in description.partitions]
+        fields["prepare_metadata"] = _json_bytes(description.prepare_metadata)
         out.write(json.dumps(fields) + "\n")
+
+
+def transactions_group_config(bootstrap: str | Target, group_id: str, configs: dict[str, str], deleted: list[str],
+                              out: TextIO, *, timeout_s: float = TIMEOUT_S_DEFAULT) -> None:
+    """A transaction group's check-back settings, after setting ``configs`` and
+    putting ``deleted`` back to their defaults (with neither: only described),
+    as one JSON object: group_id, configs (every key), overridden (the keys set
+    explicitly), checkers (address, lease_remaining_ms)."""
+    with _admin(bootstrap, timeout_s) as admin:
+        if configs or deleted:
+            admin.alter_transaction_group_config(group_id, configs, deleted)
+        described = admin.describe_transaction_group_config(group_id)
+    out.write(json.dumps({
+        "group_id": described.group_id, "configs": described.configs, "overridden": list(described.overridden),
+        "checkers": [checker._asdict() for checker in described.checkers],
+    }, indent=2) + "\n")
 
 
 def transactions_complete(bootstrap: str | Target, transactional_id: str, producer_id: int, producer_epoch: int,

@@ -73,7 +73,7 @@ from services import names
 from services.client import serde, shutdown
 from services.client._loop import LoopThread
 from services.client.accumulator import RecordAccumulator, RecordFuture, record_size_bytes
-from services.client.config import ProducerConfig
+from services.client.config import ProducerConfig, checked_prepare_metadata
 from services.client.errors import (
     ClientClosedError,
     ClientError,
@@ -455,7 +455,8 @@ class Producer:
             self._run_operation(txn, self._commit_operation())
         self._wait_operation(txn, Call.COMMIT, timeout_s)
 
-    def prepare_transaction(self, prepared_timeout_ms: int = 0, timeout_s: float | None = None) -> TransactionHandle:
+    def prepare_transaction(self, prepared_timeout_ms: int = 0, timeout_s: float | None = None, *,
+                            metadata: bytes = b"") -> TransactionHandle:
         """Sends every record of the transaction, waits for them, then moves the
         transaction to Prepared (two-phase participation) and returns its handle.
         The outcome is decided later, by whoever holds the handle:
@@ -467,14 +468,32 @@ class Producer:
         default 24 h), or when a new producer with this transactional id calls
         init_transactions(). Until then it holds the last stable offset of its
         partitions. This producer can still commit_transaction() or
-        abort_transaction() it itself; it takes no new transaction."""
+        abort_transaction() it itself; it takes no new transaction.
+
+        ``metadata`` (bytes, at most ``PREPARE_METADATA_BYTES_MAX`` = 4096) is
+        kept durably with the Prepared state and handed to the transaction
+        group's checker if the coordinator checks the transaction back (see
+        :class:`~services.client.checker.TransactionChecker`): say what lets
+        the application find its own outcome, such as its database transaction
+        id. Every attempt of this prepare sends the same bytes; calling
+        prepare_transaction() again to wait for it (after ClientTimeoutError)
+        with other metadata raises ValueError."""
         if not isinstance(prepared_timeout_ms, int) or isinstance(prepared_timeout_ms, bool) or prepared_timeout_ms < 0:
             raise ValueError(f"prepared_timeout_ms must be an int >= 0 (0: the coordinator's default), "
                              f"not {prepared_timeout_ms!r}")
+        metadata = checked_prepare_metadata(metadata)
         txn = self._transactional(Call.PREPARE)
-        if txn.start(Call.PREPARE) is Verdict.STARTED:
+        with self._prepare_lock:  # the metadata of the prepare under way is known before anyone can resume it
+            started = txn.start(Call.PREPARE) is Verdict.STARTED
+            if started:
+                self._prepare_metadata = metadata
+            elif metadata != self._prepare_metadata:
+                raise ValueError("prepare_transaction() is resumed with other metadata than the prepare under way "
+                                 f"({len(self._prepare_metadata)} bytes): a prepared transaction keeps the metadata "
+                                 "it was first given; pass the same bytes")
+        if started:
             txn.wait_sends_done()
-            self._run_operation(txn, self._prepare_operation(prepared_timeout_ms))
+            self._run_operation(txn, self._prepare_operation(prepared_timeout_ms, metadata))
         self._wait_operation(txn, Call.PREPARE, timeout_s)
         assert txn.handle is not None
         return txn.handle
@@ -593,7 +612,7 @@ class Producer:
         if not txn.completed(producer_id, producer_epoch):
             raise txn.error_unless(TxnState.READY)
 
-    async def _prepare_operation(self, prepared_timeout_ms: int) -> None:
+    async def _prepare_operation(self, prepared_timeout_ms: int, metadata: bytes) -> None:
         txn, coordinator = self._txn, self._coordinator
         assert txn is not None and coordinator is not None
         if self._offsets_tasks:
@@ -606,7 +625,7 @@ class Producer:
             txn.note_offsets_added()  # the coordinator has the transaction now, even an empty one
             handle = await coordinator.send(
                 PrepareTransactionHandler(txn.transactional_id, txn.producer_id, txn.producer_epoch,
-                                          prepared_timeout_ms), producer_epoch=txn.producer_epoch)
+                                          prepared_timeout_ms, metadata), producer_epoch=txn.producer_epoch)
         except ClientError as exc:
             txn.on_coordinator_error(exc)
             raise txn.error_unless(TxnState.PREPARING) or exc  # noqa: B904 -- the context is exc

@@ -28,6 +28,12 @@ def close_at_exit(client) -> None:
     _open.add(client)
 
 
+def closed_by_owner(client) -> None:
+    """``client`` belongs to another object that closes it itself, first (as a
+    TransactionChecker unregisters through its Admin): not closed on its own at exit."""
+    _open.discard(client)
+
+
 @atexit.register
 def _close_open_clients() -> None:
     _loop.interpreter_exiting = True

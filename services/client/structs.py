@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from services import names
-from services.stubs.txlog.v1 import common_pb2
+from services.stubs.txlog.v1 import common_pb2, transaction_check_pb2
 
 
 class TopicPartition(NamedTuple):
@@ -195,6 +195,47 @@ class TransactionDescription(NamedTuple):
     partitions: tuple[TopicPartition, ...]
     prepared_time_ms: int = -1  # when it was prepared (ms since epoch), -1 unless Prepared
     prepared_timeout_ms: int = 0  # how long it may stay Prepared, 0 unless Prepared
+    # Check-back (unset unless Prepared): what prepare_transaction(metadata=) was given,
+    prepare_metadata: bytes = b""
+    checks_done: int = 0  # checks answered without a decision so far,
+    last_check_answer: str = ""  # the last of those answers ("UNKNOWN"; "": none yet),
+    next_check_time_ms: int = -1  # when the next is due (ms since epoch); -1: none will be made
+
+
+# The answers of a TransactionCheckService: "COMMIT", "ABORT", "UNKNOWN" <-> the
+# proto's enum numbers (UNSPECIFIED, which counts as UNKNOWN, has no name here).
+_CHECK_ANSWER_PREFIX = "TRANSACTION_CHECK_ANSWER_"
+CHECK_ANSWERS: dict[str, int] = {
+    name.removeprefix(_CHECK_ANSWER_PREFIX): number
+    for name, number in transaction_check_pb2.TransactionCheckAnswer.items()
+    if number != transaction_check_pb2.TRANSACTION_CHECK_ANSWER_UNSPECIFIED}
+_CHECK_ANSWER_NAMES = {number: name for name, number in CHECK_ANSWERS.items()}
+
+
+def check_answer_name(number: int) -> str:
+    """A TransactionCheckAnswer as the SDK shows it: "COMMIT", "ABORT",
+    "UNKNOWN", or "" for UNSPECIFIED (no answer yet)."""
+    if number == transaction_check_pb2.TRANSACTION_CHECK_ANSWER_UNSPECIFIED:
+        return ""
+    return _CHECK_ANSWER_NAMES.get(number, f"Unknown({number})")
+
+
+class RegisteredChecker(NamedTuple):
+    """A checker registered for a transaction group, with what is left of its lease."""
+
+    address: str
+    lease_remaining_ms: int
+
+
+class TransactionGroupConfig(NamedTuple):
+    """A transaction group's check-back settings (DescribeTransactionGroupConfig):
+    every key with its value (defaults included), the keys set explicitly, and
+    the checkers registered now."""
+
+    group_id: str
+    configs: dict[str, str]
+    overridden: tuple[str, ...]
+    checkers: tuple[RegisteredChecker, ...]
 
 
 class HangingTransaction(NamedTuple):

@@ -1,6 +1,8 @@
 """Requests of the transactional protocol: one handler class per RPC
 (InitProducerId, AddPartitionsToTxn, AddOffsetsToTxn, TxnOffsetCommit, EndTxn,
-and the two-phase PrepareTransaction, CompleteTransaction, CommitTransactionGroup)
+the two-phase PrepareTransaction, CompleteTransaction, CommitTransactionGroup,
+and the check-back RegisterTransactionChecker, UnregisterTransactionChecker,
+AlterTransactionGroupConfig, DescribeTransactionGroupConfig)
 with ``create_request()`` and ``handle_response()``, and one driver,
 :class:`CoordinatorClient`, that finds the coordinator, sends, and sorts every
 failure in one place.
@@ -9,14 +11,17 @@ Guarantees
 ----------
 * A request goes to the coordinator of the producer's transactional id
   (Metadata ``transaction_coordinators`` from any partition_svc; when that
-  fails, FindCoordinator on a coordinator seen before), or, for
-  TxnOffsetCommit, to the group's coordinator (the partition_svc leading the
+  fails, FindCoordinator on a coordinator seen before; a request about a
+  transaction group goes to the coordinator of the group's name, the same
+  one), or, for TxnOffsetCommit, to the consumer group's coordinator (the partition_svc leading the
   group's ``__consumer_offsets`` partition).
 * Every request the driver sends is safe to send again: the coordinator answers
   a retried EndTxn whose first attempt was applied with the same outcome and
   epoch, adding partitions or offsets twice adds them once, committing the
   same offsets twice stores them once, and a prepare, completion or group
-  commit applied already is answered as applied.
+  commit applied already is answered as applied; registering a checker again
+  renews its lease, unregistering twice removes it once, and altering a
+  group's settings twice sets the same values.
 * The driver retries until the request succeeds, fails for good, or its caller
   stops it (``keep_going`` turns false: :class:`StopRetrying`; or the task is
   cancelled); each attempt is bounded by ``request_timeout_ms``.
@@ -47,7 +52,7 @@ from services.client.errors import (
 )
 from services.client.membership import GroupMetadata
 from services.client.metadata import Metadata
-from services.client.structs import TopicPartition, TransactionHandle
+from services.client.structs import RegisteredChecker, TopicPartition, TransactionGroupConfig, TransactionHandle
 from services.errors import ErrorCode
 from services.retry import RetryPolicy
 from services.stubs.txlog.v1 import common_pb2, coordinator_pb2, partition_pb2
@@ -221,14 +226,18 @@ class EndTxnHandler(TxnHandler):
 
 
 class PrepareTransactionHandler(TxnHandler):
-    """Moves the transaction (every record acknowledged) to Prepared; answers its handle."""
+    """Moves the transaction (every record acknowledged) to Prepared; answers its
+    handle. The request is built once: every attempt sends the same
+    ``prepare_metadata`` (the coordinator refuses other bytes for a transaction
+    prepared already)."""
 
     rpc = "PrepareTransaction"
 
-    def __init__(self, transactional_id: str, producer_id: int, producer_epoch: int, prepared_timeout_ms: int):
+    def __init__(self, transactional_id: str, producer_id: int, producer_epoch: int, prepared_timeout_ms: int,
+                 prepare_metadata: bytes = b""):
         self.request = coordinator_pb2.PrepareTransactionRequest(
             transactional_id=transactional_id, producer_id=producer_id, producer_epoch=producer_epoch,
-            prepared_timeout_ms=prepared_timeout_ms)
+            prepared_timeout_ms=prepared_timeout_ms, prepare_metadata=prepare_metadata)
 
     def create_request(self):
         return self.request
@@ -271,6 +280,81 @@ class CommitTransactionGroupHandler(TxnHandler):
 
     def create_request(self):
         return self.request
+
+
+# Check-back (issue 19): the transaction group's coordinator keeps its checkers
+# and settings. Each request names a group, routed as a transactional id is.
+
+
+class RegisterTransactionCheckerHandler(TxnHandler):
+    """Registers, or renews, a checker's address for a transaction group;
+    answers the lease granted, ms."""
+
+    rpc = "RegisterTransactionChecker"
+    from_producer = False
+
+    def __init__(self, group_id: str, address: str, lease_ms: int):
+        self.request = coordinator_pb2.RegisterTransactionCheckerRequest(group_id=group_id, address=address,
+                                                                         lease_ms=lease_ms)
+
+    def create_request(self):
+        return self.request
+
+    def handle_response(self, response) -> int:
+        return response.lease_ms
+
+
+class UnregisterTransactionCheckerHandler(TxnHandler):
+    """Removes a checker's registration at once."""
+
+    rpc = "UnregisterTransactionChecker"
+    from_producer = False
+
+    def __init__(self, group_id: str, address: str):
+        self.request = coordinator_pb2.UnregisterTransactionCheckerRequest(group_id=group_id, address=address)
+
+    def create_request(self):
+        return self.request
+
+    def handle_response(self, response) -> None:
+        return None
+
+
+class AlterTransactionGroupConfigHandler(TxnHandler):
+    """Sets and deletes a transaction group's check-back settings; answers every
+    setting afterwards. Sending it again sets the same values: safe to retry."""
+
+    rpc = "AlterTransactionGroupConfig"
+    from_producer = False
+
+    def __init__(self, group_id: str, configs: Mapping[str, str], delete: Sequence[str]):
+        self.request = coordinator_pb2.AlterTransactionGroupConfigRequest(group_id=group_id, set=configs,
+                                                                          delete=delete)
+
+    def create_request(self):
+        return self.request
+
+    def handle_response(self, response) -> dict[str, str]:
+        return dict(sorted(response.configs.items()))
+
+
+class DescribeTransactionGroupConfigHandler(TxnHandler):
+    """A transaction group's settings, the keys set explicitly, and its checkers."""
+
+    rpc = "DescribeTransactionGroupConfig"
+    from_producer = False
+
+    def __init__(self, group_id: str):
+        self.group = group_id
+        self.request = coordinator_pb2.DescribeTransactionGroupConfigRequest(group_id=group_id)
+
+    def create_request(self):
+        return self.request
+
+    def handle_response(self, response) -> TransactionGroupConfig:
+        return TransactionGroupConfig(
+            self.group, dict(sorted(response.configs.items())), tuple(sorted(response.overridden)),
+            tuple(RegisteredChecker(c.address, c.lease_remaining_ms) for c in response.checkers))
 
 
 # --- the driver ------------------------------------------------------------------------------------

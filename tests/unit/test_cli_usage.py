@@ -123,3 +123,27 @@ def test_a_bad_time_names_the_flag_it_came_with(capsys):
     assert cli.main(["offsets", "t", "--time", "yesterday", "--bootstrap", "127.0.0.1:1"]) == 1
     err = capsys.readouterr().err
     assert "--time takes an ISO 8601" in err and "--to-datetime" not in err
+
+
+def test_group_config_set_without_an_equals_sign_is_a_usage_error_of_its_subcommand(capsys):
+    err = usage_error(capsys, "transactions", "group-config", "orders", "--set", "transaction.check.max", "--bootstrap", "h:1")
+    assert err.startswith("usage: txlog transactions group-config")
+    assert "--set takes key=value, not 'transaction.check.max'" in err
+    err = usage_error(capsys, "transactions", "group-config", "orders", "--set", "=5", "--bootstrap", "h:1")
+    assert "--set takes key=value, not '=5'" in err
+
+
+def test_group_config_may_not_set_and_delete_the_same_key(capsys):
+    err = usage_error(capsys, "transactions", "group-config", "orders", "--set", "transaction.check.max=3",
+                      "--delete", "transaction.check.max", "--bootstrap", "h:1")
+    assert "either set or deleted, not both: transaction.check.max" in err
+
+
+def test_group_config_parses_repeated_sets_and_deletes_and_describes_without_them():
+    args = cli.parse(["transactions", "group-config", "orders", "--set", "transaction.check.interval.ms=500",
+                      "--set", "transaction.check.exhausted=keep", "--delete", "transaction.check.max"])
+    assert args.group == "orders" and args.delete == ["transaction.check.max"]
+    assert console.parse_configs(args.set, "--set") == {"transaction.check.interval.ms": "500",
+                                                       "transaction.check.exhausted": "keep"}
+    bare = cli.parse(["transactions", "group-config", "orders"])
+    assert bare.set is None and bare.delete is None
