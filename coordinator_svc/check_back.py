@@ -13,7 +13,11 @@ Bounds
 - One check per transactional id at a time.
 - A check tries the group's registered checkers in a random order until one
   answers (an instance that is gone fails fast and the next is asked); only
-  when none answers does it count as an attempt.
+  when none answers does it count as an attempt. An instance that refuses
+  because it is at its own bound of concurrent checks (RESOURCE_EXHAUSTED)
+  was reachable and decided nothing: if no other answered either, the check
+  is not counted and goes again in a later round, so a busy application
+  never sees its transactions' checks used up.
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ class CheckBack:
         self.in_flight: set[str] = set()
         self.in_flight_peak = 0
         self.checks_sent = 0
+        self.checks_declined = 0  # checks no checker took (all busy): not counted as attempts
 
     # --- registrations ----------------------------------------------------------------------
 
@@ -121,18 +126,22 @@ class CheckBack:
             prepare_metadata=meta.prepare_metadata, group_id=group_id, attempt=meta.checks_done + 1,
             prepared_time_ms=meta.prepared_ms,
         )
-        answer, asked = CheckAnswer.UNKNOWN, None
+        answer, asked, busy = CheckAnswer.UNKNOWN, None, False
         for address in self.registrations.live(group_id, self.monotonic()):
             stub = transaction_check_pb2_grpc.TransactionCheckServiceStub(self.coordinator.client.channel(address))
             self.checks_sent += 1
             try:
                 reply = await stub.CheckTransaction(request, timeout=config.timeout_ms / 1000)
             except grpc.RpcError as exc:
+                busy = busy or exc.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
                 log.info("a transaction checker did not answer", extra=fields(
                     group_id=group_id, address=address, transactional_id=handle.transactional_id, error=f"{exc.code().name}: {exc.details()}"))
                 continue
             answer, asked = ANSWERS.get(reply.answer, CheckAnswer.UNKNOWN), address
             break
+        if asked is None and busy:
+            self.checks_declined += 1
+            return  # not counted: asked again in a later round
         log.info("transaction checked back", extra=fields(
             transactional_id=handle.transactional_id, producer_id=handle.producer_id, producer_epoch=handle.producer_epoch,
             attempt=request.attempt, answer=answer.value, checker=asked or "none answered"))
