@@ -34,8 +34,8 @@ Guarantees
 * At most ``max_concurrent_checks`` checks run at once (the server's threads
   and its maximum of concurrent calls): one more is refused at once with
   RESOURCE_EXHAUSTED, so the application bounds its own load; the coordinator
-  then asks another registered instance of the group, and counts an UNKNOWN
-  attempt when none answers.
+  then asks another registered instance of the group, and when all were busy
+  asks again in a later round without counting the check.
 * ``stop()`` takes at most about ``timeout_s``: it stops renewing, removes the
   registration (best effort: a registration it could not remove lapses at the
   end of its lease), then stops the server, letting checks in flight finish
