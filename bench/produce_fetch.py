@@ -495,15 +495,27 @@ async def create_topic(channel: grpc.aio.Channel, name: str, partitions: int) ->
     # The controller elects the partitions' leaders after the topic exists: a
     # pipelined produce before then would see its first batches refused and
     # its later ones out of sequence. Wait until every partition answers.
+    # Each partition is asked at the leader metadata names (with several
+    # instances, it need not be the one behind ``channel``).
     stub = partition_pb2_grpc.PartitionServiceStub(channel)
     deadline = time.monotonic() + 60
-    wanted = [partition_pb2.ListOffsetsPartition(topic=name, partition=p, spec=partition_pb2.OFFSET_SPEC_LATEST) for p in range(partitions)]
     while True:
-        answer = await stub.ListOffsets(partition_pb2.ListOffsetsRequest(partitions=wanted), timeout=30)
-        if all(r.error.code == 0 for r in answer.results):
+        metadata = await stub.Metadata(partition_pb2.MetadataRequest(topics=[name]), timeout=30)
+        problems = []
+        for info in metadata.topics[0].partitions:
+            if info.leader_id < 0:
+                problems.append(f"partition {info.partition}: no leader yet")
+                continue
+            async with grpc.aio.insecure_channel(info.leader_address) as leader:
+                answer = await partition_pb2_grpc.PartitionServiceStub(leader).ListOffsets(partition_pb2.ListOffsetsRequest(
+                    partitions=[partition_pb2.ListOffsetsPartition(topic=name, partition=info.partition, spec=partition_pb2.OFFSET_SPEC_LATEST)]),
+                    timeout=30)
+            if answer.results[0].error.code:
+                problems.append(f"partition {info.partition}: {answer.results[0].error.message}")
+        if len(metadata.topics[0].partitions) == partitions and not problems:
             return
         if time.monotonic() > deadline:
-            raise RuntimeError(f"{name}: partitions without a leader after 60 s: {[r.error for r in answer.results if r.error.code]}")
+            raise RuntimeError(f"{name}: partitions without a leader after 60 s: {problems}")
         await asyncio.sleep(0.05)
 
 

@@ -159,6 +159,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="aborted transactions written after each committed one of the fetch data; 0: none (default 10)")
     parser.add_argument("--aborted-records", type=int, default=10, help="records of an aborted transaction (one batch; default 10)")
     parser.add_argument("--fetch-passes", type=int, default=4, help="timed passes per isolation level, alternated RC RU RU RC (default 4)")
+    parser.add_argument("--explicit-adds", dest="implicit_adds", action="store_false",
+                        help="AddPartitionsToTxn before producing, as clients before implicit adds did (default: the leaders add the "
+                             "partitions, ProduceRequest.add_to_transaction, as the SDK does)")
     parser.add_argument("--fetch-max-bytes", type=int, default=32 * 1024 * 1024, help="Fetch max_bytes (default 32 MiB)")
     args = parser.parse_args(argv)
     try:
@@ -190,8 +193,9 @@ class RequestBuilder:
     request's transactional_id are encoded per request. The first request of each
     kind is checked against the same request built field by field."""
 
-    def __init__(self, batch_records: int, key_bit: int = 0):
+    def __init__(self, batch_records: int, key_bit: int = 0, add_to_transaction: bool = False):
         self.batch_records = batch_records
+        self.add_to_transaction = add_to_transaction  # implicit partition adds (KIP-890 part 2)
         self.records = [common_pb2.Record(key=(key_bit | i).to_bytes(KEY_BYTES, "big"), value=record_value(i)) for i in range(batch_records)]
         assert key_bit or self.records[1].key == record_key(1)
         self.records_blob = common_pb2.RecordBatch(records=self.records).SerializeToString()
@@ -205,7 +209,8 @@ class RequestBuilder:
         transactional when ``transactional_id`` is not empty."""
         head = self._heads.get(transactional_id)
         if head is None:
-            head = self._heads[transactional_id] = partition_pb2.ProduceRequest(acks=-1, transactional_id=transactional_id).SerializeToString()
+            head = self._heads[transactional_id] = partition_pb2.ProduceRequest(
+                acks=-1, transactional_id=transactional_id, add_to_transaction=self.add_to_transaction and bool(transactional_id)).SerializeToString()
         parts = [head]
         for partition, base_sequence in sequences:
             header = common_pb2.RecordBatch(
@@ -223,6 +228,7 @@ class RequestBuilder:
         expected = partition_pb2.ProduceRequest(
             acks=-1,
             transactional_id=transactional_id,
+            add_to_transaction=self.add_to_transaction and bool(transactional_id),
             batches=[
                 partition_pb2.PartitionBatch(
                     topic=topic,
@@ -578,7 +584,8 @@ class TransactionalMode(ThroughputMode):
 
     async def transaction(self, batches: Iterator[tuple[bytes, int]] | None) -> tuple[dict, dict]:
         started = time.perf_counter()
-        await self.producer.add(TOPIC_THROUGHPUT, [0])
+        if not self.args.implicit_adds:
+            await self.producer.add(TOPIC_THROUGHPUT, [0])
         added = time.perf_counter()
         add_attempt = self.producer.last_attempt_s
         if batches is None:
@@ -638,7 +645,7 @@ class TransactionalMode(ThroughputMode):
 async def measure_throughput(cluster: Cluster, args: argparse.Namespace) -> dict:
     await create_topic(cluster.channel(cluster.bootstrap), TOPIC_THROUGHPUT, 1)
     leader = (await cluster.leaders(TOPIC_THROUGHPUT))[0]
-    builder = RequestBuilder(args.batch_records)
+    builder = RequestBuilder(args.batch_records, add_to_transaction=args.implicit_adds)
     idempotent = IdempotentMode(cluster, leader, args, builder)
     modes: list[ThroughputMode] = [idempotent, *(TransactionalMode(cluster, leader, args, builder, i) for i in args.intervals)]
     slice_s = args.duration_s / args.rounds
@@ -745,7 +752,8 @@ async def commit_latency(cluster: Cluster, leaders: dict[int, str], partitions: 
 
     async def transaction() -> tuple[dict[str, float], int]:
         started = time.perf_counter()
-        await producer.add(TOPIC_LATENCY, partitions)
+        if not args.implicit_adds:
+            await producer.add(TOPIC_LATENCY, partitions)
         added = time.perf_counter()
         add_attempt = producer.last_attempt_s
         replies = await asyncio.gather(*[
@@ -767,6 +775,7 @@ async def commit_latency(cluster: Cluster, leaders: dict[int, str], partitions: 
             "end_txn_answered": answered - produced,
             "end_txn_to_visible": visible - produced,
             "answered_to_visible": visible - answered,
+            "transaction_to_visible": visible - started,  # adding, producing, committing: the whole cost
         }, polls
 
     for _ in range(args.latency_warmup_txns):
@@ -803,7 +812,7 @@ async def measure_latency(cluster: Cluster, args: argparse.Namespace) -> dict:
     leaders = await cluster.leaders(TOPIC_LATENCY)
     if len(set(leaders.values())) < 2:
         progress(f"warning: {TOPIC_LATENCY} is led by one partition_svc only")
-    builder = RequestBuilder(args.latency_records)
+    builder = RequestBuilder(args.latency_records, add_to_transaction=args.implicit_adds)
     result = {}
     for count in (1, LATENCY_PARTITIONS):
         partitions = list(range(count))
@@ -815,7 +824,10 @@ async def measure_latency(cluster: Cluster, args: argparse.Namespace) -> dict:
         visible, answered = run["latency_ms"]["end_txn_to_visible"], run["latency_ms"]["end_txn_answered"]
         progress(f"  EndTxn answered p50 {answered['p50']} p99 {answered['p99']} ms; visible p50 {visible['p50']} p99 {visible['p99']} "
                  f"max {visible['max']} ms; add p50 {run['latency_ms']['add_partitions']['p50']} ms; retries {run['coordinator_retries']}")
-        result[f"partitions_{count}"] = {"baseline_produce_without_transaction": baseline, **run}
+        whole = run["latency_ms"]["transaction_to_visible"]["p50"] / baseline["latency_ms"]["p50"]
+        progress(f"  a whole transaction until visible vs a plain produce, p50: {whole:.2f}x")
+        result[f"partitions_{count}"] = {"baseline_produce_without_transaction": baseline,
+                                         "transaction_to_visible_vs_plain_produce_p50": round(whole, 2), **run}
     return result
 
 
