@@ -26,3 +26,4 @@ bench: setup
 	.venv/bin/python bench/replication.py
 	.venv/bin/python bench/metrics.py
 	.venv/bin/python bench/scale.py
+	.venv/bin/python bench/check_back.py

@@ -11,11 +11,27 @@ transaction timeout: ``read_committed`` and ``read_uncommitted`` (lists of
 consume-transform-produce group), ``ctp_input`` (its input topic), ``hanging``
 (Admin.find_hanging, as dicts), ``open_transactions`` (Admin.list_transactions
 in Ongoing/Prepare* states, as dicts), ``stuck_partitions`` (partitions whose
-read_committed end stayed below the high watermark).
+read_committed end stayed below the high watermark), ``prepared_transactions``
+(Admin.list_transactions in the Prepared state, after the run waited for the
+check-back to decide the silent owners' transactions).
 
 Transaction outcomes: ``committed`` (commit returned), ``aborted`` (it never
 asked to commit), ``indefinite`` (commit raised, or no ``end``: the worker died).
 An indefinite transaction may be either, but all or nothing of it.
+
+A silent owner's transaction (``silent.py``) is decided by the check-back
+alone, from the decision its owner recorded before the prepare (``decide``):
+``committed`` when decided commit and prepared (the check-back must commit it:
+visible exactly once, or it is a lost write, non-atomic, a duplicate),
+``aborted`` when decided abort (never visible, or it is an aborted read),
+``indefinite`` when decided commit but the prepare raised. Its commit counts
+as requested from the first COMMIT the checker answered for it (for
+read_committed_above_lso). The checker's ``check`` events are checked against
+the decisions: every check answered as recorded, none of a transaction no owner
+decided. A transaction checked again after a COMMIT or ABORT (a coordinator
+failover, a zombie coordinator) is allowed by the check-back's contract: it is
+counted (``checks_repeated``), not an anomaly; a delivery twice of its records
+is (``duplicates``).
 
 Replayed requests (``replay`` events: a copy of a marker, EndTxn or Produce of
 transaction N delivered late, into N or N+1) are faults, not anomalies: what
@@ -41,6 +57,10 @@ non_monotonic_sends   one producer object's acknowledged offsets of a partition 
 torn_transactions     a transaction's records of one partition split by another transaction of the same
                       producer (its writes spanned two transactions)
 unexpected_records    a record no worker sent
+check_answer_mismatches  the silent owners' checker answered a check otherwise than the decision recorded
+                      for it (UNKNOWN included), or for another transactional id than the decision's
+checks_of_unknown_transactions  a check of a transaction no silent owner decided
+undecided_prepared_transactions  a transaction still Prepared at the end (the check-back never decided it)
 """
 
 from __future__ import annotations
@@ -53,7 +73,8 @@ from services.chaos.history import REPLAY_KINDS
 
 ANOMALIES = ("aborted_reads", "lost_writes", "duplicates", "non_atomic_transactions", "order_violations",
              "read_committed_above_lso", "hanging_transactions", "group_offset_mismatches", "inconsistent_offsets",
-             "non_monotonic_polls", "non_monotonic_sends", "torn_transactions", "unexpected_records")
+             "non_monotonic_polls", "non_monotonic_sends", "torn_transactions", "unexpected_records",
+             "check_answer_mismatches", "checks_of_unknown_transactions", "undecided_prepared_transactions")
 EXAMPLES_MAX = 5
 
 
@@ -83,6 +104,8 @@ class Txn:
         self.commit_start_s: float | None = None
         self.error = ""
         self.replays: list[dict] = []  # replays delivered while it was open
+        self.decision: dict | None = None  # a silent owner's ``decide`` event
+        self.prepared = False  # a silent owner's prepare_transaction() returned
 
     def replays_received(self) -> dict:
         """For an example: the replays this transaction received, if any."""
@@ -120,7 +143,21 @@ def transactions(events: list[dict]) -> dict[tuple[str, int], Txn]:
             txn.outcome, txn.error = event["outcome"], event.get("error", "")
         elif kind == "replay" and event.get("delivered") and (event["worker"], event["into_txn"]) in txns:
             txns[(event["worker"], event["into_txn"])].replays.append(event)
+        elif kind == "decide":
+            txn_of(event).decision = event
+        elif kind == "prepared":
+            txn_of(event).prepared = True
+    decided = silent_transactions(txns)
+    for event in events:  # a silent transaction's commit is requested by the checker's first COMMIT for it
+        txn = decided.get(event.get("key")) if event["type"] == "check" and event["answer"] == "COMMIT" else None
+        if txn is not None and (txn.commit_start_s is None or event["t"] < txn.commit_start_s):
+            txn.commit_start_s = event["t"]
     return txns
+
+
+def silent_transactions(txns: dict[tuple[str, int], Txn]) -> dict[str, Txn]:
+    """The silent owners' transactions by their decision's key."""
+    return {txn.decision["key"]: txn for txn in txns.values() if txn.decision is not None}
 
 
 def tp_of(topic: str, partition: int) -> str:
@@ -242,6 +279,23 @@ def check(events: list[dict], final: dict) -> dict:
     for stuck in final.get("stuck_partitions", []):
         findings.add("hanging_transactions", {"read_committed_end_below_high_watermark": stuck})
 
+    # --- the check-back: the checker's answers, what it left undecided ---------------------------------
+    decided = silent_transactions(txns)
+    for event in events:
+        if event["type"] != "check":
+            continue
+        txn = decided.get(event["key"])
+        if txn is None:
+            findings.add("checks_of_unknown_transactions", {"check": event})
+            continue
+        recorded = txn.decision
+        if event["answer"] != recorded["decision"].upper() or event["transactional_id"] != recorded["transactional_id"]:
+            findings.add("check_answer_mismatches", {
+                "transaction": txn.key, "recorded": {k: recorded[k] for k in ("transactional_id", "decision")},
+                "checked": event["transactional_id"], "answered": event["answer"], "checker": event["worker"]})
+    for listing in final.get("prepared_transactions", []):
+        findings.add("undecided_prepared_transactions", {"list_transactions": listing})
+
     # --- consumer-group offsets against the output ----------------------------------------------------
     input_topic = final.get("ctp_input")
     if input_topic is not None:
@@ -325,6 +379,11 @@ def figures(events: list[dict], final: dict) -> dict:
     indefinite_visible = sum(1 for t in txns.values() if t.outcome == "indefinite" and t.sends
                              and all(uid in visible for uid in t.sends))
     replays, replay_answers = replay_figures(events)
+    decided = silent_transactions(txns)
+    checks = [e for e in events if e["type"] == "check"]
+    answers = defaultdict(int)
+    for check_event in checks:
+        answers[check_event["answer"]] += 1
     last_stats = {}
     for event in events:
         if event["type"] == "stats":
@@ -343,4 +402,12 @@ def figures(events: list[dict], final: dict) -> dict:
         "connection_cuts": sum(s["requests_dropped"] + s["responses_dropped"] for s in last_stats.values()),
         "replays": replays,
         "replay_answers": replay_answers,
+        "silent_transactions": len(decided),
+        "silent_decided_commit": sum(1 for t in decided.values() if t.decision["decision"] == "commit"),
+        "silent_prepared": sum(1 for t in decided.values() if t.prepared),
+        "silent_committed_visible": sum(1 for t in decided.values() if t.outcome == "committed" and t.sends
+                                        and all(uid in visible for uid in t.sends)),
+        "checks": len(checks),
+        "checks_by_answer": dict(answers),
+        "checks_repeated": len(checks) - len({e["key"] for e in checks}),
     }

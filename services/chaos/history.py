@@ -15,14 +15,20 @@ Guarantees
 Events (``type``; every event also has ``worker`` and ``t``, the wall clock in
 seconds, shared by the processes of one machine):
 
-    begin          txn, instance (the producer object's number), intent: commit|abort
+    begin          txn, instance (the producer object's number), intent: commit|abort [, transactional_id]
     send           txn, idx, uid, topic, partition [, src, src_topic, src_partition, src_offset]
     ack            txn, idx, uid, topic, partition, offset
     send_failed    txn, idx, uid, error
     offsets        txn, offsets {"topic/partition": next offset}
     commit_start   txn
     abort_start    txn
-    end            txn, outcome: committed|aborted|indefinite, error
+    end            txn, outcome: committed|aborted|indefinite, error [, via: check-back]
+    decide         txn, key, transactional_id, decision: commit|abort (a silent owner's local transaction,
+                   on disk in its decision store before the prepare; silent.py)
+    prepared       txn, producer_id, producer_epoch (a silent owner's prepare_transaction() returned)
+    check          transactional_id, key (the prepare_metadata), answer: COMMIT|ABORT|UNKNOWN, received,
+                   found (the checker's decision store had the key); written before the answer goes out
+    checker_started / checker_start_failed / checker_stats   the silent owners' TransactionChecker
     poll           isolation, session, t0, records [[topic, partition, offset, uid], ...]
     stats          requests_dropped, responses_dropped (connection cuts so far)
     replay_order   seq, kind, delay_s, into (a producer worker took the nemesis's order)

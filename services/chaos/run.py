@@ -4,16 +4,18 @@
    and fast checks, so that a paused or killed one is replaced within the run);
 2. topics, then the workers (``worker.py``) as processes: transactional
    producers, two subscribing members of a consume-transform-produce group,
-   read_committed and read_uncommitted pollers, each with its seed and
-   connection cuts;
+   read_committed and read_uncommitted pollers, silent owners whose
+   transactions only the check-back decides, each with its seed and
+   connection cuts, and the silent owners' checker (``silent.py``);
 3. the nemesis (``faults.py``) for ``duration_s``, from ``random.Random(seed)``:
    kills, pauses, and replays of the producers' requests (``replay.py``),
    which the producer workers deliver on the nemesis's order;
 4. healing: every process resumed or started again, the workers told to stop,
-   then a wait past the transaction timeout, so that a transaction still open
-   after that is hanging;
+   a wait (bounded) until the check-back decided every silent owner's
+   prepared transaction, the checker stopped, then a wait past the
+   transaction timeout, so that a transaction still open after that is hanging;
 5. the final read of every partition (both isolations), the ctp group's
-   offsets, Admin.find_hanging and list_transactions;
+   offsets, Admin.find_hanging and list_transactions (open, and Prepared);
 6. the checker; ``run()`` returns one dict: every anomaly count, the run's
    figures, the faults injected, the seed.
 
@@ -33,9 +35,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from services.chaos import checker
+from services.chaos import checker, silent
 from services.chaos.faults import FAULT_KINDS, Nemesis
 from services.chaos.history import read_events
+from services.chaos.worker import CHECKER_STOP_FILE
 from services.client import Admin, Consumer
 from services.client.structs import TopicPartition
 from services.cluster import LocalCluster
@@ -44,6 +47,11 @@ TOPICS = {"chaos-a": 3, "chaos-b": 2, "chaos-out": 2}
 CTP_INPUT, CTP_OUTPUT = "chaos-a", "chaos-out"
 PRODUCER_WORKERS = 3
 CTP_MEMBERS = ("ctp0", "ctp1")  # subscribing members of one consume-transform-produce group
+SILENT_OWNERS = 1  # workers whose transactions only the check-back decides
+# The silent owners' group: checked a second after the prepare; never exhausted within a run (an exhausted check
+# would abort a transaction decided commit).
+SILENT_GROUP_CONFIG = {"transaction.check.interval.ms": "1000", "transaction.check.max": "1000"}
+SILENT_DECIDED_TIMEOUT_S = 60.0
 TXN_TIMEOUT_MS = 6000
 COORDINATOR_ARGS = ["--transaction-check-interval-ms", "200", "--ownership-check-interval-ms", "300",
                     "--zookeeper-session-timeout-s", "5"]
@@ -64,13 +72,14 @@ def log(message: str) -> None:
 class Workers:
     """The workload's processes by name; ctp members can be replaced (kill_member)."""
 
-    def __init__(self, directory: Path, bootstrap: str, seed: int, cut_probability: float):
-        self.directory, self.seed = directory, seed
+    def __init__(self, directory: Path, bootstrap: str, seed: int, cut_probability: float, silent_owners: int = 0):
+        self.directory, self.seed, self.silent_owners = directory, seed, silent_owners
         topics = ",".join(f"{name}:{count}" for name, count in TOPICS.items())
         self.common = ["--bootstrap", bootstrap, "--dir", str(directory), "--stop-file", str(directory / "stop"),
                        "--txn-timeout-ms", str(TXN_TIMEOUT_MS), "--cut-probability", str(cut_probability),
                        "--topics", topics]
         self.processes: dict[str, subprocess.Popen] = {}
+        self.checker: subprocess.Popen | None = None  # the silent owners' checker: it stops after them
         self.incarnations: dict[str, int] = {}  # ctp member -> how many processes it has had
         (directory / "logs").mkdir(exist_ok=True)
 
@@ -82,6 +91,11 @@ class Workers:
             self.respawn(member)
         self._spawn("rc0", ["poller", "--isolation", "read_committed"])
         self._spawn("ru0", ["poller", "--isolation", "read_uncommitted"])
+        for i in range(self.silent_owners):
+            self._spawn(f"s{i}", ["silent", "--topics", produced])
+        if self.silent_owners:
+            self.checker = self._spawn("chk0", ["checker"])
+            del self.processes["chk0"]  # not stopped with the others (stop_checker)
 
     def producer_pids(self) -> dict[str, int]:
         return {name: p.pid for name, p in self.processes.items() if name.startswith("p")}
@@ -122,6 +136,36 @@ def stop_workers(directory: Path, workers: dict[str, subprocess.Popen]) -> list[
     return stuck
 
 
+def wait_silent_decided(bootstrap: str, timeout_s: float = SILENT_DECIDED_TIMEOUT_S) -> int:
+    """Until no silent owner's transaction is Prepared (the check-back decided
+    them all), at most ``timeout_s``; how many are still Prepared then."""
+    deadline = time.monotonic() + timeout_s
+    with Admin(bootstrap) as admin:
+        while True:
+            try:
+                left = len(admin.list_transactions(states=("Prepared",), prefix=f"{silent.GROUP}/"))
+            except Exception as exc:  # noqa: BLE001 - a coordinator still settling: ask again
+                log(f"listing the prepared transactions failed: {exc!r}")
+                left = -1
+            if left == 0 or time.monotonic() > deadline:
+                return left
+            time.sleep(0.5)
+
+
+def stop_checker(directory: Path, process: subprocess.Popen | None) -> bool:
+    """Asks the silent owners' checker to stop; False when it had to be killed."""
+    if process is None:
+        return True
+    (directory / CHECKER_STOP_FILE).touch()
+    try:
+        process.wait(timeout=WORKER_STOP_TIMEOUT_S)
+        return True
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+        return False
+
+
 def read_everything(bootstrap: str, isolation: str) -> tuple[list[list], list[str]]:
     """Every record of every partition, from the beginning to the end offsets
     seen at the start; the partitions that could not be read to their end."""
@@ -159,15 +203,21 @@ def final_state(cluster: LocalCluster) -> dict:
     with Admin(bootstrap) as admin:
         hanging = [h._asdict() for h in admin.find_hanging(list(TOPICS), max_transaction_timeout_ms=TXN_TIMEOUT_MS * 2)]
         open_txns = [t._asdict() for t in admin.list_transactions(states=OPEN_STATES)]
+        prepared = [t._asdict() for t in admin.list_transactions(states=("Prepared",))]
     return {"read_committed": read_committed, "read_uncommitted": read_uncommitted, "group_offsets": group_offsets,
-            "ctp_input": CTP_INPUT, "hanging": hanging, "open_transactions": open_txns, "stuck_partitions": stuck}
+            "ctp_input": CTP_INPUT, "hanging": hanging, "open_transactions": open_txns, "stuck_partitions": stuck,
+            "prepared_transactions": prepared}
 
 
 def run(duration_s: float, *, seed: int | None = None, directory: str | Path | None = None, keep: bool = False,
-        fault_interval_s: float = 10.0, cut_probability: float = 0.02, kinds: tuple[str, ...] = FAULT_KINDS) -> dict:
+        fault_interval_s: float = 10.0, cut_probability: float = 0.02, kinds: tuple[str, ...] = FAULT_KINDS,
+        silent_owners: int = SILENT_OWNERS) -> dict:
     """Runs the workload for ``duration_s`` under the nemesis (``kinds``: the
-    fault kinds it draws from, every one by default); returns the result
+    fault kinds it draws from, every one by default; ``silent_owners``: how
+    many silent owner workers, 0 for none and no checker); returns the result
     (``result["anomalies"]`` is the sum of every anomaly count)."""
+    if silent_owners < 0:
+        raise ValueError(f"silent_owners must be >= 0, not {silent_owners}")
     kinds = tuple(kinds)
     unknown = sorted(set(kinds) - set(FAULT_KINDS))
     if unknown or not kinds:
@@ -177,6 +227,7 @@ def run(duration_s: float, *, seed: int | None = None, directory: str | Path | N
     directory = Path(directory or tempfile.mkdtemp(prefix="txlog-chaos-")).resolve()
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "stop").unlink(missing_ok=True)
+    (directory / CHECKER_STOP_FILE).unlink(missing_ok=True)
     started_s = time.monotonic()
     cluster = LocalCluster(directory / "cluster")
     workers: Workers | None = None
@@ -187,7 +238,9 @@ def run(duration_s: float, *, seed: int | None = None, directory: str | Path | N
         cluster.wait_until_coordinators_settle()
         with Admin(cluster.state.bootstrap) as admin:
             admin.create_topics(list(TOPICS.items()))
-        workers = Workers(directory, cluster.state.bootstrap, seed, cut_probability)
+            if silent_owners:
+                admin.alter_transaction_group_config(silent.GROUP, SILENT_GROUP_CONFIG)
+        workers = Workers(directory, cluster.state.bootstrap, seed, cut_probability, silent_owners)
         workers.start()
         log(f"cluster and {len(workers.processes)} workers up in {directory}; faults every ~{fault_interval_s:.0f} s "
             f"for {duration_s:.0f} s")
@@ -203,12 +256,17 @@ def run(duration_s: float, *, seed: int | None = None, directory: str | Path | N
         cluster.wait_until_coordinators_settle(timeout_s=120)
         log(f"healed (started again: {restarted or 'none'}); stopping the workers")
         stuck_workers = stop_workers(directory, workers.processes)
+        if silent_owners:
+            left = wait_silent_decided(cluster.state.bootstrap)
+            log(f"silent owners' transactions still prepared: {left}; stopping their checker")
+            if not stop_checker(directory, workers.checker):
+                stuck_workers.append("chk0")
         time.sleep(TXN_TIMEOUT_MS / 1000 * 2 + 2)  # past the timeout: what is still open now is hanging
         log("final read")
         final = final_state(cluster)
         (directory / "final.json").write_text(json.dumps(final))
     finally:
-        for process in list(workers.processes.values()) if workers is not None else ():
+        for process in [*workers.processes.values(), *filter(None, [workers.checker])] if workers is not None else ():
             if process.poll() is None:
                 process.kill()
                 process.wait()
@@ -246,4 +304,4 @@ def run(duration_s: float, *, seed: int | None = None, directory: str | Path | N
     return summary
 
 
-__all__ = ["FAULT_KINDS", "run"]
+__all__ = ["FAULT_KINDS", "SILENT_OWNERS", "run"]

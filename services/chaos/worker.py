@@ -3,11 +3,16 @@
     python -m services.chaos.worker producer --name p0 ...   transactions of random records, committed or aborted
     python -m services.chaos.worker ctp --name ctp0 ...      a subscribing consume-transform-produce member, offsets in its transactions
     python -m services.chaos.worker poller --name rc0 --isolation read_committed ...
+    python -m services.chaos.worker silent --name s0 ...     transactions prepared, then left to the check-back
+    python -m services.chaos.worker checker --name chk0 ...  the silent owners' TransactionChecker (silent.py)
 
-Each runs until ``--stop-file`` exists. Every client gets a seeded
-:class:`~services.client.FaultInjection` (``--cut-probability``): calls whose
-request is dropped, or whose answer is lost after the server handled it -- a
-connection cut mid-call.
+Each runs until ``--stop-file`` exists, but the checker: it answers until
+``DIR/stop-checker`` exists (CHECKER_STOP_FILE), so that the run can wait for
+the silent owners' last transactions to be decided after they stopped.
+Every client gets a seeded :class:`~services.client.FaultInjection`
+(``--cut-probability``): calls whose request is dropped, or whose answer is
+lost after the server handled it -- a connection cut mid-call (the checker's
+calls excepted).
 
 A producer worker also carries out the nemesis's replay orders (``replay.py``):
 a copy of one of its transaction's marker, EndTxn or Produce requests sent again
@@ -25,6 +30,14 @@ Outcome rules (what ``end`` says)
   fenced zombie): the transaction may be committed or aborted. The producer is
   then closed and a new one takes the transactional id over (its
   ``init_transactions()`` completes or aborts the old transaction).
+
+A silent owner's transaction (``silent``) never asks to commit; its decision,
+recorded before the prepare, is what the check-back must apply:
+
+* ``committed``: decided commit and ``prepare_transaction()`` returned.
+* ``aborted``: decided abort, or a send failed before the decision.
+* ``indefinite``: decided commit but ``prepare_transaction()`` raised (the
+  prepare may have landed, or the transaction times out).
 """
 
 from __future__ import annotations
@@ -35,19 +48,24 @@ import sys
 import time
 from pathlib import Path
 
+from services.chaos import silent
 from services.chaos.history import History, decode_uid, encode_value, tp_key
 from services.chaos.replay import RecordingTransport, Replayer
-from services.client import Consumer, FaultInjection, Producer
+from services.client import Consumer, FaultInjection, Producer, TransactionChecker
 from services.client.structs import TopicPartition
 from services.client.transport import Transport
 
 PRODUCER_RPCS = frozenset({"Produce", "AddPartitionsToTxn", "AddOffsetsToTxn", "TxnOffsetCommit", "EndTxn",
-                           "InitProducerId", "FindCoordinator"})
+                           "InitProducerId", "FindCoordinator", "PrepareTransaction"})
 CONSUMER_RPCS = frozenset({"Fetch", "ListOffsets", "OffsetFetch"})
 CALL_TIMEOUT_S = 20.0
 STATS_INTERVAL_S = 2.0
 CTP_GROUP = "chaos-ctp"
 CTP_SESSION_MS = 4000  # a killed member's partitions move this long after its death
+CHECKER_STOP_FILE = "stop-checker"
+CHECKER_LEASE_MS = 3000  # renewed every second: a coordinator that took the group over learns of it within ~1 s
+SILENT_RECORDS_MAX = 4
+SILENT_PAUSE_S_MAX = 0.3  # between a silent owner's transactions
 
 
 def parse_topics(spec: str) -> dict[str, int]:
@@ -266,6 +284,84 @@ def run_ctp(worker: Worker) -> None:
             close_quietly(client)
 
 
+def run_silent_owner(worker: Worker) -> None:
+    """Transactions decided only by the check-back (silent.py): each on a new
+    producer with its own transactional id; records sent, the decision written
+    to the local store, the transaction prepared with the decision's key as
+    metadata, the producer closed without completing it."""
+    args = worker.args
+    topics = parse_topics(args.topics)
+    decisions = silent.DecisionLog(args.dir, args.name)
+    txn = 0
+    try:
+        while not worker.stopping():
+            txn += 1
+            transactional_id = silent.transactional_id_of(args.name, txn)
+            producer = worker.init_producer(transactional_id)
+            if producer is None:
+                continue
+            decision = "abort" if worker.rng.random() < args.abort_probability else "commit"
+            worker.history.record("begin", txn=txn, instance=txn, intent=decision, transactional_id=transactional_id)
+            try:
+                producer.begin_transaction()
+                futures = []
+                for idx in range(worker.rng.randint(1, SILENT_RECORDS_MAX)):
+                    topic = worker.rng.choice(sorted(topics))
+                    partition, uid = worker.rng.randrange(topics[topic]), f"{args.name}/{txn}/{idx}"
+                    worker.history.record("send", txn=txn, idx=idx, uid=uid, topic=topic, partition=partition)
+                    futures.append(producer.send(topic, encode_value(args.name, txn, idx, uid), partition=partition))
+                    futures[-1].add_done_callback(
+                        lambda f, t=txn, i=idx, u=uid, tp=topic, p=partition: worker.record_ack(t, i, u, tp, p, f))
+                producer.flush(timeout_s=CALL_TIMEOUT_S)
+                for future in futures:
+                    future.result(timeout=0)  # a record not written: no decision, the transaction is abandoned
+            except Exception as exc:  # noqa: BLE001 - it was never prepared: close() aborts it, or it times out
+                worker.history.record("end", txn=txn, outcome="aborted", error=repr(exc)[:300])
+                close_quietly(producer)
+                continue
+            key = silent.key_of(args.name, txn)
+            decisions.record(key, transactional_id, decision)  # the local transaction, on disk before the prepare
+            worker.history.record("decide", txn=txn, key=key, transactional_id=transactional_id, decision=decision)
+            try:
+                handle = producer.prepare_transaction(timeout_s=CALL_TIMEOUT_S, metadata=key.encode())
+                worker.history.record("prepared", txn=txn, producer_id=handle.producer_id,
+                                      producer_epoch=handle.producer_epoch)
+                worker.history.record("end", txn=txn, outcome="committed" if decision == "commit" else "aborted",
+                                      via="check-back")
+            except Exception as exc:  # noqa: BLE001 - the prepare may have landed: decided by the check-back then
+                worker.history.record("end", txn=txn, outcome="indefinite" if decision == "commit" else "aborted",
+                                      error=repr(exc)[:300])
+            close_quietly(producer)  # leaves a prepared transaction as it is
+            time.sleep(worker.rng.random() * SILENT_PAUSE_S_MAX)
+    finally:
+        decisions.close()
+
+
+def run_checker(worker: Worker) -> None:
+    """The silent owners' application: a TransactionChecker of their group,
+    answering from their stores, until CHECKER_STOP_FILE exists. It renews its
+    registration itself, at whichever coordinator owns the group by then."""
+    args = worker.args
+    stop_file = Path(args.dir) / CHECKER_STOP_FILE
+    answers = silent.Answers(silent.Decisions(args.dir), worker.history)
+    checker = None
+    while checker is None and not stop_file.exists():
+        candidate = TransactionChecker(args.bootstrap, silent.GROUP, answers, lease_ms=CHECKER_LEASE_MS,
+                                       max_concurrent_checks=32)
+        try:
+            checker = candidate.start()
+        except Exception as exc:  # noqa: BLE001 - the cluster may be failing over: a new checker, again
+            worker.history.record("checker_start_failed", error=repr(exc)[:300])
+            time.sleep(0.5)
+    worker.history.record("checker_started", address=checker.address if checker else None)
+    while not stop_file.exists():
+        time.sleep(0.2)
+    if checker is not None:
+        checker.stop()
+        worker.history.record("checker_stats", answered=checker.checks_answered, renewals=checker.renewals,
+                              renewal_failures=checker.renewal_failures)
+
+
 def run_poller(worker: Worker) -> None:
     """Polls every partition from the beginning, recording each poll's records;
     a new consumer (after an error) starts a new ``session``."""
@@ -296,7 +392,7 @@ def run_poller(worker: Worker) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m services.chaos.worker")
-    parser.add_argument("kind", choices=("producer", "ctp", "poller"))
+    parser.add_argument("kind", choices=("producer", "ctp", "poller", "silent", "checker"))
     parser.add_argument("--name", required=True)
     parser.add_argument("--bootstrap", required=True)
     parser.add_argument("--dir", required=True, help="the run's folder (history/ goes there)")
@@ -314,7 +410,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     worker = Worker(args)
     try:
-        {"producer": run_producer, "ctp": run_ctp, "poller": run_poller}[args.kind](worker)
+        {"producer": run_producer, "ctp": run_ctp, "poller": run_poller, "silent": run_silent_owner,
+         "checker": run_checker}[args.kind](worker)
     finally:
         worker.write_stats()
         worker.history.record("exit")

@@ -1,6 +1,8 @@
 """The chaos workload, short, on a real local cluster: producers committing and
 aborting, consume-transform-produce with offsets in its transactions, pollers
-of both isolations, on three partition_svc with every partition replicated
+of both isolations, a silent owner whose prepared transactions only the
+check-back decides (its TransactionChecker answering from the decisions it
+recorded before preparing), on three partition_svc with every partition replicated
 three times, under every fault kind (kill -9 and restart of each service and
 ZooKeeper, of a busy partition's leader, a replica's data directory wiped,
 SIGSTOP/SIGCONT of a leader, of a coordinator and of a producer,
@@ -19,13 +21,15 @@ WORKLOAD_S = 175  # each of the 13 fault kinds at least once, at one fault every
 
 
 def test_no_anomaly_under_every_kind_of_fault(tmp_path):
-    summary = run(WORKLOAD_S, seed=SEED, directory=tmp_path / "chaos", keep=True, fault_interval_s=6)
+    summary = run(WORKLOAD_S, seed=SEED, directory=tmp_path / "chaos", keep=True, fault_interval_s=6, silent_owners=1)
     print(summary)
     anomalies = {kind: summary[kind] for kind in ANOMALIES if summary[kind]}
     assert anomalies == {}, f"seed {SEED}: anomalies {anomalies}; examples in {summary['dir']}/result.json"
     assert summary["committed"] > 0 and summary["aborted"] > 0, summary
     assert summary["final_read_committed"] > 0, summary
     assert summary["records_polled"] > 0, summary
+    assert summary["silent_prepared"] > 0 and summary["silent_committed_visible"] > 0, summary
+    assert summary["checks_by_answer"].get("COMMIT", 0) > 0 and summary["checks_by_answer"].get("ABORT", 0) > 0, summary
     assert summary["fault_errors"] == [], summary
     assert summary["stuck_workers"] == [], summary
     missing = [kind for kind in (*FAULT_KINDS, "connection_cuts") if summary["faults"][kind] == 0]

@@ -299,3 +299,118 @@ def test_a_replay_not_delivered_is_not_named():
     result = s.check()
     assert_only(result, "aborted_reads")
     assert "replays_received" not in result["examples"]["aborted_reads"][0]
+
+
+# --- silent owners: transactions decided only by the check-back ----------------------------------------
+
+
+def silent_txn(s, worker, txn, writes, decision, prepared=True):
+    """A silent owner's transaction as worker.run_silent_owner records it; returns (key, uids)."""
+    key, transactional_id = f"{worker}/{txn}", f"chaos-silent/{worker}-{txn}"
+    s.event("begin", worker, txn=txn, instance=txn, intent=decision, transactional_id=transactional_id)
+    uids = []
+    for idx, (topic, partition, offset) in enumerate(writes):
+        uids.append(f"{worker}/{txn}/{idx}")
+        s.event("send", worker, txn=txn, idx=idx, uid=uids[-1], topic=topic, partition=partition)
+        s.event("ack", worker, txn=txn, idx=idx, uid=uids[-1], topic=topic, partition=partition, offset=offset)
+    s.event("decide", worker, txn=txn, key=key, transactional_id=transactional_id, decision=decision)
+    if prepared:
+        s.event("prepared", worker, txn=txn, producer_id=40 + txn, producer_epoch=0)
+        s.event("end", worker, txn=txn, outcome="committed" if decision == "commit" else "aborted", via="check-back")
+    else:
+        s.event("end", worker, txn=txn, outcome="indefinite" if decision == "commit" else "aborted", error="timed out")
+    return key, uids
+
+
+def checked(s, key, answer, transactional_id=None, checker="chk0"):
+    worker, txn = key.rsplit("/", 1)
+    s.event("check", checker, transactional_id=transactional_id or f"chaos-silent/{worker}-{txn}", key=key,
+            answer=answer, received=s.now, found=answer != "UNKNOWN")
+
+
+def silent_clean() -> Scenario:
+    """clean() plus a silent owner: s0#1 decided commit (checked, visible), s0#2 decided abort (checked, not
+    visible), s0#3 decided commit but its prepare raised (never prepared: aborted at its timeout)."""
+    s = clean()
+    key, uids = silent_txn(s, "s0", 1, [("a", 0, 5), ("b", 0, 1)], "commit")
+    checked(s, key, "COMMIT")
+    s.appear([("a", 0, 5, uids[0]), ("b", 0, 1, uids[1])])
+    key, uids = silent_txn(s, "s0", 2, [("a", 0, 6)], "abort")
+    checked(s, key, "ABORT")
+    s.appear([("a", 0, 6, uids[0])], committed=False)
+    _, uids = silent_txn(s, "s0", 3, [("a", 0, 7)], "commit", prepared=False)
+    s.appear([("a", 0, 7, uids[0])], committed=False)
+    s.final["prepared_transactions"] = []
+    return s
+
+
+def test_silent_transactions_decided_as_recorded_report_zero_of_every_anomaly():
+    s = silent_clean()
+    checked(s, "s0/1", "COMMIT")  # asked again after a coordinator failover: the same answer, not an anomaly
+    result = s.check()
+    assert all(count == 0 for count in result["counts"].values()), result
+    numbers = figures(s.events, {"read_committed": s.rc, "read_uncommitted": s.ru})
+    assert (numbers["silent_transactions"], numbers["silent_decided_commit"], numbers["silent_prepared"]) == (3, 2, 2)
+    assert numbers["silent_committed_visible"] == 1
+    assert (numbers["checks"], numbers["checks_by_answer"], numbers["checks_repeated"]) == (3, {"COMMIT": 2, "ABORT": 1}, 1)
+
+
+def test_a_silent_transaction_decided_commit_and_never_visible_is_a_lost_write():
+    s = silent_clean()
+    s.rc = [r for r in s.rc if not r[3].startswith("s0/1/")]
+    result = s.check()
+    assert_only(result, "lost_writes", count=2)
+    assert result["examples"]["lost_writes"][0]["transaction"] == "s0#1"
+
+
+def test_a_silent_transaction_decided_abort_and_visible_is_an_aborted_read():
+    s = silent_clean()
+    s.rc.append(["a", 0, 6, "s0/2/0"])
+    result = s.check()
+    assert_only(result, "aborted_reads")
+    assert result["examples"]["aborted_reads"][0]["transaction"] == "s0#2"
+
+
+def test_a_silent_transaction_visible_twice_is_a_duplicate():
+    s = silent_clean()
+    s.rc.append(["a", 1, 0, "s0/1/0"])
+    s.ru.append(["a", 1, 0, "s0/1/0"])
+    assert_only(s.check(), "duplicates", count=2)  # in both reads
+
+
+@pytest.mark.parametrize("answer, transactional_id", [
+    ("ABORT", None),  # against the recorded commit
+    ("UNKNOWN", None),  # the store lost a decision made before the prepare
+    ("COMMIT", "chaos-silent/s0-9"),  # the decision of another transaction
+])
+def test_a_check_answered_otherwise_than_the_recorded_decision_is_a_mismatch(answer, transactional_id):
+    s = silent_clean()
+    checked(s, "s0/1", answer, transactional_id)
+    result = s.check()
+    assert_only(result, "check_answer_mismatches")
+    example = result["examples"]["check_answer_mismatches"][0]
+    assert example["transaction"] == "s0#1" and example["recorded"]["decision"] == "commit"
+
+
+def test_a_check_of_a_transaction_no_owner_decided_is_a_check_of_an_unknown_transaction():
+    s = silent_clean()
+    checked(s, "s7/1", "UNKNOWN")
+    result = s.check()
+    assert_only(result, "checks_of_unknown_transactions")
+    assert result["examples"]["checks_of_unknown_transactions"][0]["check"]["key"] == "s7/1"
+
+
+def test_a_transaction_still_prepared_at_the_end_is_undecided():
+    s = silent_clean()
+    s.final["prepared_transactions"] = [{"transactional_id": "chaos-silent/s0-1", "producer_id": 41, "state": "Prepared",
+                                         "producer_epoch": 0}]
+    assert_only(s.check(), "undecided_prepared_transactions")
+
+
+def test_a_read_committed_poll_of_a_silent_commit_before_the_checker_answered_is_above_the_lso():
+    s = Scenario()
+    key, uids = silent_txn(s, "s0", 1, [("a", 0, 0)], "commit")
+    s.appear([("a", 0, 0, uids[0])])
+    s.poll("rc0", "read_committed", [("a", 0, 0, uids[0])])  # before any COMMIT answer
+    checked(s, key, "COMMIT")
+    assert_only(s.check(), "read_committed_above_lso")
