@@ -84,9 +84,12 @@ class GroupCheckConfig:
 
     overrides: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
 
+    def __post_init__(self):  # parsed once: every check round reads them for every prepared transaction
+        values = {key: parse(key, self.overrides.get(key, default)) for key, (parse, default) in SETTINGS.items()}
+        object.__setattr__(self, "_values", values)
+
     def value(self, key: str):
-        parse, default = SETTINGS[key]
-        return parse(key, self.overrides.get(key, default))
+        return self._values[key]
 
     @property
     def interval_ms(self) -> int:
@@ -121,10 +124,9 @@ def altered(config: GroupCheckConfig, to_set: dict[str, str], to_delete: list[st
     both = sorted(set(to_set) & set(to_delete))
     if both:
         raise error("INVALID_CONFIG", f"{both} both set and deleted in one change")
-    for key, text in to_set.items():
-        SETTINGS[key][0](key, text)
+    parsed = {key: str(SETTINGS[key][0](key, text)) for key, text in to_set.items()}  # kept as used: " 15", "1_5" are 15
     overrides = {k: v for k, v in config.overrides.items() if k not in to_delete}
-    overrides.update(to_set)
+    overrides.update(parsed)
     return GroupCheckConfig(MappingProxyType(dict(sorted(overrides.items()))))
 
 
@@ -183,14 +185,18 @@ ADDRESS_CHARS_MAX = 255
 
 
 def check_checker_address(address: str) -> str:
-    """host:port with a concrete host (a checker is dialled at it) and a port 1..65535."""
+    """host:port with a concrete host (a checker is dialled at it) and a port 1..65535;
+    an IPv6 host in brackets ([::1]:5), as gRPC reads an unbracketed one whole as the host."""
     host, sep, port = address.rpartition(":")
-    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    bracketed = host.startswith("[") and host.endswith("]")
+    host = host[1:-1] if bracketed else host
     problem = None
     if not sep or not host or len(address) > ADDRESS_CHARS_MAX or any(c.isspace() for c in address):
         problem = f"host:port of at most {ADDRESS_CHARS_MAX} characters"
-    elif not port.isdigit() or not 1 <= int(port) <= 65535:
+    elif not (port.isascii() and port.isdigit()) or not 1 <= int(port) <= 65535:
         problem = "a port 1..65535"
+    elif ":" in host and not bracketed:
+        problem = "an IPv6 host in brackets, as [::1]:50051"
     else:
         try:
             unspecified = ipaddress.ip_address(host).is_unspecified

@@ -17,12 +17,14 @@ from services import errors
 from services.stubs.txlog.v1 import (
     common_pb2,
     coordinator_pb2,
+    partition_pb2,
     transaction_check_pb2,
     transaction_check_pb2_grpc,
 )
 
 S = coordinator_pb2
 COMMITTED = common_pb2.ISOLATION_LEVEL_READ_COMMITTED
+TAKEOVER_TIMEOUT_S = 60  # ZooKeeper session expiry (10 s) + ownership check + load, with room for a slow machine
 COMMIT, ABORT, UNKNOWN = (transaction_check_pb2.TRANSACTION_CHECK_ANSWER_COMMIT, transaction_check_pb2.TRANSACTION_CHECK_ANSWER_ABORT,
                           transaction_check_pb2.TRANSACTION_CHECK_ANSWER_UNKNOWN)
 
@@ -240,3 +242,50 @@ def test_prepare_metadata_over_the_bound_is_refused_and_nothing_is_prepared(raw)
             prepare_metadata=b"x" * 4097), timeout=10)
     assert errors.from_rpc_error(info.value).name == "INVALID_REQUEST"
     assert producer.describe().state == S.TRANSACTION_STATE_ONGOING
+
+
+def owner_of(raw, group) -> str | None:
+    """The address of the coordinator owning ``group``'s transaction log partition, None while it has none."""
+    found = raw.metadata(partition_pb2.MetadataRequest(transactional_ids=[group])).transaction_coordinators[0]
+    return found.address if found.error.code == 0 else None
+
+
+def test_the_check_count_survives_a_coordinator_failover_and_the_new_owner_asks_the_next_attempt(raw, checkers, txn_cluster):
+    raw.create_topic("failover", 1)
+    owner_gone, decided = threading.Event(), threading.Event()
+
+    def first_owners_checker(request):
+        if request.attempt >= 3:
+            owner_gone.wait(TAKEOVER_TIMEOUT_S)  # the third check stays unanswered until its coordinator is killed
+        return UNKNOWN
+    first = checkers(first_owners_checker)
+    second = checkers(lambda r: COMMIT if decided.is_set() else UNKNOWN)
+    register(raw, "fo", first.address)
+    alter(raw, "fo", transaction_check_interval_ms=300, transaction_check_max=1000, transaction_check_timeout_ms=60_000)
+    producer, handle = prepared(raw, "failover", "fo/t", "once")
+    old_owner = owner_of(raw, "fo")
+    try:
+        wait_until(lambda: producer.describe().checks_done == 2, what="two checks answered UNKNOWN at the first owner")
+        wait_until(lambda: [r.attempt for r in first.requests] == [1, 2, 3], what="the first owner's third check, in flight")
+        txn_cluster.kill(next(n for n, info in txn_cluster.state.services.items() if info.address == old_owner))  # SIGKILL
+    finally:
+        owner_gone.set()
+    # Registrations live in the coordinator's memory: the application registers again at the new owner (its renewal loop would).
+    wait_until(lambda: owner_of(raw, "fo") not in (None, old_owner), TAKEOVER_TIMEOUT_S, what="another coordinator owning the group")
+    wait_until(lambda: register(raw, "fo", second.address).lease_ms > 0, TAKEOVER_TIMEOUT_S, what="the checker registered at the new owner")
+
+    wait_until(lambda: len(second.requests) >= 2, TAKEOVER_TIMEOUT_S, what="two checks by the new owner")
+    # the third check died with the first owner unanswered, so uncounted: the new owner asks it again, then the fourth
+    assert [r.attempt for r in second.requests[:2]] == [3, 4]
+    assert {(r.transactional_id, r.producer_id, r.producer_epoch, r.group_id) for r in second.requests} == {
+        (handle.transactional_id, handle.producer_id, handle.producer_epoch, "fo")}
+    assert len({r.prepared_time_ms for r in first.requests + second.requests}) == 1
+    wait_until(lambda: producer.describe().checks_done >= 4, what="the new owner's count")
+    assert [r.attempt for r in first.requests] == [1, 2, 3]  # the first owner's checker was asked nothing since
+
+    decided.set()  # the application's database now says the transaction committed
+    wait_until(state_is(producer, S.TRANSACTION_STATE_COMPLETE_COMMIT), what="the check-back's commit at the new owner")
+    wait_until(lambda: committed_values(raw, "failover") == ["once"], what="the record, visible to read_committed")
+    attempts = [r.attempt for r in second.requests]
+    assert attempts == list(range(3, 3 + len(attempts))), attempts  # one attempt each, counting on from the first owner's
+    assert committed_values(raw, "failover") == ["once"]

@@ -1,5 +1,6 @@
 """The transaction coordinator against a reference model of Kafka's Transactions V2
-(KIP-890) and our two-phase extension (Prepared, CompleteTransaction, group commit).
+(KIP-890) and our two-phase extension (Prepared, CompleteTransaction, group commit,
+check-back answers).
 
 The REAL :class:`TransactionCoordinator` runs (its ``handle_*`` methods, the
 timers, the completion tasks) on one loaded ``__transaction_state`` partition.
@@ -8,7 +9,10 @@ in-memory transaction log (a record is durable once appended; writes of chosen
 Complete* records can be held), a marker sender that records the markers it is
 asked for (and can hold their acknowledgement, so "completing" is observable),
 a producer-id counter that yields as a real allocation does, a fixed partition
-count, and a clock the test moves.
+count, a checker that answers as it is told (ScriptedChecker), and a clock the
+test moves. A check-back answer about a handle is applied as CheckBack applies one
+(``coordinator.carry_out`` with ``check_rules.decide_answer``); the rounds of the
+real check-back run in test_check_back_model.py, on this harness and model.
 
 The model (:func:`step`) is a small table of what each request must answer and
 what it changes. It is a set of possible worlds: where the rules allow more than
@@ -16,7 +20,8 @@ one answer (a retriable CONCURRENT_TRANSACTIONS while a completion is in flight,
 Kafka's fence on a late InitProducerId), each is kept, and the worlds that disagree
 with what the coordinator then shows are dropped. Requests run one at a time, or
 two at once (``asyncio.gather``), which must then be explained by some serial
-order of the two, each possibly answered CONCURRENT_TRANSACTIONS with no effect.
+order of the two, each possibly answered CONCURRENT_TRANSACTIONS with no effect
+(a check-back answer: answered, with nothing done, while the other's write is in flight).
 
 Guarantees checked after every step, each failing with the rule's name:
 - every record written for an id, in order, is an edge of :data:`TV2_VALID_PREVIOUS_STATES`,
@@ -26,10 +31,14 @@ Guarantees checked after every step, each failing with the rule's name:
   durable, carry its bumped epoch, strictly above the epoch the data was written with
   (PrepareTransaction's seals, if any, only once Prepared is durable, at its epoch);
 - a fenced producer's epoch is neither the current nor the last epoch, and no request
-  with it is ever answered OK;
-- EndTxn and CompleteTransaction answer an epoch above the one they were sent with;
+  with it is ever answered OK (a check-back's UNKNOWN about its handle is answered
+  with nothing done);
+- EndTxn, CompleteTransaction and a check-back's decision answer an epoch above the
+  one they were sent with;
 - every answer and every state change is one the model allows (retries, replays,
-  reordering, timeouts, group commits).
+  reordering, timeouts, group commits, check-back answers: COMMIT/ABORT as
+  CompleteTransaction with the handle, UNKNOWN counted only for the prepared one);
+  a prepared transaction's check count and last check time are the model's.
 
 The state machine runs with ``derandomize=True``: a failure replays identically and
 hypothesis prints its shrunk steps.
@@ -39,7 +48,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import time
+import json
 from dataclasses import dataclass, replace
 
 import pytest
@@ -47,6 +56,9 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule, run_state_machine_as_test
 
+from coordinator_svc import check_rules
+from coordinator_svc.check_back import ANSWER_PROTOS
+from coordinator_svc.check_rules import CheckAnswer
 from coordinator_svc.coordinator import TransactionCoordinator
 from coordinator_svc.markers import MarkerSet
 from coordinator_svc.state_manager import CoordinatorConfig, LoadedPartition
@@ -58,11 +70,12 @@ from coordinator_svc.transaction_state import (
     TransactionRecord,
     TransactionState,
 )
-from coordinator_svc.txn_log import DECISION_KEY_PREFIX, FENCE_KEY, decision_key
+from coordinator_svc.txn_log import DECISION_KEY_PREFIX, FENCE_KEY, GROUP_CONFIG_KEY_PREFIX, decision_key
 from services.coordinators import PartitionOwner
 from services.errors import ErrorCode, TxlogError
 from services.hashing import partition_for_id
 from services.protocol import CONSUMER_OFFSETS_TOPIC
+from services.stubs.txlog.v1 import transaction_check_pb2
 
 S = TransactionState
 
@@ -104,6 +117,12 @@ NO_EPOCH = -1
 BUSY = "CONCURRENT_TRANSACTIONS"
 # What a request with an old epoch may be answered (all refusals; which one is the coordinator's choice).
 STALE = frozenset({"PRODUCER_FENCED", "INVALID_PRODUCER_EPOCH", "INVALID_PRODUCER_ID_MAPPING", "INVALID_TXN_STATE"})
+# Check-back (check_rules.py): the group's interval, its first maximum (test_check_back_model.py changes it
+# and the policy), and the application's checker, registered for the group from the start.
+CHECK_INTERVAL_MS = 500
+CHECK_MAX = 3
+CHECKER = "checker.shop:50051"
+ANSWERS = tuple(a.value for a in CheckAnswer)  # COMMIT | ABORT | UNKNOWN
 
 
 # --- fakes of the coordinator's I/O collaborators (no protocol in them) ---------------------
@@ -144,20 +163,25 @@ class InMemoryTransactionLog:
     async def remove_decision(self, decision_id: str) -> None:
         await self.append(decision_key(decision_id), None)
 
+    async def write_group_config(self, group_id: str, overrides: dict[str, str]) -> None:
+        await self.append(GROUP_CONFIG_KEY_PREFIX + group_id.encode(), json.dumps(overrides).encode() if overrides else None)
+
     async def read_all(self):
-        records, decisions = {}, {}
+        records, decisions, group_configs = {}, {}, {}
         for key, value in self.entries:
             if key == FENCE_KEY:
                 continue
-            if key.startswith(DECISION_KEY_PREFIX):
+            if key.startswith(GROUP_CONFIG_KEY_PREFIX):
+                group_configs[key[len(GROUP_CONFIG_KEY_PREFIX):].decode()] = {} if value is None else json.loads(value)
+            elif key.startswith(DECISION_KEY_PREFIX):
                 decision_id = key[len(DECISION_KEY_PREFIX):].decode()
                 decisions[decision_id] = None if value is None else GroupDecision.decode(decision_id, value)
             else:
                 records[key.decode()] = None if value is None else TransactionRecord.decode(key.decode(), value)
-        return records, decisions
+        return records, decisions, group_configs
 
     def _is_held(self, key: bytes, value: bytes | None) -> bool:
-        if value is None or key == FENCE_KEY or key.startswith(DECISION_KEY_PREFIX) or key.decode() not in self.held:
+        if value is None or not is_transaction_key(key) or key.decode() not in self.held:
             return False
         return TransactionRecord.decode(key.decode(), value).state in (S.COMPLETE_COMMIT, S.COMPLETE_ABORT)
 
@@ -171,8 +195,13 @@ class InMemoryTransactionLog:
         return [
             (i, TransactionRecord.decode(k.decode(), v))
             for i, (k, v) in enumerate(self.entries)
-            if v is not None and k != FENCE_KEY and not k.startswith(DECISION_KEY_PREFIX)
+            if v is not None and is_transaction_key(k)
         ]
+
+
+def is_transaction_key(key: bytes) -> bool:
+    """A transactional id's record (not the fence, a group decision or a group's settings)."""
+    return key != FENCE_KEY and not key.startswith(DECISION_KEY_PREFIX) and not key.startswith(GROUP_CONFIG_KEY_PREFIX)
 
 
 @dataclass(frozen=True)
@@ -238,9 +267,13 @@ class CountingProducerIds:
 
 
 class FixedPartitionClient:
-    """Stands in for PartitionClient: the partition counts of the topics that exist."""
+    """Stands in for PartitionClient: the partition counts of the topics that exist,
+    and the channel to the application's checker (ScriptedChecker)."""
 
     COUNTS = {"events": len(TOPIC_PARTITIONS), CONSUMER_OFFSETS_TOPIC: OFFSETS_PARTITIONS}
+
+    def __init__(self, checker: ScriptedChecker):
+        self.checker = checker
 
     async def partition_count(self, topic: str) -> int | None:
         return self.COUNTS.get(topic)
@@ -248,24 +281,58 @@ class FixedPartitionClient:
     async def refresh(self, topics) -> None:
         return None
 
+    def channel(self, address: str) -> ScriptedChecker:
+        assert address == CHECKER, address
+        return self.checker
+
+
+class ScriptedChecker:
+    """Stands in for a channel to the application's TransactionCheckService:
+    answers every CheckTransaction with ``answer``, yielding once as a call
+    does, and keeps the requests."""
+
+    def __init__(self):
+        self.answer = CheckAnswer.UNKNOWN.value
+        self.asked: list[transaction_check_pb2.CheckTransactionRequest] = []
+
+    def unary_unary(self, method, request_serializer=None, response_deserializer=None, **_):
+        assert method.endswith("/CheckTransaction"), method
+
+        async def call(request, timeout=None):
+            self.asked.append(request)
+            await asyncio.sleep(0)
+            return transaction_check_pb2.CheckTransactionResponse(answer=ANSWER_PROTOS[CheckAnswer(self.answer)])
+        return call
+
 
 # --- requests and the harness that sends them to the real coordinator ---------------------
 
 @dataclass(frozen=True)
 class Req:
-    kind: str  # init | add | offsets | verify | end | prepare | complete | group | timeouts
+    kind: str  # init | add | offsets | verify | end | prepare | complete | group | timeouts | check | checks_due | settings | (un)register
     tid: str = ""
     pid: int = -1
     epoch: int = -1
     committed: bool = False
     parts: frozenset = frozenset()
     handles: tuple = ()
+    answer: str = ""  # check: the checker's answer about the handle; checks_due: what the checker answers each check
+    check_max: int = CHECK_MAX  # settings: the group's transaction.check.max
+    keep: bool = False  # settings: its transaction.check.exhausted is "keep"
 
     def __repr__(self) -> str:
         if self.kind == "group":
             return "CommitGroup(" + ", ".join(f"{h.transactional_id}@{h.producer_id}/{h.producer_epoch}" for h in self.handles) + ")"
         if self.kind == "timeouts":
             return "AbortTimedOut()"
+        if self.kind == "check":
+            return f"CheckAnswered({self.tid} {self.pid}/{self.epoch} {self.answer})"
+        if self.kind == "checks_due":
+            return f"ChecksDue(checker answers {self.answer})"
+        if self.kind in ("register", "unregister"):
+            return f"{self.kind.capitalize()}TransactionChecker({CHECKER})"
+        if self.kind == "settings":
+            return f"AlterGroupConfig(check.max={self.check_max}, exhausted={'keep' if self.keep else 'abort'})"
         name = {"init": "InitProducerId", "add": "AddPartitions", "offsets": "AddOffsets", "verify": "VerifyPartitions",
                 "end": "EndTxn", "prepare": "Prepare", "complete": "CompleteTransaction"}[self.kind]
         extra = ""
@@ -300,6 +367,11 @@ def group(*handles: Handle):
     return Req("group", handles=tuple(handles))
 
 
+def check(handle: Handle, answer: str):
+    """A checker's answer about ``handle``, applied as CheckBack applies one."""
+    return Req("check", handle.transactional_id, handle.producer_id, handle.producer_epoch, answer=answer)
+
+
 Outcome = tuple  # ("ok", value) | ("err", code name) | ("bug", message)
 
 
@@ -319,16 +391,19 @@ class Harness:
         self.log = InMemoryTransactionLog()
         self.markers = RecordingMarkers(self.log)
         self.ids = CountingProducerIds()
+        self.checker = ScriptedChecker()
         config = CoordinatorConfig(
             node_id=1, zookeeper_root="/txlog", transaction_state_partitions=1, transaction_timeout_ms_max=60_000,
             transactional_id_expiration_ms=10**12, ownership_lease_ms=10**9, prepared_transaction_timeout_ms=10_000,
         )
-        self.coordinator = TransactionCoordinator(config, None, None, FixedPartitionClient(), self.ids, clock_ms=lambda: self.now_ms,
-                                                  markers=self.markers)
+        self.coordinator = TransactionCoordinator(config, None, None, FixedPartitionClient(self.checker), self.ids, clock_ms=lambda: self.now_ms,
+                                                  monotonic=lambda: self.now_ms / 1000, markers=self.markers)
         self.coordinator.state.partition_count = 1
         owner = PartitionOwner(node_id=1, coordinator_epoch=3, log_producer_id=900)
-        self.loaded = LoadedPartition(0, owner, self.log, loaded=True, confirmed_s=time.monotonic())
+        self.loaded = LoadedPartition(0, owner, self.log, loaded=True, confirmed_s=self.now_ms / 1000)
         self.coordinator.state.partitions[0] = self.loaded
+        for setup in (Req("register"), Req("settings")):
+            assert self.loop.run_until_complete(self.call(setup))[0] == "ok", setup
 
     def close(self) -> None:
         tasks = list(self.loaded.tasks)
@@ -369,6 +444,21 @@ class Harness:
                 value = await c.handle_commit_group(GROUP, list(r.handles))
             elif r.kind == "timeouts":
                 value = await c.abort_timed_out()
+            elif r.kind == "check":  # as CheckBack._check applies an answer, with the answer seen
+                handle, answer = Handle(r.tid, r.pid, r.epoch), CheckAnswer(r.answer)
+                config, now = c.state.group_config(self.loaded, GROUP), c.clock_ms()
+                value = await c.carry_out(self.loaded, r.tid, lambda m, spare: check_rules.decide_answer(m, handle, answer, config, now, spare))
+            elif r.kind == "checks_due":  # one round of the real check-back, the checker answering r.answer
+                self.checker.answer = r.answer
+                value = await c.check_back.check_due()
+            elif r.kind == "register":
+                value = c.check_back.register(GROUP, CHECKER, check_rules.LEASE_MS_MAX)  # no run lasts that long
+            elif r.kind == "unregister":
+                value = c.check_back.unregister(GROUP, CHECKER)
+            elif r.kind == "settings":
+                value = await c.alter_group_config(GROUP, {
+                    check_rules.CHECK_INTERVAL_MS: str(CHECK_INTERVAL_MS), check_rules.CHECK_MAX: str(r.check_max),
+                    check_rules.CHECK_EXHAUSTED: "keep" if r.keep else "abort"}, [])
             else:
                 raise ValueError(r.kind)
         except TxlogError as exc:
@@ -383,7 +473,7 @@ class Harness:
         for _ in range(5_000):
             await asyncio.sleep(0)
             now = (len(self.log.entries), len(self.markers.asked), self.ids.issued, len(self.loaded.tasks),
-                   self.log.waiting, self.markers.waiting)
+                   self.log.waiting, self.markers.waiting, len(self.checker.asked))
             quiet, last = (quiet + 1, last) if now == last else (0, now)
             if quiet >= 10:
                 return
@@ -437,6 +527,8 @@ class Txn:
     decided: tuple[int, bool] | None = None  # (epoch the decision was asked with, committed) until the id moves on
     start_ms: int = -1
     prepared_ms: int = -1
+    checks: int = 0  # while Prepared: check-backs answered without a decision
+    last_check_ms: int = -1  # and when the last of them was
 
 
 @dataclass(frozen=True)
@@ -444,6 +536,9 @@ class World:
     txns: tuple = ()  # ((tid, Txn), ...) sorted
     markers_held: bool = False
     held_complete: frozenset = frozenset()
+    check_max: int = CHECK_MAX  # the group's check-back settings
+    keep: bool = False
+    checker: bool = True  # a checker is registered for the group
 
     def get(self, tid) -> Txn | None:
         return dict(self.txns).get(tid)
@@ -468,6 +563,7 @@ class Alt:
     ok: object = NO_ANSWER  # the OK answer expected; NO_ANSWER: an error is
     errors: frozenset | None = frozenset()  # the error codes allowed (ANY_ERROR: any)
     markers: tuple = ()  # (tid, pid, epoch, committed, partitions) asked for
+    checked: tuple = ()  # (tid, pid, epoch, attempt, prepared ms) the checker was asked about
 
     def expected(self) -> str:
         if self.ok is not NO_ANSWER:
@@ -509,7 +605,7 @@ def decide(world: World, tid: str, txn: Txn, committed: bool, new_epoch: int, as
     else:
         state, parts = (S.COMPLETE_COMMIT if committed else S.COMPLETE_ABORT), frozenset()
     decided = replace(txn, epoch=new_epoch, last=new_epoch - 1, state=state, parts=parts,
-                      decided=(asked_epoch, committed), start_ms=-1, prepared_ms=-1)
+                      decided=(asked_epoch, committed), start_ms=-1, prepared_ms=-1, checks=0, last_check_ms=-1)
     markers = ((tid, txn.pid, new_epoch, committed, txn.parts),) if txn.parts else ()
     return world.put(tid, decided), markers
 
@@ -547,6 +643,18 @@ def step(world: World, r: Req, now_ms: int) -> list[Alt]:
         return [step_timeouts(world, now_ms)]
     if r.kind == "group":
         return step_group(world, r)
+    if r.kind == "check":
+        return step_check(world, r, now_ms)
+    if r.kind == "checks_due":
+        return step_checks_due(world, r.answer, now_ms)
+    if r.kind in ("register", "unregister"):
+        registered = r.kind == "register"
+        return [Alt("a checker registers (or unregisters) for the group at once", replace(world, checker=registered),
+                    ok=check_rules.LEASE_MS_MAX if registered else None)]
+    if r.kind == "settings":
+        return [Alt("a group's check-back settings change at once", replace(world, check_max=r.check_max, keep=r.keep), ok={
+            check_rules.CHECK_INTERVAL_MS: str(CHECK_INTERVAL_MS), check_rules.CHECK_MAX: str(r.check_max),
+            check_rules.CHECK_EXHAUSTED: "keep" if r.keep else "abort", check_rules.CHECK_TIMEOUT_MS: "5000"})]
     txn = world.get(r.tid)
     if r.kind == "init":
         return step_init(world, r, txn)
@@ -579,7 +687,7 @@ def step(world: World, r: Req, now_ms: int) -> list[Alt]:
         return [Alt("AddPartitions opens or grows the transaction at the current epoch", world.put(r.tid, grown), ok=None)]
     if r.kind == "prepare":
         start = txn.start_ms if txn.state is S.ONGOING else now_ms
-        prepared = replace(txn, state=S.PREPARED, start_ms=start, prepared_ms=now_ms, decided=None)
+        prepared = replace(txn, state=S.PREPARED, start_ms=start, prepared_ms=now_ms, decided=None, checks=0, last_check_ms=-1)
         return [Alt("PrepareTransaction makes the transaction Prepared and answers its handle", world.put(r.tid, prepared),
                     ok=Handle(r.tid, r.pid, r.epoch))]
     if r.kind == "complete":
@@ -645,6 +753,51 @@ def step_timeouts(world: World, now_ms: int) -> Alt:
             world, asked = decide(world, tid, txn, False, txn.epoch + 1, txn.epoch)
             markers += asked
     return Alt("a transaction past its timeout is aborted with an epoch bump", world, ok=None, markers=markers)
+
+
+def step_check(world: World, r: Req, now_ms: int) -> list[Alt]:
+    """A checker's answer about the handle (tid, pid, epoch): COMMIT and ABORT are
+    CompleteTransaction with that handle, refusals and repeats included; UNKNOWN
+    about the prepared transaction counts one attempt, and the attempt reaching
+    the group's maximum aborts under the abort policy; UNKNOWN about anything
+    else (a late or duplicated answer, a fenced handle) changes nothing."""
+    if r.answer != CheckAnswer.UNKNOWN.value:
+        return step(world, replace(r, kind="complete", committed=r.answer == CheckAnswer.COMMIT.value), now_ms)
+    txn = world.get(r.tid)
+    if txn is None or txn.state is not S.PREPARED or (txn.pid, txn.epoch) != (r.pid, r.epoch):
+        return [Alt("UNKNOWN about anything but the prepared transaction changes nothing", world, ok=None)]
+    if txn.checks + 1 >= world.check_max and not world.keep:
+        aborted, markers = decide(world, r.tid, txn, False, txn.epoch + 1, r.epoch)
+        return [Alt("the UNKNOWN reaching the group's maximum aborts (abort policy), as CompleteTransaction(abort) would",
+                    aborted, ok=(txn.pid, txn.epoch + 1), markers=markers)]
+    counted = replace(txn, checks=txn.checks + 1, last_check_ms=now_ms)
+    return [Alt("UNKNOWN about the prepared transaction counts one attempt (Prepared -> Prepared)", world.put(r.tid, counted), ok=None)]
+
+
+def step_checks_due(world: World, answer: str, now_ms: int) -> list[Alt]:
+    """A round of the check-back: every prepared transaction one interval (plus a
+    jitter of up to a tenth) after its prepare or its last check is checked, if
+    a checker is registered, and the answer applied (step_check); one whose
+    checks are exhausted under the abort policy is aborted at once, checker or
+    not. Where the jitter leaves it open whether a check is due, both worlds."""
+    paths = [(world, (), ())]  # (world, markers, checked)
+    for tid, txn in world.txns:
+        if txn.state is not S.PREPARED:
+            continue
+        if txn.checks >= world.check_max:  # the maximum lowered (or the policy changed) since its last check
+            if not world.keep:
+                paths = [(w2, m + m2, c) for w, m, c in paths for w2, m2 in [decide(w, tid, txn, False, txn.epoch + 1, txn.epoch)]]
+            continue
+        due_from = (txn.last_check_ms if txn.checks else txn.prepared_ms) + CHECK_INTERVAL_MS
+        if not world.checker or now_ms < due_from:
+            continue
+        asked = (tid, txn.pid, txn.epoch, txn.checks + 1, txn.prepared_ms)
+        checked = [(a.world, m + a.markers, c + (asked,)) for w, m, c in paths
+                   for a in step_check(w, check(Handle(tid, txn.pid, txn.epoch), answer), now_ms)]
+        maybe = now_ms < due_from + CHECK_INTERVAL_MS // check_rules.JITTER_FRACTION
+        paths = checked + (paths if maybe else [])
+    return [Alt("the prepared transactions due a check are checked, each once, at their next attempt", w, ok=None, markers=m, checked=c)
+            for w, m, c in paths]
 
 
 def step_group(world: World, r: Req) -> list[Alt]:
@@ -715,6 +868,7 @@ class Checker:
         if release_first:  # an AddPartitions waits for its id's completion: it is released meanwhile
             self.worlds = {release(w) for w in self.worlds}
         self._markers_before = len(self.h.markers.asked)
+        self._checked_before = len(self.h.checker.asked)
         before = self._fencing([r])
         outcome = self.h.send(r, release_first=release_first)
         self.check([r], [outcome], before)
@@ -723,6 +877,7 @@ class Checker:
     def send_together(self, requests: list[Req]) -> list[Outcome]:
         assert not self.h.holding
         self._markers_before = len(self.h.markers.asked)
+        self._checked_before = len(self.h.checker.asked)
         before = self._fencing(requests)
         outcomes = self.h.send_together(requests)
         self.check(requests, outcomes, before, together=True)
@@ -757,6 +912,8 @@ class Checker:
 
     def _check_zombie_answers(self, requests, outcomes) -> None:
         for r, o in zip(requests, outcomes, strict=True):
+            if r.kind == "check" and o == ("ok", None):
+                continue  # an UNKNOWN answered about a fenced handle is no request of the zombie's: nothing is done
             epochs = [(h.transactional_id, h.producer_epoch) for h in r.handles] if r.kind == "group" else [(r.tid, r.epoch)]
             for tid, epoch in epochs:
                 if 0 <= epoch <= self.fenced_upto.get(tid, -1) and o[0] == "ok":
@@ -788,7 +945,8 @@ class Checker:
             if not logged:
                 raise RuleViolation(f"{tid}: in memory as {meta.state.value} with nothing in the log (write, then apply)")
             last = logged[-1]
-            if (meta.state, meta.producer_id, meta.producer_epoch, meta.partitions) != (last.state, last.producer_id, last.producer_epoch, last.partitions):
+            if (meta.state, meta.producer_id, meta.producer_epoch, meta.partitions, meta.checks_done, meta.last_check_ms) != (
+                    last.state, last.producer_id, last.producer_epoch, last.partitions, last.checks_done, last.last_check_ms):
                 raise RuleViolation(f"{tid}: memory ({meta.state.value}, {meta.producer_id}/{meta.producer_epoch}) differs from the last "
                                     f"durable record ({last.state.value}, {last.producer_id}/{last.producer_epoch}): write, then apply")
 
@@ -828,36 +986,43 @@ class Checker:
     @staticmethod
     def _check_bumped_answers(requests, outcomes) -> None:
         for r, o in zip(requests, outcomes, strict=True):
-            if r.kind in ("end", "complete") and o[0] == "ok" and o[1][1] <= r.epoch:
-                raise RuleViolation(f"{r!r} was answered epoch {o[1][1]}: every EndTxn bumps the epoch and answers the new one")
+            decision = r.kind in ("end", "complete") or (r.kind == "check" and isinstance(o[1], tuple))
+            if decision and o[0] == "ok" and o[1][1] <= r.epoch:
+                raise RuleViolation(f"{r!r} was answered epoch {o[1][1]}: every EndTxn (and a decision by a check) bumps the epoch and answers the new one")
 
     def _real_state(self):
         out = []
         for tid in TIDS:
             meta = self.h.meta(tid)
-            out.append((tid, None if meta is None else (meta.producer_id, meta.producer_epoch, meta.state, meta.partitions)))
+            checks = (meta.checks_done, meta.last_check_ms) if meta is not None and meta.state is S.PREPARED else (0, -1)
+            out.append((tid, None if meta is None else (meta.producer_id, meta.producer_epoch, meta.state, meta.partitions, *checks)))
         return tuple(out)
 
     @staticmethod
     def _model_state(world: World):
-        return tuple((tid, None if (t := world.get(tid)) is None else (t.pid, t.epoch, t.state, t.parts)) for tid in TIDS)
+        def of(t: Txn):
+            checks = (t.checks, t.last_check_ms) if t.state is S.PREPARED else (0, -1)
+            return (t.pid, t.epoch, t.state, t.parts, *checks)
+        return tuple((tid, None if (t := world.get(tid)) is None else of(t)) for tid in TIDS)
 
     def _check_model(self, requests, outcomes, together) -> None:
         if not requests:  # a release: the worlds moved already
-            candidates = [(w, ()) for w in self.worlds]
+            candidates = [(w, (), ()) for w in self.worlds]
         else:
             candidates = []
             for world in self.worlds:
                 orders = itertools.permutations(range(len(requests))) if together else [range(len(requests))]
                 for order in orders:
-                    paths = [(world, ())]
+                    paths = [(world, (), ())]  # (world, markers, checks asked)
                     for i in order:
                         nxt = []
-                        for w, markers in paths:
-                            nxt += [(alt.resolve(outcomes[i]), markers + alt.markers)
+                        for w, markers, checked in paths:
+                            nxt += [(alt.resolve(outcomes[i]), markers + alt.markers, checked + alt.checked)
                                     for alt in step(w, requests[i], self.h.now_ms) if alt.matches(outcomes[i])]
                             if together and outcomes[i] == ("err", BUSY):
-                                nxt.append((w, markers))  # retried later, no effect
+                                nxt.append((w, markers, checked))  # retried later, no effect
+                            if together and requests[i].kind == "check" and outcomes[i] == ("ok", None):
+                                nxt.append((w, markers, checked))  # the other request's transition was in flight: no longer counts
                         paths = nxt
                     candidates += paths
             if not candidates:
@@ -868,24 +1033,34 @@ class Checker:
                 raise RuleViolation(f"answered {answered}; the TV2 rules allow {expected}")
         asked = sorted((m.transactional_id, m.producer_id, m.producer_epoch, m.committed, m.partitions)
                        for m in self.h.markers.asked[self._markers_before:] if m.partitions) if requests else []
-        with_markers = [w for w, markers in candidates if not requests or sorted(markers) == asked]
+        with_markers = [(w, checked) for w, markers, checked in candidates if not requests or sorted(markers) == asked]
         if not with_markers:
-            raise RuleViolation(f"{requests}: markers asked {asked}, the rules expect one of {[sorted(m) for _, m in candidates]}")
+            raise RuleViolation(f"{requests}: markers asked {asked}, the rules expect one of {[sorted(m) for _, m, _ in candidates]}")
+        checks = sorted((q.transactional_id, q.producer_id, q.producer_epoch, q.attempt, q.prepared_time_ms)
+                        for q in self.h.checker.asked[self._checked_before:]) if requests else []
+        with_checks = [w for w, checked in with_markers if not requests or sorted(checked) == checks]
+        if not with_checks:
+            raise RuleViolation(f"{requests}: the checker was asked about {checks} (id, producer, epoch, attempt, prepared ms); "
+                                f"the rules expect one of {sorted({tuple(sorted(c)) for _, c in with_markers})}")
+        for q in self.h.checker.asked[self._checked_before:]:
+            if (q.group_id, q.prepare_metadata) != (GROUP, b""):
+                raise RuleViolation(f"a check named group {q.group_id!r} and metadata {q.prepare_metadata!r}, not its own")
         real = self._real_state()
-        survivors = {w for w in with_markers if self._model_state(w) == real}
+        survivors = {w for w in with_checks if self._model_state(w) == real}
         if not survivors:
             raise RuleViolation(f"after {requests} answered {outcomes}: the coordinator holds {real}; the TV2 rules expect one of "
-                                f"{sorted({self._model_state(w) for w in with_markers}, key=repr)}")
+                                f"{sorted({self._model_state(w) for w in with_checks}, key=repr)}")
         self.worlds = survivors
 
     _markers_before = 0  # where this step's markers begin in the recorder
+    _checked_before = 0  # and its checks in the scripted checker's
 
 
 # --- the state machine -------------------------------------------------------------------------
 
-class CoordinatorMachine(RuleBasedStateMachine):
-    """Producers, zombies, late and duplicated requests, timeouts and group commits
-    against the real coordinator, checked against the model after every step."""
+class Clients(RuleBasedStateMachine):
+    """What the producers (and checkers) of a state machine know: the live producer
+    of each id, the zombies, the requests sent and the handles prepared. No rules."""
 
     def __init__(self):
         super().__init__()
@@ -908,10 +1083,12 @@ class CoordinatorMachine(RuleBasedStateMachine):
         return outcome
 
     def _remember(self, r: Req) -> None:
-        if r.kind != "timeouts":
+        if r.kind not in ("timeouts", "checks_due", "settings", "register", "unregister"):  # requests of an id, to replay
             self.history = (self.history + [r])[-40:]
 
     def _learn(self, r: Req, outcome: Outcome, lose_answer: bool) -> None:
+        if r.kind == "check":
+            return  # the checker's, not the producer's: a producer whose transaction a check decided learns it when fenced
         if r.kind == "prepare" and outcome[0] == "ok":
             self.handles = (self.handles + [outcome[1]])[-10:]
         current = self.clients.get(r.tid)
@@ -936,11 +1113,22 @@ class CoordinatorMachine(RuleBasedStateMachine):
         tid = data.draw(st.sampled_from(sorted(self.clients)), label="transactional id")
         return (tid, *self.clients[tid])
 
+    def _handle(self, data) -> Handle:
+        """A handle some prepare answered (the latest, or an old one: late and duplicated requests) or a live producer's."""
+        current = [Handle(tid, pid, epoch) for tid, (pid, epoch) in sorted(self.clients.items())]
+        return data.draw(st.sampled_from(self.handles[::-1] + current), label="handle")
+
+
+class CoordinatorMachine(Clients):
+    """Producers, zombies, late and duplicated requests, timeouts, group commits and
+    check-back answers against the real coordinator, checked against the model
+    after every step."""
+
     def _fresh(self, tid) -> list[Req]:
         pid, epoch = self.clients[tid]
         return [end(tid, pid, epoch, True), end(tid, pid, epoch, False), add(tid, pid, epoch), init(tid),
                 init(tid, pid, epoch), prepare(tid, pid, epoch), Req("verify", tid, pid, epoch, parts=frozenset(TOPIC_PARTITIONS[:1])),
-                complete(Handle(tid, pid, epoch), True)]
+                complete(Handle(tid, pid, epoch), True), check(Handle(tid, pid, epoch), "UNKNOWN"), check(Handle(tid, pid, epoch), "COMMIT")]
 
     # producers
     @rule(tid=st.sampled_from(TIDS), lose_answer=st.booleans())
@@ -989,9 +1177,14 @@ class CoordinatorMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.handles or self.clients)
     @rule(data=st.data(), committed=st.booleans())
     def complete_by_handle(self, data, committed):
-        current = [Handle(tid, pid, epoch) for tid, (pid, epoch) in sorted(self.clients.items())]
-        handle = data.draw(st.sampled_from(self.handles[::-1] + current), label="handle")
-        self._send(complete(handle, committed))
+        self._send(complete(self._handle(data), committed))
+
+    @precondition(lambda self: self.handles or self.clients)
+    @rule(data=st.data(), answer=st.sampled_from(ANSWERS))
+    def check_answered(self, data, answer):
+        """A checker's answer about a handle (rounds of the check-back, the group's
+        settings and its registrations: test_check_back_model.py)."""
+        self._send(check(self._handle(data), answer))
 
     @precondition(lambda self: self.handles)
     @rule(data=st.data())
@@ -1011,7 +1204,8 @@ class CoordinatorMachine(RuleBasedStateMachine):
         self._send(r, replayed=True)
 
     @precondition(lambda self: self.zombies)
-    @rule(data=st.data(), kind=st.sampled_from(["end-commit", "end-abort", "add", "prepare", "kip360", "verify", "complete"]))
+    @rule(data=st.data(), kind=st.sampled_from(["end-commit", "end-abort", "add", "prepare", "kip360", "verify", "complete",
+                                                 "check-commit", "check-unknown"]))
     def zombie_request(self, data, kind):
         tid, pid, epoch = data.draw(st.sampled_from(self.zombies[::-1]), label="zombie")
         r = {
@@ -1019,6 +1213,7 @@ class CoordinatorMachine(RuleBasedStateMachine):
             "prepare": prepare(tid, pid, epoch), "kip360": init(tid, pid, epoch),
             "verify": Req("verify", tid, pid, epoch, parts=frozenset(TOPIC_PARTITIONS[:1])),
             "complete": complete(Handle(tid, pid, epoch), False),
+            "check-commit": check(Handle(tid, pid, epoch), "COMMIT"), "check-unknown": check(Handle(tid, pid, epoch), "UNKNOWN"),
         }[kind]
         self._send(r, replayed=True)
 
@@ -1237,6 +1432,8 @@ PAIR_REQUESTS = {
     "prepare": lambda pid, epoch: prepare("g/a", pid, epoch),
     "complete-commit": lambda pid, epoch: complete(Handle("g/a", pid, epoch), True),
     "zombie-end": lambda pid, epoch: end("g/a", pid, epoch - 1, True),
+    "check-unknown": lambda pid, epoch: check(Handle("g/a", pid, epoch), "UNKNOWN"),
+    "check-commit": lambda pid, epoch: check(Handle("g/a", pid, epoch), "COMMIT"),
 }
 
 

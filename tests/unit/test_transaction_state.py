@@ -1,6 +1,7 @@
 """The coordinator's state machine: every legal and illegal edge, two-phase transitions."""
 
 import itertools
+import json
 
 import pytest
 
@@ -70,6 +71,27 @@ def test_records_round_trip_through_the_log_format():
     record = prepare_transition(meta, S.PREPARE_COMMIT, partitions=frozenset({("a", 0), ("b", 3)}), txn_start_ms=5)
     assert TransactionRecord.decode("tid", record.encode()) == record
     assert TransactionMetadata.from_record(record).record() == record
+
+
+def test_a_prepared_record_with_its_metadata_and_check_count_round_trips():
+    meta = meta_in(S.PREPARED)
+    record = prepare_transition(meta, S.PREPARED, prepared_ms=1_000, prepared_timeout_ms=60_000,
+                                prepare_metadata=b"\x00db-tx-41\xff", checks_done=2, last_check_ms=7_000)
+    assert TransactionRecord.decode("tid", record.encode()) == record
+    assert TransactionMetadata.from_record(record).record() == record
+    complete_transition(meta, record)
+    assert (meta.prepare_metadata, meta.checks_done, meta.last_check_ms) == (b"\x00db-tx-41\xff", 2, 7_000)
+
+
+def test_a_version_2_record_written_before_the_check_back_reads_as_never_checked():
+    old = (b'{"version":2,"pid":7,"prev_pid":-1,"epoch":3,"last_epoch":-1,"timeout_ms":60000,"state":"Prepared",'
+           b'"partitions":[["a",0]],"start_ms":5,"update_ms":9,"prepared_ms":9,"prepared_timeout_ms":60000}')
+    record = TransactionRecord.decode("tid", old)
+    assert (record.state, record.prepared_ms, record.partitions) == (S.PREPARED, 9, frozenset({("a", 0)}))
+    assert (record.prepare_metadata, record.checks_done, record.last_check_ms) == (b"", 0, -1)
+    # and a record with none of them writes none of their keys: it reads the same in a version that lacks them
+    assert TransactionRecord.decode("tid", record.encode()) == record
+    assert not {"prepare_metadata", "checks", "last_check_ms"} & set(json.loads(record.encode()))
 
 
 def test_epochs_bump_until_exhausted():
