@@ -22,6 +22,8 @@ Bounds
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -56,6 +58,11 @@ class CheckBack:
         self.monotonic = monotonic
         self.registrations = rules.CheckerRegistrations()
         self.in_flight: set[str] = set()
+        # transactional id -> PrepareTransaction seals in progress: not checked meanwhile (its owner is not silent,
+        # and what the check would complete must be sealed first)
+        self.sealing: collections.Counter[str] = collections.Counter()
+        self._queue: collections.deque = collections.deque()  # the last round's due checks not started yet
+        self._groups_with_checkers: dict[str, bool] = {}
         self.in_flight_peak = 0
         self.checks_sent = 0
         self.checks_declined = 0  # checks no checker took (all busy): not counted as attempts
@@ -79,34 +86,65 @@ class CheckBack:
     def checkers(self, group_id: str) -> list[tuple[str, int]]:
         return self.registrations.leases(group_id, self.monotonic())
 
+    @contextlib.contextmanager
+    def held_while_sealing(self, transactional_id: str):
+        self.sealing[transactional_id] += 1
+        try:
+            yield
+        finally:
+            self.sealing[transactional_id] -= 1
+            if not self.sealing[transactional_id]:
+                del self.sealing[transactional_id]
+
     # --- the rounds -------------------------------------------------------------------------
 
     def next_check_ms(self, loaded, meta: TransactionMetadata) -> int | None:
         return rules.next_check_ms(meta, self.state.group_config(loaded, names.transaction_group(meta.transactional_id)))
 
     async def check_due(self) -> None:
-        """One round: starts the checks (or exhausted aborts) that are due, oldest first, up to the bound."""
+        """One round: finds the prepared transactions due a check (or an
+        exhausted abort), oldest due first, and starts as many as the bound
+        allows; the rest wait in the round's queue, and each check that ends
+        starts the next, so the rate is the checks' own, not one bound's worth
+        per round."""
         now = self.coordinator.clock_ms()
+        configs: dict[tuple[int, str], GroupCheckConfig] = {}
         due = []
         for loaded in list(self.state.partitions.values()):
             if not loaded.loaded or loaded.log.broken:
                 continue
             for meta in loaded.transactions.values():
-                if meta.prepared_ms < 0 or meta.transactional_id in self.in_flight:
-                    continue  # prepared_ms is set only while PREPARED (or deciding it): the cheap test first
+                if meta.prepared_ms < 0:
+                    continue  # set only while PREPARED (or deciding it): the cheap test first
                 group_id = names.transaction_group(meta.transactional_id)
-                config = self.state.group_config(loaded, group_id)
+                config = configs.get((loaded.index, group_id))
+                if config is None:
+                    config = configs[(loaded.index, group_id)] = self.state.group_config(loaded, group_id)
                 when = rules.next_check_ms(meta, config)
                 if when is not None and when <= now:
-                    due.append((when, meta.transactional_id, loaded, meta, group_id, config))
+                    due.append((when, meta.transactional_id, loaded, meta, group_id))
         due.sort(key=lambda d: d[:2])
-        for _, tid, loaded, meta, group_id, config in due:
-            if len(self.in_flight) >= self.checks_in_flight_max:
-                break
+        self._queue = collections.deque(due)
+        self._groups_with_checkers = {}
+        self._start_queued()
+
+    def _start_queued(self) -> None:
+        """Starts queued checks until the bound is reached; each is looked at
+        again first (it may have been decided, moved or sealed since)."""
+        now = self.coordinator.clock_ms()
+        while self._queue and len(self.in_flight) < self.checks_in_flight_max:
+            _, tid, loaded, meta, group_id = self._queue.popleft()
+            if tid in self.in_flight or self.sealing[tid] or self.state.partitions.get(loaded.index) is not loaded \
+                    or loaded.log.broken or loaded.transactions.get(tid) is not meta:
+                continue  # a PrepareTransaction still sealing is not the owner's silence
+            config = self.state.group_config(loaded, group_id)
+            when = rules.next_check_ms(meta, config)
+            if when is None or when > now:
+                continue
             handle = Handle(tid, meta.producer_id, meta.producer_epoch)
             if rules.exhausted(meta, config):
                 work = self._carry_out(loaded, handle, lambda m, spare, h=handle, c=config: rules.decide_exhausted(m, h, c, spare), "exhausted")
-            elif self.registrations.live(group_id, self.monotonic()):
+            elif self._has_checkers(group_id):
                 work = self._check(loaded, meta, handle, group_id, config)
             else:
                 continue  # no checker registered: nothing asked, nothing counted
@@ -114,11 +152,19 @@ class CheckBack:
             self.in_flight_peak = max(self.in_flight_peak, len(self.in_flight))
             self.state.spawn(loaded, self._finally_done(tid, work))
 
+    def _has_checkers(self, group_id: str) -> bool:
+        """Whether the group has a live checker, asked once a round."""
+        known = self._groups_with_checkers.get(group_id)
+        if known is None:
+            known = self._groups_with_checkers[group_id] = bool(self.registrations.live(group_id, self.monotonic()))
+        return known
+
     async def _finally_done(self, transactional_id: str, work) -> None:
         try:
             await work
         finally:
             self.in_flight.discard(transactional_id)
+            self._start_queued()
 
     async def _check(self, loaded, meta: TransactionMetadata, handle: Handle, group_id: str, config: GroupCheckConfig) -> None:
         request = transaction_check_pb2.CheckTransactionRequest(

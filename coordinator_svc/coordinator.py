@@ -307,10 +307,11 @@ class TransactionCoordinator:
         verified the transaction's partitions once, so without the seal a zombie
         of the preparing process could still add records or offsets that the
         handle's holder would then commit."""
-        await self.markers.write_all(
-            [MarkerSet(meta.transactional_id, meta.producer_id, meta.producer_epoch, meta.partitions)],
-            False, loaded.owner.coordinator_epoch, seal_prepared=True,
-        )
+        with self.check_back.held_while_sealing(meta.transactional_id):
+            await self.markers.write_all(
+                [MarkerSet(meta.transactional_id, meta.producer_id, meta.producer_epoch, meta.partitions)],
+                False, loaded.owner.coordinator_epoch, seal_prepared=True,
+            )
 
     async def _seal_quietly(self, loaded: LoadedPartition, meta: TransactionMetadata) -> None:
         try:

@@ -30,6 +30,8 @@ Runs with ``derandomize=True``: a failure replays identically.
 
 from __future__ import annotations
 
+import asyncio
+
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, precondition, rule, run_state_machine_as_test
@@ -38,6 +40,7 @@ from test_coordinator_model import (
     MODEL_SETTINGS,
     TIDS,
     Clients,
+    Harness,
     Req,
     S,
     add,
@@ -173,3 +176,44 @@ CHECK_BACK_SETTINGS = settings(MODEL_SETTINGS, max_examples=120, stateful_step_c
 def test_the_check_back_follows_the_model_under_late_duplicated_and_reordered_answers():
     run_state_machine_as_test(CheckBackMachine, settings=CHECK_BACK_SETTINGS)
 
+
+# --- examples -------------------------------------------------------------------------------------
+
+
+def test_a_prepare_still_sealing_is_not_checked_back():
+    """Found by the chaos run's silent owner: a leader paused while PrepareTransaction sealed the
+    transaction's partitions kept the seal going past the check interval; the check-back committed
+    the transaction (bumping the epoch) before the seal was in place, and the owner's prepare
+    answered PRODUCER_FENCED. A prepare still sealing is not its owner's silence."""
+    h = Harness()
+    try:
+        sealing, released = [], asyncio.Event()
+        write_all = h.markers.write_all
+
+        async def held_seal(transactions, committed, coordinator_epoch, *, seal_prepared=False):
+            if seal_prepared:
+                sealing.append(transactions)
+                await released.wait()
+            await write_all(transactions, committed, coordinator_epoch, seal_prepared=seal_prepared)
+        h.markers.write_all = held_seal
+        tid = TIDS[0]
+        pid, epoch = h.send(init(tid))[1]
+        assert h.send(add(tid, pid, epoch))[0] == "ok"
+        h.checker.answer = "COMMIT"
+
+        async def go():
+            preparing = asyncio.ensure_future(h.call(prepare(tid, pid, epoch)))
+            while not sealing:
+                await asyncio.sleep(0)
+            assert h.meta(tid).state is S.PREPARED  # durable, sealing
+            h.tick(10 * CHECK_INTERVAL_MS)
+            await h.coordinator.check_back.check_due()
+            await h.settle()
+            assert h.checker.asked == [] and h.meta(tid).state is S.PREPARED and not preparing.done()
+            released.set()
+            return await preparing
+        assert h.loop.run_until_complete(go())[0] == "ok"  # the owner gets its handle
+        h.send(Req("checks_due", answer="COMMIT"))  # silent from now on: checked, and committed
+        assert [r.producer_epoch for r in h.checker.asked] == [epoch] and h.meta(tid).state is S.COMPLETE_COMMIT
+    finally:
+        h.close()
