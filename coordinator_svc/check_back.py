@@ -174,7 +174,7 @@ class CheckBack:
         )
         answer, asked, busy = CheckAnswer.UNKNOWN, None, False
         for address in self.registrations.live(group_id, self.monotonic()):
-            stub = transaction_check_pb2_grpc.TransactionCheckServiceStub(self.coordinator.client.channel(address))
+            stub = transaction_check_pb2_grpc.TransactionCheckServiceStub(self.coordinator.client.application_channel(address))
             self.checks_sent += 1
             try:
                 reply = await stub.CheckTransaction(request, timeout=config.timeout_ms / 1000)

@@ -15,6 +15,7 @@ repeat is safe.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -54,6 +55,10 @@ class PeerClient:
         self.registry = registry
         self.timeout_s = timeout_s
         self._channels = ChannelCache(timeout_s=timeout_s, tls_files=tls_files)
+        # Servers applications run (transaction checkers) are dialled with this instance's certificate but never
+        # its bearer token: whoever registered the address would otherwise hold a service's (super user's) token.
+        self._application_channels = ChannelCache(
+            timeout_s=timeout_s, tls_files=dataclasses.replace(tls_files, token="") if tls_files is not None else None)
         self._leaders: dict[tuple[str, int], tuple[str, float]] = {}
         self._partition_counts: dict[str, int] = {}
 
@@ -61,6 +66,10 @@ class PeerClient:
 
     def channel(self, address: str) -> grpc.aio.Channel:
         return self._channels.get(address)
+
+    def application_channel(self, address: str) -> grpc.aio.Channel:
+        """A channel to a server an application runs (no bearer token on it)."""
+        return self._application_channels.get(address)
 
     def stub(self, address: str) -> partition_pb2_grpc.PartitionServiceStub:
         """A partition_svc at ``address``."""
@@ -126,3 +135,4 @@ class PeerClient:
 
     async def close(self) -> None:
         await self._channels.close()
+        await self._application_channels.close()

@@ -281,7 +281,7 @@ class FixedPartitionClient:
     async def refresh(self, topics) -> None:
         return None
 
-    def channel(self, address: str) -> ScriptedChecker:
+    def application_channel(self, address: str) -> ScriptedChecker:
         assert address == CHECKER, address
         return self.checker
 
