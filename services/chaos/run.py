@@ -109,13 +109,16 @@ class Workers:
         name = f"{member}.{self.incarnations[member]}"
         return self._spawn(name, ["ctp", "--input", CTP_INPUT, "--output", CTP_OUTPUT, "--member", member]).pid
 
+    def command(self, name: str, spec: list[str]) -> list[str]:
+        """A worker's command line: the shared arguments first, so that the
+        worker's own (a producer's --topics without the ctp output) win."""
+        return [sys.executable, "-m", "services.chaos.worker", *self.common, *spec, "--name", name,
+                "--seed", str(self.seed * 100 + len(self.processes))]
+
     def _spawn(self, name: str, spec: list[str]) -> subprocess.Popen:
-        index = len(self.processes)
+        command = self.command(name, spec)
         with open(self.directory / "logs" / f"worker-{name}.log", "ab") as out:
-            self.processes[name] = subprocess.Popen(
-                [sys.executable, "-m", "services.chaos.worker", *spec, "--name", name,
-                 "--seed", str(self.seed * 100 + index), *self.common],
-                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            self.processes[name] = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         return self.processes[name]
 
 

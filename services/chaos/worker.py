@@ -390,7 +390,7 @@ def run_poller(worker: Worker) -> None:
         close_quietly(consumer)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m services.chaos.worker")
     parser.add_argument("kind", choices=("producer", "ctp", "poller", "silent", "checker"))
     parser.add_argument("--name", required=True)
@@ -407,7 +407,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--txn-timeout-ms", type=int, default=6000)
     parser.add_argument("--abort-probability", type=float, default=0.3)
     parser.add_argument("--cut-probability", type=float, default=0.02)
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     worker = Worker(args)
     try:
         {"producer": run_producer, "ctp": run_ctp, "poller": run_poller, "silent": run_silent_owner,

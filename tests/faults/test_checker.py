@@ -414,3 +414,16 @@ def test_a_read_committed_poll_of_a_silent_commit_before_the_checker_answered_is
     s.poll("rc0", "read_committed", [("a", 0, 0, uids[0])])  # before any COMMIT answer
     checked(s, key, "COMMIT")
     assert_only(s.check(), "read_committed_above_lso")
+
+
+def test_a_producer_worker_is_told_only_its_own_topics(tmp_path):
+    """Found writing the silent owner: the shared arguments came after a worker's own, so the shared
+    --topics (every topic) won and producer workers wrote into the ctp output topic too."""
+    from services.chaos import worker
+    from services.chaos.run import CTP_OUTPUT, Workers
+
+    workers = Workers(tmp_path, "127.0.0.1:1", seed=7, cut_probability=0.0)
+    command = workers.command("p0", ["producer", "--topics", "chaos-a:3,chaos-b:2"])
+    parsed = worker.parse_args(command[command.index("services.chaos.worker") + 1:])
+    assert parsed.kind == "producer" and parsed.topics == "chaos-a:3,chaos-b:2" and CTP_OUTPUT not in parsed.topics
+    assert parsed.name == "p0" and parsed.seed == 700
