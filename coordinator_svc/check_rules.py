@@ -38,6 +38,7 @@ from types import MappingProxyType
 from coordinator_svc import transaction_core as core
 from coordinator_svc import transaction_state as ts
 from coordinator_svc.transaction_state import Handle, TransactionMetadata, TransactionState
+from services.names import quoted
 
 S = TransactionState
 error = core.error
@@ -56,7 +57,7 @@ def _bounded_int(low: int, high: int):
         try:
             value = int(text)
         except ValueError:
-            raise error("INVALID_CONFIG", f"{key} must be an integer, got {text!r}") from None
+            raise error("INVALID_CONFIG", f"{key} must be an integer, got {quoted(text)}") from None
         if not low <= value <= high:
             raise error("INVALID_CONFIG", f"{key} must be {low:,}..{high:,}, got {value:,}")
         return value
@@ -65,7 +66,7 @@ def _bounded_int(low: int, high: int):
 
 def _policy(key: str, text: str) -> str:
     if text not in EXHAUSTED_POLICIES:
-        raise error("INVALID_CONFIG", f"{key} must be one of {', '.join(EXHAUSTED_POLICIES)}, got {text!r}")
+        raise error("INVALID_CONFIG", f"{key} must be one of {', '.join(EXHAUSTED_POLICIES)}, got {quoted(text)}")
     return text
 
 
@@ -115,15 +116,21 @@ class GroupCheckConfig:
 DEFAULT_CONFIG = GroupCheckConfig()
 
 
+def listed(keys: list[str], shown_max: int = 3) -> str:
+    """Keys for a message: a few, each shortened (a hostile request may name thousands, each huge)."""
+    more = f" and {len(keys) - shown_max:,} more" if len(keys) > shown_max else ""
+    return "[" + ", ".join(quoted(k) for k in keys[:shown_max]) + "]" + more
+
+
 def altered(config: GroupCheckConfig, to_set: dict[str, str], to_delete: list[str]) -> GroupCheckConfig:
     """The config after a change; INVALID_CONFIG (nothing changes) for an unknown
     key, a bad value, or a key both set and deleted."""
     unknown = sorted(k for k in [*to_set, *to_delete] if k not in SETTINGS)
     if unknown:
-        raise error("INVALID_CONFIG", f"unknown transaction group setting(s) {unknown}: the settings are {sorted(SETTINGS)}")
+        raise error("INVALID_CONFIG", f"unknown transaction group setting(s) {listed(unknown)}: the settings are {sorted(SETTINGS)}")
     both = sorted(set(to_set) & set(to_delete))
     if both:
-        raise error("INVALID_CONFIG", f"{both} both set and deleted in one change")
+        raise error("INVALID_CONFIG", f"{listed(both)} both set and deleted in one change")
     parsed = {key: str(SETTINGS[key][0](key, text)) for key, text in to_set.items()}  # kept as used: " 15", "1_5" are 15
     overrides = {k: v for k, v in config.overrides.items() if k not in to_delete}
     overrides.update(parsed)

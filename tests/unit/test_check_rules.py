@@ -393,3 +393,15 @@ def test_a_lease_is_the_default_for_0_else_within_its_bounds():
     assert (rules.lease_of(1_000), rules.lease_of(300_000)) == (1_000, 300_000)
     for lease_ms in (-1, 999, 300_001, 1):
         assert code_of(lambda v=lease_ms: rules.lease_of(v)) == "INVALID_REQUEST", lease_ms
+
+
+def test_a_refusal_names_a_few_keys_shortened_however_many_and_long_the_request_held():
+    """Found by the hostile suite: a change naming many long unknown keys was refused with all of them in the
+    message, past gRPC's 8 KB of metadata, so the client saw RESOURCE_EXHAUSTED instead of INVALID_CONFIG."""
+    keys = {f"k{i}-" + "x" * 5_000: "1" for i in range(50)}
+    with pytest.raises(TxlogError) as refused:
+        rules.altered(rules.DEFAULT_CONFIG, keys, [])
+    assert refused.value.name == "INVALID_CONFIG" and "and 47 more" in refused.value.message and len(refused.value.message) < 2_000
+    with pytest.raises(TxlogError) as refused:
+        rules.altered(rules.DEFAULT_CONFIG, {rules.CHECK_MAX: "9" * 10_000}, [])
+    assert len(refused.value.message) < 2_000
