@@ -1,7 +1,9 @@
-"""Benchmark: how partition_svc's costs grow with the producers a partition has seen (issue 18).
+"""Benchmark: how the services' costs grow with the work (issue 18): producers a
+partition has seen, partitions, log length, transactional ids.
 
-On a local cluster of real processes (ZooKeeper, one producer_id_svc, one
-partition_svc; services/cluster.py), one topic of one partition, replication
+Sections ``producers`` and ``zookeeper``, here. On a local cluster of real
+processes (ZooKeeper, one producer_id_svc, one partition_svc;
+services/cluster.py), one topic of one partition, replication
 factor 1. For each level of ``--producer-ids`` (cumulative: the partition
 keeps every producer of the levels before), it writes one idempotent
 one-record batch per new producer id (hand-built ProduceRequests, ``--in-flight``
@@ -25,8 +27,38 @@ latency flat within 20% (p50 at every level at most 1.2 times the first's),
 which a last stable offset computed by scanning every producer on every call
 cannot meet. Memory is reported per producer id above the first level.
 
+Sections of bench/scale_footprint.py, each on a cluster of its own, each
+figure with its target and ``meets_target``:
+
+* ``memory``: partition_svc's resident memory per idle partition at 100,
+  1,000 and 10,000 partitions (``--partitions``, capped by
+  ``--partitions-max``; target at most 100 KB each), with its idle CPU and
+  ZooKeeper's requests, znodes and watches per partition, and what a second
+  partition_svc that holds none of them pays for them;
+* ``recovery``: partition_svc's restart (SIGTERM, start) until every
+  partition answers, at each of those partition counts, and for one
+  partition with a 10 MB and a 200 MB log (``--log-mb``; target: the long
+  log's restart within 1.25 times the short one's);
+* ``coordinator``: coordinator_svc's resident memory per transactional id at
+  1,000, 10,000 and 100,000 ids (``--transactional-ids``; target at most
+  1 KB each), its idle CPU per 100,000 ids (the once-a-second walk of every
+  id for timed-out transactions) and DescribeTransactions latency meanwhile,
+  and, after a restart at each level, the load time of its transaction log
+  per 100,000 records (target at most 1 s); 1,000,000 ids are extrapolated
+  from the largest level unless ``--transactional-ids`` lists them
+  (``--only coordinator --transactional-ids 1000000``: 16 minutes here).
+
+``--only memory,recovery`` runs some sections (default: all of
+producers, zookeeper, memory, recovery, coordinator); a section that fails
+is named in ``failed_sections`` (exit status 1) and the others still run.
+The default run takes 5-6 minutes on a 2-core machine (5.0 and 5.5 measured):
+producers and zookeeper about 1, memory and recovery about 2 (the restart
+with 10,000 partitions alone takes 30 s to 100 s from run to run),
+coordinator about 2.5 (InitProducerId for 100,000 ids, at ~1,300/s).
+
 Prints one JSON object to stdout; progress goes to stderr. Run it as
-``python bench/scale.py [--producer-ids 10,1000,10000,100000] [--samples 300]``.
+``python bench/scale.py [--producer-ids 10,1000,10000,100000] [--samples 300]
+[--only SECTIONS] [--partitions-max N] [--transactional-ids 1000,10000,100000]``.
 """
 
 from __future__ import annotations
@@ -47,6 +79,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from measure import progress  # noqa: E402
+from scale_footprint import measure_coordinator, measure_log_length, measure_partitions, rss_kb  # noqa: E402
 
 from services import cluster as cluster_mod  # noqa: E402
 from services.cluster import LocalCluster  # noqa: E402
@@ -55,6 +88,20 @@ from services.stubs.txlog.v1 import common_pb2, partition_pb2, partition_pb2_grp
 TOPIC = "scale"
 FIRST_PRODUCER_ID = 1_000_000  # far from what the cluster's producer_id_svc hands out
 FLAT_WITHIN = 1.2
+SECTIONS = ("producers", "zookeeper", "memory", "recovery", "coordinator")
+PAPER_IDS = 1_000_000  # the coordinator's figures are extrapolated to this many ids when not measured
+
+
+def numbers(text: str) -> list[int]:
+    return [int(n) for n in text.split(",") if n]
+
+
+def sections(text: str) -> set[str]:
+    chosen = {s.strip() for s in text.split(",") if s.strip()}
+    unknown = chosen - set(SECTIONS)
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown sections {sorted(unknown)}; known: {', '.join(SECTIONS)}")
+    return chosen
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -66,21 +113,32 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--transactions", type=int, default=1000, help="transactions in the ZooKeeper figure (default: %(default)s)")
     parser.add_argument("--producer-ids-allocated", type=int, default=1000,
                         help="InitProducerId calls in the ZooKeeper figure (default: %(default)s)")
-    return parser.parse_args(argv)
+    parser.add_argument("--only", type=sections, default=set(SECTIONS),
+                        help=f"comma-separated sections to run, of {', '.join(SECTIONS)} (default: all)")
+    parser.add_argument("--partitions", type=numbers, default=[100, 1000, 10000],
+                        help="idle partitions on the one partition_svc, per level (default: 100,1000,10000)")
+    parser.add_argument("--partitions-max", type=int, default=10_000,
+                        help="levels of --partitions above this are left out (default: %(default)s)")
+    parser.add_argument("--log-mb", type=numbers, default=[10, 200],
+                        help="log of the one partition restarted, MB of record values, short then long (default: 10,200)")
+    parser.add_argument("--restarts", type=int, default=5,
+                        help="restarts per log length, taken in turn with the other length's; the median counts (default: %(default)s)")
+    parser.add_argument("--transactional-ids", type=numbers, default=[1000, 10000, 100000],
+                        help="transactional ids on the one coordinator, per level; add 1000000 to measure what is "
+                             "otherwise extrapolated (default: 1000,10000,100000)")
+    parser.add_argument("--init-concurrency", type=int, default=64,
+                        help="InitProducerId calls outstanding while adding ids (default: %(default)s)")
+    parser.add_argument("--idle-seconds", type=float, default=10.0,
+                        help="idle window after each level: CPU, ZooKeeper requests, then memory (default: %(default)s)")
+    args = parser.parse_args(argv)
+    args.partitions = [n for n in args.partitions if n <= args.partitions_max] or [args.partitions_max]
+    return args
 
 
 def summary(samples_s: list[float]) -> dict:
     ordered = sorted(samples_s)
     return {"p50_ms": round(statistics.median(ordered) * 1000, 3),
             "p99_ms": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1000, 3)}
-
-
-def rss_kb(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise RuntimeError(f"no VmRSS for {pid}")
 
 
 class Partition:
@@ -273,23 +331,61 @@ def measure_zookeeper(workdir: str, args: argparse.Namespace) -> dict:
         cluster.down(grace_s=5)
 
 
+def measure_producers(workdir: str, args: argparse.Namespace) -> dict:
+    cluster = LocalCluster(Path(workdir) / "cluster")
+    cluster.up(producer_id_svcs=1, partition_svcs=1, coordinator_svcs=0)
+    try:
+        return measure(cluster, args)
+    finally:
+        cluster.down(grace_s=5)
+
+
+def measure_footprint(workdir: str, args: argparse.Namespace) -> dict:
+    """The memory and recovery sections: one run of partition levels serves both."""
+    partitions = measure_partitions(Path(workdir), args.partitions, args.idle_seconds, "recovery" in args.only)
+    figures = {}
+    if "memory" in args.only:
+        figures["partition_memory"] = partitions["memory"]
+    if "recovery" in args.only:
+        figures["partition_recovery"] = {"against_partitions": partitions["restart_against_partitions"],
+                                         "against_log_length": measure_log_length(Path(workdir), args.log_mb, args.restarts)}
+    return figures
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    load_before = os.getloadavg()
+    runs = [
+        ({"producers"}, lambda workdir: measure_producers(workdir, args)),
+        ({"zookeeper"}, lambda workdir: {"zookeeper": measure_zookeeper(workdir, args)}),
+        ({"memory", "recovery"}, lambda workdir: measure_footprint(workdir, args)),
+        ({"coordinator"}, lambda workdir: {"coordinator": measure_coordinator(
+            Path(workdir), args.transactional_ids, args.init_concurrency, args.idle_seconds, PAPER_IDS)}),
+    ]
+    figures: dict = {}
+    failed: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="txlog-bench-scale-") as workdir:
-        cluster = LocalCluster(Path(workdir) / "cluster")
-        cluster.up(producer_id_svcs=1, partition_svcs=1, coordinator_svcs=0)
-        try:
-            figures = measure(cluster, args)
-        finally:
-            cluster.down(grace_s=5)
-        figures["zookeeper"] = measure_zookeeper(workdir, args)
+        for names, run in runs:
+            if not names & args.only:
+                continue
+            try:
+                figures.update(run(workdir))
+            except Exception as exc:  # the other sections still run and print; the exit status says one failed
+                progress(f"{'/'.join(sorted(names & args.only))} failed: {exc!r}")
+                failed["/".join(sorted(names & args.only))] = repr(exc)
     print(json.dumps({
-        "benchmark": "scale: partition_svc latency, memory and restart against the producer ids a partition has seen",
-        "parameters": {"samples": args.samples, "in_flight": args.in_flight},
-        "machine": {"cpus": os.cpu_count()},
+        "benchmark": "scale: partition_svc and coordinator_svc latency, memory, restart and load time against "
+                     "producer ids, partitions, log length and transactional ids",
+        "parameters": {"sections": [s for s in SECTIONS if s in args.only], "samples": args.samples, "in_flight": args.in_flight,
+                       "partitions": args.partitions, "log_mb": args.log_mb, "transactional_ids": args.transactional_ids,
+                       "init_concurrency": args.init_concurrency, "idle_seconds": args.idle_seconds},
+        # the machine is shared: a load average well above the cpus means the timings were taken in a crowd
+        "machine": {"cpus": os.cpu_count(), "load_average_1min_at_start": round(load_before[0], 2),
+                    "load_average_1min_at_end": round(os.getloadavg()[0], 2)},
         **figures,
+        **({"failed_sections": failed} if failed else {}),
     }, indent=2))
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
