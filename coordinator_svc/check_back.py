@@ -63,9 +63,6 @@ class CheckBack:
         self.sealing: collections.Counter[str] = collections.Counter()
         self._queue: collections.deque = collections.deque()  # the last round's due checks not started yet
         self._groups_with_checkers: dict[str, bool] = {}
-        self.in_flight_peak = 0
-        self.checks_sent = 0
-        self.checks_declined = 0  # checks no checker took (all busy): not counted as attempts
 
     # --- registrations ----------------------------------------------------------------------
 
@@ -98,8 +95,11 @@ class CheckBack:
 
     # --- the rounds -------------------------------------------------------------------------
 
-    def next_check_ms(self, loaded, meta: TransactionMetadata) -> int | None:
-        return rules.next_check_ms(meta, self.state.group_config(loaded, names.transaction_group(meta.transactional_id)))
+    def describe(self, loaded, meta: TransactionMetadata) -> tuple[int, int, int]:
+        """(checks done, last answer as TransactionCheckAnswer, next check time or -1) of a PREPARED transaction."""
+        when = rules.next_check_ms(meta, self.state.group_config(loaded, names.transaction_group(meta.transactional_id)))
+        last = ANSWER_PROTOS[CheckAnswer.UNKNOWN] if meta.checks_done else transaction_check_pb2.TRANSACTION_CHECK_ANSWER_UNSPECIFIED
+        return meta.checks_done, last, -1 if when is None else when
 
     async def check_due(self) -> None:
         """One round: finds the prepared transactions due a check (or an
@@ -149,7 +149,6 @@ class CheckBack:
             else:
                 continue  # no checker registered: nothing asked, nothing counted
             self.in_flight.add(tid)
-            self.in_flight_peak = max(self.in_flight_peak, len(self.in_flight))
             self.state.spawn(loaded, self._finally_done(tid, work))
 
     def _has_checkers(self, group_id: str) -> bool:
@@ -175,7 +174,6 @@ class CheckBack:
         answer, asked, busy = CheckAnswer.UNKNOWN, None, False
         for address in self.registrations.live(group_id, self.monotonic()):
             stub = transaction_check_pb2_grpc.TransactionCheckServiceStub(self.coordinator.client.application_channel(address))
-            self.checks_sent += 1
             try:
                 reply = await stub.CheckTransaction(request, timeout=config.timeout_ms / 1000)
             except grpc.RpcError as exc:
@@ -186,7 +184,6 @@ class CheckBack:
             answer, asked = ANSWERS.get(reply.answer, CheckAnswer.UNKNOWN), address
             break
         if asked is None and busy:
-            self.checks_declined += 1
             return  # not counted: asked again in a later round
         log.info("transaction checked back", extra=fields(
             transactional_id=handle.transactional_id, producer_id=handle.producer_id, producer_epoch=handle.producer_epoch,
@@ -200,11 +197,4 @@ class CheckBack:
         except TxlogError as exc:  # fenced, completed otherwise, the partition moved: the answer changes nothing
             log.info("a check-back answer changed nothing", extra=fields(
                 transactional_id=handle.transactional_id, producer_epoch=handle.producer_epoch, answer=what, reason=str(exc)))
-
-
-def describe_check(check_back: CheckBack | None, loaded, meta: TransactionMetadata) -> tuple[int, int, int]:
-    """(checks done, last answer as TransactionCheckAnswer, next check time or -1) of a PREPARED transaction."""
-    when = check_back.next_check_ms(loaded, meta) if check_back is not None else None
-    last = ANSWER_PROTOS[CheckAnswer.UNKNOWN] if meta.checks_done else transaction_check_pb2.TRANSACTION_CHECK_ANSWER_UNSPECIFIED
-    return meta.checks_done, last, -1 if when is None else when
 

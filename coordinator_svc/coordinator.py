@@ -66,7 +66,7 @@ from services.stubs.txlog.v1 import partition_pb2
 log = logging.getLogger(__name__)
 S = TransactionState
 COMPLETED = core.COMPLETED
-ADD_WAIT_S_MAX = 5.0  # an add waits this long at most for the id's other adds in flight
+ADD_WAIT_S_MAX = 5.0  # an add waits this long at most for the id's completion or other adds in flight
 
 
 error = core.error
@@ -205,31 +205,34 @@ class TransactionCoordinator:
             if isinstance(verified, core.Refuse):
                 raise verified.error
             return verified
-        done = loaded.completing.get(transactional_id)
-        if done is not None and not done.is_set():  # the previous transaction is completing: wait rather than bounce the client
-            with contextlib.suppress(TimeoutError):  # still completing: CONCURRENT_TRANSACTIONS below
-                await asyncio.wait_for(done.wait(), timeout=5)
         unknown = await self._unknown_partitions(partitions)
-        await self._after_adds_in_flight(loaded, transactional_id)
+        await self._until_ready_to_add(loaded, transactional_id)
         return await self.carry_out(loaded, transactional_id, lambda meta, _: core.decide_add_partitions(
             meta, transactional_id, producer_id, producer_epoch, partitions, unknown, self.clock_ms()))
 
     @staticmethod
-    async def _after_adds_in_flight(loaded: LoadedPartition, transactional_id: str) -> None:
-        """Waits (a while) until no add of the id is being written: with
+    async def _until_ready_to_add(loaded: LoadedPartition, transactional_id: str) -> None:
+        """Waits (ADD_WAIT_S_MAX at most; then CONCURRENT_TRANSACTIONS, which the
+        caller retries) while the id's previous transaction is completing or
+        another add of it is being written, rather than bounce the caller: with
         implicit adds (KIP-890 part 2) every leader of a transaction's first
-        batches adds its partitions at once, and each would otherwise be
-        answered CONCURRENT_TRANSACTIONS and retried after a backoff."""
+        batches adds its partitions at once, and the first batches of the next
+        transaction arrive while the markers of the last are written."""
         deadline = asyncio.get_running_loop().time() + ADD_WAIT_S_MAX
         while True:
-            writing, meta = loaded.writing.get(transactional_id), loaded.transactions.get(transactional_id)
-            if writing is None or meta is None or meta.pending_state is not S.ONGOING:
+            meta = loaded.transactions.get(transactional_id)
+            completing, writing = loaded.completing.get(transactional_id), loaded.writing.get(transactional_id)
+            if completing is not None and not completing.is_set():
+                wait = completing
+            elif writing is not None and meta is not None and meta.pending_state is S.ONGOING:
+                wait = writing
+            else:
                 return
             left = deadline - asyncio.get_running_loop().time()
             if left <= 0:
-                return  # CONCURRENT_TRANSACTIONS, which the caller retries
+                return
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(writing.wait(), left)
+                await asyncio.wait_for(wait.wait(), left)
 
     async def _unknown_partitions(self, partitions) -> dict:
         """The partitions that do not exist; metadata is asked again only on a miss."""

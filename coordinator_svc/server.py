@@ -6,7 +6,6 @@ import asyncio
 import logging
 import sys
 
-from coordinator_svc.check_back import describe_check
 from coordinator_svc.coordinator import TransactionCoordinator, error
 from coordinator_svc.state_manager import ANSWERS_FROM_STATE, CoordinatorConfig
 from coordinator_svc.transaction_state import Handle, TransactionMetadata, TransactionState
@@ -41,7 +40,7 @@ def topic_partitions(partitions) -> list[tuple[str, int]]:
 
 
 def describe(meta: TransactionMetadata, check: tuple[int, int, int] = (0, 0, -1)) -> coordinator_pb2.TransactionDescription:
-    """``check``: (checks done, last answer, next check time) when PREPARED (check_back.describe_check)."""
+    """``check``: (checks done, last answer, next check time) when PREPARED (CheckBack.describe)."""
     prepared = meta.state is TransactionState.PREPARED
     checks_done, last_answer, next_check_ms = check if prepared else (0, 0, -1)
     return coordinator_pb2.TransactionDescription(
@@ -168,7 +167,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
             try:
                 meta = self.coordinator.state.describe(transactional_id)
                 loaded = self.coordinator.state.loaded_partition(transactional_id)
-                reply.transactions.append(describe(meta, describe_check(self.coordinator.check_back, loaded, meta)))
+                reply.transactions.append(describe(meta, self.coordinator.check_back.describe(loaded, meta)))
             except TxlogError as exc:
                 reply.transactions.add(transactional_id=transactional_id, error=exc.to_proto())
         return reply

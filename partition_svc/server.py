@@ -410,7 +410,7 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
             for i, tp in zip(indexes, tps, strict=True):
                 if tp in refused:
                     result, partition = resolved[i]
-                    result.error.CopyFrom(self.not_in_transaction(tp, refused[tp]))
+                    result.error.CopyFrom(self.not_in_transaction(tp, refused[tp], added=request.add_to_transaction))
                     resolved[i] = (result, None)
         taken: list[tuple[object, Partition, asyncio.Future]] = []
         now = now_ms()
@@ -494,8 +494,9 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
         return not (entry is not None and entry.producer_epoch == batch.producer_epoch and entry.current_txn_first_offset >= 0)
 
     @staticmethod
-    def not_in_transaction(tp: tuple[str, int], reason: errors_pb2.Error) -> errors_pb2.Error:
-        return error_proto(reason.code, f"the coordinator does not have {tp[0]}-{tp[1]} in this transaction: {reason.message}")
+    def not_in_transaction(tp: tuple[str, int], reason: errors_pb2.Error, added: bool = False) -> errors_pb2.Error:
+        said = f"did not add {tp[0]}-{tp[1]} to" if added else f"does not have {tp[0]}-{tp[1]} in"  # added: the leader asked it to
+        return error_proto(reason.code, f"the coordinator {said} this transaction: {reason.message}")
 
     async def verify_transactional(self, transactional_id: str, batch, partition: Partition) -> None:
         """Raises unless the partition is in the producer's open transaction."""
