@@ -484,39 +484,51 @@ async def init_producer(channel: grpc.aio.Channel) -> tuple[int, int]:
     return reply.producer_id, reply.producer_epoch
 
 
-async def create_topic(channel: grpc.aio.Channel, name: str, partitions: int) -> None:
+async def create_topic(channel: grpc.aio.Channel, name: str, partitions: int,
+                       credentials: grpc.ChannelCredentials | None = None) -> None:
+    """Creates the topic and returns once every partition answers at its
+    leader. ``credentials``: those ``channel`` was opened with (the leaders
+    are dialled the same way)."""
     from services.stubs.txlog.v1 import partition_pb2, partition_pb2_grpc
 
-    reply = await partition_pb2_grpc.PartitionServiceStub(channel).CreateTopics(
+    stub = partition_pb2_grpc.PartitionServiceStub(channel)
+    reply = await stub.CreateTopics(
         partition_pb2.CreateTopicsRequest(topics=[partition_pb2.CreatableTopic(name=name, partition_count=partitions)]), timeout=30
     )
     if reply.results[0].error.code != 0:
         raise RuntimeError(f"CreateTopics {name}: {reply.results[0].error}")
     # The controller elects the partitions' leaders after the topic exists: a
     # pipelined produce before then would see its first batches refused and
-    # its later ones out of sequence. Wait until every partition answers.
-    # Each partition is asked at the leader metadata names (with several
-    # instances, it need not be the one behind ``channel``).
-    stub = partition_pb2_grpc.PartitionServiceStub(channel)
+    # its later ones out of sequence. Wait until every partition answers at
+    # the leader metadata names (with several instances, it need not be the
+    # one behind ``channel``): one ListOffsets per leader.
+    leaders: dict[str, grpc.aio.Channel] = {}
     deadline = time.monotonic() + 60
-    while True:
-        metadata = await stub.Metadata(partition_pb2.MetadataRequest(topics=[name]), timeout=30)
-        problems = []
-        for info in metadata.topics[0].partitions:
-            if info.leader_id < 0:
-                problems.append(f"partition {info.partition}: no leader yet")
-                continue
-            async with grpc.aio.insecure_channel(info.leader_address) as leader:
-                answer = await partition_pb2_grpc.PartitionServiceStub(leader).ListOffsets(partition_pb2.ListOffsetsRequest(
-                    partitions=[partition_pb2.ListOffsetsPartition(topic=name, partition=info.partition, spec=partition_pb2.OFFSET_SPEC_LATEST)]),
+    try:
+        while True:
+            metadata = await stub.Metadata(partition_pb2.MetadataRequest(topics=[name]), timeout=30)
+            by_leader: dict[str, list[int]] = {}
+            problems = []
+            for info in metadata.topics[0].partitions:
+                if info.leader_id < 0:
+                    problems.append(f"partition {info.partition}: no leader yet")
+                else:
+                    by_leader.setdefault(info.leader_address, []).append(info.partition)
+            for address, led in by_leader.items():
+                if address not in leaders:
+                    leaders[address] = open_channel(address, credentials)
+                answer = await partition_pb2_grpc.PartitionServiceStub(leaders[address]).ListOffsets(partition_pb2.ListOffsetsRequest(
+                    partitions=[partition_pb2.ListOffsetsPartition(topic=name, partition=p, spec=partition_pb2.OFFSET_SPEC_LATEST) for p in led]),
                     timeout=30)
-            if answer.results[0].error.code:
-                problems.append(f"partition {info.partition}: {answer.results[0].error.message}")
-        if len(metadata.topics[0].partitions) == partitions and not problems:
-            return
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{name}: partitions without a leader after 60 s: {problems}")
-        await asyncio.sleep(0.05)
+                problems += [f"partition {r.partition}: {r.error.message}" for r in answer.results if r.error.code]
+            if len(metadata.topics[0].partitions) == partitions and not problems:
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{name}: partitions without a leader after 60 s: {problems}")
+            await asyncio.sleep(0.05)
+    finally:
+        for leader in leaders.values():
+            await leader.close()
 
 
 async def timed_produce(
@@ -598,7 +610,7 @@ async def measure_service(address: str, args: argparse.Namespace, pids: dict[str
         producer_id, epoch = await init_producer(channel)
         progress(f"producer id {producer_id}, epoch {epoch}")
         for topic, partitions in ((TOPIC_ONE, 1), (TOPIC_FOUR, 4)):
-            await create_topic(channel, topic, partitions)
+            await create_topic(channel, topic, partitions, credentials)
         builder = RequestBuilder(producer_id, epoch, args.batch_records)
         sequences_one = Sequencer(args.batch_records)  # one producer: its sequences per partition of each topic
         sequences_four = Sequencer(args.batch_records)
@@ -617,7 +629,7 @@ async def measure_service(address: str, args: argparse.Namespace, pids: dict[str
         progress(f"fetch: {end_offset} records of {TOPIC_ONE} from offset 0, max_bytes {args.fetch_max_bytes}")
         fetch = await fetch_all(channel, TOPIC_ONE, end_offset, args.fetch_max_bytes, pids)
         progress(f"fetch: {fetch['mb_per_s']} MB/s, {fetch['records_per_s']} records/s")
-        await create_topic(channel, TOPIC_CLIENT, 1)
+        await create_topic(channel, TOPIC_CLIENT, 1, credentials)
     return {
         "producer_id": producer_id,
         "produce_one_partition": one,
