@@ -309,17 +309,9 @@ class TransactionChecker:
             self._set_state(CheckerState.STOPPING)
             leave_by = time.monotonic() + timeout_s / 2
             self._stopping.set()
-            if self._renewer is not None:  # a renewal under way must not register again after the unregister
+            if self._renewer is not None:  # a renewal that ends after the unregister below undoes itself
                 self._renewer.join(max(leave_by - time.monotonic(), 0))
-            try:
-                assert self._admin is not None and self.address is not None
-                self._admin.unregister_transaction_checker(self.group, self.address,
-                                                           timeout_s=max(leave_by - time.monotonic(), 0.1))
-            except ClientClosedError:
-                pass  # the interpreter is exiting and closed the admin client first: the lease lapses
-            except ClientError as exc:
-                log.warning("transaction checker of group %r at %s could not unregister (%s); its registration "
-                            "lapses within %d ms", self.group, self.address, exc, self.lease_ms)
+            self._unregister_quietly(max(leave_by - time.monotonic(), 0.1))
             self._release(grace_s=timeout_s / 2)
             self._set_state(CheckerState.STOPPED)
 
@@ -377,6 +369,20 @@ class TransactionChecker:
                 log.warning("transaction checker of group %r at %s: renewal failed (%s); trying again in %.1f s",
                             self.group, self.address, exc, delay_s)
                 continue
+            if self._stopping.is_set():  # stop() unregistered while this renewal was under way: undo it
+                self._unregister_quietly(1.0)
+                return
             failures = 0
             self.renewals += 1
             delay_s = (granted_ms or self.lease_ms) / 3 / 1000
+
+    def _unregister_quietly(self, timeout_s: float) -> None:
+        """Removes the registration, best effort: one not removed lapses with its lease."""
+        assert self._admin is not None and self.address is not None
+        try:
+            self._admin.unregister_transaction_checker(self.group, self.address, timeout_s=timeout_s)
+        except ClientClosedError:
+            pass  # the interpreter is exiting and closed the admin client first: the lease lapses
+        except ClientError as exc:
+            log.warning("transaction checker of group %r at %s could not unregister (%s); its registration "
+                        "lapses within %d ms", self.group, self.address, exc, self.lease_ms)

@@ -118,3 +118,50 @@ def test_admin_refuses_bad_group_config_calls_before_any_call():
             admin.alter_transaction_group_config("orders", {"transaction.check.max": "3"}, delete=["transaction.check.max"])
         with pytest.raises(ValueError, match="lease_ms must be"):
             admin.register_transaction_checker("orders", "h:1", lease_ms=-1)
+
+
+class SlowRenewalCoordinator:
+    """Stands in for the Admin a TransactionChecker registers through (the coordinator is not what
+    this tests): the first registration answers at once; a renewal is held until stop() unregisters,
+    then lands, as a renewal slowed by a coordinator failover would. Keeps what is registered."""
+
+    def __init__(self, *_, **__):
+        import threading
+        self.registered: set[str] = set()
+        self.calls: list[str] = []
+        self.renewing, self.unregistered, self.undone = threading.Event(), threading.Event(), threading.Event()
+
+    def register_transaction_checker(self, group, address, lease_ms, timeout_s=None):
+        if self.calls:  # a renewal
+            self.renewing.set()
+            assert self.unregistered.wait(10)
+        self.calls.append("register")
+        self.registered.add(address)
+        return lease_ms
+
+    def unregister_transaction_checker(self, group, address, timeout_s=None):
+        self.calls.append("unregister")
+        self.registered.discard(address)
+        if self.unregistered.is_set():
+            self.undone.set()
+        self.unregistered.set()
+
+    def close(self):
+        self.undone.wait(5)  # the renewal thread gets to finish before the client is gone
+
+
+def test_a_renewal_that_lands_after_stop_unregistered_is_undone(monkeypatch):
+    """Found reading the change again: stop() waited for a renewal under way only up to half its
+    timeout, then unregistered; a renewal landing after that registered the stopped checker again,
+    and the coordinator went on asking a dead address for a whole lease."""
+    import services.client.checker as checker_module
+
+    fakes = []
+    monkeypatch.setattr(checker_module, "Admin", lambda *a, **k: fakes.append(SlowRenewalCoordinator()) or fakes[-1])
+    checker = TransactionChecker(UNREACHABLE, "orders", lambda tid, metadata: "UNKNOWN", lease_ms=1_000).start()
+    coordinator = fakes[0]
+    assert coordinator.renewing.wait(10), "no renewal came"
+    checker.stop(timeout_s=0.2)
+    assert coordinator.undone.wait(5)
+    assert coordinator.calls == ["register", "unregister", "register", "unregister"]
+    assert coordinator.registered == set()
