@@ -84,8 +84,8 @@ COMMON_SETTINGS: tuple[Setting, ...] = (
     Setting(
         "advertised_address",
         "",
-        "host:port other processes use to reach this instance (default: the listen host, "
-        "or this machine's host name when listening on 0.0.0.0, with the bound port)",
+        "host:port other processes use to reach this instance; a host alone (or port 0) takes the bound port "
+        "(default: the listen host, or this machine's host name when listening on 0.0.0.0, with the bound port)",
     ),
     Setting("log_level", "INFO", "log level", str, ("DEBUG", "INFO", "WARNING", "ERROR")),
     Setting(

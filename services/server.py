@@ -21,7 +21,6 @@ import asyncio
 import functools
 import logging
 import signal
-import socket
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from types import SimpleNamespace
@@ -34,6 +33,7 @@ from opentelemetry.sdk.trace.export import SpanExporter
 
 from services import authorizer, errors, logs, metrics, telemetry, tls, zk
 from services import config as config_mod
+from services.addresses import advertised
 from services.errors import ErrorCode, TxlogError
 from services.logs import fields
 
@@ -153,15 +153,6 @@ def rpc_handler(method):
             )
 
     return wrapper
-
-
-def advertised(listen: str, port: int, advertised_address: str) -> str:
-    if advertised_address:
-        return advertised_address
-    host = listen.rsplit(":", 1)[0]
-    if host in ("0.0.0.0", "[::]", ""):
-        host = socket.gethostname()
-    return f"{host}:{port}"
 
 
 class ServiceRuntime:

@@ -68,7 +68,6 @@ from __future__ import annotations
 
 import enum
 import logging
-import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -76,6 +75,7 @@ from concurrent import futures
 
 import grpc
 
+from services.addresses import advertised
 from services.client import shutdown
 from services.client.admin import Admin, check_transaction_group
 from services.client.errors import ClientClosedError, ClientError
@@ -93,7 +93,6 @@ START_TIMEOUT_S_DEFAULT = 30.0
 STOP_TIMEOUT_S_DEFAULT = 10.0
 # After a failed renewal: soon again, then at most every 2 s (each attempt retries inside, too).
 RENEW_RETRY = RetryPolicy(attempts_max=1 << 30, backoff_initial_ms=100, backoff_max_ms=2_000)
-WILDCARD_HOSTS = ("", "0.0.0.0", "::", "[::]")
 
 Check = Callable[[str, bytes], str]
 
@@ -151,21 +150,6 @@ def create_server(listen: str, service: _CheckService, max_concurrent_checks: in
         raise ValueError(f"cannot listen on {listen!r}")
     return server, port
 
-
-def advertised(listen: str, port: int, advertised_address: str | None) -> str:
-    """The address to register: ``advertised_address`` (its port, when it
-    names none or 0, is the bound one), else the listen host with the bound
-    port; a wildcard listen host (0.0.0.0, ::, empty) is replaced by the
-    machine's hostname."""
-    if advertised_address:
-        host, sep, given = advertised_address.rpartition(":")
-        if sep and host and given not in ("", "0"):
-            return advertised_address
-        return f"{host if sep else advertised_address}:{port}"
-    host = listen.rpartition(":")[0]
-    if host in WILDCARD_HOSTS:
-        host = socket.gethostname()
-    return f"{host}:{port}"
 
 
 class TransactionChecker:

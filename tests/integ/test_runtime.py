@@ -217,7 +217,7 @@ def test_health_is_not_serving_while_zookeeper_is_away(cluster):
 
 
 def test_advertised_address_defaults_to_listen_host_and_bound_port():
-    from services.server import advertised
+    from services.addresses import advertised
 
     assert advertised("127.0.0.1:0", 4242, "") == "127.0.0.1:4242"
     assert advertised("0.0.0.0:7100", 7100, "") != "0.0.0.0:7100"

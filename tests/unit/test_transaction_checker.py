@@ -7,8 +7,9 @@ import logging
 import grpc
 import pytest
 
+from services.addresses import advertised
 from services.client import Admin, Producer, TransactionChecker
-from services.client.checker import CheckerState, _CheckService, advertised, create_server
+from services.client.checker import CheckerState, _CheckService, create_server
 from services.client.config import PREPARE_METADATA_BYTES_MAX
 from services.client.errors import ClientClosedError, ClientError
 from services.stubs.txlog.v1 import transaction_check_pb2, transaction_check_pb2_grpc
