@@ -85,6 +85,7 @@ import grpc
 from services import acls, certs, compression, errors
 from services.channels import open_channel
 from services.client import console
+from services.client.admin import group_config_change
 from services.client.structs import TopicPartition
 from services.client.transport import tls_files
 from services.cluster import ClusterError, LocalCluster
@@ -338,11 +339,12 @@ def _transactions(args) -> int:
 def group_config_usage_error(args) -> str | None:
     try:
         configs = console.parse_configs(args.set, "--set")
+        if configs or args.delete:  # neither: a description
+            group_config_change(configs, args.delete or ())
     except errors.TxlogError as exc:
         return exc.message
-    both = sorted(set(configs) & set(args.delete or ()))
-    if both:
-        return f"a setting is either set or deleted, not both: {', '.join(both)}"
+    except ValueError as exc:
+        return str(exc)
     return None
 
 

@@ -121,6 +121,19 @@ def describe(info: TopicInfo) -> TopicDescription:
     )
 
 
+def group_config_change(configs, delete) -> tuple[dict[str, str], list[str]]:
+    """A transaction group's settings change as sent (keys set, keys deleted);
+    ValueError for an empty change or a key both set and deleted."""
+    changes = {str(k): str(v) for k, v in (configs or {}).items()}
+    deleted = list(dict.fromkeys(str(k) for k in delete))
+    if not changes and not deleted:
+        raise ValueError("name at least one setting to set or delete")
+    both = sorted(set(changes) & set(deleted))
+    if both:
+        raise ValueError(f"a setting is either set or deleted, not both: {', '.join(both)}")
+    return changes, deleted
+
+
 class Admin:
     """Administers a txlog cluster through any of its partition servers."""
 
@@ -786,13 +799,7 @@ class Admin:
         unknown key or a bad value raises (the coordinator's INVALID_CONFIG or
         INVALID_REQUEST names it), and then nothing changed."""
         check_transaction_group(group_id)
-        changes = {str(k): str(v) for k, v in (configs or {}).items()}
-        deleted = list(dict.fromkeys(str(k) for k in delete))
-        if not changes and not deleted:
-            raise ValueError("name at least one setting to set or delete")
-        both = sorted(set(changes) & set(deleted))
-        if both:
-            raise ValueError(f"a setting is either set or deleted, not both: {', '.join(both)}")
+        changes, deleted = group_config_change(configs, delete)
         timeout_ms = self._timeout_ms(timeout_s)
         return self._run(self._send_to_coordinator(group_id, AlterTransactionGroupConfigHandler(group_id, changes, deleted),
                                                    timeout_ms), timeout_ms, "alter_transaction_group_config")
