@@ -197,8 +197,6 @@ class Producer:
         self._txn = TransactionManager(transactional_id, transaction_timeout_ms, implicit_partition_adds) if transactional_id else None
         self._coordinator: CoordinatorClient | None = None
         self._offsets_tasks: set[asyncio.Task] = set()  # send_offsets_to_transaction operations (loop thread)
-        self._prepare_lock = threading.Lock()
-        self._prepare_metadata = b""  # what the prepare under way (or done) was given
         self._loop = LoopThread("txlog-producer")
         self._sender = self._loop.run(self._make_sender(), timeout_s=10, what="starting the producer")
         self._sender_done = self._loop.submit(self._sender.run())
@@ -483,15 +481,7 @@ class Producer:
                              f"not {prepared_timeout_ms!r}")
         metadata = checked_prepare_metadata(metadata)
         txn = self._transactional(Call.PREPARE)
-        with self._prepare_lock:  # the metadata of the prepare under way is known before anyone can resume it
-            started = txn.start(Call.PREPARE) is Verdict.STARTED
-            if started:
-                self._prepare_metadata = metadata
-            elif metadata != self._prepare_metadata:
-                raise ValueError("prepare_transaction() is resumed with other metadata than the prepare under way "
-                                 f"({len(self._prepare_metadata)} bytes): a prepared transaction keeps the metadata "
-                                 "it was first given; pass the same bytes")
-        if started:
+        if txn.start(Call.PREPARE, metadata) is Verdict.STARTED:
             txn.wait_sends_done()
             self._run_operation(txn, self._prepare_operation(prepared_timeout_ms, metadata))
         self._wait_operation(txn, Call.PREPARE, timeout_s)

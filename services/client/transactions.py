@@ -216,6 +216,7 @@ class TransactionManager:
         self.coordinator_touched = False
         self.transactions_completed = 0
         self.handle = None  # the TransactionHandle of the prepared transaction
+        self.prepare_metadata = b""  # what its prepare was given (every attempt sends it)
 
     # --- state -----------------------------------------------------------------------------
 
@@ -268,15 +269,22 @@ class TransactionManager:
         with self._lock:
             self._verdict(call)
 
-    def start(self, call: Call) -> Verdict:
+    def start(self, call: Call, prepare_metadata: bytes = b"") -> Verdict:
         """Decides ``call``: makes its transition (STARTED, with a new
         :attr:`operation` future for the operation to complete), or answers
         RESUME (wait for :attr:`operation` again) or PROCEED; raises when the
-        call is not legal now."""
+        call is not legal now. A prepare keeps ``prepare_metadata``; resuming
+        it with other bytes raises ValueError (a prepared transaction keeps
+        the metadata it was first given)."""
         with self._lock:
             outcome = self._verdict(call)
+            if call is Call.PREPARE and outcome is Verdict.RESUME and prepare_metadata != self.prepare_metadata:
+                raise ValueError("prepare_transaction() is resumed with other metadata than the prepare under way "
+                                 f"({len(self.prepare_metadata)} bytes): pass the same bytes")
             if isinstance(outcome, Verdict):
                 return outcome
+            if call is Call.PREPARE:
+                self.prepare_metadata = prepare_metadata
             self._transition_locked(outcome)
             if outcome in (S.INITIALIZING, S.COMMITTING, S.ABORTING, S.PREPARING):
                 self.operation = concurrent.futures.Future()

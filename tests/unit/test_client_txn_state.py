@@ -229,3 +229,11 @@ def test_error_unless_names_what_an_operation_must_raise():
     assert isinstance(error, TransactionAbortableError) and error.__cause__ is ABORTABLE
     txn.on_fatal_error(FENCED)
     assert txn.error_unless(S.COMMITTING) is FENCED
+
+
+def test_a_prepare_keeps_its_metadata_and_is_resumed_only_with_the_same_bytes():
+    txn = manager_in(S.IN_TRANSACTION)
+    assert txn.start(Call.PREPARE, b"db-tx-7") is Verdict.STARTED and txn.prepare_metadata == b"db-tx-7"
+    with pytest.raises(ValueError, match="other metadata"):
+        txn.start(Call.PREPARE, b"db-tx-8")
+    assert txn.start(Call.PREPARE, b"db-tx-7") is Verdict.RESUME and txn.state is S.PREPARING
