@@ -79,6 +79,7 @@ class Workers:
                        "--txn-timeout-ms", str(TXN_TIMEOUT_MS), "--cut-probability", str(cut_probability),
                        "--topics", topics]
         self.processes: dict[str, subprocess.Popen] = {}
+        self.spawned = 0
         self.checker: subprocess.Popen | None = None  # the silent owners' checker: it stops after them
         self.incarnations: dict[str, int] = {}  # ctp member -> how many processes it has had
         (directory / "logs").mkdir(exist_ok=True)
@@ -94,8 +95,7 @@ class Workers:
         for i in range(self.silent_owners):
             self._spawn(f"s{i}", ["silent", "--topics", produced])
         if self.silent_owners:
-            self.checker = self._spawn("chk0", ["checker"])
-            del self.processes["chk0"]  # not stopped with the others (stop_checker)
+            self.checker = self._spawn("chk0", ["checker"], stopped_with_the_others=False)  # stopped after them (stop_checker)
 
     def producer_pids(self) -> dict[str, int]:
         return {name: p.pid for name, p in self.processes.items() if name.startswith("p")}
@@ -113,13 +113,16 @@ class Workers:
         """A worker's command line: the shared arguments first, so that the
         worker's own (a producer's --topics without the ctp output) win."""
         return [sys.executable, "-m", "services.chaos.worker", *self.common, *spec, "--name", name,
-                "--seed", str(self.seed * 100 + len(self.processes))]
+                "--seed", str(self.seed * 100 + self.spawned)]
 
-    def _spawn(self, name: str, spec: list[str]) -> subprocess.Popen:
+    def _spawn(self, name: str, spec: list[str], *, stopped_with_the_others: bool = True) -> subprocess.Popen:
         command = self.command(name, spec)
+        self.spawned += 1  # every process its own seed
         with open(self.directory / "logs" / f"worker-{name}.log", "ab") as out:
-            self.processes[name] = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        return self.processes[name]
+            process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        if stopped_with_the_others:
+            self.processes[name] = process
+        return process
 
 
 def stop_workers(directory: Path, workers: dict[str, subprocess.Popen]) -> list[str]:
