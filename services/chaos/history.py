@@ -40,6 +40,7 @@ seconds, shared by the processes of one machine):
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -67,27 +68,42 @@ def tp_key(topic: str, partition: int) -> str:
     return f"{topic}/{partition}"
 
 
+class JsonLinesFile:
+    """One worker's file of JSON lines, appended to; thread-safe. ``durable``:
+    a line is on disk (fsynced) when append() returns."""
+
+    def __init__(self, folder: Path, worker: str, durable: bool = False):
+        folder.mkdir(parents=True, exist_ok=True)
+        self._file = open(folder / f"{worker}.jsonl", "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        self._durable = durable
+        self._lock = threading.Lock()
+
+    def append(self, value: dict) -> None:
+        line = json.dumps(value, separators=(",", ":"))
+        with self._lock:
+            self._file.write(line + "\n")
+            self._file.flush()
+            if self._durable:
+                os.fsync(self._file.fileno())
+
+    def close(self) -> None:
+        with self._lock:
+            self._file.close()
+
+
 class History:
     """Appends one worker's events to its file; thread-safe (a producer's
     delivery callbacks run on its I/O thread)."""
 
     def __init__(self, directory: str | Path, worker: str):
         self.worker = worker
-        folder = Path(directory) / HISTORY_DIR
-        folder.mkdir(parents=True, exist_ok=True)
-        self._file = open(folder / f"{worker}.jsonl", "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
-        self._lock = threading.Lock()
+        self._lines = JsonLinesFile(Path(directory) / HISTORY_DIR, worker)
 
     def record(self, event_type: str, **fields) -> None:
-        line = json.dumps({"type": event_type, "worker": self.worker, "t": time.time(), **fields},
-                          separators=(",", ":"))
-        with self._lock:
-            self._file.write(line + "\n")
-            self._file.flush()
+        self._lines.append({"type": event_type, "worker": self.worker, "t": time.time(), **fields})
 
     def close(self) -> None:
-        with self._lock:
-            self._file.close()
+        self._lines.close()
 
 
 def read_events(directory: str | Path) -> list[dict]:

@@ -27,12 +27,11 @@ Guarantees
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from pathlib import Path
 
-from services.chaos.history import History
+from services.chaos.history import History, JsonLinesFile
 
 GROUP = "chaos-silent"
 DECISIONS_DIR = "decisions"
@@ -53,21 +52,16 @@ class DecisionLog:
     """One owner's local store of decisions, written ahead of its prepares."""
 
     def __init__(self, directory: str | Path, worker: str):
-        folder = Path(directory) / DECISIONS_DIR
-        folder.mkdir(parents=True, exist_ok=True)
-        self._file = open(folder / f"{worker}.jsonl", "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        self._lines = JsonLinesFile(Path(directory) / DECISIONS_DIR, worker, durable=True)
 
     def record(self, key: str, transactional_id: str, decision: str) -> None:
         """Returns once the decision is on disk."""
         if decision not in DECISIONS:
             raise ValueError(f"decision must be one of {DECISIONS}, not {decision!r}")
-        line = json.dumps({"key": key, "transactional_id": transactional_id, "decision": decision}, separators=(",", ":"))
-        self._file.write(line + "\n")
-        self._file.flush()
-        os.fsync(self._file.fileno())
+        self._lines.append({"key": key, "transactional_id": transactional_id, "decision": decision})
 
     def close(self) -> None:
-        self._file.close()
+        self._lines.close()
 
 
 class Decisions:
