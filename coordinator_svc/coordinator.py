@@ -168,16 +168,20 @@ class TransactionCoordinator:
     async def _transition(self, loaded: LoadedPartition, meta: TransactionMetadata, to_state: TransactionState, **changes) -> None:
         """Write, then apply."""
         record = ts.prepare_transition(meta, to_state, last_update_ms=self.clock_ms(), **changes)
-        written = loaded.writing[meta.transactional_id] = asyncio.Event()
+        # an add being written: the id's other adds wait for it (_until_ready_to_add); no other write is waited on
+        written = asyncio.Event() if to_state is S.ONGOING else None
+        if written is not None:
+            loaded.writing[meta.transactional_id] = written
         try:
             await loaded.log.write(record)
         except BaseException:
             ts.abandon_transition(meta)
             raise
         finally:
-            written.set()
-            if loaded.writing.get(meta.transactional_id) is written:
-                del loaded.writing[meta.transactional_id]
+            if written is not None:
+                written.set()
+                if loaded.writing.get(meta.transactional_id) is written:
+                    del loaded.writing[meta.transactional_id]
         before = meta.state
         ts.complete_transition(meta, record)
         self.metrics.transitioned(before, meta.state)
