@@ -111,8 +111,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--samples", type=int, default=300, help="calls per latency figure (default: %(default)s)")
     parser.add_argument("--in-flight", type=int, default=64, help="produce requests outstanding while filling (default: %(default)s)")
     parser.add_argument("--transactions", type=int, default=1000, help="transactions in the ZooKeeper figure (default: %(default)s)")
-    parser.add_argument("--producer-ids-allocated", type=int, default=1000,
-                        help="InitProducerId calls in the ZooKeeper figure (default: %(default)s)")
+    parser.add_argument("--producer-ids-allocated", type=int, default=20000,
+                        help="InitProducerId calls in the ZooKeeper figure; enough that the cluster's periodic reads "
+                             "(a burst every few seconds) average out of a figure of about one (default: %(default)s)")
     parser.add_argument("--only", type=sections, default=set(SECTIONS),
                         help=f"comma-separated sections to run, of {', '.join(SECTIONS)} (default: all)")
     parser.add_argument("--partitions", type=numbers, default=[100, 1000, 10000],
