@@ -153,19 +153,17 @@ class TransactionStateManager:
         self.partitions[index] = loaded
         try:
             await loaded.log.append(FENCE_KEY, str(owner.coordinator_epoch).encode())  # fences the previous owner's writes
-            records, decisions, group_configs = await loaded.log.read_all()
+            transactions, decisions, group_configs = await loaded.log.read_all()
         except TxlogError as exc:
             self.unload(index, f"loading failed: {exc}")
             return
-        for tid, record in records.items():
-            if record is not None:
-                loaded.transactions[tid] = TransactionMetadata.from_record(record)
+        loaded.transactions.update(transactions)
         for group_id, overrides in group_configs.items():
             try:
                 loaded.group_configs[group_id] = altered(DEFAULT_CONFIG, overrides, [])
             except TxlogError as exc:  # written by a version with other settings: the defaults, rather than no partition
                 log.warning("ignoring a transaction group's stored settings", extra=fields(group_id=group_id, error=str(exc)))
-        await self.on_loaded(loaded, [d for d in decisions.values() if d is not None])
+        await self.on_loaded(loaded, list(decisions.values()))
 
 
     def unload(self, index: int, reason: str, *, handed_over: bool = False) -> None:

@@ -25,7 +25,7 @@ import asyncio
 import json
 import logging
 
-from coordinator_svc.transaction_state import GroupDecision, TransactionRecord
+from coordinator_svc.transaction_state import GroupDecision, TransactionMetadata, TransactionRecord
 from services.errors import ErrorCode, TxlogError, spec_of
 from services.logs import fields
 from services.protocol import TRANSACTION_STATE_TOPIC, next_sequence
@@ -135,13 +135,15 @@ class TransactionLogPartition:
             raise TxlogError(ErrorCode.Value("TRANSACTION_COORDINATOR_FENCED"), error.message)
         raise TxlogError(error.code, error.message)
 
-    async def read_all(self) -> tuple[dict[str, TransactionRecord | None], dict[str, GroupDecision | None], dict[str, dict[str, str]]]:
-        """Every transactional id's latest record, every group decision (None:
-        removed) and every group's check-back settings, read from the log start
-        to its end."""
-        records: dict[str, TransactionRecord | None] = {}
-        decisions: dict[str, GroupDecision | None] = {}
-        group_configs: dict[str, dict[str, str]] = {}
+    async def read_all(self) -> tuple[dict[str, TransactionMetadata], dict[str, GroupDecision], dict[str, dict[str, str]]]:
+        """Every transactional id still in the log, as metadata from its latest
+        record; every group decision not removed; every group's check-back
+        settings, read from the log start to its end.
+
+        Only each key's latest value is decoded, once the end is reached: an id
+        has a record per transition in the log until compaction, and decoding
+        is most of a load's time."""
+        latest: dict[bytes, bytes | None] = {}
         offset = 0
         while True:
             leader = await self.client.leader(TRANSACTION_STATE_TOPIC, self.partition)
@@ -160,18 +162,26 @@ class TransactionLogPartition:
                 raise TxlogError(result.error.code, f"loading transaction log partition {self.partition}: {result.error.message}")
             for batch in result.batches:
                 for record in batch.records:
-                    if record.key == FENCE_KEY:
-                        continue
-                    if record.key.startswith(DECISION_KEY_PREFIX):
-                        decision_id = record.key[len(DECISION_KEY_PREFIX):].decode()
-                        decisions[decision_id] = GroupDecision.decode(decision_id, record.value) if record.HasField("value") else None
-                        continue
-                    if record.key.startswith(GROUP_CONFIG_KEY_PREFIX):
-                        group_id = record.key[len(GROUP_CONFIG_KEY_PREFIX):].decode()
-                        group_configs[group_id] = json.loads(record.value) if record.HasField("value") else {}
-                        continue
-                    tid = record.key.decode()
-                    records[tid] = TransactionRecord.decode(tid, record.value) if record.HasField("value") else None
+                    latest[record.key] = record.value if record.HasField("value") else None
             if result.next_fetch_offset >= result.high_watermark:
-                return records, decisions, group_configs
+                return decoded(latest)
             offset = result.next_fetch_offset
+
+
+def decoded(latest: dict[bytes, bytes | None]) -> tuple[dict[str, TransactionMetadata], dict[str, GroupDecision], dict[str, dict[str, str]]]:
+    """The log's latest value per key, by kind of key (a tombstone, None, removes its key)."""
+    transactions: dict[str, TransactionMetadata] = {}
+    decisions: dict[str, GroupDecision] = {}
+    group_configs: dict[str, dict[str, str]] = {}
+    for key, value in latest.items():
+        if key == FENCE_KEY or value is None:
+            continue
+        if key.startswith(DECISION_KEY_PREFIX):
+            decision_id = key[len(DECISION_KEY_PREFIX):].decode()
+            decisions[decision_id] = GroupDecision.decode(decision_id, value)
+        elif key.startswith(GROUP_CONFIG_KEY_PREFIX):
+            group_configs[key[len(GROUP_CONFIG_KEY_PREFIX):].decode()] = json.loads(value)
+        else:
+            tid = key.decode()
+            transactions[tid] = TransactionMetadata.decode(tid, value)
+    return transactions, decisions, group_configs
