@@ -18,10 +18,17 @@ Bounds
   was reachable and decided nothing: if no other answered either, the check
   is not counted and goes again in a later round, so a busy application
   never sees its transactions' checks used up.
+- A round costs what is due, not what is held: the prepared transactions come
+  out of their partition's index of check times (LoadedPartition.checks) when
+  their time comes; one not asked for a passing reason (a check of it in
+  flight, its prepare still sealing, a transition in flight) goes back to be
+  found again by a later round; one whose group has no checker waits
+  unscheduled until a checker registers (LoadedPartition.unchecked).
 """
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import contextlib
 import logging
@@ -32,6 +39,7 @@ import grpc
 
 from coordinator_svc import check_rules as rules
 from coordinator_svc.check_rules import CheckAnswer, GroupCheckConfig
+from coordinator_svc.state_manager import PASS_IDS_PER_YIELD
 from coordinator_svc.transaction_state import Handle, TransactionMetadata
 from services import names
 from services.errors import TxlogError
@@ -70,8 +78,10 @@ class CheckBack:
         names.check_transaction_group(group_id)
         rules.check_checker_address(address)
         lease_ms = rules.lease_of(lease_ms)
-        self.state.loaded_partition(group_id)  # the group's coordinator only (NOT_COORDINATOR elsewhere)
+        loaded = self.state.loaded_partition(group_id)  # the group's coordinator only (NOT_COORDINATOR elsewhere)
         self.registrations.register(group_id, address, lease_ms, self.monotonic())
+        self._groups_with_checkers.pop(group_id, None)
+        loaded.reschedule_group(group_id)  # its checks that came due without a checker
         return lease_ms
 
     def unregister(self, group_id: str, address: str) -> None:
@@ -102,31 +112,51 @@ class CheckBack:
         return meta.checks_done, last, -1 if when is None else when
 
     async def check_due(self) -> None:
-        """One round: finds the prepared transactions due a check (or an
-        exhausted abort), oldest due first, and starts as many as the bound
-        allows; the rest wait in the round's queue, and each check that ends
+        """One round: takes the prepared transactions due a check (or an
+        exhausted abort) out of the partitions' indexes, adds them to the ones
+        the last round left waiting, oldest due first, and starts as many as
+        the bound allows; the rest wait in the queue, and each check that ends
         starts the next, so the rate is the checks' own, not one bound's worth
         per round."""
         now = self.coordinator.clock_ms()
         configs: dict[tuple[int, str], GroupCheckConfig] = {}
-        due = []
+        due, next_round = [], []
         for loaded in list(self.state.partitions.values()):
             if not loaded.loaded or loaded.log.broken:
                 continue
-            for meta in loaded.transactions.values():
-                if meta.prepared_ms < 0:
-                    continue  # set only while PREPARED (or deciding it): the cheap test first
-                group_id = names.transaction_group(meta.transactional_id)
-                config = configs.get((loaded.index, group_id))
-                if config is None:
-                    config = configs[(loaded.index, group_id)] = self.state.group_config(loaded, group_id)
-                when = rules.next_check_ms(meta, config)
-                if when is not None and when <= now:
-                    due.append((when, meta.transactional_id, loaded, meta, group_id))
-        due.sort(key=lambda d: d[:2])
-        self._queue = collections.deque(due)
+            while self.state.partitions.get(loaded.index) is loaded:
+                taken = loaded.checks.pop_due(now, PASS_IDS_PER_YIELD)
+                for _, tid in taken:
+                    meta = loaded.transactions.get(tid)
+                    if meta is None:
+                        continue
+                    if meta.pending_state is not None:
+                        next_round.append((loaded, meta))  # written or abandoned by then
+                        continue
+                    group_id = names.transaction_group(tid)
+                    config = configs.get((loaded.index, group_id))
+                    if config is None:
+                        config = configs[(loaded.index, group_id)] = self.state.group_config(loaded, group_id)
+                    when = rules.next_check_ms(meta, config)
+                    if when is not None and when <= now:
+                        due.append((when, tid, loaded, meta, group_id))
+                    else:
+                        loaded.schedule(meta)  # moved on since
+                if len(taken) < PASS_IDS_PER_YIELD:
+                    break
+                await asyncio.sleep(0)
+        for loaded, meta in next_round:
+            self._reschedule(loaded, meta)
+        waiting = {(d[2].index, d[1]): d for d in self._queue}
+        waiting.update(((d[2].index, d[1]), d) for d in due)
+        self._queue = collections.deque(sorted(waiting.values(), key=lambda d: d[:2]))
         self._groups_with_checkers = {}
         self._start_queued()
+
+    def _reschedule(self, loaded, meta: TransactionMetadata) -> None:
+        """Puts the id back into its partition's index, still served and still its metadata."""
+        if self.state.partitions.get(loaded.index) is loaded and loaded.transactions.get(meta.transactional_id) is meta:
+            loaded.schedule(meta)
 
     def _start_queued(self) -> None:
         """Starts queued checks until the bound is reached; each is looked at
@@ -134,12 +164,16 @@ class CheckBack:
         now = self.coordinator.clock_ms()
         while self._queue and len(self.in_flight) < self.checks_in_flight_max:
             _, tid, loaded, meta, group_id = self._queue.popleft()
-            if tid in self.in_flight or self.sealing[tid] or self.state.partitions.get(loaded.index) is not loaded \
+            if tid in self.in_flight or self.state.partitions.get(loaded.index) is not loaded \
                     or loaded.log.broken or loaded.transactions.get(tid) is not meta:
-                continue  # a PrepareTransaction still sealing is not the owner's silence
+                continue  # in flight: rescheduled when it ends; unloaded or moved on: its index knows
+            if self.sealing[tid] or meta.pending_state is not None:
+                loaded.schedule(meta)  # a PrepareTransaction still sealing is not the owner's silence: a later round
+                continue
             config = self.state.group_config(loaded, group_id)
             when = rules.next_check_ms(meta, config)
             if when is None or when > now:
+                loaded.schedule(meta)  # moved on, or its settings changed, since it was queued
                 continue
             handle = Handle(tid, meta.producer_id, meta.producer_epoch)
             if rules.exhausted(meta, config):
@@ -147,9 +181,10 @@ class CheckBack:
             elif self._has_checkers(group_id):
                 work = self._check(loaded, meta, handle, group_id, config)
             else:
-                continue  # no checker registered: nothing asked, nothing counted
+                loaded.wait_for_checker(meta)  # no checker registered: nothing asked, nothing counted
+                continue
             self.in_flight.add(tid)
-            self.state.spawn(loaded, self._finally_done(tid, work))
+            self.state.spawn(loaded, self._finally_done(loaded, meta, work))
 
     def _has_checkers(self, group_id: str) -> bool:
         """Whether the group has a live checker, asked once a round."""
@@ -158,11 +193,12 @@ class CheckBack:
             known = self._groups_with_checkers[group_id] = bool(self.registrations.live(group_id, self.monotonic()))
         return known
 
-    async def _finally_done(self, transactional_id: str, work) -> None:
+    async def _finally_done(self, loaded, meta: TransactionMetadata, work) -> None:
         try:
             await work
         finally:
-            self.in_flight.discard(transactional_id)
+            self.in_flight.discard(meta.transactional_id)
+            self._reschedule(loaded, meta)  # a check that changed nothing (busy, refused) goes again in a later round
             self._start_queued()
 
     async def _check(self, loaded, meta: TransactionMetadata, handle: Handle, group_id: str, config: GroupCheckConfig) -> None:

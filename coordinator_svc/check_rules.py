@@ -147,7 +147,16 @@ def next_check_ms(meta: TransactionMetadata, config: GroupCheckConfig) -> int | 
     """When ``meta``'s prepared transaction is due its next check (or, its checks
     exhausted under the abort policy, its abort); None when nothing is due ever:
     not PREPARED, a transition in flight, or exhausted under the keep policy."""
-    if meta.state is not S.PREPARED or meta.pending_state is not None:
+    if meta.pending_state is not None:
+        return None
+    return check_due_ms(meta, config)
+
+
+def check_due_ms(meta: TransactionMetadata, config: GroupCheckConfig) -> int | None:
+    """:func:`next_check_ms` of the state ``meta`` is in, whatever transition is
+    in flight: the due time the coordinator's index keeps for it (a transition
+    that is abandoned leaves the id as it was, due then)."""
+    if meta.state is not S.PREPARED:
         return None
     anchor = meta.last_check_ms if meta.checks_done else meta.prepared_ms
     if meta.checks_done >= config.check_max:

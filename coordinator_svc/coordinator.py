@@ -51,7 +51,12 @@ from coordinator_svc import transaction_core as core
 from coordinator_svc import transaction_state as ts
 from coordinator_svc.check_back import CheckBack
 from coordinator_svc.markers import MarkerSender, MarkerSet
-from coordinator_svc.state_manager import CoordinatorConfig, LoadedPartition, TransactionStateManager
+from coordinator_svc.state_manager import (
+    PASS_IDS_PER_YIELD,
+    CoordinatorConfig,
+    LoadedPartition,
+    TransactionStateManager,
+)
 from coordinator_svc.transaction_metrics import TransactionMetrics
 from coordinator_svc.transaction_state import GroupDecision, Handle, TransactionMetadata, TransactionState
 from services import names
@@ -183,7 +188,7 @@ class TransactionCoordinator:
                 if loaded.writing.get(meta.transactional_id) is written:
                     del loaded.writing[meta.transactional_id]
         before = meta.state
-        ts.complete_transition(meta, record)
+        loaded.complete_transition(meta, record)
         self.metrics.transitioned(before, meta.state)
 
     # --- InitProducerId --------------------------------------------------------------------
@@ -365,7 +370,7 @@ class TransactionCoordinator:
                     ts.abandon_transition(meta)
             raise
         for meta, record in zip(metas, records, strict=True):
-            ts.complete_transition(meta, record)
+            loaded.complete_transition(meta, record)
         log.info("group commit decided", extra=fields(group_id=group_id, decision_id=decision.decision_id, members=len(metas)))
         self._start_group_completion(loaded, decision, metas)
 
@@ -399,7 +404,7 @@ class TransactionCoordinator:
         by_id = {r.transactional_id: r for r in records}
         for meta in members:
             if meta.transactional_id in by_id:
-                ts.complete_transition(meta, by_id[meta.transactional_id])
+                loaded.complete_transition(meta, by_id[meta.transactional_id])
         self._start_group_completion(loaded, decision, members)
 
     def _start_group_completion(self, loaded: LoadedPartition, decision: GroupDecision, members) -> None:
@@ -431,36 +436,79 @@ class TransactionCoordinator:
     # --- timers ----------------------------------------------------------------------------
 
     async def abort_timed_out(self) -> None:
+        """One pass of the timers: aborts the transactions past their timeout (or
+        prepared timeout) and expires the ids idle past their expiration. Only
+        the ids whose due time came are taken from the partitions' indexes
+        (state_manager.DeadlineIndex), each looked at again with the rules;
+        one that is not due after all (moved on since) is put back at its
+        current time, one whose transition is in flight (or whose abort failed)
+        at the next pass. The loop is yielded every PASS_IDS_PER_YIELD ids."""
         now = self.clock_ms()
+        expiration_ms = self.config.transactional_id_expiration_ms
         for loaded in list(self.state.partitions.values()):
             if not loaded.loaded or loaded.log.broken:
                 continue
-            for meta in list(loaded.transactions.values()):
+            next_pass: list[TransactionMetadata] = []
+            async for meta in self._due(loaded, loaded.timeouts, now):
                 if meta.pending_state is not None:
-                    continue
-                if core.timed_out(meta, now):
-                    log.info("aborting a timed-out transaction", extra=fields(transactional_id=meta.transactional_id, state=meta.state.value))
-                    decided: list[core.Outcome | None] = []
+                    next_pass.append(meta)  # looked at again once its transition is written or abandoned
+                elif core.timed_out(meta, now):
+                    await self._abort_timed_out(loaded, meta, now)
+                    next_pass.append(meta)  # aborted: its due times moved already; refused: tried again at the next pass
+                else:
+                    loaded.schedule(meta)  # moved on since: due later, or never
+            async for meta in self._due(loaded, loaded.idle, now - expiration_ms - 1):
+                if meta.pending_state is not None:
+                    next_pass.append(meta)
+                elif core.expired(meta, now, expiration_ms):
+                    if not await self._expire(loaded, meta, now):
+                        next_pass.append(meta)
+                else:
+                    loaded.schedule(meta)
+            for meta in next_pass:
+                if self.state.partitions.get(loaded.index) is loaded and loaded.transactions.get(meta.transactional_id) is meta:
+                    loaded.schedule(meta)
 
-                    def decide(m, spare_ids, decided=decided):
-                        decided.append(core.decide_timeout(m, now, spare_ids))
-                        return decided[-1] or core.Reply()
-                    try:
-                        await self.carry_out(loaded, meta.transactional_id, decide)
-                        if isinstance(decided[-1], core.Transit):
-                            self.metrics.timed_out.add(1)
-                    except TxlogError as exc:
-                        log.warning("timeout abort failed", extra=fields(transactional_id=meta.transactional_id, error=str(exc)))
-                elif core.expired(meta, now, self.config.transactional_id_expiration_ms):
-                    record = ts.prepare_transition(meta, S.DEAD, last_update_ms=now)
-                    try:
-                        await loaded.log.append(meta.transactional_id.encode(), None)  # a tombstone: the id leaves the log
-                    except TxlogError:
-                        ts.abandon_transition(meta)
-                        continue
-                    ts.complete_transition(meta, record)
-                    loaded.transactions.pop(meta.transactional_id, None)
-                    log.info("transactional id expired", extra=fields(transactional_id=meta.transactional_id))
+    async def _due(self, loaded: LoadedPartition, index, up_to_ms: int):
+        """The metadata of the ids ``index`` holds at or before ``up_to_ms``, taken
+        out of it; the loop is yielded between batches, and the pass stops if the
+        partition is no longer served (its indexes went with it)."""
+        while self.state.partitions.get(loaded.index) is loaded and not loaded.log.broken:
+            taken = index.pop_due(up_to_ms, PASS_IDS_PER_YIELD)
+            for _, transactional_id in taken:
+                meta = loaded.transactions.get(transactional_id)
+                if meta is not None:
+                    yield meta
+            if len(taken) < PASS_IDS_PER_YIELD:
+                return
+            await asyncio.sleep(0)
+
+    async def _abort_timed_out(self, loaded: LoadedPartition, meta: TransactionMetadata, now: int) -> None:
+        log.info("aborting a timed-out transaction", extra=fields(transactional_id=meta.transactional_id, state=meta.state.value))
+        decided: list[core.Outcome | None] = []
+
+        def decide(m, spare_ids):
+            decided.append(core.decide_timeout(m, now, spare_ids))
+            return decided[-1] or core.Reply()
+        try:
+            await self.carry_out(loaded, meta.transactional_id, decide)
+            if isinstance(decided[-1], core.Transit):
+                self.metrics.timed_out.add(1)
+        except TxlogError as exc:
+            log.warning("timeout abort failed", extra=fields(transactional_id=meta.transactional_id, error=str(exc)))
+
+    async def _expire(self, loaded: LoadedPartition, meta: TransactionMetadata, now: int) -> bool:
+        """The id leaves the log (a tombstone) and memory; False when the tombstone could not be written."""
+        record = ts.prepare_transition(meta, S.DEAD, last_update_ms=now)
+        try:
+            await loaded.log.append(meta.transactional_id.encode(), None)  # a tombstone: the id leaves the log
+        except TxlogError:
+            ts.abandon_transition(meta)
+            return False
+        loaded.complete_transition(meta, record)
+        loaded.transactions.pop(meta.transactional_id, None)
+        log.info("transactional id expired", extra=fields(transactional_id=meta.transactional_id))
+        return True
 
     # --- admin -------------------------------------------------------------------------------
 
@@ -476,6 +524,7 @@ class TransactionCoordinator:
                 loaded.group_configs[group_id] = config
             else:
                 loaded.group_configs.pop(group_id, None)
+            loaded.reschedule_group(group_id)  # its prepared transactions' check times follow the new settings
         log.info("transaction group settings changed", extra=fields(group_id=group_id, overrides=dict(config.overrides)))
         return config.configs()
 

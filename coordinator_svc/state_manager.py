@@ -6,23 +6,40 @@ paused coordinator answering from state another owner may have changed since
 into TransactionMetadata, and finding an id's metadata. What a loaded
 partition's decided transactions need next (completion, group decisions,
 seals) is the coordinator's, through ``on_loaded``.
+
+Due times
+---------
+Each loaded partition keeps its ids ordered by when something is due
+(:class:`DeadlineIndex`): an open transaction's timeout, a prepared one's
+prepared timeout and next check-back, a settled id's last update (it expires
+``transactional_id_expiration_ms`` later). The coordinator's timers and the
+check-back take only the ids whose time came, so a pass costs what is due, not
+what is held. The indexes are built when the partition is loaded and follow
+every transition applied to it (:meth:`LoadedPartition.complete_transition`,
+the one place a written transition is applied); an id taken from an index is
+looked at again with the rules (transaction_core.timed_out / expired,
+check_rules.next_check_ms), and put back at its current time when it is not
+due after all (moved on since, or a transition still in flight). An index's
+time for an id is never later than the rules': nothing is forgotten or late;
+a stale entry costs one look.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import heapq
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
 from kazoo.exceptions import BadVersionError, NodeExistsError
 
 from coordinator_svc import transaction_state as ts
-from coordinator_svc.check_rules import DEFAULT_CONFIG, GroupCheckConfig, altered
+from coordinator_svc.check_rules import DEFAULT_CONFIG, GroupCheckConfig, altered, check_due_ms
 from coordinator_svc.transaction_core import error
-from coordinator_svc.transaction_state import GroupDecision, TransactionMetadata
+from coordinator_svc.transaction_state import GroupDecision, TransactionMetadata, TransactionRecord, TransactionState
 from coordinator_svc.txn_log import FENCE_KEY, TransactionLogPartition
 from services import coordinators, names, zk
 from services.errors import ErrorCode, TxlogError
@@ -36,6 +53,92 @@ log = logging.getLogger(__name__)
 # Fatal answers read from an id's state in memory (not from the request alone): given only by a confirmed owner.
 ANSWERS_FROM_STATE = frozenset(ErrorCode.Value(c) for c in (
     "INVALID_PRODUCER_ID_MAPPING", "PRODUCER_FENCED", "INVALID_PRODUCER_EPOCH", "INVALID_TXN_STATE", "TRANSACTIONAL_ID_NOT_FOUND"))
+S = TransactionState
+PASS_IDS_PER_YIELD = 1_000  # a timer or check-back pass lets requests in after this many due ids
+SETTLED_STATES = frozenset(state for state in TransactionState if state.is_complete)
+
+
+def timeout_due_ms(meta: TransactionMetadata) -> int | None:
+    """The first time (ms) at which transaction_core.timed_out holds for the
+    state ``meta`` is in (its transition in flight aside): an Ongoing
+    transaction's timeout or a Prepared one's prepared timeout passed; None in
+    any other state."""
+    if meta.state is S.ONGOING:
+        return meta.txn_start_ms + meta.txn_timeout_ms + 1
+    if meta.state is S.PREPARED:
+        return meta.prepared_ms + meta.prepared_timeout_ms + 1
+    return None
+
+
+def idle_since_ms(meta: TransactionMetadata) -> int | None:
+    """When a settled id (Empty, Complete*) was last updated: transaction_core.expired
+    holds once ``now_ms > idle_since_ms + expiration_ms``. None in any other state.
+    Kept without the expiration, so the index does not depend on the setting."""
+    return meta.last_update_ms if meta.state.is_complete else None
+
+
+class DeadlineIndex:
+    """Transactional ids ordered by a time in ms, each id at most once: a heap of
+    (ms, id) with lazy deletion. :meth:`set` moves an id (its old heap entry stays
+    and is skipped when it comes up: it no longer matches the id's time);
+    :meth:`pop_due` takes the ids whose time is at or before a bound, earliest
+    first (ties by id), at O(log n) each. Stale entries are bounded: when they
+    outnumber the live ones (beyond ``STALE_MIN``), the heap is rebuilt."""
+
+    STALE_MIN = 1_024
+
+    def __init__(self, entries: Iterable[tuple[str, int]] = ()):
+        self._ms: dict[str, int] = dict(entries)  # id -> its time; (ms, id) in the heap is its live entry
+        self._heap = [(ms, tid) for tid, ms in self._ms.items()]
+        heapq.heapify(self._heap)
+
+    def __len__(self) -> int:
+        return len(self._ms)
+
+    def __contains__(self, transactional_id: str) -> bool:
+        return transactional_id in self._ms
+
+    def get(self, transactional_id: str) -> int | None:
+        return self._ms.get(transactional_id)
+
+    def ids(self) -> list[str]:
+        return list(self._ms)
+
+    def heap_entries(self) -> int:
+        """Entries in the heap, stale ones included (bounded by about twice the live ones)."""
+        return len(self._heap)
+
+    def set(self, transactional_id: str, ms: int | None) -> None:
+        """The id's time is ``ms`` from now on (None: it has none)."""
+        if ms is None:
+            self._ms.pop(transactional_id, None)
+            return
+        if self._ms.get(transactional_id) == ms:
+            return
+        self._ms[transactional_id] = ms
+        heapq.heappush(self._heap, (ms, transactional_id))
+        if len(self._heap) > 2 * len(self._ms) + self.STALE_MIN:
+            self._heap = [(t, i) for i, t in self._ms.items()]
+            heapq.heapify(self._heap)
+
+    def discard(self, transactional_id: str) -> None:
+        self.set(transactional_id, None)
+
+    def next_ms(self) -> int | None:
+        """The earliest time held (stale entries on top are dropped on the way)."""
+        while self._heap and self._ms.get(self._heap[0][1]) != self._heap[0][0]:
+            heapq.heappop(self._heap)
+        return self._heap[0][0] if self._heap else None
+
+    def pop_due(self, up_to_ms: int, limit: int) -> list[tuple[int, str]]:
+        """Takes out (ms, id) of at most ``limit`` ids whose time is at or before ``up_to_ms``, earliest first."""
+        heap, ms_of, taken = self._heap, self._ms, []
+        while heap and heap[0][0] <= up_to_ms and len(taken) < limit:
+            ms, tid = heapq.heappop(heap)
+            if ms_of.get(tid) == ms:
+                del ms_of[tid]
+                taken.append((ms, tid))
+        return taken
 
 
 @dataclass
@@ -52,6 +155,84 @@ class LoadedPartition:
     group_configs: dict[str, GroupCheckConfig] = field(default_factory=dict)  # groups whose check-back settings were changed
     config_changes: asyncio.Lock = field(default_factory=asyncio.Lock)  # one group-config write at a time: no lost update
     confirmed_s: float = 0.0  # monotonic time ZooKeeper last confirmed this owner and epoch
+    # Due times (module docstring): each id in an index is looked at when its time comes, not before.
+    timeouts: DeadlineIndex = field(default_factory=DeadlineIndex)  # Ongoing/Prepared: timeout_due_ms
+    idle: DeadlineIndex = field(default_factory=DeadlineIndex)  # Empty/Complete*: idle_since_ms (expiration)
+    checks: DeadlineIndex = field(default_factory=DeadlineIndex)  # Prepared: check_rules.check_due_ms, its next check-back
+    # group -> its Prepared ids with no check in ``checks``: exhausted under the keep policy, or due while the
+    # group had no checker; scheduled again when the group's settings change or a checker registers
+    unchecked: dict[str, set[str]] = field(default_factory=dict)
+
+    def complete_transition(self, meta: TransactionMetadata, record: TransactionRecord) -> None:
+        """Applies a written transition (transaction_state.complete_transition) and
+        moves the id's due times to its new state. Every transition applied to a
+        loaded partition's id goes through here, so none leaves a due time behind."""
+        ts.complete_transition(meta, record)
+        self.schedule(meta)
+
+    def schedule(self, meta: TransactionMetadata) -> None:
+        """Sets the id's due times from the state it is in (a transition in flight
+        aside: if it is abandoned, they stand). Idempotent: called again whenever
+        an id may have been taken out of an index and not dealt with."""
+        tid = meta.transactional_id
+        self.timeouts.set(tid, timeout_due_ms(meta))
+        self.idle.set(tid, idle_since_ms(meta))
+        if meta.state is not S.PREPARED and tid not in self.checks and not self.unchecked:
+            return  # the common case, without working out the group
+        group_id = names.transaction_group(tid)
+        check_ms = check_due_ms(meta, self.group_configs.get(group_id, DEFAULT_CONFIG))
+        self.checks.set(tid, check_ms)
+        if check_ms is None and meta.state is S.PREPARED:
+            self.unchecked.setdefault(group_id, set()).add(tid)
+        else:
+            self._checked(group_id, tid)
+
+    def schedule_all(self) -> None:
+        """Builds the indexes from every id held: at load, before anything is served."""
+        timeouts, idle, checks = [], [], []
+        self.unchecked = {}
+        for tid, meta in self.transactions.items():
+            if meta.state in SETTLED_STATES:  # most ids: a set lookup, not the enum's property (a load's time counts)
+                idle.append((tid, meta.last_update_ms))
+                continue
+            due_ms = timeout_due_ms(meta)
+            if due_ms is not None:
+                timeouts.append((tid, due_ms))
+            if meta.state is S.PREPARED:
+                group_id = names.transaction_group(tid)
+                check_ms = check_due_ms(meta, self.group_configs.get(group_id, DEFAULT_CONFIG))
+                if check_ms is None:
+                    self.unchecked.setdefault(group_id, set()).add(tid)
+                else:
+                    checks.append((tid, check_ms))
+        self.timeouts, self.idle, self.checks = DeadlineIndex(timeouts), DeadlineIndex(idle), DeadlineIndex(checks)
+
+    def drop_due_times(self) -> None:
+        """Unloaded: nothing is due here any more (a pass still holding the partition finds nothing)."""
+        self.timeouts, self.idle, self.checks, self.unchecked = DeadlineIndex(), DeadlineIndex(), DeadlineIndex(), {}
+
+    def wait_for_checker(self, meta: TransactionMetadata) -> None:
+        """A check came due while its group had no checker: nothing is asked or
+        counted, and the id waits (unscheduled) until one registers."""
+        self.checks.discard(meta.transactional_id)
+        self.unchecked.setdefault(names.transaction_group(meta.transactional_id), set()).add(meta.transactional_id)
+
+    def reschedule_group(self, group_id: str) -> None:
+        """The group's check times again, after its settings changed (a check may
+        come due sooner, or an exhausted one be aborted) or a checker registered."""
+        tids = self.unchecked.pop(group_id, set())
+        tids.update(t for t in self.checks.ids() if names.transaction_group(t) == group_id)
+        for tid in sorted(tids):
+            meta = self.transactions.get(tid)
+            if meta is not None:
+                self.schedule(meta)
+
+    def _checked(self, group_id: str, tid: str) -> None:
+        waiting = self.unchecked.get(group_id)
+        if waiting is not None:
+            waiting.discard(tid)
+            if not waiting:
+                del self.unchecked[group_id]
 
 
 @dataclass(frozen=True)
@@ -163,6 +344,7 @@ class TransactionStateManager:
                 loaded.group_configs[group_id] = altered(DEFAULT_CONFIG, overrides, [])
             except TxlogError as exc:  # written by a version with other settings: the defaults, rather than no partition
                 log.warning("ignoring a transaction group's stored settings", extra=fields(group_id=group_id, error=str(exc)))
+        loaded.schedule_all()
         await self.on_loaded(loaded, list(decisions.values()))
 
 
@@ -176,6 +358,7 @@ class TransactionStateManager:
                                                        extra=fields(partition=index, reason=reason))
             for task in loaded.tasks:
                 task.cancel()
+            loaded.drop_due_times()
 
     def spawn(self, loaded: LoadedPartition, coroutine) -> None:
         task = asyncio.ensure_future(coroutine)

@@ -61,7 +61,7 @@ from coordinator_svc.check_back import ANSWER_PROTOS
 from coordinator_svc.check_rules import CheckAnswer
 from coordinator_svc.coordinator import TransactionCoordinator
 from coordinator_svc.markers import MarkerSet
-from coordinator_svc.state_manager import CoordinatorConfig, LoadedPartition
+from coordinator_svc.state_manager import CoordinatorConfig, LoadedPartition, idle_since_ms, timeout_due_ms
 from coordinator_svc.transaction_state import (
     VALID_PREVIOUS_STATES,
     GroupDecision,
@@ -908,7 +908,32 @@ class Checker:
         self._check_markers()
         self._check_zombies_stay_fenced()
         self._check_bumped_answers(requests, outcomes)
+        self._check_due_times()
         self._check_model(requests, outcomes, together)
+
+    def _check_due_times(self) -> None:
+        """The partition's indexes of due times hold every id at the time the rules
+        give its state (state_manager.timeout_due_ms, idle_since_ms,
+        check_rules.check_due_ms), whatever transitions and passes came between:
+        a timer or check-back pass looks only at what they hold, so an id missing
+        or late there would be aborted, checked or expired late, or never. A check
+        that came due while its group had no checker waits in ``unchecked``."""
+        loaded, check_back = self.h.loaded, self.h.coordinator.check_back
+        for name, index in (("timeouts", loaded.timeouts), ("idle", loaded.idle), ("checks", loaded.checks)):
+            strays = sorted(set(index.ids()) - set(loaded.transactions))
+            if strays:
+                raise RuleViolation(f"the {name} index holds ids the partition does not: {strays}")
+        for tid, meta in loaded.transactions.items():
+            config = loaded.group_configs.get(GROUP, check_rules.DEFAULT_CONFIG)
+            wanted = {"timeouts": timeout_due_ms(meta), "idle": idle_since_ms(meta), "checks": check_rules.check_due_ms(meta, config)}
+            held = {"timeouts": loaded.timeouts.get(tid), "idle": loaded.idle.get(tid), "checks": loaded.checks.get(tid)}
+            waiting = tid in loaded.unchecked.get(GROUP, ())
+            if waiting and wanted["checks"] is not None and wanted["checks"] <= self.h.now_ms and not check_back.registrations.live(GROUP, self.h.now_ms / 1000):
+                held["checks"] = wanted["checks"]  # due while no checker is registered: waits for one, unscheduled
+            elif waiting != (meta.state is S.PREPARED and wanted["checks"] is None):
+                raise RuleViolation(f"{tid} ({meta.state.value}, checks {meta.checks_done}) is {'' if waiting else 'not '}among the unchecked")
+            if held != wanted:
+                raise RuleViolation(f"{tid} ({meta.state.value}, pending {meta.pending_state}): the indexes hold {held}, its state says {wanted}")
 
     def _check_zombie_answers(self, requests, outcomes) -> None:
         for r, o in zip(requests, outcomes, strict=True):
