@@ -45,7 +45,7 @@ from services import coordinators, names, zk
 from services.errors import ErrorCode, TxlogError
 from services.logs import fields
 from services.producer_ids import ProducerIdSource
-from services.protocol import TRANSACTION_STATE_TOPIC
+from services.protocol import OPEN_TRANSACTION_STATES, TRANSACTION_STATE_TOPIC
 from services.rpc import PeerClient
 from services.stubs.txlog.v1 import partition_pb2
 
@@ -162,6 +162,7 @@ class LoadedPartition:
     # group -> its Prepared ids with no check in ``checks``: exhausted under the keep policy, or due while the
     # group had no checker; scheduled again when the group's settings change or a checker registers
     unchecked: dict[str, set[str]] = field(default_factory=dict)
+    open_ids: set[str] = field(default_factory=set)  # ids in OPEN_TRANSACTION_STATES: what a metrics scrape reads
 
     def complete_transition(self, meta: TransactionMetadata, record: TransactionRecord) -> None:
         """Applies a written transition (transaction_state.complete_transition) and
@@ -177,6 +178,10 @@ class LoadedPartition:
         tid = meta.transactional_id
         self.timeouts.set(tid, timeout_due_ms(meta))
         self.idle.set(tid, idle_since_ms(meta))
+        if meta.state in OPEN_TRANSACTION_STATES:
+            self.open_ids.add(tid)
+        else:
+            self.open_ids.discard(tid)
         if meta.state is not S.PREPARED and tid not in self.checks and not self.unchecked:
             return  # the common case, without working out the group
         group_id = names.transaction_group(tid)
@@ -191,10 +196,13 @@ class LoadedPartition:
         """Builds the indexes from every id held: at load, before anything is served."""
         timeouts, idle, checks = [], [], []
         self.unchecked = {}
+        self.open_ids = set()
         for tid, meta in self.transactions.items():
             if meta.state in SETTLED_STATES:  # most ids: a set lookup, not the enum's property (a load's time counts)
                 idle.append((tid, meta.last_update_ms))
                 continue
+            if meta.state in OPEN_TRANSACTION_STATES:
+                self.open_ids.add(tid)
             due_ms = timeout_due_ms(meta)
             if due_ms is not None:
                 timeouts.append((tid, due_ms))
@@ -210,6 +218,7 @@ class LoadedPartition:
     def drop_due_times(self) -> None:
         """Unloaded: nothing is due here any more (a pass still holding the partition finds nothing)."""
         self.timeouts, self.idle, self.checks, self.unchecked = DeadlineIndex(), DeadlineIndex(), DeadlineIndex(), {}
+        self.open_ids = set()
 
     def wait_for_checker(self, meta: TransactionMetadata) -> None:
         """A check came due while its group had no checker: nothing is asked or

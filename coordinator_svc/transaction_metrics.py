@@ -1,6 +1,6 @@
 """What an operator alerts on in a coordinator: transactions begun, completed
 (by outcome), timed out and fenced, as counters; open transactions by state
-and the age of the oldest, read from the loaded partitions at each scrape.
+and the age of the oldest, read from the loaded partitions' open ids at each scrape.
 
 Counted where the coordinator's transitions are written (coordinator.py), so
 a transaction counts once, on the coordinator that wrote its record."""
@@ -43,9 +43,13 @@ class TransactionMetrics:
     def _open_transactions(self):
         for loaded in self._partitions():
             if loaded.loaded:
-                # A scrape runs on the exporter's thread while the loop adds and removes transactions:
-                # list() copies the values in one step (under the GIL) before they are walked.
-                yield from (m for m in list(loaded.transactions.values()) if m.state in OPEN_TRANSACTION_STATES)
+                # Only the open ids are read (LoadedPartition.open_ids), not every id held. A scrape runs on
+                # the exporter's thread while the loop changes them: list() copies the set in one step (under
+                # the GIL), and an id that moved on or left since is skipped.
+                for tid in list(loaded.open_ids):
+                    meta = loaded.transactions.get(tid)
+                    if meta is not None and meta.state in OPEN_TRANSACTION_STATES:
+                        yield meta
 
     def _open(self, _: CallbackOptions) -> Iterable[Observation]:
         by_state = Counter(m.state.value for m in self._open_transactions())

@@ -256,12 +256,14 @@ def test_a_partition_loaded_after_a_failover_has_the_same_due_times_and_its_time
     for name in ("timeouts", "idle", "checks"):
         old, new = getattr(h.loaded, name), getattr(fresh, name)
         assert {t: old.get(t) for t in old.ids()} == {t: new.get(t) for t in new.ids()}, name
+    assert h.loaded.open_ids == fresh.open_ids == {a, b}, "the open ids a metrics scrape reads"
     h.coordinator.state.unload(0, "moved to another coordinator")
     assert len(h.loaded.timeouts) == len(h.loaded.idle) == len(h.loaded.checks) == 0, "dropped with the partition"
     h.coordinator.state.partitions[0] = h.loaded = fresh
     h.tick(10_000)
     h.send(Req("timeouts"))
     assert h.meta(a).state is S.COMPLETE_ABORT and h.meta(b).state is S.COMPLETE_ABORT, "the new owner's timers abort both"
+    assert fresh.open_ids == set()
 
 
 def test_an_abandoned_transition_leaves_the_id_due_as_it_was(h):

@@ -74,7 +74,7 @@ from coordinator_svc.txn_log import DECISION_KEY_PREFIX, FENCE_KEY, GROUP_CONFIG
 from services.coordinators import PartitionOwner
 from services.errors import ErrorCode, TxlogError
 from services.hashing import partition_for_id
-from services.protocol import CONSUMER_OFFSETS_TOPIC
+from services.protocol import CONSUMER_OFFSETS_TOPIC, OPEN_TRANSACTION_STATES
 from services.stubs.txlog.v1 import transaction_check_pb2
 
 S = TransactionState
@@ -934,6 +934,9 @@ class Checker:
                 raise RuleViolation(f"{tid} ({meta.state.value}, checks {meta.checks_done}) is {'' if waiting else 'not '}among the unchecked")
             if held != wanted:
                 raise RuleViolation(f"{tid} ({meta.state.value}, pending {meta.pending_state}): the indexes hold {held}, its state says {wanted}")
+        open_ids = {tid for tid, meta in loaded.transactions.items() if meta.state in OPEN_TRANSACTION_STATES}
+        if loaded.open_ids != open_ids:  # what the metrics' open-transaction gauges read
+            raise RuleViolation(f"open ids {sorted(loaded.open_ids)}, the states say {sorted(open_ids)}")
 
     def _check_zombie_answers(self, requests, outcomes) -> None:
         for r, o in zip(requests, outcomes, strict=True):
