@@ -8,10 +8,24 @@ a log and a high watermark that may be behind what its successor had; the
 controller sees the restart and writes a new state.
 
 A state (leader, leader epoch, ISR, from ZooKeeper) reaches an instance by
-the controller's LeaderAndIsr, by a read when a request names a partition it
-has not heard of, and by a resync of every state every
-``partition_state_refresh_ms`` (so a lost LeaderAndIsr delays, never
-breaks). A state is taken only when newer than the one known (leader epoch,
+the controller's LeaderAndIsr (pushed to every live instance at each change,
+the controller's or a leader's ISR change: controller.py), by a read when a
+request names a partition it has not heard of, and by a resync, the safety
+net under LeaderAndIsr (so a lost one delays, never breaks).
+
+A resync reads only the states of partitions this instance is a replica of
+or holds, never the others': every ``partition_state_refresh_ms`` it reads
+the nodes of the topics it has partitions of (configs, replica lists) and a
+share of those states, at least ``RESYNC_STATES_MIN``, so that all are read
+within ``RESYNC_SWEEP_PASSES`` passes. (A pod that held none of 10,000
+partitions read all 10,000 every 5 s: about 2,000 ZooKeeper reads a second, a
+fifth of a core, per pod.) The states of partitions held elsewhere, kept for
+Metadata, are forgotten every ``others_forget_ms`` (a minute by default) and
+read again when next asked for, and every topic's node is read then too (a
+reassignment that made this instance a replica): this repairs a LeaderAndIsr
+lost on its way here.
+
+A state is taken only when newer than the one known (leader epoch,
 then znode version). Taking it makes this replica the leader (become_leader)
 or a follower fetching from the leader (replica_fetcher.py).
 
@@ -44,6 +58,12 @@ log = logging.getLogger(__name__)
 
 Key = tuple[str, int]
 
+RESYNC_STATES_MIN = 200  # states of this instance's partitions a resync reads at least (all of them when fewer)
+RESYNC_SWEEP_PASSES = 6  # resyncs over which every state of this instance's partitions is read once, at most
+RESYNC_READS_CONCURRENT_MAX = 1_000  # state reads one resync has outstanding at once
+OTHERS_FORGET_MS_MIN = 60_000  # states of partitions held elsewhere are forgotten (read again on use) this often at least
+OTHERS_FORGET_PASSES = 12  # ... or every this many resyncs, whichever is longer
+
 
 class ReplicaManager:
     def __init__(self, node_id: int, store: LogStore, writer: GroupCommitWriter, topics: TopicRegistry, peers: PeerClient,
@@ -65,6 +85,8 @@ class ReplicaManager:
         self.controller_epoch = 0
         self.fetchers: dict[int, ReplicaFetcher] = {}
         self._isr_writes: set[Key] = set()
+        self._resync_cursor = 0  # where the next resync's share of this instance's states starts
+        self.resync_state_reads = 0  # states read by resyncs since start (tests and benchmarks watch it)
 
     # --- states -----------------------------------------------------------------------
 
@@ -170,17 +192,54 @@ class ReplicaManager:
         replica's view is stale)."""
         await self.state(topic, index, fresh=True)
 
-    async def resync(self) -> None:
-        """Reads every partition state (the safety net under LeaderAndIsr)."""
+    def is_mine(self, info: TopicInfo, index: int) -> bool:
+        """This instance is a replica of the partition (by the topic's node) or holds it."""
+        return self.node_id in info.replicas[index] or (info.name, index) in self.partitions
+
+    async def resync(self, *, every_topic: bool = True) -> None:
+        """The safety net under LeaderAndIsr: reads the topics' nodes (replica
+        lists change by reassignment, configs by AlterTopicConfigs), unless
+        ``every_topic`` only those this instance has a partition of as last
+        read, and those never read; then a share of the states of this
+        instance's own partitions, the next ones after the last resync's (every
+        one within RESYNC_SWEEP_PASSES resyncs); never the state of a partition
+        this instance neither is a replica of nor holds."""
+        mine: list[tuple[TopicInfo, int]] = []
         for name in await self.topics.names():
-            info = await self.topics.get(name, fresh=True)  # replica lists change by reassignment, configs by AlterTopicConfigs
+            cached = self.topics.cached(name)
+            if every_topic or cached is None or any(self.is_mine(cached, i) for i in range(cached.partition_count)):
+                info = await self.topics.get(name, fresh=True)
+            else:
+                info = cached
             if info is None:
                 continue
             self.apply_configs(info)
-            states = await asyncio.gather(*(self.topics.state(name, p) for p in range(info.partition_count)))
-            for index, state in enumerate(states):
+            mine += [(info, index) for index in range(info.partition_count) if self.is_mine(info, index)]
+        if not mine:
+            return
+        share = min(len(mine), max(RESYNC_STATES_MIN, -(-len(mine) // RESYNC_SWEEP_PASSES)))
+        start = self._resync_cursor % len(mine)
+        chosen = (mine + mine)[start:start + share]
+        self._resync_cursor = start + share
+        for first in range(0, len(chosen), RESYNC_READS_CONCURRENT_MAX):
+            group = chosen[first:first + RESYNC_READS_CONCURRENT_MAX]
+            states = await asyncio.gather(*(self.topics.state(info.name, index) for info, index in group))
+            self.resync_state_reads += len(group)
+            for (info, index), state in zip(group, states, strict=True):
                 if state is not None:
                     await self.take(info, index, state)
+
+    def forget_others(self) -> int:
+        """Forgets the states of partitions this instance neither is a replica
+        of nor holds (read again when next asked for); how many."""
+        others = [key for key in self.states if key not in self.partitions and not self._assigned_here(key)]
+        for key in others:
+            del self.states[key]
+        return len(others)
+
+    def _assigned_here(self, key: Key) -> bool:
+        info = self.topics.cached(key[0])
+        return info is not None and 0 <= key[1] < info.partition_count and self.node_id in info.replicas[key[1]]
 
     async def drop_topic(self, name: str) -> int:
         """Stops every replica of the topic here and deletes every key of each
@@ -272,18 +331,24 @@ class ReplicaManager:
             self._isr_writes.discard(key)
 
     async def maintain_forever(self, refresh_ms: int) -> None:
-        """Shrinks the ISRs of lagging followers (every half lag time) and
-        resyncs every state (every ``refresh_ms``)."""
-        last_resync = 0.0
+        """Shrinks the ISRs of lagging followers (every half lag time),
+        resyncs (every ``refresh_ms``) and forgets the states of partitions
+        held elsewhere and reads every topic's node (every
+        ``others_forget_ms(refresh_ms)``)."""
         loop = asyncio.get_running_loop()
+        last_resync, last_forget = 0.0, loop.time()
         while True:
             await asyncio.sleep(min(self.lag_max_ms, refresh_ms) / 2000)
             try:
                 for partition in list(self.partitions.values()):
                     self.check_isr(partition)
-                if loop.time() - last_resync >= refresh_ms / 1000:
+                every_topic = loop.time() - last_forget >= others_forget_ms(refresh_ms) / 1000
+                if every_topic:
+                    last_forget = loop.time()
+                    self.forget_others()
+                if every_topic or loop.time() - last_resync >= refresh_ms / 1000:
                     last_resync = loop.time()
-                    await self.resync()
+                    await self.resync(every_topic=every_topic)
             except TxlogError as exc:
                 log.warning("replica maintenance failed", extra=fields(error=exc.message))
             except Exception:
@@ -292,3 +357,8 @@ class ReplicaManager:
     async def close(self) -> None:
         for fetcher in self.fetchers.values():
             await fetcher.close()
+
+
+def others_forget_ms(refresh_ms: int) -> int:
+    """How often the states of partitions held elsewhere are forgotten."""
+    return max(OTHERS_FORGET_MS_MIN, OTHERS_FORGET_PASSES * refresh_ms)

@@ -87,8 +87,8 @@ SETTINGS = (
     Setting("replica_fetch_bytes_max", 16 * 1024 * 1024, "most bytes one follower fetch returns", positive_int),
     Setting("controller_pass_interval_ms", 5_000, "how often the controller checks every partition besides when "
             "instances come and go, ms", positive_int),
-    Setting("partition_state_refresh_ms", 5_000, "how often an instance reads every partition state again (missed "
-            "controller messages), ms", positive_int),
+    Setting("partition_state_refresh_ms", 5_000, "how often an instance reads its topics and a share "
+            "of its own partitions' states again (all within 6 reads; missed controller messages), ms", positive_int),
 )
 
 NONE = ErrorCode.Value("NONE")
