@@ -61,7 +61,14 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from measure import MB, cpu_seconds, latency_summary, progress
 
 from services import coordinators, errors
-from services.cluster import LocalCluster, pid_alive, tail, zookeeper_counters
+from services.cluster import (
+    LocalCluster,
+    pid_alive,
+    registration_session,
+    tail,
+    zookeeper_counters,
+    zookeeper_session_requests,
+)
 from services.protocol import TRANSACTION_STATE_TOPIC
 from services.stubs.txlog.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc, partition_pb2, partition_pb2_grpc
 
@@ -328,20 +335,22 @@ def measure_partitions(workdir: Path, levels: list[int], idle_s: float, restarts
 
 def measure_bystander(cluster: LocalCluster, base: dict, partitions: int, idle_s: float) -> dict:
     """A second partition_svc, started once every partition is placed, so it
-    holds none: what every pod pays for the partitions of the others (each
-    instance reads every partition's state every partition_state_refresh_ms)."""
+    holds none: what every pod pays for the partitions of the others (its
+    memory, CPU, and the requests of its own ZooKeeper session)."""
     progress(f"a second partition_svc holding none of the {partitions} partitions ({idle_s:.0f} s settling, {idle_s:.0f} s idle)")
-    before = zookeeper_counters(cluster.state.zookeeper)["zk_packets_received"]
-    started = time.monotonic()
-    time.sleep(idle_s)
-    alone = (zookeeper_counters(cluster.state.zookeeper)["zk_packets_received"] - before) / (time.monotonic() - started)
     name = cluster.add_service("partition_svc", 1).name
     time.sleep(idle_s)
+    # Its own session's requests (ZooKeeper's per-connection count): the cluster-wide count swings by
+    # hundreds a second with the controller's passes, more than one idle instance asks.
+    session = registration_session(cluster.state.zookeeper, "partition_svc", 1, cluster.state.zookeeper_root)
+    before, started = zookeeper_session_requests(cluster.state.zookeeper, session), time.monotonic()
     row = idle_window(cluster, name, idle_s)
+    own_per_s = (zookeeper_session_requests(cluster.state.zookeeper, session) - before) / (time.monotonic() - started)
     return {"partitions_held": 0, "partitions_in_cluster": partitions, **row,
             "kb_per_partition_not_held": per(row, base, "rss_kb", partitions, ndigits=2),
             "cpu_ms_per_s_per_1000_partitions_not_held": round(row["cpu_utilisation"] * 1_000_000 / partitions, 1),
-            "zookeeper_requests_per_s_per_1000_partitions_not_held": round((row["zookeeper_requests_per_s"] - alone) * 1000 / partitions, 1)}
+            "own_zookeeper_requests_per_s": round(own_per_s, 1),
+            "own_zookeeper_requests_per_s_per_1000_partitions_not_held": round(own_per_s * 1000 / partitions, 2)}
 
 
 def data_dir_mb(cluster: LocalCluster) -> float:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -83,17 +84,49 @@ def zookeeper_ruok(address: str, timeout_s: float = 1.0) -> bool:
         return False
 
 
-def zookeeper_counters(address: str, timeout_s: float = 10.0) -> dict[str, int]:
-    """ZooKeeper's ``mntr`` counters (zk_packets_received, zk_znode_count, ...),
-    the numeric ones, as ints: what tests and benchmarks count requests with."""
+def zookeeper_command(address: str, word: bytes, timeout_s: float = 10.0) -> str:
+    """The answer to one of ZooKeeper's four-letter commands (``mntr``, ``cons``)."""
     host, port = address.split(",")[0].rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=timeout_s) as sock:
-        sock.sendall(b"mntr")
+        sock.sendall(word)
         answer = b""
         while chunk := sock.recv(65536):
             answer += chunk
-    pairs = (line.split("\t", 1) for line in answer.decode().splitlines() if "\t" in line)
+    return answer.decode()
+
+
+def zookeeper_counters(address: str, timeout_s: float = 10.0) -> dict[str, int]:
+    """ZooKeeper's ``mntr`` counters (zk_packets_received, zk_znode_count, ...),
+    the numeric ones, as ints: what tests and benchmarks count requests with."""
+    pairs = (line.split("\t", 1) for line in zookeeper_command(address, b"mntr", timeout_s).splitlines() if "\t" in line)
     return {key: int(value) for key, value in pairs if value.lstrip("-").isdigit()}
+
+
+def zookeeper_session_requests(address: str, session: int) -> int:
+    """Requests ZooKeeper received on one session's connection (``cons``:
+    recved): one instance's load, apart from the rest of the cluster's."""
+    answer = zookeeper_command(address, b"cons")
+    for line in answer.splitlines():
+        found = re.search(r"recved=(\d+).*sid=0x([0-9a-f]+)", line)
+        if found and int(found.group(2), 16) == session:
+            return int(found.group(1))
+    raise LookupError(f"no connection of session {session:#x} in {answer!r}")
+
+
+def registration_session(zookeeper: str, kind: str, node_id: int, root: str = ZOOKEEPER_ROOT) -> int:
+    """The ZooKeeper session of a live instance (its registration's ephemeral owner)."""
+    from kazoo.client import KazooClient
+
+    client = KazooClient(hosts=zookeeper)
+    client.start(timeout=30)
+    try:
+        stat = client.exists(f"{root}/services/{kind}/{node_id}")
+    finally:
+        client.stop()
+        client.close()
+    if stat is None:
+        raise LookupError(f"{kind} {node_id} is not registered under {root}")
+    return stat.ephemeralOwner
 
 
 def sync_channel(address: str, tls: dict | None = None) -> grpc.Channel:

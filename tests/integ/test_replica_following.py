@@ -12,8 +12,6 @@ Every wait is for a condition, with a deadline.
 from __future__ import annotations
 
 import json
-import re
-import socket
 import time
 
 import grpc
@@ -21,7 +19,7 @@ import pytest
 from kazoo.client import KazooClient
 
 from services.client.two_phase import wait_until
-from services.cluster import LocalCluster
+from services.cluster import LocalCluster, registration_session, zookeeper_session_requests
 from services.stubs.txlog.v1 import partition_pb2, partition_pb2_grpc
 
 SESSION_S = 4
@@ -31,21 +29,6 @@ FAST = ["--zookeeper-session-timeout-s", str(SESSION_S), "--replica-lag-time-max
 PARTITIONS = 200
 TOPIC = "held"
 DEADLINE_S = 60
-
-
-def session_requests(zookeeper: str, session: int) -> int:
-    """Requests ZooKeeper received on the session's connection (``cons``: recved)."""
-    host, port = zookeeper.split(",")[0].rsplit(":", 1)
-    with socket.create_connection((host, int(port)), timeout=10) as sock:
-        sock.sendall(b"cons")
-        answer = b""
-        while chunk := sock.recv(65536):
-            answer += chunk
-    for line in answer.decode().splitlines():
-        found = re.search(r"recved=(\d+).*sid=0x([0-9a-f]+)", line)
-        if found and int(found.group(2), 16) == session:
-            return int(found.group(1))
-    raise AssertionError(f"no connection of session {session:#x} in {answer.decode()!r}")
 
 
 def metadata(address: str) -> list[partition_pb2.PartitionMetadata]:
@@ -79,10 +62,10 @@ def test_a_bystander_reads_no_state_it_does_not_hold_while_replicas_and_it_learn
     wait_until(lambda: all_partitions(first, lambda p: p.leader_id >= 0 and len(p.isr) == 2), DEADLINE_S,
                "every partition led, both replicas in sync")
     bystander = cluster.add_service("partition_svc", 2, FAST)  # after placement: it holds none of them
+    session = registration_session(cluster.state.zookeeper, "partition_svc", 2)
     zk = KazooClient(hosts=cluster.state.zookeeper)
     zk.start(timeout=30)
     try:
-        session = zk.exists("/txlog/services/partition_svc/2").ephemeralOwner
         controller = json.loads(zk.get("/txlog/controller")[0])["node_id"]
     finally:
         zk.stop()
@@ -92,13 +75,13 @@ def test_a_bystander_reads_no_state_it_does_not_hold_while_replicas_and_it_learn
     wait_until(lambda: all_partitions(bystander.address, lambda p: p.leader_id in (0, 1)), DEADLINE_S,
                "the bystander knowing every leader (the controller's LeaderAndIsr to a newcomer)")
 
-    before, started = session_requests(cluster.state.zookeeper, session), time.monotonic()
+    before, started = zookeeper_session_requests(cluster.state.zookeeper, session), time.monotonic()
     assert [p.partition for p in metadata(first) if p.leader_id == victim]
     cluster.kill(f"partition_svc-{victim}")
     follower = cluster.state.services[f"partition_svc-{survivor}"].address
     wait_until(lambda: all_partitions(follower, lambda p: p.leader_id == survivor), DEADLINE_S,
                "the follower leading every partition of the killed leader")
-    requests, seconds = session_requests(cluster.state.zookeeper, session) - before, time.monotonic() - started
+    requests, seconds = zookeeper_session_requests(cluster.state.zookeeper, session) - before, time.monotonic() - started
 
     assert seconds >= 3 * REFRESH_MS / 1000, "the window spans several resyncs"
     # Reading every state each resync would be PARTITIONS requests a second; what remains is its session's
