@@ -30,26 +30,13 @@ from dataclasses import dataclass, field
 
 from services import compression as compression_codecs
 from services.client.errors import BufferExhaustedError, ClientClosedError
-from services.client.structs import RecordMetadata, TopicPartition, record_payload_bytes
-from services.stubs.txlog.v1 import common_pb2
+from services.client.structs import RecordMetadata, TopicPartition
+from services.protowire import field_tag, varint
+from services.stubs.txlog.v1 import common_pb2, partition_pb2
 
-RECORD_FRAMING_BYTES = 6  # a Record's field tag and length prefix inside its RecordBatch
 BATCH_OVERHEAD_BYTES = 64  # a PartitionBatch's fixed fields and framing inside a ProduceRequest
-# At most, besides the key's and value's bytes: a timestamp (tag and a 10-byte varint), the key's and
-# the value's tags and length prefixes (1 + 5 each), and the record's own framing.
-RECORD_FIELDS_BYTES_MAX = 11 + 12 + RECORD_FRAMING_BYTES
-HEADER_FIELDS_BYTES_MAX = 18  # a header's framing, and its name's and value's tags and length prefixes
-
-
-def record_size_bytes(record: common_pb2.Record, payload_bytes: int | None = None) -> int:
-    """What the record takes in a request, at most (never less than its
-    serialized size and framing), counted from its fields' lengths (protobuf's
-    ByteSize walked the record and was a sixth of send()'s time):
-    ``payload_bytes`` (record_payload_bytes, counted here when not given) and
-    the fields' overhead."""
-    if payload_bytes is None:
-        payload_bytes = record_payload_bytes(record)
-    return payload_bytes + RECORD_FIELDS_BYTES_MAX + HEADER_FIELDS_BYTES_MAX * len(record.headers)
+_BATCH_TAG = field_tag(partition_pb2.PartitionBatch, "batch")
+_COMPRESSED_RECORDS_TAG = field_tag(common_pb2.RecordBatch, "compressed_records")
 
 
 class BatchState(enum.Enum):
@@ -64,12 +51,14 @@ class BatchState(enum.Enum):
 
 @dataclass(eq=False)
 class ProducerBatch:
-    """Records of one partition sent (and retried) together as one RecordBatch."""
+    """Records of one partition sent (and retried) together as one RecordBatch.
+
+    ``records`` are encoded (``structs.encode_record``: each an element of
+    ``RecordBatch.records``); :meth:`add` appends one and returns its future."""
 
     tp: TopicPartition
     created_ms: float
-    records: list[common_pb2.Record] = field(default_factory=list)
-    futures: list[concurrent.futures.Future] = field(default_factory=list)
+    records: list[bytes] = field(default_factory=list)
     size_bytes: int = 0
     producer_id: int = -1
     producer_epoch: int = -1
@@ -80,95 +69,171 @@ class ProducerBatch:
     order: int = -1  # position among the partition's sequenced batches (set by sequences.py)
     state: BatchState = BatchState.QUEUED
     done: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
-    compressed_records: bytes | None = None  # made on the first fill() with a codec; every retry sends these bytes
+    # the condition of its records' futures: a producer's batches share one (RecordFuture)
+    condition: threading.Condition = field(default_factory=threading.Condition, repr=False)
+    sent_records: bytes | None = None  # made on the first encode(); every retry sends these bytes
+
+    def __post_init__(self):
+        self.outcome = BatchOutcome(self.tp, self.condition)
 
     @property
     def record_count(self) -> int:
         return len(self.records)
 
-    def fill(self, target: common_pb2.RecordBatch, *, is_transactional: bool = False, compression: int = 0) -> None:
-        """Writes the batch into ``target`` (a request's own RecordBatch: one copy of the records, not two).
-        With a ``compression`` codec, its records are compressed the first time (a batch is drained
-        whole: it no longer grows) and the same bytes go into every retry (same sequence, same bytes)."""
-        target.producer_id = self.producer_id
-        target.producer_epoch = self.producer_epoch
-        target.base_sequence = self.base_sequence
-        target.is_transactional = is_transactional
-        if not compression:
-            target.records.extend(self.records)
-            return
-        if self.compressed_records is None:
-            self.compressed_records = compression_codecs.compress_records(compression, self.records)
-        target.compression = compression
-        target.compressed_records = self.compressed_records
+    def add(self, record: bytes, timestamp_ms: int = 0) -> RecordFuture:
+        """Appends an encoded record (``timestamp_ms`` 0: none, the leader's append
+        time stands for it) and returns its future."""
+        index = len(self.records)
+        self.records.append(record)
+        self.size_bytes += len(record)
+        if timestamp_ms:
+            self.outcome.timestamps_ms[index] = timestamp_ms
+        return RecordFuture(self.outcome, index)
+
+    def encode(self, leader_epoch: int, *, is_transactional: bool = False, compression: int = 0) -> list[bytes]:
+        """The batch as a ProduceRequest's PartitionBatch: pieces whose concatenation
+        is the encoded message. Its records are joined -- and with a ``compression``
+        codec compressed -- the first time (a batch is drained whole: it no longer
+        grows); every retry sends the same bytes (same sequence, same bytes)."""
+        records = self.sent_records
+        if records is None:
+            records = b"".join(self.records)  # a RecordBatch of only these records, encoded
+            if compression:
+                records = compression_codecs.compress(compression, records)
+            self.sent_records = records
+        header = common_pb2.RecordBatch(producer_id=self.producer_id, producer_epoch=self.producer_epoch,
+                                        base_sequence=self.base_sequence, is_transactional=is_transactional)
+        if compression:
+            header.compression = compression
+            pieces = [header.SerializeToString(), _COMPRESSED_RECORDS_TAG, varint(len(records)), records]
+        else:
+            pieces = [header.SerializeToString(), records]
+        batch_bytes = sum(len(piece) for piece in pieces)
+        partition_batch = partition_pb2.PartitionBatch(topic=self.tp.topic, partition=self.tp.partition,
+                                                       leader_epoch=leader_epoch)
+        return [partition_batch.SerializeToString(), _BATCH_TAG, varint(batch_bytes), *pieces]
 
     def complete(self, base_offset: int, log_append_time_ms: int = -1) -> None:
         """Resolves every record's future; ``base_offset`` -1 means unknown."""
         self.state = BatchState.DONE
-        topic, partition = self.tp.topic, self.tp.partition
-        append_time_ms = log_append_time_ms if log_append_time_ms > 0 else -1
-        results = [RecordMetadata(topic, partition, base_offset + index if base_offset >= 0 else -1,
-                                  record.timestamp_ms or append_time_ms) for index, record in enumerate(self.records)]
-        _settle(self.futures, results, None)
+        self.outcome.settle(base_offset, log_append_time_ms if log_append_time_ms > 0 else -1, None)
         _resolve(self.done, result=None)
 
     def fail(self, error: BaseException) -> None:
         self.state = BatchState.DONE
-        _settle(self.futures, None, error)
+        self.outcome.settle(-1, -1, error)
         _resolve(self.done, result=None)
+
+
+# concurrent.futures' own states (CPython's _base module): RecordFuture and
+# BatchOutcome set them as Future.set_result / set_exception do.
+_RUNNING, _FINISHED = concurrent.futures._base.RUNNING, concurrent.futures._base.FINISHED
+
+
+class BatchOutcome:
+    """How a batch ended, shared by its records' futures: settling a batch sets
+    it once and wakes only the futures somebody waits on (or gave a callback),
+    instead of resolving a future per record. Small on purpose: a future the
+    application keeps holds this, not the batch's records."""
+
+    __slots__ = ("tp", "condition", "timestamps_ms", "state", "base_offset", "append_time_ms", "error", "watched")
+
+    def __init__(self, tp: TopicPartition, condition: threading.Condition):
+        self.tp = tp
+        self.condition = condition
+        self.timestamps_ms: dict[int, int] = {}  # by record index, the records sent with a timestamp
+        self.state = _RUNNING
+        self.base_offset = -1
+        self.append_time_ms = -1
+        self.error: BaseException | None = None
+        self.watched: list[RecordFuture] = []  # futures with waiters or callbacks (RecordFuture._hooks)
+
+    def result(self, index: int) -> RecordMetadata | None:
+        """The RecordMetadata of record ``index``; None until the batch is appended (or when it failed)."""
+        if self.state != _FINISHED or self.error is not None:
+            return None
+        base_offset = self.base_offset
+        return RecordMetadata(self.tp.topic, self.tp.partition, base_offset + index if base_offset >= 0 else -1,
+                              self.timestamps_ms.get(index) or self.append_time_ms)
+
+    def settle(self, base_offset: int, append_time_ms: int, error: BaseException | None) -> None:
+        """Resolves every future of the batch: under one acquisition of the
+        condition and one notify_all, the callbacks run after it (as
+        Future.set_result does, one future at a time). The first outcome stays."""
+        with self.condition:
+            if self.state != _RUNNING:
+                return
+            self.base_offset, self.append_time_ms, self.error = base_offset, append_time_ms, error
+            self.state = _FINISHED
+            watched = [future for future in self.watched if future._own is None]
+            for future in watched:
+                for waiter in future._waiters:
+                    if error is not None:
+                        waiter.add_exception(future)
+                    else:
+                        waiter.add_result(future)
+            self.condition.notify_all()
+        for future in watched:
+            if future._done_callbacks:
+                future._invoke_callbacks()
+
+
+def _future_attribute(index: int, from_outcome: Callable[[RecordFuture], object]) -> property:
+    """One of Future's ``_state``, ``_result``, ``_exception``: read from the
+    batch's outcome, or from the future's own (``_own[index]``) once it was
+    resolved on its own; setting it (Future.set_result, ...) detaches it."""
+
+    def get(future: RecordFuture):
+        own = future._own
+        return from_outcome(future) if own is None else own[index]
+
+    def set_(future: RecordFuture, value) -> None:
+        future._detached()[index] = value
+
+    return property(get, set_)
 
 
 class RecordFuture(concurrent.futures.Future):
     """A record's future: a real concurrent.futures.Future (``wait``,
-    ``as_completed`` and ``asyncio.wrap_future`` take it) that shares one
-    condition with the other records of its producer and is born running
-    (a record's fate is not the caller's to cancel). A Future of its own made
-    a Condition and an RLock per record: a quarter of ``send()``'s time."""
+    ``as_completed`` and ``asyncio.wrap_future`` take it), born running (a
+    record's fate is not the caller's to cancel), that reads its state, result
+    and exception from its batch's :class:`BatchOutcome` and its index there:
+    making it sets three attributes, settling a batch costs nothing per record
+    nobody waits on, and its RecordMetadata is made when asked for. (A Future
+    of its own made a Condition and an RLock per record, and resolving one per
+    record was a third of a batch's answer handling.) Resolved on its own
+    (``set_result``/``set_exception``), it keeps its own outcome from then on."""
 
-    def __init__(self, condition: threading.Condition):  # no super().__init__(): it would make a condition of its own
-        self._condition = condition
-        self._state = _RUNNING
-        self._result = None
-        self._exception = None
-        self._waiters = []
-        self._done_callbacks = []
+    def __init__(self, outcome: BatchOutcome, index: int):  # no super().__init__(): it would make a condition
+        self._condition = outcome.condition
+        self._outcome = outcome
+        self._index = index
+        self._own: list | None = None  # [state, result, exception] once resolved on its own
+        self._hooks: tuple[list, list] | None = None  # (waiters, done callbacks), made when first asked for
 
+    def _detached(self) -> list:
+        if self._own is None:
+            self._own = [self._state, self._result, self._exception]
+        return self._own
 
-# concurrent.futures' own states (CPython's _base module): RecordFuture and
-# _settle set them as Future.set_result / set_exception do.
-_RUNNING, _FINISHED = concurrent.futures._base.RUNNING, concurrent.futures._base.FINISHED
-_SETTLED = (concurrent.futures._base.CANCELLED, concurrent.futures._base.CANCELLED_AND_NOTIFIED, _FINISHED)
+    _state = _future_attribute(0, lambda future: future._outcome.state)
+    _result = _future_attribute(1, lambda future: future._outcome.result(future._index))
+    _exception = _future_attribute(2, lambda future: future._outcome.error)
 
+    def _watched(self) -> tuple[list, list]:
+        hooks = self._hooks
+        if hooks is None:  # Future reads these under the condition: the outcome's settle sees the registration
+            hooks = self._hooks = ([], [])
+            self._outcome.watched.append(self)
+        return hooks
 
-def _settle(futures: list, results: list | None, error: BaseException | None) -> None:
-    """Resolves a batch's futures: RecordFutures of one condition under one
-    acquisition of it and one notify_all, the callbacks run after it (as
-    Future.set_result does, one future at a time); any other future alone."""
-    condition = futures[0]._condition if futures and type(futures[0]) is RecordFuture else None
-    if condition is None or any(type(f) is not RecordFuture or f._condition is not condition for f in futures):
-        for index, future in enumerate(futures):
-            _resolve(future, result=None if results is None else results[index], error=error)
-        return
-    called = []
-    with condition:
-        for index, future in enumerate(futures):
-            if future._state in _SETTLED:
-                continue
-            if error is not None:
-                future._exception = error
-            else:
-                future._result = results[index]
-            future._state = _FINISHED
-            for waiter in future._waiters:
-                if error is not None:
-                    waiter.add_exception(future)
-                else:
-                    waiter.add_result(future)
-            if future._done_callbacks:
-                called.append(future)
-        condition.notify_all()
-    for future in called:
-        future._invoke_callbacks()
+    @property
+    def _waiters(self) -> list:
+        return self._watched()[0]
+
+    @property
+    def _done_callbacks(self) -> list:
+        return self._watched()[1]
 
 
 def _resolve(future: concurrent.futures.Future, *, result=None, error: BaseException | None = None) -> None:
@@ -207,55 +272,63 @@ class RecordAccumulator:
         self._closed = False
         self._lock = threading.Lock()
         self._room = threading.Condition(self._lock)
+        self._futures_condition = threading.Condition()  # shared by the futures of every record (RecordFuture)
 
     # --- user threads ----------------------------------------------------------
 
     def append(
         self,
         tp: TopicPartition,
-        record: common_pb2.Record,
-        size_bytes: int,
-        future: concurrent.futures.Future,
+        record: bytes,
+        timestamp_ms: int,
         now_ms: float,
         *,
         max_block_ms: float = 0.0,
-    ) -> bool:
-        """Adds a record to the partition's open batch (or a new one).
+    ) -> tuple[RecordFuture, bool]:
+        """Adds an encoded record (``structs.encode_record``; it takes
+        ``len(record)`` bytes of the buffer and of its batch) to the partition's
+        open batch (or a new one); ``timestamp_ms`` 0: none.
 
-        Returns True when the sender should wake up: a batch was started (its
-        linger timer starts) or became full. Waits up to ``max_block_ms`` for
-        buffer memory, then raises BufferExhaustedError."""
+        Returns the record's future, and True when the sender should wake up: a
+        batch was started (its linger timer starts) or became full. Waits up to
+        ``max_block_ms`` for buffer memory, then raises BufferExhaustedError."""
+        size_bytes = len(record)
         if size_bytes > self.buffer_memory_bytes:
             raise BufferExhaustedError(
                 f"a record of {size_bytes} bytes can never fit buffer_memory_bytes={self.buffer_memory_bytes}")
-        with self._room:
-            if self._buffered_bytes + size_bytes > self.buffer_memory_bytes and max_block_ms > 0:
-                deadline_ms = self._clock_ms() + max_block_ms
-                while self._buffered_bytes + size_bytes > self.buffer_memory_bytes and not self._closed:
-                    remaining_ms = deadline_ms - self._clock_ms()
-                    if remaining_ms <= 0:
-                        break
-                    self._room.wait(remaining_ms / 1000)
+        with self._lock:
+            if self._buffered_bytes + size_bytes > self.buffer_memory_bytes:
+                self._wait_for_room(size_bytes, max_block_ms)
             if self._closed:
                 raise ClientClosedError("the producer is closed")
-            if self._buffered_bytes + size_bytes > self.buffer_memory_bytes:
-                raise BufferExhaustedError(
-                    f"buffer_memory_bytes={self.buffer_memory_bytes} stayed full for max_block_ms={max_block_ms:.0f}; "
-                    "the cluster is slower than send(), or unreachable")
-            queue = self._queues.setdefault(tp, deque())
+            queue = self._queues.get(tp)
+            if queue is None:
+                queue = self._queues[tp] = deque()
             last = queue[-1] if queue else None
             wake = False
             if last is None or len(last.records) >= self.batch_records_max \
-                    or (last.records and last.size_bytes + size_bytes > self.batch_size_bytes):
-                last = ProducerBatch(tp, now_ms)
+                    or (last.size_bytes + size_bytes > self.batch_size_bytes and last.records):
+                last = ProducerBatch(tp, now_ms, condition=self._futures_condition)
                 queue.append(last)
                 self._incomplete.add(last)
                 wake = True
-            last.records.append(record)
-            last.futures.append(future)
-            last.size_bytes += size_bytes
+            future = last.add(record, timestamp_ms)
             self._buffered_bytes += size_bytes
-            return wake or self._full(last)
+            return future, wake or self._full(last)
+
+    def _wait_for_room(self, size_bytes: int, max_block_ms: float) -> None:
+        """Holding the lock: waits up to ``max_block_ms`` until ``size_bytes`` more fit the buffer."""
+        if max_block_ms > 0:
+            deadline_ms = self._clock_ms() + max_block_ms
+            while self._buffered_bytes + size_bytes > self.buffer_memory_bytes and not self._closed:
+                remaining_ms = deadline_ms - self._clock_ms()
+                if remaining_ms <= 0:
+                    break
+                self._room.wait(remaining_ms / 1000)
+        if self._buffered_bytes + size_bytes > self.buffer_memory_bytes and not self._closed:
+            raise BufferExhaustedError(
+                f"buffer_memory_bytes={self.buffer_memory_bytes} stayed full for max_block_ms={max_block_ms:.0f}; "
+                "the cluster is slower than send(), or unreachable")
 
     def _full(self, batch: ProducerBatch) -> bool:
         return batch.size_bytes >= self.batch_size_bytes or len(batch.records) >= self.batch_records_max

@@ -39,7 +39,9 @@ class DefaultPartitioner:
         self._lock = threading.Lock()
 
     def partition(self, topic: str, key: bytes | None, partition_count: int) -> int:
-        if partition_count <= 0:
+        if partition_count <= 1:  # one partition: no hash, no draw (either would answer 0)
+            if partition_count == 1:
+                return 0
             raise ValueError(f"partition_count must be positive, not {partition_count}")
         if key is not None:
             return partition_for_key(key, partition_count)

@@ -68,11 +68,12 @@ import concurrent.futures
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from typing import NamedTuple
 
 from services import names
 from services.client import serde, shutdown
 from services.client._loop import LoopThread
-from services.client.accumulator import RecordAccumulator, RecordFuture, record_size_bytes
+from services.client.accumulator import BATCH_OVERHEAD_BYTES, RecordAccumulator, RecordFuture
 from services.client.config import ProducerConfig, checked_prepare_metadata
 from services.client.errors import (
     ClientClosedError,
@@ -86,10 +87,10 @@ from services.client.errors import (
     error_for,
 )
 from services.client.membership import GroupMetadata
-from services.client.metadata import Metadata
+from services.client.metadata import Metadata, TopicInfo
 from services.client.partitioner import DefaultPartitioner, Partitioner
 from services.client.sender import REQUEST_OVERHEAD_BYTES, Sender, SenderStats
-from services.client.structs import TopicPartition, TransactionHandle, as_tp, build_record, record_payload_bytes
+from services.client.structs import TopicPartition, TransactionHandle, as_tp, encode_record, to_bytes
 from services.client.transactions import SENDING_STATES, Call, TransactionManager, TxnState, Verdict
 from services.client.transport import FaultInjection, Transport, tls_files
 from services.client.txn_requests import (
@@ -104,6 +105,23 @@ from services.client.txn_requests import (
 from services.errors import ErrorCode
 from services.names import GROUP_ID_CHARS_MAX
 from services.retry import RetryPolicy
+
+ROUTES_MAX = 10_000  # topics whose routes a producer keeps (more: forgotten, read again from the metadata)
+
+
+class _Route(NamedTuple):
+    """What send() needs of a topic's metadata, read once per version of it."""
+
+    info: TopicInfo  # the metadata it was read from: a refresh that changes the topic replaces it
+    tps: tuple[TopicPartition, ...]  # one per partition
+    record_bytes_max: int | None  # the topic's max.record.bytes, if set
+
+
+def _failed_future(error: ClientError) -> concurrent.futures.Future:
+    future: concurrent.futures.Future = concurrent.futures.Future()
+    future.set_running_or_notify_cancel()  # born running, as a queued record's future
+    future.set_exception(error)
+    return future
 
 
 class Producer:
@@ -193,7 +211,9 @@ class Producer:
             batch_size_bytes=batch_size_bytes, linger_ms=linger_ms, buffer_memory_bytes=buffer_memory_bytes,
             batch_records_max=batch_records_max)
         self._closed = False
-        self._record_condition = threading.Condition()  # shared by the futures of every record sent (RecordFuture)
+        # a record may take what a request holds besides its own fields and one batch's
+        self._record_bytes_max = max_request_size_bytes - REQUEST_OVERHEAD_BYTES - BATCH_OVERHEAD_BYTES
+        self._routes: dict[str, _Route] = {}  # by topic (send() is hot: a topic's metadata is read once)
         self._txn = TransactionManager(transactional_id, transaction_timeout_ms, implicit_partition_adds) if transactional_id else None
         self._coordinator: CoordinatorClient | None = None
         self._offsets_tasks: set[asyncio.Task] = set()  # send_offsets_to_transaction operations (loop thread)
@@ -203,6 +223,7 @@ class Producer:
         shutdown.close_at_exit(self)  # left open, it is closed at interpreter exit
 
     async def _make_sender(self) -> Sender:
+        self._loop_thread_id = threading.get_ident()  # send() from it must not block (max_block_ms 0)
         if self._txn is not None:
             self._coordinator = CoordinatorClient(
                 self._metadata, self._transport, self._txn.transactional_id,
@@ -237,74 +258,82 @@ class Producer:
             raise TypeError(f"topic must be a non-empty str, not {topic!r}")
         if partition is not None and (not isinstance(partition, int) or isinstance(partition, bool) or partition < 0):
             raise ValueError(f"partition must be an int >= 0 or None, not {partition!r}")
-        record = build_record(serde.serialized(self._key_serializer, key, "key"),
-                              serde.serialized(self._value_serializer, value, "value"), headers, timestamp_ms)
-        if self._txn is not None:
-            self._txn.enter_send()
-        try:
-            future = RecordFuture(self._record_condition)
+        if self._key_serializer is not None:
+            key = serde.serialized(self._key_serializer, key, "key")
+        if self._value_serializer is not None:
+            value = serde.serialized(self._value_serializer, value, "value")
+        if key is not None and key.__class__ is not bytes:
+            key = to_bytes(key, "key")
+        if value is not None and value.__class__ is not bytes:
+            value = to_bytes(value, "value")
+        record, payload_bytes = encode_record(key, value, headers, timestamp_ms)
+        txn = self._txn
+        if txn is None:
             try:
-                self._append(topic, record, partition, future)
+                return self._append(topic, key, record, payload_bytes, timestamp_ms or 0, partition)
             except ClientError as exc:
-                future.set_exception(exc)
-                if self._txn is not None:  # a transaction missing a record must not commit (as in Kafka)
-                    if isinstance(exc, ProducerFencedError):
-                        self._txn.on_fatal_error(exc)
-                    else:
-                        self._txn.on_abortable_error(exc)
-            return future
+                return _failed_future(exc)
+        txn.enter_send()
+        try:
+            try:
+                return self._append(topic, key, record, payload_bytes, timestamp_ms or 0, partition)
+            except ClientError as exc:  # a transaction missing a record must not commit (as in Kafka)
+                if isinstance(exc, ProducerFencedError):
+                    txn.on_fatal_error(exc)
+                else:
+                    txn.on_abortable_error(exc)
+                return _failed_future(exc)
         finally:
-            if self._txn is not None:
-                self._txn.exit_send()
+            txn.exit_send()
 
-    def _append(self, topic: str, record, partition: int | None, future) -> None:
+    def _append(self, topic: str, key: bytes | None, record: bytes, payload_bytes: int, timestamp_ms: int,
+                partition: int | None) -> RecordFuture:
         if self._sender.fatal_error is not None:
             raise self._sender.fatal_error
-        payload_bytes = record_payload_bytes(record)  # counted once: the size and max.record.bytes both take it
-        size_bytes = record_size_bytes(record, payload_bytes)
-        limit_bytes = self.config.max_request_size_bytes - REQUEST_OVERHEAD_BYTES - 64
-        if size_bytes > limit_bytes:
+        size_bytes = len(record)
+        if size_bytes > self._record_bytes_max:
+            raise RecordTooLargeError(f"the record takes {size_bytes} bytes, more than max_request_size_bytes "
+                                      f"allows ({self._record_bytes_max})")
+        route = self._routes.get(topic)
+        if route is None or route.info is not self._metadata.topic(topic):
+            route = self._route(topic)
+        if route.record_bytes_max is not None and payload_bytes > route.record_bytes_max:
             raise RecordTooLargeError(
-                f"the record takes {size_bytes} bytes, more than max_request_size_bytes allows ({limit_bytes})")
-        partition_count = self._partition_count(topic)
-        self._check_record_size(topic, payload_bytes)
+                f"the record's key, value and headers take {payload_bytes} bytes, more than "
+                f"max.record.bytes={route.record_bytes_max} of topic {topic!r}")
+        tps = route.tps
         if partition is None:
-            key = record.key if record.HasField("key") else None
-            partition = self._partitioner.partition(topic, key, partition_count)
-        elif partition >= partition_count:
+            partition = self._partitioner.partition(topic, key, len(tps))
+        elif partition >= len(tps):
             raise error_for(ErrorCode.Value("UNKNOWN_TOPIC_OR_PARTITION"),
-                            f"topic {topic!r} has {partition_count} partitions; there is no partition {partition}")
-        on_loop = self._loop.in_loop_thread()
-        tp = TopicPartition(topic, partition)
+                            f"topic {topic!r} has {len(tps)} partitions; there is no partition {partition}")
+        tp = tps[partition] if 0 <= partition < len(tps) else TopicPartition(topic, partition)
         new_partition = self._txn is not None and self._txn.maybe_add_partition(tp)
-        wake = self._accumulator.append(tp, record, size_bytes, future, time.monotonic() * 1000,
-                                        max_block_ms=0 if on_loop else self.config.max_block_ms)
+        on_loop = threading.get_ident() == self._loop_thread_id
+        future, wake = self._accumulator.append(tp, record, timestamp_ms, time.monotonic() * 1000,
+                                                max_block_ms=0 if on_loop else self.config.max_block_ms)
         if wake or new_partition:
             self._loop.call_soon(self._sender.wakeup)
+        return future
 
-    def _partition_count(self, topic: str) -> int:
-        count = self._metadata.partition_count(topic)
-        if count is not None:
-            return count
-        info = self._loop.run(self._metadata.wait_for_topic(topic, self.config.max_block_ms),
-                              timeout_s=self.config.max_block_ms / 1000 + 5, what=f"waiting for topic {topic!r}")
-        return len(info.partitions)
-
-    def _check_record_size(self, topic: str, payload_bytes: int) -> None:
-        """Fails early a record the topic's ``max.record.bytes`` refuses (the
-        leader would reject its whole batch)."""
+    def _route(self, topic: str) -> _Route:
+        """Where the records of ``topic`` may go, from its metadata (waiting up to
+        ``max_block_ms`` for it); kept until the metadata of the topic changes."""
         info = self._metadata.topic(topic)
-        limit = info.configs.get("max.record.bytes") if info is not None else None
-        if limit is None or not limit.isdigit():
-            return
-        if payload_bytes > int(limit):
-            raise RecordTooLargeError(
-                f"the record's key, value and headers take {payload_bytes} bytes, more than max.record.bytes={limit} "
-                f"of topic {topic!r}")
+        if info is None or not info.exists:
+            info = self._loop.run(self._metadata.wait_for_topic(topic, self.config.max_block_ms),
+                                  timeout_s=self.config.max_block_ms / 1000 + 5, what=f"waiting for topic {topic!r}")
+        limit = info.configs.get("max.record.bytes")
+        route = _Route(info, tuple(TopicPartition(topic, p) for p in range(len(info.partitions))),
+                       int(limit) if limit is not None and limit.isdigit() else None)
+        if len(self._routes) >= ROUTES_MAX:
+            self._routes.clear()
+        self._routes[topic] = route
+        return route
 
     def partitions_for(self, topic: str) -> list[int]:
         """The topic's partitions (waiting up to ``max_block_ms`` for its metadata)."""
-        return list(range(self._partition_count(topic)))
+        return list(range(len(self._route(topic).tps)))
 
     # --- flushing and closing ---------------------------------------------------------------------
 

@@ -77,6 +77,7 @@ from services.client.partitioner import Partitioner
 from services.client.sequences import PartitionSequences
 from services.client.structs import TopicPartition
 from services.client.transactions import DROPPING_STATES, SENDING_STATES, TransactionManager, TxnState
+from services.client.transport import sends_encoded
 from services.client.txn_requests import (
     PARTITIONS_PER_ADD_MAX,
     AddPartitionsHandler,
@@ -85,6 +86,7 @@ from services.client.txn_requests import (
     fenced_error,
 )
 from services.errors import ErrorCode
+from services.protowire import field_tag, varint
 from services.retry import RetryPolicy
 from services.stubs.txlog.v1 import coordinator_pb2, partition_pb2
 
@@ -93,6 +95,7 @@ FENCED_CODES = frozenset({ErrorCode.Value("PRODUCER_FENCED"), ErrorCode.Value("I
 HOUSEKEEPING_INTERVAL_MS = 1000  # expiry checks while batches are outstanding
 REQUEST_OVERHEAD_BYTES = 64
 PARTITIONS_PER_REQUEST_MAX = 1000  # partition_svc refuses requests naming more than 10_000
+_BATCHES_TAG = field_tag(partition_pb2.ProduceRequest, "batches")
 
 
 @dataclass
@@ -143,6 +146,7 @@ class Sender:
     ):
         self._config = config
         self._compression = config.compression  # read once: _send_request is hot
+        self._sends_encoded = sends_encoded(transport)
         self._accumulator = accumulator
         self._metadata = metadata
         self._transport = transport
@@ -170,6 +174,10 @@ class Sender:
         self._txn = txn
         self._coordinator = coordinator
         self._add_task: asyncio.Task | None = None
+        self._request_head = partition_pb2.ProduceRequest(  # every Produce request's fixed fields, encoded
+            transactional_id=txn.transactional_id if txn is not None else "", acks=config.acks,
+            timeout_ms=int(config.request_timeout_ms),
+            add_to_transaction=txn is not None and txn.implicit_partition_adds).SerializeToString()
         metadata.add_listener(self.wakeup)
 
     # --- control -------------------------------------------------------------------------
@@ -323,24 +331,30 @@ class Sender:
 
     # --- Produce: request and answer ------------------------------------------------------------
 
-    async def _send_request(self, address: str, entries: list[tuple[ProducerBatch, int]]) -> None:
+    def _encode_request(self, entries: list[tuple[ProducerBatch, int]]) -> bytes:
+        """The Produce request of ``entries`` (batch, leader epoch), encoded: its
+        fixed fields, then one ``batches`` field per batch, each batch's records
+        as they were encoded in send() (see structs.encode_record)."""
         transactional = self._txn is not None
-        request = partition_pb2.ProduceRequest(
-            transactional_id=self._txn.transactional_id if transactional else "",
-            acks=self._config.acks,
-            timeout_ms=int(self._config.request_timeout_ms),
-            add_to_transaction=transactional and self._txn.implicit_partition_adds,
-        )
         codec = self._compression
-        for b, epoch in entries:
-            b.fill(request.batches.add(topic=b.tp.topic, partition=b.tp.partition, leader_epoch=epoch).batch,
-                   is_transactional=transactional, compression=codec)
+        parts = [self._request_head]
+        for batch, leader_epoch in entries:
+            pieces = batch.encode(leader_epoch, is_transactional=transactional, compression=codec)
+            parts += (_BATCHES_TAG, varint(sum(len(piece) for piece in pieces)), *pieces)
+        return b"".join(parts)
+
+    async def _send_request(self, address: str, entries: list[tuple[ProducerBatch, int]]) -> None:
+        request = self._encode_request(entries)
         self.stats.requests_sent += 1
         self.stats.batches_sent += len(entries)
         started_ms = self._clock_ms()
         try:
-            response = await self._transport.call(address, "Produce", request,
-                                                   timeout_ms=self._config.request_timeout_ms)
+            if self._sends_encoded:
+                response = await self._transport.call_encoded(address, "Produce", request,
+                                                              timeout_ms=self._config.request_timeout_ms)
+            else:
+                response = await self._transport.call(address, "Produce", partition_pb2.ProduceRequest.FromString(request),
+                                                      timeout_ms=self._config.request_timeout_ms)
         except Exception as exc:  # noqa: BLE001 -- every batch must end; unexpected failures are not retried
             self.stats.request_errors += 1
             error = from_exception(exc)

@@ -24,6 +24,7 @@ import threading
 from dataclasses import dataclass, field
 
 import grpc
+from google.protobuf import message_factory
 
 from services.channels import ChannelCache
 from services.client.errors import ClientError, error_for, from_exception
@@ -122,6 +123,8 @@ class Transport:
         self._stubs_on: dict[str, grpc.aio.Channel] = {}  # the channel each address's stubs were made on
         self._partition_stubs: dict[str, partition_pb2_grpc.PartitionServiceStub] = {}
         self._coordinator_stubs: dict[str, coordinator_pb2_grpc.CoordinatorServiceStub] = {}
+        # (address, rpc) -> (the channel it was made on, a multicallable sending pre-encoded requests)
+        self._encoded_methods: dict[tuple[str, str], tuple[grpc.aio.Channel, object]] = {}
         self._closed = False
 
     @property
@@ -144,7 +147,23 @@ class Transport:
 
     async def call(self, address: str, rpc: str, request, *, timeout_ms: float | None = None):
         """Calls ``rpc`` at ``address``; raises ClientError on any failure."""
-        method = self._stub(address, rpc)
+        return await self._call(self._stub(address, rpc), address, rpc, request, timeout_ms)
+
+    async def call_encoded(self, address: str, rpc: str, request: bytes, *, timeout_ms: float | None = None):
+        """As :meth:`call`, with the request already serialized: its bytes go out
+        as they are (the producer encodes its Produce requests itself). The
+        answer is a message, as from :meth:`call`."""
+        if self._closed:
+            raise ClientError(ErrorCode.Value("INVALID_REQUEST"), "the client is closed")
+        channel = self._channels.get(address)
+        made = self._encoded_methods.get((address, rpc))
+        if made is None or made[0] is not channel:
+            path, response_class = _method_path(rpc)
+            made = self._encoded_methods[(address, rpc)] = (
+                channel, channel.unary_unary(path, request_serializer=None, response_deserializer=response_class.FromString))
+        return await self._call(made[1], address, rpc, request, timeout_ms)
+
+    async def _call(self, method, address: str, rpc: str, request, timeout_ms: float | None):
         timeout_s = (timeout_ms if timeout_ms is not None else self.request_timeout_ms) / 1000
         if self.fault_injection is not None:
             self.fault_injection.before_call(rpc, address)
@@ -159,4 +178,23 @@ class Transport:
     async def close(self) -> None:
         self._closed = True
         self._stubs_on.clear()
+        self._encoded_methods.clear()
         await self._channels.close()
+
+
+def sends_encoded(transport) -> bool:
+    """True when ``transport`` is a :class:`Transport` whose ``call`` is this
+    module's: it takes pre-encoded requests (:meth:`Transport.call_encoded`).
+    A test fake, or a subclass whose ``call`` looks at what is sent (the chaos
+    runner's recording transport), is given messages."""
+    return isinstance(transport, Transport) and type(transport).call is Transport.call
+
+
+def _method_path(rpc: str) -> tuple[str, type]:
+    """``rpc``'s gRPC method path and response class, from the service descriptors."""
+    for service in (partition_pb2.DESCRIPTOR.services_by_name["PartitionService"],
+                    coordinator_pb2.DESCRIPTOR.services_by_name["CoordinatorService"]):
+        method = service.methods_by_name.get(rpc)
+        if method is not None:
+            return f"/{service.full_name}/{method.name}", message_factory.GetMessageClass(method.output_type)
+    raise ValueError(f"unknown rpc {rpc!r}")

@@ -1,27 +1,28 @@
 """The accumulator: batches per partition, sealed by size or by linger; memory bounded."""
 
-import concurrent.futures
 import threading
 import time
 
 import pytest
 
-from services.client.accumulator import RecordAccumulator, record_size_bytes
+from services.client.accumulator import RecordAccumulator
 from services.client.errors import BufferExhaustedError
-from services.client.structs import TopicPartition, build_record
+from services.client.structs import TopicPartition, encode_record
 
 TP = TopicPartition("t", 0)
 TP1 = TopicPartition("t", 1)
 
 
 def _record(size_bytes=10):
-    return build_record(None, b"x" * size_bytes, None, None)
+    return encode_record(None, b"x" * size_bytes, None, None)[0]
+
+
+def record_size_bytes(record):
+    return len(record)  # what an encoded record takes in its batch, and of the buffer
 
 
 def _append(acc, tp, now_ms, size_bytes=10, **kwargs):
-    record = _record(size_bytes)
-    future = concurrent.futures.Future()
-    wake = acc.append(tp, record, record_size_bytes(record), future, now_ms, **kwargs)
+    future, wake = acc.append(tp, _record(size_bytes), 0, now_ms, **kwargs)
     return wake, future
 
 
@@ -47,8 +48,8 @@ def test_a_batch_is_ready_only_once_it_has_lingered():
 
 def test_a_full_batch_is_ready_at_once_and_the_next_record_starts_a_new_batch():
     acc = _acc(batch_size_bytes=100, linger_ms=10_000)
-    size = record_size_bytes(_record(20))
-    wakes = [_append(acc, TP, now_ms=0, size_bytes=20)[0] for _ in range(3)]
+    size = record_size_bytes(_record(30))
+    wakes = [_append(acc, TP, now_ms=0, size_bytes=30)[0] for _ in range(3)]
     assert size * 2 <= 100 < size * 3
     assert wakes == [True, False, True]  # the third record does not fit: a new batch
     ready, _ = acc.ready(now_ms=0)

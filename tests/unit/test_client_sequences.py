@@ -5,7 +5,7 @@ import pytest
 
 from services.client.accumulator import BatchState, ProducerBatch
 from services.client.sequences import IllegalStateError, PartitionSequences
-from services.client.structs import TopicPartition, build_record
+from services.client.structs import TopicPartition, encode_record
 from services.protocol import SEQUENCE_MODULUS
 
 TP = TopicPartition("t", 0)
@@ -15,7 +15,7 @@ PID, EPOCH = 7, 0
 def _batch(records=1, created_ms=0.0):
     batch = ProducerBatch(TP, created_ms)
     for _ in range(records):
-        batch.records.append(build_record(None, b"v", None, None))
+        batch.add(encode_record(None, b"v", None, None)[0])
     return batch
 
 

@@ -23,9 +23,9 @@ from partition_svc.producer_state import Reject
 from services import compression
 from services.client.accumulator import ProducerBatch
 from services.client.config import ProducerConfig
-from services.client.structs import TopicPartition
+from services.client.structs import TopicPartition, encode_record
 from services.errors import ErrorCode, TxlogError
-from services.stubs.txlog.v1 import common_pb2
+from services.stubs.txlog.v1 import common_pb2, partition_pb2
 
 LIMITS = validation.BatchLimits(10_000, 1 << 20)
 NOW = 1_700_000_000_000
@@ -308,18 +308,31 @@ def test_an_aborted_compressed_transaction_is_hidden_from_read_committed(tmp_pat
 # --- the producer's batches ----------------------------------------------------------------------------
 
 
+def producer_batch(values: list[bytes]) -> ProducerBatch:
+    batch = ProducerBatch(TopicPartition("t", 0), 0.0)
+    for value in values:
+        batch.add(encode_record(None, value, None, None)[0])
+    batch.producer_id, batch.producer_epoch, batch.base_sequence = 5, 0, 0
+    return batch
+
+
+def sent(batch: ProducerBatch, **kwargs) -> common_pb2.RecordBatch:
+    """What the producer puts in a Produce request for ``batch`` (its PartitionBatch, decoded)."""
+    entry = partition_pb2.PartitionBatch.FromString(b"".join(batch.encode(7, **kwargs)))
+    assert (entry.topic, entry.partition, entry.leader_epoch) == ("t", 0, 7)
+    return entry.batch
+
+
 def test_a_producer_batch_is_compressed_once_and_a_retry_sends_the_same_bytes():
-    b = ProducerBatch(TopicPartition("t", 0), 0.0, records=records(["a", "b", "c"]))
-    b.producer_id, b.producer_epoch, b.base_sequence = 5, 0, 0
-    first, retry = common_pb2.RecordBatch(), common_pb2.RecordBatch()
-    b.fill(first, compression=common_pb2.COMPRESSION_LZ4)
-    b.records.append(common_pb2.Record(value=b"never in a drained batch"))  # would show a second compression
-    b.fill(retry, compression=common_pb2.COMPRESSION_LZ4)
+    b = producer_batch([b"a", b"b", b"c"])
+    first = sent(b, compression=common_pb2.COMPRESSION_LZ4)
+    b.add(encode_record(None, b"never in a drained batch", None, None)[0])  # would show a second compression
+    retry = sent(b, compression=common_pb2.COMPRESSION_LZ4)
     assert first == retry and not first.records and first.compression == common_pb2.COMPRESSION_LZ4
+    assert (retry.producer_id, retry.producer_epoch, retry.base_sequence) == (5, 0, 0)
     validation.check_batch(retry, LIMITS)
     assert [r.value for r in retry.records] == [b"a", b"b", b"c"]
-    plain_batch = common_pb2.RecordBatch()
-    ProducerBatch(TopicPartition("t", 0), 0.0, records=records(["a"])).fill(plain_batch)
+    plain_batch = sent(producer_batch([b"a"]))
     assert not plain_batch.compression and [r.value for r in plain_batch.records] == [b"a"]
     assert ProducerConfig(compression_type="zstd").compression == common_pb2.COMPRESSION_ZSTD
     with pytest.raises(ValueError, match="none, gzip, zstd, lz4"):

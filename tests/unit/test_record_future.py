@@ -12,50 +12,44 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.client.accumulator import (
-    HEADER_FIELDS_BYTES_MAX,
-    RECORD_FIELDS_BYTES_MAX,
-    RECORD_FRAMING_BYTES,
-    ProducerBatch,
-    RecordFuture,
-    record_size_bytes,
-)
-from services.client.structs import RecordMetadata, TopicPartition, build_record
+from services.client.accumulator import ProducerBatch, RecordFuture
+from services.client.structs import RecordMetadata, TopicPartition, encode_record
 from services.stubs.txlog.v1 import common_pb2
 
 TP = TopicPartition("t", 3)
 
 
-def batch_of(count: int, condition: threading.Condition) -> ProducerBatch:
-    batch = ProducerBatch(TP, 0.0)
+def batch_of(count: int, condition: threading.Condition) -> tuple[ProducerBatch, list[RecordFuture]]:
+    batch = ProducerBatch(TP, 0.0, condition=condition)
+    futures = []
     for i in range(count):
-        batch.records.append(common_pb2.Record(value=b"v", timestamp_ms=1000 + i if i % 2 else 0))
-        batch.futures.append(RecordFuture(condition))
-    return batch
+        timestamp_ms = 1000 + i if i % 2 else 0
+        futures.append(batch.add(encode_record(None, b"v", None, timestamp_ms or None)[0], timestamp_ms))
+    return batch, futures
 
 
 def test_a_completed_batch_gives_each_record_its_offset_and_timestamp():
     condition = threading.Condition()
-    batch = batch_of(3, condition)
-    assert [f.running() for f in batch.futures] == [True] * 3 and not batch.futures[0].cancel()
+    batch, futures = batch_of(3, condition)
+    assert [f.running() for f in futures] == [True] * 3 and not futures[0].cancel()
     batch.complete(40, log_append_time_ms=777)
-    assert [f.result(timeout=0) for f in batch.futures] == [
+    assert [f.result(timeout=0) for f in futures] == [
         RecordMetadata("t", 3, 40, 777), RecordMetadata("t", 3, 41, 1001), RecordMetadata("t", 3, 42, 777)]
     assert batch.done.done()
 
 
 def test_waiters_of_every_kind_wake_callbacks_run_once_and_failures_reach_all():
     condition = threading.Condition()
-    first, second = batch_of(2, condition), batch_of(2, condition)
+    (first, first_futures), (second, second_futures) = batch_of(2, condition), batch_of(2, condition)
     called = []
-    first.futures[0].add_done_callback(lambda f: called.append(f.result()))
+    first_futures[0].add_done_callback(lambda f: called.append(f.result()))
     blocked = concurrent.futures.ThreadPoolExecutor(2)
-    result_waiter = blocked.submit(first.futures[1].result, 30)
-    wait_all = blocked.submit(concurrent.futures.wait, first.futures + second.futures, 30)
+    result_waiter = blocked.submit(first_futures[1].result, 30)
+    wait_all = blocked.submit(concurrent.futures.wait, first_futures + second_futures, 30)
     wrapped = asyncio.new_event_loop()
     try:
         async def awaited():
-            return await asyncio.wrap_future(second.futures[1])
+            return await asyncio.wrap_future(second_futures[1])
 
         task = wrapped.create_task(awaited())
         first.complete(0)
@@ -67,30 +61,93 @@ def test_waiters_of_every_kind_wake_callbacks_run_once_and_failures_reach_all():
         assert len(done) == 4 and not not_done
         with pytest.raises(RuntimeError):
             wrapped.run_until_complete(task)
-        assert [f.exception(0) for f in second.futures] == [error, error]
-        assert sorted(f.result().offset for f in concurrent.futures.as_completed(first.futures, timeout=5)) == [0, 1]
+        assert [f.exception(0) for f in second_futures] == [error, error]
+        assert sorted(f.result().offset for f in concurrent.futures.as_completed(first_futures, timeout=5)) == [0, 1]
         first.complete(9)  # settled twice (a late answer): the first outcome stays
-        assert [f.result().offset for f in first.futures] == [0, 1] and len(called) == 1
+        assert [f.result().offset for f in first_futures] == [0, 1] and len(called) == 1
     finally:
         wrapped.close()
         blocked.shutdown()
 
 
-def test_a_batch_holding_other_futures_resolves_them_one_by_one():
-    batch = ProducerBatch(TP, 0.0)
-    plain = concurrent.futures.Future()
-    batch.records += [common_pb2.Record(value=b"a"), common_pb2.Record(value=b"b")]
-    batch.futures += [RecordFuture(threading.Condition()), plain]
+def test_a_future_resolved_on_its_own_keeps_its_outcome_when_its_batch_settles():
+    batch, futures = batch_of(3, threading.Condition())
+    mine = RuntimeError("resolved by its holder")
+    futures[1].set_exception(mine)
+    assert futures[1].done() and not futures[0].done()
     batch.complete(5)
-    assert [f.result(0).offset for f in batch.futures] == [5, 6]
+    assert futures[1].exception(0) is mine
+    assert [futures[0].result(0).offset, futures[2].result(0).offset] == [5, 7]
+    with pytest.raises(concurrent.futures.InvalidStateError):
+        futures[0].set_result(None)
+
+
+def test_a_failed_batch_fails_every_future_and_each_callback_runs_once():
+    batch, futures = batch_of(4, threading.Condition())
+    calls = []
+    for index, future in enumerate(futures[:2]):
+        future.add_done_callback(lambda f, index=index: calls.append((index, type(f.exception()).__name__)))
+    error = ValueError("INVALID_RECORD")
+    batch.fail(error)
+    batch.fail(RuntimeError("a second outcome"))
+    batch.complete(0)
+    futures[3].add_done_callback(lambda f: calls.append((3, type(f.exception()).__name__)))  # after: at once
+    assert calls == [(0, "ValueError"), (1, "ValueError"), (3, "ValueError")]
+    assert all(f.exception(0) is error for f in futures)
+    with pytest.raises(ValueError):
+        futures[2].result(0)
+
+
+def test_acks_without_offsets_give_minus_one_and_the_append_time_when_no_timestamp():
+    batch, futures = batch_of(2, threading.Condition())
+    batch.complete(-1, log_append_time_ms=-1)
+    assert [f.result(0) for f in futures] == [RecordMetadata("t", 3, -1, -1), RecordMetadata("t", 3, -1, 1001)]
+
+
+def count_callbacks_racing_a_settle(batch: ProducerBatch, futures: list[RecordFuture]) -> list[int]:
+    """Adds a callback to every future from another thread while ``batch`` completes; the calls per future."""
+    counts = [0] * len(futures)
+
+    def count(future):
+        counts[future._index] += 1
+
+    def add_callbacks():
+        for future in futures:
+            future.add_done_callback(count)
+
+    adder = threading.Thread(target=add_callbacks)
+    adder.start()
+    batch.complete(0)
+    adder.join(30)
+    return counts
+
+
+def test_callbacks_added_while_the_batch_settles_run_exactly_once():
+    for _ in range(20):
+        batch, futures = batch_of(200, threading.Condition())
+        assert count_callbacks_racing_a_settle(batch, futures) == [1] * len(futures)
 
 
 @settings(max_examples=300, deadline=None)
 @given(key=st.one_of(st.none(), st.binary(max_size=300)), value=st.one_of(st.none(), st.binary(max_size=70_000)),
        headers=st.lists(st.tuples(st.text(max_size=20), st.one_of(st.none(), st.binary(max_size=200))), max_size=4),
        timestamp_ms=st.one_of(st.none(), st.integers(1, 2 ** 63 - 1)))
-def test_a_records_counted_size_bounds_what_it_takes_in_a_request(key, value, headers, timestamp_ms):
-    record = build_record(key, value, headers, timestamp_ms)
-    wire = record.ByteSize() + RECORD_FRAMING_BYTES
-    counted = record_size_bytes(record)
-    assert wire <= counted <= wire + RECORD_FIELDS_BYTES_MAX + HEADER_FIELDS_BYTES_MAX * len(headers)
+def test_an_encoded_record_is_what_protobuf_makes_of_it_in_a_batch(key, value, headers, timestamp_ms):
+    record = common_pb2.Record(headers=[common_pb2.Header(key=name, value=data) for name, data in headers])
+    if key is not None:
+        record.key = key
+    if value is not None:
+        record.value = value
+    if timestamp_ms is not None:
+        record.timestamp_ms = timestamp_ms
+    encoded, payload_bytes = encode_record(key, value, headers, timestamp_ms)
+    assert encoded == common_pb2.RecordBatch(records=[record]).SerializeToString()
+    assert payload_bytes == len(record.key) + len(record.value) + sum(len(h.key.encode()) + len(h.value)
+                                                                     for h in record.headers)
+
+
+def test_bad_record_fields_are_refused():
+    for headers, timestamp_ms, error in (([(1, b"v")], None, TypeError), ([("h", 5)], None, TypeError),
+                                         (None, 0, ValueError), (None, "1", ValueError)):
+        with pytest.raises(error):
+            encode_record(b"k", b"v", headers, timestamp_ms)
