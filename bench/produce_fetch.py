@@ -85,7 +85,7 @@ for folder in (BENCH.parent, BENCH):  # the repo for its packages, bench/ for me
 import grpc  # noqa: E402
 from measure import MB, Phase, latency_summary, mean_of, progress  # noqa: E402
 
-from partition_svc.wire import field_tag, varint  # noqa: E402
+from services.protowire import field_tag, varint  # noqa: E402
 
 KEY_BYTES = 8
 VALUE_BYTES = 1024
@@ -169,7 +169,7 @@ def record_value(index: int) -> bytes:
 
 
 def _length_delimited(tag: bytes, data: bytes) -> bytes:
-    """One length-delimited field: ``tag`` from partition_svc.wire.field_tag, then the length and the bytes."""
+    """One length-delimited field: ``tag`` from services.protowire.field_tag, then the length and the bytes."""
     return tag + varint(len(data)) + data
 
 

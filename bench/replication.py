@@ -28,7 +28,7 @@ partition_svc, one coordinator_svc; services/cluster.py), with 1 KB records:
   alone once the records are acknowledged.
 
 Prints one JSON object to stdout; progress goes to stderr. Run it as
-``python bench/replication.py [--records N] [--session-timeout-s S]``.
+``python bench/replication.py [--records N] [--session-timeout-s S] [--only PART ...]``.
 """
 
 from __future__ import annotations
@@ -64,6 +64,7 @@ from services.stubs.txlog.v1 import (  # noqa: E402
 VALUE = b"v" * 1024
 KEY_BYTES = 8
 RECORD_BYTES = KEY_BYTES + len(VALUE)
+PARTS = ("throughput", "latency", "transactions", "failover", "rejoin")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -75,7 +76,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--session-timeout-s", type=float, default=6.0, help="the services' ZooKeeper session timeout")
     parser.add_argument("--rejoin-mb", type=int, default=200, help="MB written before a follower is wiped")
     parser.add_argument("--commits", type=int, default=200, help="transactions in the commit-latency run")
-    return parser.parse_args(argv)
+    parser.add_argument("--only", choices=PARTS, action="append",
+                        help="run only this part (repeatable; default: every part)")
+    args = parser.parse_args(argv)
+    args.only = set(args.only or PARTS)
+    return args
 
 
 def say(text: str) -> None:
@@ -294,39 +299,44 @@ def commit_latency(bootstrap: str, topic: str, commits: int) -> dict:
 
 async def measure(cluster: LocalCluster, args: argparse.Namespace) -> dict:
     client = Client(cluster)
-    say("creating topics")
-    await client.create("rf1", 1, 1)
-    await client.create("rf3", 1, 3)
-    say("throughput")
-    rf1 = await throughput(client, "rf1", args)
-    rf3 = await throughput(client, "rf3", args)
-    say("latency")
-    latency_rf1 = await latency(client, "rf1", args.latency_samples)
-    latency_rf3 = await latency(client, "rf3", args.latency_samples)
-    say("transactions")
-    await client.create("txn8-rf1", 8, 1)
-    commits_rf1 = await asyncio.to_thread(commit_latency, cluster.state.bootstrap, "txn8-rf1", args.commits)
-    await client.create("txn8", 8, 3)
-    commits = await asyncio.to_thread(commit_latency, cluster.state.bootstrap, "txn8", args.commits)
-    say("failover")
-    await client.create("failover", 1, 3)
-    failed_over = await failover(client, cluster, "failover")
-    say("rejoin")
-    await client.create("rejoin", 1, 3)
-    rejoined = await rejoin(client, cluster, "rejoin", args)
-    ratio = round(rf3["mb_per_s"] / rf1["mb_per_s"], 3)
-    return {
-        "throughput": {"rf1_acks_all": rf1, "rf3_acks_all": rf3, "rf3_vs_rf1": ratio, "target_rf3_vs_rf1": 0.6,
-                       "meets_target": ratio >= 0.6},
-        "produce_latency_ms": {"rf1_acks_all": latency_rf1, "rf3_acks_all": latency_rf3},
-        "failover": {**failed_over, "zookeeper_session_timeout_s": args.session_timeout_s,
-                     "target_s": args.session_timeout_s + 2, "meets_target": failed_over["seconds_to_first_ack"] <= args.session_timeout_s + 2},
-        "wiped_follower_rejoin": rejoined,
-        "transaction_commit_ms_8_partitions_rf3": {**commits, "target_p99": 30,
-                                                   "meets_target": commits["transaction"]["p99"] <= 30},
+    figures = {}
+    if args.only & {"throughput", "latency"}:
+        say("creating topics")
+        await client.create("rf1", 1, 1)
+        await client.create("rf3", 1, 3)
+    if "throughput" in args.only:
+        say("throughput")
+        rf1 = await throughput(client, "rf1", args)
+        rf3 = await throughput(client, "rf3", args)
+        ratio = round(rf3["mb_per_s"] / rf1["mb_per_s"], 3)
+        figures["throughput"] = {"rf1_acks_all": rf1, "rf3_acks_all": rf3, "rf3_vs_rf1": ratio, "target_rf3_vs_rf1": 0.6,
+                                 "meets_target": ratio >= 0.6}
+    if "latency" in args.only:
+        say("latency")
+        figures["produce_latency_ms"] = {"rf1_acks_all": await latency(client, "rf1", args.latency_samples),
+                                         "rf3_acks_all": await latency(client, "rf3", args.latency_samples)}
+    if "transactions" in args.only:
+        say("transactions")
+        await client.create("txn8-rf1", 8, 1)
+        commits_rf1 = await asyncio.to_thread(commit_latency, cluster.state.bootstrap, "txn8-rf1", args.commits)
+        await client.create("txn8", 8, 3)
+        commits = await asyncio.to_thread(commit_latency, cluster.state.bootstrap, "txn8", args.commits)
+        figures["transaction_commit_ms_8_partitions_rf3"] = {**commits, "target_p99": 30,
+                                                             "meets_target": commits["transaction"]["p99"] <= 30}
         # the same transactions on 8 partitions of one replica (the transaction log still has three)
-        "transaction_commit_ms_8_partitions_rf1": commits_rf1,
-    }
+        figures["transaction_commit_ms_8_partitions_rf1"] = commits_rf1
+    if "failover" in args.only:
+        say("failover")
+        await client.create("failover", 1, 3)
+        failed_over = await failover(client, cluster, "failover")
+        figures["failover"] = {**failed_over, "zookeeper_session_timeout_s": args.session_timeout_s,
+                               "target_s": args.session_timeout_s + 2,
+                               "meets_target": failed_over["seconds_to_first_ack"] <= args.session_timeout_s + 2}
+    if "rejoin" in args.only:
+        say("rejoin")
+        await client.create("rejoin", 1, 3)
+        figures["wiped_follower_rejoin"] = await rejoin(client, cluster, "rejoin", args)
+    return figures
 
 
 def main(argv=None) -> int:
@@ -345,7 +355,8 @@ def main(argv=None) -> int:
     print(json.dumps({
         "benchmark": "replication: RF3 acks=all against RF1 on the same cluster, failover, rejoin, transactions",
         "parameters": {"records": args.records, "records_per_batch": args.batch_records, "in_flight": args.in_flight,
-                       "record_bytes": RECORD_BYTES, "fsync": True, "mb": "10^6 bytes of payload"},
+                       "record_bytes": RECORD_BYTES, "fsync": True, "mb": "10^6 bytes of payload",
+                       "parts": [part for part in PARTS if part in args.only]},
         "machine": {"cpus": os.cpu_count()},
         **figures,
     }, indent=2))

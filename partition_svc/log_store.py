@@ -39,7 +39,7 @@ import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from rocksdict import Options, Rdict, WriteBatch, WriteOptions
+from rocksdict import Options, Rdict, ReadOptions, WriteBatch, WriteOptions
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +90,11 @@ def partition_key(topic: str, partition: int) -> bytes:
 
 def log_key(pkey: bytes, offset: int) -> bytes:
     return b"L" + pkey + offset.to_bytes(8, "big")
+
+
+def offset_of_key(key: bytes) -> int:
+    """The base offset of a batch's key (log_key)."""
+    return int.from_bytes(key[-8:], "big")
 
 
 def meta_key(pkey: bytes) -> bytes:
@@ -216,14 +221,42 @@ class LogStore:
         prefix = b"L" + pkey
         for key, value in self.db.items(from_key=log_key(pkey, offset), backwards=True):
             if key.startswith(prefix):
-                return int.from_bytes(key[-8:], "big"), value
+                return offset_of_key(key), value
             return None
         return None
 
     def batches(self, pkey: bytes, from_offset: int) -> Iterator[tuple[int, bytes]]:
         prefix = b"L" + pkey
         for key, value in self.items(prefix, log_key(pkey, from_offset)):
-            yield int.from_bytes(key[-8:], "big"), value
+            yield offset_of_key(key), value
+
+    def batches_holding(self, pkey: bytes, offset: int, end_offset: int = 2**63 - 1) -> Iterator[tuple[int, bytes]]:
+        """The batches from the one holding ``offset`` (else from the first
+        above it) up to, not including, the one based at ``end_offset``: what
+        batch_at_or_before then batches() find, in one iterator that reads
+        each value once. (A batch's value is read whenever the iterator stops
+        on it, its header included: the two scans read the first batch twice,
+        and the one past the end once, which for a follower's fetch of one or
+        two batches doubled the reads.)"""
+        prefix = b"L" + pkey
+        bounds = ReadOptions()
+        bounds.set_iterate_upper_bound(log_key(pkey, end_offset))
+        found = self.db.iter(bounds)
+        found.seek_for_prev(log_key(pkey, offset))
+        key = found.key() if found.valid() else b""
+        if key.startswith(prefix):
+            value = found.value()
+            if decode_header(offset_of_key(key), value).last_offset >= offset:
+                yield offset_of_key(key), value
+            found.next()
+        else:
+            found.seek(log_key(pkey, offset))
+        while found.valid():
+            key = found.key()
+            if not key.startswith(prefix):
+                return
+            yield offset_of_key(key), found.value()
+            found.next()
 
     def partitions(self) -> Iterator[tuple[bytes, dict]]:
         """Every partition with metadata, as (pkey, metadata)."""

@@ -933,6 +933,15 @@ class Partition:
         self, fetch_offset: int, upper_offset: int, bytes_max: int, records_max: int, *, take_first: bool, committed: bool = False,
         accepted: frozenset[int] = frozenset(),
     ) -> tuple[list[bytes], int, int]:
+        """read_encoded()'s batches, each joined into its serialized RecordBatch."""
+        batches, next_offset, records = self.read_encoded(fetch_offset, upper_offset, bytes_max, records_max,
+                                                          take_first=take_first, committed=committed, accepted=accepted)
+        return [b"".join(batch.parts) for batch in batches], next_offset, records
+
+    def read_encoded(
+        self, fetch_offset: int, upper_offset: int, bytes_max: int, records_max: int, *, take_first: bool, committed: bool = False,
+        accepted: frozenset[int] = frozenset(),
+    ) -> tuple[list[wire.Encoded], int, int]:
         """The serialized RecordBatches from ``fetch_offset`` below ``upper_offset``,
         up to ``bytes_max`` bytes and ``records_max`` records, except that with
         ``take_first`` the first batch is taken whatever its size (so a consumer
@@ -943,17 +952,16 @@ class Partition:
         stored, whole, when its codec is in ``accepted`` (the reader skips its
         records below fetch_offset, as Kafka's consumers do), else
         decompressed into plain records with offsets, trimmed as an
-        uncompressed one. Returns (payloads, offset to fetch next, record
+        uncompressed one. Each batch is returned unjoined (wire.Encoded: the
+        stored bytes, not copied, then the epoch field), for a response that
+        copies them once. Returns (batches, offset to fetch next, record
         count)."""
-        payloads: list[bytes] = []
+        batches: list[wire.Encoded] = []
         if fetch_offset >= upper_offset:
-            return payloads, fetch_offset, 0
-        start_offset = self.first_batch_at(fetch_offset)
+            return batches, fetch_offset, 0
         next_offset = fetch_offset
         taken_bytes = taken_records = 0
-        for base_offset, value in self.store.batches(self.pkey, start_offset):
-            if base_offset >= upper_offset:
-                break
+        for base_offset, value in self.store.batches_holding(self.pkey, fetch_offset, upper_offset):
             header = log_store.decode_header(base_offset, value)
             if header.last_offset < fetch_offset:
                 continue
@@ -975,10 +983,12 @@ class Partition:
                 batch = common_pb2.RecordBatch.FromString(payload)
                 del batch.records[: fetch_offset - base_offset]
                 payload = batch.SerializeToString()
-            payloads.append(b"".join((payload, wire.leader_epoch_field(self.epochs.epoch_at(base_offset)))))
+            batches.append(wire.record_batch(payload, self.epochs.epoch_at(base_offset)))
             taken_bytes += header.stored_bytes
             taken_records += count
-        return payloads, next_offset, taken_records
+            if taken_bytes >= bytes_max or taken_records >= records_max:
+                break  # no next batch fits (each has bytes and a record): stop before the iterator reads one
+        return batches, next_offset, taken_records
 
     def headers(self, from_offset: int = 0):
         """The stored batches' headers from ``from_offset`` or the log start (the first may start before it)."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
+from partition_svc import wire
 from partition_svc.election import LeaderAndIsr
 from partition_svc.partition import Partition
 from partition_svc.replica_manager import ReplicaManager
@@ -72,9 +73,9 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServiceServicer):
                 leading.append((wanted, partition, self._progress(request.replica_id, wanted, partition)))
             except TxlogError as exc:
                 leading.append((wanted, None, exc))
-        reply = self._collect(leading, request.max_bytes)
+        reply, answered = self._collect(leading, request.max_bytes)
         wait_ms = min(request.max_wait_ms, self.fetch_wait_ms_max)
-        if wait_ms > 0 and not any(r.batches or r.HasField("error") or r.HasField("diverging_epoch") for r in reply.results):
+        if wait_ms > 0 and not answered:
             # new batches, or a log start DeleteRecords moved, end the wait
             events = [event for _, p, outcome in leading if p is not None and outcome is None
                       for event in (p.log_end_moved(), p.log_start_moved())]
@@ -85,7 +86,7 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServiceServicer):
                 finally:
                     for waiter in waiters:
                         waiter.cancel()
-                reply = self._collect(leading, request.max_bytes)
+                reply, _ = self._collect(leading, request.max_bytes)
         return reply
 
     def _progress(self, follower: int, wanted, partition: Partition):
@@ -108,24 +109,31 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServiceServicer):
                                            wanted.log_start_offset if wanted.HasField("log_start_offset") else 0)
         return None
 
-    def _collect(self, leading, bytes_max: int) -> replication_pb2.ReplicaFetchResponse:
-        reply = replication_pb2.ReplicaFetchResponse()
+    def _collect(self, leading, bytes_max: int) -> tuple[bytes, bool]:
+        """The encoded ReplicaFetchResponse (the stored values spliced in as
+        they are: wire.py), and whether any partition has something to say
+        (batches, an error or a diverging epoch) rather than nothing yet."""
+        results: list[wire.Encoded] = []
+        answered = False
         left = bytes_max or 2**62
         for wanted, partition, outcome in leading:
-            result = reply.results.add(topic=wanted.topic, partition=wanted.partition)
+            result = replication_pb2.ReplicaFetchPartitionResult(topic=wanted.topic, partition=wanted.partition)
+            batches: list[wire.Encoded] = []
             if isinstance(outcome, TxlogError):
                 result.error.CopyFrom(_error(outcome))
                 if partition is not None:
                     result.log_start_offset = partition.log_start_offset
-                continue
-            result.high_watermark, result.log_start_offset = partition.high_watermark, partition.log_start_offset
-            if outcome is not None:
-                result.diverging_epoch.CopyFrom(outcome)
-                continue
-            # from the batch holding fetch_offset: a follower restarted at a log start inside a batch gets it whole
-            for base_offset, value in partition.store.batches(partition.pkey, partition.first_batch_at(wanted.fetch_offset)):
-                if base_offset >= partition.durable_end or (left <= 0 and result.batches):
-                    break
-                result.batches.add(base_offset=base_offset, leader_epoch=partition.epochs.epoch_at(base_offset), value=value)
-                left -= len(value)
-        return reply
+            else:
+                result.high_watermark, result.log_start_offset = partition.high_watermark, partition.log_start_offset
+                if outcome is not None:
+                    result.diverging_epoch.CopyFrom(outcome)
+                elif wanted.fetch_offset < partition.durable_end:  # caught up: no batch to read (a read would load the last one)
+                    # from the batch holding fetch_offset: a follower restarted at a log start inside a batch gets it whole
+                    for base_offset, value in partition.store.batches_holding(partition.pkey, wanted.fetch_offset, partition.durable_end):
+                        batches.append(wire.stored_batch(base_offset, partition.epochs.epoch_at(base_offset), value))
+                        left -= len(value)
+                        if left <= 0:
+                            break  # at least one batch, then no more than bytes_max
+            answered = answered or bool(batches) or outcome is not None
+            results.append(wire.replica_fetch_result(result, batches))
+        return wire.replica_fetch_response(results), answered

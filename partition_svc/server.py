@@ -544,27 +544,27 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
         waits, returned_bytes = [], 0
         for wanted in request.partitions:
             result = partition_pb2.FetchPartitionResult(topic=wanted.topic, partition=wanted.partition, next_fetch_offset=wanted.fetch_offset)
-            payloads: list[bytes] = []
+            batches: list[wire.Encoded] = []
             records = 0
             try:
                 partition = await self.hosted(wanted.topic, wanted.partition)
                 await self.check_leader_epoch(wanted, partition)
-                payloads, records = self._read(
+                batches, records = self._read(
                     partition, wanted, request.isolation_level, result, bytes_left, records_left, returned_bytes == 0,
                     outcomes=request.include_transaction_outcomes, accepted=accepted,
                 )
             except TxlogError as exc:
                 result.error.CopyFrom(error_of(exc))
                 refused.append((self.known_topic(wanted.topic), exc.code))
-            taken = sum(len(p) for p in payloads)
+            taken = sum(batch.size for batch in batches)
             if records:
                 fetched.append((wanted.topic, records, taken))
             returned_bytes += taken
             bytes_left = max(bytes_left - taken, 0)
             records_left = max(records_left - records, 0)
-            if not payloads and not result.HasField("error"):
+            if not batches and not result.HasField("error"):
                 waits.append(partition.data_arrived())
-            encoded_results.append(wire.partition_result(result, payloads))
+            encoded_results.append(wire.partition_result(result, batches))
 
         def tally() -> None:
             for topic, code in refused:
@@ -575,7 +575,7 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
         return wire.fetch_response(encoded_results), waits, returned_bytes, tally
 
     def _read(self, partition, wanted, isolation_level, result, bytes_left, records_left, take_first, *,
-              outcomes: bool = False, accepted: frozenset[int] = frozenset()) -> tuple[list[bytes], int]:
+              outcomes: bool = False, accepted: frozenset[int] = frozenset()) -> tuple[list[wire.Encoded], int]:
         check_settled(partition)
         hw, lso = partition.high_watermark, partition.last_stable_offset
         result.high_watermark, result.last_stable_offset, result.log_start_offset = hw, lso, partition.log_start_offset
@@ -586,18 +586,18 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
             )
         upper = lso if isolation_level == common_pb2.ISOLATION_LEVEL_READ_COMMITTED else hw
         partition_bytes = min(wanted.partition_max_bytes or bytes_left, bytes_left)
-        payloads, result.next_fetch_offset, records = partition.read(
+        batches, result.next_fetch_offset, records = partition.read_encoded(
             wanted.fetch_offset, upper, partition_bytes, records_left, take_first=take_first,
             committed=isolation_level == common_pb2.ISOLATION_LEVEL_READ_COMMITTED, accepted=accepted,
         )
         if result.next_fetch_offset > wanted.fetch_offset:
             result.next_fetch_epoch = partition.epochs.epoch_at(result.next_fetch_offset - 1)
-        if outcomes and payloads and isolation_level == common_pb2.ISOLATION_LEVEL_READ_UNCOMMITTED:
+        if outcomes and batches and isolation_level == common_pb2.ISOLATION_LEVEL_READ_UNCOMMITTED:
             aborted, opened = partition.transaction_outcomes(wanted.fetch_offset, result.next_fetch_offset)
             result.aborted_transactions.extend(
                 partition_pb2.AbortedTransaction(producer_id=p, first_offset=first, last_offset=last) for p, first, last in aborted)
             result.open_transactions.extend(partition_pb2.OpenTransaction(producer_id=p, first_offset=first) for p, first in opened)
-        return payloads, records
+        return batches, records
 
     @server.rpc_handler
     async def EpochEndOffsets(self, request, context):

@@ -8,38 +8,54 @@ FetchPartitionResult is the encoding of its scalar fields followed by one
 (Parsing every batch and serializing the response again cost more than half of
 partition_svc's CPU in bench/produce_fetch.py.) A compressed batch goes out so
 too, whole, to a reader that accepts its codec; Partition.read decompresses it
-for one that does not (FetchRequest.accepted_compressions).
+for one that does not (FetchRequest.accepted_compressions). ReplicaFetch
+responses are built the same way from the stored values.
+
+A response is written once: each part (a message's head, a field's tag and
+length, a stored payload, as a memoryview of the value RocksDB returned) is
+kept in an :class:`Encoded` with the parts' total length, so an enclosing
+field's length is known without joining, and only the whole response is
+joined, one copy, for gRPC. (Joining each batch with its leader epoch, each
+partition result and the response in turn copied every fetched byte three
+times, and each copy of a fresh large buffer also page-faults.)
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from functools import cache
+from typing import NamedTuple
 
-from services.stubs.txlog.v1 import common_pb2, partition_pb2
-
-VARINT = 0
-LENGTH_DELIMITED = 2
-
-
-def varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        bits = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(bits | 0x80)
-        else:
-            out.append(bits)
-            return bytes(out)
-
-
-def field_tag(message_class, field_name: str) -> bytes:
-    return varint(message_class.DESCRIPTOR.fields_by_name[field_name].number << 3 | LENGTH_DELIMITED)
-
+from services.protowire import field_tag, varint
+from services.stubs.txlog.v1 import common_pb2, partition_pb2, replication_pb2
 
 RESULTS_TAG = field_tag(partition_pb2.FetchResponse, "results")
-LEADER_EPOCH_TAG = varint(common_pb2.RecordBatch.DESCRIPTOR.fields_by_name["partition_leader_epoch"].number << 3 | VARINT)
+LEADER_EPOCH_TAG = field_tag(common_pb2.RecordBatch, "partition_leader_epoch")
 BATCHES_TAG = field_tag(partition_pb2.FetchPartitionResult, "batches")
+REPLICA_RESULTS_TAG = field_tag(replication_pb2.ReplicaFetchResponse, "results")
+REPLICA_BATCHES_TAG = field_tag(replication_pb2.ReplicaFetchPartitionResult, "batches")
+STORED_VALUE_TAG = field_tag(replication_pb2.StoredBatch, "value")
+
+
+class Encoded(NamedTuple):
+    """A message's encoding as parts (bytes-like) still to be joined, and their total length."""
+    parts: Sequence
+    size: int
+
+
+def encoded(*parts) -> Encoded:
+    return Encoded(parts, sum(map(len, parts)))
+
+
+def embedded(head: bytes, tag: bytes, items: Iterable[Encoded]) -> Encoded:
+    """``head`` (encoded fields) followed by one length-delimited ``tag`` field per item."""
+    parts, size = [head], len(head)
+    for item in items:
+        prefix = tag + varint(item.size)
+        parts.append(prefix)
+        parts.extend(item.parts)
+        size += len(prefix) + item.size
+    return Encoded(parts, size)
 
 
 @cache
@@ -49,16 +65,30 @@ def leader_epoch_field(epoch: int) -> bytes:
     return LEADER_EPOCH_TAG + varint(epoch & 0xFFFFFFFFFFFFFFFF)
 
 
-def partition_result(result: partition_pb2.FetchPartitionResult, batch_payloads: list[bytes]) -> bytes:
-    """``result`` (without batches) with the serialized RecordBatches appended."""
-    parts = [result.SerializeToString()]
-    for payload in batch_payloads:
-        parts += (BATCHES_TAG, varint(len(payload)), payload)
-    return b"".join(parts)
+def record_batch(payload, leader_epoch: int) -> Encoded:
+    """A RecordBatch: its serialized bytes (``payload``, unchanged) with partition_leader_epoch set."""
+    return encoded(payload, leader_epoch_field(leader_epoch))
 
 
-def fetch_response(encoded_results: list[bytes]) -> bytes:
-    parts = []
-    for encoded in encoded_results:
-        parts += (RESULTS_TAG, varint(len(encoded)), encoded)
-    return b"".join(parts)
+def partition_result(result: partition_pb2.FetchPartitionResult, batches: Iterable[Encoded]) -> Encoded:
+    """``result`` (without batches) with the RecordBatches appended."""
+    return embedded(result.SerializeToString(), BATCHES_TAG, batches)
+
+
+def fetch_response(results: Iterable[Encoded]) -> bytes:
+    return b"".join(embedded(b"", RESULTS_TAG, results).parts)
+
+
+def stored_batch(base_offset: int, leader_epoch: int, value: bytes) -> Encoded:
+    """A StoredBatch holding ``value``, a stored batch's bytes, unchanged."""
+    head = replication_pb2.StoredBatch(base_offset=base_offset, leader_epoch=leader_epoch).SerializeToString()
+    return encoded(head, STORED_VALUE_TAG, varint(len(value)), value)
+
+
+def replica_fetch_result(result: replication_pb2.ReplicaFetchPartitionResult, batches: Iterable[Encoded]) -> Encoded:
+    """``result`` (without batches) with the StoredBatches appended."""
+    return embedded(result.SerializeToString(), REPLICA_BATCHES_TAG, batches)
+
+
+def replica_fetch_response(results: Iterable[Encoded]) -> bytes:
+    return b"".join(embedded(b"", REPLICA_RESULTS_TAG, results).parts)
