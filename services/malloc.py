@@ -1,0 +1,42 @@
+"""The C allocator's handling of large buffers, for services that move them.
+
+glibc serves an allocation above its mmap threshold (adaptive, from 128 KiB)
+with a fresh mmap and returns it to the kernel when freed, and trims the heap
+top above its trim threshold: so every 1 MB batch value RocksDB returns and
+every response of tens of MB a Fetch joins is faulted in page by page, each
+time (about 460 minor faults per MB fetched, measured by bench/produce_fetch.py
+on partition_svc). Below a fixed, higher threshold such buffers come from the
+heap and are reused. The cost is memory kept after a burst: up to the trim
+threshold of freed heap stays resident.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+
+from services.logs import fields
+
+log = logging.getLogger(__name__)
+
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt parameters (malloc.h)
+TRIM_THRESHOLD_FACTOR = 4  # freed heap kept before trimming: a few of the largest buffers
+
+
+def keep_large_buffers(mmap_threshold_bytes: int) -> bool:
+    """Serves allocations up to ``mmap_threshold_bytes`` from the reused heap
+    (0: glibc's adaptive default, unchanged); False where the C library is
+    not glibc (nothing is changed there)."""
+    if mmap_threshold_bytes <= 0:
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    trim_bytes = mmap_threshold_bytes * TRIM_THRESHOLD_FACTOR
+    done = mallopt(M_MMAP_THRESHOLD, mmap_threshold_bytes) == 1 and mallopt(M_TRIM_THRESHOLD, trim_bytes) == 1
+    log.info("allocator tuned for large buffers" if done else "the allocator refused the large-buffer settings",
+             extra=fields(mmap_threshold_bytes=mmap_threshold_bytes, trim_threshold_bytes=trim_bytes))
+    return done
