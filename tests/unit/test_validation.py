@@ -85,6 +85,13 @@ def test_sizes_of_batches_and_records():
     assert code(validation.check_sizes, one, one.ByteSize(), LIMITS, 1000) == "RECORD_TOO_LARGE"
     two = batch(records=[common_pb2.Record(value=b"v" * 600)] * 2)
     validation.check_sizes(two, two.ByteSize(), LIMITS, 1000)  # the batch is larger than a record may be; each record is not
+    # a record whose encoding (offset, timestamp, framing) is over the limit and whose key, value and headers are not
+    framed = batch(records=[common_pb2.Record(offset=2**40, timestamp_ms=2**50, value=b"v" * 990)] * 2)
+    assert framed.records[0].ByteSize() > 1000
+    validation.check_sizes(framed, framed.ByteSize(), LIMITS, 1000)
+    last = batch(records=[common_pb2.Record(value=b"v" * 10)] * 200 + [common_pb2.Record(key=b"k" * 500, value=b"v" * 501)])
+    with pytest.raises(TxlogError, match="record 200 is 1001 bytes"):
+        validation.check_sizes(last, last.ByteSize(), LIMITS, 1000)
 
 
 def test_good_batches():
