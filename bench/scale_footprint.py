@@ -151,18 +151,27 @@ async def restart_until(cluster: LocalCluster, name: str, answering: Callable[[s
     return {"until_serving_s": round(serving, 2), "until_answering_s": round(time.monotonic() - started, 2)}
 
 
-def idle_window(cluster: LocalCluster, name: str, seconds: float) -> dict:
+def idle_window(cluster: LocalCluster, name: str, seconds: float, node_id: int | None = None) -> dict:
     """What a service and ZooKeeper do while nobody calls: the service's CPU,
     ZooKeeper's requests per second (every session's), its znodes and
-    watches, and the service's resident memory at the end."""
+    watches, and the service's resident memory at the end; with a partition_svc
+    ``node_id``, the requests of that instance's own ZooKeeper session too
+    (ZooKeeper's per-connection count: the cluster-wide one swings by hundreds
+    a second with the controller's passes, more than one idle instance asks)."""
     pid = cluster.state.services[name].pid
-    before, cpu_before, started = zookeeper_counters(cluster.state.zookeeper), cpu_seconds(pid), time.monotonic()
+    session = None if node_id is None else registration_session(cluster.state.zookeeper, "partition_svc", node_id,
+                                                                 cluster.state.zookeeper_root)
+    own = lambda: 0 if session is None else zookeeper_session_requests(cluster.state.zookeeper, session)  # noqa: E731
+    before, own_before, cpu_before, started = zookeeper_counters(cluster.state.zookeeper), own(), cpu_seconds(pid), time.monotonic()
     time.sleep(seconds)
-    after, cpu_after, taken = zookeeper_counters(cluster.state.zookeeper), cpu_seconds(pid), time.monotonic() - started
-    return {"idle_seconds": round(taken, 1), "rss_kb": rss_kb(pid),
-            "cpu_utilisation": round((cpu_after - cpu_before) / taken, 4),
-            "zookeeper_requests_per_s": round((after["zk_packets_received"] - before["zk_packets_received"]) / taken, 1),
-            "zookeeper_znodes": after["zk_znode_count"], "zookeeper_watches": after["zk_watch_count"]}
+    after, own_after, cpu_after, taken = zookeeper_counters(cluster.state.zookeeper), own(), cpu_seconds(pid), time.monotonic() - started
+    row = {"idle_seconds": round(taken, 1), "rss_kb": rss_kb(pid),
+           "cpu_utilisation": round((cpu_after - cpu_before) / taken, 4),
+           "zookeeper_requests_per_s": round((after["zk_packets_received"] - before["zk_packets_received"]) / taken, 1),
+           "zookeeper_znodes": after["zk_znode_count"], "zookeeper_watches": after["zk_watch_count"]}
+    if session is not None:
+        row["own_zookeeper_requests_per_s"] = round((own_after - own_before) / taken, 1)
+    return row
 
 
 def per(row: dict, base: dict, key: str, count: int, unit: int = 1, ndigits: int = 3) -> float:
@@ -296,12 +305,14 @@ def measure_partitions(workdir: Path, levels: list[int], idle_s: float, restarts
     rows = []
     try:
         progress(f"partition_svc idle, no partitions ({idle_s:.0f} s)")
-        base = {"partitions": 0, **idle_window(cluster, PARTITION_SVC, idle_s)}
+        base = {"partitions": 0, **idle_window(cluster, PARTITION_SVC, idle_s, node_id=0)}
         for level in levels:
             progress(f"partitions {sum(topics.values())} -> {level}")
             created_s = create_partitions(cluster, topics, level - sum(topics.values()))
             progress(f"partition_svc idle, {level} partitions ({idle_s:.0f} s)")
-            row = {"partitions": level, "create_until_answering_s": round(created_s, 1), **idle_window(cluster, PARTITION_SVC, idle_s)}
+            # own_zookeeper_requests_per_s: the controller's session (the one instance is the controller)
+            row = {"partitions": level, "create_until_answering_s": round(created_s, 1),
+                   **idle_window(cluster, PARTITION_SVC, idle_s, node_id=0)}
             row.update(kb_per_partition=per(row, base, "rss_kb", level, ndigits=1),
                        cpu_ms_per_s_per_1000_partitions=per(row, base, "cpu_utilisation", level, 1_000_000, 1),
                        zookeeper_requests_per_s_per_1000_partitions=per(row, base, "zookeeper_requests_per_s", level, 1000, 1),
@@ -340,17 +351,11 @@ def measure_bystander(cluster: LocalCluster, base: dict, partitions: int, idle_s
     progress(f"a second partition_svc holding none of the {partitions} partitions ({idle_s:.0f} s settling, {idle_s:.0f} s idle)")
     name = cluster.add_service("partition_svc", 1).name
     time.sleep(idle_s)
-    # Its own session's requests (ZooKeeper's per-connection count): the cluster-wide count swings by
-    # hundreds a second with the controller's passes, more than one idle instance asks.
-    session = registration_session(cluster.state.zookeeper, "partition_svc", 1, cluster.state.zookeeper_root)
-    before, started = zookeeper_session_requests(cluster.state.zookeeper, session), time.monotonic()
-    row = idle_window(cluster, name, idle_s)
-    own_per_s = (zookeeper_session_requests(cluster.state.zookeeper, session) - before) / (time.monotonic() - started)
+    row = idle_window(cluster, name, idle_s, node_id=1)
     return {"partitions_held": 0, "partitions_in_cluster": partitions, **row,
             "kb_per_partition_not_held": per(row, base, "rss_kb", partitions, ndigits=2),
             "cpu_ms_per_s_per_1000_partitions_not_held": round(row["cpu_utilisation"] * 1_000_000 / partitions, 1),
-            "own_zookeeper_requests_per_s": round(own_per_s, 1),
-            "own_zookeeper_requests_per_s_per_1000_partitions_not_held": round(own_per_s * 1000 / partitions, 2)}
+            "own_zookeeper_requests_per_s_per_1000_partitions_not_held": round(row["own_zookeeper_requests_per_s"] * 1000 / partitions, 2)}
 
 
 def data_dir_mb(cluster: LocalCluster) -> float:

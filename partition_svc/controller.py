@@ -10,7 +10,8 @@ LeaderAndIsr from an older controller epoch than they have seen.
 
 Work: on every change of the live partition_svc registrations (a ZooKeeper
 watch), every new topic, and every ``controller_pass_interval_ms`` besides,
-a pass reads every partition's state and applies election.py's rules:
+a pass takes every partition's state (as kept in memory: below) and applies
+election.py's rules:
 leaders of gone or restarted instances are replaced from the ISR, gone
 followers leave the ISR, preferred leaders take leadership back. A restart
 is an instance registered after the state's last write (its registration's
@@ -23,6 +24,29 @@ restarted gets every state. A state changed since the last pass by someone
 else (a leader changing its ISR) is sent too, so an instance that holds no
 replica of a partition still answers Metadata with its ISR (instances read
 only the states of partitions they hold: replica_manager.py).
+
+States in memory: the controller keeps every topic node and partition
+state it read or wrote (WatchedStates), each read with a ZooKeeper data
+watch, and a pass reads again only what a watch said changed (a leader's
+ISR write, a topic's configs or replica lists, a deletion), what it has
+never read (new topics, partitions added to one), and everything when it is
+newly elected or its connection to ZooKeeper dropped (kazoo drops every
+watch then, and ZooKeeper keeps none past a session). Rereading every state
+every pass was, at 10,000 partitions, about 2,000 ZooKeeper reads a second
+for ever, most of an idle cluster's ZooKeeper load. A fired watch marks its
+node and does not wake a pass: the periodic pass announces a leader's ISR
+change as soon as before (within one pass), without a pass per ISR change.
+A pass first waits for kazoo to have run every watch fired before it began
+(zk.watches_delivered), so a write another finished before the pass began
+is seen by that pass, as when it read every state.
+The states the controller writes are kept as the transaction results give
+them back (new version and mzxid), so nothing is announced twice; their
+watches fire for that write too and cost one read each (which sets the
+watch again). As a safety net every node kept is read again once every
+``sweep_passes`` passes anyway, a slice each pass, so a watch missed can
+only delay. A stale state is never written over: every write is conditional
+on the version it was decided on, and one that fails marks the state to be
+read again.
 
 Writes are batched: the states a pass changes go to ZooKeeper in
 transactions of at most ``STATE_WRITES_PER_TRANSACTION`` writes, each one
@@ -48,11 +72,14 @@ import asyncio
 import json
 import logging
 import posixpath
-from collections.abc import Awaitable, Callable
-from dataclasses import replace
+import threading
+import zlib
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field, replace
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, RolledBackError
+from kazoo.protocol.states import EventType, WatchedEvent
 from kazoo.recipe.watchers import ChildrenWatch
 
 from partition_svc import election, topic_deletion
@@ -66,6 +93,10 @@ from services.logs import fields
 log = logging.getLogger(__name__)
 
 STATE_WRITES_PER_TRANSACTION = 200  # partition-state sets per ZooKeeper transaction (~200 bytes each, far below jute.maxbuffer)
+SWEEP_PASSES = 12  # passes within which every state and topic node kept is read again anyway (60 s at the default interval)
+READS_CONCURRENT_MAX = 1_000  # ZooKeeper reads one pass has outstanding at once
+
+Key = tuple[str, int]  # (topic, partition)
 
 PartitionStates = list[tuple[TopicInfo, int, LeaderAndIsr]]
 # (controller epoch, {node id: address}, the states changed, nodes that get every state, every state)
@@ -91,9 +122,157 @@ async def storage_zxid(client: KazooClient, root: str, kind: str, node_id: int, 
     return zxid
 
 
+@dataclass(frozen=True)
+class Rereads:
+    """What one pass reads again, taken from the marks at its start."""
+    everything: bool
+    topics: frozenset[str] = field(default_factory=frozenset)
+    states: frozenset[Key] = field(default_factory=frozenset)
+    sweep_slot: int = 0  # nodes whose sweep slot this is are read again whatever the marks say
+
+
+class WatchedStates:
+    """The topic nodes and partition states as the controller last read or
+    wrote them, and which of them the next pass must read again.
+
+    Invariant: every node kept either has a ZooKeeper data watch, set by the
+    read that filled it (or by the read before the controller's own write,
+    which fires it), or is marked. A watch that fires marks its node
+    (``state_changed``, ``topic_changed``, from kazoo's threads); a pass
+    takes the marks (``take``) before the reads they ask for, so a change
+    during a read marks the node again and is never lost, and gives them
+    back (``give_back``) when it fails before reading. A watch reset (kazoo
+    drops every watcher when the connection drops and calls each with a
+    NONE event), a change of the connection's state (``connection_changed``)
+    and ``clear`` (elected, deposed) mark everything.
+
+    A node is read again when it is marked, when it was never read (a new
+    topic, partitions added to one), when everything is marked, or when its
+    sweep slot comes (one of ``sweep_passes``, from a hash of its name, so
+    every node kept is read at least once within ``sweep_passes`` passes,
+    spread evenly over them).
+    """
+
+    def __init__(self, topics_base: str, sweep_passes: int = SWEEP_PASSES):
+        self.topics_base = topics_base.rstrip("/") + "/"
+        self.sweep_passes = sweep_passes
+        self.topics: dict[str, tuple[TopicInfo, int]] = {}  # name -> (topic, znode version) as read or written last
+        self.states: dict[Key, LeaderAndIsr] = {}  # as read or written last (zk_version, zk_mzxid included)
+        self.passes = 0
+        self._lock = threading.Lock()  # the marks: set from kazoo's threads, taken by the pass
+        self._everything_marked = True
+        self._topics_marked: set[str] = set()
+        self._states_marked: set[Key] = set()
+
+    # --- marks (any thread) ---------------------------------------------------------
+
+    def state_changed(self, event: WatchedEvent) -> None:
+        """The data watch of every state node read (one function, so kazoo keeps one watcher per node)."""
+        self._mark(self._states_marked, self._state_key(event))
+
+    def topic_changed(self, event: WatchedEvent) -> None:
+        """The data watch of every topic node read."""
+        self._mark(self._topics_marked, self._topic_name(event))
+
+    def connection_changed(self, _connected: bool) -> None:
+        self.mark_everything()
+
+    def mark_everything(self) -> None:
+        self._mark(self._states_marked, None)
+
+    def mark_state(self, key: Key) -> None:
+        self._mark(self._states_marked, key)
+
+    def mark_topic(self, name: str) -> None:
+        self._mark(self._topics_marked, name)
+
+    def _mark(self, marks: set, key) -> None:
+        """Marks ``key`` in ``marks``; everything when the key is None (a watch reset, a node not understood)."""
+        with self._lock:
+            if key is None:
+                self._everything_marked = True
+            else:
+                marks.add(key)
+
+    def _relative(self, event: WatchedEvent) -> list[str] | None:
+        if event.type == EventType.NONE or not event.path or not event.path.startswith(self.topics_base):
+            return None
+        return event.path[len(self.topics_base):].split("/")
+
+    def _state_key(self, event: WatchedEvent) -> Key | None:
+        parts = self._relative(event)
+        if parts is None or len(parts) != 4 or parts[1] != "partitions" or parts[3] != "state" or not parts[2].isdigit():
+            return None  # not a state node: read everything rather than guess
+        return parts[0], int(parts[2])
+
+    def _topic_name(self, event: WatchedEvent) -> str | None:
+        parts = self._relative(event)
+        return parts[0] if parts is not None and len(parts) == 1 else None
+
+    # --- the pass (the event loop) ----------------------------------------------------
+
+    def take(self) -> Rereads:
+        """The marks, cleared (before the reads they ask for), and this pass's sweep slot."""
+        with self._lock:
+            rereads = Rereads(self._everything_marked, frozenset(self._topics_marked), frozenset(self._states_marked),
+                              self.passes % self.sweep_passes)
+            self._everything_marked = False
+            self._topics_marked.clear()
+            self._states_marked.clear()
+        self.passes += 1
+        return rereads
+
+    def give_back(self, rereads: Rereads) -> None:
+        """The marks of a pass that failed before its reads ended."""
+        with self._lock:
+            self._everything_marked |= rereads.everything
+            self._topics_marked |= rereads.topics
+            self._states_marked |= rereads.states
+
+    def topic_due(self, rereads: Rereads, name: str) -> bool:
+        return (rereads.everything or name in rereads.topics or name not in self.topics
+                or zlib.crc32(name.encode()) % self.sweep_passes == rereads.sweep_slot)
+
+    def state_due(self, rereads: Rereads, key: Key) -> bool:
+        return (rereads.everything or key in rereads.states or key not in self.states
+                or (zlib.crc32(key[0].encode()) + key[1]) % self.sweep_passes == rereads.sweep_slot)
+
+    def took_topic(self, name: str, versioned: tuple[TopicInfo, int] | None) -> None:
+        if versioned is None:
+            self.forget_topic(name)
+        else:
+            self.topics[name] = versioned
+
+    def took_state(self, key: Key, state: LeaderAndIsr | None) -> bool:
+        """Keeps a state as read; True when someone else wrote it since it
+        was last read or written here (its last write is another)."""
+        known = self.states.get(key)
+        if state is None:
+            self.states.pop(key, None)
+            return False
+        self.states[key] = state
+        return known is not None and known.zk_mzxid != state.zk_mzxid
+
+    def forget_topic(self, name: str) -> None:
+        versioned = self.topics.pop(name, None)
+        if versioned is not None:
+            for index in range(versioned[0].partition_count):
+                self.states.pop((name, index), None)
+
+    def retain(self, names: Iterable[str]) -> None:
+        """Forgets the topics not listed (deleted, or being deleted)."""
+        for name in set(self.topics) - set(names):
+            self.forget_topic(name)
+
+    def clear(self) -> None:
+        self.topics.clear()
+        self.states.clear()
+        self.mark_everything()
+
+
 class Controller:
     def __init__(self, client: KazooClient, root: str, node_id: int, kind: str, topics: TopicRegistry, announce: Announce,
-                 *, pass_interval_ms: int = 5_000):
+                 *, pass_interval_ms: int = 5_000, sweep_passes: int = SWEEP_PASSES):
         self.client = client
         self.root = root
         self.node_id = node_id
@@ -109,7 +288,8 @@ class Controller:
         self.offline_partitions = 0  # partitions without a live leader at the last pass (as the active controller saw them)
         self._sessions: dict[int, int] = {}  # node id -> ZooKeeper session of its registration, at the last pass
         self._topics_seen: dict[str, int] = {}  # topic -> partition count announced (CreatePartitions grows it)
-        self._versions_seen: dict[tuple[str, int], int] = {}  # (topic, partition) -> znode version announced or read last pass
+        self.cache = WatchedStates(topics.base, sweep_passes)
+        zk.add_state_listener(client, self.cache.connection_changed)  # watches do not outlive a connection in kazoo
         self.deletions_pending: set[str] = set()  # topics marked for deletion, not all instances done yet
         self._marks_watched: set[str] = set()  # pending deletions whose acknowledgements wake a pass
         self._wake = asyncio.Event()
@@ -178,7 +358,7 @@ class Controller:
         self.active = True
         self._sessions.clear()
         self._topics_seen.clear()
-        self._versions_seen.clear()
+        self.cache.clear()
         log.info("elected controller", extra=fields(controller_epoch=self.epoch))
 
     async def _still_controller(self) -> bool:
@@ -189,6 +369,7 @@ class Controller:
         mine = data is not None and json.loads(data)["node_id"] == self.node_id and stat.ephemeralOwner == self.client.client_id[0]
         if not mine:
             self.active = False
+            self.cache.clear()
             log.warning("no longer the controller", extra=fields(controller_epoch=self.epoch))
         return mine
 
@@ -222,28 +403,28 @@ class Controller:
         changed: PartitionStates = []
         everything: PartitionStates = []
         decided: PartitionStates = []  # states to write, each on the version it was decided on, not written yet
-        seen: dict[tuple[str, int], int] = {}  # the version of every state as read, or as this pass wrote it
         names = await self.topics.names()
+        moved = await self._reread(names)
         reassignments = await self.topics.reassignments()
         for name in names:
-            versioned = await self.topics.versioned(name)
-            if versioned is None:
+            if name not in self.cache.topics:
                 continue
-            info, version = versioned
-            states = await asyncio.gather(*(self.topics.state(name, p) for p in range(info.partition_count)))
+            info, version = self.cache.topics[name]
             unclean = info.configs.get("unclean.leader.election.enable") == "true"
-            for index, state in enumerate(states):
+            for index in range(info.partition_count):
+                state = self.cache.states.get((name, index))
                 if state is None:
                     continue
                 target = reassignments.get((name, index))
                 if target is not None:
-                    moved = await self._reassign(info, version, index, state, target, live)
-                    if moved is None:
+                    stepped = await self._reassign(info, version, index, state, target, live)
+                    if stepped is None:
                         continue
-                    if moved != (info, version, state):
-                        info, version, state = moved
+                    if stepped != (info, version, state):
+                        info, version, state = stepped
+                        self.cache.topics[name] = (info, version)
+                        self.cache.states[(name, index)] = state
                         changed.append((info, index, state))
-                seen[(name, index)] = state.zk_version
                 replicas = info.replicas[index]
                 # registered since the state's last write: restarted (or new) since; found from ZooKeeper alone,
                 # so a new controller sees the restarts its predecessor had not handled
@@ -254,30 +435,59 @@ class Controller:
                 if wanted != state:
                     decided.append((info, index, replace(wanted, controller_epoch=self.epoch)))
                     if len(decided) >= STATE_WRITES_PER_TRANSACTION:
-                        if not await self._write_decided(decided, changed, everything, seen):
+                        if not await self._write_decided(decided, changed, everything):
                             return
                         decided = []
                     continue
                 if index >= self._topics_seen.get(name, 0):  # a new topic, or partitions added to one
                     changed.append((info, index, state))
-                elif self._versions_seen.get((name, index), state.zk_version) != state.zk_version:
+                elif (name, index) in moved:
                     changed.append((info, index, state))  # written by another (a leader changing its ISR) since the last pass
                 everything.append((info, index, state))
-        if decided and not await self._write_decided(decided, changed, everything, seen):
+        if decided and not await self._write_decided(decided, changed, everything):
             return
         self._topics_seen = {info.name: info.partition_count for info, index, _ in everything if index == 0}
         self.offline_partitions = sum(1 for _, _, state in everything if state.leader not in live)
-        self._versions_seen = seen
         self._sessions = {n: session for n, (_, session, _, _) in sessions.items()}
         addresses = {n: address for n, (address, _, _, _) in sessions.items()}
         if changed or newcomers:
             await self.announce(self.epoch, addresses, changed, newcomers, everything)
 
-    async def _write_decided(self, decided: PartitionStates, changed: PartitionStates, everything: PartitionStates,
-                             seen: dict[tuple[str, int], int]) -> bool:
-        """Writes the states decided (write_states) and adds those written to
-        ``changed`` and ``everything``; False when this instance is no longer
-        the controller (the pass ends)."""
+    async def _reread(self, names: list[str]) -> set[Key]:
+        """Reads again, each with a data watch, the topic nodes and states
+        due (WatchedStates) of the topics ``names`` lists, and forgets the
+        others; returns the partitions whose state someone else wrote since
+        the controller last read or wrote it."""
+        await zk.watches_delivered(self.client)  # every change made before this pass began is marked by now
+        rereads = self.cache.take()
+        try:
+            self.cache.retain(names)
+            due_topics = [name for name in names if self.cache.topic_due(rereads, name)]
+            topics = await self._read_all(lambda name: self.topics.versioned(name, watch=self.cache.topic_changed), due_topics)
+            for name, versioned in zip(due_topics, topics, strict=True):
+                self.cache.took_topic(name, versioned)
+            due_states = [(name, index) for name in names if name in self.cache.topics
+                          for index in range(self.cache.topics[name][0].partition_count)
+                          if self.cache.state_due(rereads, (name, index))]
+            states = await self._read_all(lambda key: self.topics.state(*key, watch=self.cache.state_changed), due_states)
+        except BaseException:
+            self.cache.give_back(rereads)
+            raise
+        return {key for key, state in zip(due_states, states, strict=True) if self.cache.took_state(key, state)}
+
+    @staticmethod
+    async def _read_all(read: Callable[[object], Awaitable], keys: list) -> list:
+        """``read(key)`` of every key, at most READS_CONCURRENT_MAX outstanding at once, in order."""
+        found = []
+        for start in range(0, len(keys), READS_CONCURRENT_MAX):
+            found += await asyncio.gather(*(read(key) for key in keys[start:start + READS_CONCURRENT_MAX]))
+        return found
+
+    async def _write_decided(self, decided: PartitionStates, changed: PartitionStates, everything: PartitionStates) -> bool:
+        """Writes the states decided (write_states), keeps those written (as
+        written: version, mzxid) and adds them to ``changed`` and
+        ``everything``, and marks the others to be read again; False when
+        this instance is no longer the controller (the pass ends)."""
         written = await self.write_states(decided)
         if written is None:
             if not await self._still_controller():
@@ -285,10 +495,13 @@ class Controller:
             written = []
         if len(written) < len(decided):
             self._wake.set()  # someone (the leader changing its ISR) wrote first: decide those again on a fresh read
+            kept = {(info.name, index) for info, index, _ in written}
+            for key in {(info.name, index) for info, index, _ in decided} - kept:
+                self.cache.mark_state(key)
         for info, index, state in written:
             log.info("partition state", extra=fields(topic=info.name, partition=index, leader=state.leader,
                                                      leader_epoch=state.leader_epoch, isr=list(state.isr)))
-            seen[(info.name, index)] = state.zk_version
+            self.cache.states[(info.name, index)] = state
             changed.append((info, index, state))
             everything.append((info, index, state))
         return True
@@ -337,6 +550,14 @@ class Controller:
                      extra=fields(topic=info.name, partition=index, version=state.zk_version))
         return []
 
+    def _lost_race(self, name: str, index: int | None = None) -> None:
+        """Someone wrote the topic's node (or the partition's state) first: read it again and decide again at once."""
+        if index is None:
+            self.cache.mark_topic(name)
+        else:
+            self.cache.mark_state((name, index))
+        self._wake.set()
+
     async def _reassign(self, info: TopicInfo, version: int, index: int, state: LeaderAndIsr, target: tuple[int, ...],
                         live: set[int]) -> tuple[TopicInfo, int, LeaderAndIsr] | None:
         """One step of a reassignment (KIP-455): first the target's new
@@ -351,7 +572,7 @@ class Controller:
         if set(target) - set(current):
             written = await self.topics.write_replicas(info, index, current + tuple(t for t in target if t not in current), version)
             if written is None:
-                self._wake.set()
+                self._lost_race(info.name)
                 return None
             log.info("reassignment: replicas added", extra=fields(topic=info.name, partition=index, replicas=list(written.replicas[index])))
             return written, version + 1, state
@@ -368,11 +589,11 @@ class Controller:
             wanted = replace(wanted, leader=leaders[0], leader_epoch=state.leader_epoch + 1)
         written_state = await self.topics.write_state(info.name, index, wanted, (self.epoch_path, self.epoch_version))
         if written_state is None:
-            self._wake.set()
+            self._lost_race(info.name, index)
             return None
         written = await self.topics.write_replicas(info, index, target, version)
         if written is None:
-            self._wake.set()
+            self._lost_race(info.name)
             return info, version, written_state
         await self.topics.reassignment_done(info.name, index)
         log.info("reassignment done", extra=fields(topic=info.name, partition=index, replicas=list(target),

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import posixpath
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from kazoo.client import KazooClient, KazooState
@@ -151,13 +152,14 @@ class TopicRegistry:
         self._absent.pop(info.name, None)
         return info
 
-    async def versioned(self, name: str, *, deleting: bool = False) -> tuple[TopicInfo, int] | None:
+    async def versioned(self, name: str, *, deleting: bool = False, watch: Callable | None = None) -> tuple[TopicInfo, int] | None:
         """The topic as stored now, with its znode version (for a conditional
-        rewrite); None when it does not exist or, unless ``deleting``, is being deleted."""
+        rewrite); None when it does not exist or, unless ``deleting``, is being deleted.
+        ``watch``: a ZooKeeper data watch left on the topic's node (set only when it exists)."""
         if name in self.deleting and not deleting:
             return None
         try:
-            data, stat = await zk.call(self.client, "get", posixpath.join(self.base, name))
+            data, stat = await zk.call(self.client, "get", posixpath.join(self.base, name), watch=watch)
         except NoNodeError:
             return None
         info = TopicInfo.decode(name, data)
@@ -365,9 +367,11 @@ class TopicRegistry:
         except NoNodeError:
             return []
 
-    async def state(self, topic: str, partition: int) -> LeaderAndIsr | None:
+    async def state(self, topic: str, partition: int, *, watch: Callable | None = None) -> LeaderAndIsr | None:
+        """The partition's state as stored now (None when it does not exist);
+        ``watch``: a ZooKeeper data watch left on its node (set only when it exists)."""
         try:
-            data, stat = await zk.call(self.client, "get", self.state_path(topic, partition))
+            data, stat = await zk.call(self.client, "get", self.state_path(topic, partition), watch=watch)
         except NoNodeError:
             return None
         return LeaderAndIsr.decode(data, stat.version, stat.mzxid)

@@ -36,6 +36,7 @@ from collections.abc import Callable
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import ConnectionClosedError, ConnectionLoss, NodeExistsError, NoNodeError, SessionExpiredError
 from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.protocol.states import Callback
 from kazoo.retry import KazooRetry
 from kazoo.security import ACL, ANYONE_ID_UNSAFE, Permissions, make_digest_acl
 
@@ -306,3 +307,33 @@ class WatchedNode:
 def add_state_listener(client: KazooClient, on_change: Callable[[bool], None]) -> None:
     """Calls ``on_change(connected)`` (from kazoo's thread) on every session change."""
     client.add_listener(lambda state: on_change(state == KazooState.CONNECTED))
+
+
+WATCHES_DELIVERED_TIMEOUT_S = 10.0
+
+
+async def watches_delivered(client: KazooClient, timeout_s: float = WATCHES_DELIVERED_TIMEOUT_S) -> None:
+    """Returns once kazoo has called every watch function whose event it
+    received before this call. kazoo runs watch functions in order on one
+    thread, and ZooKeeper sends a session a change's event before any answer
+    it gives that session after the change: so after an answer, this
+    returns only once every watch that fired before that answer has run.
+    ZOOKEEPER_UNAVAILABLE after ``timeout_s`` (that thread stuck, or stopped)."""
+    loop = asyncio.get_running_loop()
+    delivered = loop.create_future()
+
+    def settle() -> None:
+        if not delivered.done():
+            delivered.set_result(None)
+
+    def delivered_now() -> None:  # kazoo's thread
+        try:
+            loop.call_soon_threadsafe(settle)
+        except RuntimeError:  # the loop closed meanwhile: nobody waits
+            pass
+
+    client.handler.dispatch_callback(Callback("watch", delivered_now, ()))
+    try:
+        await asyncio.wait_for(delivered, timeout_s)
+    except TimeoutError:
+        raise unavailable(f"watch functions not run within {timeout_s} s") from None

@@ -3,22 +3,28 @@ chunks of STATE_WRITES_PER_TRANSACTION, each write still conditional on the
 version it was decided on and on the controller epoch, a state moved by
 someone else in the middle of a chunk left to the next decision, and a
 leader's own ISR change announced to every instance (the interleavings are
-forced, not hoped for)."""
+forced, not hoped for). And its states kept in memory: an idle pass reads
+none, a state another writes is read alone (its watch) and announced, a
+dropped connection or a new election reads every one again, and the sweep
+reads each within its passes."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
 import json
+import socket
+import threading
 
 import pytest
-from kazoo.client import KazooClient
-from kazoo.protocol.serialization import Transaction
+from kazoo.client import KazooClient, KazooState
+from kazoo.protocol.serialization import GetData, Transaction
 
 from partition_svc import controller as controller_mod
 from partition_svc.controller import Controller
 from partition_svc.election import LeaderAndIsr
 from partition_svc.topics import TopicInfo, TopicRegistry
+from services.client.two_phase import wait_until
 from services.cluster import LocalCluster
 
 PARTITIONS = 2 * controller_mod.STATE_WRITES_PER_TRANSACTION + 50  # three chunks, the last one short
@@ -43,16 +49,21 @@ def full(state: LeaderAndIsr) -> tuple:
 
 
 class CountingClient(KazooClient):
-    """A real session that counts the transactions it sends and, once, lets
-    ``before_first_transaction`` act (another session's write) just before
-    its first transaction goes out."""
+    """A real session that counts the transactions it sends and the nodes it
+    reads, and, once, lets ``before_first_transaction`` act (another
+    session's write) just before its first transaction goes out."""
 
     def __init__(self, hosts: str):
         super().__init__(hosts=hosts)
         self.transactions_sent = 0
+        self.reads: list[str] = []  # the path of every GetData sent
+        self.requests_sent = 0
         self.before_first_transaction = None
 
     def _call(self, request, async_object):
+        self.requests_sent += 1
+        if isinstance(request, GetData):
+            self.reads.append(request.path)
         if isinstance(request, Transaction):
             self.transactions_sent += 1
             if self.before_first_transaction is not None:
@@ -66,7 +77,7 @@ class Setup:
     as created; then only node 1 registers (after the states were written:
     restarted), so the controller moves every partition to node 1."""
 
-    def __init__(self, zookeeper: str):
+    def __init__(self, zookeeper: str, **controller_options):
         self.root = f"/controller-zk-{next(roots)}"
         self.other = KazooClient(hosts=zookeeper)  # another instance: a leader writing its ISR, a registration
         self.other.start(timeout=30)
@@ -78,12 +89,17 @@ class Setup:
         async def announce(epoch, addresses, changed, newcomers, everything):
             self.announced.append((epoch, [(info.name, index, state) for info, index, state in changed], set(newcomers)))
 
-        self.controller = Controller(self.client, self.root, 0, KIND, self.topics, announce)
+        self.controller = Controller(self.client, self.root, 0, KIND, self.topics, announce, **controller_options)
         info = TopicInfo("t", PARTITIONS, {}, tuple((0, 1) for _ in range(PARTITIONS)), False)
         asyncio.run(self.topics.create(info, 0))
         self.other.create(f"{self.root}/services/{KIND}/1", json.dumps({"node_id": 1, "address": "127.0.0.1:1"}).encode(),
                           ephemeral=True, makepath=True)
         self.client.transactions_sent = 0  # the topic's creation was one
+
+    def state_reads(self) -> list[str]:
+        """The state nodes the controller read since the last call."""
+        reads, self.client.reads = self.client.reads, []
+        return [path for path in reads if path.endswith("/state")]
 
     def state(self, index: int) -> LeaderAndIsr:
         return self.state_of("t", index)
@@ -181,3 +197,122 @@ def test_a_leaders_isr_change_reaches_every_instance_with_the_next_pass(setup):
     assert newcomers == set()
     assert [(name, index, brief(state)) for name, index, state in changed] == [("u", 0, (1, 0, (1, 0)))]
     assert changed[0][2].zk_version == written.zk_version + 1
+
+
+@pytest.fixture
+def kept(zookeeper):
+    """A Setup whose controller never sweeps (every read below is one a watch, a new node or a dropped connection asked for),
+    past its first two passes: every partition moved to node 1, then each state it wrote read once (its watch fired)."""
+    made = Setup(zookeeper, sweep_passes=1_000_000)
+    made.run_pass()
+    assert len(made.state_reads()) == PARTITIONS, "a new controller reads every state"
+    made.run_pass()
+    assert len(made.state_reads()) == PARTITIONS, "each state it wrote once more: its watch fired for that write"
+    assert len(made.announced) == 1, "its own writes are not announced again"
+    made.announced.clear()
+    yield made
+    made.close()
+
+
+def test_an_idle_controller_reads_no_partition_state(kept):
+    requests_before = kept.client.requests_sent
+
+    for _ in range(3):
+        kept.run_pass()
+
+    assert kept.state_reads() == []
+    per_pass = (kept.client.requests_sent - requests_before) / 3
+    # the controller node, the deletion marks, the live instances (list, one node), the topics, the reassignments
+    assert per_pass <= 8, f"{per_pass} ZooKeeper requests a pass with {PARTITIONS} partitions kept"
+    assert kept.announced == []
+
+
+def test_a_state_another_writes_is_read_alone_and_announced_with_the_next_pass(kept):
+    written = kept.state(7)
+    shrunk = LeaderAndIsr(1, written.leader_epoch, (1,), written.controller_epoch)
+    kept.other.set(kept.topics.state_path("t", 7), shrunk.encode(), version=written.zk_version)  # leader 1 writes its ISR
+
+    kept.run_pass()
+
+    assert kept.state_reads() == [kept.topics.state_path("t", 7)]
+    (_, changed, newcomers), = kept.announced
+    assert newcomers == set()
+    assert [(name, index) for name, index, _ in changed] == [("t", 7)]
+    assert changed[0][2] == kept.state(7), "announced as ZooKeeper holds it, version and zxid included"
+    assert kept.controller.cache.states[("t", 7)] == kept.state(7)
+
+
+def test_a_running_controller_announces_a_leaders_isr_change_within_its_pass_interval(zookeeper):
+    made = Setup(zookeeper, pass_interval_ms=200, sweep_passes=1_000_000)
+    stop = threading.Event()
+
+    def run() -> None:
+        async def until_stopped() -> None:
+            task = asyncio.ensure_future(made.controller.run_forever())
+            while not stop.is_set():
+                await asyncio.sleep(0.05)
+            task.cancel()
+        asyncio.run(until_stopped())
+
+    runner = threading.Thread(target=run, daemon=True)
+    runner.start()
+    try:
+        wait_until(lambda: made.controller.active and made.announced and made.state(0).leader == 1, 30, "the moves written")
+        written = made.state(PARTITIONS - 1)
+        grown = LeaderAndIsr(1, written.leader_epoch, (1, 0), written.controller_epoch)  # node 0 is not live; no matter
+        made.other.set(made.topics.state_path("t", PARTITIONS - 1), grown.encode(), version=written.zk_version)
+
+        wait_until(lambda: any(("t", PARTITIONS - 1, made.state(PARTITIONS - 1)) in [(n, i, s) for n, i, s in changed]
+                               for _, changed, _ in made.announced), 10, "the leader's ISR change announced")
+    finally:
+        stop.set()
+        runner.join(timeout=30)
+        made.close()
+
+
+def test_a_dropped_connection_reads_every_state_again_and_misses_no_change(kept):
+    written = kept.state(3)
+    dropped = threading.Event()
+    kept.client.add_listener(lambda state: dropped.set() if state != KazooState.CONNECTED else None)
+    kept.client._connection._socket.shutdown(socket.SHUT_RDWR)  # the server and the session stay; kazoo drops every watch
+    wait_until(lambda: dropped.is_set() and kept.client.state == KazooState.CONNECTED, 30, "the connection dropped and back")
+    # a leader's write while the controller's watches are gone: only a full read can see it
+    kept.other.set(kept.topics.state_path("t", 3), LeaderAndIsr(1, written.leader_epoch, (1,), 0).encode(), version=written.zk_version)
+
+    kept.run_pass()
+
+    assert len(kept.state_reads()) == PARTITIONS
+    (_, changed, _), = kept.announced
+    assert [(name, index) for name, index, _ in changed] == [("t", 3)]
+    kept.announced.clear()
+    kept.run_pass()
+    assert kept.state_reads() == [], "the watches are set again"
+
+
+def test_a_controller_elected_again_reads_every_state_again(kept):
+    kept.other.delete(f"{kept.root}/controller")  # its node gone (its session expired, say): it is deposed at its next pass
+    kept.run_pass()
+    assert not kept.controller.active and kept.controller.cache.states == {}
+
+    kept.run_pass()
+
+    assert kept.controller.active
+    assert len(kept.state_reads()) == PARTITIONS
+
+
+def test_the_sweep_reads_every_state_once_within_its_passes(zookeeper):
+    sweep = 5
+    made = Setup(zookeeper, sweep_passes=sweep)
+    try:
+        made.run_pass()
+        made.run_pass()  # the states it wrote, once (their watches fired)
+        made.state_reads()
+        per_pass = []
+        for _ in range(sweep):
+            made.run_pass()
+            per_pass.append(made.state_reads())
+        swept = [path for reads in per_pass for path in reads]
+        assert sorted(swept) == sorted(made.topics.state_path("t", i) for i in range(PARTITIONS)), "each once"
+        assert max(len(reads) for reads in per_pass) <= 2 * PARTITIONS // sweep, "spread over the passes"
+    finally:
+        made.close()
