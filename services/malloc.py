@@ -21,7 +21,7 @@ from services.logs import fields
 log = logging.getLogger(__name__)
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt parameters (malloc.h)
-TRIM_THRESHOLD_FACTOR = 4  # freed heap kept before trimming: a few of the largest buffers
+TRIM_THRESHOLD_FACTOR = 2  # freed heap kept before trimming: two of the largest buffers
 
 
 def keep_large_buffers(mmap_threshold_bytes: int) -> bool:
