@@ -140,10 +140,11 @@ class TransactionLogPartition:
         record; every group decision not removed; every group's check-back
         settings, read from the log start to its end.
 
-        Only each key's latest value is decoded, once the end is reached: an id
-        has a record per transition in the log until compaction, and decoding
-        is most of a load's time."""
-        latest: dict[bytes, bytes | None] = {}
+        Each response's records are decoded (LogContents) as it comes, a key's
+        latest value in it only: the raw records of one response at a time are
+        held, not the whole log's, and an id's several records in one response
+        (a record per transition, until compaction) are decoded once."""
+        contents = LogContents()
         offset = 0
         while True:
             leader = await self.client.leader(TRANSACTION_STATE_TOPIC, self.partition)
@@ -160,28 +161,46 @@ class TransactionLogPartition:
             if result.error.code != NONE:
                 self.client.forget_leader(TRANSACTION_STATE_TOPIC, self.partition)
                 raise TxlogError(result.error.code, f"loading transaction log partition {self.partition}: {result.error.message}")
+            latest: dict[bytes, bytes | None] = {}
             for batch in result.batches:
                 for record in batch.records:
                     latest[record.key] = record.value if record.HasField("value") else None
+            contents.take(latest)
             if result.next_fetch_offset >= result.high_watermark:
-                return decoded(latest)
+                return contents.transactions, contents.decisions, contents.group_configs
             offset = result.next_fetch_offset
 
 
-def decoded(latest: dict[bytes, bytes | None]) -> tuple[dict[str, TransactionMetadata], dict[str, GroupDecision], dict[str, dict[str, str]]]:
-    """The log's latest value per key, by kind of key (a tombstone, None, removes its key)."""
-    transactions: dict[str, TransactionMetadata] = {}
-    decisions: dict[str, GroupDecision] = {}
-    group_configs: dict[str, dict[str, str]] = {}
-    for key, value in latest.items():
-        if key == FENCE_KEY or value is None:
-            continue
-        if key.startswith(DECISION_KEY_PREFIX):
-            decision_id = key[len(DECISION_KEY_PREFIX):].decode()
-            decisions[decision_id] = GroupDecision.decode(decision_id, value)
-        elif key.startswith(GROUP_CONFIG_KEY_PREFIX):
-            group_configs[key[len(GROUP_CONFIG_KEY_PREFIX):].decode()] = json.loads(value)
-        else:
-            tid = key.decode()
-            transactions[tid] = TransactionMetadata.decode(tid, value)
-    return transactions, decisions, group_configs
+class LogContents:
+    """What a transaction-log partition holds, by kind of key, as its records are taken in log order."""
+
+    def __init__(self):
+        self.transactions: dict[str, TransactionMetadata] = {}
+        self.decisions: dict[str, GroupDecision] = {}
+        self.group_configs: dict[str, dict[str, str]] = {}
+
+    def take(self, latest: dict[bytes, bytes | None]) -> None:
+        """The latest value of each key in a stretch of the log, after every
+        stretch before it: a value replaces what its key had, a tombstone
+        (None) removes it."""
+        for key, value in latest.items():
+            if key == FENCE_KEY:
+                continue
+            if key.startswith(DECISION_KEY_PREFIX):
+                decision_id = key[len(DECISION_KEY_PREFIX):].decode()
+                if value is None:
+                    self.decisions.pop(decision_id, None)
+                else:
+                    self.decisions[decision_id] = GroupDecision.decode(decision_id, value)
+            elif key.startswith(GROUP_CONFIG_KEY_PREFIX):
+                group_id = key[len(GROUP_CONFIG_KEY_PREFIX):].decode()
+                if value is None:
+                    self.group_configs.pop(group_id, None)
+                else:
+                    self.group_configs[group_id] = json.loads(value)
+            else:
+                tid = key.decode()
+                if value is None:
+                    self.transactions.pop(tid, None)
+                else:
+                    self.transactions[tid] = TransactionMetadata.decode(tid, value)
