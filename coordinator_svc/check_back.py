@@ -81,7 +81,7 @@ class CheckBack:
         loaded = self.state.loaded_partition(group_id)  # the group's coordinator only (NOT_COORDINATOR elsewhere)
         self.registrations.register(group_id, address, lease_ms, self.monotonic())
         self._groups_with_checkers.pop(group_id, None)
-        loaded.reschedule_group(group_id)  # its checks that came due without a checker
+        loaded.schedule_unchecked(group_id)  # its checks that came due without a checker
         return lease_ms
 
     def unregister(self, group_id: str, address: str) -> None:
@@ -137,7 +137,12 @@ class CheckBack:
                     config = configs.get((loaded.index, group_id))
                     if config is None:
                         config = configs[(loaded.index, group_id)] = self.state.group_config(loaded, group_id)
-                    when = rules.next_check_ms(meta, config)
+                    try:
+                        when = rules.next_check_ms(meta, config)
+                    except Exception:  # a bug: the id must not leave the index with it
+                        log.exception("working out a check time failed", extra=fields(transactional_id=tid))
+                        next_round.append((loaded, meta))
+                        continue
                     if when is not None and when <= now:
                         due.append((when, tid, loaded, meta, group_id))
                     else:
@@ -145,6 +150,9 @@ class CheckBack:
                 if len(taken) < PASS_IDS_PER_YIELD:
                     break
                 await asyncio.sleep(0)
+                # a group's settings may change while others run: an id rescheduled by the new settings and
+                # judged by the old would come back due in this round again, and again
+                configs.clear()
         for loaded, meta in next_round:
             self._reschedule(loaded, meta)
         waiting = {(d[2].index, d[1]): d for d in self._queue}

@@ -450,21 +450,29 @@ class TransactionCoordinator:
                 continue
             next_pass: list[TransactionMetadata] = []
             async for meta in self._due(loaded, loaded.timeouts, now):
-                if meta.pending_state is not None:
-                    next_pass.append(meta)  # looked at again once its transition is written or abandoned
-                elif core.timed_out(meta, now):
-                    await self._abort_timed_out(loaded, meta, now)
-                    next_pass.append(meta)  # aborted: its due times moved already; refused: tried again at the next pass
-                else:
-                    loaded.schedule(meta)  # moved on since: due later, or never
-            async for meta in self._due(loaded, loaded.idle, now - expiration_ms - 1):
-                if meta.pending_state is not None:
+                try:
+                    if meta.pending_state is not None:
+                        next_pass.append(meta)  # looked at again once its transition is written or abandoned
+                    elif core.timed_out(meta, now):
+                        next_pass.append(meta)  # aborted: its due times moved already; refused: tried again next pass
+                        await self._abort_timed_out(loaded, meta, now)
+                    else:
+                        loaded.schedule(meta)  # moved on since: due later, or never
+                except Exception:  # not a refusal (those are logged where they happen): the id stays due
+                    log.exception("aborting a timed-out transaction failed", extra=fields(transactional_id=meta.transactional_id))
                     next_pass.append(meta)
-                elif core.expired(meta, now, expiration_ms):
-                    if not await self._expire(loaded, meta, now):
+            async for meta in self._due(loaded, loaded.idle, now - expiration_ms - 1):
+                try:
+                    if meta.pending_state is not None:
                         next_pass.append(meta)
-                else:
-                    loaded.schedule(meta)
+                    elif core.expired(meta, now, expiration_ms):
+                        if not await self._expire(loaded, meta, now):
+                            next_pass.append(meta)
+                    else:
+                        loaded.schedule(meta)
+                except Exception:
+                    log.exception("expiring a transactional id failed", extra=fields(transactional_id=meta.transactional_id))
+                    next_pass.append(meta)
             for meta in next_pass:
                 if self.state.partitions.get(loaded.index) is loaded and loaded.transactions.get(meta.transactional_id) is meta:
                     loaded.schedule(meta)
@@ -502,9 +510,11 @@ class TransactionCoordinator:
         record = ts.prepare_transition(meta, S.DEAD, last_update_ms=now)
         try:
             await loaded.log.append(meta.transactional_id.encode(), None)  # a tombstone: the id leaves the log
-        except TxlogError:
+        except BaseException as exc:  # whatever it was, the id is not left pending for ever
             ts.abandon_transition(meta)
-            return False
+            if isinstance(exc, TxlogError):
+                return False
+            raise
         loaded.complete_transition(meta, record)
         loaded.transactions.pop(meta.transactional_id, None)
         log.info("transactional id expired", extra=fields(transactional_id=meta.transactional_id))

@@ -228,9 +228,16 @@ class LoadedPartition:
 
     def reschedule_group(self, group_id: str) -> None:
         """The group's check times again, after its settings changed (a check may
-        come due sooner, or an exhausted one be aborted) or a checker registered."""
-        tids = self.unchecked.pop(group_id, set())
-        tids.update(t for t in self.checks.ids() if names.transaction_group(t) == group_id)
+        come due sooner, or an exhausted one be aborted): every check of the partition is looked at."""
+        self._schedule_ids(self.unchecked.pop(group_id, set())
+                           | {t for t in self.checks.ids() if names.transaction_group(t) == group_id})
+
+    def schedule_unchecked(self, group_id: str) -> None:
+        """The group's checks that waited unscheduled, once a checker registered
+        (a renewal, every third of a lease: only what waits, not every check)."""
+        self._schedule_ids(self.unchecked.pop(group_id, set()))
+
+    def _schedule_ids(self, tids: set[str]) -> None:
         for tid in sorted(tids):
             meta = self.transactions.get(tid)
             if meta is not None:

@@ -320,3 +320,39 @@ def test_a_check_due_while_no_checker_is_registered_waits_for_one(h):
     h.send(Req("register"))
     h.send(Req("checks_due"))
     assert [r.transactional_id for r in h.checker.asked] == [tid] and not h.loaded.unchecked
+
+
+def test_an_unexpected_failure_while_aborting_leaves_the_id_due_and_the_next_pass_aborts_it(h, monkeypatch):
+    """A pass took up to 1,000 ids out of the index: an error that is not a refusal (a bug, ZooKeeper
+    failing under the producer-id source) must not drop the id, or it would never time out again."""
+    tid = TIDS[0]
+    pid, epoch = h.send(init(tid))[1]
+    assert h.send(add(tid, pid, epoch))[0] == "ok"
+    h.tick(TXN_TIMEOUT_MS + 1)
+    rule = core.decide_timeout
+    failures = []
+
+    def failing_once(*args):
+        if not failures:
+            failures.append(args[0].transactional_id)
+            raise RuntimeError("planted")
+        return rule(*args)
+    monkeypatch.setattr(core, "decide_timeout", failing_once)
+    h.send(Req("timeouts"))
+    assert failures == [tid] and h.meta(tid).state is S.ONGOING and h.meta(tid).pending_state is None
+    assert h.loaded.timeouts.get(tid) is not None, "still due"
+    h.send(Req("timeouts"))
+    assert h.meta(tid).state is S.COMPLETE_ABORT
+
+
+def test_a_checker_renewing_its_registration_reschedules_only_the_checks_that_waited_for_one(h, monkeypatch):
+    tid = TIDS[0]
+    pid, epoch = h.send(init(tid))[1]
+    h.send(add(tid, pid, epoch))
+    h.send(prepare(tid, pid, epoch))
+    load_idle_ids(h, 2_000, state=S.PREPARED, prepared_ms=h.now_ms, prepared_timeout_ms=10**9, txn_start_ms=h.now_ms)
+    scheduled: list[str] = []
+    schedule = h.loaded.schedule
+    monkeypatch.setattr(h.loaded, "schedule", lambda meta: (scheduled.append(meta.transactional_id), schedule(meta)))
+    h.send(Req("register"))
+    assert scheduled == [], f"a renewal looked at {len(scheduled):,} checks none of which waited for a checker"
