@@ -79,6 +79,15 @@ def test_spliced_replica_fetch_response_equals_the_built_one():
     assert replication_pb2.ReplicaFetchResponse.FromString(encoded) == expected
 
 
+def test_varint_refuses_what_it_cannot_encode_and_field_tags_know_their_wire_types():
+    for value in (-1, 2**64):
+        with pytest.raises(ValueError):
+            protowire.varint(value)
+    assert protowire.varint(2**64 - 1) == b"\xff" * 9 + b"\x01"
+    assert protowire.field_tag(common_pb2.RecordBatch, "records") == bytes([8 << 3 | 2])
+    assert protowire.field_tag(common_pb2.RecordBatch, "producer_id") == bytes([2 << 3 | 0])
+
+
 def test_varint():
     assert [protowire.varint(v) for v in (0, 1, 127, 128, 300, 16383, 16384, 2**32)] == [
         b"\x00", b"\x01", b"\x7f", b"\x80\x01", b"\xac\x02", b"\xff\x7f", b"\x80\x80\x01", b"\x80\x80\x80\x80\x10"
