@@ -41,8 +41,8 @@ figure with its target and ``meets_target``:
   log's restart within 1.25 times the short one's);
 * ``coordinator``: coordinator_svc's resident memory per transactional id at
   1,000, 10,000 and 100,000 ids (``--transactional-ids``; target at most
-  1 KB each), its idle CPU per 100,000 ids (the once-a-second walk of every
-  id for timed-out transactions) and DescribeTransactions latency meanwhile,
+  1 KB each), its idle CPU per 100,000 ids (its timers, which take only the
+  ids whose time came) and DescribeTransactions latency meanwhile,
   and, after a restart at each level, the load time of its transaction log
   per 100,000 records (target at most 1 s); 1,000,000 ids are extrapolated
   from the largest level unless ``--transactional-ids`` lists them
