@@ -128,6 +128,7 @@ class ProducerBatch:
 # concurrent.futures' own states (CPython's _base module): RecordFuture and
 # BatchOutcome set them as Future.set_result / set_exception do.
 _RUNNING, _FINISHED = concurrent.futures._base.RUNNING, concurrent.futures._base.FINISHED
+_SETTLED = (_FINISHED, concurrent.futures._base.CANCELLED, concurrent.futures._base.CANCELLED_AND_NOTIFIED)
 
 
 class BatchOutcome:
@@ -226,6 +227,33 @@ class RecordFuture(concurrent.futures.Future):
             hooks = self._hooks = ([], [])
             self._outcome.watched.append(self)
         return hooks
+
+    # Future.result and .exception wait on the condition once and then time out
+    # if not finished: with a condition shared by every batch of the producer,
+    # any other batch settling would end their wait early. These wait until
+    # this future is settled or the timeout (counted from the call) is up, then
+    # let Future answer at once: its result, its exception, CancelledError or
+    # TimeoutError. (concurrent.futures.wait and as_completed wait on their own
+    # waiter's event, set only for the futures they wait on: nothing to do.)
+    def result(self, timeout=None):
+        self._wait_settled(timeout)
+        return super().result(0)
+
+    def exception(self, timeout=None):
+        self._wait_settled(timeout)
+        return super().exception(0)
+
+    def _wait_settled(self, timeout: float | None) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._condition:
+            while self._state not in _SETTLED:
+                if deadline is None:
+                    self._condition.wait()
+                else:
+                    remaining_s = deadline - time.monotonic()
+                    if remaining_s <= 0:
+                        return
+                    self._condition.wait(remaining_s)
 
     @property
     def _waiters(self) -> list:

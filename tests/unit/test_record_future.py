@@ -7,12 +7,13 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
+import time
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.client.accumulator import ProducerBatch, RecordFuture
+from services.client.accumulator import ProducerBatch, RecordAccumulator, RecordFuture
 from services.client.structs import RecordMetadata, TopicPartition, encode_record
 from services.stubs.txlog.v1 import common_pb2
 
@@ -102,6 +103,121 @@ def test_acks_without_offsets_give_minus_one_and_the_append_time_when_no_timesta
     batch, futures = batch_of(2, threading.Condition())
     batch.complete(-1, log_append_time_ms=-1)
     assert [f.result(0) for f in futures] == [RecordMetadata("t", 3, -1, -1), RecordMetadata("t", 3, -1, 1001)]
+
+
+class EnteredWaitCondition(threading.Condition):
+    """A Condition that says (``entered``, a semaphore released per call) each
+    time a thread starts waiting on it: a test knows a waiter is parked in
+    ``wait`` -- and, once it can take the condition, that the waiter released
+    it inside ``wait`` and will be woken by a notify_all -- without sleeping."""
+
+    def __init__(self):
+        super().__init__()
+        self.entered = threading.Semaphore(0)
+
+    def wait(self, timeout=None):
+        self.entered.release()
+        return super().wait(timeout)
+
+
+def start_waiter(call, condition: EnteredWaitCondition) -> tuple[threading.Thread, list]:
+    """Runs ``call`` in a thread; the list gets ("returned", value) or ("raised", error).
+    Its end also releases ``condition.entered``: who waits for a waiter to wait
+    again learns at once when it returned instead."""
+    outcome = []
+
+    def run():
+        try:
+            outcome.append(("returned", call()))
+        except BaseException as error:  # noqa: BLE001 -- the test asserts on what was raised
+            outcome.append(("raised", error))
+        finally:
+            condition.entered.release()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+def test_futures_of_two_partitions_share_one_condition():
+    accumulator = RecordAccumulator(batch_size_bytes=1 << 20, linger_ms=0, buffer_memory_bytes=1 << 20)
+    a, _ = accumulator.append(TopicPartition("t", 0), b"a", 0, 0.0)
+    b, _ = accumulator.append(TopicPartition("t", 1), b"b", 0, 0.0)
+    assert a._condition is b._condition  # so settling one partition's batch wakes the waiters of the other
+
+
+def test_a_waiter_is_not_woken_by_another_batch_settling_on_the_shared_condition():
+    condition = EnteredWaitCondition()
+    (batch_a, futures_a), (batch_b, futures_b) = batch_of(2, condition), batch_of(1, condition)
+    waiters = [start_waiter(lambda: futures_a[1].result(timeout=30), condition),
+               start_waiter(lambda: futures_a[1].exception(timeout=30), condition),
+               start_waiter(lambda: futures_a[0].result(), condition)]  # no timeout: must never time out
+    try:
+        for _ in waiters:
+            assert condition.entered.acquire(timeout=30), "a waiter never started waiting"
+        batch_b.complete(100)  # takes the condition: every waiter is inside wait(), and is notified
+        assert futures_b[0].result(0).offset == 100
+        for _ in waiters:  # each was woken by B's settle and waits again (or returned: the bug)
+            assert condition.entered.acquire(timeout=30)
+        with condition:  # (parked again, or returned)
+            assert [outcome for _, outcome in waiters] == [[], [], []]
+            assert all(thread.is_alive() for thread, _ in waiters)
+        batch_a.complete(40, log_append_time_ms=777)
+        for thread, _ in waiters:
+            thread.join(30)
+        assert [outcome for _, outcome in waiters] == [
+            [("returned", RecordMetadata("t", 3, 41, 1001))], [("returned", None)],
+            [("returned", RecordMetadata("t", 3, 40, 777))]]
+    finally:
+        batch_a.fail(RuntimeError("test over"))  # (a no-op once completed) frees waiters left behind
+
+
+def test_a_waiter_of_a_failing_batch_gets_its_error_not_a_timeout_when_another_settles():
+    condition = EnteredWaitCondition()
+    (batch_a, futures_a), (batch_b, _) = batch_of(1, condition), batch_of(1, condition)
+    error = ValueError("INVALID_RECORD")
+    waiter, outcome = start_waiter(lambda: futures_a[0].result(timeout=30), condition)
+    try:
+        assert condition.entered.acquire(timeout=30)
+        batch_b.fail(RuntimeError("another batch"))
+        assert condition.entered.acquire(timeout=30)  # waits again (or returned)
+        with condition:
+            assert outcome == [] and waiter.is_alive()
+        batch_a.fail(error)
+        waiter.join(30)
+        assert outcome == [("raised", error)]
+    finally:
+        batch_a.fail(error)
+
+
+@pytest.mark.parametrize("method", ["result", "exception"])
+def test_an_unsettled_future_times_out_after_its_timeout(method):
+    _, futures = batch_of(1, threading.Condition())
+    started = time.monotonic()
+    with pytest.raises(concurrent.futures.TimeoutError):
+        getattr(futures[0], method)(timeout=0.05)
+    assert 0.05 <= time.monotonic() - started < 10
+    with pytest.raises(concurrent.futures.TimeoutError):
+        getattr(futures[0], method)(timeout=0)
+    with pytest.raises(concurrent.futures.TimeoutError):
+        getattr(futures[0], method)(timeout=-1)
+
+
+def test_the_timeout_counts_from_the_call_while_other_batches_settle():
+    condition = EnteredWaitCondition()
+    (_, futures_a), (batch_b, _), (batch_c, _) = batch_of(1, condition), batch_of(1, condition), batch_of(1, condition)
+    timeout_s = 0.3
+    started = time.monotonic()
+    waiter, outcome = start_waiter(lambda: futures_a[0].result(timeout=timeout_s), condition)
+    assert condition.entered.acquire(timeout=30)
+    batch_b.complete(0)
+    assert condition.entered.acquire(timeout=30)  # it waits again, for what is left of its timeout (or returned)
+    batch_c.complete(0)
+    waiter.join(30)
+    elapsed_s = time.monotonic() - started
+    assert len(outcome) == 1 and outcome[0][0] == "raised"
+    assert isinstance(outcome[0][1], concurrent.futures.TimeoutError)
+    assert timeout_s <= elapsed_s < 10, elapsed_s
 
 
 def count_callbacks_racing_a_settle(batch: ProducerBatch, futures: list[RecordFuture]) -> list[int]:
