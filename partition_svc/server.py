@@ -97,6 +97,7 @@ SETTINGS = (
 NONE = ErrorCode.Value("NONE")
 ACKS_ALL = -1
 LEADER_AND_ISR_TIMEOUT_S = 5.0
+METADATA_STATE_READS_CONCURRENT_MAX = 500  # ZooKeeper reads one Metadata call has outstanding at once
 DELETE_RECORDS_TIMEOUT_MS_DEFAULT = 30_000  # DeleteRecords' wait for the in-sync replicas when its timeout_ms is 0
 # Internal topics, created by the services that own them (names starting "__" are refused otherwise).
 INTERNAL_TOPICS = (CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC)
@@ -300,6 +301,15 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
 
     # --- Metadata, CreateTopics ------------------------------------------------------
 
+    async def _read_unknown_states(self, topic: str, partition_count: int) -> None:
+        """Reads the states of the topic's partitions not known here, many at once
+        (an instance forgets those of partitions held elsewhere every minute: one
+        at a time, a Metadata of every topic then waited for thousands of reads in a row)."""
+        unknown = [index for index in range(partition_count) if (topic, index) not in self.replicas.states]
+        for first in range(0, len(unknown), METADATA_STATE_READS_CONCURRENT_MAX):
+            await asyncio.gather(*(self.replicas.state(topic, index)
+                                   for index in unknown[first:first + METADATA_STATE_READS_CONCURRENT_MAX]))
+
     @server.rpc_handler
     async def Metadata(self, request, context):
         live = await self.live_nodes()
@@ -315,6 +325,7 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
                 continue
             topic.is_internal = info.internal
             topic.configs.update(info.configs)
+            await self._read_unknown_states(name, info.partition_count)
             for index in range(info.partition_count):
                 state = await self.replicas.state(name, index)
                 leader = state.leader if state is not None else -1
