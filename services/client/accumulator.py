@@ -31,10 +31,13 @@ from dataclasses import dataclass, field
 from services import compression as compression_codecs
 from services.client.errors import BufferExhaustedError, ClientClosedError
 from services.client.structs import RecordMetadata, TopicPartition
+from services.names import TOPIC_NAME_CHARS_MAX
 from services.protowire import field_tag, varint
 from services.stubs.txlog.v1 import common_pb2, partition_pb2
 
-BATCH_OVERHEAD_BYTES = 64  # a PartitionBatch's fixed fields and framing inside a ProduceRequest
+# A PartitionBatch's fields and framing inside a ProduceRequest, at most: the topic's name (now that records
+# are counted exactly, a long name is no longer hidden in a per-record margin), then fixed fields and lengths.
+BATCH_OVERHEAD_BYTES = 64 + TOPIC_NAME_CHARS_MAX
 _BATCH_TAG = field_tag(partition_pb2.PartitionBatch, "batch")
 _COMPRESSED_RECORDS_TAG = field_tag(common_pb2.RecordBatch, "compressed_records")
 

@@ -86,6 +86,7 @@ from services.client.txn_requests import (
     fenced_error,
 )
 from services.errors import ErrorCode
+from services.names import TRANSACTIONAL_ID_CHARS_MAX
 from services.protowire import field_tag, varint
 from services.retry import RetryPolicy
 from services.stubs.txlog.v1 import coordinator_pb2, partition_pb2
@@ -93,7 +94,7 @@ from services.stubs.txlog.v1 import coordinator_pb2, partition_pb2
 NONE = ErrorCode.Value("NONE")
 FENCED_CODES = frozenset({ErrorCode.Value("PRODUCER_FENCED"), ErrorCode.Value("INVALID_PRODUCER_EPOCH")})
 HOUSEKEEPING_INTERVAL_MS = 1000  # expiry checks while batches are outstanding
-REQUEST_OVERHEAD_BYTES = 64
+REQUEST_OVERHEAD_BYTES = 64 + TRANSACTIONAL_ID_CHARS_MAX  # a ProduceRequest's own fields, its transactional id at most
 PARTITIONS_PER_REQUEST_MAX = 1000  # partition_svc refuses requests naming more than 10_000
 _BATCHES_TAG = field_tag(partition_pb2.ProduceRequest, "batches")
 

@@ -67,3 +67,28 @@ def test_a_refused_batch_fails_every_record_and_each_callback_runs_once():
     assert [f.result(0).offset for f in landed] == [0, 1, 2]
     assert calls == dict.fromkeys(range(8), 1)
     assert fake.values(TP) == [b"v5", b"v6", b"v7"]
+
+
+class _SizedFake(FakeCluster):
+    """Keeps the encoded size of every Produce request it is sent."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.produce_bytes: list[int] = []
+
+    async def call(self, address, rpc, request, *, timeout_ms=None):
+        if rpc == "Produce":
+            self.produce_bytes.append(request.ByteSize())
+        return await super().call(address, rpc, request, timeout_ms=timeout_ms)
+
+
+def test_no_request_exceeds_max_request_size_with_the_longest_topic_name():
+    topic = "t" * 249  # the longest name: each batch's topic field counts against the request
+    fake = _SizedFake({topic: 4})
+    limit = 20_000
+    with _producer(fake, max_request_size_bytes=limit, batch_size_bytes=limit, linger_ms=50) as producer:
+        largest = producer._record_bytes_max - 16  # the record's own tags and lengths on top of its value
+        futures = [producer.send(topic, b"v" * (largest if i % 7 == 0 else 900 + i), partition=i % 4) for i in range(60)]
+        producer.flush(timeout_s=30)
+    assert all(f.exception(timeout=0) is None for f in futures)
+    assert fake.produce_bytes and max(fake.produce_bytes) <= limit, sorted(fake.produce_bytes)[-3:]
