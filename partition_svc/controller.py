@@ -23,7 +23,13 @@ with LeaderAndIsr to every live instance; an instance that is new or
 restarted gets every state. A state changed since the last pass by someone
 else (a leader changing its ISR) is sent too, so an instance that holds no
 replica of a partition still answers Metadata with its ISR (instances read
-only the states of partitions they hold: replica_manager.py).
+only the states of partitions they hold: replica_manager.py). A change counts
+as announced only once the announce returns: each state written, moved or
+new is kept as unannounced until then, so a pass that fails after taking it
+(a ZooKeeper error in a later write, in the reassignments' read) announces it
+with the next pass; an instance the announce failed to tell, and the
+newcomers of an announce that raised, are newcomers again to the next pass
+(they get every state).
 
 States in memory: the controller keeps every topic node and partition
 state it read or wrote (WatchedStates), each read with a ZooKeeper data
@@ -100,7 +106,8 @@ Key = tuple[str, int]  # (topic, partition)
 
 PartitionStates = list[tuple[TopicInfo, int, LeaderAndIsr]]
 # (controller epoch, {node id: address}, the states changed, nodes that get every state, every state)
-Announce = Callable[[int, dict[int, str], PartitionStates, set[int], PartitionStates], Awaitable[None]]
+# -> the node ids it failed to tell (None: every one told)
+Announce = Callable[[int, dict[int, str], PartitionStates, set[int], PartitionStates], Awaitable[Iterable[int] | None]]
 
 
 async def storage_zxid(client: KazooClient, root: str, kind: str, node_id: int, store: LogStore) -> int:
@@ -288,6 +295,9 @@ class Controller:
         self.offline_partitions = 0  # partitions without a live leader at the last pass (as the active controller saw them)
         self._sessions: dict[int, int] = {}  # node id -> ZooKeeper session of its registration, at the last pass
         self._topics_seen: dict[str, int] = {}  # topic -> partition count announced (CreatePartitions grows it)
+        # partitions whose state changed (written here, moved by another, new) and was not announced yet: kept
+        # until an announce returns, so a pass that fails after the cache took a change still gets it announced
+        self._unannounced: set[Key] = set()
         self.cache = WatchedStates(topics.base, sweep_passes)
         zk.add_state_listener(client, self.cache.connection_changed)  # watches do not outlive a connection in kazoo
         self.deletions_pending: set[str] = set()  # topics marked for deletion, not all instances done yet
@@ -356,8 +366,9 @@ class Controller:
             self.epoch, self.epoch_version = int(data) + 1, written.version
             break
         self.active = True
-        self._sessions.clear()
+        self._sessions.clear()  # every live instance is new to this controller: it gets every state
         self._topics_seen.clear()
+        self._unannounced.clear()
         self.cache.clear()
         log.info("elected controller", extra=fields(controller_epoch=self.epoch))
 
@@ -405,6 +416,7 @@ class Controller:
         decided: PartitionStates = []  # states to write, each on the version it was decided on, not written yet
         names = await self.topics.names()
         moved = await self._reread(names)
+        self._unannounced = {key for key in self._unannounced if key in self.cache.states} | moved  # deleted topics' go
         reassignments = await self.topics.reassignments()
         for name in names:
             if name not in self.cache.topics:
@@ -424,6 +436,7 @@ class Controller:
                         info, version, state = stepped
                         self.cache.topics[name] = (info, version)
                         self.cache.states[(name, index)] = state
+                        self._unannounced.add((name, index))
                         changed.append((info, index, state))
                 replicas = info.replicas[index]
                 # registered since the state's last write: restarted (or new) since; found from ZooKeeper alone,
@@ -440,18 +453,27 @@ class Controller:
                         decided = []
                     continue
                 if index >= self._topics_seen.get(name, 0):  # a new topic, or partitions added to one
+                    self._unannounced.add((name, index))
+                if (name, index) in self._unannounced:
+                    # new, or written by another (a leader changing its ISR) since the last pass, or changed in a
+                    # pass that failed before it announced
                     changed.append((info, index, state))
-                elif (name, index) in moved:
-                    changed.append((info, index, state))  # written by another (a leader changing its ISR) since the last pass
                 everything.append((info, index, state))
         if decided and not await self._write_decided(decided, changed, everything):
             return
         self._topics_seen = {info.name: info.partition_count for info, index, _ in everything if index == 0}
         self.offline_partitions = sum(1 for _, _, state in everything if state.leader not in live)
-        self._sessions = {n: session for n, (_, session, _, _) in sessions.items()}
+        told = {n: session for n, (_, session, _, _) in sessions.items()}
         addresses = {n: address for n, (address, _, _, _) in sessions.items()}
         if changed or newcomers:
-            await self.announce(self.epoch, addresses, changed, newcomers, everything)
+            # Taken as announced only once the announce returns: if it raises, the next pass announces them again
+            # and its newcomers are newcomers again; an instance it failed to tell is a newcomer to the next pass
+            # (told every state), whatever it missed.
+            untold = await self.announce(self.epoch, addresses, changed, newcomers, everything)
+            self._unannounced -= {(info.name, index) for info, index, _ in changed}
+            for node in untold or ():
+                told.pop(node, None)
+        self._sessions = told
 
     async def _reread(self, names: list[str]) -> set[Key]:
         """Reads again, each with a data watch, the topic nodes and states
@@ -502,6 +524,7 @@ class Controller:
             log.info("partition state", extra=fields(topic=info.name, partition=index, leader=state.leader,
                                                      leader_epoch=state.leader_epoch, isr=list(state.isr)))
             self.cache.states[(info.name, index)] = state
+            self._unannounced.add((info.name, index))
             changed.append((info, index, state))
             everything.append((info, index, state))
         return True

@@ -23,7 +23,10 @@ fifth of a core, per pod.) The states of partitions held elsewhere, kept for
 Metadata, are forgotten every ``others_forget_ms`` (a minute by default) and
 read again when next asked for, and every topic's node is read then too (a
 reassignment that made this instance a replica): this repairs a LeaderAndIsr
-lost on its way here.
+lost on its way here. A topic node cached here may so be a minute old: a
+partition beyond its cached count (CreatePartitions grew the topic since),
+named by a LeaderAndIsr or a request, has the node read again once before it
+is refused (``topic_of``).
 
 A state is taken only when newer than the one known (leader epoch,
 then znode version). Taking it makes this replica the leader (become_leader)
@@ -100,13 +103,24 @@ class ReplicaManager:
             return known
         if not is_topic_name(topic):
             return None
-        info = await self.topics.get(topic)
+        info = await self.topic_of(topic, index)
         if info is None or not 0 <= index < info.partition_count:
             return None
         state = await self.topics.state(topic, index)
         if state is not None:
             await self.take(info, index, state)
         return self.states.get((topic, index))
+
+    async def topic_of(self, topic: str, index: int) -> TopicInfo | None:
+        """The topic, for its partition ``index``: the cached node, read again
+        once when it has fewer partitions than that (CreatePartitions grew the
+        topic since; resyncs re-read only the topics this instance has
+        partitions of, so a node cached here may be a minute old). None when
+        the topic does not exist; an index it still has not is the caller's to refuse."""
+        info = await self.topics.get(topic)
+        if info is not None and index >= info.partition_count:
+            info = await self.topics.get(topic, fresh=True)
+        return info
 
     async def take(self, info: TopicInfo, index: int, state: LeaderAndIsr, replicas: tuple[int, ...] | None = None) -> None:
         """Takes a partition state if it is newer than the one known, and acts

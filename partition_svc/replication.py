@@ -37,7 +37,7 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServiceServicer):
         for wanted in request.partitions:
             result = reply.results.add(partition=common_pb2.TopicPartition(topic=wanted.topic, partition=wanted.partition))
             try:
-                info = await self.replicas.topics.get(wanted.topic) if is_topic_name(wanted.topic) else None
+                info = await self.replicas.topic_of(wanted.topic, wanted.partition) if is_topic_name(wanted.topic) else None
                 if info is None or not 0 <= wanted.partition < info.partition_count:
                     raise TxlogError(ErrorCode.Value("UNKNOWN_TOPIC_OR_PARTITION"), f"{wanted.topic}-{wanted.partition} does not exist")
                 state = LeaderAndIsr(wanted.leader, wanted.leader_epoch, tuple(wanted.isr), wanted.controller_epoch,

@@ -1120,9 +1120,11 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
     # --- replication -------------------------------------------------------------------
 
     async def announce(self, controller_epoch: int, addresses: dict[int, str], changed: PartitionStates, newcomers: set[int],
-                       everything: PartitionStates) -> None:
+                       everything: PartitionStates) -> set[int]:
         """The controller's LeaderAndIsr: the changed states to every live
-        instance, every state to those that are new or restarted."""
+        instance, every state to those that are new or restarted. Returns the
+        instances it failed to tell: the controller's next pass takes them as
+        new (every state again)."""
         def request(states: PartitionStates) -> replication_pb2.LeaderAndIsrRequest:
             return replication_pb2.LeaderAndIsrRequest(controller_id=self.node_id, controller_epoch=controller_epoch, partitions=[
                 replication_pb2.PartitionState(topic=info.name, partition=index, leader=state.leader,
@@ -1131,22 +1133,25 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
                                                zk_mzxid=state.zk_mzxid)
                 for info, index, state in states])
 
-        async def tell(node: int, address: str) -> None:
+        async def tell(node: int, address: str) -> bool:
             states = everything if node in newcomers else changed
             if not states:
-                return
+                return True
             try:
                 # wait_for_ready: a channel still backing off from the instance's last life reconnects first
                 reply = await answer_of(lambda: self.peers.replication_stub(address).LeaderAndIsr(
                     request(states), wait_for_ready=True, timeout=LEADER_AND_ISR_TIMEOUT_S))
-            except TxlogError as exc:  # it reads the states itself when it next resyncs
+            except TxlogError as exc:  # the controller's next pass sends it every state (its resync is only the safety net)
                 log.warning("LeaderAndIsr not delivered", extra=fields(node=node, error=exc.message))
-                return
+                return False
             refused = [r for r in reply.results if r.error.code != NONE]
             if refused:
                 log.warning("LeaderAndIsr refused in part", extra=fields(node=node, first=refused[0].error.message))
+            return True
 
-        await asyncio.gather(*(tell(node, address) for node, address in addresses.items()))
+        nodes = list(addresses)
+        told = await asyncio.gather(*(tell(node, addresses[node]) for node in nodes))
+        return {node for node, ok in zip(nodes, told, strict=True) if not ok}
 
     # --- background work -------------------------------------------------------------
 

@@ -6,7 +6,9 @@ leader's own ISR change announced to every instance (the interleavings are
 forced, not hoped for). And its states kept in memory: an idle pass reads
 none, a state another writes is read alone (its watch) and announced, a
 dropped connection or a new election reads every one again, and the sweep
-reads each within its passes."""
+reads each within its passes. And nothing taken is left unannounced: a pass
+that fails after writing or reading a change announces it with the next
+pass, and an instance the announce failed to tell gets every state then."""
 
 from __future__ import annotations
 
@@ -316,3 +318,69 @@ def test_the_sweep_reads_every_state_once_within_its_passes(zookeeper):
         assert max(len(reads) for reads in per_pass) <= 2 * PARTITIONS // sweep, "spread over the passes"
     finally:
         made.close()
+
+
+def test_states_written_in_a_pass_whose_announce_raised_are_announced_with_the_next_pass(setup):
+    recording = setup.controller.announce
+
+    async def unreachable(*_):
+        setup.controller.announce = recording
+        raise RuntimeError("the announce failed")
+
+    setup.controller.announce = unreachable
+    with pytest.raises(RuntimeError):
+        setup.run_pass()
+    assert all(setup.state(index).leader == 1 for index in range(PARTITIONS)), "the moves were written"
+    assert setup.announced == []
+
+    setup.run_pass()  # decides nothing new: every state is as wanted, as kept in memory
+
+    (_, changed, newcomers), = setup.announced
+    assert newcomers == {1}, "not told in the failed pass: still new"
+    assert sorted(index for _, index, _ in changed) == list(range(PARTITIONS))
+    for _, index, state in changed:
+        assert state == setup.state(index)
+    setup.announced.clear()
+    setup.run_pass()
+    assert setup.announced == [], "announced once"
+
+
+def test_a_state_another_wrote_is_announced_after_a_pass_that_failed_once_it_had_read_it(kept):
+    written = kept.state(7)
+    kept.other.set(kept.topics.state_path("t", 7), LeaderAndIsr(1, written.leader_epoch, (1,), 0).encode(),
+                   version=written.zk_version)  # leader 1 writes its ISR
+    reassignments = kept.topics.reassignments
+
+    async def unreadable():
+        kept.topics.reassignments = reassignments
+        raise RuntimeError("ZooKeeper out of reach")
+
+    kept.topics.reassignments = unreadable  # after the pass read state 7 again (its watch), before it announced it
+    with pytest.raises(RuntimeError):
+        kept.run_pass()
+    assert kept.controller.cache.states[("t", 7)] == kept.state(7), "the pass took the change"
+
+    kept.run_pass()
+
+    (_, changed, newcomers), = kept.announced
+    assert newcomers == set()
+    assert [(name, index, state) for name, index, state in changed] == [("t", 7, kept.state(7))]
+
+
+def test_an_instance_the_announce_failed_to_tell_gets_every_state_with_the_next_pass(setup):
+    calls: list[tuple[set[int], int, list]] = []  # (newcomers, states in everything, changed)
+    untold = [{1}]
+
+    async def announce(epoch, addresses, changed, newcomers, everything):
+        calls.append((set(newcomers), len(everything), [(info.name, index) for info, index, _ in changed]))
+        return untold.pop() if untold else set()
+
+    setup.controller.announce = announce
+    setup.run_pass()  # moves every partition to node 1, and fails to tell node 1
+    assert calls == [({1}, PARTITIONS, [("t", i) for i in range(PARTITIONS)])]
+
+    setup.run_pass()
+
+    assert calls[1] == ({1}, PARTITIONS, []), "node 1 new again: told every state"
+    setup.run_pass()
+    assert len(calls) == 2, "told: nothing more to announce"
