@@ -113,7 +113,7 @@ def exported_by_the_services() -> dict[str, dict[str, set[str]]]:
 
     def coordinator_svc(meter) -> None:
         transaction = SimpleNamespace(state=TransactionState.ONGOING, txn_start_ms=0)
-        loaded = SimpleNamespace(loaded=True, transactions={"t": transaction})
+        loaded = SimpleNamespace(loaded=True, transactions={"t": transaction}, open_ids={"t"})
         recorder = TransactionMetrics(meter, lambda: [loaded], lambda: 5_000)
         recorder.transitioned(TransactionState.EMPTY, TransactionState.ONGOING)
         recorder.transitioned(TransactionState.PREPARE_COMMIT, TransactionState.COMPLETE_COMMIT)
