@@ -485,25 +485,19 @@ class Controller:
         try:
             self.cache.retain(names)
             due_topics = [name for name in names if self.cache.topic_due(rereads, name)]
-            topics = await self._read_all(lambda name: self.topics.versioned(name, watch=self.cache.topic_changed), due_topics)
+            topics = await zk.gather_in_chunks(lambda name: self.topics.versioned(name, watch=self.cache.topic_changed),
+                                               due_topics, READS_CONCURRENT_MAX)
             for name, versioned in zip(due_topics, topics, strict=True):
                 self.cache.took_topic(name, versioned)
             due_states = [(name, index) for name in names if name in self.cache.topics
                           for index in range(self.cache.topics[name][0].partition_count)
                           if self.cache.state_due(rereads, (name, index))]
-            states = await self._read_all(lambda key: self.topics.state(*key, watch=self.cache.state_changed), due_states)
+            states = await zk.gather_in_chunks(lambda key: self.topics.state(*key, watch=self.cache.state_changed),
+                                               due_states, READS_CONCURRENT_MAX)
         except BaseException:
             self.cache.give_back(rereads)
             raise
         return {key for key, state in zip(due_states, states, strict=True) if self.cache.took_state(key, state)}
-
-    @staticmethod
-    async def _read_all(read: Callable[[object], Awaitable], keys: list) -> list:
-        """``read(key)`` of every key, at most READS_CONCURRENT_MAX outstanding at once, in order."""
-        found = []
-        for start in range(0, len(keys), READS_CONCURRENT_MAX):
-            found += await asyncio.gather(*(read(key) for key in keys[start:start + READS_CONCURRENT_MAX]))
-        return found
 
     async def _write_decided(self, decided: PartitionStates, changed: PartitionStates, everything: PartitionStates) -> bool:
         """Writes the states decided (write_states), keeps those written (as

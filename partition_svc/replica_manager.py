@@ -235,13 +235,16 @@ class ReplicaManager:
         start = self._resync_cursor % len(mine)
         chosen = (mine + mine)[start:start + share]
         self._resync_cursor = start + share
-        for first in range(0, len(chosen), RESYNC_READS_CONCURRENT_MAX):
-            group = chosen[first:first + RESYNC_READS_CONCURRENT_MAX]
-            states = await asyncio.gather(*(self.topics.state(info.name, index) for info, index in group))
+
+        async def take_read(group: list[tuple[TopicInfo, int]], states: list[LeaderAndIsr | None]) -> None:
+            # each chunk's states are taken before the next chunk is read: a read failing later keeps these
             self.resync_state_reads += len(group)
             for (info, index), state in zip(group, states, strict=True):
                 if state is not None:
                     await self.take(info, index, state)
+
+        await zk.gather_in_chunks(lambda key: self.topics.state(key[0].name, key[1]), chosen, RESYNC_READS_CONCURRENT_MAX,
+                                  each_chunk=take_read)
 
     def forget_others(self) -> int:
         """Forgets the states of partitions this instance neither is a replica

@@ -30,7 +30,7 @@ from partition_svc.replication import ReplicationServicer
 from partition_svc.topic_deletion import TopicDeletion
 from partition_svc.topics import INTERNAL_PREFIX, TopicInfo, TopicRegistry
 from partition_svc.txn_verification import TransactionVerifier
-from services import acls, coordinators, malloc, server
+from services import acls, coordinators, malloc, server, zk
 from services.config import Setting, boolean, non_negative_int, positive_int
 from services.errors import ErrorCode, TxlogError, error_proto
 from services.hashing import partition_for_id
@@ -306,9 +306,7 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
         (an instance forgets those of partitions held elsewhere every minute: one
         at a time, a Metadata of every topic then waited for thousands of reads in a row)."""
         unknown = [index for index in range(partition_count) if (topic, index) not in self.replicas.states]
-        for first in range(0, len(unknown), METADATA_STATE_READS_CONCURRENT_MAX):
-            await asyncio.gather(*(self.replicas.state(topic, index)
-                                   for index in unknown[first:first + METADATA_STATE_READS_CONCURRENT_MAX]))
+        await zk.gather_in_chunks(lambda index: self.replicas.state(topic, index), unknown, METADATA_STATE_READS_CONCURRENT_MAX)
 
     @server.rpc_handler
     async def Metadata(self, request, context):

@@ -31,7 +31,8 @@ import logging
 import os
 import posixpath
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import ConnectionClosedError, ConnectionLoss, NodeExistsError, NoNodeError, SessionExpiredError
@@ -44,6 +45,9 @@ from services.errors import ErrorCode, TxlogError
 from services.logs import fields
 
 log = logging.getLogger(__name__)
+
+K = TypeVar("K")
+R = TypeVar("R")
 
 # Failures that mean "ZooKeeper is out of reach right now", as opposed to answers.
 CONNECTION_ERRORS = (ConnectionLoss, SessionExpiredError, ConnectionClosedError, KazooTimeoutError)
@@ -120,6 +124,36 @@ async def _awaited(client: KazooClient, target, method: str, *args, **kwargs):
         return await future
     except CONNECTION_ERRORS as exc:
         raise unavailable(type(exc).__name__) from exc
+
+
+async def gather_in_chunks(read: Callable[[K], Awaitable[R]], keys: Sequence[K], chunk_size: int, *,
+                           each_chunk: Callable[[Sequence[K], list[R]], Awaitable[None]] | None = None) -> list[R]:
+    """``await read(key)`` for every key of ``keys``, many at once: the result
+    of each, in the order of ``keys``.
+
+    Bound: ``keys`` is cut into chunks of ``chunk_size`` (at least 1); the reads
+    of a chunk run concurrently (one asyncio.gather) and the next chunk starts
+    only once every read of the one before has ended, so at most ``chunk_size``
+    reads are in flight at once (fewer while a chunk's slowest is). With
+    ``each_chunk``, ``await each_chunk(chunk_keys, chunk_results)`` runs after
+    each chunk's reads, before the next chunk starts.
+
+    Errors: ``read`` itself turns answers that are not failures into results
+    (NoNodeError into None, say). When a read raises, the first exception of
+    its chunk propagates at once, as from asyncio.gather: no later chunk is
+    started and ``each_chunk`` is not called for that chunk (it was for every
+    chunk before); the chunk's other reads are not cancelled but run to their
+    end with nobody waiting for them, so they may still be in flight when the
+    caller goes on. An exception from ``each_chunk`` propagates too, and no
+    later chunk is read."""
+    found: list[R] = []
+    for start in range(0, len(keys), chunk_size):
+        chunk = keys[start:start + chunk_size]
+        results = await asyncio.gather(*(read(key) for key in chunk))
+        if each_chunk is not None:
+            await each_chunk(chunk, results)
+        found += results
+    return found
 
 
 DEREGISTER_TIMEOUT_S = 2.0
