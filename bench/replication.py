@@ -197,6 +197,15 @@ async def throughput(client: Client, topic: str, args: argparse.Namespace) -> di
             "cores_busy": round(sum(cpu.values()) / per_100_mb / seconds, 2)}
 
 
+def cpu_bound_ceiling(rf1: dict, rf3: dict) -> float:
+    """The RF3/RF1 ratio this machine allows when both runs are CPU-bound on the
+    same cores: RF1's CPU per MB (client + leader) over RF3's (client + leader +
+    followers). Kafka's published RF3 figure has each replica on its own
+    machine; here the three replicas share the machine's cores, so every byte
+    is received, written and synced three times on the same cores."""
+    return round(sum(rf1["cpu_seconds_per_100_mb"].values()) / sum(rf3["cpu_seconds_per_100_mb"].values()), 3)
+
+
 async def latency(client: Client, topic: str, samples: int) -> dict:
     stub = client.stub((await client.metadata(topic)).leader_address)
     times = []
@@ -309,8 +318,10 @@ async def measure(cluster: LocalCluster, args: argparse.Namespace) -> dict:
         rf1 = await throughput(client, "rf1", args)
         rf3 = await throughput(client, "rf3", args)
         ratio = round(rf3["mb_per_s"] / rf1["mb_per_s"], 3)
+        ceiling = cpu_bound_ceiling(rf1, rf3)
         figures["throughput"] = {"rf1_acks_all": rf1, "rf3_acks_all": rf3, "rf3_vs_rf1": ratio, "target_rf3_vs_rf1": 0.6,
-                                 "meets_target": ratio >= 0.6}
+                                 "meets_target": ratio >= 0.6, "cpu_bound_ceiling": ceiling,
+                                 "rf3_vs_rf1_of_ceiling": round(ratio / ceiling, 3)}
     if "latency" in args.only:
         say("latency")
         figures["produce_latency_ms"] = {"rf1_acks_all": await latency(client, "rf1", args.latency_samples),
