@@ -57,7 +57,9 @@ class ProducerBatch:
     """Records of one partition sent (and retried) together as one RecordBatch.
 
     ``records`` are encoded (``structs.encode_record``: each an element of
-    ``RecordBatch.records``); :meth:`add` appends one and returns its future."""
+    ``RecordBatch.records``); :meth:`add` appends one and returns its future.
+    The first :meth:`encode` joins them into ``sent_records`` and lets the list
+    go (a drained batch no longer grows): an in-flight batch holds its bytes once."""
 
     tp: TopicPartition
     created_ms: float
@@ -75,19 +77,17 @@ class ProducerBatch:
     # the condition of its records' futures: a producer's batches share one (RecordFuture)
     condition: threading.Condition = field(default_factory=threading.Condition, repr=False)
     sent_records: bytes | None = None  # made on the first encode(); every retry sends these bytes
+    record_count: int = 0
 
     def __post_init__(self):
         self.outcome = BatchOutcome(self.tp, self.condition)
 
-    @property
-    def record_count(self) -> int:
-        return len(self.records)
-
     def add(self, record: bytes, timestamp_ms: int = 0) -> RecordFuture:
         """Appends an encoded record (``timestamp_ms`` 0: none, the leader's append
         time stands for it) and returns its future."""
-        index = len(self.records)
+        index = self.record_count
         self.records.append(record)
+        self.record_count += 1
         self.size_bytes += len(record)
         if timestamp_ms:
             self.outcome.timestamps_ms[index] = timestamp_ms
@@ -104,6 +104,7 @@ class ProducerBatch:
             if compression:
                 records = compression_codecs.compress(compression, records)
             self.sent_records = records
+            self.records = []
         header = common_pb2.RecordBatch(producer_id=self.producer_id, producer_epoch=self.producer_epoch,
                                         base_sequence=self.base_sequence, is_transactional=is_transactional)
         if compression:
@@ -337,8 +338,8 @@ class RecordAccumulator:
                 queue = self._queues[tp] = deque()
             last = queue[-1] if queue else None
             wake = False
-            if last is None or len(last.records) >= self.batch_records_max \
-                    or (last.size_bytes + size_bytes > self.batch_size_bytes and last.records):
+            if last is None or last.record_count >= self.batch_records_max \
+                    or (last.size_bytes + size_bytes > self.batch_size_bytes and last.record_count):
                 last = ProducerBatch(tp, now_ms, condition=self._futures_condition)
                 queue.append(last)
                 self._incomplete.add(last)
@@ -362,7 +363,7 @@ class RecordAccumulator:
                 "the cluster is slower than send(), or unreachable")
 
     def _full(self, batch: ProducerBatch) -> bool:
-        return batch.size_bytes >= self.batch_size_bytes or len(batch.records) >= self.batch_records_max
+        return batch.size_bytes >= self.batch_size_bytes or batch.record_count >= self.batch_records_max
 
     def begin_flush(self) -> list[concurrent.futures.Future]:
         """Makes every batch ready until :meth:`end_flush`; returns the done-futures

@@ -267,3 +267,14 @@ def test_bad_record_fields_are_refused():
                                          (None, 0, ValueError), (None, "1", ValueError)):
         with pytest.raises(error):
             encode_record(b"k", b"v", headers, timestamp_ms)
+
+
+def test_an_encoded_batch_holds_its_records_once_and_a_retry_sends_the_same_bytes():
+    batch, futures = batch_of(5, threading.Condition())
+    first = b"".join(batch.encode(leader_epoch=2))
+    assert batch.records == [] and batch.record_count == 5 and batch.sent_records is not None
+    assert b"".join(batch.encode(leader_epoch=2)) == first
+    sent = common_pb2.RecordBatch.FromString(batch.sent_records)
+    assert [r.value for r in sent.records] == [b"v"] * 5
+    batch.complete(10)
+    assert [f.result(timeout=0).offset for f in futures] == [10, 11, 12, 13, 14]
