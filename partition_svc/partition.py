@@ -684,7 +684,7 @@ class Partition:
         self.durable_end = min(self.durable_end, self.next_offset)
         self.high_watermark = min(self.high_watermark, self.next_offset)
         self.size_bytes = 0
-        for base_offset, value in self.store.batches(self.pkey, self.first_batch_at(self.log_start_offset)):
+        for base_offset, value in self.store.batches_holding(self.pkey, self.log_start_offset):
             if base_offset >= offset:
                 break
             self.size_bytes += len(value)
@@ -825,7 +825,7 @@ class Partition:
         over the batches read, only when asked, so a read that does not ask
         pays nothing; no await between the read and this, so both see one state."""
         batches = []
-        for base_offset, value in self.store.batches(self.pkey, self.first_batch_at(from_offset)):
+        for base_offset, value in self.store.batches_holding(self.pkey, from_offset):
             if base_offset >= to_offset:
                 break
             header = log_store.decode_header(base_offset, value)
@@ -992,18 +992,8 @@ class Partition:
 
     def headers(self, from_offset: int = 0):
         """The stored batches' headers from ``from_offset`` or the log start (the first may start before it)."""
-        for base_offset, value in self.store.batches(self.pkey, self.first_batch_at(max(from_offset, self.log_start_offset))):
+        for base_offset, value in self.store.batches_holding(self.pkey, max(from_offset, self.log_start_offset)):
             yield log_store.decode_header(base_offset, value)
-
-    def first_batch_at(self, offset: int) -> int:
-        """Where to scan the log from to find ``offset`` (at or above the log
-        start): the base offset of the stored batch holding it (the log start
-        may fall inside a batch), else ``offset`` itself. A batch below the log
-        start whose deletion is not written yet never holds it."""
-        found = self.store.batch_at_or_before(self.pkey, offset)
-        if found is not None and log_store.decode_header(*found).last_offset >= offset:
-            return found[0]
-        return offset
 
     def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int]:
         """(offset, timestamp) of the first record at or after ``timestamp_ms``, or (-1, -1)."""
@@ -1090,7 +1080,7 @@ class Partition:
         batches: list[tuple[StoredBatchHeader, list[tuple[bytes, int]]]] = []
         aborted: list[StoredBatchHeader] = []
         scanned: list[StoredBatchHeader] = []  # every batch in offset order, markers included
-        for base_offset, value in self.store.batches(self.pkey, self.first_batch_at(self.log_start_offset)):
+        for base_offset, value in self.store.batches_holding(self.pkey, self.log_start_offset):
             header = log_store.decode_header(base_offset, value)
             if header.last_offset >= lso:
                 break

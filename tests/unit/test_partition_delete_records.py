@@ -164,7 +164,7 @@ async def fetch(leader: Partition, follower: Partition) -> None:
         return
     leader.follower_fetched(FOLLOWER, follower.next_offset, NOW, follower.log_start_offset)
     batches = [(base, leader.epochs.epoch_at(base), value)
-               for base, value in leader.store.batches(leader.pkey, leader.first_batch_at(follower.next_offset))
+               for base, value in leader.store.batches_holding(leader.pkey, follower.next_offset)
                if base < leader.durable_end]
     written = follower.append_replicated(batches, leader.high_watermark)
     if written is not None:
