@@ -45,7 +45,7 @@ class PartitionMetrics:
             "txlog.partitions.led": ("partitions this instance leads", self._led),
             "txlog.partitions.under_replicated": ("led partitions with fewer in-sync replicas than replicas", self._under_replicated),
             "txlog.partitions.offline": ("partitions without a live leader (reported by the active controller only)", self._offline_count),
-            "txlog.rocksdb": ("RocksDB figures by property: sst_bytes, blob_bytes, memtable_bytes, "
+            "txlog.rocksdb": ("RocksDB figures by property: sst_bytes, blob_bytes, blob_garbage_bytes, memtable_bytes, "
                               "pending_compaction_bytes, delayed_write_rate, write_stopped", self._rocksdb),
         }
         for name, (description, callback) in gauges.items():

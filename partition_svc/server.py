@@ -1180,6 +1180,8 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
             if written is not None:
                 await written
                 log.info("retention", extra=fields(topic=partition.topic, partition=partition.index, log_start_offset=partition.log_start_offset))
+        # after retention, and after whatever else deleted batches since the last pass (deleted topics, DeleteRecords)
+        await asyncio.to_thread(self.store.tune_blob_gc)
 
 
 def check_settled(partition: Partition) -> None:
