@@ -19,6 +19,7 @@ lint: setup
 bench: setup
 	.venv/bin/python bench/producer_ids.py
 	.venv/bin/python bench/produce_fetch.py
+	.venv/bin/python bench/log_store_compaction.py
 	.venv/bin/python bench/compression.py
 	.venv/bin/python bench/transactions.py
 	.venv/bin/python bench/prepare.py
