@@ -28,7 +28,6 @@ Bounds
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import contextlib
 import logging
@@ -39,7 +38,6 @@ import grpc
 
 from coordinator_svc import check_rules as rules
 from coordinator_svc.check_rules import CheckAnswer, GroupCheckConfig
-from coordinator_svc.state_manager import PASS_IDS_PER_YIELD
 from coordinator_svc.transaction_state import Handle, TransactionMetadata
 from services import names
 from services.errors import TxlogError
@@ -119,52 +117,38 @@ class CheckBack:
         starts the next, so the rate is the checks' own, not one bound's worth
         per round."""
         now = self.coordinator.clock_ms()
-        configs: dict[tuple[int, str], GroupCheckConfig] = {}
         due, next_round = [], []
         for loaded in list(self.state.partitions.values()):
             if not loaded.loaded or loaded.log.broken:
                 continue
-            while self.state.partitions.get(loaded.index) is loaded:
-                taken = loaded.checks.pop_due(now, PASS_IDS_PER_YIELD)
-                for _, tid in taken:
-                    meta = loaded.transactions.get(tid)
-                    if meta is None:
-                        continue
-                    if meta.pending_state is not None:
-                        next_round.append((loaded, meta))  # written or abandoned by then
-                        continue
-                    group_id = names.transaction_group(tid)
-                    config = configs.get((loaded.index, group_id))
-                    if config is None:
-                        config = configs[(loaded.index, group_id)] = self.state.group_config(loaded, group_id)
-                    try:
-                        when = rules.next_check_ms(meta, config)
-                    except Exception:  # a bug: the id must not leave the index with it
-                        log.exception("working out a check time failed", extra=fields(transactional_id=tid))
-                        next_round.append((loaded, meta))
-                        continue
-                    if when is not None and when <= now:
-                        due.append((when, tid, loaded, meta, group_id))
-                    else:
-                        loaded.schedule(meta)  # moved on since
-                if len(taken) < PASS_IDS_PER_YIELD:
-                    break
-                await asyncio.sleep(0)
-                # a group's settings may change while others run: an id rescheduled by the new settings and
-                # judged by the old would come back due in this round again, and again
-                configs.clear()
+            # not stopped if the log breaks during the pass: the checks taken are skipped when started (_start_queued)
+            async for meta in self.state.take_due(loaded, loaded.checks, now, stop_if_broken=False):
+                tid = meta.transactional_id
+                if meta.pending_state is not None:
+                    next_round.append((loaded, meta))  # written or abandoned by then
+                    continue
+                group_id = names.transaction_group(tid)
+                # read for each id, never kept across the pass's yields: a group's settings may change while others
+                # run, and an id rescheduled by the new settings and judged by the old would come back due in this
+                # round again, and again
+                config = self.state.group_config(loaded, group_id)
+                try:
+                    when = rules.next_check_ms(meta, config)
+                except Exception:  # a bug: the id must not leave the index with it
+                    log.exception("working out a check time failed", extra=fields(transactional_id=tid))
+                    next_round.append((loaded, meta))
+                    continue
+                if when is not None and when <= now:
+                    due.append((when, tid, loaded, meta, group_id))
+                else:
+                    loaded.schedule(meta)  # moved on since
         for loaded, meta in next_round:
-            self._reschedule(loaded, meta)
+            self.state.reschedule(loaded, meta)
         waiting = {(d[2].index, d[1]): d for d in self._queue}
         waiting.update(((d[2].index, d[1]), d) for d in due)
         self._queue = collections.deque(sorted(waiting.values(), key=lambda d: d[:2]))
         self._groups_with_checkers = {}
         self._start_queued()
-
-    def _reschedule(self, loaded, meta: TransactionMetadata) -> None:
-        """Puts the id back into its partition's index, still served and still its metadata."""
-        if self.state.partitions.get(loaded.index) is loaded and loaded.transactions.get(meta.transactional_id) is meta:
-            loaded.schedule(meta)
 
     def _start_queued(self) -> None:
         """Starts queued checks until the bound is reached; each is looked at
@@ -206,7 +190,7 @@ class CheckBack:
             await work
         finally:
             self.in_flight.discard(meta.transactional_id)
-            self._reschedule(loaded, meta)  # a check that changed nothing (busy, refused) goes again in a later round
+            self.state.reschedule(loaded, meta)  # a check that changed nothing (busy, refused) goes again in a later round
             self._start_queued()
 
     async def _check(self, loaded, meta: TransactionMetadata, handle: Handle, group_id: str, config: GroupCheckConfig) -> None:

@@ -51,12 +51,7 @@ from coordinator_svc import transaction_core as core
 from coordinator_svc import transaction_state as ts
 from coordinator_svc.check_back import CheckBack
 from coordinator_svc.markers import MarkerSender, MarkerSet
-from coordinator_svc.state_manager import (
-    PASS_IDS_PER_YIELD,
-    CoordinatorConfig,
-    LoadedPartition,
-    TransactionStateManager,
-)
+from coordinator_svc.state_manager import CoordinatorConfig, LoadedPartition, TransactionStateManager
 from coordinator_svc.transaction_metrics import TransactionMetrics
 from coordinator_svc.transaction_state import GroupDecision, Handle, TransactionMetadata, TransactionState
 from services import names
@@ -442,14 +437,14 @@ class TransactionCoordinator:
         (state_manager.DeadlineIndex), each looked at again with the rules;
         one that is not due after all (moved on since) is put back at its
         current time, one whose transition is in flight (or whose abort failed)
-        at the next pass. The loop is yielded every PASS_IDS_PER_YIELD ids."""
+        at the next pass. The loop is yielded every PASS_IDS_PER_YIELD ids (TransactionStateManager.take_due)."""
         now = self.clock_ms()
         expiration_ms = self.config.transactional_id_expiration_ms
         for loaded in list(self.state.partitions.values()):
             if not loaded.loaded or loaded.log.broken:
                 continue
             next_pass: list[TransactionMetadata] = []
-            async for meta in self._due(loaded, loaded.timeouts, now):
+            async for meta in self.state.take_due(loaded, loaded.timeouts, now):
                 try:
                     if meta.pending_state is not None:
                         next_pass.append(meta)  # looked at again once its transition is written or abandoned
@@ -461,7 +456,7 @@ class TransactionCoordinator:
                 except Exception:  # not a refusal (those are logged where they happen): the id stays due
                     log.exception("aborting a timed-out transaction failed", extra=fields(transactional_id=meta.transactional_id))
                     next_pass.append(meta)
-            async for meta in self._due(loaded, loaded.idle, now - expiration_ms - 1):
+            async for meta in self.state.take_due(loaded, loaded.idle, now - expiration_ms - 1):
                 try:
                     if meta.pending_state is not None:
                         next_pass.append(meta)
@@ -474,22 +469,7 @@ class TransactionCoordinator:
                     log.exception("expiring a transactional id failed", extra=fields(transactional_id=meta.transactional_id))
                     next_pass.append(meta)
             for meta in next_pass:
-                if self.state.partitions.get(loaded.index) is loaded and loaded.transactions.get(meta.transactional_id) is meta:
-                    loaded.schedule(meta)
-
-    async def _due(self, loaded: LoadedPartition, index, up_to_ms: int):
-        """The metadata of the ids ``index`` holds at or before ``up_to_ms``, taken
-        out of it; the loop is yielded between batches, and the pass stops if the
-        partition is no longer served (its indexes went with it)."""
-        while self.state.partitions.get(loaded.index) is loaded and not loaded.log.broken:
-            taken = index.pop_due(up_to_ms, PASS_IDS_PER_YIELD)
-            for _, transactional_id in taken:
-                meta = loaded.transactions.get(transactional_id)
-                if meta is not None:
-                    yield meta
-            if len(taken) < PASS_IDS_PER_YIELD:
-                return
-            await asyncio.sleep(0)
+                self.state.reschedule(loaded, meta)
 
     async def _abort_timed_out(self, loaded: LoadedPartition, meta: TransactionMetadata, now: int) -> None:
         log.info("aborting a timed-out transaction", extra=fields(transactional_id=meta.transactional_id, state=meta.state.value))

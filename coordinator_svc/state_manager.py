@@ -451,6 +451,30 @@ class TransactionStateManager:
     def group_config(self, loaded: LoadedPartition, group_id: str) -> GroupCheckConfig:
         return loaded.group_configs.get(group_id, DEFAULT_CONFIG)
 
+    async def take_due(self, loaded: LoadedPartition, index: DeadlineIndex, up_to_ms: int, *, stop_if_broken: bool = True):
+        """A timer or check-back pass over one of ``loaded``'s indexes: the metadata
+        of the ids it holds at or before ``up_to_ms``, taken out of it earliest
+        first (an id the partition no longer holds is dropped), each looked up
+        when its turn comes. The loop is yielded every PASS_IDS_PER_YIELD ids
+        taken, and the pass stops once the partition is no longer served (its
+        indexes went with it) or, with ``stop_if_broken``, once its log broke.
+        An id taken and not dealt with is the caller's to put back (:meth:`reschedule`)."""
+        while self.partitions.get(loaded.index) is loaded and not (stop_if_broken and loaded.log.broken):
+            taken = index.pop_due(up_to_ms, PASS_IDS_PER_YIELD)
+            for _, transactional_id in taken:
+                meta = loaded.transactions.get(transactional_id)
+                if meta is not None:
+                    yield meta
+            if len(taken) < PASS_IDS_PER_YIELD:
+                return
+            await asyncio.sleep(0)
+
+    def reschedule(self, loaded: LoadedPartition, meta: TransactionMetadata) -> None:
+        """Puts an id a pass took out back into its partition's indexes, at its
+        current due times, if the partition is still served and ``meta`` still its metadata."""
+        if self.partitions.get(loaded.index) is loaded and loaded.transactions.get(meta.transactional_id) is meta:
+            loaded.schedule(meta)
+
     def describe(self, transactional_id: str) -> TransactionMetadata:
         names.check_transactional_id(transactional_id)
         meta = self.loaded_partition(transactional_id).transactions.get(transactional_id)
