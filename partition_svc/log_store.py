@@ -32,6 +32,7 @@ replay to rebuild producer state.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import os
@@ -389,8 +390,9 @@ class LogStore:
         return [(key[len(prefix):-5].decode(), int.from_bytes(key[-4:], "big"), *_offset_and_metadata(raw))
                 for key, raw in self.items(prefix)]
 
-    def write(self, changes: list[tuple[bytes, bytes | None]]) -> None:
-        """Applies changes in order, atomically; a value of None deletes the key."""
+    def write(self, changes: list[tuple[bytes, bytes | None]], on_readable: Callable[[], None] | None = None) -> None:
+        """Applies changes in order, atomically; a value of None deletes the key.
+        ``on_readable`` is called once they can be read, before they are synced."""
         batch = WriteBatch(raw_mode=True)
         for key, value in changes:
             if value is None:
@@ -398,6 +400,8 @@ class LogStore:
             else:
                 batch.put(key, value)
         self.db.write(batch, self._write_options)
+        if on_readable is not None:
+            on_readable()
         if self.sync:
             # Durable before the caller hears back. Write-then-SyncWAL rather than
             # a synced write: rocksdict keeps the GIL through a synced write's
@@ -409,7 +413,9 @@ class LogStore:
 
 class GroupCommitWriter:
     """Writes submitted changes in submission order, many submissions per
-    WriteBatch and per sync, off the event loop.
+    WriteBatch and per sync, off the event loop. A submission may also ask to
+    hear when its changes are readable (in RocksDB, not synced yet): a leader
+    lets its followers fetch them while its own sync runs.
 
     A failed write leaves the in-memory state ahead of the disk, which no
     request may ever observe: the process stops at once (kill -9 semantics), and
@@ -419,36 +425,55 @@ class GroupCommitWriter:
     def __init__(self, store: LogStore, *, changes_per_write_max: int = 10_000):
         self.store = store
         self.changes_per_write_max = changes_per_write_max
-        self._pending: list[tuple[list, asyncio.Future]] = []
+        self._pending: list[tuple[list, asyncio.Future, asyncio.Future | None]] = []  # (changes, durable, readable)
         self._flusher: asyncio.Task | None = None
         self.writes = 0
 
     def submit(self, changes: list[tuple[bytes, bytes | None]]) -> asyncio.Future:
         """Queues changes (value None: delete); the future completes when they are durable."""
-        future = asyncio.get_running_loop().create_future()
-        self._pending.append((changes, future))
+        return self._queue(changes, None)
+
+    def submit_readable(self, changes: list[tuple[bytes, bytes | None]]) -> tuple[asyncio.Future, asyncio.Future]:
+        """As submit; also a future that completes once the changes are readable,
+        always before the durable one."""
+        readable = asyncio.get_running_loop().create_future()
+        return readable, self._queue(changes, readable)
+
+    def _queue(self, changes: list[tuple[bytes, bytes | None]], readable: asyncio.Future | None) -> asyncio.Future:
+        durable = asyncio.get_running_loop().create_future()
+        self._pending.append((changes, durable, readable))
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.ensure_future(self._flush())
-        return future
+        return durable
 
     async def drain(self) -> None:
         while self._flusher is not None and not self._flusher.done():
             await asyncio.shield(self._flusher)
 
     async def _flush(self) -> None:
+        loop = asyncio.get_running_loop()
         while self._pending:
             group, changes = [], []
             while self._pending and len(changes) < self.changes_per_write_max:
                 item = self._pending.pop(0)
                 group.append(item)
                 changes.extend(item[0])
+            readables = [readable for _, _, readable in group if readable is not None]
+            # From the writing thread: queued on the loop ahead of to_thread's own return, so every readable
+            # future completes before its durable one.
+            on_readable = functools.partial(loop.call_soon_threadsafe, _complete, readables) if readables else None
             try:
-                await asyncio.to_thread(self.store.write, changes)
+                await asyncio.to_thread(self.store.write, changes, on_readable)
             except BaseException:
                 log.critical("a RocksDB write failed; stopping the process so it restarts from what is durable", exc_info=True)
                 logging.shutdown()
                 os._exit(70)
             self.writes += 1
-            for _, future in group:
-                if not future.done():
-                    future.set_result(None)
+            _complete(readables)
+            _complete([durable for _, durable, _ in group])
+
+
+def _complete(futures: list[asyncio.Future]) -> None:
+    for future in futures:
+        if not future.done():
+            future.set_result(None)

@@ -4,7 +4,10 @@ producer states and log.
 Invariants:
 - Offsets are assigned in order at append time (by the leader; a follower
   stores the leader's batches at the leader's offsets). ``durable_end`` moves
-  over appends that are durable here, in order. The ``high_watermark`` is the
+  over appends that are durable here, in order; ``written_end`` (never behind
+  it) over appends that are readable here, written but maybe not synced yet:
+  followers fetch up to it, so their write and sync overlap the leader's own
+  sync. The ``high_watermark`` is the
   smallest durable end among the in-sync replicas (isr.ReplicaSet), so a
   reader never sees a record that a crash, or a failover, could take back,
   nor a gap; it never moves backwards while this replica leads.
@@ -68,9 +71,12 @@ Changes = list[tuple[bytes, bytes | None]]
 
 class Writer(Protocol):
     """Where a partition's changes go: log_store.GroupCommitWriter, which
-    completes the futures in submission order once the changes are durable."""
+    completes the futures in submission order once the changes are durable
+    (and, with submit_readable, first once they are readable)."""
 
     def submit(self, changes: Changes) -> asyncio.Future: ...
+
+    def submit_readable(self, changes: Changes) -> tuple[asyncio.Future, asyncio.Future]: ...
 
 
 @dataclass(frozen=True)
@@ -112,6 +118,7 @@ class Partition:
         self.log_start_offset = 0
         self.next_offset = 0
         self.durable_end = 0
+        self.written_end = 0
         self.high_watermark = 0
         self.size_bytes = 0
         self.producers = ProducerStates()
@@ -120,11 +127,13 @@ class Partition:
         self.leader_epoch = 0 if sole_replica else -1
         self.replica_set: ReplicaSet | None = ReplicaSet(node_id, frozenset({node_id})) if sole_replica else None
         self.leader_high_watermark = 0  # a follower's: the leader's, as its last fetch answered
-        self._in_flight: deque[tuple[int, asyncio.Future]] = deque()  # (end offset, written) in offset order
+        self._in_flight: deque[tuple[int, asyncio.Future]] = deque()  # (end offset, durable) in offset order
+        self._unreadable: deque[tuple[int, asyncio.Future]] = deque()  # (end offset, readable) in offset order
         # (end offset, future, callback) of the leader's appends, completed once the high watermark passes them.
         self._replicating: deque[tuple[int, asyncio.Future, Callable[[], None] | None]] = deque()
         self._data_arrived = asyncio.Event()  # the high watermark moved
         self._log_end_moved = asyncio.Event()  # durable_end moved
+        self._written_end_moved = asyncio.Event()  # written_end moved: what followers wait on
         self._log_start_moved = asyncio.Event()  # the leader's log start moved (its followers are told at once)
         self._low_watermark_moved = asyncio.Event()  # the lowest log start of the ISR moved
         self.aborted: dict[int, list[tuple[int, int]]] = {}  # producer id -> [(first, last offset)]
@@ -147,7 +156,7 @@ class Partition:
         last = self.store.batch_at_or_before(self.pkey, 2**63 - 1)
         if last is not None:  # the log itself is the authority on where it ends
             self.next_offset = max(self.next_offset, log_store.decode_header(*last).last_offset + 1)
-        self.durable_end = self.next_offset
+        self.durable_end = self.written_end = self.next_offset
         # What this replica last knew was replicated; a sole replica moves it to its log end when it leads.
         self.high_watermark = min(meta.get("high_watermark", self.next_offset), self.next_offset) if meta else self.next_offset
         self.leader_high_watermark = self.high_watermark
@@ -403,9 +412,11 @@ class Partition:
         replicated: below the high watermark, True; False if leadership went
         first). ``on_replicated`` runs when the high watermark passes."""
         end = self.next_offset
-        written = self.writer.submit(changes)
+        readable, written = self.writer.submit_readable(changes)
+        self._unreadable.append((end, readable))
         self._in_flight.append((end, written))
-        # Added before anyone awaits the future: durable_end has moved by the time they resume.
+        # Added before anyone awaits the futures: written_end and durable_end have moved by the time they resume.
+        readable.add_done_callback(lambda _: self._on_readable())
         written.add_done_callback(lambda _: self._on_written())
         replicated = asyncio.get_running_loop().create_future()
         self._replicating.append((end, replicated, on_replicated))
@@ -682,6 +693,7 @@ class Partition:
         self.producers, self.aborted, self.pending_offsets = ProducerStates(), {}, {}
         self.next_offset = max(offset, self.log_start_offset)
         self.durable_end = min(self.durable_end, self.next_offset)
+        self.written_end = min(self.written_end, self.next_offset)
         self.high_watermark = min(self.high_watermark, self.next_offset)
         self.size_bytes = 0
         for base_offset, value in self.store.batches_holding(self.pkey, self.log_start_offset):
@@ -697,7 +709,7 @@ class Partition:
         log start, when retention there deleted what this replica lacks)."""
         changes = self._wipe_changes()
         self.producers, self.aborted, self.pending_offsets = ProducerStates(), {}, {}
-        self.log_start_offset = self.next_offset = self.durable_end = offset
+        self.log_start_offset = self.next_offset = self.durable_end = self.written_end = offset
         self.high_watermark = min(self.high_watermark, offset)
         self.size_bytes = 0
         self.epochs = LeaderEpochCache()
@@ -840,6 +852,14 @@ class Partition:
 
     # --- durability and the high watermark ---------------------------------------------
 
+    def _on_readable(self) -> None:
+        moved = False
+        while self._unreadable and self._unreadable[0][1].done():
+            self.written_end = self._unreadable.popleft()[0]
+            moved = True
+        if moved:
+            self._wake("_written_end_moved")
+
     def _on_written(self) -> None:
         moved = False
         while self._in_flight and self._in_flight[0][1].done():
@@ -919,9 +939,9 @@ class Partition:
         """Set once the high watermark moves (a new event is made then)."""
         return self._data_arrived
 
-    def log_end_moved(self) -> asyncio.Event:
-        """Set once durable_end moves (a new event is made then)."""
-        return self._log_end_moved
+    def written_end_moved(self) -> asyncio.Event:
+        """Set once written_end moves (a new event is made then)."""
+        return self._written_end_moved
 
     def log_start_moved(self) -> asyncio.Event:
         """Set once DeleteRecords moves the leader's log start (a new event is made then)."""

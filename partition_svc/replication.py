@@ -59,7 +59,7 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServiceServicer):
             result = reply.results.add(topic=wanted.topic, partition=wanted.partition, leader_epoch=-1, end_offset=-1)
             try:
                 partition = await self._leading(wanted.topic, wanted.partition, wanted.current_leader_epoch)
-                result.leader_epoch, result.end_offset = partition.epochs.end_offset_for(wanted.leader_epoch, partition.durable_end)
+                result.leader_epoch, result.end_offset = partition.epochs.end_offset_for(wanted.leader_epoch, partition.written_end)
             except TxlogError as exc:
                 result.error.CopyFrom(_error(exc))
         return reply
@@ -78,7 +78,7 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServiceServicer):
         if wait_ms > 0 and not answered:
             # new batches, or a log start DeleteRecords moved, end the wait
             events = [event for _, p, outcome in leading if p is not None and outcome is None
-                      for event in (p.log_end_moved(), p.log_start_moved())]
+                      for event in (p.written_end_moved(), p.log_start_moved())]
             if events:
                 waiters = [asyncio.ensure_future(e.wait()) for e in events]
                 try:
@@ -98,13 +98,13 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServiceServicer):
         if wanted.fetch_offset < 0:
             return TxlogError(ErrorCode.Value("INVALID_REQUEST"), f"fetch_offset must not be negative, got {wanted.fetch_offset}")
         if wanted.last_fetched_epoch >= 0:
-            epoch, end = partition.epochs.end_offset_for(wanted.last_fetched_epoch, partition.durable_end)
+            epoch, end = partition.epochs.end_offset_for(wanted.last_fetched_epoch, partition.written_end)
             if epoch != wanted.last_fetched_epoch or end < wanted.fetch_offset:
                 return replication_pb2.EpochEndOffset(epoch=epoch, end_offset=end)
         if wanted.fetch_offset < partition.log_start_offset:
             return TxlogError(ErrorCode.Value("OFFSET_OUT_OF_RANGE"),
                               f"offset {wanted.fetch_offset} is below the log start {partition.log_start_offset}")
-        if wanted.fetch_offset <= partition.durable_end:
+        if wanted.fetch_offset <= partition.written_end:  # it may hold what is not synced here yet: see partition.py
             self.replicas.follower_fetched(partition, follower, wanted.fetch_offset,
                                            wanted.log_start_offset if wanted.HasField("log_start_offset") else 0)
         return None
@@ -127,9 +127,10 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServiceServicer):
                 result.high_watermark, result.log_start_offset = partition.high_watermark, partition.log_start_offset
                 if outcome is not None:
                     result.diverging_epoch.CopyFrom(outcome)
-                elif wanted.fetch_offset < partition.durable_end:  # caught up: no batch to read (a read would load the last one)
+                elif wanted.fetch_offset < partition.written_end:  # caught up: no batch to read (a read would load the last one)
                     # from the batch holding fetch_offset: a follower restarted at a log start inside a batch gets it whole
-                    for base_offset, value in partition.store.batches_holding(partition.pkey, wanted.fetch_offset, partition.durable_end):
+                    # up to what is written here, synced or not: the high watermark still waits for this replica's sync
+                    for base_offset, value in partition.store.batches_holding(partition.pkey, wanted.fetch_offset, partition.written_end):
                         batches.append(wire.stored_batch(base_offset, partition.epochs.epoch_at(base_offset), value))
                         left -= len(value)
                         if left <= 0:

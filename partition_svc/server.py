@@ -623,7 +623,7 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
                 partition = await self.hosted(wanted.topic, wanted.partition)
                 if wanted.HasField("current_leader_epoch") and wanted.current_leader_epoch != -1:
                     partition.check_leader_epoch(wanted.current_leader_epoch)
-                result.leader_epoch, result.end_offset = partition.epochs.end_offset_for(wanted.leader_epoch, partition.durable_end)
+                result.leader_epoch, result.end_offset = partition.epochs.end_offset_for(wanted.leader_epoch, partition.written_end)
             except TxlogError as exc:
                 result.error.CopyFrom(error_of(exc))
         return reply

@@ -715,6 +715,8 @@ class PartitionMachine(RuleBasedStateMachine):
     def the_partition_agrees_with_the_model(self):
         p, m = self.partition, self.model
         assert p.next_offset == m.live.next_offset, "next offset"
+        assert p.high_watermark <= p.durable_end <= p.written_end <= p.next_offset, (
+            f"high watermark {p.high_watermark}, durable {p.durable_end}, written {p.written_end}, next {p.next_offset}")
         assert p.high_watermark == m.hw, f"high watermark {p.high_watermark}, model {m.hw}"
         lso = p.last_stable_offset
         assert lso == m.lso(), f"LSO {lso}, model {m.lso()}"
