@@ -99,7 +99,8 @@ CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
 ]
 CALL_TIMEOUT_S = 120.0
-RETRIES_PER_REQUEST_MAX = 20
+RESENDABLE = {"OUT_OF_ORDER_SEQUENCE", "UNKNOWN_PRODUCER_ID", "NOT_LEADER"}
+RESENDS_PER_REQUEST_MAX = 20
 SERVICE = "partition_svc-0"
 TOPIC_ONE = "bench-one"
 TOPIC_FOUR = "bench-four"
@@ -428,51 +429,91 @@ async def measure_raw_grpc(address: str, records: int, batch_records: int, warmu
 PRODUCE_METHOD = "/txlog.v1.PartitionService/Produce"
 
 
-async def send_pipelined(channel: grpc.aio.Channel, requests: Iterable[tuple[bytes, int]], window: int) -> dict:
-    """Sends serialized ProduceRequests in order with up to ``window`` outstanding
-    and settles them in order; a request whose partition answered a retriable
-    sequencing error (a later request overtook an earlier one on the way in) is
-    sent again once every earlier request has settled, as the client SDK would.
-    Returns the record count, the latencies and the number of resends."""
+async def send_pipelined(channel: grpc.aio.Channel, requests: Iterator[tuple[bytes, int]], window: int) -> dict:
+    """Serialized ProduceRequests sent in order with up to ``window`` outstanding and
+    settled in order with the recovery of a real
+    client when partition_svc refuses a request with a sequencing error because a
+    later one overtook it on the way in (gRPC does not order the calls of one
+    channel, and partition_svc awaits lookups - the coordinator verification of a
+    transaction's first batch - before the sequence check): every request sent
+    after the refused one is refused too (each arrives before its predecessor's
+    resend), so nothing new is sent until every request in flight has settled,
+    the refused ones are sent again one at a time in sequence order (Kafka's
+    producer also sends retried batches alone, in order), and the pipeline
+    resumes. A new producer's (or epoch's) later batch that arrives first is
+    UNKNOWN_PRODUCER_ID (or OUT_OF_ORDER_SEQUENCE). (Resending while new requests
+    keep going out makes every later request fail once too, for good, after
+    the first overtaking: under load, whole runs were resent.)
+    Returns records, requests, latencies, resends with their reasons, and the
+    recoveries with the time they took."""
     from services.errors import ErrorCode
     from services.stubs.txlog.v1 import partition_pb2
 
     produce = channel.unary_unary(PRODUCE_METHOD, request_serializer=None, response_deserializer=partition_pb2.ProduceResponse.FromString)
-    retriable = {ErrorCode.Value("OUT_OF_ORDER_SEQUENCE"), ErrorCode.Value("NOT_LEADER")}
-    in_flight: deque[tuple[bytes, int, asyncio.Future]] = deque()
+    in_flight: deque[tuple[int, bytes, int, asyncio.Future]] = deque()  # (index in send order, body, records, call)
     latencies: list[float] = []
-    stats = {"records": 0, "requests": 0, "resends": 0, "resend_reasons": {}}
+    stats = {
+        "records": 0, "requests": 0, "resends": 0, "resend_reasons": {}, "recoveries": 0,
+        "recoveries_in_first_window": 0,  # set off by one of the first ``window`` requests
+        "recovery_s": 0.0, "first_latency_s": None,  # of request 0, when it was not refused
+    }
 
     async def one(body: bytes):
         started = time.perf_counter()
         reply = await produce(body, timeout=CALL_TIMEOUT_S)
         return reply, time.perf_counter() - started
 
-    async def settle(body: bytes, records: int, task: asyncio.Future) -> None:
-        reply, latency = await task
-        for _ in range(RETRIES_PER_REQUEST_MAX):
-            errors = [r.error for r in reply.results if r.error.code != 0]
-            if not errors:
-                latencies.append(latency)
-                stats["records"] += records
-                stats["requests"] += 1
-                return
-            if any(e.code not in retriable for e in errors):
-                raise RuntimeError(f"Produce failed: {errors[0].code} {errors[0].message}")
-            for e in errors:
-                name = ErrorCode.Name(e.code)
-                stats["resend_reasons"][name] = stats["resend_reasons"].get(name, 0) + 1
-            stats["resends"] += 1
-            reply, latency = await one(body)
-        raise RuntimeError(f"Produce still failing after {RETRIES_PER_REQUEST_MAX} resends: {errors[0].message}")
+    def settled(records: int, reply, latency: float, index: int = -1) -> bool:
+        """Counts an accepted request; False (and counts why) for a resendable refusal."""
+        refused = [r.error for r in reply.results if r.error.code != 0]
+        if not refused:
+            if index == 0:
+                stats["first_latency_s"] = latency
+            latencies.append(latency)
+            stats["records"] += records
+            stats["requests"] += 1
+            return True
+        names = [ErrorCode.Name(e.code) for e in refused]
+        if any(name not in RESENDABLE for name in names):
+            raise RuntimeError(f"Produce failed: {names[0]} {refused[0].message}")
+        for name in names:
+            stats["resend_reasons"][name] = stats["resend_reasons"].get(name, 0) + 1
+        stats["resends"] += 1
+        return False
 
-    for body, records in requests:
-        if len(in_flight) >= window:
-            await settle(*in_flight.popleft())
-        in_flight.append((body, records, asyncio.ensure_future(one(body))))
-    while in_flight:
-        await settle(*in_flight.popleft())
-    return {**stats, "latency_ms": latency_summary(latencies) if latencies else None}
+    async def recover(index: int, first: tuple[bytes, int]) -> None:
+        started = time.perf_counter()
+        stats["recoveries_in_first_window"] += index < window
+        refused = [first]
+        while in_flight:
+            _, body, records, task = in_flight.popleft()
+            if not settled(records, *await task):
+                refused.append((body, records))
+        for body, records in refused:
+            for _ in range(RESENDS_PER_REQUEST_MAX):
+                if settled(records, *await one(body)):
+                    break
+            else:
+                raise RuntimeError(f"Produce still refused after {RESENDS_PER_REQUEST_MAX} resends")
+        stats["recoveries"] += 1
+        stats["recovery_s"] += time.perf_counter() - started
+
+    async def settle_oldest() -> None:
+        index, body, records, task = in_flight.popleft()
+        if not settled(records, *await task, index):
+            await recover(index, (body, records))
+
+    try:
+        for index, (body, records) in enumerate(requests):
+            if len(in_flight) >= window:
+                await settle_oldest()
+            in_flight.append((index, body, records, asyncio.ensure_future(one(body))))
+        while in_flight:
+            await settle_oldest()
+    finally:
+        for *_, task in in_flight:
+            task.cancel()
+    return {**stats, "latencies_s": latencies}
 
 
 async def init_producer(channel: grpc.aio.Channel) -> tuple[int, int]:
@@ -547,7 +588,8 @@ async def timed_produce(
         "requests": sent["requests"],
         "resends": sent["resends"],
         "resend_reasons": sent["resend_reasons"],
-        "request_latency_ms": sent["latency_ms"],
+        "request_latency_ms": latency_summary(sent["latencies_s"]),
+        "recoveries": sent["recoveries"],
         **phase.rates(sent["records"], RECORD_BYTES),
     }
 

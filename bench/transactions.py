@@ -61,10 +61,11 @@ the client spends almost no CPU on the two shared cores:
   records returned (read_uncommitted returns the aborted ones too);
   ``log_records_per_s`` counts the offsets the pass went through.
 
-Targets: transactional records/s at a 100 ms commit interval >= 98% of the
-idempotent records/s (overhead <= 2%); commit latency p99 (until the markers
-landed, visible to read_committed) <= 20 ms with 8 partitions in the
-transaction; read_committed records/s >= 90% of read_uncommitted records/s.
+Targets (issue 18): transactional records/s >= 97% of the idempotent
+records/s at a 100 ms commit interval, >= 85% at 10 ms; commit latency p99
+(until the markers landed, visible to read_committed) <= 10 ms with 8
+partitions in the transaction; a one-record transaction until visible <= 3x
+a plain produce (p50); read_committed records/s >= 95% of read_uncommitted.
 
 Why the baselines run in the same run: fsync latency and loopback gRPC speed
 depend on the disk, the kernel and whatever else runs (2 cores here, shared by
@@ -88,7 +89,7 @@ import os
 import sys
 import tempfile
 import time
-from collections import Counter, defaultdict, deque
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -109,6 +110,7 @@ from produce_fetch import (  # noqa: E402
     init_producer,
     record_key,
     record_value,
+    send_pipelined,
 )
 
 from partition_svc.wire import field_tag, varint  # noqa: E402
@@ -129,14 +131,13 @@ TRANSACTION_TIMEOUT_MS = 60_000
 COORDINATOR_WAIT_S = 60.0  # coordinators take a few seconds after start to own their partitions
 RETRY_WAIT_S = 30.0
 ABORTED_KEY_BIT = 1 << 63  # keys of records written in aborted transactions
-THROUGHPUT_TARGET = 0.98
-THROUGHPUT_TARGET_INTERVAL_MS = 100
-LATENCY_TARGET_MS = 20.0
-FETCH_TARGET = 0.9
+# issue 18's table (an earlier issue asked 98%, 20 ms and 90%)
+THROUGHPUT_TARGETS = {100: 0.97, 10: 0.85}  # commit interval ms -> transactional records/s vs idempotent
+LATENCY_TARGET_MS = 10.0
+ONE_RECORD_TARGET_X = 3.0  # a one-record transaction until visible vs a plain produce, p50
+FETCH_TARGET = 0.95
 RETRIABLE_COORDINATOR = {"CONCURRENT_TRANSACTIONS", "COORDINATOR_LOAD_IN_PROGRESS", "COORDINATOR_NOT_AVAILABLE", "NOT_COORDINATOR"}
 REFIND_COORDINATOR = {"COORDINATOR_NOT_AVAILABLE", "NOT_COORDINATOR"}
-RESENDABLE = {"OUT_OF_ORDER_SEQUENCE", "UNKNOWN_PRODUCER_ID", "NOT_LEADER"}
-RESENDS_PER_REQUEST_MAX = 20
 PRODUCE_METHOD = "/txlog.v1.PartitionService/Produce"
 
 
@@ -260,90 +261,6 @@ class Sequences:
 
     def reset(self) -> None:
         self.next.clear()
-
-
-async def send_pipelined(channel: grpc.aio.Channel, requests: Iterator[tuple[bytes, int]], window: int) -> dict:
-    """Serialized ProduceRequests sent in order with up to ``window`` outstanding and
-    settled in order (produce_fetch.send_pipelined), with the recovery of a real
-    client when partition_svc refuses a request with a sequencing error because a
-    later one overtook it on the way in (gRPC does not order the calls of one
-    channel, and partition_svc awaits lookups - the coordinator verification of a
-    transaction's first batch - before the sequence check): every request sent
-    after the refused one is refused too (each arrives before its predecessor's
-    resend), so nothing new is sent until every request in flight has settled,
-    the refused ones are sent again one at a time in sequence order (Kafka's
-    producer also sends retried batches alone, in order), and the pipeline
-    resumes. A new producer's (or epoch's) later batch that arrives first is
-    UNKNOWN_PRODUCER_ID (or OUT_OF_ORDER_SEQUENCE). (Resending while new requests
-    keep going out, as produce_fetch.send_pipelined does, makes every later
-    request fail once too, for good, after the first overtaking.)
-    Returns records, requests, latencies, resends with their reasons, and the
-    recoveries with the time they took."""
-    produce = channel.unary_unary(PRODUCE_METHOD, request_serializer=None, response_deserializer=partition_pb2.ProduceResponse.FromString)
-    in_flight: deque[tuple[int, bytes, int, asyncio.Future]] = deque()  # (index in send order, body, records, call)
-    latencies: list[float] = []
-    stats = {
-        "records": 0, "requests": 0, "resends": 0, "resend_reasons": {}, "recoveries": 0,
-        "recoveries_in_first_window": 0,  # set off by one of the first ``window`` requests
-        "recovery_s": 0.0, "first_latency_s": None,  # of request 0, when it was not refused
-    }
-
-    async def one(body: bytes):
-        started = time.perf_counter()
-        reply = await produce(body, timeout=CALL_TIMEOUT_S)
-        return reply, time.perf_counter() - started
-
-    def settled(records: int, reply, latency: float, index: int = -1) -> bool:
-        """Counts an accepted request; False (and counts why) for a resendable refusal."""
-        refused = [r.error for r in reply.results if r.error.code != 0]
-        if not refused:
-            if index == 0:
-                stats["first_latency_s"] = latency
-            latencies.append(latency)
-            stats["records"] += records
-            stats["requests"] += 1
-            return True
-        names = [errors.ErrorCode.Name(e.code) for e in refused]
-        if any(name not in RESENDABLE for name in names):
-            raise RuntimeError(f"Produce failed: {names[0]} {refused[0].message}")
-        for name in names:
-            stats["resend_reasons"][name] = stats["resend_reasons"].get(name, 0) + 1
-        stats["resends"] += 1
-        return False
-
-    async def recover(index: int, first: tuple[bytes, int]) -> None:
-        started = time.perf_counter()
-        stats["recoveries_in_first_window"] += index < window
-        refused = [first]
-        while in_flight:
-            _, body, records, task = in_flight.popleft()
-            if not settled(records, *await task):
-                refused.append((body, records))
-        for body, records in refused:
-            for _ in range(RESENDS_PER_REQUEST_MAX):
-                if settled(records, *await one(body)):
-                    break
-            else:
-                raise RuntimeError(f"Produce still refused after {RESENDS_PER_REQUEST_MAX} resends")
-        stats["recoveries"] += 1
-        stats["recovery_s"] += time.perf_counter() - started
-
-    async def settle_oldest() -> None:
-        index, body, records, task = in_flight.popleft()
-        if not settled(records, *await task, index):
-            await recover(index, (body, records))
-
-    try:
-        for index, (body, records) in enumerate(requests):
-            if len(in_flight) >= window:
-                await settle_oldest()
-            in_flight.append((index, body, records, asyncio.ensure_future(one(body))))
-        while in_flight:
-            await settle_oldest()
-    finally:
-        for *_, task in in_flight:
-            task.cancel()
-    return {**stats, "latencies_s": latencies}
 
 
 # --- talking to the cluster ----------------------------------------------------------------
@@ -948,15 +865,17 @@ async def measure_fetch(cluster: Cluster, args: argparse.Namespace) -> dict:
 def targets(throughput: dict, latency: dict, fetch: dict) -> dict:
     summary = throughput["summary"]
     result = {}
-    txn = summary.get(f"transactional_{THROUGHPUT_TARGET_INTERVAL_MS}ms")
-    if txn is not None:
+    for interval_ms, target in THROUGHPUT_TARGETS.items():
+        txn = summary.get(f"transactional_{interval_ms}ms")
+        if txn is None:
+            continue
         ratio = txn["records_per_s"] / summary["idempotent_records_per_s"]
-        result["transactional_100ms_vs_idempotent"] = {
-            "target": f"transactional records/s at a {THROUGHPUT_TARGET_INTERVAL_MS} ms commit interval >= {THROUGHPUT_TARGET:.0%} of idempotent",
+        result[f"transactional_{interval_ms}ms_vs_idempotent"] = {
+            "target": f"transactional records/s at a {interval_ms} ms commit interval >= {target:.0%} of idempotent",
             "actual": round(ratio, 4),
             "overhead_pct": txn["overhead_pct"],
             "idempotent_slices_spread_pct": summary["idempotent_slices_spread_pct"],
-            "met": ratio >= THROUGHPUT_TARGET,
+            "met": ratio >= target,
         }
     eight = latency[f"partitions_{LATENCY_PARTITIONS}"]["latency_ms"]
     result["commit_latency_p99_8_partitions"] = {
@@ -966,6 +885,13 @@ def targets(throughput: dict, latency: dict, fetch: dict) -> dict:
         "end_txn_answered_p99_ms": eight["end_txn_answered"]["p99"],
         "met": eight["end_txn_to_visible"]["p99"] <= LATENCY_TARGET_MS,
         "met_if_judged_until_end_txn_answered": eight["end_txn_answered"]["p99"] <= LATENCY_TARGET_MS,
+    }
+    one = latency["partitions_1"]["transaction_to_visible_vs_plain_produce_p50"]
+    result["one_record_transaction_vs_plain_produce"] = {
+        "target": f"a small transaction on one partition (one batch of --latency-records records, its partition added, EndTxn) "
+                  f"until visible <= {ONE_RECORD_TARGET_X:g}x the same produce without a transaction, p50",
+        "actual_x": one,
+        "met": one <= ONE_RECORD_TARGET_X,
     }
     ratio = fetch["read_committed"]["records_per_s"] / fetch["read_uncommitted"]["records_per_s"]
     result["read_committed_vs_read_uncommitted"] = {
