@@ -853,19 +853,15 @@ class Partition:
     # --- durability and the high watermark ---------------------------------------------
 
     def _on_readable(self) -> None:
-        moved = False
-        while self._unreadable and self._unreadable[0][1].done():
-            self.written_end = self._unreadable.popleft()[0]
-            moved = True
-        if moved:
+        end = _settled_end(self._unreadable)
+        if end is not None:
+            self.written_end = end
             self._wake("_written_end_moved")
 
     def _on_written(self) -> None:
-        moved = False
-        while self._in_flight and self._in_flight[0][1].done():
-            self.durable_end = self._in_flight.popleft()[0]
-            moved = True
-        if moved:
+        end = _settled_end(self._in_flight)
+        if end is not None:
+            self.durable_end = end
             self._wake("_log_end_moved")
             self._advance_high_watermark()
 
@@ -1143,3 +1139,12 @@ def offset_changes(batch: common_pb2.RecordBatch) -> Changes:
     """A __consumer_offsets batch as changes of the offsets view: a record
     without a value is a tombstone (a deleted group's offset)."""
     return [(r.key, r.value if r.HasField("value") else None) for r in batch.records]
+
+
+def _settled_end(writes: deque[tuple[int, asyncio.Future]]) -> int | None:
+    """Takes the leading writes whose future is done off ``writes`` (end offset,
+    future; in offset order): the end of the last one taken, None if none was."""
+    end = None
+    while writes and writes[0][1].done():
+        end = writes.popleft()[0]
+    return end
