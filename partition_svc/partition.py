@@ -718,7 +718,17 @@ class Partition:
 
     async def delete(self) -> None:
         """Deletes this replica's copy of the partition (a reassignment moved it away)."""
+        await self.settle_writes()
         await self.writer.submit(self._wipe_changes())
+
+    async def settle_writes(self) -> None:
+        """Returns once every change submitted before the call is written: what
+        truncate_to, restart_log_at and delete read from the store to delete
+        then includes a leader's last appends, still queued when it stopped
+        leading (read before, they were written after the deletions and
+        survived them: an unreplicated batch and its producer's state, back at
+        the next restart)."""
+        await self.writer.submit([])
 
     def _wipe_changes(self) -> Changes:
         return wipe_changes(self.store, self.pkey, self._owns_group())

@@ -99,6 +99,11 @@ class ReplicaFetcher:
 
     async def _truncate(self, stub) -> None:
         """OffsetForLeaderEpoch rounds for every partition not truncated yet."""
+        untruncated = [f for f in self.followed.values() if not f.truncated]
+        if untruncated:
+            # A leader's last appends may still be queued for the writer when it starts following: written first, so
+            # the truncations' deletions, read from the store, see them (the writer is shared: one barrier serves all).
+            await untruncated[0].partition.settle_writes()
         asking = {key: f.partition.epochs.latest_epoch for key, f in self.followed.items() if not f.truncated}
         while asking:
             for key in [k for k, epoch in asking.items() if epoch < 0]:  # nothing written in any epoch: nothing to keep
@@ -158,7 +163,9 @@ class ReplicaFetcher:
             if result.error.code != NONE:
                 if result.error.code == ErrorCode.Value("OFFSET_OUT_OF_RANGE") and result.log_start_offset > followed.partition.next_offset:
                     # the leader's retention deleted what this replica still lacks: start over at its log start
-                    await _awaited(followed.partition.restart_log_at(result.log_start_offset))
+                    await followed.partition.settle_writes()
+                    if self.followed.get(key) is followed:
+                        await _awaited(followed.partition.restart_log_at(result.log_start_offset))
                     continue
                 await self._on_error(key, result.error)
                 refused += 1
