@@ -37,6 +37,7 @@ import json
 import logging
 import os
 import struct
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -210,6 +211,11 @@ class LogStore:
         options.set_blob_gc_force_threshold(BLOB_GC_ON_RATIO)
         self.db = Rdict(path, options)
         self.blob_gc = False
+        # The store is closed at shutdown while a thread may still read its
+        # properties or tune it (a cancelled task's to_thread runs on): both
+        # hold this lock, and do nothing once the store is closed.
+        self._side_lock = threading.Lock()
+        self._closed = False
         self.sync = sync
         self._write_options = WriteOptions()
         self._write_options.sync = False
@@ -223,7 +229,10 @@ class LogStore:
                   "delayed_write_rate": "rocksdb.actual-delayed-write-rate", "write_stopped": "rocksdb.is-write-stopped"}
 
     def properties(self) -> dict[str, int]:
-        return {name: self.db.property_int_value(key) or 0 for name, key in self.PROPERTIES.items()}
+        with self._side_lock:
+            if self._closed:
+                return dict.fromkeys(self.PROPERTIES, 0)
+            return {name: self.db.property_int_value(key) or 0 for name, key in self.PROPERTIES.items()}
 
     def blob_garbage_ratio(self) -> float:
         """The share of the live blob files' bytes that belongs to deleted batches."""
@@ -235,16 +244,21 @@ class LogStore:
         """Turns blob GC on once deleted batches reach BLOB_GC_ON_RATIO of the
         live blob bytes, off again below BLOB_GC_OFF_RATIO (the gap keeps it
         from flapping); whether it is on. Blocking: call it off the event loop."""
-        ratio = self.blob_garbage_ratio()
-        wanted = blob_gc_wanted(ratio, self.blob_gc)
-        if wanted != self.blob_gc:
-            self.db.set_options({"enable_blob_garbage_collection": "true" if wanted else "false"})
-            self.blob_gc = wanted
-            log.info("blob garbage collection " + ("on" if wanted else "off"), extra=fields(garbage_ratio=round(ratio, 3)))
-        return self.blob_gc
+        with self._side_lock:
+            if self._closed:
+                return self.blob_gc
+            ratio = self.blob_garbage_ratio()
+            wanted = blob_gc_wanted(ratio, self.blob_gc)
+            if wanted != self.blob_gc:
+                self.db.set_options({"enable_blob_garbage_collection": "true" if wanted else "false"})
+                self.blob_gc = wanted
+                log.info("blob garbage collection " + ("on" if wanted else "off"), extra=fields(garbage_ratio=round(ratio, 3)))
+            return self.blob_gc
 
     def close(self) -> None:
-        self.db.close()
+        with self._side_lock:
+            self._closed = True
+            self.db.close()
 
     def get(self, key: bytes) -> bytes | None:
         return self.db.get(key)

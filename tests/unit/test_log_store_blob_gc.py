@@ -69,3 +69,11 @@ def test_deleted_batches_turn_gc_on_until_they_are_reclaimed_and_the_rest_reads_
 ])
 def test_gc_goes_on_at_the_high_mark_and_off_below_the_low_one(ratio, on, wanted):
     assert blob_gc_wanted(ratio, on) is wanted
+
+
+def test_a_closed_store_answers_properties_and_tuning_without_touching_the_database(tmp_path):
+    """At shutdown the store closes while a thread may still be tuning it (a cancelled retention pass's to_thread)."""
+    store = filled(tmp_path, files=1)
+    store.close()
+    assert store.properties() == dict.fromkeys(LogStore.PROPERTIES, 0)
+    assert store.tune_blob_gc() is False
