@@ -201,7 +201,7 @@ def test_the_one_pass_scan_finds_what_the_two_scans_found(tmp_path):
 
 
 @pytest.mark.parametrize("bytes_max", [0, 1, 1 << 20])
-def test_a_follower_fetch_gets_whole_stored_values_up_to_the_durable_end(tmp_path, bytes_max):
+def test_a_follower_fetch_gets_whole_stored_values_up_to_the_written_end(tmp_path, bytes_max):
     async def scenario():
         p = leader(tmp_path)
         await produce(p, *(records([f"{i}-{j}" for j in range(3)]) for i in range(4)))
