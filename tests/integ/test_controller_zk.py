@@ -251,8 +251,7 @@ def test_a_running_controller_announces_a_leaders_isr_change_within_its_pass_int
     def run() -> None:
         async def until_stopped() -> None:
             task = asyncio.ensure_future(made.controller.run_forever())
-            while not stop.is_set():
-                await asyncio.sleep(0.05)
+            await asyncio.to_thread(stop.wait)
             task.cancel()
         asyncio.run(until_stopped())
 

@@ -4,13 +4,13 @@ compaction with nothing deleted. Real RocksDB files in tmp_path."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
 from rocksdict import BottommostLevelCompaction, CompactOptions
 
 from partition_svc.log_store import BLOB_BYTES_MIN, BLOB_GC_OFF_RATIO, BLOB_GC_ON_RATIO, LogStore, blob_gc_wanted
+from services.client.two_phase import wait_until
 
 VALUE = b"x" * (BLOB_BYTES_MIN * 4)  # big enough to live in a blob file
 
@@ -53,10 +53,7 @@ def test_deleted_batches_turn_gc_on_until_they_are_reclaimed_and_the_rest_reads_
     store.db.compact_range(None, None)  # the deletions meet their batches: the garbage is counted
     assert store.blob_garbage_ratio() >= BLOB_GC_ON_RATIO
     assert store.tune_blob_gc()  # on: RocksDB forces the compactions of the files holding garbage
-    deadline = time.monotonic() + 30
-    while store.blob_garbage_ratio() >= BLOB_GC_OFF_RATIO:
-        assert time.monotonic() < deadline, f"garbage ratio still {store.blob_garbage_ratio()}"
-        time.sleep(0.05)
+    wait_until(lambda: store.blob_garbage_ratio() < BLOB_GC_OFF_RATIO, 30, "RocksDB's forced compactions reclaiming the garbage")
     assert not store.tune_blob_gc()
     assert [store.get(key(i)) for i in range(200)] == [None if i % 2 == 0 else VALUE for i in range(200)]
     store.close()

@@ -1,7 +1,8 @@
 """zk.gather_in_chunks, the bounded concurrent gather of ZooKeeper reads used
 by the controller, the resync and Metadata: order of results, reads in flight
 never above the chunk size, what a read that raises does. The reader here is a
-fake (sleeps then answers): ZooKeeper is not what this tests."""
+fake (sleeps, or waits until the test opens its gate, then answers): ZooKeeper
+is not what this tests."""
 
 import asyncio
 
@@ -13,22 +14,29 @@ from services import zk
 class Reader:
     """Answers ``key * 10`` after a delay that varies by key, counting the reads in flight."""
 
-    def __init__(self, fail: set[int] = frozenset(), delay=lambda key: (key * 7 % 5) / 1000):  # later keys often end first
+    def __init__(self, fail: set[int] = frozenset(), delay=lambda key: (key * 7 % 5) / 1000,  # later keys often end first
+                 gates: dict[int, asyncio.Event] | None = None):
         self.fail = fail
         self.delay = delay
+        self.gates = gates or {}
         self.in_flight = 0
         self.most_in_flight = 0
         self.started: list[int] = []
         self.ended: list[int] = []
+        self.answered: list[int] = []  # ended with an answer: neither failed nor cancelled
 
     async def __call__(self, key: int) -> int:
         self.started.append(key)
         self.in_flight += 1
         self.most_in_flight = max(self.most_in_flight, self.in_flight)
         try:
-            await asyncio.sleep(self.delay(key))
+            if key in self.gates:
+                await self.gates[key].wait()
+            else:
+                await asyncio.sleep(self.delay(key))
             if key in self.fail:
                 raise KeyError(key)
+            self.answered.append(key)
             return key * 10
         finally:
             self.in_flight -= 1
@@ -59,24 +67,28 @@ def test_a_chunk_starts_only_once_every_read_of_the_one_before_ended():
 
 
 def test_a_read_that_raises_propagates_at_once_and_no_later_chunk_is_read():
-    reader = Reader(fail={5}, delay=lambda key: 0 if key == 5 else 0.05)  # 3 and 4 are still reading when 5 fails
     chunks = []
 
     async def each_chunk(chunk_keys, results):
         chunks.append(list(chunk_keys))
 
     async def run():
+        gates = {3: asyncio.Event(), 4: asyncio.Event()}  # 3 and 4 are still reading when 5 fails
+        reader = Reader(fail={5}, delay=lambda key: 0, gates=gates)
         with pytest.raises(KeyError) as raised:
             await zk.gather_in_chunks(reader, list(range(9)), 3, each_chunk=each_chunk)
         assert raised.value.args == (5,)
         assert sorted(reader.started) == [0, 1, 2, 3, 4, 5]  # chunk [6, 7, 8] never started
         assert chunks == [[0, 1, 2]]  # the chunk before was handed over; the failing one is not
         still_reading = reader.in_flight
-        await asyncio.sleep(0.2)
-        return still_reading, sorted(reader.ended)
+        for gate in gates.values():
+            gate.set()
+        while reader.in_flight:  # each opened read ends at the loop's next turns
+            await asyncio.sleep(0)
+        return still_reading, sorted(reader.ended), sorted(reader.answered)
 
     # the failing chunk's other reads are not cancelled: still in flight when it raised, they run to their end
-    assert asyncio.run(run()) == (2, [0, 1, 2, 3, 4, 5])
+    assert asyncio.run(run()) == (2, [0, 1, 2, 3, 4, 5], [0, 1, 2, 3, 4])
 
 
 def test_an_exception_of_each_chunk_propagates_and_no_later_chunk_is_read():
