@@ -678,7 +678,9 @@ class Partition:
     def truncate_to(self, offset: int) -> asyncio.Future | None:
         """Removes the log from ``offset`` on (where it diverges from the
         leader's) and rebuilds every state derived from the log by replaying
-        what is left; None when the log ends there already."""
+        what is left; None when the log ends there already. Only once this
+        replica's appends are written (settle_writes)."""
+        self._check_settled("truncate")
         if offset >= self.next_offset:
             # An epoch this replica started at its log end and never wrote in (a leader that took no write)
             # is not in the leader's log either: forgotten, or every fetch would be told the logs diverge.
@@ -706,7 +708,9 @@ class Partition:
 
     def restart_log_at(self, offset: int) -> asyncio.Future:
         """Drops the whole log and starts it empty at ``offset`` (the leader's
-        log start, when retention there deleted what this replica lacks)."""
+        log start, when retention there deleted what this replica lacks).
+        Only once this replica's appends are written (settle_writes)."""
+        self._check_settled("start over")
         changes = self._wipe_changes()
         self.producers, self.aborted, self.pending_offsets = ProducerStates(), {}, {}
         self.log_start_offset = self.next_offset = self.durable_end = self.written_end = offset
@@ -729,6 +733,11 @@ class Partition:
         survived them: an unreplicated batch and its producer's state, back at
         the next restart)."""
         await self.writer.submit([])
+
+    def _check_settled(self, what: str) -> None:
+        """What to delete is read from the store: an append not written yet would outlive the deletions."""
+        if self._in_flight or self._unreadable:
+            raise RuntimeError(f"{self.topic}-{self.index}: cannot {what} with appends not written yet; settle_writes first")
 
     def _wipe_changes(self) -> Changes:
         return wipe_changes(self.store, self.pkey, self._owns_group())

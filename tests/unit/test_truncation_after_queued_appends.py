@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
+import pytest
+
 from partition_svc import validation
 from partition_svc.log_store import LogStore
 from partition_svc.partition import Partition
@@ -118,6 +120,21 @@ def test_a_replica_starting_over_at_the_leaders_log_start_keeps_nothing_of_a_que
         await until_done(asyncio.ensure_future(fetcher._fetch(LeaderPastRetention())), writer)
         assert partition.next_offset == partition.log_start_offset == 5
         assert stored(store, partition) == ([], [])
+        store.close()
+
+    asyncio.run(scenario())
+
+
+def test_truncating_or_starting_over_with_an_append_not_written_yet_is_refused_and_changes_nothing(tmp_path):
+    async def scenario():
+        store = LogStore(str(tmp_path / "db"), sync=False)
+        writer = ScriptedWriter(store)
+        partition = await deposed_leader(store, writer)
+        for step in (lambda: partition.truncate_to(1), lambda: partition.restart_log_at(5)):
+            with pytest.raises(RuntimeError, match="settle_writes first"):
+                step()
+            assert partition.next_offset == 2 and len(writer.unwritten) == 1  # nothing applied, nothing submitted
+        await writer.settle()
         store.close()
 
     asyncio.run(scenario())
