@@ -33,7 +33,7 @@ COPY partition_svc ./partition_svc
 COPY coordinator_svc ./coordinator_svc
 COPY spark_jobs ./spark_jobs
 RUN pip install --no-deps . \
-    && python -c "import services.client, producer_id_svc.server, partition_svc.server, coordinator_svc.server"
+    && python -c "import txlog, producer_id_svc.server, partition_svc.server, coordinator_svc.server"
 
 FROM builder AS spark-builder
 RUN python docker/requirements.py spark > /tmp/requirements-spark.txt \

@@ -77,8 +77,8 @@ from produce_fetch import CALL_TIMEOUT_S, create_topic  # noqa: E402
 from transactions import Cluster, TxnProducer  # noqa: E402
 
 from coordinator_svc.check_rules import JITTER_FRACTION  # noqa: E402
-from services import errors  # noqa: E402
-from services.stubs.txlog.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc, partition_pb2  # noqa: E402
+from txlog.protocol import errors  # noqa: E402
+from txlog.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc, partition_pb2  # noqa: E402
 
 CHECK_GROUP, DIRECT_GROUP = "bench", "direct"
 TOPICS = {CHECK_GROUP: "check-back", DIRECT_GROUP: "check-back-direct"}
@@ -294,7 +294,7 @@ class CountingCheck:
 
 
 async def check_back(cluster: Cluster, coordinator: str, pids: dict, args: argparse.Namespace) -> dict:
-    from services.client import TransactionChecker
+    from txlog import TransactionChecker
 
     stub = coordinator_pb2_grpc.CoordinatorServiceStub(cluster.channel(coordinator))
     await asyncio.sleep(args.group_interval_ms * (1 + 1 / JITTER_FRACTION) / 1000 + 0.2)  # until the last prepared is due too
@@ -346,8 +346,8 @@ async def check_back(cluster: Cluster, coordinator: str, pids: dict, args: argpa
 
 def committed_values(bootstrap: str, topic: str, partitions: int) -> Counter:
     """Every value read_committed from ``topic``, once the last stable offsets reached the high watermarks."""
-    from services.client import Consumer
-    from services.client.structs import TopicPartition
+    from txlog import Consumer
+    from txlog.structs import TopicPartition
 
     tps = [TopicPartition(topic, p) for p in range(partitions)]
     deadline = time.monotonic() + 60

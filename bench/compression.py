@@ -5,7 +5,7 @@ JSON-like value: event fields of a few hundred distinct users, paths and
 agents, as application logs look), on a local cluster started for the run
 (ZooKeeper, one producer_id_svc and one partition_svc as real processes):
 
-* produce: ``services.client.Producer(compression_type=codec)``, idempotent,
+* produce: ``txlog.Producer(compression_type=codec)``, idempotent,
   acks=all, fsync on, a send() loop of ``--records`` records to one partition
   and flush(); records/s, MB/s of uncompressed payload, and the CPU seconds of
   this process (which compresses) and of partition_svc (which decompresses
@@ -14,7 +14,7 @@ agents, as application logs look), on a local cluster started for the run
   batches as a Fetch listing every codec in accepted_compressions returns them
   (the bytes on disk, as the leader stored them, plus a few bytes of
   leader-epoch field each), and per record;
-* consume: ``services.client.Consumer`` reading the partition back from offset 0
+* consume: ``txlog.Consumer`` reading the partition back from offset 0
   (the consumer accepts every codec and decompresses); records/s and MB/s;
 * ratios against none, in the same run: stored bytes (smaller is better),
   produce MB/s and consume MB/s (the cost or gain of the codec).
@@ -42,8 +42,8 @@ for folder in (BENCH.parent, BENCH):  # the repo for its packages, bench/ for me
 import grpc  # noqa: E402
 from measure import Phase, progress  # noqa: E402
 
-from services import compression  # noqa: E402
-from services.stubs.txlog.v1 import partition_pb2, partition_pb2_grpc  # noqa: E402
+from txlog.protocol import compression  # noqa: E402
+from txlog.v1 import partition_pb2, partition_pb2_grpc  # noqa: E402
 
 KEY_BYTES = 8
 VALUE_BYTES = 1024
@@ -92,7 +92,7 @@ def stored_bytes(address: str, topic: str) -> tuple[int, int]:
 
 
 def measure_codec(cluster, codec: str, keys: list[bytes], values: list[bytes], records: int, pids: dict[str, int]) -> dict:
-    from services.client import Admin, Consumer, Producer
+    from txlog import Admin, Consumer, Producer
 
     topic, warmup = f"bench-compression-{codec}", f"bench-compression-{codec}-warmup"
     with Admin(cluster.state.bootstrap) as admin:

@@ -41,7 +41,7 @@ from raw import Raw  # noqa: E402
 from txn_raw import TxnProducer, retrying  # noqa: E402
 
 from services.cluster import LocalCluster  # noqa: E402
-from services.stubs.txlog.v1 import coordinator_pb2  # noqa: E402
+from txlog.v1 import coordinator_pb2  # noqa: E402
 
 TOPIC = "prepare-bench"
 

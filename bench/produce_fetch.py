@@ -15,7 +15,7 @@ partition_svc as real processes, see services/cluster.py):
   ProduceRequest carrying one batch for every partition (4 x ~1 MB);
 * fetch: read_uncommitted, the one-partition data read back from offset 0 by a
   loop of Fetch calls with a large max_bytes (``--fetch-max-bytes``);
-* produce through the client SDK, ``services.client.Producer`` (a send() loop
+* produce through the client SDK, ``txlog.Producer`` (a send() loop
   and flush()), when it exists and imports; else null with the reason;
 * memory: VmRSS of a fresh partition_svc (a second cluster) after producing
   ``--memory-records`` records to each of ``--memory-partitions`` partitions of
@@ -85,7 +85,7 @@ for folder in (BENCH.parent, BENCH):  # the repo for its packages, bench/ for me
 import grpc  # noqa: E402
 from measure import MB, Phase, latency_summary, mean_of, progress  # noqa: E402
 
-from services.protowire import field_tag, varint  # noqa: E402
+from txlog.protocol.protowire import field_tag, varint  # noqa: E402
 
 KEY_BYTES = 8
 VALUE_BYTES = 1024
@@ -170,7 +170,7 @@ def record_value(index: int) -> bytes:
 
 
 def _length_delimited(tag: bytes, data: bytes) -> bytes:
-    """One length-delimited field: ``tag`` from services.protowire.field_tag, then the length and the bytes."""
+    """One length-delimited field: ``tag`` from txlog.protocol.protowire.field_tag, then the length and the bytes."""
     return tag + varint(len(data)) + data
 
 
@@ -183,7 +183,7 @@ class RequestBuilder:
     against one built field by field."""
 
     def __init__(self, producer_id: int, producer_epoch: int, batch_records: int):
-        from services.stubs.txlog.v1 import common_pb2, partition_pb2
+        from txlog.v1 import common_pb2, partition_pb2
 
         self.common_pb2, self.partition_pb2 = common_pb2, partition_pb2
         self.producer_id, self.producer_epoch, self.batch_records = producer_id, producer_epoch, batch_records
@@ -446,8 +446,8 @@ async def send_pipelined(channel: grpc.aio.Channel, requests: Iterator[tuple[byt
     the first overtaking: under load, whole runs were resent.)
     Returns records, requests, latencies, resends with their reasons, and the
     recoveries with the time they took."""
-    from services.errors import ErrorCode
-    from services.stubs.txlog.v1 import partition_pb2
+    from txlog.protocol.errors import ErrorCode
+    from txlog.v1 import partition_pb2
 
     produce = channel.unary_unary(PRODUCE_METHOD, request_serializer=None, response_deserializer=partition_pb2.ProduceResponse.FromString)
     in_flight: deque[tuple[int, bytes, int, asyncio.Future]] = deque()  # (index in send order, body, records, call)
@@ -517,7 +517,7 @@ async def send_pipelined(channel: grpc.aio.Channel, requests: Iterator[tuple[byt
 
 
 async def init_producer(channel: grpc.aio.Channel) -> tuple[int, int]:
-    from services.stubs.txlog.v1 import coordinator_pb2, coordinator_pb2_grpc
+    from txlog.v1 import coordinator_pb2, coordinator_pb2_grpc
 
     reply = await coordinator_pb2_grpc.CoordinatorServiceStub(channel).InitProducerId(
         coordinator_pb2.InitProducerIdRequest(producer_id=-1, producer_epoch=-1), timeout=30
@@ -530,7 +530,7 @@ async def create_topic(channel: grpc.aio.Channel, name: str, partitions: int,
     """Creates the topic and returns once every partition answers at its
     leader. ``credentials``: those ``channel`` was opened with (the leaders
     are dialled the same way)."""
-    from services.stubs.txlog.v1 import partition_pb2, partition_pb2_grpc
+    from txlog.v1 import partition_pb2, partition_pb2_grpc
 
     stub = partition_pb2_grpc.PartitionServiceStub(channel)
     reply = await stub.CreateTopics(
@@ -597,7 +597,7 @@ async def timed_produce(
 async def fetch_all(channel: grpc.aio.Channel, topic: str, end_offset: int, max_bytes: int, pids: dict[str, int]) -> dict:
     """Reads partition 0 of ``topic`` from offset 0 to ``end_offset`` with
     sequential Fetch calls, checking that offsets are contiguous."""
-    from services.stubs.txlog.v1 import common_pb2, partition_pb2, partition_pb2_grpc
+    from txlog.v1 import common_pb2, partition_pb2, partition_pb2_grpc
 
     stub = partition_pb2_grpc.PartitionServiceStub(channel)
     offset = records = calls = 0
@@ -681,11 +681,11 @@ async def measure_service(address: str, args: argparse.Namespace, pids: dict[str
 
 
 def measure_client_producer(bootstrap: str, args: argparse.Namespace, pids: dict[str, int]) -> dict:
-    """services.client.Producer, if it exists: a send() loop and flush()."""
+    """txlog.Producer, if it exists: a send() loop and flush()."""
     try:
-        from services.client import Producer
+        from txlog import Producer
     except ImportError as exc:
-        return {"records_per_s": None, "mb_per_s": None, "reason": f"services.client.Producer does not import: {exc}"}
+        return {"records_per_s": None, "mb_per_s": None, "reason": f"txlog.Producer does not import: {exc}"}
     keys = [record_key(i) for i in range(args.batch_records)]
     values = [record_value(i) for i in range(args.batch_records)]
     producer = None
@@ -704,7 +704,7 @@ def measure_client_producer(bootstrap: str, args: argparse.Namespace, pids: dict
         return {
             "records_per_s": None,
             "mb_per_s": None,
-            "reason": f"services.client.Producer imports but the run failed: {type(exc).__name__}: {exc}",
+            "reason": f"txlog.Producer imports but the run failed: {type(exc).__name__}: {exc}",
             "traceback_tail": traceback.format_exc().strip().splitlines()[-3:],
         }
     finally:
@@ -830,7 +830,7 @@ def measure(workdir: str, args: argparse.Namespace) -> dict:
             for when in ("before", "after"):
                 if when == "after":
                     service_figures = asyncio.run(measure_service(service.address, args, pids))
-                    progress("produce through services.client.Producer (if it exists)")
+                    progress("produce through txlog.Producer (if it exists)")
                     client = measure_client_producer(cluster.state.bootstrap, args, pids)
                     progress(f"client Producer: {client.get('mb_per_s')} MB/s {client.get('reason', '')}")
                 progress(f"baseline ({when} the service runs): raw RocksDB, synced WriteBatch of {args.batch_records} puts")

@@ -56,9 +56,9 @@ from measure import Phase, latency_summary, mean_of, progress  # noqa: E402
 
 from producer_id_svc.store import NODE_NAME  # noqa: E402
 from services import zk  # noqa: E402
-from services.channels import open_channel  # noqa: E402
 from services.cluster import LocalCluster  # noqa: E402
-from services.stubs.txlog.v1 import producer_id_pb2, producer_id_pb2_grpc  # noqa: E402
+from txlog.net.channels import open_channel  # noqa: E402
+from txlog.v1 import producer_id_pb2, producer_id_pb2_grpc  # noqa: E402
 
 SERVICE = "producer_id_svc-0"
 REQUESTER_ID = 1

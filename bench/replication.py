@@ -51,9 +51,9 @@ from kazoo.client import KazooClient
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from services.client import Producer  # noqa: E402
 from services.cluster import LocalCluster  # noqa: E402
-from services.stubs.txlog.v1 import (  # noqa: E402
+from txlog import Producer  # noqa: E402
+from txlog.v1 import (  # noqa: E402
     common_pb2,
     coordinator_pb2,
     coordinator_pb2_grpc,

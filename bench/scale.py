@@ -83,7 +83,7 @@ from scale_footprint import measure_coordinator, measure_log_length, measure_par
 
 from services import cluster as cluster_mod  # noqa: E402
 from services.cluster import LocalCluster  # noqa: E402
-from services.stubs.txlog.v1 import common_pb2, partition_pb2, partition_pb2_grpc  # noqa: E402
+from txlog.v1 import common_pb2, partition_pb2, partition_pb2_grpc  # noqa: E402
 
 TOPIC = "scale"
 FIRST_PRODUCER_ID = 1_000_000  # far from what the cluster's producer_id_svc hands out
@@ -296,8 +296,8 @@ def zookeeper_per_work(cluster: LocalCluster, work, count: int) -> dict:
 
 
 def measure_zookeeper(workdir: str, args: argparse.Namespace) -> dict:
-    from services.client import Producer
-    from services.stubs.txlog.v1 import coordinator_pb2, coordinator_pb2_grpc
+    from txlog import Producer
+    from txlog.v1 import coordinator_pb2, coordinator_pb2_grpc
 
     cluster = LocalCluster(Path(workdir) / "zookeeper-cluster")
     cluster.up(producer_id_svcs=1, partition_svcs=1, coordinator_svcs=1)

@@ -61,7 +61,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from measure import MB, cpu_seconds, latency_summary, progress
 
-from services import coordinators, errors
+from services import coordinators
 from services.cluster import (
     LocalCluster,
     pid_alive,
@@ -70,8 +70,8 @@ from services.cluster import (
     zookeeper_counters,
     zookeeper_session_requests,
 )
-from services.protocol import TRANSACTION_STATE_TOPIC
-from services.stubs.txlog.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc, partition_pb2, partition_pb2_grpc
+from txlog.protocol import TRANSACTION_STATE_TOPIC, errors
+from txlog.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc, partition_pb2, partition_pb2_grpc
 
 PARTITIONS_PER_TOPIC = 1_000  # partition_svc's partitions_per_topic_max default
 PARTITION_KB_MAX = 100

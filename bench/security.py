@@ -35,10 +35,10 @@ import produce_fetch  # noqa: E402
 from measure import alternating_runs, compared  # noqa: E402
 
 from services import certs  # noqa: E402
-from services.acls import ALLOW, CLUSTER, CLUSTER_NAME, LITERAL, PREFIXED, TOPIC, AclBinding  # noqa: E402
-from services.client import Admin, ClientError  # noqa: E402
-from services.client.two_phase import wait_until  # noqa: E402
 from services.cluster import LocalCluster  # noqa: E402
+from txlog import Admin, ClientError  # noqa: E402
+from txlog.protocol.acls import ALLOW, CLUSTER, CLUSTER_NAME, LITERAL, PREFIXED, TOPIC, AclBinding  # noqa: E402
+from txlog.two_phase import wait_until  # noqa: E402
 
 PRINCIPAL = "bench"
 OTHER_BINDINGS = 100  # other principals' ACLs the authorizer looks through on every call

@@ -168,7 +168,7 @@ def wait_until_settled(local) -> None:
 
 
 def create_topics(bootstrap: str, topics: list[tuple[str, int]]) -> None:
-    from services.client import Admin
+    from txlog import Admin
 
     with Admin(bootstrap) as admin:
         admin.create_topics(topics)
@@ -196,7 +196,7 @@ def load_input(bootstrap: str, topic: str, records: int, seed: int) -> dict:
 
 def end_offsets(bootstrap: str, topic: str, partitions: int) -> dict[tuple[str, int], int]:
     """The last stable offset of each partition of ``topic``."""
-    from services.client import Consumer
+    from txlog import Consumer
 
     with Consumer(bootstrap, isolation_level="read_committed") as consumer:
         answers = consumer.end_offsets([(topic, p) for p in range(partitions)])
@@ -205,7 +205,7 @@ def end_offsets(bootstrap: str, topic: str, partitions: int) -> dict[tuple[str, 
 
 def commit_group(bootstrap: str, group: str, offsets: dict[tuple[str, int], int]) -> None:
     """Where a fresh group starts: past the warm-up records."""
-    from services.client import Consumer
+    from txlog import Consumer
 
     with Consumer(bootstrap, group_id=group) as consumer:
         consumer.commit(offsets)
@@ -213,7 +213,7 @@ def commit_group(bootstrap: str, group: str, offsets: dict[tuple[str, int], int]
 
 def output_views(bootstrap: str, since: dict[tuple[str, int], int]) -> tuple[int, int]:
     """(records, views summed) read with read_committed from ``since`` to the LSO."""
-    from services.client import Consumer
+    from txlog import Consumer
 
     with Consumer(bootstrap, isolation_level="read_committed", auto_offset_reset="none") as consumer:
         consumer.assign(list(since))

@@ -114,8 +114,8 @@ from produce_fetch import (  # noqa: E402
 )
 
 from partition_svc.wire import field_tag, varint  # noqa: E402
-from services import errors  # noqa: E402
-from services.stubs.txlog.v1 import (  # noqa: E402
+from txlog.protocol import errors  # noqa: E402
+from txlog.v1 import (  # noqa: E402
     common_pb2,
     coordinator_pb2,
     coordinator_pb2_grpc,
@@ -393,7 +393,7 @@ async def placement(cluster: Cluster, producer: TxnProducer, data_topic: str) ->
     """Which processes a transactional id's work touches: its coordinator and
     the leader of its __transaction_state partition (where every state change is
     a synced write), beside the data's leaders."""
-    from services.hashing import partition_for_id
+    from txlog.protocol.hashing import partition_for_id
 
     log_leaders = await cluster.leaders("__transaction_state")
     log_partition = partition_for_id(producer.transactional_id, len(log_leaders))

@@ -39,10 +39,10 @@ import grpc
 from coordinator_svc import check_rules as rules
 from coordinator_svc.check_rules import CheckAnswer, GroupCheckConfig
 from coordinator_svc.transaction_state import Handle, TransactionMetadata
-from services import names
-from services.errors import TxlogError
 from services.logs import fields
-from services.stubs.txlog.v1 import transaction_check_pb2, transaction_check_pb2_grpc
+from txlog.protocol import names
+from txlog.protocol.errors import TxlogError
+from txlog.v1 import transaction_check_pb2, transaction_check_pb2_grpc
 
 log = logging.getLogger(__name__)
 ANSWERS = {

@@ -38,7 +38,7 @@ from types import MappingProxyType
 from coordinator_svc import transaction_core as core
 from coordinator_svc import transaction_state as ts
 from coordinator_svc.transaction_state import Handle, TransactionMetadata, TransactionState
-from services.names import quoted
+from txlog.protocol.names import quoted
 
 S = TransactionState
 error = core.error

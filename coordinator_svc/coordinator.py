@@ -54,14 +54,13 @@ from coordinator_svc.markers import MarkerSender, MarkerSet
 from coordinator_svc.state_manager import CoordinatorConfig, LoadedPartition, TransactionStateManager
 from coordinator_svc.transaction_metrics import TransactionMetrics
 from coordinator_svc.transaction_state import GroupDecision, Handle, TransactionMetadata, TransactionState
-from services import names
-from services.errors import TxlogError
-from services.hashing import partition_for_id
 from services.logs import fields
 from services.producer_ids import ProducerIdSource
-from services.protocol import CONSUMER_OFFSETS_TOPIC
 from services.rpc import PeerClient
-from services.stubs.txlog.v1 import partition_pb2
+from txlog.protocol import CONSUMER_OFFSETS_TOPIC, names
+from txlog.protocol.errors import TxlogError
+from txlog.protocol.hashing import partition_for_id
+from txlog.v1 import partition_pb2
 
 log = logging.getLogger(__name__)
 S = TransactionState

@@ -14,11 +14,11 @@ import logging
 from collections import defaultdict
 from dataclasses import dataclass
 
-from services.errors import ErrorCode, TxlogError
 from services.logs import fields
-from services.retry import RetryPolicy
 from services.rpc import PeerClient, answer_of
-from services.stubs.txlog.v1 import common_pb2, partition_pb2
+from txlog.protocol.errors import ErrorCode, TxlogError
+from txlog.protocol.retry import RetryPolicy
+from txlog.v1 import common_pb2, partition_pb2
 
 log = logging.getLogger(__name__)
 NONE = ErrorCode.Value("NONE")

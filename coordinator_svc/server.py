@@ -9,13 +9,13 @@ import sys
 from coordinator_svc.coordinator import TransactionCoordinator, error
 from coordinator_svc.state_manager import ANSWERS_FROM_STATE, CoordinatorConfig
 from coordinator_svc.transaction_state import Handle, TransactionMetadata, TransactionState
-from services import coordinators, errors, names, server
+from services import coordinators, server
 from services.config import Setting, positive_int
-from services.errors import TxlogError
 from services.producer_ids import ProducerIdSource, named_producer, previous_producer
-from services.protocol import PRODUCER_EPOCH_MAX
 from services.rpc import PeerClient, answer_of
-from services.stubs.txlog.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc, partition_pb2
+from txlog.protocol import PRODUCER_EPOCH_MAX, errors, names
+from txlog.protocol.errors import TxlogError
+from txlog.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc, partition_pb2
 
 KIND = coordinators.COORDINATOR_KIND
 KNOWN_STATES = frozenset(state.to_proto() for state in TransactionState)

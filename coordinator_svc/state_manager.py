@@ -41,13 +41,13 @@ from coordinator_svc.check_rules import DEFAULT_CONFIG, GroupCheckConfig, altere
 from coordinator_svc.transaction_core import error
 from coordinator_svc.transaction_state import GroupDecision, TransactionMetadata, TransactionRecord, TransactionState
 from coordinator_svc.txn_log import FENCE_KEY, TransactionLogPartition
-from services import coordinators, names, zk
-from services.errors import ErrorCode, TxlogError
+from services import coordinators, zk
 from services.logs import fields
 from services.producer_ids import ProducerIdSource
-from services.protocol import OPEN_TRANSACTION_STATES, TRANSACTION_STATE_TOPIC
 from services.rpc import PeerClient
-from services.stubs.txlog.v1 import partition_pb2
+from txlog.protocol import OPEN_TRANSACTION_STATES, TRANSACTION_STATE_TOPIC, names
+from txlog.protocol.errors import ErrorCode, TxlogError
+from txlog.v1 import partition_pb2
 
 log = logging.getLogger(__name__)
 # Fatal answers read from an id's state in memory (not from the request alone): given only by a confirmed owner.

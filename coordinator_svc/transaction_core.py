@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 
 from coordinator_svc import transaction_state as ts
 from coordinator_svc.transaction_state import Handle, TransactionMetadata, TransactionState
-from services import names
-from services.errors import ErrorCode, TxlogError
+from txlog.protocol import names
+from txlog.protocol.errors import ErrorCode, TxlogError
 
 S = TransactionState
 Partition = tuple[str, int]

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
 from coordinator_svc.transaction_state import TransactionState as S
-from services.protocol import OPEN_TRANSACTION_STATES
+from txlog.protocol import OPEN_TRANSACTION_STATES
 
 COMPLETED = {S.COMPLETE_COMMIT: {"outcome": "committed"}, S.COMPLETE_ABORT: {"outcome": "aborted"}}
 

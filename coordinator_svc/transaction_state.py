@@ -60,8 +60,8 @@ import base64
 import json
 from dataclasses import dataclass, field, replace
 
-from services.protocol import NO_PRODUCER_EPOCH as NO_EPOCH
-from services.protocol import NO_PRODUCER_ID, PRODUCER_EPOCH_MAX, TransactionState
+from txlog.protocol import NO_PRODUCER_EPOCH as NO_EPOCH
+from txlog.protocol import NO_PRODUCER_ID, PRODUCER_EPOCH_MAX, TransactionState
 
 
 class IllegalStateError(RuntimeError):

@@ -26,12 +26,12 @@ import json
 import logging
 
 from coordinator_svc.transaction_state import GroupDecision, TransactionMetadata, TransactionRecord
-from services.errors import ErrorCode, TxlogError, spec_of
 from services.logs import fields
-from services.protocol import TRANSACTION_STATE_TOPIC, next_sequence
-from services.retry import RetryPolicy
 from services.rpc import PeerClient, answer_of
-from services.stubs.txlog.v1 import common_pb2, partition_pb2
+from txlog.protocol import TRANSACTION_STATE_TOPIC, next_sequence
+from txlog.protocol.errors import ErrorCode, TxlogError, spec_of
+from txlog.protocol.retry import RetryPolicy
+from txlog.v1 import common_pb2, partition_pb2
 
 log = logging.getLogger(__name__)
 RECORDS_PER_WRITE_MAX = 500

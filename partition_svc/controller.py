@@ -93,8 +93,8 @@ from partition_svc.election import LeaderAndIsr
 from partition_svc.log_store import LogStore
 from partition_svc.topics import TopicInfo, TopicRegistry
 from services import zk
-from services.errors import TxlogError
 from services.logs import fields
+from txlog.protocol.errors import TxlogError
 
 log = logging.getLogger(__name__)
 

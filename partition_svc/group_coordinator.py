@@ -29,10 +29,10 @@ import time
 from partition_svc import assignors, consumer_group, log_store
 from partition_svc.consumer_group import ConsumerGroup, GroupError, Heartbeat
 from partition_svc.producer_state import Reject
-from services.errors import ErrorCode, TxlogError, error_proto
 from services.logs import fields
-from services.names import is_topic_name
-from services.stubs.txlog.v1 import common_pb2, partition_pb2
+from txlog.protocol.errors import ErrorCode, TxlogError, error_proto
+from txlog.protocol.names import is_topic_name
+from txlog.v1 import common_pb2, partition_pb2
 
 log = logging.getLogger(__name__)
 

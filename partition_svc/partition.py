@@ -59,12 +59,11 @@ from partition_svc import log_store, producer_state, validation, wire
 from partition_svc.isr import FollowerProgress, ReplicaSet
 from partition_svc.log_store import LogStore, StoredBatchHeader
 from partition_svc.producer_state import Append, Duplicate, ProducerStateEntry, ProducerStates, Reject
-from services import compression, txn_outcomes
-from services.errors import ErrorCode, TxlogError
-from services.hashing import partition_for_id
-from services.leader_epochs import LeaderEpochCache
-from services.protocol import CONSUMER_OFFSETS_TOPIC, INTERNAL_TOPIC_PREFIX
-from services.stubs.txlog.v1 import common_pb2
+from txlog.protocol import CONSUMER_OFFSETS_TOPIC, INTERNAL_TOPIC_PREFIX, compression, txn_outcomes
+from txlog.protocol.errors import ErrorCode, TxlogError
+from txlog.protocol.hashing import partition_for_id
+from txlog.protocol.leader_epochs import LeaderEpochCache
+from txlog.v1 import common_pb2
 
 Changes = list[tuple[bytes, bytes | None]]
 

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
-from services.errors import spec_of
+from txlog.protocol.errors import spec_of
 
 
 class PartitionMetrics:

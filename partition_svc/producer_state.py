@@ -34,8 +34,8 @@ import heapq
 import json
 from dataclasses import dataclass, field, replace
 
-from services.errors import ErrorCode
-from services.protocol import NO_SEQUENCE, is_behind, last_sequence_of, next_sequence
+from txlog.protocol import NO_SEQUENCE, is_behind, last_sequence_of, next_sequence
+from txlog.protocol.errors import ErrorCode
 
 DUPLICATE_CACHE_BATCHES = 5
 NO_OFFSET = -1

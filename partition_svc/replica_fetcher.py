@@ -23,11 +23,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from partition_svc.partition import Partition
-from services.errors import ErrorCode, TxlogError
-from services.leader_epochs import AskAgain, truncation_step
 from services.logs import fields
 from services.rpc import answer_of
-from services.stubs.txlog.v1 import replication_pb2
+from txlog.protocol.errors import ErrorCode, TxlogError
+from txlog.protocol.leader_epochs import AskAgain, truncation_step
+from txlog.v1 import replication_pb2
 
 if TYPE_CHECKING:
     from partition_svc.replica_manager import Key, ReplicaManager

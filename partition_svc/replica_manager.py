@@ -52,10 +52,10 @@ from partition_svc.partition import Partition, now_ms, wipe_changes
 from partition_svc.replica_fetcher import ReplicaFetcher
 from partition_svc.topics import TopicInfo, TopicRegistry
 from services import zk
-from services.errors import ErrorCode, TxlogError
 from services.logs import fields
-from services.names import is_topic_name
 from services.rpc import PeerClient
+from txlog.protocol.errors import ErrorCode, TxlogError
+from txlog.protocol.names import is_topic_name
 
 log = logging.getLogger(__name__)
 

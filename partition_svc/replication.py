@@ -12,9 +12,9 @@ from partition_svc.election import LeaderAndIsr
 from partition_svc.partition import Partition
 from partition_svc.replica_manager import ReplicaManager
 from services import server
-from services.errors import ErrorCode, TxlogError, error_proto
-from services.names import is_topic_name
-from services.stubs.txlog.v1 import common_pb2, replication_pb2, replication_pb2_grpc
+from txlog.protocol.errors import ErrorCode, TxlogError, error_proto
+from txlog.protocol.names import is_topic_name
+from txlog.v1 import common_pb2, replication_pb2, replication_pb2_grpc
 
 
 def _error(exc: TxlogError):

@@ -30,16 +30,16 @@ from partition_svc.replication import ReplicationServicer
 from partition_svc.topic_deletion import TopicDeletion
 from partition_svc.topics import INTERNAL_PREFIX, TopicInfo, TopicRegistry
 from partition_svc.txn_verification import TransactionVerifier
-from services import acls, coordinators, malloc, server, zk
+from services import coordinators, malloc, server, zk
 from services.config import Setting, boolean, non_negative_int, positive_int
-from services.errors import ErrorCode, TxlogError, error_proto
-from services.hashing import partition_for_id
 from services.logs import fields
-from services.names import check_transactional_id, is_group_id, is_topic_name
 from services.producer_ids import IdempotentProducerInitServicer, ProducerIdSource, check_producer, named_producer
-from services.protocol import CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC
 from services.rpc import PeerClient, answer_of
-from services.stubs.txlog.v1 import (
+from txlog.protocol import CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC, acls
+from txlog.protocol.errors import ErrorCode, TxlogError, error_proto
+from txlog.protocol.hashing import partition_for_id
+from txlog.protocol.names import check_transactional_id, is_group_id, is_topic_name
+from txlog.v1 import (
     common_pb2,
     coordinator_pb2,
     errors_pb2,

@@ -50,12 +50,12 @@ from partition_svc.producer_state import Reject
 from partition_svc.replica_manager import ReplicaManager
 from partition_svc.topics import INTERNAL_PREFIX, TopicInfo, TopicRegistry
 from services import zk
-from services.errors import ErrorCode, TxlogError, error_proto
-from services.hashing import partition_for_id
 from services.logs import fields
-from services.names import is_topic_name
-from services.protocol import CONSUMER_OFFSETS_TOPIC
-from services.stubs.txlog.v1 import partition_pb2
+from txlog.protocol import CONSUMER_OFFSETS_TOPIC
+from txlog.protocol.errors import ErrorCode, TxlogError, error_proto
+from txlog.protocol.hashing import partition_for_id
+from txlog.protocol.names import is_topic_name
+from txlog.v1 import partition_pb2
 
 log = logging.getLogger(__name__)
 

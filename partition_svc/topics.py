@@ -36,8 +36,8 @@ from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
 from partition_svc.election import LeaderAndIsr, initial_state
 from services import zk
-from services.errors import ErrorCode, TxlogError
-from services.protocol import INTERNAL_TOPIC_PREFIX
+from txlog.protocol import INTERNAL_TOPIC_PREFIX
+from txlog.protocol.errors import ErrorCode, TxlogError
 
 INTERNAL_PREFIX = INTERNAL_TOPIC_PREFIX
 ABSENT_NAMES_MAX = 10_000  # unknown topic names remembered as absent, at most

@@ -17,9 +17,9 @@ import asyncio
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 
-from services.errors import ErrorCode, TxlogError, error_proto
 from services.rpc import PeerClient, answer_of
-from services.stubs.txlog.v1 import common_pb2, coordinator_pb2, errors_pb2
+from txlog.protocol.errors import ErrorCode, TxlogError, error_proto
+from txlog.v1 import common_pb2, coordinator_pb2, errors_pb2
 
 NONE = ErrorCode.Value("NONE")
 VERIFIED_ENTRIES_MAX = 100_000

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services import compression
-from services.errors import ErrorCode, TxlogError
-from services.names import check_group_id, check_topic_name  # noqa: F401 -- the name rules, re-exported
-from services.protocol import INTERNAL_TOPIC_PREFIX, PRODUCER_EPOCH_MAX, SEQUENCE_MAX
-from services.stubs.txlog.v1 import common_pb2
+from txlog.protocol import INTERNAL_TOPIC_PREFIX, PRODUCER_EPOCH_MAX, SEQUENCE_MAX, compression
+from txlog.protocol.errors import ErrorCode, TxlogError
+from txlog.protocol.names import check_group_id, check_topic_name  # noqa: F401 -- the name rules, re-exported
+from txlog.v1 import common_pb2
 
 TIMESTAMP_MS_MAX = 2**53
 HEADERS_PER_RECORD_MAX = 1000

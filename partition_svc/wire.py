@@ -26,8 +26,8 @@ from collections.abc import Iterable, Sequence
 from functools import cache
 from typing import NamedTuple
 
-from services.protowire import field_tag, varint
-from services.stubs.txlog.v1 import common_pb2, partition_pb2, replication_pb2
+from txlog.protocol.protowire import field_tag, varint
+from txlog.v1 import common_pb2, partition_pb2, replication_pb2
 
 RESULTS_TAG = field_tag(partition_pb2.FetchResponse, "results")
 LEADER_EPOCH_TAG = field_tag(common_pb2.RecordBatch, "partition_leader_epoch")

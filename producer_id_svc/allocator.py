@@ -26,8 +26,8 @@ import logging
 
 from producer_id_svc.core import ProducerIdBlock, next_block
 from producer_id_svc.store import ProducerIdBlockStore, VersionConflict
-from services.errors import ErrorCode, TxlogError
-from services.retry import RetryPolicy
+from txlog.protocol.errors import ErrorCode, TxlogError
+from txlog.protocol.retry import RetryPolicy
 
 REQUESTS_PER_WRITE_MAX = 256
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from services.errors import ErrorCode, TxlogError
+from txlog.protocol.errors import ErrorCode, TxlogError
 
 BLOCK_SIZE_DEFAULT = 1000
 IDS_PER_WRITE_MAX = 1 << 40  # one write may reserve the blocks of many waiting requests

@@ -11,8 +11,8 @@ from producer_id_svc.core import BLOCK_SIZE_DEFAULT, check_requester_id
 from producer_id_svc.store import ProducerIdBlockStore
 from services import server
 from services.config import Setting, boolean, positive_int
-from services.errors import ErrorCode, TxlogError
-from services.stubs.txlog.v1 import producer_id_pb2, producer_id_pb2_grpc
+from txlog.protocol.errors import ErrorCode, TxlogError
+from txlog.v1 import producer_id_pb2, producer_id_pb2_grpc
 
 KIND = "producer_id_svc"
 SERVICE = producer_id_pb2.DESCRIPTOR.services_by_name["ProducerIdService"]

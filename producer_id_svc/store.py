@@ -14,7 +14,7 @@ from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
 from producer_id_svc.core import ProducerIdBlock
 from services import zk
-from services.errors import ErrorCode, TxlogError
+from txlog.protocol.errors import ErrorCode, TxlogError
 
 NODE_NAME = "latest_producer_id_block"
 

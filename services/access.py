@@ -25,10 +25,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
-from services.acls import CLUSTER, CLUSTER_NAME, GROUP, TOPIC, TRANSACTIONAL_ID
-from services.errors import ErrorCode, TxlogError, error_proto
-from services.protocol import INTERNAL_TOPIC_PREFIX
-from services.stubs.txlog.v1 import coordinator_pb2
+from txlog.protocol import INTERNAL_TOPIC_PREFIX
+from txlog.protocol.acls import CLUSTER, CLUSTER_NAME, GROUP, TOPIC, TRANSACTIONAL_ID
+from txlog.protocol.errors import ErrorCode, TxlogError, error_proto
+from txlog.v1 import coordinator_pb2
 
 Need = tuple[str, str, str]  # (resource type, name, operation)
 

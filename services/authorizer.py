@@ -3,7 +3,7 @@
 Identity: the principal of a call is taken from its bearer token
 (``authorization: Bearer <JWT>``, verified against ``--jwt-jwks-file``:
 services/tokens.py), else from the client certificate TLS verified (its
-subject through the principal mapping rules, services/tls.py); a server
+subject through the principal mapping rules, txlog/net/tls.py); a server
 that takes tokens refuses a call with neither (AUTHENTICATION_FAILED,
 gRPC UNAUTHENTICATED), and one that authenticates nobody (plaintext, or TLS
 without client certificates or tokens) calls the caller ``User:ANONYMOUS``.
@@ -42,10 +42,12 @@ import grpc
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, NotEmptyError
 
-from services import access, acls, errors, tls, tokens, zk
-from services.acls import AclBinding, AclFilter
-from services.errors import ErrorCode, TxlogError
+from services import access, tokens, zk
 from services.logs import fields
+from txlog.net import tls
+from txlog.protocol import acls, errors
+from txlog.protocol.acls import AclBinding, AclFilter
+from txlog.protocol.errors import ErrorCode, TxlogError
 
 log = logging.getLogger(__name__)
 

@@ -38,7 +38,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services import certs
-from services import tls as tls_mod
+from txlog.net import tls as tls_mod
 
 ZOOKEEPER_JARS = ("/usr/share/java/zookeeper.jar", "/usr/share/java/slf4j-simple.jar")
 ZOOKEEPER_ROOT = "/txlog"
@@ -410,8 +410,8 @@ class LocalCluster:
         import posixpath
 
         from services import coordinators, zk
-        from services.protocol import TRANSACTION_STATE_TOPIC
-        from services.stubs.txlog.v1 import coordinator_pb2, coordinator_pb2_grpc
+        from txlog.protocol import TRANSACTION_STATE_TOPIC
+        from txlog.v1 import coordinator_pb2, coordinator_pb2_grpc
 
         nodes = sorted(int(n.rsplit("-", 1)[1]) for n, p in self.state.services.items() if p.kind == "coordinator_svc")
         addresses = [p.address for p in self.state.services.values() if p.kind == "coordinator_svc"]

@@ -15,12 +15,11 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
+from txlog.errors import ConfigError  # noqa: F401  (raised by the settings below; defined on the SDK side, which TLS shares)
+
 ENV_PREFIX = "TXLOG_"
 
 
-class ConfigError(ValueError):
-    """Settings that parse but cannot work (a missing file, a certificate
-    without its key): the process stops before it serves, naming the setting."""
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ Metadata and verifies transactional batches with the coordinator).
 A transactional id belongs to partition ``murmur2(group) % N`` of the internal
 topic ``__transaction_state`` (N fixed when the topic is created), where its
 group is the part of the id before its first "/" (the whole id when it has
-none; :func:`services.names.transaction_group`): every id of a group shares one
+none; :func:`txlog.protocol.names.transaction_group`): every id of a group shares one
 partition, so one coordinator can commit them together. Each
 partition has one owner, recorded in ZooKeeper at
 ``<root>/transaction_state/owners/<partition>`` as JSON ``{"node_id",
@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
-from services import names, zk
-from services.hashing import partition_for_id
-from services.protocol import PRODUCER_EPOCHS
+from services import zk
+from txlog.protocol import PRODUCER_EPOCHS, names
+from txlog.protocol.hashing import partition_for_id
 
 COORDINATOR_KIND = "coordinator_svc"
 

@@ -26,8 +26,8 @@ from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetr
 from opentelemetry.sdk.resources import Resource
 
 from services import config as config_mod
-from services.errors import call_error, spec_of
-from services.telemetry import otlp_options
+from txlog.net.telemetry import otlp_options
+from txlog.protocol.errors import call_error, spec_of
 
 log = logging.getLogger(__name__)
 

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import asyncio
 
-from services.errors import ErrorCode, TxlogError
-from services.protocol import PRODUCER_EPOCH_MAX
 from services.rpc import PeerClient, answer_of
 from services.server import rpc_handler
-from services.stubs.txlog.v1 import coordinator_pb2, coordinator_pb2_grpc, producer_id_pb2
+from txlog.protocol import PRODUCER_EPOCH_MAX
+from txlog.protocol.errors import ErrorCode, TxlogError
+from txlog.v1 import coordinator_pb2, coordinator_pb2_grpc, producer_id_pb2
 
 ALLOCATION_TIMEOUT_S = 5.0
 

@@ -7,8 +7,8 @@ One channel per address, kept for the process's life (channels reconnect by
 themselves); the live instances of a kind from the ZooKeeper registry; the
 partition leaders from Metadata, cached for :data:`METADATA_TTL_S` and
 forgotten by whoever sees NOT_LEADER; a failed call comes back as the
-:class:`~services.errors.TxlogError` it stands for. Retrying is the caller's
-choice (:class:`services.retry.RetryPolicy`): only the caller knows whether a
+:class:`~txlog.protocol.errors.TxlogError` it stands for. Retrying is the caller's
+choice (:class:`txlog.protocol.retry.RetryPolicy`): only the caller knows whether a
 repeat is safe.
 """
 
@@ -22,18 +22,18 @@ from typing import TypeVar
 
 import grpc
 
-from services import errors
-from services.channels import CALL_TIMEOUT_S_DEFAULT, ChannelCache
-from services.errors import ErrorCode, TxlogError
-from services.stubs.txlog.v1 import (
+from services.zk import ServiceRegistry
+from txlog.net.channels import CALL_TIMEOUT_S_DEFAULT, ChannelCache
+from txlog.net.tls import TlsFiles
+from txlog.protocol import errors
+from txlog.protocol.errors import ErrorCode, TxlogError
+from txlog.v1 import (
     coordinator_pb2_grpc,
     partition_pb2,
     partition_pb2_grpc,
     producer_id_pb2_grpc,
     replication_pb2_grpc,
 )
-from services.tls import TlsFiles
-from services.zk import ServiceRegistry
 
 METADATA_TTL_S = 30.0
 NONE = ErrorCode.Value("NONE")

@@ -31,11 +31,13 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from opentelemetry.sdk.trace.export import SpanExporter
 
-from services import authorizer, errors, logs, metrics, telemetry, tls, zk
+from services import authorizer, logs, metrics, zk
 from services import config as config_mod
-from services.addresses import advertised
-from services.errors import ErrorCode, TxlogError
 from services.logs import fields
+from txlog.net import telemetry, tls
+from txlog.net.addresses import advertised
+from txlog.protocol import errors
+from txlog.protocol.errors import ErrorCode, TxlogError
 
 log = logging.getLogger(__name__)
 

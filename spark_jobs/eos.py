@@ -61,15 +61,14 @@ from typing import Any, NamedTuple
 
 from pyspark import TaskContext
 
-from services import names
-from services.client import Admin, Consumer, Producer
-from services.client.admin import MAX_TRANSACTION_TIMEOUT_MS_DEFAULT
-from services.client.errors import ProducerFencedError
-from services.client.structs import ConsumerRecord
-from services.client.two_phase import wait_until
-from services.protocol import TransactionState
 from spark_jobs import options, planning, reading, tracing
 from spark_jobs.writing import SendFailures, abort_quietly
+from txlog import Admin, Consumer, Producer
+from txlog.admin import MAX_TRANSACTION_TIMEOUT_MS_DEFAULT
+from txlog.errors import ProducerFencedError
+from txlog.protocol import TransactionState, names
+from txlog.structs import ConsumerRecord
+from txlog.two_phase import wait_until
 
 log = logging.getLogger("spark_jobs.eos")
 

@@ -23,8 +23,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from services import names
-from services.client.structs import TransactionHandle
+from txlog.protocol import names
+from txlog.structs import TransactionHandle
 
 EARLIEST = -2
 LATEST = -1
@@ -316,7 +316,7 @@ def _parse_read(options: Mapping[str, str]) -> ReadOptions:
 
 
 def _transaction_timeout_ms(options: Mapping[str, str]) -> int:
-    from services.client.admin import MAX_TRANSACTION_TIMEOUT_MS_DEFAULT
+    from txlog.admin import MAX_TRANSACTION_TIMEOUT_MS_DEFAULT
 
     value = _positive_int(options, "transactionTimeoutMs", 60_000)
     if value > MAX_TRANSACTION_TIMEOUT_MS_DEFAULT:  # the coordinators refuse more, on every task

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 from pyspark.sql.datasource import InputPartition
 
-from services.client import Consumer
-from services.client.errors import ClientError
 from spark_jobs.options import EARLIEST, LATEST, OptionError, ReadOptions
+from txlog import Consumer
+from txlog.errors import ClientError
 
 
 @dataclass(frozen=True)

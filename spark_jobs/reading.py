@@ -5,10 +5,10 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Mapping
 
-from services.client import Consumer
-from services.client.errors import NoOffsetForPartitionError
-from services.client.structs import ConsumerRecord
 from spark_jobs.planning import OffsetRange
+from txlog import Consumer
+from txlog.errors import NoOffsetForPartitionError
+from txlog.structs import ConsumerRecord
 
 POLL_RECORDS_MAX = 10_000
 

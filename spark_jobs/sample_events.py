@@ -10,8 +10,8 @@ import json
 import random
 import sys
 
-from services.client import Producer
 from spark_jobs.writing import SendFailures
+from txlog import Producer
 
 PAGES = ("/", "/docs/intro", "/docs/api", "/blog/launch", "/pricing", "/signup", "/account/settings", "/about")
 START_MS = 1_795_000_000_000  # a fixed instant, so that windows are the same on every run

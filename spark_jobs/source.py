@@ -9,8 +9,8 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
-from services.client.two_phase import new_run_id
 from spark_jobs import options, planning, reading, writing
+from txlog.two_phase import new_run_id
 
 SCHEMA = ("topic string, partition int, offset long, key binary, value binary, "
           "headers array<struct<key: string, value: binary>>, timestamp timestamp")

@@ -32,7 +32,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.trace import NonRecordingSpan, SpanContext, Status, StatusCode, TraceFlags
 
-from services import telemetry
+from txlog.net import telemetry
 
 _providers: dict[tuple[str, str], TracerProvider] = {}
 # (trace id, span id) of the deferred span being recorded now (end_span), in this context only.

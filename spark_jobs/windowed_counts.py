@@ -27,10 +27,10 @@ from collections.abc import Iterable, Iterator
 from dataclasses import asdict
 
 from services import config, logs
-from services.client.structs import ConsumerRecord
 from spark_jobs import eos, schedule, session
 from spark_jobs.eos import OutputRecord
 from spark_jobs.planning import OffsetRange
+from txlog.structs import ConsumerRecord
 
 log = logging.getLogger("spark_jobs.windowed_counts")
 

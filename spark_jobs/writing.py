@@ -2,7 +2,7 @@
 
 With ``transactionalIdPrefix`` P the whole write commits atomically: every
 record of the job becomes visible to read_committed readers at once, or none
-does. It is the SDK's two-phase group write (services/client/two_phase.py),
+does. It is the SDK's two-phase group write (txlog/two_phase.py),
 driven from Spark's DataSourceWriter hooks:
 
 1. On the driver, the write gets a run id R, and first aborts what earlier
@@ -58,11 +58,11 @@ from pyspark import TaskContext
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 from pyspark.sql.types import ArrayType, BinaryType, IntegerType, LongType, StringType, StructType, TimestampType
 
-from services.client import Admin, Consumer, Producer, TransactionHandle
-from services.client.errors import ClientError
-from services.client.two_phase import GroupWrite, task_transactional_id
 from spark_jobs import tracing
 from spark_jobs.options import OptionError, WriteOptions
+from txlog import Admin, Consumer, Producer, TransactionHandle
+from txlog.errors import ClientError
+from txlog.two_phase import GroupWrite, task_transactional_id
 
 log = logging.getLogger("spark_jobs.writing")
 

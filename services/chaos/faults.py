@@ -54,8 +54,8 @@ from pathlib import Path
 from typing import Protocol
 
 from services.chaos.replay import REPLAY_KINDS, Order, wait_done, write_order
-from services.client import Admin
 from services.cluster import LocalCluster, pid_alive
+from txlog import Admin
 
 REPLICA_KINDS = ("kill_partition", "kill_leader", "wipe_replica", "pause_leader")
 FAULT_KINDS = (*REPLICA_KINDS, "kill_coordinator", "kill_producer_id", "kill_zookeeper",

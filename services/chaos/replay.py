@@ -54,10 +54,10 @@ from pathlib import Path
 import grpc
 
 from services.chaos.history import REPLAY_KINDS
-from services.client.transport import Transport
-from services.errors import ErrorCode, from_rpc_error
-from services.protocol import PRODUCER_EPOCH_MAX
-from services.stubs.txlog.v1 import (
+from txlog.protocol import PRODUCER_EPOCH_MAX
+from txlog.protocol.errors import ErrorCode, from_rpc_error
+from txlog.transport import Transport
+from txlog.v1 import (
     common_pb2,
     coordinator_pb2,
     coordinator_pb2_grpc,

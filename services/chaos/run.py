@@ -39,9 +39,9 @@ from services.chaos import checker, silent
 from services.chaos.faults import FAULT_KINDS, Nemesis
 from services.chaos.history import read_events
 from services.chaos.worker import CHECKER_STOP_FILE
-from services.client import Admin, Consumer
-from services.client.structs import TopicPartition
 from services.cluster import LocalCluster
+from txlog import Admin, Consumer
+from txlog.structs import TopicPartition
 
 TOPICS = {"chaos-a": 3, "chaos-b": 2, "chaos-out": 2}
 CTP_INPUT, CTP_OUTPUT = "chaos-a", "chaos-out"

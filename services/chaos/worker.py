@@ -9,7 +9,7 @@
 Each runs until ``--stop-file`` exists, but the checker: it answers until
 ``DIR/stop-checker`` exists (CHECKER_STOP_FILE), so that the run can wait for
 the silent owners' last transactions to be decided after they stopped.
-Every client gets a seeded :class:`~services.client.FaultInjection`
+Every client gets a seeded :class:`~txlog.FaultInjection`
 (``--cut-probability``): calls whose request is dropped, or whose answer is
 lost after the server handled it -- a connection cut mid-call (the checker's
 calls excepted).
@@ -51,9 +51,9 @@ from pathlib import Path
 from services.chaos import silent
 from services.chaos.history import History, decode_uid, encode_value, tp_key
 from services.chaos.replay import RecordingTransport, Replayer
-from services.client import Consumer, FaultInjection, Producer, TransactionChecker
-from services.client.structs import TopicPartition
-from services.client.transport import Transport
+from txlog import Consumer, FaultInjection, Producer, TransactionChecker
+from txlog.structs import TopicPartition
+from txlog.transport import Transport
 
 PRODUCER_RPCS = frozenset({"Produce", "AddPartitionsToTxn", "AddOffsetsToTxn", "TxnOffsetCommit", "EndTxn",
                            "InitProducerId", "FindCoordinator", "PrepareTransaction"})

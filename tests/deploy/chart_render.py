@@ -166,7 +166,8 @@ def acl_commands(job: dict) -> list[list[str]]:
 def acl_bindings(job: dict) -> list[tuple[str, ...]]:
     """The bindings those commands add, read by the CLI's own parser:
     (permission, principal, operation, resource type, pattern type, name, host)."""
-    from services import acls, cli
+    from txlog.cli import program as cli
+    from txlog.protocol import acls
 
     bindings = []
     for argv in acl_commands(job):

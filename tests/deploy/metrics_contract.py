@@ -76,8 +76,8 @@ def exported_by_the_services() -> dict[str, dict[str, set[str]]]:
     from coordinator_svc.transaction_state import TransactionState
     from partition_svc.partition_metrics import PartitionMetrics
     from producer_id_svc.server import ProducerIdServicer
-    from services import errors
     from services.metrics import ServiceMetrics
+    from txlog.protocol import errors
 
     class Aborted(Exception):
         pass

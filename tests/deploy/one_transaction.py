@@ -15,7 +15,7 @@ import json
 import sys
 import time
 
-from services.client import Admin, Consumer, Producer
+from txlog import Admin, Consumer, Producer
 
 READ_TIMEOUT_S = 60.0
 

@@ -284,8 +284,8 @@ def dockerignored(path: str, patterns: list[str]) -> bool:
 
 def test_dockerignore_keeps_the_build_context_to_what_the_image_needs():
     patterns = [line.strip() for line in DOCKERIGNORE.read_text().splitlines() if line.strip() and not line.startswith("#")]
-    for path in ("pyproject.toml", "README.md", "docker/healthcheck.py", "docker/requirements.py", "services/client/producer.py",
-                 "services/stubs/txlog/v1/partition_pb2.py", "partition_svc/server.py", "coordinator_svc/server.py",
+    for path in ("pyproject.toml", "README.md", "docker/healthcheck.py", "docker/requirements.py", "txlog/producer.py",
+                 "txlog/v1/partition_pb2.py", "partition_svc/server.py", "coordinator_svc/server.py",
                  "producer_id_svc/server.py", "spark_jobs/windowed_counts.py"):
         assert not dockerignored(path, patterns), f"{path} is needed by the image"
     for path in (".venv/bin/python", ".git/HEAD", ".cluster/cluster.json", "tests/conftest.py", "helm/txlog/Chart.yaml",
@@ -389,7 +389,7 @@ def test_the_tls_variant_gives_every_service_its_own_certificate_from_a_ca_made_
 
 def certificate_principal(cert: Path) -> str:
     """User:<CN>: the principal the default mapping rule makes of a certificate."""
-    from services import tls
+    from txlog.net import tls
 
     subject = subprocess.run(["openssl", "x509", "-in", str(cert), "-noout", "-subject", "-nameopt", "RFC2253"],
                              capture_output=True, text=True, check=True).stdout.strip().removeprefix("subject=")
@@ -444,8 +444,8 @@ def test_the_spark_job_acls_service_grants_the_job_what_the_chart_grants_it(comp
     from chart_render import acl_bindings, render
 
     from services import certs
-    from services.client import Admin
     from services.cluster import LocalCluster
+    from txlog import Admin
 
     services = tls_services(compose)
     acls = services["spark-job-acls"]

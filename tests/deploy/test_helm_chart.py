@@ -604,7 +604,8 @@ def test_more_super_users_and_mapping_rules_reach_every_service():
         assert env["TXLOG_SUPER_USERS"] == "User:tx-services;User:ops;User:break glass"
         assert env["TXLOG_PRINCIPAL_MAPPING_RULES"] == "RULE:^CN=([^,]+),OU=txlog$/$1/L,DEFAULT"
     # the values the services parse: what the authorizer is given
-    from services import authorizer, tls
+    from services import authorizer
+    from txlog.net import tls
 
     assert authorizer.parse_super_users(env["TXLOG_SUPER_USERS"]) == {"User:tx-services", "User:ops", "User:break glass"}
     tls.parse_mapping_rules(env["TXLOG_PRINCIPAL_MAPPING_RULES"])
@@ -665,8 +666,8 @@ def test_the_acl_hook_job_grants_the_spark_job_what_it_needs_and_nothing_else(de
         ("Allow", principal, "Write", "TransactionalId", "PREFIXED", "windowed-counts/", "*"),
     ])
     # every transactional id the job uses lies under a granted prefix
-    from services.client.two_phase import task_transactional_id
     from spark_jobs import planning, windowed_counts
+    from txlog.two_phase import task_transactional_id
 
     env = {k: v["value"] for k, v in env_of(container(defaults.get("CronJob", "txlog-windowed-counts"))).items()}
     settings = windowed_counts.config.load("job", windowed_counts.SETTINGS, [
@@ -716,7 +717,7 @@ def test_the_operators_acls_are_added_by_the_hook_job():
 
 
 def test_the_values_schema_knows_every_acl_operation():
-    from services import acls
+    from txlog.protocol import acls
 
     schema = json.loads((CHART_DIR / "values.schema.json").read_text())
     item = schema["properties"]["authorizer"]["properties"]["acls"]["items"]

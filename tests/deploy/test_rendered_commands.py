@@ -46,8 +46,8 @@ from chart_render import (
 from prometheus_client.parser import text_string_to_metric_families
 
 from services import certs, zk
-from services.client import Admin
 from services.cluster import LocalCluster, free_port, health_serving
+from txlog import Admin
 
 HEALTHCHECK = REPO / "docker" / "healthcheck.py"
 START_TIMEOUT_S = 60.0

@@ -31,8 +31,8 @@ from services.chaos.replay import (
     write_order,
 )
 from services.cluster import free_port
-from services.protocol import PRODUCER_EPOCH_MAX
-from services.stubs.txlog.v1 import common_pb2, coordinator_pb2, errors_pb2, partition_pb2
+from txlog.protocol import PRODUCER_EPOCH_MAX
+from txlog.v1 import common_pb2, coordinator_pb2, errors_pb2, partition_pb2
 
 LEADER_A, LEADER_B, COORDINATOR = "127.0.0.1:7001", "127.0.0.1:7002", "127.0.0.1:7003"
 

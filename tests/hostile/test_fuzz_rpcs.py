@@ -81,8 +81,11 @@ from proto_strategies import (
     weighted,
 )
 
-from services import acls, certs, compression, errors
-from services.acls import (
+from services import certs
+from services.cluster import LocalCluster
+from txlog import v1 as stubs_v1
+from txlog.protocol import acls, compression, errors
+from txlog.protocol.acls import (
     ALLOW,
     CLUSTER,
     CLUSTER_NAME,
@@ -94,11 +97,9 @@ from services.acls import (
     TRANSACTIONAL_ID,
     AclBinding,
 )
-from services.client.two_phase import wait_until
-from services.cluster import LocalCluster
-from services.errors import ERROR_TABLE, ErrorCode
-from services.stubs.txlog import v1 as stubs_v1
-from services.stubs.txlog.v1 import common_pb2, coordinator_pb2, errors_pb2, partition_pb2, partition_pb2_grpc
+from txlog.protocol.errors import ERROR_TABLE, ErrorCode
+from txlog.two_phase import wait_until
+from txlog.v1 import common_pb2, coordinator_pb2, errors_pb2, partition_pb2, partition_pb2_grpc
 
 EXAMPLES_PER_RPC = int(os.environ.get("TXLOG_HOSTILE_EXAMPLES_PER_RPC", "200"))  # more for a deeper local run
 SECURED_EXAMPLES_PER_RPC = max(EXAMPLES_PER_RPC // 4, 10)
@@ -757,7 +758,7 @@ TOPIC_RULE = "1 to 249 characters of [a-zA-Z0-9._-]"
 TRANSACTIONAL_ID_RULE = "1 to 255 characters of [a-zA-Z0-9._:-]"
 GROUP_ID_RULE = "1 to 255 characters of [a-zA-Z0-9._-]"
 BAD_NAMES = {
-    "trailing-newline": "name\n",  # "$" would match before it: services/names.py uses fullmatch
+    "trailing-newline": "name\n",  # "$" would match before it: txlog/protocol/names.py uses fullmatch
     "space": "has space",
     "empty group": "/b",  # "/" separates a group from the rest; the group may not be empty
     "trailing slash": "a/",

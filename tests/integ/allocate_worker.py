@@ -9,9 +9,9 @@ import sys
 
 import grpc
 
-from services import errors
-from services.channels import open_channel
-from services.stubs.txlog.v1 import producer_id_pb2, producer_id_pb2_grpc
+from txlog.net.channels import open_channel
+from txlog.protocol import errors
+from txlog.v1 import producer_id_pb2, producer_id_pb2_grpc
 
 
 async def allocate(address: str, requester_id: int, count: int, pause_s: float, give_up_s: float) -> list:

@@ -10,7 +10,7 @@ import sys
 import threading
 import time
 
-from services.client import Consumer, Producer
+from txlog import Consumer, Producer
 
 STEPS = ("before_send", "after_send", "after_offsets", "during_commit", "after_commit")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import grpc
 
-from services.stubs.txlog.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc, partition_pb2, partition_pb2_grpc
+from txlog.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc, partition_pb2, partition_pb2_grpc
 
 
 class Raw:

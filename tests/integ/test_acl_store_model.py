@@ -21,11 +21,11 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 from kazoo.client import KazooClient
 
-from services.acls import ALLOW, DENY, GROUP, LITERAL, PREFIXED, TOPIC, AclBinding, AclFilter
 from services.authorizer import AclCache, AclStore
-from services.client._loop import LoopThread
-from services.client.two_phase import wait_until
 from services.cluster import LocalCluster
+from txlog._loop import LoopThread
+from txlog.protocol.acls import ALLOW, DENY, GROUP, LITERAL, PREFIXED, TOPIC, AclBinding, AclFilter
+from txlog.two_phase import wait_until
 
 SETTLE_S = 30
 

@@ -23,16 +23,17 @@ import grpc
 import pytest
 from google.protobuf.message import Message
 
-from services import access, certs, errors
-from services.acls import ALLOW, CLUSTER, CLUSTER_NAME, LITERAL, AclBinding, AclFilter
-from services.acls import CLUSTER as CLU
-from services.acls import GROUP as GRP
-from services.acls import TOPIC as TOP
-from services.acls import TRANSACTIONAL_ID as TXN_ID
-from services.client import Admin, Producer, TopicPartition
-from services.client.two_phase import wait_until
+from services import access, certs
 from services.cluster import LocalCluster
-from services.stubs.txlog.v1 import (
+from txlog import Admin, Producer, TopicPartition
+from txlog.protocol import errors
+from txlog.protocol.acls import ALLOW, CLUSTER, CLUSTER_NAME, LITERAL, AclBinding, AclFilter
+from txlog.protocol.acls import CLUSTER as CLU
+from txlog.protocol.acls import GROUP as GRP
+from txlog.protocol.acls import TOPIC as TOP
+from txlog.protocol.acls import TRANSACTIONAL_ID as TXN_ID
+from txlog.two_phase import wait_until
+from txlog.v1 import (
     common_pb2,
     coordinator_pb2,
     partition_pb2,

@@ -13,8 +13,8 @@ import grpc
 import pytest
 from txn_raw import TxnProducer, retrying, wait_until
 
-from services import errors
-from services.stubs.txlog.v1 import (
+from txlog.protocol import errors
+from txlog.v1 import (
     common_pb2,
     coordinator_pb2,
     partition_pb2,

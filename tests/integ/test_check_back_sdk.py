@@ -21,9 +21,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from services.client import Admin, Producer, TransactionChecker
-from services.client.two_phase import wait_until
-from services.stubs.txlog.v1 import partition_pb2, partition_pb2_grpc
+from txlog import Admin, Producer, TransactionChecker
+from txlog.two_phase import wait_until
+from txlog.v1 import partition_pb2, partition_pb2_grpc
 
 README = Path(__file__).parents[2] / "README.md"
 EXAMPLE_MARK = "<!-- example: check-back-sqlite -->"
@@ -55,7 +55,7 @@ def readme_example() -> str:
 
 
 def txlog(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    result = subprocess.run([sys.executable, "-m", "services.cli", *args], capture_output=True, text=True, timeout=120)
+    result = subprocess.run([sys.executable, "-m", "txlog.cli", *args], capture_output=True, text=True, timeout=120)
     if check:
         assert result.returncode == 0, result.stderr
     return result

@@ -24,12 +24,12 @@ import grpc
 import pytest
 
 from services import certs
-from services.acls import ALLOW, LITERAL, TRANSACTIONAL_ID, AclBinding
-from services.client import Admin, Consumer, Producer, TopicPartition, TransactionChecker
-from services.client.errors import ClientError
-from services.client.two_phase import wait_until
 from services.cluster import LocalCluster
-from services.stubs.txlog.v1 import transaction_check_pb2, transaction_check_pb2_grpc
+from txlog import Admin, Consumer, Producer, TopicPartition, TransactionChecker
+from txlog.errors import ClientError
+from txlog.protocol.acls import ALLOW, LITERAL, TRANSACTIONAL_ID, AclBinding
+from txlog.two_phase import wait_until
+from txlog.v1 import transaction_check_pb2, transaction_check_pb2_grpc
 
 CHECKER = "checker"  # its certificate's CN: User:checker
 INTERVAL_MS = "500"  # the groups' transaction.check.interval.ms

@@ -1,4 +1,4 @@
-"""The asyncio clients (services/client/aio.py) against a real cluster:
+"""The asyncio clients (txlog/aio.py) against a real cluster:
 ZooKeeper, producer_id_svc, two partition_svc and two coordinator_svc
 processes started by LocalCluster (as `txlog cluster up` does). Every test
 runs its scenario with asyncio.run, under a deadline; nothing sleeps a fixed
@@ -10,7 +10,8 @@ import asyncio
 
 import pytest
 
-from services.client import (
+from services.cluster import LocalCluster
+from txlog import (
     Admin,
     AIOConsumer,
     AIOProducer,
@@ -20,7 +21,6 @@ from services.client import (
     TopicPartition,
     TxnState,
 )
-from services.cluster import LocalCluster
 
 SCENARIO_TIMEOUT_S = 180
 

@@ -7,10 +7,10 @@ import sys
 
 import pytest
 
-from services.client import Admin, Consumer, Producer, TopicPartition
-from services.client.errors import ClientError
-from services.client.two_phase import wait_until
 from services.cluster import LocalCluster
+from txlog import Admin, Consumer, Producer, TopicPartition
+from txlog.errors import ClientError
+from txlog.two_phase import wait_until
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +23,7 @@ def cluster_dir(tmp_path_factory):
 
 
 def txlog(*args, stdin=None, check=True):
-    result = subprocess.run([sys.executable, "-m", "services.cli", *args], input=stdin, capture_output=True,
+    result = subprocess.run([sys.executable, "-m", "txlog.cli", *args], input=stdin, capture_output=True,
                             timeout=120)
     if check:
         assert result.returncode == 0, result.stderr.decode()
@@ -88,7 +88,7 @@ def test_consume_into_a_pipe_that_closes_early_ends_quietly(cluster_dir):
     where = ("--dir", cluster_dir)
     txlog("topics", "create", "piped", "--partitions", "1", *where)
     txlog("produce", "piped", *where, stdin=b"".join(b"line %d\n" % i for i in range(2000)))
-    reader = subprocess.Popen([sys.executable, "-m", "services.cli", "consume", "piped", "--from-beginning", "--to-end", *where],
+    reader = subprocess.Popen([sys.executable, "-m", "txlog.cli", "consume", "piped", "--from-beginning", "--to-end", *where],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert reader.stdout.readline() == b"line 0\n"
     reader.stdout.close()  # as `| head -1` does

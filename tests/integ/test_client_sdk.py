@@ -10,11 +10,11 @@ from collections import defaultdict
 
 import pytest
 
-from services.client import Admin, Consumer, FaultInjection, Producer
-from services.client.serde import RecordDeserializationError
-from services.client.structs import TopicPartition
 from services.cluster import LocalCluster
-from services.hashing import partition_for_key
+from txlog import Admin, Consumer, FaultInjection, Producer
+from txlog.protocol.hashing import partition_for_key
+from txlog.serde import RecordDeserializationError
+from txlog.structs import TopicPartition
 
 
 @pytest.fixture(scope="module")
@@ -183,7 +183,7 @@ def test_producer_survives_a_partition_leader_restart_exactly_once(local_cluster
 
 LEFT_OPEN = """
 import sys
-from services.client import Admin, Consumer, Producer
+from txlog import Admin, Consumer, Producer
 producer, consumer, admin = Producer(sys.argv[1], linger_ms=50), Consumer(sys.argv[1], group_id="left-open"), Admin(sys.argv[1])
 for i in range(100):
     producer.send("left-open", value=b"v%d" % i)

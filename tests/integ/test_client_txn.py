@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from services.client import (
+from services.cluster import LocalCluster
+from txlog import (
     Admin,
     Consumer,
     Producer,
@@ -18,8 +19,7 @@ from services.client import (
     TransactionAbortedError,
     TxnState,
 )
-from services.client.structs import TopicPartition
-from services.cluster import LocalCluster
+from txlog.structs import TopicPartition
 
 
 @pytest.fixture(scope="module")
@@ -186,7 +186,7 @@ def test_admin_lists_describes_and_finds_no_hanging_transaction(bootstrap, local
             assert described[0].partitions == (TopicPartition("txn-admin", 0),)
             assert described[0].producer_epoch == producers[0].producer_epoch
             assert admin.find_hanging(["txn-admin"]) == []  # open, but each has its live coordinator
-        out = subprocess.run([sys.executable, "-m", "services.cli", "transactions", "describe", ids[0],
+        out = subprocess.run([sys.executable, "-m", "txlog.cli", "transactions", "describe", ids[0],
                               "--dir", str(local_cluster.dir)], capture_output=True, timeout=120)
         assert out.returncode == 0, out.stderr.decode()
         assert json.loads(out.stdout)["state"] == "Ongoing"
@@ -218,7 +218,7 @@ def test_admin_aborts_a_hanging_transaction_that_find_hanging_reports(bootstrap,
             (hanging,) = admin.find_hanging(["txn-hanging"], max_transaction_timeout_ms=100)
             assert (hanging.topic, hanging.partition, hanging.producer_id) == ("txn-hanging", 0, producer.producer_id)
             assert hanging.start_offset == 0
-            out = subprocess.run([sys.executable, "-m", "services.cli", "transactions", "abort",
+            out = subprocess.run([sys.executable, "-m", "txlog.cli", "transactions", "abort",
                                   "--topic", "txn-hanging", "--partition", "0",
                                   "--producer-id", str(hanging.producer_id),
                                   "--producer-epoch", str(hanging.producer_epoch),

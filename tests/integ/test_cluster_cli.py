@@ -9,7 +9,7 @@ from services.cluster import health_serving, pid_alive, zookeeper_ruok
 
 
 def txlog(*args, check=True):
-    result = subprocess.run([sys.executable, "-m", "services.cli", *args], capture_output=True, text=True, timeout=120)
+    result = subprocess.run([sys.executable, "-m", "txlog.cli", *args], capture_output=True, text=True, timeout=120)
     if check:
         assert result.returncode == 0, result.stderr
     return result

@@ -21,13 +21,13 @@ import time
 
 import pytest
 
-from services import compression
-from services.client import Admin, AIOProducer, Consumer, Producer
 from services.cluster import LocalCluster
-from services.errors import ErrorCode
-from services.stubs.txlog.v1 import common_pb2
 from tests.integ.raw import Raw
 from tests.integ.test_replication import FAST, create, fully_replicated, name_of, partition_meta, wait_for
+from txlog import Admin, AIOProducer, Consumer, Producer
+from txlog.protocol import compression
+from txlog.protocol.errors import ErrorCode
+from txlog.v1 import common_pb2
 
 CODECS = ["gzip", "zstd", "lz4"]
 ALL = sorted(compression.CODECS)
@@ -174,7 +174,7 @@ def test_the_cli_produces_compressed_and_creates_a_zstd_topic(cluster, raw):
     where = ("--dir", str(cluster.dir))
 
     def txlog(*args, stdin=None):
-        result = subprocess.run([sys.executable, "-m", "services.cli", *args, *where], input=stdin, capture_output=True,
+        result = subprocess.run([sys.executable, "-m", "txlog.cli", *args, *where], input=stdin, capture_output=True,
                                 timeout=120)
         assert result.returncode == 0, result.stderr.decode()
         return result

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from services.client import Admin, Consumer, Producer
-from services.client.structs import TopicPartition
+from txlog import Admin, Consumer, Producer
+from txlog.structs import TopicPartition
 
 WORKER = str(Path(__file__).with_name("ctp_worker.py"))
 INPUTS = 60

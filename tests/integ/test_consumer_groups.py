@@ -17,13 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from services import cli
-from services.client import Admin, Consumer, OffsetAndMetadata, Producer, TopicPartition, console
-from services.client.errors import ClientError
-from services.client.two_phase import wait_until
 from services.cluster import LocalCluster
-from services.hashing import partition_for_id
-from services.protocol import CONSUMER_OFFSETS_TOPIC
+from txlog import Admin, Consumer, OffsetAndMetadata, Producer, TopicPartition
+from txlog.cli import commands as console
+from txlog.cli import program as cli
+from txlog.errors import ClientError
+from txlog.protocol import CONSUMER_OFFSETS_TOPIC
+from txlog.protocol.hashing import partition_for_id
+from txlog.two_phase import wait_until
 
 PARTITIONS = 6
 SESSION_MS = 3_000

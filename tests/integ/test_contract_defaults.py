@@ -8,8 +8,8 @@ import grpc
 import pytest
 from txn_raw import TxnProducer, wait_until
 
-from services import errors
-from services.stubs.txlog.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc, errors_pb2, partition_pb2
+from txlog.protocol import errors
+from txlog.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc, errors_pb2, partition_pb2
 
 
 def produce(raw, topic, batch, **request_fields):

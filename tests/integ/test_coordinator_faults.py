@@ -21,11 +21,11 @@ from raw import Raw, plain_batch
 from txn_raw import TxnProducer
 
 from coordinator_svc.transaction_state import TransactionState
-from services import coordinators, errors, zk
+from services import coordinators, zk
 from services.cluster import LocalCluster, health_serving
-from services.hashing import partition_for_id
-from services.protocol import TRANSACTION_STATE_TOPIC
-from services.stubs.txlog.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc, partition_pb2
+from txlog.protocol import TRANSACTION_STATE_TOPIC, errors
+from txlog.protocol.hashing import partition_for_id
+from txlog.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc, partition_pb2
 
 COMMITTED, UNCOMMITTED = common_pb2.ISOLATION_LEVEL_READ_COMMITTED, common_pb2.ISOLATION_LEVEL_READ_UNCOMMITTED
 STATE_TOPIC = TRANSACTION_STATE_TOPIC

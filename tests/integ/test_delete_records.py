@@ -18,13 +18,13 @@ import sys
 
 import pytest
 
-from services.client import Admin, TopicPartition
-from services.client.errors import ClientError
 from services.cluster import LocalCluster
-from services.errors import ErrorCode
-from services.stubs.txlog.v1 import partition_pb2
 from tests.integ.raw import Raw, plain_batch
 from tests.integ.test_replication import FAST, wait_for
+from txlog import Admin, TopicPartition
+from txlog.errors import ClientError
+from txlog.protocol.errors import ErrorCode
+from txlog.v1 import partition_pb2
 
 TIMEOUT_S = 60
 OFFSET_OUT_OF_RANGE = ErrorCode.Value("OFFSET_OUT_OF_RANGE")
@@ -93,7 +93,7 @@ def test_deleted_records_stay_deleted_on_every_replica_and_nothing_above_the_log
 
 
 def txlog(*args, check=True):
-    result = subprocess.run([sys.executable, "-m", "services.cli", *args], capture_output=True, timeout=120)
+    result = subprocess.run([sys.executable, "-m", "txlog.cli", *args], capture_output=True, timeout=120)
     if check:
         assert result.returncode == 0, result.stderr.decode()
     return result

@@ -1,4 +1,4 @@
-"""The SDK's group write (services/client/two_phase.py), the protocol the Spark
+"""The SDK's group write (txlog/two_phase.py), the protocol the Spark
 data source follows, through the real services without Spark: task attempts
 prepare their transactions, the driver commits exactly the winners' handles
 as one, the losers are aborted and settled first, and the next run aborts
@@ -8,10 +8,10 @@ import pytest
 from raw import Raw
 from txn_raw import wait_until
 
-from services.client import Admin, Producer
-from services.client.two_phase import GroupWrite, new_run_id, task_transactional_id
-from services.protocol import TransactionState
-from services.stubs.txlog.v1 import common_pb2
+from txlog import Admin, Producer
+from txlog.protocol import TransactionState
+from txlog.two_phase import GroupWrite, new_run_id, task_transactional_id
+from txlog.v1 import common_pb2
 
 TOPIC = "group-write"
 PREFIX = "gw-job"

@@ -9,9 +9,9 @@ import concurrent.futures
 
 from txn_raw import TxnProducer, retrying, wait_until
 
-from services import errors
-from services.client import Producer
-from services.stubs.txlog.v1 import common_pb2, coordinator_pb2, partition_pb2
+from txlog import Producer
+from txlog.protocol import errors
+from txlog.v1 import common_pb2, coordinator_pb2, partition_pb2
 
 COMMITTED = common_pb2.ISOLATION_LEVEL_READ_COMMITTED
 

@@ -8,8 +8,8 @@ import pytest
 from kazoo.client import KazooState
 
 from services import zk
-from services.client.two_phase import wait_until
 from services.cluster import LocalCluster, zookeeper_counters
+from txlog.two_phase import wait_until
 
 ROOT = "/live-instances"
 

@@ -15,10 +15,10 @@ import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from services.client import Admin, Consumer, Producer, TopicPartition
-from services.client.errors import ClientError
-from services.client.two_phase import wait_until
 from services.cluster import LocalCluster
+from txlog import Admin, Consumer, Producer, TopicPartition
+from txlog.errors import ClientError
+from txlog.two_phase import wait_until
 
 COMMITTED, ABORTED, PARTITIONS = 3, 2, 2
 
@@ -167,7 +167,7 @@ def test_a_partitions_refusal_inside_an_answered_call_is_counted_by_topic_and_co
 
 
 def raw_produce(address: str, topic: str, partition: int):
-    from services.stubs.txlog.v1 import common_pb2, partition_pb2, partition_pb2_grpc
+    from txlog.v1 import common_pb2, partition_pb2, partition_pb2_grpc
 
     with grpc.insecure_channel(address) as channel:
         batch = common_pb2.RecordBatch(records=[common_pb2.Record(value=b"x")])
@@ -177,7 +177,7 @@ def raw_produce(address: str, topic: str, partition: int):
 
 def test_a_long_poll_counts_only_the_records_of_its_answer(cluster):
     # found in review: each pass of a long poll counted what it read, the passes thrown away too
-    from services.stubs.txlog.v1 import common_pb2, partition_pb2, partition_pb2_grpc
+    from txlog.v1 import common_pb2, partition_pb2, partition_pb2_grpc
 
     with Admin(cluster.state.bootstrap) as admin:
         admin.create_topics([(f"poll-{i}", 1, 1) for i in range(6)])

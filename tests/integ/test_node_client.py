@@ -13,8 +13,8 @@ from pathlib import Path
 
 from txn_raw import TxnProducer, wait_until
 
-from services.errors import RETRY_DELAY_MS_DEFAULT
-from services.stubs.txlog.v1 import common_pb2, coordinator_pb2, partition_pb2
+from txlog.protocol.errors import RETRY_DELAY_MS_DEFAULT
+from txlog.v1 import common_pb2, coordinator_pb2, partition_pb2
 
 CLIENT = Path(__file__).resolve().parents[2] / "clients" / "node"
 NODE_TIMEOUT_S = 120

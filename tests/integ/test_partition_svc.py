@@ -8,9 +8,9 @@ import grpc
 import pytest
 from raw import Raw, batch, plain_batch
 
-from services import errors
-from services.client.two_phase import wait_until
-from services.stubs.txlog.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc, partition_pb2
+from txlog.protocol import errors
+from txlog.two_phase import wait_until
+from txlog.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc, partition_pb2
 
 LATEST, EARLIEST, LSO, BY_TIME = (
     partition_pb2.OFFSET_SPEC_LATEST,
@@ -28,7 +28,7 @@ def raw(txlog_cluster):
 
 
 def error_name(result):
-    from services.errors import ErrorCode
+    from txlog.protocol.errors import ErrorCode
 
     return ErrorCode.Name(result.error.code)
 

@@ -8,12 +8,12 @@ from __future__ import annotations
 import pytest
 from raw import Raw, batch
 
-from services.client import Producer
-from services.client.two_phase import wait_until
 from services.cluster import LocalCluster
-from services.errors import ErrorCode
-from services.protocol import TRANSACTION_STATE_TOPIC
-from services.stubs.txlog.v1 import common_pb2, partition_pb2
+from txlog import Producer
+from txlog.protocol import TRANSACTION_STATE_TOPIC
+from txlog.protocol.errors import ErrorCode
+from txlog.two_phase import wait_until
+from txlog.v1 import common_pb2, partition_pb2
 
 EXPIRATION_MS = 1500
 SETTLE_S = 60

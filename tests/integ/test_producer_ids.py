@@ -14,7 +14,7 @@ from google.rpc import error_details_pb2, status_pb2
 from producer_id_svc.core import PRODUCER_ID_MAX, ProducerIdBlock
 from services import zk
 from services.cluster import health_serving
-from services.stubs.txlog.v1 import producer_id_pb2, producer_id_pb2_grpc
+from txlog.v1 import producer_id_pb2, producer_id_pb2_grpc
 
 WORKER = str(Path(__file__).with_name("allocate_worker.py"))
 NODE = "/txlog/latest_producer_id_block"
@@ -163,7 +163,7 @@ def test_blocks_continue_after_the_service_is_killed_and_restarted(cluster):
 
 
 def test_allocation_through_the_async_channel_helper(cluster):
-    from services.channels import open_channel
+    from txlog.net.channels import open_channel
 
     service = cluster.add_service("producer_id_svc", 0)
 

@@ -13,8 +13,9 @@ from raw import Raw, batch
 from txn_raw import TxnProducer, retrying, wait_until
 
 from coordinator_svc.transaction_state import TransactionState
-from services import coordinators, errors
-from services.stubs.txlog.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc, partition_pb2
+from services import coordinators
+from txlog.protocol import errors
+from txlog.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc, partition_pb2
 
 COMMITTED, UNCOMMITTED = common_pb2.ISOLATION_LEVEL_READ_COMMITTED, common_pb2.ISOLATION_LEVEL_READ_UNCOMMITTED
 

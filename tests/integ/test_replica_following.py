@@ -20,9 +20,9 @@ import grpc
 import pytest
 from kazoo.client import KazooClient
 
-from services.client.two_phase import wait_until
 from services.cluster import LocalCluster, registration_session, zookeeper_session_requests
-from services.stubs.txlog.v1 import partition_pb2, partition_pb2_grpc
+from txlog.two_phase import wait_until
+from txlog.v1 import partition_pb2, partition_pb2_grpc
 
 SESSION_S = 4
 REFRESH_MS = 1000

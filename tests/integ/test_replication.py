@@ -18,12 +18,13 @@ import grpc
 import pytest
 from kazoo.client import KazooClient
 
-from services.client import Admin, Consumer, LogTruncationError, Producer, TopicPartition, console
-from services.client.two_phase import wait_until
 from services.cluster import LocalCluster
-from services.errors import ErrorCode
-from services.stubs.txlog.v1 import common_pb2, partition_pb2
 from tests.integ.raw import Raw
+from txlog import Admin, Consumer, LogTruncationError, Producer, TopicPartition
+from txlog.cli import commands as console
+from txlog.protocol.errors import ErrorCode
+from txlog.two_phase import wait_until
+from txlog.v1 import common_pb2, partition_pb2
 
 SESSION_S = 4
 FAST = ["--zookeeper-session-timeout-s", str(SESSION_S), "--replica-lag-time-max-ms", "2000",
@@ -58,7 +59,7 @@ def zk(cluster):
 
 def wait_for(probe, timeout_s=FAILOVER_TIMEOUT_S, what="condition"):
     """``probe()``'s first truthy answer (a failed call counts as none), asked again with back-off until
-    ``timeout_s`` (services.client.two_phase.wait_until)."""
+    ``timeout_s`` (txlog.two_phase.wait_until)."""
     answers = []
 
     def answered() -> bool:

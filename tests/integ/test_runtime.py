@@ -11,12 +11,13 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoRe
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from producer_id_svc import server as producer_id_server
-from services import config, telemetry, zk
-from services.channels import open_channel
-from services.client.two_phase import wait_until
+from services import config, zk
 from services.cluster import health_serving, pid_alive
 from services.server import SERVER_SETTINGS, ServiceRuntime, rpc_handler
-from services.stubs.txlog.v1 import producer_id_pb2, producer_id_pb2_grpc
+from txlog.net import telemetry
+from txlog.net.channels import open_channel
+from txlog.two_phase import wait_until
+from txlog.v1 import producer_id_pb2, producer_id_pb2_grpc
 
 REQUEST = producer_id_pb2.AllocateProducerIdsRequest(requester_id=1)
 
@@ -217,7 +218,7 @@ def test_health_is_not_serving_while_zookeeper_is_away(cluster):
 
 
 def test_advertised_address_defaults_to_listen_host_and_bound_port():
-    from services.addresses import advertised
+    from txlog.net.addresses import advertised
 
     assert advertised("127.0.0.1:0", 4242, "") == "127.0.0.1:4242"
     assert advertised("0.0.0.0:7100", 7100, "") != "0.0.0.0:7100"

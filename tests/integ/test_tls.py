@@ -22,12 +22,13 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError
 from kazoo.security import Permissions
 
-from services import certs, cli
-from services.client import Admin, Consumer, Producer, TopicPartition
-from services.client.errors import ClientError
-from services.client.two_phase import wait_until
+from services import certs
 from services.cluster import SERVICE_PRINCIPAL_NAME, LocalCluster, free_port
-from services.stubs.txlog.v1 import producer_id_pb2, producer_id_pb2_grpc
+from txlog import Admin, Consumer, Producer, TopicPartition
+from txlog.cli import program as cli
+from txlog.errors import ClientError
+from txlog.two_phase import wait_until
+from txlog.v1 import producer_id_pb2, producer_id_pb2_grpc
 
 HEALTH_PORT = free_port()
 

@@ -15,14 +15,16 @@ from pathlib import Path
 import grpc
 import pytest
 
-from services import certs, cli, errors, tokens
-from services.acls import ALLOW, LITERAL, TOPIC, AclBinding
-from services.client import Admin, Consumer, Producer, TopicPartition
-from services.client.errors import ClientError
-from services.client.two_phase import wait_until
+from services import certs, tokens
 from services.cluster import LocalCluster
-from services.stubs.txlog.v1 import partition_pb2, partition_pb2_grpc
-from services.tls import BearerToken
+from txlog import Admin, Consumer, Producer, TopicPartition
+from txlog.cli import program as cli
+from txlog.errors import ClientError
+from txlog.net.tls import BearerToken
+from txlog.protocol import errors
+from txlog.protocol.acls import ALLOW, LITERAL, TOPIC, AclBinding
+from txlog.two_phase import wait_until
+from txlog.v1 import partition_pb2, partition_pb2_grpc
 
 TOPIC_NAME = "by-token"
 

@@ -21,15 +21,15 @@ import pytest
 from kazoo.client import KazooClient
 from rocksdict import AccessType, Options, Rdict
 
-from services.client import Admin, TopicPartition
-from services.client.errors import ClientError
-from services.client.two_phase import wait_until
 from services.cluster import LocalCluster
-from services.errors import ErrorCode
-from services.stubs.txlog.v1 import common_pb2, partition_pb2
 from tests.integ import test_replication
 from tests.integ.raw import Raw
 from tests.integ.test_metrics import scrape
+from txlog import Admin, TopicPartition
+from txlog.errors import ClientError
+from txlog.protocol.errors import ErrorCode
+from txlog.two_phase import wait_until
+from txlog.v1 import common_pb2, partition_pb2
 
 WAIT_S = 60
 NODES = (0, 1, 2)

@@ -12,7 +12,7 @@ from kazoo.client import KazooClient
 
 from partition_svc.topics import TopicInfo, TopicRegistry
 from services.cluster import LocalCluster
-from services.errors import ErrorCode, TxlogError
+from txlog.protocol.errors import ErrorCode, TxlogError
 
 ROOT = "/topic-deletion"
 EPOCH_PATH = f"{ROOT}/controller_epoch"

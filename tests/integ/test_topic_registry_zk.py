@@ -61,7 +61,7 @@ def test_a_reassignment_requested_while_the_previous_one_completes_is_recorded(z
 
 def test_an_unknown_topic_is_asked_of_zookeeper_once_until_it_is_created(zookeeper):
     from services import zk
-    from services.client.two_phase import wait_until
+    from txlog.two_phase import wait_until
 
     root = "/topic-registry-absent"
     reader, writer = zk.connect(zookeeper), zk.connect(zookeeper)

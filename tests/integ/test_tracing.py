@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from services import telemetry
-from services.client import Admin, Producer
-from services.client.two_phase import wait_until
 from services.cluster import LocalCluster
+from txlog import Admin, Producer
+from txlog.net import telemetry
+from txlog.two_phase import wait_until
 
 TRACED = ["--otel-exporter", "console"]
 

@@ -11,8 +11,8 @@ import json
 import subprocess
 import sys
 
-from services.client import Admin, AIOConsumer, Consumer, Producer, TopicPartition
-from services.client.two_phase import wait_until
+from txlog import Admin, AIOConsumer, Consumer, Producer, TopicPartition
+from txlog.two_phase import wait_until
 
 TOPIC = "outcomes"
 TP = TopicPartition(TOPIC, 0)
@@ -57,7 +57,7 @@ def wait_for_outcomes(bootstrap: str, expected: list, what: str) -> None:
 
 
 def txlog(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "services.cli", *args], capture_output=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "txlog.cli", *args], capture_output=True, timeout=120)
 
 
 def transactional(bootstrap: str, tid: str, value: bytes) -> Producer:

@@ -10,10 +10,10 @@ from raw import Raw, plain_batch
 from txn_raw import TxnProducer, retrying, wait_until
 
 from coordinator_svc.transaction_state import TransactionState
-from services import errors
-from services.client import Admin
-from services.hashing import partition_for_id
-from services.stubs.txlog.v1 import common_pb2, coordinator_pb2, partition_pb2
+from txlog import Admin
+from txlog.protocol import errors
+from txlog.protocol.hashing import partition_for_id
+from txlog.v1 import common_pb2, coordinator_pb2, partition_pb2
 
 COMMITTED, UNCOMMITTED = common_pb2.ISOLATION_LEVEL_READ_COMMITTED, common_pb2.ISOLATION_LEVEL_READ_UNCOMMITTED
 

@@ -19,13 +19,13 @@ import pytest
 
 from coordinator_svc.transaction_state import GroupDecision, Handle
 from coordinator_svc.txn_log import DECISION_KEY_PREFIX
-from services import coordinators, errors
-from services.client import Admin, Producer
-from services.client.errors import ClientError
-from services.client.structs import TransactionHandle, TransactionListing
-from services.hashing import partition_for_id
-from services.protocol import TRANSACTION_STATE_TOPIC
-from services.stubs.txlog.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc, partition_pb2
+from services import coordinators
+from txlog import Admin, Producer
+from txlog.errors import ClientError
+from txlog.protocol import TRANSACTION_STATE_TOPIC, errors
+from txlog.protocol.hashing import partition_for_id
+from txlog.structs import TransactionHandle, TransactionListing
+from txlog.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc, partition_pb2
 
 COMMITTED, UNCOMMITTED = common_pb2.ISOLATION_LEVEL_READ_COMMITTED, common_pb2.ISOLATION_LEVEL_READ_UNCOMMITTED
 STATE_TOPIC = TRANSACTION_STATE_TOPIC
@@ -548,7 +548,7 @@ def test_a_decision_record_found_at_load_commits_the_members_it_names_and_only_t
 
 
 def txlog(*args, check=True):
-    result = subprocess.run([sys.executable, "-m", "services.cli", *args], capture_output=True, timeout=120)
+    result = subprocess.run([sys.executable, "-m", "txlog.cli", *args], capture_output=True, timeout=120)
     if check:
         assert result.returncode == 0, result.stderr.decode()
     return result

@@ -7,8 +7,8 @@ import time
 import grpc
 from raw import Raw
 
-from services import errors
-from services.stubs.txlog.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc, partition_pb2
+from txlog.protocol import errors
+from txlog.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc, partition_pb2
 
 RETRIABLE_WAIT_S = 30
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 import collections
 import json
 
-from services.client import Admin, Consumer
-from services.client.admin import OPEN_STATES
-from services.client.two_phase import wait_until
 from spark_jobs import sample_events
 from spark_jobs.windowed_counts import MALFORMED, section_of
+from txlog import Admin, Consumer
+from txlog.admin import OPEN_STATES
+from txlog.two_phase import wait_until
 
 WINDOW_MS = 60_000
 

@@ -28,8 +28,8 @@ from outputs import (
 )
 from spark_env import worker_pythonpath
 
-from services.client import Admin
 from spark_jobs import eos, sample_events
+from txlog import Admin
 
 EVENTS = 4000
 INPUT, OUTPUT, GROUP = "events", "event-counts", "windowed-counts"

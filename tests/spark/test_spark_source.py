@@ -18,9 +18,9 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import IntegerType
 from spark_env import worker_pythonpath
 
-from services.client import Admin, Producer
-from services.client.two_phase import wait_until
 from services.cluster import LocalCluster
+from txlog import Admin, Producer
+from txlog.two_phase import wait_until
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +84,7 @@ def test_a_read_from_a_groups_committed_offsets_starts_where_the_group_is(spark,
     create(bootstrap, "grouped", 2)
     produce(bootstrap, "grouped", [f"v{i}" for i in range(6)], partition=0)
     produce(bootstrap, "grouped", [f"w{i}" for i in range(3)], partition=1)
-    from services.client import Consumer
+    from txlog import Consumer
 
     with Consumer(bootstrap, group_id="readers") as consumer:
         consumer.commit({("grouped", 0): 4})  # partition 1 has no committed offset: it starts at the earliest
@@ -93,7 +93,7 @@ def test_a_read_from_a_groups_committed_offsets_starts_where_the_group_is(spark,
 
 
 def test_a_read_of_a_live_groups_committed_offsets_leaves_its_members_undisturbed(spark, bootstrap):
-    from services.client import Consumer
+    from txlog import Consumer
 
     create(bootstrap, "subscribed", 2)
     produce(bootstrap, "subscribed", [f"s{i}" for i in range(4)], partition=0)

@@ -11,11 +11,11 @@ import pytest
 from outputs import committed_offsets, counts, end_offsets, expected_views, read_all, views_of
 
 from services import certs
-from services.acls import ALLOW, GROUP, LITERAL, PREFIXED, TOPIC, TRANSACTIONAL_ID, AclBinding
-from services.client import Admin
-from services.client.two_phase import wait_until
 from services.cluster import LocalCluster
 from spark_jobs import eos, options, sample_events, windowed_counts
+from txlog import Admin
+from txlog.protocol.acls import ALLOW, GROUP, LITERAL, PREFIXED, TOPIC, TRANSACTIONAL_ID, AclBinding
+from txlog.two_phase import wait_until
 
 EVENTS = 2000
 

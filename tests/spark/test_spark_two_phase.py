@@ -24,9 +24,9 @@ from pyspark.sql import functions as F
 from spark_env import worker_pythonpath
 from spark_transforms import with_faults
 
-from services.client import Admin, Consumer, Producer
 from services.cluster import LocalCluster
 from spark_jobs import eos
+from txlog import Admin, Consumer, Producer
 
 KEYS = 60
 OUTPUT_PARTITIONS = 4  # writing tasks of a job: the shuffle's partitions

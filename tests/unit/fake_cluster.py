@@ -1,6 +1,6 @@
 """An in-memory stand-in for the partition servers, for unit tests of the SDK.
 
-:class:`FakeCluster` implements the :class:`~services.client.transport.Transport`
+:class:`FakeCluster` implements the :class:`~txlog.transport.Transport`
 interface (``call`` / ``close``) and answers Metadata, InitProducerId (empty
 transactional id), Produce, Fetch and ListOffsets the way partition_svc does,
 including the leader's idempotence rules of DESIGN.md ("Idempotent produce"):
@@ -53,13 +53,13 @@ from coordinator_svc import transaction_state as ts
 from coordinator_svc.transaction_state import TransactionMetadata
 from partition_svc import producer_state
 from partition_svc.producer_state import ProducerStateEntry
-from services.client.errors import ClientError, error_for
-from services.client.structs import TopicPartition
-from services.client.transport import FaultInjection
-from services.errors import ErrorCode, TxlogError
-from services.protocol import CONSUMER_OFFSETS_TOPIC
-from services.protocol import TransactionState as S
-from services.stubs.txlog.v1 import common_pb2, coordinator_pb2, errors_pb2, partition_pb2
+from txlog.errors import ClientError, error_for
+from txlog.protocol import CONSUMER_OFFSETS_TOPIC
+from txlog.protocol import TransactionState as S
+from txlog.protocol.errors import ErrorCode, TxlogError
+from txlog.structs import TopicPartition
+from txlog.transport import FaultInjection
+from txlog.v1 import common_pb2, coordinator_pb2, errors_pb2, partition_pb2
 
 E = ErrorCode.Value
 

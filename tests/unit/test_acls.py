@@ -1,4 +1,4 @@
-"""The ACL decision (services/acls.py) and the per-RPC table
+"""The ACL decision (txlog/protocol/acls.py) and the per-RPC table
 (services/access.py), pure: examples of Kafka's rules, the wire form, and
 hypothesis against a reference written from Kafka's documentation."""
 
@@ -8,8 +8,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services import access, acls
-from services.acls import (
+from services import access
+from services.authorizer import parse_super_users, peer_host
+from txlog.net.tls import TlsConfigError
+from txlog.protocol import acls
+from txlog.protocol.acls import (
     ALLOW,
     CLUSTER,
     CLUSTER_NAME,
@@ -23,10 +26,8 @@ from services.acls import (
     AclError,
     AclFilter,
 )
-from services.authorizer import parse_super_users, peer_host
-from services.errors import ErrorCode
-from services.stubs.txlog.v1 import common_pb2, coordinator_pb2, partition_pb2
-from services.tls import TlsConfigError
+from txlog.protocol.errors import ErrorCode
+from txlog.v1 import common_pb2, coordinator_pb2, partition_pb2
 
 
 def allow(name, operation, *, pattern=LITERAL, principal="User:alice", resource_type=TOPIC, host="*"):
@@ -210,7 +211,7 @@ def test_metadata_leaves_out_or_marks_what_the_caller_may_not_describe():
 
 
 def test_every_rpc_of_every_service_has_its_line():
-    from services.stubs.txlog.v1 import producer_id_pb2, replication_pb2
+    from txlog.v1 import producer_id_pb2, replication_pb2
     methods = {m.name for module in (partition_pb2, coordinator_pb2, replication_pb2, producer_id_pb2)
                for service in module.DESCRIPTOR.services_by_name.values() for m in service.methods}
     assert methods - set(access.CHECKS) == set(), "an RPC without a line is refused to all but super users"

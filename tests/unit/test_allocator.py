@@ -10,8 +10,8 @@ import pytest
 from producer_id_svc.allocator import BlockAllocator
 from producer_id_svc.core import ProducerIdBlock
 from producer_id_svc.store import VersionConflict
-from services.errors import ErrorCode, TxlogError
-from services.retry import RetryPolicy
+from txlog.protocol.errors import ErrorCode, TxlogError
+from txlog.protocol.retry import RetryPolicy
 
 
 class VersionedNode:

@@ -24,9 +24,9 @@ from coordinator_svc.check_rules import (
 )
 from coordinator_svc.transaction_core import Answer, NeedProducerIds, Refuse, Reply, Then, Transit
 from coordinator_svc.transaction_state import Handle, TransactionMetadata
-from services.errors import TxlogError
-from services.protocol import PRODUCER_EPOCH_MAX
-from services.protocol import TransactionState as S
+from txlog.protocol import PRODUCER_EPOCH_MAX
+from txlog.protocol import TransactionState as S
+from txlog.protocol.errors import TxlogError
 
 TID = "shop/order-41"
 PREPARED_MS = 1_700_000_000_000

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from services import cli
-from services.client import console
-from services.client.errors import ClientError
-from services.client.structs import ConsumerRecord
+from txlog.cli import commands as console
+from txlog.cli import program as cli
+from txlog.errors import ClientError
+from txlog.structs import ConsumerRecord
 
 
 def usage_error(capsys, *argv: str) -> str:

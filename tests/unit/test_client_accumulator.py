@@ -5,9 +5,9 @@ import time
 
 import pytest
 
-from services.client.accumulator import RecordAccumulator
-from services.client.errors import BufferExhaustedError
-from services.client.structs import TopicPartition, encode_record
+from txlog.accumulator import RecordAccumulator
+from txlog.errors import BufferExhaustedError
+from txlog.structs import TopicPartition, encode_record
 
 TP = TopicPartition("t", 0)
 TP1 = TopicPartition("t", 1)

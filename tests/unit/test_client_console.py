@@ -4,7 +4,7 @@ import io
 
 import pytest
 
-from services.client.console import Progress, parse_configs
+from txlog.cli.commands import Progress, parse_configs
 
 
 class Terminal(io.StringIO):

@@ -7,9 +7,9 @@ import time
 import pytest
 from fake_cluster import FakeCluster
 
-from services.client import Consumer, NoOffsetForPartitionError, Producer
-from services.client.membership import topics_matching
-from services.client.structs import TopicPartition
+from txlog import Consumer, NoOffsetForPartitionError, Producer
+from txlog.membership import topics_matching
+from txlog.structs import TopicPartition
 
 TP0, TP1 = TopicPartition("t", 0), TopicPartition("t", 1)
 

@@ -5,8 +5,7 @@ import grpc
 import pytest
 from grpc_status import rpc_status
 
-from services import errors as txlog_errors
-from services.client.errors import (
+from txlog.errors import (
     AbortableError,
     Action,
     ClientError,
@@ -16,7 +15,8 @@ from services.client.errors import (
     error_for,
     from_exception,
 )
-from services.errors import ERROR_TABLE, ErrorClass, ErrorCode
+from txlog.protocol import errors as txlog_errors
+from txlog.protocol.errors import ERROR_TABLE, ErrorClass, ErrorCode
 
 E = ErrorCode.Value
 

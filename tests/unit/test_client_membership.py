@@ -1,4 +1,4 @@
-"""The SDK's group membership (services/client/membership.py) against a
+"""The SDK's group membership (txlog/membership.py) against a
 scripted coordinator: what it reports to the consumer as heartbeats are
 answered (a fake coordinator: the heartbeat protocol is what is tested)."""
 
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import asyncio
 
-from services.client.membership import Membership
-from services.client.structs import TopicPartition
-from services.stubs.txlog.v1 import common_pb2, partition_pb2
+from txlog.membership import Membership
+from txlog.structs import TopicPartition
+from txlog.v1 import common_pb2, partition_pb2
 
 A, B = TopicPartition("t", 0), TopicPartition("t", 1)
 

@@ -4,8 +4,8 @@ import random
 
 import pytest
 
-from services.client.partitioner import DefaultPartitioner
-from services.hashing import murmur2, partition_for_key
+from txlog.partitioner import DefaultPartitioner
+from txlog.protocol.hashing import murmur2, partition_for_key
 
 
 @pytest.mark.parametrize(

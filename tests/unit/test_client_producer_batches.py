@@ -7,10 +7,10 @@ import threading
 
 from fake_cluster import FakeCluster
 
-from services.client import Producer
-from services.client.errors import ClientError
-from services.client.structs import TopicPartition
-from services.errors import ErrorCode
+from txlog import Producer
+from txlog.errors import ClientError
+from txlog.protocol.errors import ErrorCode
+from txlog.structs import TopicPartition
 
 E = ErrorCode.Value
 TP = TopicPartition("t", 0)

@@ -10,10 +10,10 @@ import time
 import pytest
 from fake_cluster import FakeCluster
 
-from services.client import DeliveryTimeoutError, FaultInjection, Producer
-from services.client.errors import ClientClosedError, ClientTimeoutError, RecordTooLargeError
-from services.client.structs import TopicPartition
-from services.errors import ErrorCode
+from txlog import DeliveryTimeoutError, FaultInjection, Producer
+from txlog.errors import ClientClosedError, ClientTimeoutError, RecordTooLargeError
+from txlog.protocol.errors import ErrorCode
+from txlog.structs import TopicPartition
 
 E = ErrorCode.Value
 FAST = {"retry_backoff_ms": 1, "retry_backoff_max_ms": 5, "linger_ms": 1}

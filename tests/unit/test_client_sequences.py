@@ -3,10 +3,10 @@ in-flight window, the order of re-sends, held batches and the reset."""
 
 import pytest
 
-from services.client.accumulator import BatchState, ProducerBatch
-from services.client.sequences import IllegalStateError, PartitionSequences
-from services.client.structs import TopicPartition, encode_record
-from services.protocol import SEQUENCE_MODULUS
+from txlog.accumulator import BatchState, ProducerBatch
+from txlog.protocol import SEQUENCE_MODULUS
+from txlog.sequences import IllegalStateError, PartitionSequences
+from txlog.structs import TopicPartition, encode_record
 
 TP = TopicPartition("t", 0)
 PID, EPOCH = 7, 0

@@ -1,8 +1,8 @@
-"""Serializers and deserializers by name or callable (services/client/serde.py)."""
+"""Serializers and deserializers by name or callable (txlog/serde.py)."""
 
 import pytest
 
-from services.client import serde
+from txlog import serde
 
 
 def test_named_serializers_and_their_deserializers_round_trip():

@@ -9,12 +9,12 @@ from dataclasses import replace
 import pytest
 from fake_cluster import FakeCluster
 
-from services import cli
-from services.client import Admin, Producer
-from services.client import console as console_module
-from services.client.admin import state_number
-from services.client.structs import TopicPartition
-from services.errors import ErrorCode
+from txlog import Admin, Producer
+from txlog.admin import state_number
+from txlog.cli import commands as console_module
+from txlog.cli import program as cli
+from txlog.protocol.errors import ErrorCode
+from txlog.structs import TopicPartition
 
 E = ErrorCode.Value
 FAST = {"retry_backoff_ms": 1, "retry_backoff_max_ms": 5, "linger_ms": 1}

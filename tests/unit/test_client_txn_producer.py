@@ -10,7 +10,7 @@ import time
 import pytest
 from fake_cluster import OFFSETS_TP, FakeCluster
 
-from services.client import (
+from txlog import (
     ClientTimeoutError,
     Consumer,
     InvalidTxnStateError,
@@ -22,9 +22,9 @@ from services.client import (
     TransactionTimedOutError,
     TxnState,
 )
-from services.client.errors import FatalError
-from services.client.structs import TopicPartition
-from services.errors import ErrorCode
+from txlog.errors import FatalError
+from txlog.protocol.errors import ErrorCode
+from txlog.structs import TopicPartition
 
 E = ErrorCode.Value
 FAST = {"retry_backoff_ms": 1, "retry_backoff_max_ms": 5, "linger_ms": 1}

@@ -1,4 +1,4 @@
-"""The transactional producer's state machine (services/client/transactions.py),
+"""The transactional producer's state machine (txlog/transactions.py),
 pure: every call in every state as the one table says, every transition legal
 or not, and the bookkeeping of partitions and sends."""
 
@@ -6,15 +6,16 @@ import threading
 
 import pytest
 
-from services.client.errors import (
+from txlog.errors import (
     AbortableError,
     InvalidTxnStateError,
     ProducerFencedError,
     TransactionAbortableError,
     TransactionStateError,
 )
-from services.client.structs import TopicPartition
-from services.client.transactions import (
+from txlog.protocol.errors import ErrorCode
+from txlog.structs import TopicPartition
+from txlog.transactions import (
     CALLS,
     VALID_PREVIOUS_STATES,
     Call,
@@ -23,7 +24,6 @@ from services.client.transactions import (
     TxnState,
     Verdict,
 )
-from services.errors import ErrorCode
 
 E = ErrorCode.Value
 S = TxnState

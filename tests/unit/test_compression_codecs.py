@@ -20,12 +20,12 @@ from partition_svc import log_store, validation
 from partition_svc.log_store import LogStore
 from partition_svc.partition import Partition, Produced, RecordsDeleted
 from partition_svc.producer_state import Reject
-from services import compression
-from services.client.accumulator import ProducerBatch
-from services.client.config import ProducerConfig
-from services.client.structs import TopicPartition, encode_record
-from services.errors import ErrorCode, TxlogError
-from services.stubs.txlog.v1 import common_pb2, partition_pb2
+from txlog.accumulator import ProducerBatch
+from txlog.config import ProducerConfig
+from txlog.protocol import compression
+from txlog.protocol.errors import ErrorCode, TxlogError
+from txlog.structs import TopicPartition, encode_record
+from txlog.v1 import common_pb2, partition_pb2
 
 LIMITS = validation.BatchLimits(10_000, 1 << 20)
 NOW = 1_700_000_000_000

@@ -115,8 +115,8 @@ def test_heartbeat_requests_that_cannot_be_are_refused_naming_the_field():
     """The hostile suite found a 100,000-character member id echoed into an
     error message too large for gRPC's headers."""
     from partition_svc.group_coordinator import check_member_id, heartbeat_of
-    from services.errors import ErrorCode, TxlogError
-    from services.stubs.txlog.v1 import partition_pb2
+    from txlog.protocol.errors import ErrorCode, TxlogError
+    from txlog.v1 import partition_pb2
 
     def refused(**fields) -> str:
         with pytest.raises(TxlogError) as error:

@@ -27,14 +27,14 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from services.client.config import ConsumerConfig
-from services.client.errors import LogTruncationError
-from services.client.fetcher import Fetcher
-from services.client.metadata import Metadata
-from services.client.structs import TopicPartition
-from services.errors import ErrorCode
-from services.leader_epochs import AskAgain, LeaderEpochCache, truncation_step
-from services.stubs.txlog.v1 import common_pb2, partition_pb2
+from txlog.config import ConsumerConfig
+from txlog.errors import LogTruncationError
+from txlog.fetcher import Fetcher
+from txlog.metadata import Metadata
+from txlog.protocol.errors import ErrorCode
+from txlog.protocol.leader_epochs import AskAgain, LeaderEpochCache, truncation_step
+from txlog.structs import TopicPartition
+from txlog.v1 import common_pb2, partition_pb2
 
 E = ErrorCode.Value
 TP = TopicPartition("t", 0)

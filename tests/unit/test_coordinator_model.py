@@ -72,10 +72,10 @@ from coordinator_svc.transaction_state import (
 )
 from coordinator_svc.txn_log import DECISION_KEY_PREFIX, FENCE_KEY, GROUP_CONFIG_KEY_PREFIX, decision_key
 from services.coordinators import PartitionOwner
-from services.errors import ErrorCode, TxlogError
-from services.hashing import partition_for_id
-from services.protocol import CONSUMER_OFFSETS_TOPIC, OPEN_TRANSACTION_STATES
-from services.stubs.txlog.v1 import transaction_check_pb2
+from txlog.protocol import CONSUMER_OFFSETS_TOPIC, OPEN_TRANSACTION_STATES
+from txlog.protocol.errors import ErrorCode, TxlogError
+from txlog.protocol.hashing import partition_for_id
+from txlog.v1 import transaction_check_pb2
 
 S = TransactionState
 

@@ -4,8 +4,8 @@ import grpc
 import pytest
 from google.rpc import error_details_pb2
 
-from services import errors
-from services.errors import ERROR_TABLE, ErrorClass, ErrorCode, TxlogError
+from txlog.protocol import errors
+from txlog.protocol.errors import ERROR_TABLE, ErrorClass, ErrorCode, TxlogError
 
 
 def test_every_code_but_none_has_a_class_and_a_non_ok_status():

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import asyncio
 
-from services.client.config import ConsumerConfig
-from services.client.fetcher import Fetcher
-from services.client.metadata import Metadata
-from services.client.structs import TopicPartition
-from services.stubs.txlog.v1 import common_pb2, partition_pb2
+from txlog.config import ConsumerConfig
+from txlog.fetcher import Fetcher
+from txlog.metadata import Metadata
+from txlog.structs import TopicPartition
+from txlog.v1 import common_pb2, partition_pb2
 
 NODE = "127.0.0.1:1"
 KNOWN, UNLED, ADDED = TopicPartition("t", 0), TopicPartition("t", 1), TopicPartition("t", 2)

@@ -1,4 +1,4 @@
-"""Leader epochs and log divergence (services/leader_epochs.py, KIP-101/279):
+"""Leader epochs and log divergence (txlog/protocol/leader_epochs.py, KIP-101/279):
 examples, and a property test against the definition: two replicas' logs agree
 up to the first offset written in different epochs (an epoch has one leader,
 which writes each offset once)."""
@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.leader_epochs import UNDEFINED, AskAgain, LeaderEpochCache, truncation_step
+from txlog.protocol.leader_epochs import UNDEFINED, AskAgain, LeaderEpochCache, truncation_step
 
 
 def cache(*entries) -> LeaderEpochCache:

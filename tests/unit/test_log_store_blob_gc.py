@@ -10,7 +10,7 @@ import pytest
 from rocksdict import BottommostLevelCompaction, CompactOptions
 
 from partition_svc.log_store import BLOB_BYTES_MIN, BLOB_GC_OFF_RATIO, BLOB_GC_ON_RATIO, LogStore, blob_gc_wanted
-from services.client.two_phase import wait_until
+from txlog.two_phase import wait_until
 
 VALUE = b"x" * (BLOB_BYTES_MIN * 4)  # big enough to live in a blob file
 

@@ -33,7 +33,7 @@ def import_without(blocked: list[str], modules: list[str]) -> subprocess.Complet
 
 
 @pytest.mark.parametrize("blocked, modules", [
-    (SPARK + SERVICE + DEV, ["services.client", "services.cli"]),  # the base install
+    (SPARK + SERVICE + DEV, ["txlog", "txlog.cli"]),  # the base install
     (SPARK + DEV, ["partition_svc.server", "coordinator_svc.server", "producer_id_svc.server",
                    "services.cluster", "services.chaos.run"]),  # txlog[service]
     (DEV, ["spark_jobs.eos", "spark_jobs.windowed_counts"]),  # txlog[service,spark]

@@ -15,8 +15,8 @@ from partition_svc import log_store
 from partition_svc.log_store import GroupCommitWriter, LogStore
 from partition_svc.partition import Partition, RecordsDeleted
 from partition_svc.producer_state import Reject
-from services.errors import ErrorCode
-from services.stubs.txlog.v1 import common_pb2
+from txlog.protocol.errors import ErrorCode
+from txlog.v1 import common_pb2
 
 OPENED: list[Partition] = []
 

@@ -4,10 +4,10 @@ never producer 0 at epoch 0."""
 
 import pytest
 
-from services.errors import TxlogError
 from services.producer_ids import named_producer, previous_producer
-from services.protocol import PRODUCER_EPOCH_MAX
-from services.stubs.txlog.v1 import coordinator_pb2, partition_pb2
+from txlog.protocol import PRODUCER_EPOCH_MAX
+from txlog.protocol.errors import TxlogError
+from txlog.v1 import coordinator_pb2, partition_pb2
 
 
 @pytest.mark.parametrize("message", [coordinator_pb2.EndTxnRequest, coordinator_pb2.AddPartitionsToTxnRequest,

@@ -7,7 +7,7 @@ from producer_id_svc.core import (
     check_requester_id,
     next_block,
 )
-from services.errors import ErrorCode, TxlogError
+from txlog.protocol.errors import ErrorCode, TxlogError
 
 
 def test_first_block_starts_at_zero_and_holds_block_size_ids():

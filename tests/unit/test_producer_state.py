@@ -13,8 +13,8 @@ from partition_svc.producer_state import (
     after_append,
     check_batch,
 )
-from services.errors import ErrorCode
-from services.protocol import SEQUENCE_MODULUS, last_sequence_of
+from txlog.protocol import SEQUENCE_MODULUS, last_sequence_of
+from txlog.protocol.errors import ErrorCode
 
 PID = 42
 

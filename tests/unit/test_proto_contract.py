@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from google.protobuf import descriptor_pb2
 
-from services.errors import ERROR_TABLE, ErrorClass, ErrorCode, spec_of
-from services.stubs.txlog.v1 import errors_pb2
+from txlog.protocol.errors import ERROR_TABLE, ErrorClass, ErrorCode, spec_of
+from txlog.v1 import errors_pb2
 
 ROOT = Path(__file__).resolve().parents[2]
 BUF = ROOT / "clients" / "node" / "node_modules" / ".bin" / "buf"

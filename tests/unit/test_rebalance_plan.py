@@ -1,4 +1,4 @@
-"""txlog partitions rebalance's plan (services/client/rebalance.py): even
+"""txlog partitions rebalance's plan (txlog/rebalance.py): even
 replicas and leaders over the live nodes, with the fewest replicas moved."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from collections import Counter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.client.rebalance import rebalance
-from services.client.structs import TopicPartition
+from txlog.rebalance import rebalance
+from txlog.structs import TopicPartition
 
 
 def after(assignment, plan):

@@ -13,9 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.client.accumulator import ProducerBatch, RecordAccumulator, RecordFuture
-from services.client.structs import RecordMetadata, TopicPartition, encode_record
-from services.stubs.txlog.v1 import common_pb2
+from txlog.accumulator import ProducerBatch, RecordAccumulator, RecordFuture
+from txlog.structs import RecordMetadata, TopicPartition, encode_record
+from txlog.v1 import common_pb2
 
 TP = TopicPartition("t", 3)
 

@@ -13,8 +13,8 @@ from partition_svc import validation
 from partition_svc.log_store import GroupCommitWriter, LogStore
 from partition_svc.partition import Partition
 from partition_svc.replication import ReplicationServicer
-from services.stubs.txlog.v1 import common_pb2, replication_pb2
 from tests.unit.scripted_writer import ScriptedWriter
+from txlog.v1 import common_pb2, replication_pb2
 
 CONFIGS = validation.topic_configs({}, 1 << 20)
 LIMITS = validation.BatchLimits(10_000, 1 << 24)

@@ -33,7 +33,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from partition_svc import election
 from partition_svc.election import NO_LEADER, LeaderAndIsr
 from partition_svc.isr import FollowerProgress, ReplicaSet
-from services.leader_epochs import AskAgain, LeaderEpochCache, truncation_step
+from txlog.protocol.leader_epochs import AskAgain, LeaderEpochCache, truncation_step
 
 REPLICAS = (1, 2, 3)
 LAG_MAX_MS = 3_000

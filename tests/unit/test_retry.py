@@ -2,7 +2,7 @@ import asyncio
 
 import pytest
 
-from services.retry import RetryPolicy
+from txlog.protocol.retry import RetryPolicy
 
 
 class Transient(Exception):

@@ -1,7 +1,7 @@
-"""What a call's span says it touched, read from the request (services/telemetry.py)."""
+"""What a call's span says it touched, read from the request (txlog/net/telemetry.py)."""
 
-from services.stubs.txlog.v1 import common_pb2, coordinator_pb2, partition_pb2
-from services.telemetry import PARTITIONS_SHOWN_MAX, request_attributes
+from txlog.net.telemetry import PARTITIONS_SHOWN_MAX, request_attributes
+from txlog.v1 import common_pb2, coordinator_pb2, partition_pb2
 
 
 def test_a_produce_names_its_partitions_topics_and_the_producer_of_its_batches():
@@ -33,7 +33,7 @@ def test_markers_name_their_transaction_and_partitions():
 
 
 def test_the_otlp_endpoint_follows_the_standard_variables_unless_one_is_given():
-    from services.telemetry import OTEL_ENDPOINT_DEFAULT, otlp_options
+    from txlog.net.telemetry import OTEL_ENDPOINT_DEFAULT, otlp_options
 
     assert otlp_options(OTEL_ENDPOINT_DEFAULT, {}) == {"endpoint": OTEL_ENDPOINT_DEFAULT, "insecure": True}
     assert otlp_options(OTEL_ENDPOINT_DEFAULT, {"OTEL_EXPORTER_OTLP_ENDPOINT": "https://collector:4317"}) == {}

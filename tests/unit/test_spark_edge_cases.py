@@ -6,12 +6,12 @@ import threading
 
 import pytest
 
-from services.client.structs import ConsumerRecord
 from spark_jobs import eos, schedule
 from spark_jobs.options import OptionError, parse_read, parse_write
 from spark_jobs.planning import OffsetRange
 from spark_jobs.windowed_counts import count_views
 from spark_jobs.writing import send_row
+from txlog.structs import ConsumerRecord
 
 
 @pytest.mark.parametrize("value", [b'{"page": "/", "ts": Infinity}', b'{"page": "/", "ts": -Infinity}',

@@ -27,15 +27,15 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from services import names
-from services.client.structs import ConsumerRecord
-from services.client.two_phase import new_run_id, task_id_pattern, task_transactional_id
 from spark_jobs import sample_events, schedule, windowed_counts
 from spark_jobs.eos import OutputRecord
 from spark_jobs.options import OptionError
 from spark_jobs.planning import OffsetRange
 from spark_jobs.windowed_counts import MALFORMED, count_views, section_of
 from spark_jobs.writing import SendFailures, check_schema, rows, send_row
+from txlog.protocol import names
+from txlog.structs import ConsumerRecord
+from txlog.two_phase import new_run_id, task_id_pattern, task_transactional_id
 
 # --- OffsetRange.split ----------------------------------------------------------------------------
 

@@ -10,8 +10,8 @@ import pytest
 from coordinator_svc.state_manager import CoordinatorConfig, LoadedPartition, TransactionStateManager
 from coordinator_svc.transaction_state import TransactionMetadata
 from services import coordinators
-from services.errors import TxlogError
-from services.protocol import TransactionState as S
+from txlog.protocol import TransactionState as S
+from txlog.protocol.errors import TxlogError
 
 CONFIG = CoordinatorConfig(node_id=1, zookeeper_root="/txlog", transaction_state_partitions=4, transaction_timeout_ms_max=60_000,
                            transactional_id_expiration_ms=10**9, ownership_lease_ms=3_000)

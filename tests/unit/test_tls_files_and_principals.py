@@ -1,4 +1,4 @@
-"""TLS settings, principal mapping rules and the local CA (services/tls.py,
+"""TLS settings, principal mapping rules and the local CA (txlog/net/tls.py,
 services/certs.py; issue 15)."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import sys
 import pytest
 
 from services import certs
-from services.channels import ChannelCache
-from services.tls import TlsConfigError, TlsFiles, parse_mapping_rules, principal_of_subject
+from txlog.net.channels import ChannelCache
+from txlog.net.tls import TlsConfigError, TlsFiles, parse_mapping_rules, principal_of_subject
 
 DEFAULT_RULES = parse_mapping_rules("RULE:^CN=([^,]+)$/$1/,DEFAULT")
 

@@ -7,12 +7,12 @@ import logging
 import grpc
 import pytest
 
-from services.addresses import advertised
-from services.client import Admin, Producer, TransactionChecker
-from services.client.checker import CheckerState, _CheckService, create_server
-from services.client.config import PREPARE_METADATA_BYTES_MAX
-from services.client.errors import ClientClosedError, ClientError
-from services.stubs.txlog.v1 import transaction_check_pb2, transaction_check_pb2_grpc
+from txlog import Admin, Producer, TransactionChecker
+from txlog.checker import CheckerState, _CheckService, create_server
+from txlog.config import PREPARE_METADATA_BYTES_MAX
+from txlog.errors import ClientClosedError, ClientError
+from txlog.net.addresses import advertised
+from txlog.v1 import transaction_check_pb2, transaction_check_pb2_grpc
 
 UNREACHABLE = "127.0.0.1:1"
 ANSWER = transaction_check_pb2.TransactionCheckAnswer
@@ -41,7 +41,7 @@ def test_a_check_answers_what_the_application_said_and_unknown_for_anything_else
     checker = TransactionChecker(UNREACHABLE, "orders", check)
     server, channel = serve(checker)
     try:
-        with caplog.at_level(logging.WARNING, logger="services.client.checker"):
+        with caplog.at_level(logging.WARNING, logger="txlog.checker"):
             answers = [ask(channel, "orders/1", m) for m in (b"paid", b"cancelled", b"later", b"odd", b"number", b"boom")]
     finally:
         channel.close()
@@ -155,7 +155,7 @@ def test_a_renewal_that_lands_after_stop_unregistered_is_undone(monkeypatch):
     """Found reading the change again: stop() waited for a renewal under way only up to half its
     timeout, then unregistered; a renewal landing after that registered the stopped checker again,
     and the coordinator went on asking a dead address for a whole lease."""
-    import services.client.checker as checker_module
+    import txlog.checker as checker_module
 
     fakes = []
     monkeypatch.setattr(checker_module, "Admin", lambda *a, **k: fakes.append(SlowRenewalCoordinator()) or fakes[-1])

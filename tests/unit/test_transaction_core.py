@@ -8,9 +8,9 @@ import pytest
 from coordinator_svc import transaction_core as core
 from coordinator_svc.transaction_core import Answer, NeedProducerIds, Refuse, Reply, Then, Transit
 from coordinator_svc.transaction_state import Handle, TransactionMetadata
-from services.errors import ErrorCode
-from services.protocol import PRODUCER_EPOCH_MAX
-from services.protocol import TransactionState as S
+from txlog.protocol import PRODUCER_EPOCH_MAX
+from txlog.protocol import TransactionState as S
+from txlog.protocol.errors import ErrorCode
 
 TID = "app-1"
 NOW = 1_700_000_000_000

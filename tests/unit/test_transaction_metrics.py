@@ -11,7 +11,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from coordinator_svc.transaction_metrics import TransactionMetrics
 from coordinator_svc.transaction_state import TransactionState as S
-from services.protocol import OPEN_TRANSACTION_STATES
+from txlog.protocol import OPEN_TRANSACTION_STATES
 
 
 def points(reader: InMemoryMetricReader) -> dict:

@@ -17,9 +17,9 @@ from partition_svc import validation
 from partition_svc.log_store import LogStore
 from partition_svc.partition import Partition
 from partition_svc.replica_fetcher import Followed, ReplicaFetcher
-from services.errors import ErrorCode, error_proto
-from services.stubs.txlog.v1 import common_pb2, replication_pb2
 from tests.unit.scripted_writer import ScriptedWriter
+from txlog.protocol.errors import ErrorCode, error_proto
+from txlog.v1 import common_pb2, replication_pb2
 
 CONFIGS = validation.topic_configs({}, 1 << 20)
 LIMITS = validation.BatchLimits(10_000, 1 << 24)

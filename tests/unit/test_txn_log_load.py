@@ -6,7 +6,7 @@ import json
 
 from coordinator_svc.transaction_state import GroupDecision, Handle, TransactionMetadata, TransactionRecord
 from coordinator_svc.txn_log import FENCE_KEY, GROUP_CONFIG_KEY_PREFIX, LogContents, decision_key
-from services.protocol import TransactionState as S
+from txlog.protocol import TransactionState as S
 
 
 def record(tid: str, state: S, epoch: int, **changes) -> TransactionRecord:

@@ -1,4 +1,4 @@
-"""Each fetched record's transactional outcome (services/txn_outcomes.py): the
+"""Each fetched record's transactional outcome (txlog/protocol/txn_outcomes.py): the
 leader's answer for a read range, and the reader's outcome of each batch from
 that answer alone, against the truth of randomly generated logs (a printed
 seed replays a failure)."""
@@ -10,9 +10,9 @@ import random
 
 import pytest
 
-from services import txn_outcomes
-from services.client.config import ConsumerConfig
-from services.txn_outcomes import ABORTED, COMMITTED, NOT_TRANSACTIONAL, OPEN, Outcomes, leader_answer
+from txlog.config import ConsumerConfig
+from txlog.protocol import txn_outcomes
+from txlog.protocol.txn_outcomes import ABORTED, COMMITTED, NOT_TRANSACTIONAL, OPEN, Outcomes, leader_answer
 
 
 def random_log(rng: random.Random):

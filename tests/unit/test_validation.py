@@ -1,8 +1,8 @@
 import pytest
 
 from partition_svc import validation
-from services.errors import ErrorCode, TxlogError
-from services.stubs.txlog.v1 import common_pb2
+from txlog.protocol.errors import ErrorCode, TxlogError
+from txlog.v1 import common_pb2
 
 LIMITS = validation.BatchLimits(records_per_batch_max=100, batch_bytes_max=10_000)
 

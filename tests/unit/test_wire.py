@@ -10,9 +10,9 @@ from partition_svc import log_store, validation, wire
 from partition_svc.log_store import GroupCommitWriter, LogStore
 from partition_svc.partition import Partition
 from partition_svc.replication import ReplicationServicer
-from services import compression, protowire
-from services.errors import ErrorCode, TxlogError
-from services.stubs.txlog.v1 import common_pb2, partition_pb2, replication_pb2
+from txlog.protocol import compression, protowire
+from txlog.protocol.errors import ErrorCode, TxlogError
+from txlog.v1 import common_pb2, partition_pb2, replication_pb2
 
 CONFIGS = validation.topic_configs({}, 1 << 20)
 LIMITS = validation.BatchLimits(10_000, 1 << 24)

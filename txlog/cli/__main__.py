@@ -1,0 +1,5 @@
+import sys
+
+from txlog.cli.program import main
+
+sys.exit(main())

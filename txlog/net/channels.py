@@ -1,0 +1,155 @@
+"""Client channels to txlog services.
+
+Every call gets a deadline (the caller's, or the channel's default), and gRPC's
+own transparent retry (service config ``retryPolicy``) is switched on only for
+the methods listed in :data:`SAFE_TO_RETRY`: reads, lookups, and allocations
+whose repetition harms nothing. Writes (Produce, EndTxn, markers...) are retried
+by the client SDK's request handlers, which know the sequence and epoch rules.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+from collections.abc import Iterable
+
+import grpc
+from opentelemetry.sdk.trace import TracerProvider
+
+from txlog.net import telemetry, tls
+
+CALL_TIMEOUT_S_DEFAULT = 10.0
+
+# (service, method): repeating these cannot change what is stored, or only
+# wastes something harmless (an allocated producer-id block that is never used).
+SAFE_TO_RETRY: tuple[tuple[str, str], ...] = (
+    ("txlog.v1.ProducerIdService", "AllocateProducerIds"),
+    ("txlog.v1.PartitionService", "Metadata"),
+    ("txlog.v1.PartitionService", "Fetch"),
+    ("txlog.v1.PartitionService", "ListOffsets"),
+    ("txlog.v1.PartitionService", "OffsetFetch"),
+    ("txlog.v1.PartitionService", "DescribeProducers"),
+    ("txlog.v1.CoordinatorService", "FindCoordinator"),
+    ("txlog.v1.CoordinatorService", "ListTransactions"),
+    ("txlog.v1.CoordinatorService", "DescribeTransactions"),
+    ("grpc.health.v1.Health", "Check"),
+)
+
+
+def service_config(safe_methods: Iterable[tuple[str, str]] = SAFE_TO_RETRY) -> str:
+    return json.dumps(
+        {
+            "methodConfig": [
+                {
+                    "name": [{"service": service, "method": method} for service, method in safe_methods],
+                    "retryPolicy": {
+                        "maxAttempts": 4,
+                        "initialBackoff": "0.05s",
+                        "maxBackoff": "1s",
+                        "backoffMultiplier": 2,
+                        "retryableStatusCodes": ["UNAVAILABLE"],
+                    },
+                }
+            ]
+        }
+    )
+
+
+class _DefaultDeadline(
+    grpc.aio.UnaryUnaryClientInterceptor,
+    grpc.aio.UnaryStreamClientInterceptor,
+    grpc.aio.StreamUnaryClientInterceptor,
+    grpc.aio.StreamStreamClientInterceptor,
+):
+    """Gives every call without a timeout the channel's default one."""
+
+    def __init__(self, timeout_s: float):
+        self.timeout_s = timeout_s
+
+    def _details(self, details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
+        if details.timeout is not None:
+            return details
+        return grpc.aio.ClientCallDetails(
+            details.method, self.timeout_s, details.metadata, details.credentials, details.wait_for_ready
+        )
+
+    async def intercept_unary_unary(self, continuation, details, request):
+        return await continuation(self._details(details), request)
+
+    async def intercept_unary_stream(self, continuation, details, request):
+        return await continuation(self._details(details), request)
+
+    async def intercept_stream_unary(self, continuation, details, request_iterator):
+        return await continuation(self._details(details), request_iterator)
+
+    async def intercept_stream_stream(self, continuation, details, request_iterator):
+        return await continuation(self._details(details), request_iterator)
+
+
+def open_channel(
+    address: str,
+    *,
+    timeout_s: float = CALL_TIMEOUT_S_DEFAULT,
+    tracer_provider: TracerProvider | None = None,
+    max_message_bytes: int = 64 * 1024 * 1024,
+    credentials: grpc.ChannelCredentials | None = None,
+) -> grpc.aio.Channel:
+    """An aio channel with default deadlines, safe retries and tracing; TLS
+    with ``credentials`` (txlog.net.tls.ChannelCredentials.get()), else plaintext.
+
+    Create it inside the event loop that will use it."""
+    options = [
+        ("grpc.service_config", service_config()),
+        ("grpc.enable_retries", 1),
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+    ]
+    interceptors = [_DefaultDeadline(timeout_s), *telemetry.client_interceptors(tracer_provider)]
+    if credentials is not None:
+        return grpc.aio.secure_channel(address, credentials, options=options, interceptors=interceptors)
+    return grpc.aio.insecure_channel(address, options=options, interceptors=interceptors)
+
+
+class ChannelCache:
+    """Channels by address, opened on first use. With TLS files, a channel is
+    opened again once the files change (a rotated client certificate); the
+    old one is closed after its calls in flight had time to finish."""
+
+    CLOSE_GRACE_S = 30.0
+
+    def __init__(self, *, timeout_s: float = CALL_TIMEOUT_S_DEFAULT, tracer_provider: TracerProvider | None = None,
+                 max_message_bytes: int = 64 * 1024 * 1024, tls_files: tls.TlsFiles | None = None):
+        self._open = functools.partial(open_channel, timeout_s=timeout_s, tracer_provider=tracer_provider,
+                                       max_message_bytes=max_message_bytes)
+        self._credentials = tls.ChannelCredentials(tls_files) if tls_files is not None and tls_files.enabled else None
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._closing: set[asyncio.Task] = set()
+
+    @property
+    def uses_tls(self) -> bool:
+        return self._credentials is not None
+
+    def get(self, address: str) -> grpc.aio.Channel:
+        channel = self._channels.get(address)
+        if channel is not None and self._credentials is not None and self._credentials.changed():
+            self._retire_all()
+            channel = None
+        if channel is None:
+            credentials = self._credentials.get() if self._credentials is not None else None
+            channel = self._channels[address] = self._open(address, credentials=credentials)
+        return channel
+
+    def _retire_all(self) -> None:
+        old, self._channels = list(self._channels.values()), {}
+        for channel in old:
+            task = asyncio.ensure_future(channel.close(grace=self.CLOSE_GRACE_S))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+
+    async def close(self) -> None:
+        channels, self._channels = list(self._channels.values()), {}
+        for channel in channels:
+            await channel.close()
+        for task in list(self._closing):
+            task.cancel()
