@@ -27,6 +27,7 @@ COPY docker/requirements.py ./docker/requirements.py
 RUN python docker/requirements.py service > /tmp/requirements.txt \
     && pip install -r /tmp/requirements.txt
 COPY README.md ./
+COPY txlog ./txlog
 COPY services ./services
 COPY producer_id_svc ./producer_id_svc
 COPY partition_svc ./partition_svc
