@@ -21,6 +21,7 @@ and authenticates to ZooKeeper with the digest identity in
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -54,10 +55,49 @@ class ClusterError(RuntimeError):
     pass
 
 
+PORT_RANGE_ENV = "TXLOG_PORT_RANGE"  # "LOW-HIGH": free_port hands out ports from it (HIGH excluded)
+PORT_COUNTER_ENV = "TXLOG_PORT_COUNTER"  # a file: the next port, shared by every process that inherits both
+
+
 def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on now, for a service to bind soon after.
+
+    By default the kernel picks one (bind to port 0, then release it). With
+    TXLOG_PORT_RANGE and TXLOG_PORT_COUNTER set (the tests set them for each
+    pytest-xdist worker, a range below the kernel's ephemeral ports), the
+    ports are handed out in turn from the counter in that file, under a lock:
+    the worker and every process it starts (the CLI, the chaos tool) share one
+    sequence, so none is handed a port another picked and has not bound yet,
+    or one a killed service will take again on restart, until the range wraps
+    round; each is checked by bind, so a port still in use is skipped."""
+    span, counter = os.environ.get(PORT_RANGE_ENV), os.environ.get(PORT_COUNTER_ENV)
+    if not span or not counter:
+        with socket.socket() as sock:
+            sock.bind((host, 0))
+            return sock.getsockname()[1]
+    low, high = (int(bound) for bound in span.split("-"))
+    with open(counter, "a+") as state:
+        fcntl.flock(state, fcntl.LOCK_EX)  # released when the file closes
+        state.seek(0)
+        text = state.read().strip()
+        port = int(text) if text and low <= int(text) < high else low
+        for _ in range(high - low):
+            candidate, port = port, low + (port + 1 - low) % (high - low)
+            if _bindable(host, candidate):
+                state.seek(0)
+                state.truncate()
+                state.write(str(port))
+                return candidate
+    raise ClusterError(f"no free port in {PORT_RANGE_ENV}={span}")
+
+
+def _bindable(host: str, port: int) -> bool:
     with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def pid_alive(pid: int) -> bool:

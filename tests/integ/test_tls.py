@@ -30,14 +30,12 @@ from txlog.errors import ClientError
 from txlog.two_phase import wait_until
 from txlog.v1 import producer_id_pb2, producer_id_pb2_grpc
 
-HEALTH_PORT = free_port()
-
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     local = LocalCluster(tmp_path_factory.mktemp("tls") / "cluster")
     local.up(producer_id_svcs=1, partition_svcs=2, coordinator_svcs=1, tls=True,
-             service_args={"producer_id_svc": ["--health-listen", f"127.0.0.1:{HEALTH_PORT}"]})
+             service_args={"producer_id_svc": ["--health-listen", f"127.0.0.1:{free_port()}"]})
     local.wait_until_coordinators_settle()
     yield local
     local.down(grace_s=5)
@@ -152,7 +150,8 @@ def test_a_rotated_server_certificate_serves_new_connections_without_a_restart(c
 
 def test_the_health_only_port_answers_probes_in_plaintext_and_serves_nothing_else(cluster):
     """--health-listen: what a Kubernetes gRPC probe (no TLS) can reach; the main port stays mutual TLS."""
-    address = f"127.0.0.1:{HEALTH_PORT}"
+    command = cluster.state.services["producer_id_svc-0"].command
+    address = command[command.index("--health-listen") + 1]
     assert check(address, None) == "SERVING"
     assert check(cluster.state.services["producer_id_svc-0"].address, None) == "UNAVAILABLE"
     with grpc.insecure_channel(address) as channel:
