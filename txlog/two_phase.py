@@ -1,7 +1,7 @@
 """The exactly-once protocol of a job whose tasks write in parallel and commit
 as one: the Spark data source (spark_jobs/writing.py) and consume-transform-
 produce runs (spark_jobs/eos.py) follow it, and so can a client in any language
-(README "Writing a client").
+(docs/guides/other-languages.md, "Writing a client").
 
 A write under transaction group P gets a run id R (:func:`new_run_id`). Each
 task attempt writes in its own transaction, transactional id

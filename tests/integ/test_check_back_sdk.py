@@ -1,5 +1,5 @@
 """Transaction check-back through the SDK and the CLI (issue 19), against a
-real local cluster: the README's order-service example run as a user runs it
+real local cluster: the check-back guide's order-service example run as a user runs it
 -- crashed after its SQLite commit, crashed before it, not crashed -- with its
 own checker process answering the coordinator; a TransactionChecker in this
 process whose answers ``describe_transactions`` shows; ``txlog transactions
@@ -25,7 +25,7 @@ from txlog import Admin, Producer, TransactionChecker
 from txlog.two_phase import wait_until
 from txlog.v1 import partition_pb2, partition_pb2_grpc
 
-README = Path(__file__).parents[2] / "README.md"
+GUIDE = Path(__file__).parents[2] / "docs" / "guides" / "check-back.md"
 EXAMPLE_MARK = "<!-- example: check-back-sqlite -->"
 ORDERS_GROUP, ORDERS_TOPIC = "orders", "order-events"  # the example's
 INTERVAL_MS, MAX, EXHAUSTED, TIMEOUT_MS = ("transaction.check.interval.ms", "transaction.check.max",
@@ -46,9 +46,9 @@ def admin(cluster):
 
 
 def readme_example() -> str:
-    """The program in the fenced block right after the README's example mark."""
-    text = README.read_text()
-    assert EXAMPLE_MARK in text, f"README.md lost its {EXAMPLE_MARK} block"
+    """The program in the fenced block right after the check-back guide's example mark."""
+    text = GUIDE.read_text()
+    assert EXAMPLE_MARK in text, f"docs/guides/check-back.md lost its {EXAMPLE_MARK} block"
     block = re.match(r"\s*```python\n(.*?)\n```", text.split(EXAMPLE_MARK, 1)[1], re.S)
     assert block, f"{EXAMPLE_MARK} is not followed by a ```python block"
     return block.group(1) + "\n"
