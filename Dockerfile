@@ -24,8 +24,13 @@ WORKDIR /src
 # a code change rebuilds in seconds.
 COPY pyproject.toml ./
 COPY docker/requirements.py ./docker/requirements.py
-RUN python docker/requirements.py service > /tmp/requirements.txt \
-    && pip install -r /tmp/requirements.txt
+# Behind a TLS-inspecting proxy, pass its CA bundle as the build secret
+# `ca-bundle` (`make image` does: --secret id=ca-bundle,src=/etc/ssl/certs/ca-certificates.crt);
+# a secret is mounted for this step only and lands in no layer.
+RUN --mount=type=secret,id=ca-bundle \
+    if [ -s /run/secrets/ca-bundle ]; then export PIP_CERT=/run/secrets/ca-bundle; fi \
+    && python docker/requirements.py service > /tmp/requirements.txt \
+    && pip install -r /tmp/requirements.txt "setuptools>=68" wheel
 COPY README.md ./
 COPY txlog ./txlog
 COPY services ./services
@@ -33,11 +38,14 @@ COPY producer_id_svc ./producer_id_svc
 COPY partition_svc ./partition_svc
 COPY coordinator_svc ./coordinator_svc
 COPY spark_jobs ./spark_jobs
-RUN pip install --no-deps . \
+# The build tools came with the dependencies: this layer needs no network.
+RUN pip install --no-deps --no-build-isolation . \
     && python -c "import txlog, producer_id_svc.server, partition_svc.server, coordinator_svc.server"
 
 FROM builder AS spark-builder
-RUN python docker/requirements.py spark > /tmp/requirements-spark.txt \
+RUN --mount=type=secret,id=ca-bundle \
+    if [ -s /run/secrets/ca-bundle ]; then export PIP_CERT=/run/secrets/ca-bundle; fi \
+    && python docker/requirements.py spark > /tmp/requirements-spark.txt \
     && pip install -r /tmp/requirements-spark.txt \
     && python -c "import pyspark, spark_jobs.eos"
 
