@@ -64,13 +64,29 @@ TARGET_LABELS = {"namespace", "job", "instance", "pod", "container", "service", 
 
 def exported_by_the_services() -> dict[str, dict[str, set[str]]]:
     """{service: {sample name: labels}} as each service's own instruments
-    export them: its ServiceMetrics and the instruments its servicer adds,
-    each used once as the service does, read through the Prometheus exporter."""
+    export them (see ``expositions``)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    exported = {}
+    for service, text in expositions().items():
+        samples: dict[str, set[str]] = {}
+        for family in text_string_to_metric_families(text):
+            if family.name == "target_info":  # the resource, not a measurement
+                continue
+            for sample in family.samples:
+                samples.setdefault(sample.name, set()).update(set(sample.labels) - OTEL_SCOPE_LABELS)
+        exported[service] = samples
+    return exported
+
+
+def expositions() -> dict[str, str]:
+    """{service: its /metrics text} with each of its instruments used once as
+    the service does: its ServiceMetrics and the instruments its servicer adds,
+    read through the Prometheus exporter (the docs' metrics page is made from it)."""
     import asyncio
     from types import SimpleNamespace
 
     from prometheus_client import generate_latest
-    from prometheus_client.parser import text_string_to_metric_families
 
     from coordinator_svc.transaction_metrics import TransactionMetrics
     from coordinator_svc.transaction_state import TransactionState
@@ -132,16 +148,9 @@ def exported_by_the_services() -> dict[str, dict[str, set[str]]]:
         try:
             asyncio.run(calls(metrics))
             use(metrics.meter)
-            text = generate_latest(metrics.registry).decode()
+            exported[service] = generate_latest(metrics.registry).decode()
         finally:
             metrics.stop()
-        samples: dict[str, set[str]] = {}
-        for family in text_string_to_metric_families(text):
-            if family.name == "target_info":  # the resource, not a measurement
-                continue
-            for sample in family.samples:
-                samples.setdefault(sample.name, set()).update(set(sample.labels) - OTEL_SCOPE_LABELS)
-        exported[service] = samples
     return exported
 
 
