@@ -93,7 +93,7 @@ def sdk_names_elsewhere() -> list[str]:
 # --- the gRPC API ---------------------------------------------------------------------------------
 
 # Field numbers of descriptor.proto, as source_code_info paths use them.
-_FILE_MESSAGES, _FILE_ENUMS, _FILE_SERVICES, _FILE_SYNTAX = 4, 5, 6, 12
+_FILE_PACKAGE, _FILE_MESSAGES, _FILE_ENUMS, _FILE_SERVICES, _FILE_SYNTAX = 2, 4, 5, 6, 12
 _MESSAGE_FIELDS, _MESSAGE_NESTED, _MESSAGE_ENUMS = 2, 3, 4
 _ENUM_VALUES = 2
 _SERVICE_METHODS = 2
@@ -214,9 +214,13 @@ def grpc_page() -> str:
         locations = {tuple(loc.path): loc for loc in proto.source_code_info.location}
         prefix = proto.package
         out += [f"## {proto.name}", ""]
-        syntax = locations.get((_FILE_SYNTAX,))
-        if syntax is not None and syntax.leading_detached_comments:
-            out += [_paragraphs(syntax.leading_detached_comments[0]), ""]
+        # The file's own comment sits above `syntax` (or `package`), attached or apart from it.
+        for statement in (_FILE_SYNTAX, _FILE_PACKAGE):
+            location = locations.get((statement,))
+            if location is not None:
+                for comment in (*location.leading_detached_comments, location.leading_comments):
+                    if comment.strip():
+                        out += [_paragraphs(comment), ""]
         for s, service in enumerate(proto.service):
             service_path = (_FILE_SERVICES, s)
             out += [f"### service {service.name} {{#{prefix}.{service.name}}}", ""]
