@@ -15,7 +15,7 @@ producer_id_svc as real processes, see services/cluster.py):
   ZooKeeper), from /proc, to show where the time of an allocation goes.
 
 Targets: (1) exactly one ZooKeeper write per block when uncontended (the
-sequential run; DESIGN.md, "Producer ids": one write per 1000 ids); (2) blocks/s
+sequential run; docs/design.md, "Producer ids": one write per 1000 ids); (2) blocks/s
 through the service >= 50% of raw conditional writes/s (judged on the sequential
 run, the one comparable to the sequential baseline; the concurrent run's ratio
 is reported beside it).

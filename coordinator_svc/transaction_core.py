@@ -21,7 +21,7 @@ Outcomes
   transactional id, an exhausted epoch); the coordinator fetches ``count`` and
   decides again with them.
 
-Epoch rules are Kafka's Transactions V2 (DESIGN.md "Transactions"); the state
+Epoch rules are Kafka's Transactions V2 (docs/design.md "Transactions"); the state
 table and the epoch arithmetic are transaction_state.py's.
 """
 

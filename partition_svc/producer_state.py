@@ -2,7 +2,7 @@
 
 The leader keeps, for each producer that wrote to a partition, its epoch and the
 sequence ranges and offsets of its last 5 batches. A batch is checked against it
-before it gets offsets; the rules, in order (DESIGN.md, "Idempotent produce"):
+before it gets offsets; the rules, in order (docs/design.md, "Idempotent produce"):
 
 1. Same epoch and a sequence range equal to one of the 5 cached: a duplicate.
    Answer success with the original offsets; append nothing.
