@@ -5,10 +5,10 @@ errors, retries, coordinator moves, offsets in transactions, and the calls
 the state refuses. Only the network is fake; the SDK's code is the real one."""
 
 import threading
-import time
 
 import pytest
 from fake_cluster import OFFSETS_TP, FakeCluster
+from support.waiting import wait_until
 
 from txlog import (
     ClientTimeoutError,
@@ -67,11 +67,22 @@ def test_a_committed_transaction_is_visible_on_every_partition_at_once():
     assert [m[2] for m in fake.partitions[T0].markers] == [True]
 
 
+async def _hold_the_loop(holding: threading.Event, release: threading.Event) -> None:
+    holding.set()
+    release.wait(60)  # blocks the producer's event loop (its sender) until the test releases it
+
+
 def test_partitions_are_added_to_the_transaction_before_their_first_batch_is_sent():
     fake = FakeCluster({"t": 2})
     with _ready(fake, implicit_partition_adds=False) as producer:
+        producer.partitions_for("t")  # the topic's metadata is known: send() needs nothing from the loop
         producer.begin_transaction()
-        _send_both(producer, [b"a", b"b"])
+        holding, release = threading.Event(), threading.Event()
+        held = producer._loop.submit(_hold_the_loop(holding, release))
+        assert holding.wait(60)
+        _send_both(producer, [b"a", b"b"])  # both partitions pending before the sender looks
+        release.set()
+        held.result(timeout=60)
         producer.commit_transaction(timeout_s=10)
     rpcs = [rpc for _, rpc in fake.calls if rpc in ("AddPartitionsToTxn", "Produce", "EndTxn")]
     assert rpcs.index("AddPartitionsToTxn") < rpcs.index("Produce") < rpcs.index("EndTxn")
@@ -122,15 +133,14 @@ def test_an_abort_while_partitions_are_being_added_stops_adding_them():
     with _ready(fake, implicit_partition_adds=False) as producer:
         producer.begin_transaction()
         future = producer.send("t", b"v", partition=0)
-        deadline = time.monotonic() + 5
-        while fake.count("AddPartitionsToTxn") < 3 and time.monotonic() < deadline:
-            time.sleep(0.001)
+        wait_until(lambda: fake.count("AddPartitionsToTxn") >= 3, 30, "three refused AddPartitionsToTxn")
         producer.abort_transaction(timeout_s=10)
         with pytest.raises(TransactionAbortedError):
-            future.result(timeout=5)
-        adds = fake.count("AddPartitionsToTxn")
-        time.sleep(0.05)
-        assert fake.count("AddPartitionsToTxn") == adds  # no more attempts after the abort
+            future.result(timeout=30)
+        # the abort returned after the task that adds partitions ended (the sender cancels it and waits for it),
+        # and nothing is left for a new one to add: no AddPartitionsToTxn can follow
+        adder, txn = producer._sender._add_task, producer._sender._txn
+        assert adder is not None and adder.done() and not txn.has_pending_partitions()
         assert producer.transaction_state is TxnState.READY
     assert fake.count("Produce") == 0
 
@@ -595,7 +605,7 @@ def test_sends_from_many_threads_all_land_in_the_transaction_they_passed_the_che
         threads = [threading.Thread(target=sender, args=(w,)) for w in range(4)]
         for thread in threads:
             thread.start()
-        time.sleep(0.005)
+        wait_until(lambda: accepted, 30, "the first records accepted")  # the commit comes while they send
         producer.commit_transaction(timeout_s=10)
         for thread in threads:
             thread.join()

@@ -187,7 +187,9 @@ def test_followers_take_the_leaders_log_start_and_the_delete_waits_for_the_isr(t
         outcome = leader.delete_records(3)
         assert isinstance(outcome, RecordsDeleted) and leader.log_start_offset == 3
         waiting = asyncio.ensure_future(leader.wait_log_start_followed(outcome))
-        await asyncio.sleep(0.05)
+        await asyncio.shield(outcome.written)  # durable here: what the delete waits for next is the in-sync follower
+        for _ in range(10):  # the waiter's turns after the write (callbacks only, no I/O)
+            await asyncio.sleep(0)
         assert not waiting.done() and leader.low_watermark == 0  # the follower has not moved yet
         await fetch(leader, follower)  # the answer tells it; it moves
         assert follower.log_start_offset == 3 and stored(follower) == [2]
