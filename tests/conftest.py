@@ -15,8 +15,13 @@ from services.cluster import PORT_COUNTER_ENV, PORT_RANGE_ENV, LocalCluster
 
 # Ports the tests' services listen on: below the kernel's ephemeral range
 # (/proc/sys/net/ipv4/ip_local_port_range, 32768-60999 by default), so no
-# outgoing connection holds one, split into one slice per pytest-xdist worker.
+# outgoing connection holds one, in PORT_SLICES fixed slices: pytest-xdist
+# worker gwN takes slice N (modulo PORT_SLICES). Its counter file is per user
+# and slice, not per run, so test runs side by side on one machine (several
+# checkouts, several people) hand out each slice's ports in one sequence too.
 TEST_PORTS = (12000, 32768)
+PORT_SLICES = 16
+PORT_COUNTERS = Path(tempfile.gettempdir()) / f"txlog-test-ports-{os.getuid()}"
 
 # Tests run several at a time (scripts/test.sh), so an example may take longer
 # than hypothesis's 200 ms deadline without being wrong: speed is bench/'s concern.
@@ -26,30 +31,39 @@ settings.load_profile("txlog")
 
 def pytest_configure(config):
     """Gives this process (an xdist worker, or the only one) its slice of
-    TEST_PORTS from a random start, for free_port in it and in every process
-    it starts, before test modules are imported (some pick ports then)."""
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    TEST_PORTS, for free_port in it and in every process it starts, before
+    test modules are imported. A slice's first user starts it at random."""
     worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
-    size = (TEST_PORTS[1] - TEST_PORTS[0]) // workers
-    low = TEST_PORTS[0] + worker * size
-    handle, counter = tempfile.mkstemp(prefix="txlog-ports-")
-    os.write(handle, str(random.randrange(low, low + size)).encode())
-    os.close(handle)
+    size = (TEST_PORTS[1] - TEST_PORTS[0]) // PORT_SLICES
+    low = TEST_PORTS[0] + worker % PORT_SLICES * size
+    PORT_COUNTERS.mkdir(exist_ok=True)
+    counter = PORT_COUNTERS / f"{low}-{low + size}"
+    try:
+        with open(counter, "x") as fresh:
+            fresh.write(str(random.randrange(low, low + size)))
+    except FileExistsError:
+        pass  # another run uses this slice, or used it: go on where it is
     os.environ[PORT_RANGE_ENV] = f"{low}-{low + size}"
-    os.environ[PORT_COUNTER_ENV] = config.txlog_port_counter = counter
-
-
-def pytest_unconfigure(config):
-    Path(config.txlog_port_counter).unlink(missing_ok=True)
+    os.environ[PORT_COUNTER_ENV] = str(counter)
 
 
 def pytest_collection_modifyitems(config, items):
-    """The Spark tests share one worker (with --dist loadgroup), so one JVM
-    runs them rather than one per worker, each with its memory and threads."""
+    """Groups for pytest-xdist's --dist loadgroup. The Spark tests share one
+    worker, so one JVM runs them rather than one per worker, each with its
+    memory and threads. A module whose tests share a module-scoped fixture (a
+    cluster, a rendered chart) runs on one worker, so that fixture is set up
+    once, not once on each worker that gets one of its tests; a parametrized
+    one makes a group per parameter (its tests may check what the others did)."""
     spark_dir = Path(__file__).parent / "spark"
     for item in items:
         if spark_dir in Path(item.path).parents:
             item.add_marker(pytest.mark.xdist_group("spark"))
+            continue
+        shared = sorted(name for name, defs in item._fixtureinfo.name2fixturedefs.items() if defs[-1].scope in ("module", "class"))
+        if shared:
+            callspec = getattr(item, "callspec", None)
+            params = [f"{name}={callspec.indices[name]}" for name in shared if callspec and name in callspec.indices]
+            item.add_marker(pytest.mark.xdist_group(" ".join([item.nodeid.split("::")[0], *params])))
 
 
 @pytest.fixture
