@@ -11,11 +11,12 @@ from concurrent import futures
 
 import grpc
 import pytest
-from txn_raw import TxnProducer, retrying, wait_until
+from support.reads import values
+from support.waiting import wait_until
+from txn_raw import TxnProducer, retrying
 
 from txlog.protocol import errors
 from txlog.v1 import (
-    common_pb2,
     coordinator_pb2,
     partition_pb2,
     transaction_check_pb2,
@@ -23,7 +24,6 @@ from txlog.v1 import (
 )
 
 S = coordinator_pb2
-COMMITTED = common_pb2.ISOLATION_LEVEL_READ_COMMITTED
 TAKEOVER_TIMEOUT_S = 60  # ZooKeeper session expiry (10 s) + ownership check + load, with room for a slow machine
 COMMIT, ABORT, UNKNOWN = (transaction_check_pb2.TRANSACTION_CHECK_ANSWER_COMMIT, transaction_check_pb2.TRANSACTION_CHECK_ANSWER_ABORT,
                           transaction_check_pb2.TRANSACTION_CHECK_ANSWER_UNKNOWN)
@@ -81,11 +81,6 @@ def prepared(raw, topic, transactional_id, value, metadata=b""):
     return producer, handle
 
 
-def committed_values(raw, topic):
-    result = raw.fetch(topic, 0, 0, isolation=COMMITTED)
-    return [r.value.decode() for b in result.batches for r in b.records]
-
-
 def state_is(producer, state):
     return lambda: producer.describe().state == state
 
@@ -100,8 +95,8 @@ def test_a_silent_owners_transaction_is_committed_by_the_checkers_answer_exactly
     assert described.state == S.TRANSACTION_STATE_PREPARED and described.prepare_metadata == b"db-tx-41"
     assert described.next_check_time_ms >= described.prepared_time_ms + 500
 
-    wait_until(state_is(producer, S.TRANSACTION_STATE_COMPLETE_COMMIT), what="the check-back's commit")
-    wait_until(lambda: committed_values(raw, "orders") == ["order 41 placed"], what="the event, visible once")
+    wait_until(state_is(producer, S.TRANSACTION_STATE_COMPLETE_COMMIT), message="the check-back's commit")
+    wait_until(lambda: values(raw, "orders") == ["order 41 placed"], message="the event, visible once")
     request = checker.requests[0]
     assert (request.transactional_id, request.producer_id, request.producer_epoch) == (handle.transactional_id, handle.producer_id, handle.producer_epoch)
     assert (request.group_id, request.attempt, request.prepare_metadata) == ("shop", 1, b"db-tx-41")
@@ -117,13 +112,13 @@ def test_unknown_answers_are_counted_until_exhausted_then_the_group_policy_appli
     aborted, _ = prepared(raw, "pending", "undecided/a", "a")
     kept, _ = prepared(raw, "pending", "patient/k", "k")
 
-    wait_until(state_is(aborted, S.TRANSACTION_STATE_COMPLETE_ABORT), what="the abort once 3 checks decided nothing")
-    wait_until(lambda: kept.describe().checks_done == 3, what="the kept transaction's 3 checks")
+    wait_until(state_is(aborted, S.TRANSACTION_STATE_COMPLETE_ABORT), message="the abort once 3 checks decided nothing")
+    wait_until(lambda: kept.describe().checks_done == 3, message="the kept transaction's 3 checks")
     described = kept.describe()
     assert described.state == S.TRANSACTION_STATE_PREPARED and described.next_check_time_ms == -1
     assert described.last_check_answer == UNKNOWN
     assert sorted(r.attempt for r in checker.requests if r.group_id == "undecided") == [1, 2, 3]
-    assert committed_values(raw, "pending") == []
+    assert values(raw, "pending") == []
 
 
 def test_an_answer_after_the_owner_completed_changes_nothing(raw, checkers):
@@ -140,9 +135,9 @@ def test_an_answer_after_the_owner_completed_changes_nothing(raw, checkers):
     producer, handle = prepared(raw, "late-answer", "late/t", "kept")
     assert asked.wait(30), "the coordinator never checked back"
     retrying(lambda: producer.coordinator().CompleteTransaction(S.CompleteTransactionRequest(handle=handle, committed=True), timeout=10))
-    wait_until(state_is(producer, S.TRANSACTION_STATE_COMPLETE_COMMIT), what="the owner's commit")
+    wait_until(state_is(producer, S.TRANSACTION_STATE_COMPLETE_COMMIT), message="the owner's commit")
     release.set()
-    wait_until(lambda: len(checker.requests) == 1 and committed_values(raw, "late-answer") == ["kept"], what="the commit, visible")
+    wait_until(lambda: len(checker.requests) == 1 and values(raw, "late-answer") == ["kept"], message="the commit, visible")
     assert producer.describe().state == S.TRANSACTION_STATE_COMPLETE_COMMIT
 
 
@@ -166,10 +161,10 @@ def test_a_check_answered_for_a_stale_epoch_is_fenced(raw, checkers):
     new, new_handle = prepared(raw, "stale", "fence/t", "new")  # a new incarnation: fences and aborts the old one
     assert new_handle.producer_epoch > old_handle.producer_epoch
     release.set()
-    wait_until(lambda: any(r.producer_epoch == new_handle.producer_epoch for r in checker.requests), what="a check of the new transaction")
+    wait_until(lambda: any(r.producer_epoch == new_handle.producer_epoch for r in checker.requests), message="a check of the new transaction")
     described = new.describe()
     assert described.state == S.TRANSACTION_STATE_PREPARED and described.producer_epoch == new_handle.producer_epoch
-    assert committed_values(raw, "stale") == []  # neither the fenced transaction nor the new one committed
+    assert values(raw, "stale") == []  # neither the fenced transaction nor the new one committed
 
 
 def test_with_two_checkers_registered_and_one_gone_the_live_one_decides_at_the_first_check(raw, checkers):
@@ -181,15 +176,15 @@ def test_with_two_checkers_registered_and_one_gone_the_live_one_decides_at_the_f
     gone.stop()  # registered, lease still running, nobody listening
     alter(raw, "pair", transaction_check_interval_ms=200, transaction_check_max=1)
     producer, _ = prepared(raw, "two", "pair/t", "v")
-    wait_until(state_is(producer, S.TRANSACTION_STATE_COMPLETE_COMMIT), what="the live checker's commit")
-    assert committed_values(raw, "two") == ["v"] and len(live.requests) == 1 and not gone.requests
+    wait_until(state_is(producer, S.TRANSACTION_STATE_COMPLETE_COMMIT), message="the live checker's commit")
+    assert values(raw, "two") == ["v"] and len(live.requests) == 1 and not gone.requests
 
 
 def test_without_a_registered_checker_nothing_is_checked_or_counted(raw):
     raw.create_topic("nobody", 1)
     alter(raw, "alone", transaction_check_interval_ms=100, transaction_check_max=1)
     producer, _ = prepared(raw, "nobody", "alone/t", "v")
-    wait_until(lambda: producer.describe().prepared_time_ms + 1_000 < time.time() * 1000, what="ten intervals")
+    wait_until(lambda: producer.describe().prepared_time_ms + 1_000 < time.time() * 1000, message="ten intervals")
     described = producer.describe()
     assert described.state == S.TRANSACTION_STATE_PREPARED and described.checks_done == 0
 
@@ -265,27 +260,27 @@ def test_the_check_count_survives_a_coordinator_failover_and_the_new_owner_asks_
     producer, handle = prepared(raw, "failover", "fo/t", "once")
     old_owner = owner_of(raw, "fo")
     try:
-        wait_until(lambda: producer.describe().checks_done == 2, what="two checks answered UNKNOWN at the first owner")
-        wait_until(lambda: [r.attempt for r in first.requests] == [1, 2, 3], what="the first owner's third check, in flight")
+        wait_until(lambda: producer.describe().checks_done == 2, message="two checks answered UNKNOWN at the first owner")
+        wait_until(lambda: [r.attempt for r in first.requests] == [1, 2, 3], message="the first owner's third check, in flight")
         txn_cluster.kill(next(n for n, info in txn_cluster.state.services.items() if info.address == old_owner))  # SIGKILL
     finally:
         owner_gone.set()
     # Registrations live in the coordinator's memory: the application registers again at the new owner (its renewal loop would).
-    wait_until(lambda: owner_of(raw, "fo") not in (None, old_owner), TAKEOVER_TIMEOUT_S, what="another coordinator owning the group")
-    wait_until(lambda: register(raw, "fo", second.address).lease_ms > 0, TAKEOVER_TIMEOUT_S, what="the checker registered at the new owner")
+    wait_until(lambda: owner_of(raw, "fo") not in (None, old_owner), TAKEOVER_TIMEOUT_S, message="another coordinator owning the group")
+    wait_until(lambda: register(raw, "fo", second.address).lease_ms > 0, TAKEOVER_TIMEOUT_S, message="the checker registered at the new owner")
 
-    wait_until(lambda: len(second.requests) >= 2, TAKEOVER_TIMEOUT_S, what="two checks by the new owner")
+    wait_until(lambda: len(second.requests) >= 2, TAKEOVER_TIMEOUT_S, message="two checks by the new owner")
     # the third check died with the first owner unanswered, so uncounted: the new owner asks it again, then the fourth
     assert [r.attempt for r in second.requests[:2]] == [3, 4]
     assert {(r.transactional_id, r.producer_id, r.producer_epoch, r.group_id) for r in second.requests} == {
         (handle.transactional_id, handle.producer_id, handle.producer_epoch, "fo")}
     assert len({r.prepared_time_ms for r in first.requests + second.requests}) == 1
-    wait_until(lambda: producer.describe().checks_done >= 4, what="the new owner's count")
+    wait_until(lambda: producer.describe().checks_done >= 4, message="the new owner's count")
     assert [r.attempt for r in first.requests] == [1, 2, 3]  # the first owner's checker was asked nothing since
 
     decided.set()  # the application's database now says the transaction committed
-    wait_until(state_is(producer, S.TRANSACTION_STATE_COMPLETE_COMMIT), what="the check-back's commit at the new owner")
-    wait_until(lambda: committed_values(raw, "failover") == ["once"], what="the record, visible to read_committed")
+    wait_until(state_is(producer, S.TRANSACTION_STATE_COMPLETE_COMMIT), message="the check-back's commit at the new owner")
+    wait_until(lambda: values(raw, "failover") == ["once"], message="the record, visible to read_committed")
     attempts = [r.attempt for r in second.requests]
     assert attempts == list(range(3, 3 + len(attempts))), attempts  # one attempt each, counting on from the first owner's
-    assert committed_values(raw, "failover") == ["once"]
+    assert values(raw, "failover") == ["once"]

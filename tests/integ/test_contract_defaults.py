@@ -6,7 +6,9 @@ the real services (they fail on the tree before the contract changed)."""
 
 import grpc
 import pytest
-from txn_raw import TxnProducer, wait_until
+from support.errors import error_name
+from support.waiting import wait_until
+from txn_raw import TxnProducer
 
 from txlog.protocol import errors
 from txlog.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc, errors_pb2, partition_pb2
@@ -20,10 +22,6 @@ def produce(raw, topic, batch, **request_fields):
 
 def records(*values):
     return [common_pb2.Record(value=v.encode()) for v in values]
-
-
-def code_name(error) -> str:
-    return errors.ErrorCode.Name(error.code)
 
 
 def coordinator_service(raw, address=None) -> coordinator_pb2_grpc.CoordinatorServiceStub:
@@ -48,7 +46,7 @@ def test_a_batch_setting_only_some_producer_fields_is_refused_and_changes_nothin
     for fields in ({"producer_id": 7}, {"producer_id": 7, "producer_epoch": 0}, {"base_sequence": 0},
                    {"is_transactional": True}):
         result = produce(raw, "half-producer", common_pb2.RecordBatch(records=records("x"), **fields))
-        assert code_name(result.error) == "INVALID_REQUEST", fields
+        assert error_name(result.error) == "INVALID_REQUEST", fields
         assert result.error.error_class == errors_pb2.ERROR_CLASS_FATAL
     assert raw.list_offset("half-producer", 0, partition_pb2.OFFSET_SPEC_LATEST).offset == 0
 
@@ -101,9 +99,9 @@ def test_leader_epoch_is_checked_only_when_given(raw):
     assert produce_with().error.code == 0 and produce_with(leader_epoch=0).error.code == 0
     assert produce_with(leader_epoch=-1).error.code == 0
     newer = produce_with(leader_epoch=5)
-    assert code_name(newer.error) == "UNKNOWN_LEADER_EPOCH" and newer.error.error_class == errors_pb2.ERROR_CLASS_RETRIABLE
+    assert error_name(newer.error) == "UNKNOWN_LEADER_EPOCH" and newer.error.error_class == errors_pb2.ERROR_CLASS_RETRIABLE
     assert fetch_with().error.code == 0 and len(fetch_with(leader_epoch=0).batches) == 3
-    assert code_name(fetch_with(leader_epoch=5).error) == "UNKNOWN_LEADER_EPOCH"
+    assert error_name(fetch_with(leader_epoch=5).error) == "UNKNOWN_LEADER_EPOCH"
     assert raw.list_offset("epochs", 0, partition_pb2.OFFSET_SPEC_LATEST).offset == 3  # the refused batch was not written
 
 
@@ -113,10 +111,10 @@ def test_every_per_item_error_carries_its_class(raw):
     reply = leader.Produce(partition_pb2.ProduceRequest(batches=[
         partition_pb2.PartitionBatch(topic="classes", partition=7, batch=common_pb2.RecordBatch(records=records("x")))]), timeout=10)
     error = reply.results[0].error
-    assert code_name(error) == "UNKNOWN_TOPIC_OR_PARTITION" and error.error_class == errors_pb2.ERROR_CLASS_RETRIABLE
+    assert error_name(error) == "UNKNOWN_TOPIC_OR_PARTITION" and error.error_class == errors_pb2.ERROR_CLASS_RETRIABLE
     fetched = leader.Fetch(partition_pb2.FetchRequest(partitions=[
         partition_pb2.FetchPartition(topic="classes", partition=0, fetch_offset=99)]), timeout=10).results[0]
-    assert code_name(fetched.error) == "OFFSET_OUT_OF_RANGE" and fetched.error.error_class == errors_pb2.ERROR_CLASS_FATAL
+    assert error_name(fetched.error) == "OFFSET_OUT_OF_RANGE" and fetched.error.error_class == errors_pb2.ERROR_CLASS_FATAL
     ok = leader.Fetch(partition_pb2.FetchRequest(partitions=[
         partition_pb2.FetchPartition(topic="classes", partition=0, fetch_offset=0)]), timeout=10).results[0]
     assert not ok.HasField("error")  # absent means NONE
@@ -199,7 +197,7 @@ def test_transactional_requests_that_leave_out_the_producer_or_the_decision_are_
         (coordinator_pb2.TRANSACTION_STATE_ONGOING, before.producer_id, before.producer_epoch, [tp])
     producer.end(committed=True)
     wait_until(lambda: raw.fetch("named-producer", 0, 0, isolation=common_pb2.ISOLATION_LEVEL_READ_COMMITTED).last_stable_offset == 2,
-               what="the commit marker")
+               message="the commit marker")
     fetched = raw.fetch("named-producer", 0, 0, isolation=common_pb2.ISOLATION_LEVEL_READ_COMMITTED)
     assert [r.value for b in fetched.batches for r in b.records] == [b"kept"]
 
@@ -223,6 +221,6 @@ def test_an_offset_commit_that_leaves_out_an_offset_refuses_that_partition_not_r
     reply = commit(partition_pb2.PartitionOffset(topic="committed-offsets", partition=0),
                    partition_pb2.PartitionOffset(topic="committed-offsets", partition=1, offset=3))
     refused, taken = reply.results
-    assert code_name(refused.error) == "INVALID_OFFSET" and "required" in refused.error.message
+    assert error_name(refused.error) == "INVALID_OFFSET" and "required" in refused.error.message
     assert refused.error.error_class == errors_pb2.ERROR_CLASS_FATAL and taken.error.code == 0
     assert committed() == {0: 5, 1: 3}  # partition 0 kept its offset; the other item was committed

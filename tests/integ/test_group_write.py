@@ -6,16 +6,15 @@ what an earlier run whose driver died left undecided."""
 
 import pytest
 from raw import Raw
-from txn_raw import wait_until
+from support.reads import values
+from support.waiting import wait_until
 
 from txlog import Admin, Producer
 from txlog.protocol import TransactionState
 from txlog.two_phase import GroupWrite, new_run_id, task_transactional_id
-from txlog.v1 import common_pb2
 
 TOPIC = "group-write"
 PREFIX = "gw-job"
-COMMITTED = common_pb2.ISOLATION_LEVEL_READ_COMMITTED
 
 
 @pytest.fixture
@@ -48,12 +47,6 @@ def attempt(bootstrap, run, task, attempt_id, values, *, prepare=True):
     return None, handle
 
 
-def committed_values(raw, partition):
-    result = raw.fetch(TOPIC, partition, 0, isolation=COMMITTED)
-    assert result.error.code == 0, result.error
-    return [r.value.decode() for b in result.batches for r in b.records]
-
-
 def states(admin, run):
     return {t.transactional_id: TransactionState(t.state) for t in admin.list_transactions(prefix=f"{PREFIX}/{run}.")}
 
@@ -70,7 +63,7 @@ def test_a_group_write_commits_exactly_the_winning_attempts_after_the_losers_set
     finally:
         still_writing.close()
     assert sorted(aborted) == sorted([loser0.transactional_id, task_transactional_id(PREFIX, run, 1, 4)])
-    wait_until(lambda: committed_values(raw, 0) == ["a0", "a1"] and committed_values(raw, 1) == ["b0"], what="the commit")
+    wait_until(lambda: values(raw, TOPIC, 0) == ["a0", "a1"] and values(raw, TOPIC, 1) == ["b0"], message="the commit")
     found = states(admin, run)
     assert found[winner0.transactional_id] in (TransactionState.PREPARE_COMMIT, TransactionState.COMPLETE_COMMIT)
     assert found[loser0.transactional_id] is TransactionState.COMPLETE_ABORT  # by its handle, settled before the commit
@@ -78,7 +71,7 @@ def test_a_group_write_commits_exactly_the_winning_attempts_after_the_losers_set
     assert found[task_transactional_id(PREFIX, run, 1, 4)] is TransactionState.EMPTY
     # repeating the commit (a driver retrying) changes nothing
     assert GroupWrite(admin, bootstrap, PREFIX, run).commit([winner0, winner1]) == []
-    assert committed_values(raw, 0) == ["a0", "a1"] and committed_values(raw, 1) == ["b0"]
+    assert values(raw, TOPIC, 0) == ["a0", "a1"] and values(raw, TOPIC, 1) == ["b0"]
 
 
 def test_the_next_run_aborts_what_a_dead_driver_left_and_a_failed_run_aborts_itself(raw, admin, txn_cluster):
@@ -93,10 +86,10 @@ def test_the_next_run_aborts_what_a_dead_driver_left_and_a_failed_run_aborts_its
         open_producer.close()
     wait_until(lambda: states(admin, dead_run) == {orphan.transactional_id: TransactionState.COMPLETE_ABORT,
                                                    task_transactional_id(PREFIX, dead_run, 1, 2): TransactionState.EMPTY},
-               what="the orphans aborted")
+               message="the orphans aborted")
 
     _, mine = attempt(bootstrap, run, 0, 3, ["of a failed job"])
     assert write.abort() == [mine.transactional_id]
-    wait_until(lambda: states(admin, run)[mine.transactional_id] is TransactionState.COMPLETE_ABORT, what="the failed run aborted")
+    wait_until(lambda: states(admin, run)[mine.transactional_id] is TransactionState.COMPLETE_ABORT, message="the failed run aborted")
     assert write.abort_earlier_runs() == []  # nothing of another run is left undecided
-    assert committed_values(raw, 0) == [] and committed_values(raw, 1) == []
+    assert values(raw, TOPIC, 0) == [] and values(raw, TOPIC, 1) == []

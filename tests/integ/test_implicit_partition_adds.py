@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import concurrent.futures
 
-from txn_raw import TxnProducer, retrying, wait_until
+from support.reads import values
+from support.waiting import wait_until
+from txn_raw import TxnProducer, retrying
 
 from txlog import Producer
 from txlog.protocol import errors
 from txlog.v1 import common_pb2, coordinator_pb2, partition_pb2
-
-COMMITTED = common_pb2.ISOLATION_LEVEL_READ_COMMITTED
 
 
 def produce(raw, producer: TxnProducer, topic: str, partition: int, value: str, add: bool = True, epoch: int | None = None):
@@ -29,11 +29,6 @@ def produce(raw, producer: TxnProducer, topic: str, partition: int, value: str, 
     return errors.ErrorCode.Name(result.error.code)
 
 
-def committed(raw, topic, partition):
-    result = raw.fetch(topic, partition, 0, isolation=COMMITTED)
-    return [r.value.decode() for b in result.batches for r in b.records]
-
-
 def test_the_leaders_add_the_partitions_and_the_commit_covers_them(raw):
     raw.create_topic("implicit", 4)  # spread over both partition_svc
     producer = TxnProducer(raw, "implicit-tx").init()
@@ -42,7 +37,7 @@ def test_the_leaders_add_the_partitions_and_the_commit_covers_them(raw):
     assert described.state == coordinator_pb2.TRANSACTION_STATE_ONGOING
     assert sorted((tp.topic, tp.partition) for tp in described.partitions) == [("implicit", p) for p in range(4)]
     producer.end(committed=True)
-    wait_until(lambda: all(committed(raw, "implicit", p) == [f"v{p}"] for p in range(4)), what="the commit on every partition")
+    wait_until(lambda: all(values(raw, "implicit", p) == [f"v{p}"] for p in range(4)), message="the commit on every partition")
 
 
 def test_without_the_flag_the_leader_still_only_checks(raw):
@@ -62,7 +57,7 @@ def test_first_batches_to_many_partitions_at_once_are_all_taken(raw):
     assert answers == ["NONE"] * 8  # each leader's add waits for the others' instead of CONCURRENT_TRANSACTIONS
     assert len(producer.describe().partitions) == 8
     producer.end(committed=True)
-    wait_until(lambda: sum(len(committed(raw, "fan-out", p)) for p in range(8)) == 8, what="the commit")
+    wait_until(lambda: sum(len(values(raw, "fan-out", p)) for p in range(8)) == 8, message="the commit")
 
 
 def test_a_fenced_producers_batch_adds_nothing_and_is_not_appended(raw):
@@ -85,5 +80,5 @@ def test_the_sdk_produces_transactions_without_add_partitions_and_with_them_if_a
             for p in range(2):
                 producer.send("sdk-implicit", value=f"{tid}-{p}".encode(), partition=p)
             producer.commit_transaction()
-    wait_until(lambda: sorted(v for p in range(2) for v in committed(raw, "sdk-implicit", p))
-               == sorted(f"{t}-{p}" for t in ("sdk-implicit-tx", "sdk-explicit-tx") for p in range(2)), what="both commits")
+    wait_until(lambda: sorted(v for p in range(2) for v in values(raw, "sdk-implicit", p))
+               == sorted(f"{t}-{p}" for t in ("sdk-implicit-tx", "sdk-explicit-tx") for p in range(2)), message="both commits")

@@ -11,7 +11,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from txn_raw import TxnProducer, wait_until
+from support.waiting import wait_until
+from txn_raw import TxnProducer
 
 from txlog.protocol.errors import RETRY_DELAY_MS_DEFAULT
 from txlog.v1 import common_pb2, coordinator_pb2, partition_pb2
@@ -100,7 +101,7 @@ def test_node_client_produces_commits_aborts_and_reads_committed(raw):
 
     # Read again from Python once no transaction is open (the last EndTxn
     # answered before its markers were written).
-    wait_until(lambda: no_transaction_open(raw, a) and no_transaction_open(raw, b), what="both partitions settled")
+    wait_until(lambda: no_transaction_open(raw, a) and no_transaction_open(raw, b), message="both partitions settled")
     committed = {p: read(raw, p, common_pb2.ISOLATION_LEVEL_READ_COMMITTED) for p in (a, b)}
     everything = {p: read(raw, p, common_pb2.ISOLATION_LEVEL_READ_UNCOMMITTED) for p in (a, b)}
 
@@ -138,7 +139,7 @@ def test_node_client_produces_commits_aborts_and_reads_committed(raw):
 
     # The coordinator's view: the last transaction committed, at the epoch the client ended with.
     complete = coordinator_pb2.TRANSACTION_STATE_COMPLETE_COMMIT
-    wait_until(lambda: zombie.describe().state == complete, what="CompleteCommit")
+    wait_until(lambda: zombie.describe().state == complete, message="CompleteCommit")
     assert zombie.describe().producer_epoch == txns[-1]["epoch_after"]
 
 

@@ -7,9 +7,11 @@ import time
 import grpc
 import pytest
 from raw import Raw, batch, plain_batch
+from support.errors import error_name
+from support.reads import record_values
+from support.waiting import wait_until
 
 from txlog.protocol import errors
-from txlog.two_phase import wait_until
 from txlog.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc, partition_pb2
 
 LATEST, EARLIEST, LSO, BY_TIME = (
@@ -25,16 +27,6 @@ def raw(txlog_cluster):
     client = Raw(txlog_cluster)
     yield client
     client.close()
-
-
-def error_name(result):
-    from txlog.protocol.errors import ErrorCode
-
-    return ErrorCode.Name(result.error.code)
-
-
-def values(records):
-    return [r.value.decode() for r in records]
 
 
 def test_sequence_rules_over_raw_grpc(raw):
@@ -55,7 +47,7 @@ def test_sequence_rules_over_raw_grpc(raw):
     assert error_name(raw.produce("seq", 0, batch(pid, 14, ["late"], epoch=0))) == "INVALID_PRODUCER_EPOCH"
     assert error_name(raw.produce("seq", 0, batch(pid, 7, ["x"], epoch=2))) == "OUT_OF_ORDER_SEQUENCE"
     assert error_name(raw.produce("seq", 0, plain_batch(["p1", "p2"]))) == "NONE"  # no producer id: accepted
-    assert values(raw.read_all("seq", 0)) == ["a", "b"] + ["c", "d"] * 6 + ["e", "p1", "p2"]
+    assert record_values(raw.read_all("seq", 0)) == ["a", "b"] + ["c", "d"] * 6 + ["e", "p1", "p2"]
     assert [r.offset for r in raw.read_all("seq", 0)] == list(range(17))
     state = {p.producer_id: p for p in raw.producers("seq", 0).producers}[pid]
     assert (state.producer_epoch, state.last_sequence, state.current_txn_start_offset) == (1, 0, -1)
@@ -84,16 +76,16 @@ def test_kill_9_mid_stream_loses_nothing_acknowledged_and_appends_no_duplicate(r
 
     worker = threading.Thread(target=produce_until_stopped)
     worker.start()
-    time.sleep(1.0)
+    wait_until(lambda: len(acked) >= 5, 30, "batches acknowledged before the crash")
     txlog_cluster.kill(leader_name)
     acked_before_restart = len(acked)
     txlog_cluster.start(leader_name)
-    time.sleep(0.5)
+    wait_until(lambda: len(acked) >= acked_before_restart + 5, 60, "batches acknowledged after the restart")
     stop.set()
     worker.join(timeout=60)
     assert acked_before_restart > 0
     records = raw.read_all("crash", 0)
-    assert values(records) == [str(i) for i in range(len(records))]  # in order, no duplicate, no gap
+    assert record_values(records) == [str(i) for i in range(len(records))]  # in order, no duplicate, no gap
     assert len(records) == len(acked) * 10  # every acknowledged batch is there exactly once
     assert acked == list(range(0, len(acked) * 10, 10))
     state = {p.producer_id: p for p in raw.producers("crash", 0).producers}[pid]
@@ -150,7 +142,7 @@ def test_bad_produce_input_gets_clear_errors_and_stores_nothing(raw):
     assert raw.producers("bad", 0).producers == []
     # the same producer can still start cleanly: nothing of the rejected batches stuck
     assert error_name(raw.produce("bad", 0, batch(pid, 0, ["ok"]), stub=stub)) == "NONE"
-    assert values(raw.read_all("bad", 0)) == ["ok"]
+    assert record_values(raw.read_all("bad", 0)) == ["ok"]
 
 
 def test_bad_fetch_and_topic_input(raw):
@@ -203,7 +195,7 @@ def test_fetch_long_poll_returns_when_data_arrives(raw):
     timer.start()
     result = raw.fetch("poll", 0, 0, max_wait_ms=20_000)
     timer.join()
-    assert values(r for b in result.batches for r in b.records) == ["late"]
+    assert record_values(r for b in result.batches for r in b.records) == ["late"]
     empty = raw.fetch("poll", 0, 1, max_wait_ms=50)
     assert list(empty.batches) == [] and empty.high_watermark == 1
 
@@ -274,9 +266,7 @@ def test_consumer_group_offsets_compacted_and_recovered(raw, txlog_cluster):
         p for p in range(8) if raw.leaders("__consumer_offsets")[p] == coordinator
         and raw.list_offset("__consumer_offsets", p, LATEST).offset == 80
     )
-    deadline = time.monotonic() + 10
-    while raw.list_offset("__consumer_offsets", offsets_partition, EARLIEST).offset < 78 and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_until(lambda: raw.list_offset("__consumer_offsets", offsets_partition, EARLIEST).offset >= 78, 30, "the compaction")
     assert raw.list_offset("__consumer_offsets", offsets_partition, EARLIEST).offset == 78  # compacted to the newest commit
 
     name = next(n for n, p in txlog_cluster.state.services.items() if p.address == coordinator)
@@ -304,10 +294,7 @@ def test_retention_by_size_and_by_time_deletes_whole_batches_from_the_start(raw)
     raw.create_topic("sized", 1, **{"retention.bytes": "2000"})
     for i in range(20):
         raw.produce("sized", 0, plain_batch([f"{i}".encode() * 50]))
-    deadline = time.monotonic() + 10
-    while raw.list_offset("sized", 0, EARLIEST).offset == 0 and time.monotonic() < deadline:
-        time.sleep(0.1)
-    start = raw.list_offset("sized", 0, EARLIEST).offset
+    start = wait_until(lambda: raw.list_offset("sized", 0, EARLIEST).offset, 30, "retention by size")
     assert 0 < start < 20
     assert raw.list_offset("sized", 0, LATEST).offset == 20
     assert error_name(raw.fetch("sized", 0, start - 1)) == "OFFSET_OUT_OF_RANGE"
@@ -317,11 +304,9 @@ def test_retention_by_size_and_by_time_deletes_whole_batches_from_the_start(raw)
     old = int(time.time() * 1000) - 120_000
     raw.produce("timed", 0, common_pb2.RecordBatch(producer_id=-1, producer_epoch=-1, base_sequence=-1, records=[common_pb2.Record(value=b"old", timestamp_ms=old)]))
     raw.produce("timed", 0, plain_batch(["new"]))
-    deadline = time.monotonic() + 10
-    while raw.list_offset("timed", 0, EARLIEST).offset == 0 and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_until(lambda: raw.list_offset("timed", 0, EARLIEST).offset, 30, "retention by time")
     assert raw.list_offset("timed", 0, EARLIEST).offset == 1
-    assert values(raw.read_all("timed", 0, 1)) == ["new"]
+    assert record_values(raw.read_all("timed", 0, 1)) == ["new"]
 
 
 def test_init_producer_id_for_idempotent_producers(raw):

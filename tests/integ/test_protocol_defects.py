@@ -10,24 +10,15 @@ import time
 import grpc
 import pytest
 from raw import Raw, batch
-from txn_raw import TxnProducer, retrying, wait_until
+from support.errors import error_name
+from support.reads import COMMITTED, UNCOMMITTED, values
+from support.waiting import wait_until
+from txn_raw import TxnProducer, retrying
 
 from coordinator_svc.transaction_state import TransactionState
 from services import coordinators
 from txlog.protocol import errors
 from txlog.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc, partition_pb2
-
-COMMITTED, UNCOMMITTED = common_pb2.ISOLATION_LEVEL_READ_COMMITTED, common_pb2.ISOLATION_LEVEL_READ_UNCOMMITTED
-
-
-def values(raw, topic, partition, isolation=COMMITTED):
-    result = raw.fetch(topic, partition, 0, isolation=isolation)
-    assert result.error.code == 0, result.error
-    return [r.value.decode() for b in result.batches for r in b.records]
-
-
-def code_name(code: int) -> str:
-    return errors.ErrorCode.Name(code)
 
 
 def rpc_error_name(call) -> str:
@@ -59,9 +50,9 @@ def commit_one(raw, topic, transactional_id, value):
     raw.create_topic(topic, 1)
     producer = TxnProducer(raw, transactional_id).init()
     producer.add((topic, 0))
-    assert code_name(producer.send(topic, 0, value).error.code) == "NONE"
+    assert error_name(producer.send(topic, 0, value).error.code) == "NONE"
     marker_epoch = producer.end(committed=True).producer_epoch
-    wait_until(lambda: values(raw, topic, 0) == [value], what="the commit")
+    wait_until(lambda: values(raw, topic, 0) == [value], message="the commit")
     return producer, marker_epoch, producer_entry(raw, topic, 0, producer.producer_id).coordinator_epoch
 
 
@@ -72,23 +63,23 @@ def test_a_late_marker_of_the_previous_transaction_never_ends_the_open_one(raw):
     producer, marker_epoch, coordinator_epoch = commit_one(raw, "late", "late-tx", "n")  # transaction N
 
     producer.add(("late", 0))  # transaction N+1 writes at the same epoch N's markers carried
-    assert code_name(producer.send("late", 0, "m").error.code) == "NONE"
+    assert error_name(producer.send("late", 0, "m").error.code) == "NONE"
     replayed = write_marker(raw, "late", 0, producer.producer_id, marker_epoch, True, coordinator_epoch)
-    assert code_name(replayed) != "NONE"  # a marker ends only a transaction opened at a lower epoch
+    assert error_name(replayed) != "NONE"  # a marker ends only a transaction opened at a lower epoch
     assert values(raw, "late", 0) == ["n"]  # N+1 is still open: nothing of it is visible
     assert producer_entry(raw, "late", 0, producer.producer_id).current_txn_start_offset >= 0
 
     producer.end(committed=False)
-    wait_until(settled(producer, TransactionState.COMPLETE_ABORT), what="N+1 aborted")
+    wait_until(settled(producer, TransactionState.COMPLETE_ABORT), message="N+1 aborted")
     wait_until(lambda: raw.list_offset("late", 0, partition_pb2.OFFSET_SPEC_LAST_STABLE).offset
-               == raw.list_offset("late", 0, partition_pb2.OFFSET_SPEC_LATEST).offset, what="the LSO reaching the end")
+               == raw.list_offset("late", 0, partition_pb2.OFFSET_SPEC_LATEST).offset, message="the LSO reaching the end")
     assert values(raw, "late", 0) == ["n"]  # N+1's record never becomes visible
 
 
 def test_a_re_sent_marker_with_no_transaction_open_is_a_no_op(raw):
     producer, marker_epoch, coordinator_epoch = commit_one(raw, "resent", "resent-tx", "a")
     end = raw.list_offset("resent", 0, partition_pb2.OFFSET_SPEC_LATEST).offset
-    assert code_name(write_marker(raw, "resent", 0, producer.producer_id, marker_epoch, True, coordinator_epoch)) == "NONE"
+    assert error_name(write_marker(raw, "resent", 0, producer.producer_id, marker_epoch, True, coordinator_epoch)) == "NONE"
     assert raw.list_offset("resent", 0, partition_pb2.OFFSET_SPEC_LATEST).offset == end  # nothing appended
 
 
@@ -101,12 +92,12 @@ def test_a_re_applied_marker_records_the_higher_coordinator_epoch(raw):
     # the new owner after a failover re-sends the marker it found decided: written again only to record its
     # epoch (a control batch, so that every replica has it), changing nothing a reader sees
     committed_before = raw.read_all("coord-epoch", 0)
-    assert code_name(write_marker(raw, "coord-epoch", 0, producer.producer_id, marker_epoch, True, old + 1)) == "NONE"
+    assert error_name(write_marker(raw, "coord-epoch", 0, producer.producer_id, marker_epoch, True, old + 1)) == "NONE"
     assert producer_entry(raw, "coord-epoch", 0, producer.producer_id).coordinator_epoch == old + 1
     assert raw.list_offset("coord-epoch", 0, partition_pb2.OFFSET_SPEC_LATEST).offset == end + 1
     assert raw.read_all("coord-epoch", 0) == committed_before
     # so the paused old owner's late re-send is fenced
-    assert code_name(write_marker(raw, "coord-epoch", 0, producer.producer_id, marker_epoch, True, old)) == "TRANSACTION_COORDINATOR_FENCED"
+    assert error_name(write_marker(raw, "coord-epoch", 0, producer.producer_id, marker_epoch, True, old)) == "TRANSACTION_COORDINATOR_FENCED"
 
 
 # --- defect 3: nothing joins a prepared transaction -----------------------------------------------------------
@@ -123,7 +114,7 @@ def test_a_zombie_cannot_append_records_or_offsets_to_a_prepared_transaction(raw
     raw.create_topic("sealed-in", 1)
     producer = TxnProducer(raw, "sealed/p0").init()
     producer.add(("sealed", 0))
-    assert code_name(producer.send("sealed", 0, "a").error.code) == "NONE"
+    assert error_name(producer.send("sealed", 0, "a").error.code) == "NONE"
     group = "sealed-group"
     retrying(lambda: producer.coordinator().AddOffsetsToTxn(coordinator_pb2.AddOffsetsToTxnRequest(
         transactional_id=producer.transactional_id, producer_id=producer.producer_id,
@@ -140,12 +131,12 @@ def test_a_zombie_cannot_append_records_or_offsets_to_a_prepared_transaction(raw
     handle = prepare(producer)
 
     late = producer.send("sealed", 0, "zombie")  # same epoch, next sequence: the partition verified it before
-    assert code_name(late.error.code) == "INVALID_TXN_STATE", late
+    assert error_name(late.error.code) == "INVALID_TXN_STATE", late
     assert rpc_error_name(lambda: commit_offset(9)) == "INVALID_TXN_STATE"
 
     retrying(lambda: producer.coordinator().CompleteTransaction(
         coordinator_pb2.CompleteTransactionRequest(handle=handle, committed=True), timeout=10))
-    wait_until(lambda: values(raw, "sealed", 0) == ["a"], what="the commit")
+    wait_until(lambda: values(raw, "sealed", 0) == ["a"], message="the commit")
     group_leader = raw.stub(raw.metadata(partition_pb2.MetadataRequest(group_ids=[group])).group_coordinators[0].address)
     fetched = group_leader.OffsetFetch(partition_pb2.OffsetFetchRequest(
         group_id=group, partitions=[common_pb2.TopicPartition(topic="sealed-in", partition=0)]), timeout=10)
@@ -160,13 +151,13 @@ def test_a_fenced_zombie_epoch_is_neither_current_nor_last(raw):
     raw.create_topic("fence", 1)
     zombie = TxnProducer(raw, "fence-tx").init()
     zombie.add(("fence", 0))
-    assert code_name(zombie.send("fence", 0, "z").error.code) == "NONE"
+    assert error_name(zombie.send("fence", 0, "z").error.code) == "NONE"
     coordinator = zombie.coordinator()
     # a new instance's first InitProducerId fences the open transaction (and answers CONCURRENT_TRANSACTIONS)
     assert rpc_error_name(lambda: coordinator.InitProducerId(coordinator_pb2.InitProducerIdRequest(
         transactional_id="fence-tx", transaction_timeout_ms=60_000, producer_id=-1, producer_epoch=-1), timeout=10)) \
         == "CONCURRENT_TRANSACTIONS"
-    wait_until(lambda: zombie.describe().state == TransactionState.COMPLETE_ABORT.to_proto(), what="the fence's abort")
+    wait_until(lambda: zombie.describe().state == TransactionState.COMPLETE_ABORT.to_proto(), message="the fence's abort")
     pid, epoch = zombie.producer_id, zombie.producer_epoch
     for committed in (False, True):
         assert rpc_error_name(lambda c=committed: coordinator.EndTxn(coordinator_pb2.EndTxnRequest(
@@ -192,11 +183,11 @@ def test_a_non_transactional_batch_of_a_producer_with_an_open_transaction_is_ref
     raw.create_topic("mixed", 1)
     producer = TxnProducer(raw, "mixed-tx").init()
     producer.add(("mixed", 0))
-    assert code_name(producer.send("mixed", 0, "t").error.code) == "NONE"
+    assert error_name(producer.send("mixed", 0, "t").error.code) == "NONE"
     plain = raw.produce("mixed", 0, batch(producer.producer_id, 1, ["plain"], epoch=producer.producer_epoch))
-    assert code_name(plain.error.code) == "INVALID_TXN_STATE"
+    assert error_name(plain.error.code) == "INVALID_TXN_STATE"
     producer.end(committed=True)
-    wait_until(lambda: values(raw, "mixed", 0) == ["t"], what="the commit")
+    wait_until(lambda: values(raw, "mixed", 0) == ["t"], message="the commit")
     assert values(raw, "mixed", 0, UNCOMMITTED) == ["t"]
 
 
@@ -204,15 +195,15 @@ def test_partition_svc_init_producer_id_never_bumps_an_existing_producer_id(raw)
     raw.create_topic("bump", 1)
     producer = TxnProducer(raw, "bump-tx").init()
     producer.add(("bump", 0))
-    assert code_name(producer.send("bump", 0, "t").error.code) == "NONE"
+    assert error_name(producer.send("bump", 0, "t").error.code) == "NONE"
     bootstrap = coordinator_pb2_grpc.CoordinatorServiceStub(raw._channels.setdefault(raw.bootstrap[0], grpc.insecure_channel(raw.bootstrap[0])))
     reply = bootstrap.InitProducerId(coordinator_pb2.InitProducerIdRequest(
         producer_id=producer.producer_id, producer_epoch=producer.producer_epoch), timeout=10)
     assert reply.producer_id != producer.producer_id  # a new id: another producer's epochs are not ours to bump
     producer.end(committed=True)
-    wait_until(lambda: values(raw, "bump", 0) == ["t"], what="the commit")
+    wait_until(lambda: values(raw, "bump", 0) == ["t"], message="the commit")
     wait_until(lambda: raw.list_offset("bump", 0, partition_pb2.OFFSET_SPEC_LAST_STABLE).offset
-               == raw.list_offset("bump", 0, partition_pb2.OFFSET_SPEC_LATEST).offset, what="the LSO")
+               == raw.list_offset("bump", 0, partition_pb2.OFFSET_SPEC_LATEST).offset, message="the LSO")
 
 
 # --- defect 7: a retried KIP-360 InitProducerId gets the current epoch ---------------------------------------------
@@ -262,7 +253,7 @@ def test_a_batch_straddling_the_last_sequence_is_out_of_order_not_a_duplicate(ra
     pid = raw.producer_id()
     assert raw.produce("straddle", 0, batch(pid, 0, [f"r{i}" for i in range(14)])).error.code == 0  # sequences 0..13
     straddling = raw.produce("straddle", 0, batch(pid, 13, ["r13", "r14"]))
-    assert code_name(straddling.error.code) == "OUT_OF_ORDER_SEQUENCE"
+    assert error_name(straddling.error.code) == "OUT_OF_ORDER_SEQUENCE"
     assert raw.produce("straddle", 0, batch(pid, 12, ["r12"])).error.code == errors.ErrorCode.Value("DUPLICATE_SEQUENCE")
     assert len(values(raw, "straddle", 0, UNCOMMITTED)) == 14
 
@@ -288,7 +279,7 @@ def test_a_delayed_txn_offset_commit_never_moves_a_pending_offset_back(raw):
     assert commit_offset(10).results[0].error.code == 0
     assert commit_offset(4).results[0].error.code == 0  # the first attempt of an earlier commit, delivered late
     producer.end(committed=True)
-    wait_until(settled(producer, TransactionState.COMPLETE_COMMIT), what="the commit")
+    wait_until(settled(producer, TransactionState.COMPLETE_COMMIT), message="the commit")
     fetched = group_leader.OffsetFetch(partition_pb2.OffsetFetchRequest(
         group_id=group, require_stable=True, partitions=[common_pb2.TopicPartition(topic="offsets-in", partition=0)]), timeout=10)
     assert fetched.offsets[0].offset == 10
@@ -332,7 +323,7 @@ def test_a_coordinator_whose_partition_moved_answers_not_coordinator_not_a_fatal
     retrying(lambda: old.InitProducerId(coordinator_pb2.InitProducerIdRequest(
         transactional_id="warm-up", transaction_timeout_ms=60_000, producer_id=-1, producer_epoch=-1), timeout=10))
     cluster.add_service("coordinator_svc", 1, ["--ownership-check-interval-ms", "200"])
-    wait_until(lambda: read_owner_node(cluster, transactional_id).node_id == 1, what="coordinator 1 taking the partition over")
+    wait_until(lambda: read_owner_node(cluster, transactional_id).node_id == 1, message="coordinator 1 taking the partition over")
     new = coordinator_stub(cluster.address("coordinator_svc-1"))
     created = retrying(lambda: new.InitProducerId(coordinator_pb2.InitProducerIdRequest(
         transactional_id=transactional_id, transaction_timeout_ms=60_000, producer_id=-1, producer_epoch=-1), timeout=10))
@@ -370,9 +361,9 @@ def test_the_transaction_log_stays_writable_after_32767_changes_of_owner(cluster
         raw.create_topic("wrapped", 1)
         producer = TxnProducer(raw, transactional_id).init()
         producer.add(("wrapped", 0))
-        assert code_name(producer.send("wrapped", 0, "w").error.code) == "NONE"
+        assert error_name(producer.send("wrapped", 0, "w").error.code) == "NONE"
         producer.end(committed=True)
-        wait_until(lambda: values(raw, "wrapped", 0) == ["w"], what="the commit")
+        wait_until(lambda: values(raw, "wrapped", 0) == ["w"], message="the commit")
         assert producer_entry(raw, "wrapped", 0, producer.producer_id).coordinator_epoch == 32768
     finally:
         raw.close()
@@ -409,6 +400,6 @@ def test_a_group_commit_retried_while_its_members_complete_answers_ok(raw):
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         answers = [a for batch_of in pool.map(lambda _: retries(), range(4)) for a in batch_of]
     assert set(answers) <= {"NONE", "CONCURRENT_TRANSACTIONS"}, sorted(set(answers))
-    wait_until(lambda: members[-1].describe().state == TransactionState.COMPLETE_COMMIT.to_proto(), what="the group's completion")
+    wait_until(lambda: members[-1].describe().state == TransactionState.COMPLETE_COMMIT.to_proto(), message="the group's completion")
     states = {m.describe().state for m in members[::50]}
     assert states == {TransactionState.COMPLETE_COMMIT.to_proto()}

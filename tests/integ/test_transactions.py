@@ -7,41 +7,16 @@ import concurrent.futures
 import grpc
 import pytest
 from raw import Raw, plain_batch
-from txn_raw import TxnProducer, retrying, wait_until
+from support.errors import error_name, failure_name
+from support.reads import COMMITTED, UNCOMMITTED, values
+from support.waiting import wait_until
+from txn_raw import TxnProducer, retrying
 
 from coordinator_svc.transaction_state import TransactionState
 from txlog import Admin
 from txlog.protocol import errors
 from txlog.protocol.hashing import partition_for_id
 from txlog.v1 import common_pb2, coordinator_pb2, partition_pb2
-
-COMMITTED, UNCOMMITTED = common_pb2.ISOLATION_LEVEL_READ_COMMITTED, common_pb2.ISOLATION_LEVEL_READ_UNCOMMITTED
-
-
-def values(raw, topic, partition, isolation):
-    result = raw.fetch(topic, partition, 0, isolation=isolation)
-    assert result.error.code == 0, result.error
-    return [r.value.decode() for b in result.batches for r in b.records]
-
-
-def values_once_led(raw, topic, partition, isolation):
-    """values(), or None while the partition's leadership moves (a retriable error: an instance
-    restarted takes its preferred leadership back, and metadata read a moment before names the other)."""
-    result = raw.fetch(topic, partition, 0, isolation=isolation)
-    if result.error.code and errors.spec_of(result.error.code).retriable:
-        return None
-    assert result.error.code == 0, result.error
-    return [r.value.decode() for b in result.batches for r in b.records]
-
-
-def code_name(result):
-    return errors.ErrorCode.Name(result.error.code)
-
-
-def rpc_error_name(call):
-    with pytest.raises(grpc.RpcError) as info:
-        call()
-    return errors.from_rpc_error(info.value).name
 
 
 def test_commit_is_atomic_across_two_instances_and_abort_leaves_nothing_committed(raw):
@@ -51,17 +26,17 @@ def test_commit_is_atomic_across_two_instances_and_abort_leaves_nothing_committe
     producer = TxnProducer(raw, "atomic-tx").init()
     producer.add(("atomic", 0), ("atomic", 1))
     for p in (0, 1):
-        assert code_name(producer.send("atomic", p, f"c{p}")) == "NONE"
+        assert error_name(producer.send("atomic", p, f"c{p}")) == "NONE"
     assert values(raw, "atomic", 0, COMMITTED) == [] and values(raw, "atomic", 1, COMMITTED) == []
     epoch = producer.producer_epoch
     assert producer.end(committed=True).producer_epoch == epoch + 1  # Transactions V2: every EndTxn bumps the epoch
-    wait_until(lambda: values(raw, "atomic", 0, COMMITTED) == ["c0"] and values(raw, "atomic", 1, COMMITTED) == ["c1"], what="commit")
+    wait_until(lambda: values(raw, "atomic", 0, COMMITTED) == ["c0"] and values(raw, "atomic", 1, COMMITTED) == ["c1"], message="commit")
 
     producer.add(("atomic", 0), ("atomic", 1))
     for p in (0, 1):
-        assert code_name(producer.send("atomic", p, f"a{p}")) == "NONE"
+        assert error_name(producer.send("atomic", p, f"a{p}")) == "NONE"
     producer.end(committed=False)
-    wait_until(lambda: producer.describe().state == TransactionState.COMPLETE_ABORT.to_proto(), what="abort")
+    wait_until(lambda: producer.describe().state == TransactionState.COMPLETE_ABORT.to_proto(), message="abort")
     for p in (0, 1):
         assert values(raw, "atomic", p, COMMITTED) == [f"c{p}"]
         assert values(raw, "atomic", p, UNCOMMITTED) == [f"c{p}", f"a{p}"]  # markers are never returned
@@ -72,30 +47,30 @@ def test_an_open_transaction_holds_the_lso_over_later_commits(raw):
     raw.create_topic("lso", 1)
     first, second = TxnProducer(raw, "lso-first").init(), TxnProducer(raw, "lso-second").init()
     first.add(("lso", 0))
-    assert code_name(first.send("lso", 0, "first")) == "NONE"
+    assert error_name(first.send("lso", 0, "first")) == "NONE"
     second.add(("lso", 0))
-    assert code_name(second.send("lso", 0, "second")) == "NONE"
+    assert error_name(second.send("lso", 0, "second")) == "NONE"
     second.end(committed=True)
-    wait_until(lambda: second.describe().state == TransactionState.COMPLETE_COMMIT.to_proto(), what="second commit")
+    wait_until(lambda: second.describe().state == TransactionState.COMPLETE_COMMIT.to_proto(), message="second commit")
     assert raw.list_offset("lso", 0, partition_pb2.OFFSET_SPEC_LAST_STABLE).offset == 0
     assert values(raw, "lso", 0, COMMITTED) == []  # the later commit waits behind the open transaction
     first.end(committed=True)
-    wait_until(lambda: values(raw, "lso", 0, COMMITTED) == ["first", "second"], what="both visible")
+    wait_until(lambda: values(raw, "lso", 0, COMMITTED) == ["first", "second"], message="both visible")
 
 
 def test_a_new_producer_fences_the_zombie_and_aborts_its_transaction(raw):
     raw.create_topic("zombie", 1)
     zombie = TxnProducer(raw, "shared-id").init()
     zombie.add(("zombie", 0))
-    assert code_name(zombie.send("zombie", 0, "zombie-1")) == "NONE"
+    assert error_name(zombie.send("zombie", 0, "zombie-1")) == "NONE"
     successor = TxnProducer(raw, "shared-id").init()  # retries CONCURRENT_TRANSACTIONS while the old one is aborted
     assert successor.producer_id == zombie.producer_id and successor.producer_epoch > zombie.producer_epoch
-    assert code_name(zombie.send("zombie", 0, "zombie-2")) == "PRODUCER_FENCED"
-    assert rpc_error_name(lambda: zombie.end(committed=True)) == "PRODUCER_FENCED"
+    assert error_name(zombie.send("zombie", 0, "zombie-2")) == "PRODUCER_FENCED"
+    assert failure_name(lambda: zombie.end(committed=True)) == "PRODUCER_FENCED"
     successor.add(("zombie", 0))
-    assert code_name(successor.send("zombie", 0, "successor")) == "NONE"
+    assert error_name(successor.send("zombie", 0, "successor")) == "NONE"
     successor.end(committed=True)
-    wait_until(lambda: values(raw, "zombie", 0, COMMITTED) == ["successor"], what="successor's commit")
+    wait_until(lambda: values(raw, "zombie", 0, COMMITTED) == ["successor"], message="successor's commit")
     assert values(raw, "zombie", 0, UNCOMMITTED) == ["zombie-1", "successor"]
 
 
@@ -103,18 +78,18 @@ def test_a_timed_out_transaction_is_aborted_and_its_late_commit_changes_nothing(
     raw.create_topic("slow", 1)
     producer = TxnProducer(raw, "slow-tx", timeout_ms=1000).init()
     producer.add(("slow", 0))
-    assert code_name(producer.send("slow", 0, "too-late")) == "NONE"
-    wait_until(lambda: producer.describe().state == TransactionState.COMPLETE_ABORT.to_proto(), what="timeout abort")
+    assert error_name(producer.send("slow", 0, "too-late")) == "NONE"
+    wait_until(lambda: producer.describe().state == TransactionState.COMPLETE_ABORT.to_proto(), message="timeout abort")
     assert raw.list_offset("slow", 0, partition_pb2.OFFSET_SPEC_LAST_STABLE).offset == 2
     # the next incarnation begins a transaction; then the paused producer's EndTxn arrives (KAFKA-17754)
     successor = TxnProducer(raw, "slow-tx").init()
     successor.add(("slow", 0))
-    assert code_name(successor.send("slow", 0, "next")) == "NONE"
-    assert rpc_error_name(lambda: producer.end(committed=True)) == "PRODUCER_FENCED"
-    assert code_name(producer.send("slow", 0, "zombie")) == "PRODUCER_FENCED"
+    assert error_name(successor.send("slow", 0, "next")) == "NONE"
+    assert failure_name(lambda: producer.end(committed=True)) == "PRODUCER_FENCED"
+    assert error_name(producer.send("slow", 0, "zombie")) == "PRODUCER_FENCED"
     assert successor.describe().state == TransactionState.ONGOING.to_proto()
     successor.end(committed=True)
-    wait_until(lambda: values(raw, "slow", 0, COMMITTED) == ["next"], what="successor's commit")
+    wait_until(lambda: values(raw, "slow", 0, COMMITTED) == ["next"], message="successor's commit")
 
 
 def test_another_coordinator_completes_a_commit_decided_before_a_crash(raw, txn_cluster):
@@ -125,7 +100,7 @@ def test_another_coordinator_completes_a_commit_decided_before_a_crash(raw, txn_
     tid = next(f"fo-{i}" for i in range(1000) if state_leaders[partition_for_id(f"fo-{i}", len(state_leaders))] != data_leader)
     producer = TxnProducer(raw, tid).init()
     producer.add(("failover", 0))
-    assert code_name(producer.send("failover", 0, "decided")) == "NONE"
+    assert error_name(producer.send("failover", 0, "decided")) == "NONE"
     names = {p.address: n for n, p in txn_cluster.state.services.items()}
     metadata = raw.metadata(partition_pb2.MetadataRequest(transactional_ids=[tid]))
     coordinator_name = names[metadata.transaction_coordinators[0].address]
@@ -134,11 +109,11 @@ def test_another_coordinator_completes_a_commit_decided_before_a_crash(raw, txn_
     producer.end(committed=True)  # PrepareCommit is durable; the answer comes before the markers
     txn_cluster.kill(coordinator_name)  # the coordinator dies with the markers unsent
     txn_cluster.start(data_leader_name)
-    wait_until(lambda: values_once_led(raw, "failover", 0, COMMITTED) == ["decided"], timeout_s=40,
-               what="the other coordinator's markers")
+    wait_until(lambda: values(raw, "failover", 0, COMMITTED) == ["decided"], timeout_s=40,
+               message="the other coordinator's markers")
     # CompleteCommit is written once the markers are: a moment after a reader sees them (seen in CI)
     wait_until(lambda: producer.describe().state == TransactionState.COMPLETE_COMMIT.to_proto(), timeout_s=40,
-               what="the transaction completed")
+               message="the transaction completed")
     txn_cluster.start(coordinator_name)
 
 
@@ -153,7 +128,7 @@ def test_concurrent_add_partitions_of_one_transaction_either_succeed_or_ask_for_
             reply = coordinator.AddPartitionsToTxn(coordinator_pb2.AddPartitionsToTxnRequest(
                 transactional_id="racing", producer_id=producer.producer_id, producer_epoch=producer.producer_epoch,
                 partitions=[common_pb2.TopicPartition(topic=topic, partition=partition)]), timeout=10)
-            return [code_name(r) for r in reply.results][0]
+            return [error_name(r) for r in reply.results][0]
         except grpc.RpcError as exc:
             return errors.from_rpc_error(exc).name
 
@@ -180,7 +155,7 @@ def test_clients_cannot_produce_to_internal_topics(raw):
             batch = common_pb2.RecordBatch(producer_id=producer_id, producer_epoch=epoch, base_sequence=sequence,
                                            records=[common_pb2.Record(key=b"k", value=b"garbage")])
             result = raw.produce(topic, 0, batch)
-            assert code_name(result) == "INVALID_TOPIC" and "internal topic" in result.error.message, result
+            assert error_name(result) == "INVALID_TOPIC" and "internal topic" in result.error.message, result
         assert raw.list_offset(topic, 0, partition_pb2.OFFSET_SPEC_LATEST).offset == before
 
 
@@ -201,9 +176,9 @@ def test_offsets_in_a_transaction_become_visible_with_its_commit(raw):
             group_id="grp", partitions=[common_pb2.TopicPartition(topic="in", partition=0)], require_stable=require_stable), timeout=10).offsets[0].offset
 
     assert committed() == -1
-    assert rpc_error_name(lambda: committed(require_stable=True)) == "UNSTABLE_OFFSET_COMMIT"
+    assert failure_name(lambda: committed(require_stable=True)) == "UNSTABLE_OFFSET_COMMIT"
     producer.end(committed=True)
-    wait_until(lambda: committed(require_stable=True) == 7, what="offsets committed with the transaction")
+    wait_until(lambda: committed(require_stable=True) == 7, message="offsets committed with the transaction")
 
 
 def test_bad_transactional_requests_get_clear_errors_and_change_nothing(raw):
@@ -215,20 +190,20 @@ def test_bad_transactional_requests_get_clear_errors_and_change_nothing(raw):
         request = dict(transactional_id="strict-tx", transaction_timeout_ms=1000, producer_id=-1, producer_epoch=-1)
         return lambda: coordinator.InitProducerId(coordinator_pb2.InitProducerIdRequest(**{**request, **fields}), timeout=10)
 
-    assert rpc_error_name(init(transaction_timeout_ms=10**9)) == "INVALID_TRANSACTION_TIMEOUT"
-    assert rpc_error_name(init(transaction_timeout_ms=0)) == "INVALID_TRANSACTION_TIMEOUT"
-    assert rpc_error_name(init(transactional_id="bad id!")) == "INVALID_TRANSACTIONAL_ID"
-    assert rpc_error_name(lambda: producer.end(committed=True)) == "INVALID_TXN_STATE"  # commit without a transaction
+    assert failure_name(init(transaction_timeout_ms=10**9)) == "INVALID_TRANSACTION_TIMEOUT"
+    assert failure_name(init(transaction_timeout_ms=0)) == "INVALID_TRANSACTION_TIMEOUT"
+    assert failure_name(init(transactional_id="bad id!")) == "INVALID_TRANSACTIONAL_ID"
+    assert failure_name(lambda: producer.end(committed=True)) == "INVALID_TXN_STATE"  # commit without a transaction
     # a send to a partition never added to the transaction: refused by the leader after asking the coordinator
     producer.add(("strict", 0))
-    assert code_name(producer.send("strict", 1, "unregistered")) == "INVALID_TXN_STATE"
+    assert error_name(producer.send("strict", 1, "unregistered")) == "INVALID_TXN_STATE"
     assert values(raw, "strict", 1, UNCOMMITTED) == []
     wrong_epoch = TxnProducer(raw, "strict-tx")
     wrong_epoch.producer_id, wrong_epoch.producer_epoch = producer.producer_id, producer.producer_epoch + 5
-    assert rpc_error_name(lambda: wrong_epoch.add(("strict", 0))) == "INVALID_PRODUCER_EPOCH"
+    assert failure_name(lambda: wrong_epoch.add(("strict", 0))) == "INVALID_PRODUCER_EPOCH"
     unknown = TxnProducer(raw, "never-initialised")
     unknown.producer_id, unknown.producer_epoch = 123456, 0
-    assert rpc_error_name(lambda: unknown.end(committed=True)) == "INVALID_PRODUCER_ID_MAPPING"
+    assert failure_name(lambda: unknown.end(committed=True)) == "INVALID_PRODUCER_ID_MAPPING"
     assert producer.describe().state == TransactionState.ONGOING.to_proto()
     assert raw.produce("strict", 1, plain_batch(["plain"])).error.code == 0
     producer.end(committed=False)
@@ -238,7 +213,7 @@ def test_a_hanging_transaction_the_coordinator_forgot_is_found_and_aborted(raw, 
     raw.create_topic("hang", 1)
     producer = TxnProducer(raw, "hanging-tx").init()
     producer.add(("hang", 0))
-    assert code_name(producer.send("hang", 0, "stuck")) == "NONE"
+    assert error_name(producer.send("hang", 0, "stuck")) == "NONE"
     # delete the coordinator's record of the id (a tombstone in its log partition, written as its owner
     # writes: only the owner's log producer may write there), then let it reload
     state_partition = partition_for_id("hanging-tx", len(raw.leaders("__transaction_state")))
@@ -250,7 +225,7 @@ def test_a_hanging_transaction_the_coordinator_forgot_is_found_and_aborted(raw, 
     coordinator = names[raw.metadata(partition_pb2.MetadataRequest(transactional_ids=["hanging-tx"])).transaction_coordinators[0].address]
     txn_cluster.kill(coordinator)
     txn_cluster.start(coordinator)
-    wait_until(lambda: producer.describe().error.code == errors.ErrorCode.Value("TRANSACTIONAL_ID_NOT_FOUND"), timeout_s=30, what="reload")
+    wait_until(lambda: producer.describe().error.code == errors.ErrorCode.Value("TRANSACTIONAL_ID_NOT_FOUND"), timeout_s=30, message="reload")
 
     # hanging: the partition has an open transaction that no coordinator knows
     described = raw.producers("hang", 0)
@@ -290,7 +265,7 @@ def test_transactional_ids_idle_past_their_expiration_are_removed(expiring_clust
         idle = TxnProducer(raw, "idle-tx").init()
         busy = TxnProducer(raw, "busy-tx").init()
         busy.add(("idle", 0))  # Ongoing: never expires while open (its timeout aborts it instead)
-        wait_until(lambda: idle.describe().error.code == errors.ErrorCode.Value("TRANSACTIONAL_ID_NOT_FOUND"), what="expiration")
+        wait_until(lambda: idle.describe().error.code == errors.ErrorCode.Value("TRANSACTIONAL_ID_NOT_FOUND"), message="expiration")
         assert busy.describe().state == TransactionState.ONGOING.to_proto()
         again = TxnProducer(raw, "idle-tx").init()  # a removed id starts afresh
         assert again.producer_epoch == 0 and again.producer_id != idle.producer_id

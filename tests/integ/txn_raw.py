@@ -13,19 +13,6 @@ from txlog.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc, partitio
 RETRIABLE_WAIT_S = 30
 
 
-def wait_until(predicate, timeout_s=20, what="condition"):
-    """Polls ``predicate`` until it is true; a service refusing calls for a moment (restarting) is waited out."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            if predicate():
-                return
-        except grpc.RpcError:
-            pass
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
 def retrying(call):
     deadline = time.monotonic() + RETRIABLE_WAIT_S
     while True:
