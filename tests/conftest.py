@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from _pytest.nodeid import NodeId
 from hypothesis import HealthCheck, settings
 
 from services.cluster import PORT_COUNTER_ENV, PORT_RANGE_ENV, LocalCluster
@@ -22,6 +23,7 @@ from services.cluster import PORT_COUNTER_ENV, PORT_RANGE_ENV, LocalCluster
 TEST_PORTS = (12000, 32768)
 PORT_SLICES = 16
 PORT_COUNTERS = Path(tempfile.gettempdir()) / f"txlog-test-ports-{os.getuid()}"
+SPARK_TESTS = Path(__file__).parent / "spark"
 
 # Tests run several at a time (scripts/test.sh), so an example may take longer
 # than hypothesis's 200 ms deadline without being wrong: speed is bench/'s concern.
@@ -47,6 +49,7 @@ def pytest_configure(config):
     os.environ[PORT_COUNTER_ENV] = str(counter)
 
 
+@pytest.hookimpl(wrapper=True)
 def pytest_collection_modifyitems(config, items):
     """Groups for pytest-xdist's --dist loadgroup. The Spark tests share one
     worker, so one JVM runs them rather than one per worker, each with its
@@ -54,16 +57,32 @@ def pytest_collection_modifyitems(config, items):
     cluster, a rendered chart) runs on one worker, so that fixture is set up
     once, not once on each worker that gets one of its tests; a parametrized
     one makes a group per parameter (its tests may check what the others did)."""
-    spark_dir = Path(__file__).parent / "spark"
+    groups = {}
     for item in items:
-        if spark_dir in Path(item.path).parents:
-            item.add_marker(pytest.mark.xdist_group("spark"))
-            continue
-        shared = sorted(name for name, defs in item._fixtureinfo.name2fixturedefs.items() if defs[-1].scope in ("module", "class"))
-        if shared:
-            callspec = getattr(item, "callspec", None)
-            params = [f"{name}={callspec.indices[name]}" for name in shared if callspec and name in callspec.indices]
-            item.add_marker(pytest.mark.xdist_group(" ".join([item.nodeid.split("::")[0], *params])))
+        groups[item] = group = xdist_group(item)
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))
+    yield
+    # xdist (3.8) tells the controller an item's group with a node id suffix,
+    # "<id>@<group>", but sets it where pytest 9.2 no longer reads the id
+    # (pytest-xdist issue 1386), so every group would be spread over the
+    # workers; set the suffix here where xdist did not.
+    if getattr(config.option, "loadgroup", False):  # set in xdist's workers only
+        for item in items:
+            group = groups.get(item)
+            if group and not item.nodeid.endswith(f"@{group}"):
+                item._id = NodeId.parse(f"{item.nodeid}@{group}")
+
+
+def xdist_group(item) -> str | None:
+    if SPARK_TESTS in Path(item.path).parents:
+        return "spark"
+    shared = sorted(name for name, defs in item._fixtureinfo.name2fixturedefs.items() if defs[-1].scope in ("module", "class"))
+    if not shared:
+        return None
+    callspec = getattr(item, "callspec", None)
+    params = [f"{name}={callspec.indices[name]}" for name in shared if callspec and name in callspec.indices]
+    return " ".join([item.nodeid.split("::")[0], *params])
 
 
 @pytest.fixture
