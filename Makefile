@@ -1,5 +1,5 @@
 # txlog's commands. `make run` and `make test` set everything up first.
-.PHONY: setup run test protos lint bench
+.PHONY: setup run test protos lint bench wheels
 
 setup:
 	scripts/setup.sh
@@ -15,6 +15,10 @@ protos: setup
 
 lint: setup
 	.venv/bin/ruff check .
+
+# The release wheels in dist/: txlog (the client only) and txlog-service (scripts/build_wheels.py says why two)
+wheels: setup
+	.venv/bin/python scripts/build_wheels.py --out dist
 
 bench: setup
 	.venv/bin/python bench/producer_ids.py
