@@ -18,6 +18,9 @@ from dataclasses import dataclass
 import grpc
 import pytest
 from raw import Raw, plain_batch
+from support.errors import error_name
+from support.reads import COMMITTED, UNCOMMITTED, values
+from support.waiting import wait_until
 from txn_raw import TxnProducer
 
 from coordinator_svc.transaction_state import TransactionState
@@ -27,7 +30,6 @@ from txlog.protocol import TRANSACTION_STATE_TOPIC, errors
 from txlog.protocol.hashing import partition_for_id
 from txlog.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc, partition_pb2
 
-COMMITTED, UNCOMMITTED = common_pb2.ISOLATION_LEVEL_READ_COMMITTED, common_pb2.ISOLATION_LEVEL_READ_UNCOMMITTED
 STATE_TOPIC = TRANSACTION_STATE_TOPIC
 SESSION_TIMEOUT_S = 5
 COORDINATOR_ARGS = [
@@ -80,20 +82,6 @@ def raw(fault_cluster, zk_client):
 # --- helpers -----------------------------------------------------------------------------
 
 
-def wait_for(probe, timeout_s=15, what="condition"):
-    """Polls ``probe`` until it returns something truthy, and returns that."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            value = probe()
-            if value:
-                return value
-        except grpc.RpcError:
-            pass  # a restarted or resumed service may refuse or time out for a moment
-        assert time.monotonic() < deadline, f"timed out after {timeout_s} s waiting for {what}"
-        time.sleep(0.1)
-
-
 def read_owner(zk_client, cluster, index) -> coordinators.PartitionOwner | None:
     found = asyncio.run(coordinators.read_owner(zk_client, cluster.state.zookeeper_root, index))
     return None if found is None else found[0]
@@ -109,7 +97,7 @@ def owner(zk_client, cluster, index) -> coordinators.PartitionOwner:
 def wait_until_balanced(cluster, raw, zk_client) -> None:
     """Until partition i of __transaction_state is owned, and served, by the i-th live coordinator (modulo
     their number: coordinator_svc's balancing rule)."""
-    count = wait_for(lambda: len(raw.leaders(STATE_TOPIC)), 30, f"{STATE_TOPIC} to exist")
+    count = wait_until(lambda: len(raw.leaders(STATE_TOPIC)), 30, f"{STATE_TOPIC} to exist")
     nodes = sorted(int(name.rsplit("-", 1)[1]) for name, info in cluster.state.services.items() if info.kind == "coordinator_svc")
     probes = [tid_in("probe", lambda t, i=i: partition_for_id(t, count) == i) for i in range(count)]
 
@@ -119,11 +107,11 @@ def wait_until_balanced(cluster, raw, zk_client) -> None:
             if current is None or current.node_id != nodes[index % len(nodes)]:
                 return False
             described = describe_at(raw, cluster.address(coordinator_name(cluster, current.node_id)), probe)
-            if error_name(described.error.code) != "TRANSACTIONAL_ID_NOT_FOUND":
+            if error_name(described) != "TRANSACTIONAL_ID_NOT_FOUND":
                 return False
         return True
 
-    wait_for(balanced, 30, "every transaction log partition to be served by its coordinator")
+    wait_until(balanced, 30, "every transaction log partition to be served by its coordinator")
 
 
 def wait_for_new_owner(zk_client, cluster, index, old: coordinators.PartitionOwner) -> coordinators.PartitionOwner:
@@ -131,7 +119,7 @@ def wait_for_new_owner(zk_client, cluster, index, old: coordinators.PartitionOwn
         current = owner(zk_client, cluster, index)
         return current if current.node_id != old.node_id and current.coordinator_epoch > old.coordinator_epoch else None
 
-    return wait_for(replaced, TAKEOVER_TIMEOUT_S, f"another coordinator to own {STATE_TOPIC} partition {index} at an epoch above {old.coordinator_epoch}")
+    return wait_until(replaced, TAKEOVER_TIMEOUT_S, f"another coordinator to own {STATE_TOPIC} partition {index} at an epoch above {old.coordinator_epoch}")
 
 
 def coordinator_name(cluster, node_id) -> str:
@@ -167,10 +155,6 @@ def rpc_error(call) -> errors.TxlogError:
     return errors.from_rpc_error(info.value)
 
 
-def error_name(code) -> str:
-    return errors.ErrorCode.Name(code)
-
-
 def names_the_partition(message, index) -> bool:
     return re.search(rf"\bpartition {index}\b", message) is not None
 
@@ -185,12 +169,6 @@ def committed_or_none(raw, topic, partition=0) -> list[str] | None:
     leads again only once the controller has elected it again."""
     result = raw.fetch(topic, partition, 0, isolation=COMMITTED)
     return None if result.error.code else [r.value.decode() for b in result.batches for r in b.records]
-
-
-def values(raw, topic, isolation, partition=0) -> list[str]:
-    result = raw.fetch(topic, partition, 0, isolation=isolation)
-    assert result.error.code == 0, result.error
-    return [r.value.decode() for b in result.batches for r in b.records]
 
 
 @dataclass(frozen=True)
@@ -291,7 +269,7 @@ def test_a_paused_coordinator_replaced_by_the_other_cannot_change_anything_when_
         cluster.start(data_leader_name)
         new = wait_for_new_owner(zk_client, cluster, index, old)
         # the new owner loads PrepareCommit and finishes the commit with its own coordinator epoch
-        wait_for(lambda: values(raw, "paused", COMMITTED) == ["t1"], TAKEOVER_TIMEOUT_S, "the new owner's COMMIT marker")
+        wait_until(lambda: values(raw, "paused", 0, COMMITTED) == ["t1"], TAKEOVER_TIMEOUT_S, "the new owner's COMMIT marker")
         assert producer_entry(raw, "paused", zombie.producer_id).coordinator_epoch == new.coordinator_epoch
         successor = TxnProducer(raw, tid).init()
         assert (successor.producer_id, successor.producer_epoch) == (zombie.producer_id, zombie.producer_epoch + 1)
@@ -305,7 +283,7 @@ def test_a_paused_coordinator_replaced_by_the_other_cannot_change_anything_when_
         # would otherwise close transaction 2
         for committed in (False, True):
             result = write_marker(raw, "paused", successor.producer_id, successor.producer_epoch, committed, old.coordinator_epoch)
-            assert error_name(result.error.code) == "TRANSACTION_COORDINATOR_FENCED", result
+            assert error_name(result) == "TRANSACTION_COORDINATOR_FENCED", result
             assert view(raw, "paused") == before
     finally:
         cluster.kill(old_name, signal.SIGCONT)
@@ -315,12 +293,12 @@ def test_a_paused_coordinator_replaced_by_the_other_cannot_change_anything_when_
     # are live) at a still newer epoch, the state the new owner left; wait until it has let go of its old view.
     def settled():
         described = describe_at(raw, old_address, tid)
-        if error_name(described.error.code) == "NOT_COORDINATOR":
+        if error_name(described) == "NOT_COORDINATOR":
             assert names_the_partition(described.error.message, index), described
             return unloads(cluster, old_name, index) > unloads_before
         return described.error.code == 0 and described.producer_epoch == successor.producer_epoch and described.state == ONGOING
 
-    wait_for(settled, TAKEOVER_TIMEOUT_S, "the resumed coordinator to give up its stale view")
+    wait_until(settled, TAKEOVER_TIMEOUT_S, "the resumed coordinator to give up its stale view")
     assert unloads(cluster, old_name, index) > unloads_before  # its stale partition (and marker task) is gone
     current = owner(zk_client, cluster, index)
     assert current.coordinator_epoch > old.coordinator_epoch
@@ -331,7 +309,7 @@ def test_a_paused_coordinator_replaced_by_the_other_cannot_change_anything_when_
     assert successor.describe().state == ONGOING
 
     successor.end(committed=True)
-    wait_for(lambda: values(raw, "paused", COMMITTED) == ["t1", "t2"], 30, "transaction 2's commit")
+    wait_until(lambda: values(raw, "paused", 0, COMMITTED) == ["t1", "t2"], 30, "transaction 2's commit")
     final_owner = owner(zk_client, cluster, index)
     assert producer_entry(raw, "paused", zombie.producer_id).coordinator_epoch == final_owner.coordinator_epoch
 
@@ -355,7 +333,7 @@ def test_a_resumed_coordinator_never_answers_from_the_state_it_had_before_it_was
         successor = TxnProducer(raw, tid).init()  # at the new owner: fences the zombie, aborts its transaction
         truth = successor.describe()
         assert (truth.state, truth.producer_epoch) == (EMPTY, stale.producer_epoch + 3)  # the fence bumps twice, the init once
-        wait_for(lambda: values(raw, "stale", UNCOMMITTED) == ["zombie"] and raw.fetch("stale", 0, 0).last_stable_offset == 2, 20, "the abort marker")
+        wait_until(lambda: values(raw, "stale", 0, UNCOMMITTED) == ["zombie"] and raw.fetch("stale", 0, 0).last_stable_offset == 2, 20, "the abort marker")
     finally:
         cluster.kill(old_name, signal.SIGCONT)
 
@@ -366,7 +344,7 @@ def test_a_resumed_coordinator_never_answers_from_the_state_it_had_before_it_was
     while True:
         try:
             described = describe_at(raw, old_address, tid)
-            answer = (error_name(described.error.code), described.state, described.producer_epoch)
+            answer = (error_name(described), described.state, described.producer_epoch)
         except grpc.RpcError as exc:
             answer = (errors.from_rpc_error(exc).name, None, None)
         answers.append(answer)
@@ -374,7 +352,7 @@ def test_a_resumed_coordinator_never_answers_from_the_state_it_had_before_it_was
             break
         assert time.monotonic() < deadline, f"the resumed coordinator never settled: {answers[-5:]}"
         time.sleep(0.02)
-    assert values(raw, "stale", COMMITTED) == [] and values(raw, "stale", UNCOMMITTED) == ["zombie"]
+    assert values(raw, "stale", 0, COMMITTED) == [] and values(raw, "stale", 0, UNCOMMITTED) == ["zombie"]
     assert successor.describe().producer_epoch == truth.producer_epoch
     wrong = [a for a in answers if a[0] == "NONE" and a[1:] != (truth.state, truth.producer_epoch)]
     assert not wrong, (
@@ -404,11 +382,11 @@ def test_a_decided_commit_completes_although_zookeeper_stalled_while_its_markers
     try:
         # the coordinator's ZooKeeper requests hang until its client gives the connection up (2/3 of the 5 s
         # session; health turns NOT_SERVING); ZooKeeper resumes at once, within the session, so no owner changes
-        wait_for(lambda: not health_serving(address), 2 * SESSION_TIMEOUT_S, "the coordinator to lose its ZooKeeper connection")
+        wait_until(lambda: not health_serving(address), 2 * SESSION_TIMEOUT_S, "the coordinator to lose its ZooKeeper connection")
     finally:
         cluster.kill("zookeeper", signal.SIGCONT)
     cluster.start(data_leader_name)
-    wait_for(lambda: health_serving(address), 30, "the coordinator's ZooKeeper session to come back")
+    wait_until(lambda: health_serving(address), 30, "the coordinator's ZooKeeper session to come back")
     deadline = time.monotonic() + 30
     while committed_or_none(raw, "zkstall") != ["decided"]:
         if time.monotonic() > deadline:
@@ -418,7 +396,7 @@ def test_a_decided_commit_completes_although_zookeeper_stalled_while_its_markers
                 f"now {now_owner}; its coordinator describes it as {describe_at(raw, address, tid)}"
             )
         time.sleep(0.1)
-    wait_for(lambda: producer.describe().state == COMPLETE_COMMIT, 20, "CompleteCommit")
+    wait_until(lambda: producer.describe().state == COMPLETE_COMMIT, 20, "CompleteCommit")
 
 
 # --- 2. a coordinator killed with a transaction open -------------------------------------
@@ -438,7 +416,7 @@ def test_a_transaction_left_open_by_a_killed_coordinator_times_out_at_the_new_ow
     assert opened.state == ONGOING and opened.transaction_start_time_ms > 0
     old = owner(zk_client, cluster, index)
     cluster.kill(coordinator_name(cluster, old.node_id))
-    assert values(raw, "orphan", COMMITTED) == [] and raw.fetch("orphan", 0, 0).last_stable_offset == 0
+    assert values(raw, "orphan", 0, COMMITTED) == [] and raw.fetch("orphan", 0, 0).last_stable_offset == 0
 
     new = wait_for_new_owner(zk_client, cluster, index, old)
     taken_over_ms = time.time() * 1000
@@ -446,14 +424,14 @@ def test_a_transaction_left_open_by_a_killed_coordinator_times_out_at_the_new_ow
     seen = []
 
     def aborted():
-        assert "orphaned" not in values(raw, "orphan", COMMITTED)  # read_committed never shows it
+        assert "orphaned" not in values(raw, "orphan", 0, COMMITTED)  # read_committed never shows it
         described = describe_at(raw, new_address, tid)
         seen.append(described)
         return described.error.code == 0 and described.state == COMPLETE_ABORT
 
-    wait_for(aborted, timeout_ms / 1000 + 30, "the new owner to abort the timed-out transaction")
+    wait_until(aborted, timeout_ms / 1000 + 30, "the new owner to abort the timed-out transaction")
     loaded = [d for d in seen if d.error.code == 0]
-    assert all(error_name(d.error.code) in NOT_SERVING_HERE for d in seen if d.error.code), seen
+    assert all(error_name(d) in NOT_SERVING_HERE for d in seen if d.error.code), seen
     for described in loaded:  # loaded from the log with its producer, epoch, partitions and original start time
         assert (described.producer_id, described.transaction_timeout_ms) == (opened.producer_id, timeout_ms)
         if described.state in (ONGOING, PREPARE_ABORT):
@@ -463,13 +441,13 @@ def test_a_transaction_left_open_by_a_killed_coordinator_times_out_at_the_new_ow
         assert any(d.state == ONGOING for d in loaded), seen  # the new owner held it open until then
     assert loaded[-1].producer_epoch == opened.producer_epoch + 1  # the timeout abort bumped it: the producer is fenced
 
-    after = wait_for(lambda: (lambda v: v if v.last_stable_offset == v.high_watermark == 3 else None)(view(raw, "orphan")), 20, "the LSO past the abort marker")
+    after = wait_until(lambda: (lambda v: v if v.last_stable_offset == v.high_watermark == 3 else None)(view(raw, "orphan")), 20, "the LSO past the abort marker")
     assert after.committed == ("plain",) and after.uncommitted == ("orphaned", "plain"), after
     entry = producer_entry(raw, "orphan", producer.producer_id)
     assert (entry.coordinator_epoch, entry.current_txn_start_offset) == (new.coordinator_epoch, -1)
     late = rpc_error(lambda: producer.end(committed=True))  # the producer's commit after its timeout
     assert late.name == "PRODUCER_FENCED", late
-    assert values(raw, "orphan", COMMITTED) == ["plain"]
+    assert values(raw, "orphan", 0, COMMITTED) == ["plain"]
 
 
 # --- 3. a restarted coordinator reloads its transactions ---------------------------------
@@ -490,7 +468,7 @@ def test_a_restarted_coordinator_reloads_its_transactions_and_bumps_epochs(raw, 
         producers[tid].add(("restart", 0))
         assert producers[tid].send("restart", 0, tid).error.code == 0
     producers[committed].end(committed=True)
-    wait_for(lambda: producers[committed].describe().state == COMPLETE_COMMIT, 20, "the commit")
+    wait_until(lambda: producers[committed].describe().state == COMPLETE_COMMIT, 20, "the commit")
     before = {tid: describe_at(raw, address, tid) for tid in producers}
     assert [before[t].state for t in (idle, ongoing, committed)] == [EMPTY, ONGOING, COMPLETE_COMMIT]
     epochs_before = {i: owner(zk_client, cluster, i).coordinator_epoch for i in indexes}
@@ -506,10 +484,10 @@ def test_a_restarted_coordinator_reloads_its_transactions_and_bumps_epochs(raw, 
         answers.extend(reply.transactions)
         return all(d.error.code == 0 for d in reply.transactions)
 
-    wait_for(reloaded, 60, "the restarted coordinator to load its partitions")
+    wait_until(reloaded, 60, "the restarted coordinator to load its partitions")
     for described in answers:  # while loading: "not here / not yet", never "unknown id" nor another state
         if described.error.code:
-            assert error_name(described.error.code) in NOT_SERVING_HERE, described
+            assert error_name(described) in NOT_SERVING_HERE, described
         else:
             assert described == before[described.transactional_id], described
     for i in indexes:
@@ -525,9 +503,9 @@ def test_a_restarted_coordinator_reloads_its_transactions_and_bumps_epochs(raw, 
         assert (again.producer_id, again.producer_epoch) == (before[tid].producer_id, before[tid].producer_epoch + 1), tid
     again = TxnProducer(raw, ongoing).init()  # fences the open transaction (fence and abort, +2) and then bumps (+1)
     assert (again.producer_id, again.producer_epoch) == (before[ongoing].producer_id, before[ongoing].producer_epoch + 3)
-    wait_for(lambda: values(raw, "restart", COMMITTED) == [committed] and view(raw, "restart").last_stable_offset == view(raw, "restart").high_watermark,
+    wait_until(lambda: values(raw, "restart", 0, COMMITTED) == [committed] and view(raw, "restart").last_stable_offset == view(raw, "restart").high_watermark,
              20, "the reloaded open transaction to be aborted")
-    assert values(raw, "restart", UNCOMMITTED) == [ongoing, committed]
+    assert values(raw, "restart", 0, UNCOMMITTED) == [ongoing, committed]
 
 
 # --- 4. ListTransactions fans out ---------------------------------------------------------
@@ -554,8 +532,8 @@ def test_list_transactions_on_either_coordinator_lists_both_with_filters(raw, fa
     p_done.add(("listed", 1))
     assert p_done.send("listed", 1, "done").error.code == 0
     p_done.end(committed=True)
-    wait_for(lambda: p_done.describe().state == COMPLETE_COMMIT, 20, "the commit")
-    wait_for(lambda: time.time() * 1000 - old_start > duration_ms + 200, duration_ms / 1000 + 5, "the old transaction to age")
+    wait_until(lambda: p_done.describe().state == COMPLETE_COMMIT, 20, "the commit")
+    wait_until(lambda: time.time() * 1000 - old_start > duration_ms + 200, duration_ms / 1000 + 5, "the old transaction to age")
     p_young = TxnProducer(raw, young_open).init()
     p_young.add(("listed", 1))
     young_start = p_young.describe().transaction_start_time_ms
@@ -616,7 +594,7 @@ def test_requests_to_a_coordinator_that_does_not_own_the_id_get_not_coordinator_
         assert error.name == "NOT_COORDINATOR" and error.retriable, (what, error)
         assert names_the_partition(error.message, index), (what, error.message)
     described = wrong.DescribeTransactions(coordinator_pb2.DescribeTransactionsRequest(transactional_ids=[tid]), timeout=10).transactions[0]
-    assert error_name(described.error.code) == "NOT_COORDINATOR" and names_the_partition(described.error.message, index), described
+    assert error_name(described) == "NOT_COORDINATOR" and names_the_partition(described.error.message, index), described
     assert tid not in list_at(raw, cluster.address(coordinator_name(cluster, other)), local_only=True)
     # the wrong coordinator still routes: FindCoordinator names the owner
     found = wrong.FindCoordinator(coordinator_pb2.FindCoordinatorRequest(key=tid), timeout=10)
@@ -624,7 +602,7 @@ def test_requests_to_a_coordinator_that_does_not_own_the_id_get_not_coordinator_
     assert found.address == cluster.address(coordinator_name(cluster, current.node_id))
     assert producer.describe() == before  # none of the misrouted requests changed the transaction
     producer.end(committed=True)
-    wait_for(lambda: values(raw, "routed", COMMITTED) == ["routed"], 20, "the commit through the owner")
+    wait_until(lambda: values(raw, "routed", 0, COMMITTED) == ["routed"], 20, "the commit through the owner")
 
 
 def test_a_coordinator_still_loading_a_partition_answers_load_in_progress_never_a_wrong_answer(raw, fault_cluster, zk_client):
@@ -654,18 +632,18 @@ def test_a_coordinator_still_loading_a_partition_answers_load_in_progress_never_
         cluster.kill(name)
         cluster.start(name)
         # ZooKeeper names it the owner at a new epoch before it has loaded the partition (its fence write hangs)
-        wait_for(lambda: (lambda o: o.node_id == before_owner.node_id and o.coordinator_epoch > before_owner.coordinator_epoch)(
+        wait_until(lambda: (lambda o: o.node_id == before_owner.node_id and o.coordinator_epoch > before_owner.coordinator_epoch)(
             owner(zk_client, cluster, index)), 30, "the restarted coordinator to claim the partition")
         seen = []
 
         def loading():
             described = describe_at(raw, address, tid)
             seen.append(described)
-            return error_name(described.error.code) == "COORDINATOR_LOAD_IN_PROGRESS"
+            return error_name(described) == "COORDINATOR_LOAD_IN_PROGRESS"
 
-        wait_for(loading, 10, "COORDINATOR_LOAD_IN_PROGRESS")
+        wait_until(loading, 10, "COORDINATOR_LOAD_IN_PROGRESS")
         for described in seen:
-            assert error_name(described.error.code) in {"NOT_COORDINATOR", "COORDINATOR_LOAD_IN_PROGRESS"}, described
+            assert error_name(described) in {"NOT_COORDINATOR", "COORDINATOR_LOAD_IN_PROGRESS"}, described
         assert names_the_partition(seen[-1].error.message, index), seen[-1]
         stub = coordinator_stub(raw, address)
         init = rpc_error(lambda: stub.InitProducerId(coordinator_pb2.InitProducerIdRequest(
@@ -678,15 +656,15 @@ def test_a_coordinator_still_loading_a_partition_answers_load_in_progress_never_
             listed_while_loading = sorted(list_at(raw, address, local_only=True))
         except grpc.RpcError as exc:
             listed_while_loading = errors.from_rpc_error(exc).name
-        assert error_name(describe_at(raw, address, tid).error.code) == "COORDINATOR_LOAD_IN_PROGRESS"  # still loading
+        assert error_name(describe_at(raw, address, tid)) == "COORDINATOR_LOAD_IN_PROGRESS"  # still loading
     finally:
         cluster.kill(paused_name, signal.SIGCONT)
 
-    wait_for(lambda: describe_at(raw, address, tid) == before, 60, "the coordinator to finish loading")
+    wait_until(lambda: describe_at(raw, address, tid) == before, 60, "the coordinator to finish loading")
     # another of its partitions may still be loading (COORDINATOR_LOAD_IN_PROGRESS, retriable): ask until it answers
-    assert tid in wait_for(lambda: list_at(raw, address, local_only=True), 60, "ListTransactions once every partition loaded")
+    assert tid in wait_until(lambda: list_at(raw, address, local_only=True), 60, "ListTransactions once every partition loaded")
     producer.end(committed=True)  # nothing was lost while it loaded
-    wait_for(lambda: values(raw, "loading", COMMITTED) == ["open"], 20, "the commit")
+    wait_until(lambda: values(raw, "loading", 0, COMMITTED) == ["open"], 20, "the commit")
     # Kafka answers ListTransactions with COORDINATOR_LOAD_IN_PROGRESS while any partition loads; a list that
     # silently leaves out the loading partition's transactions is a wrong answer
     assert listed_while_loading == "COORDINATOR_LOAD_IN_PROGRESS", (

@@ -16,18 +16,19 @@ import time
 
 import grpc
 import pytest
+from support.errors import failure_name
+from support.reads import COMMITTED, UNCOMMITTED, values
+from support.waiting import wait_until
 
 from coordinator_svc.transaction_state import GroupDecision, Handle
 from coordinator_svc.txn_log import DECISION_KEY_PREFIX
 from services import coordinators
 from txlog import Admin, Producer
-from txlog.errors import ClientError
 from txlog.protocol import TRANSACTION_STATE_TOPIC, errors
 from txlog.protocol.hashing import partition_for_id
 from txlog.structs import TransactionHandle, TransactionListing
 from txlog.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc, partition_pb2
 
-COMMITTED, UNCOMMITTED = common_pb2.ISOLATION_LEVEL_READ_COMMITTED, common_pb2.ISOLATION_LEVEL_READ_UNCOMMITTED
 STATE_TOPIC = TRANSACTION_STATE_TOPIC
 PREPARED_TIMEOUT_MS_DEFAULT = 24 * 3600 * 1000  # the coordinator's --prepared-transaction-timeout-ms default
 TAKEOVER_TIMEOUT_S = 60  # ZooKeeper session expiry (10 s) + ownership check + load, with room for a slow machine
@@ -40,26 +41,6 @@ def admin(txn_cluster):
 
 
 # --- helpers -----------------------------------------------------------------------------
-
-
-def wait_for(probe, timeout_s=20, what="condition"):
-    """Polls ``probe`` until it returns something truthy, and returns that. Retriable
-    errors (a coordinator moving or loading, a service restarting) are polled through."""
-    deadline = time.monotonic() + timeout_s
-    last = None
-    while True:
-        try:
-            last = probe()
-            if last:
-                return last
-        except grpc.RpcError as exc:
-            last = exc
-        except ClientError as exc:
-            if not exc.retriable:
-                raise
-            last = exc
-        assert time.monotonic() < deadline, f"timed out after {timeout_s} s waiting for {what}; last: {last!r}"
-        time.sleep(0.1)
 
 
 def prepare(bootstrap, transactional_id, writes, *, prepared_timeout_ms=0, commit_first=None) -> TransactionHandle:
@@ -77,12 +58,6 @@ def prepare(bootstrap, transactional_id, writes, *, prepared_timeout_ms=0, commi
         return producer.prepare_transaction(prepared_timeout_ms)
 
 
-def values(raw, topic, partition, isolation, stub=None) -> list[str]:
-    result = raw.fetch(topic, partition, 0, isolation=isolation, stub=stub)
-    assert result.error.code == 0, result.error
-    return [r.value.decode() for b in result.batches for r in b.records]
-
-
 def offsets(raw, topic, partition) -> tuple[int, int]:
     """(last stable offset, high watermark)."""
     result = raw.fetch(topic, partition, 0)
@@ -95,19 +70,8 @@ def describe(admin, transactional_id):
 
 
 def wait_state(admin, transactional_id, state, timeout_s=20):
-    return wait_for(lambda: (lambda d: d if d.state == state else None)(describe(admin, transactional_id)),
+    return wait_until(lambda: (lambda d: d if d.state == state else None)(describe(admin, transactional_id)),
                     timeout_s, f"{transactional_id} to be {state}")
-
-
-def error_name(call) -> str:
-    """The code name ``call`` fails with (an SDK ClientError or a raw gRPC error)."""
-    try:
-        call()
-    except ClientError as exc:
-        return exc.name
-    except grpc.RpcError as exc:
-        return errors.from_rpc_error(exc).name
-    raise AssertionError("the call succeeded")
 
 
 def coordinator_address(raw, key) -> str | None:
@@ -172,7 +136,8 @@ def test_a_prepared_transaction_outlives_the_transaction_timeout_until_its_handl
         wait_state(admin, "p1/control", "CompleteAbort", 15)  # the timer aborted the Ongoing one
     finally:
         control.close()
-    # ... and the prepared one survives three of its transaction timeouts
+    # ... and the prepared one survives three of its transaction timeouts (the property is a length of time:
+    # a slower machine only waits longer; the control's abort shows the timer runs)
     time.sleep(max(0.0, prepared.prepared_time_ms / 1000 + 3 - time.time()))
     assert describe(admin, tid) == prepared
     assert values(raw, "held", 0, COMMITTED) == []
@@ -185,7 +150,7 @@ def test_a_prepared_transaction_outlives_the_transaction_timeout_until_its_handl
     assert admin.find_hanging(["held"], max_transaction_timeout_ms=1000) == []  # it waits for its handle: not hanging
 
     admin.complete_transaction(handle, True)
-    wait_for(lambda: values(raw, "held", 0, COMMITTED) == ["held-0", "held-1", "held-2"], 15, "the commit")
+    wait_until(lambda: values(raw, "held", 0, COMMITTED) == ["held-0", "held-1", "held-2"], 15, "the commit")
     done = wait_state(admin, tid, "CompleteCommit")
     assert (done.producer_id, done.producer_epoch) == (handle.producer_id, handle.producer_epoch + 1)
     assert (done.prepared_time_ms, done.prepared_timeout_ms, done.transaction_start_time_ms) == (-1, 0, -1)
@@ -212,14 +177,14 @@ def test_the_prepared_timeout_aborts_and_the_handle_can_then_only_abort(raw, adm
             assert described.state == "Prepared", seen
         return described if described.state == "CompleteAbort" else None
 
-    after = wait_for(aborted, 20, "the prepared timeout to abort it")
+    after = wait_until(aborted, 20, "the prepared timeout to abort it")
     assert seen[-1][0] >= first.prepared_time_ms + 1500, seen
     assert (after.producer_id, after.producer_epoch) == (handle.producer_id, handle.producer_epoch + 1)
-    wait_for(lambda: offsets(raw, "expire", 0) == (4, 4), 10, "the ABORT marker")  # 2 records, the seal, the marker
+    wait_until(lambda: offsets(raw, "expire", 0) == (4, 4), 10, "the ABORT marker")  # 2 records, the seal, the marker
     assert values(raw, "expire", 0, COMMITTED) == []
     assert values(raw, "expire", 0, UNCOMMITTED) == ["e-0", "e-1"]
 
-    assert error_name(lambda: admin.complete_transaction(handle, True)) == "PRODUCER_FENCED"
+    assert failure_name(lambda: admin.complete_transaction(handle, True)) == "PRODUCER_FENCED"
     admin.complete_transaction(handle, False)  # it was aborted: aborting it again is a repeat
     admin.complete_transaction(handle, False)
     assert describe(admin, tid) == after
@@ -257,7 +222,7 @@ def test_complete_transaction_repeats_and_every_refusal_change_nothing(raw, admi
         (lambda: admin.complete_transaction(unknown, False), "INVALID_PRODUCER_ID_MAPPING"),
     ]
     for call, expected in refusals:
-        assert error_name(call) == expected
+        assert failure_name(call) == expected
         unchanged(prepared, ["first"], 4)  # first, its marker, second, its PREPARED seal
 
     # bad input straight to the coordinator
@@ -285,7 +250,7 @@ def test_complete_transaction_repeats_and_every_refusal_change_nothing(raw, admi
         request = coordinator_pb2.CommitTransactionGroupRequest(group_id=bad_group, handles=[
             coordinator_pb2.TransactionHandle(transactional_id=h.transactional_id, producer_id=h.producer_id, producer_epoch=h.producer_epoch)
             for h in handles])
-        assert error_name(lambda r=request: stub.CommitTransactionGroup(r, timeout=10)) == "INVALID_REQUEST", (bad_group, handles)
+        assert failure_name(lambda r=request: stub.CommitTransactionGroup(r, timeout=10)) == "INVALID_REQUEST", (bad_group, handles)
     unchanged(prepared, ["first"], 4)
     # a repeated PrepareTransaction of the prepared transaction is a retry: it changes nothing either
     assert stub.PrepareTransaction(coordinator_pb2.PrepareTransactionRequest(
@@ -293,7 +258,7 @@ def test_complete_transaction_repeats_and_every_refusal_change_nothing(raw, admi
     unchanged(prepared, ["first"], 4)  # the repeated seal wrote nothing
 
     admin.complete_transaction(handle, True)
-    wait_for(lambda: values(raw, "once", 0, COMMITTED) == ["first", "second"], 15, "the commit")
+    wait_until(lambda: values(raw, "once", 0, COMMITTED) == ["first", "second"], 15, "the commit")
     committed = wait_state(admin, tid, "CompleteCommit")
     assert committed.producer_epoch == handle.producer_epoch + 1
     admin.complete_transaction(handle, True)  # a repeat: OK
@@ -306,11 +271,18 @@ def test_complete_transaction_repeats_and_every_refusal_change_nothing(raw, admi
         (lambda: admin.complete_transaction(unknown, True), "INVALID_PRODUCER_ID_MAPPING"),
     ]
     for call, expected in after_commit:
-        assert error_name(call) == expected
+        assert failure_name(call) == expected
         unchanged(committed, ["first", "second"], 5)  # first, marker, second, seal, marker
-    time.sleep(0.5)  # a second COMMIT marker, had a repeat sent one, would have landed by now
-    unchanged(committed, ["first", "second"], 5)
-    assert values(raw, "once", 0, UNCOMMITTED) == ["first", "second"]  # the data is there once
+    # A later transaction of the same id (same coordinator, same partition leader): its COMMIT marker is
+    # written after any marker a repeat had sent, so once it is visible the log shows whether there was one.
+    with Producer(txn_cluster.state.bootstrap, transactional_id=tid) as later:
+        later.init_transactions()
+        later.begin_transaction()
+        later.send("once", value=b"third", partition=0)
+        later.commit_transaction()
+    wait_until(lambda: values(raw, "once", 0, COMMITTED) == ["first", "second", "third"], 15, "the later commit")
+    assert offsets(raw, "once", 0)[1] == 7  # ..., third, its marker: no second COMMIT marker from the repeats
+    assert values(raw, "once", 0, UNCOMMITTED) == ["first", "second", "third"]  # the data is there once
 
 
 # --- 4. CommitTransactionGroup ----------------------------------------------------------------
@@ -340,21 +312,21 @@ def test_a_group_commit_is_all_or_nothing_and_takes_only_its_own_prepared_member
 
     admin.commit_transaction_group("g1", handles)
     for p in (0, 1):
-        wait_for(lambda p=p: values(raw, "grouped", p, COMMITTED) == [f"{t}-{p}" for t in members], 15, f"the group on partition {p}")
+        wait_until(lambda p=p: values(raw, "grouped", p, COMMITTED) == [f"{t}-{p}" for t in members], 15, f"the group on partition {p}")
     for tid, handle in zip(members, handles, strict=True):
         done = wait_state(admin, tid, "CompleteCommit")
         assert (done.producer_id, done.producer_epoch) == (handle.producer_id, handle.producer_epoch + 1)
-    wait_for(lambda: decided_then_removed(raw, index, handles), 10, "the decision record and its tombstone")
+    wait_until(lambda: decided_then_removed(raw, index, handles), 10, "the decision record and its tombstone")
     for p in (0, 1):
         # 3 records, 3 seals, 3 markers each
-        wait_for(lambda p=p: offsets(raw, "grouped", p) == (9, 9), 10, "every marker")
+        wait_until(lambda p=p: offsets(raw, "grouped", p) == (9, 9), 10, "every marker")
     committed_a = describe(admin, "g1/a")
 
     admin.commit_transaction_group("g1", handles)  # a repeat: OK
     admin.commit_transaction_group("g1", handles[1:])  # every one named is committed already: OK
     admin.complete_transaction(handles[1], True)  # one member's commit, repeated alone: OK
     # a member committed by the group decision cannot be aborted
-    assert error_name(lambda: admin.complete_transaction(handles[0], False)) == "INVALID_TXN_STATE"
+    assert failure_name(lambda: admin.complete_transaction(handles[0], False)) == "INVALID_TXN_STATE"
     assert describe(admin, "g1/a") == committed_a
     assert len(decision_records(raw, index)) == 1  # no repeat wrote a new decision
 
@@ -380,14 +352,14 @@ def test_a_group_commit_is_all_or_nothing_and_takes_only_its_own_prepared_member
         (lambda: admin.commit_transaction_group("g1", [d, e._replace(producer_epoch=e.producer_epoch - 1)]), "INVALID_REQUEST"),
     ]
     for call, expected in refused:
-        assert error_name(call) == expected
+        assert failure_name(call) == expected
         nothing_decided()
 
     admin.complete_transaction(d, False)  # one member is aborted first
     wait_state(admin, "g1/d", "CompleteAbort")
     before["g1/d"] = describe(admin, "g1/d")
     for group_handles in ([d, e], [e, d]):
-        assert error_name(lambda h=group_handles: admin.commit_transaction_group("g1", h)) == "PRODUCER_FENCED"
+        assert failure_name(lambda h=group_handles: admin.commit_transaction_group("g1", h)) == "PRODUCER_FENCED"
         nothing_decided()  # g1/e is still Prepared: nothing was decided
     assert describe(admin, "g1/e").state == "Prepared"
 
@@ -396,11 +368,11 @@ def test_a_group_commit_is_all_or_nothing_and_takes_only_its_own_prepared_member
     wait_state(admin, "g1/e", "CompleteAbort")
     wait_state(admin, "g2/x", "CompleteAbort")
     for p in (0, 1):
-        wait_for(lambda p=p: (lambda lso, hw: lso == hw)(*offsets(raw, "grouped", p)), 10, "the ABORT markers")
+        wait_until(lambda p=p: (lambda lso, hw: lso == hw)(*offsets(raw, "grouped", p)), 10, "the ABORT markers")
         assert values(raw, "grouped", p, COMMITTED) == visible[p] == [f"{t}-{p}" for t in members]
     assert values(raw, "grouped", 0, UNCOMMITTED) == [f"{t}-0" for t in members] + ["g1/d-0", "g1/e-0", "g2/x-0"]
     assert values(raw, "grouped", 1, UNCOMMITTED) == [f"{t}-1" for t in members] + ["g1/d-1", "g1/e-1"]
-    assert error_name(lambda: admin.commit_transaction_group("g1", [e])) == "PRODUCER_FENCED"
+    assert failure_name(lambda: admin.commit_transaction_group("g1", [e])) == "PRODUCER_FENCED"
 
 
 # --- 5. a new producer fences a prepared transaction ---------------------------------------
@@ -413,13 +385,13 @@ def test_a_new_producer_with_the_id_fences_and_aborts_the_prepared_transaction(r
     handle = prepare(bootstrap, tid, [("fenced", 0, "old")])
     stub = coordinator_stub(raw, coordinator_address(raw, tid))
     init = coordinator_pb2.InitProducerIdRequest(transactional_id=tid, transaction_timeout_ms=1000, producer_id=-1, producer_epoch=-1)
-    assert error_name(lambda: stub.InitProducerId(init, timeout=10)) == "CONCURRENT_TRANSACTIONS"  # aborting the prepared one
+    assert failure_name(lambda: stub.InitProducerId(init, timeout=10)) == "CONCURRENT_TRANSACTIONS"  # aborting the prepared one
     aborted = wait_state(admin, tid, "CompleteAbort")
     assert (aborted.producer_id, aborted.producer_epoch) == (handle.producer_id, handle.producer_epoch + 2)  # fenced: bumped twice
-    wait_for(lambda: offsets(raw, "fenced", 0) == (3, 3), 10, "the ABORT marker")  # the record, its seal, the marker
+    wait_until(lambda: offsets(raw, "fenced", 0) == (3, 3), 10, "the ABORT marker")  # the record, its seal, the marker
     assert values(raw, "fenced", 0, COMMITTED) == [] and values(raw, "fenced", 0, UNCOMMITTED) == ["old"]
     for committed in (True, False):  # fenced: the handle's epoch is neither current nor last, not even for an abort
-        assert error_name(lambda c=committed: admin.complete_transaction(handle, c)) == "PRODUCER_FENCED"
+        assert failure_name(lambda c=committed: admin.complete_transaction(handle, c)) == "PRODUCER_FENCED"
     assert describe(admin, tid) == aborted
 
     with Producer(bootstrap, transactional_id=tid, transaction_timeout_ms=1000) as successor:
@@ -427,11 +399,11 @@ def test_a_new_producer_with_the_id_fences_and_aborts_the_prepared_transaction(r
         registered = describe(admin, tid)
         assert (registered.state, registered.producer_id, registered.producer_epoch) == ("Empty", handle.producer_id, handle.producer_epoch + 3)
         for committed in (True, False):  # the id moved on: the handle names nothing any more
-            assert error_name(lambda c=committed: admin.complete_transaction(handle, c)) == "PRODUCER_FENCED"
+            assert failure_name(lambda c=committed: admin.complete_transaction(handle, c)) == "PRODUCER_FENCED"
         successor.begin_transaction()
         successor.send("fenced", value=b"new", partition=0)
         successor.commit_transaction()
-    wait_for(lambda: values(raw, "fenced", 0, COMMITTED) == ["new"], 15, "the successor's commit")
+    wait_until(lambda: values(raw, "fenced", 0, COMMITTED) == ["new"], 15, "the successor's commit")
     assert values(raw, "fenced", 0, UNCOMMITTED) == ["old", "new"]
 
 
@@ -468,7 +440,7 @@ def test_a_group_commit_decided_before_its_coordinator_died_is_finished_by_the_o
         with Admin(live_address) as admin:
             admin.commit_transaction_group(group, handles, timeout_s=20)  # returns once the decision is durable
         # the leader that is up acknowledges its markers: the decision is being carried out
-        wait_for(lambda: values(raw, "decided", live_partition, COMMITTED, stub=live_stub) == expected[live_partition], 15,
+        wait_until(lambda: values(raw, "decided", live_partition, COMMITTED, stub=live_stub) == expected[live_partition], 15,
                  "the markers on the partition_svc that is up")
         cluster.kill(old_name)  # SIGKILL, with the paused leader's markers unacknowledged
     finally:
@@ -486,13 +458,13 @@ def test_a_group_commit_decided_before_its_coordinator_died_is_finished_by_the_o
             lso, hw = offsets(raw, "decided", p)
             assert lso == hw and 9 <= hw <= 12, (lso, hw)
         # only the other coordinator can have finished it
-        new_address = wait_for(lambda: (lambda a: a if a != old_address else None)(coordinator_address(raw, group)), 20, "routing to the new owner")
+        new_address = wait_until(lambda: (lambda a: a if a != old_address else None)(coordinator_address(raw, group)), 20, "routing to the new owner")
         found = coordinator_stub(raw, new_address).FindCoordinator(coordinator_pb2.FindCoordinatorRequest(key=group), timeout=10)
         assert (found.partition, found.address) == (index, new_address) and found.coordinator_epoch > old_epoch
-        wait_for(lambda: decided_then_removed(raw, index, handles), 10, "the decision's tombstone")
+        wait_until(lambda: decided_then_removed(raw, index, handles), 10, "the decision's tombstone")
         assert {t.state for t in admin.list_transactions(prefix=f"{group}/")} == {"CompleteCommit"}
         admin.commit_transaction_group(group, handles)  # a repeat at the new owner: OK
-        assert error_name(lambda: admin.complete_transaction(handles[0], False)) == "INVALID_TXN_STATE"
+        assert failure_name(lambda: admin.complete_transaction(handles[0], False)) == "INVALID_TXN_STATE"
 
 
 def test_a_decision_record_found_at_load_commits_the_members_it_names_and_only_them(raw, txn_cluster):
@@ -526,21 +498,21 @@ def test_a_decision_record_found_at_load_commits_the_members_it_names_and_only_t
         for tid in named:
             done = wait_state(admin, tid, "CompleteCommit", TAKEOVER_TIMEOUT_S)
             assert (done.producer_id, done.producer_epoch) == (handles[tid].producer_id, handles[tid].producer_epoch + 1)
-        wait_for(lambda: values(raw, "resumed", 0, COMMITTED) == named, 15, "the named members' commit")
+        wait_until(lambda: values(raw, "resumed", 0, COMMITTED) == named, 15, "the named members' commit")
         # of the group, prepared, but not named: untouched, reloaded as it was (its prepared time and timeout too)
         assert describe(admin, bystander) == bystander_before
         assert (bystander_before.producer_id, bystander_before.producer_epoch) == handles[bystander][1:]
         assert values(raw, "resumed", 0, UNCOMMITTED) == [*named, bystander]
         # the bystander holds the last stable offset at its record (each member: its record, its seal)
         assert offsets(raw, "resumed", 0)[0] == 4
-        wait_for(lambda: decided_then_removed(raw, index, [handles[t] for t in named]), 10, "the decision's tombstone")
+        wait_until(lambda: decided_then_removed(raw, index, [handles[t] for t in named]), 10, "the decision's tombstone")
         assert decision_records(raw, index).keys() == {b"#decision:test-decision"}
         assert {(t.transactional_id, t.state) for t in admin.list_transactions(prefix="rg/")} == {
             ("rg/a", "CompleteCommit"), ("rg/b", "CompleteCommit"), ("rg/c", "Prepared")}
 
         admin.complete_transaction(handles[bystander], False)
         wait_state(admin, bystander, "CompleteAbort")
-        wait_for(lambda: (lambda lso, hw: lso == hw)(*offsets(raw, "resumed", 0)), 10, "the bystander's ABORT marker")
+        wait_until(lambda: (lambda lso, hw: lso == hw)(*offsets(raw, "resumed", 0)), 10, "the bystander's ABORT marker")
         assert values(raw, "resumed", 0, COMMITTED) == named
 
 
@@ -586,7 +558,7 @@ def test_cli_lists_prepared_transactions_by_prefix_and_completes_them_by_handle(
 
     out = json.loads(complete("commit", "g1/a").stdout)
     assert out == {"completed": True, "committed": True, **handles["g1/a"]._asdict()}
-    wait_for(lambda: values(raw, "cli-out", 0, COMMITTED) == ["g1/done", "g1/a"], 15, "the commit of g1/a")
+    wait_until(lambda: values(raw, "cli-out", 0, COMMITTED) == ["g1/done", "g1/a"], 15, "the commit of g1/a")
     complete("commit", "g1/a")  # a repeat: OK
     refusals = (("abort", "g1/a", None, "INVALID_TXN_STATE"),  # abort after commit
                 ("commit", "g1/b", handles["g1/b"]._replace(producer_id=handles["g1/b"].producer_id + 1000), "INVALID_PRODUCER_ID_MAPPING"),
@@ -602,5 +574,5 @@ def test_cli_lists_prepared_transactions_by_prefix_and_completes_them_by_handle(
     assert listed("--prefix", "g1", "--state", "Prepared") == []
     assert {x["transactional_id"]: x["state"] for x in listed("--prefix", "g1/")} == {
         "g1/a": "CompleteCommit", "g1/b": "CompleteAbort", "g1/done": "CompleteCommit"}
-    wait_for(lambda: (lambda lso, hw: lso == hw)(*offsets(raw, "cli-out", 0)), 10, "the ABORT markers")
+    wait_until(lambda: (lambda lso, hw: lso == hw)(*offsets(raw, "cli-out", 0)), 10, "the ABORT markers")
     assert values(raw, "cli-out", 0, COMMITTED) == ["g1/done", "g1/a"]
