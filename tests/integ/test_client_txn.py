@@ -8,6 +8,7 @@ import sys
 import time
 
 import pytest
+from support.waiting import wait_until
 
 from services.cluster import LocalCluster
 from txlog import (
@@ -194,15 +195,13 @@ def test_admin_lists_describes_and_finds_no_hanging_transaction(bootstrap, local
         for producer in producers:
             producer.close(timeout_s=30)  # aborts the open transactions
     # close() returns once each abort is decided (PrepareAbort durable); the markers follow
-    deadline = time.monotonic() + 30
     with Admin(bootstrap) as admin:
-        while True:
+        def aborted_states():
             states = {t.transactional_id: t.state for t in admin.list_transactions(producer_ids=[
                 p.producer_id for p in producers])}
-            if all(states[i] == "CompleteAbort" for i in ids[:3]) or time.monotonic() > deadline:
-                break
-            time.sleep(0.1)
-    assert all(states[i] == "CompleteAbort" for i in ids[:3]), states
+            return states if all(states[i] == "CompleteAbort" for i in ids[:3]) else None
+
+        states = wait_until(aborted_states, 30, "the three open transactions aborted")
     assert all(states[i] == "Empty" for i in ids[3:]), states
 
 
@@ -213,9 +212,9 @@ def test_admin_aborts_a_hanging_transaction_that_find_hanging_reports(bootstrap,
         producer.send("txn-hanging", "kept-open", partition=0).result(timeout=30)
         with Admin(bootstrap) as admin:
             assert admin.find_hanging(["txn-hanging"]) == []
-            # the coordinators' maximum is 15 min; a smaller bound here marks the open one as too old
-            time.sleep(0.2)
-            (hanging,) = admin.find_hanging(["txn-hanging"], max_transaction_timeout_ms=100)
+            # the coordinators' maximum is 15 min; a smaller bound here marks the open one as too old once it is
+            (hanging,) = wait_until(lambda: admin.find_hanging(["txn-hanging"], max_transaction_timeout_ms=100), 30,
+                                    "the open transaction older than 100 ms")
             assert (hanging.topic, hanging.partition, hanging.producer_id) == ("txn-hanging", 0, producer.producer_id)
             assert hanging.start_offset == 0
             out = subprocess.run([sys.executable, "-m", "txlog.cli", "transactions", "abort",

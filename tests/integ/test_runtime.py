@@ -78,15 +78,17 @@ def test_sigterm_stops_the_process_with_status_0_while_zookeeper_is_gone(cluster
 
 
 class SlowServicer(producer_id_pb2_grpc.ProducerIdServiceServicer):
-    """Stands in for a service whose calls take a while (the runtime is under test)."""
+    """Stands in for a service whose calls take a while (the runtime is under test):
+    a call is held, in flight, until the test sets ``release``."""
 
     def __init__(self):
         self.started = asyncio.Event()
+        self.release = asyncio.Event()
 
     @rpc_handler
     async def AllocateProducerIds(self, request, context):
         self.started.set()
-        await asyncio.sleep(1.0)
+        await self.release.wait()
         return producer_id_pb2.AllocateProducerIdsResponse(first_producer_id=42, count=1)
 
 
@@ -109,7 +111,9 @@ def test_shutdown_drains_in_flight_calls_and_refuses_new_ones(cluster):
             stopping = asyncio.ensure_future(runtime.stop(grace_s=5))
             watched.append((await watch.read()).status)
             with pytest.raises(grpc.RpcError) as refused:
-                await stub.AllocateProducerIds(REQUEST, timeout=2)
+                await stub.AllocateProducerIds(REQUEST, timeout=10)
+            assert not in_flight.done()  # still held: the stop waits for it
+            servicer.release.set()
             reply = await in_flight
             await stopping
             return reply, refused.value.code(), watched
@@ -126,7 +130,7 @@ def test_shutdown_grace_period_bounds_the_wait(cluster):
         async with open_channel(f"127.0.0.1:{port}") as channel:
             in_flight = asyncio.ensure_future(producer_id_pb2_grpc.ProducerIdServiceStub(channel).AllocateProducerIds(REQUEST))
             await servicer.started.wait()
-            await runtime.stop(grace_s=0.1)
+            await runtime.stop(grace_s=0.1)  # the call is never released: the grace period ends the wait
             with pytest.raises(grpc.RpcError) as info:
                 await in_flight
             return info.value.code()
