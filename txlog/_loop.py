@@ -33,11 +33,30 @@ STOP_TIMEOUT_S_DEFAULT = 5.0
 interpreter_exiting = False
 
 
+class _ClientEventLoop(asyncio.SelectorEventLoop):
+    """A client's loop, which a late event of gRPC's cannot make noisy.
+
+    gRPC's completion-queue poller hands each event to the loop of its call
+    with ``call_soon_threadsafe``, from a callback running on whichever loop
+    it polls on. After a client closed its loop, an event of one of its calls
+    may still come: on a closed loop that raises "Event loop is closed", and
+    the traceback lands on another client's loop. The event belongs to a call
+    the closed client no longer has, so it is dropped."""
+
+    def call_soon_threadsafe(self, callback, *args, context=None):
+        try:
+            return super().call_soon_threadsafe(callback, *args, context=context)
+        except RuntimeError:
+            if self.is_closed():
+                return None
+            raise
+
+
 class LoopThread:
     """An event loop running forever in a daemon thread named ``name``."""
 
     def __init__(self, name: str):
-        self._loop = asyncio.new_event_loop()
+        self._loop = _ClientEventLoop()
         self._started = threading.Event()
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
         self._thread.start()

@@ -946,6 +946,7 @@ class Admin:
             self._loop.run(self._transport.close(), timeout_s=5, what="closing connections")
         finally:
             self._loop.stop()
+            shutdown.closed(self)
 
     def __enter__(self) -> Admin:
         return self

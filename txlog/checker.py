@@ -298,6 +298,7 @@ class TransactionChecker:
             self._unregister_quietly(max(leave_by - time.monotonic(), 0.1))
             self._release(grace_s=timeout_s / 2)
             self._set_state(CheckerState.STOPPED)
+        shutdown.closed(self)
 
     def _release(self, grace_s: float) -> None:
         """Stops the server (``grace_s`` for checks in flight) and closes the admin client."""

@@ -518,6 +518,7 @@ class Consumer:
                 self._loop.run(self._transport.close(), timeout_s=5, what="closing connections")
             finally:
                 self._loop.stop()
+                shutdown.closed(self)
 
     def metrics(self) -> dict[str, float]:
         """This consumer's figures since it started (Kafka's consumer

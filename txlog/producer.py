@@ -367,6 +367,7 @@ class Producer:
             self._loop.run(self._transport.close(), timeout_s=5, what="closing connections")
         finally:
             self._loop.stop()
+            shutdown.closed(self)
 
     def metrics(self) -> dict[str, float]:
         """This producer's figures since it started (Kafka's producer metrics):
