@@ -10,6 +10,8 @@ from pathlib import Path
 import grpc
 import pytest
 from google.rpc import error_details_pb2, status_pb2
+from kazoo.exceptions import NoNodeError
+from support.waiting import wait_until
 
 from producer_id_svc.core import PRODUCER_ID_MAX, ProducerIdBlock
 from services import zk
@@ -87,13 +89,11 @@ def test_eight_concurrent_allocator_processes_get_every_id_exactly_once(cluster)
 
 def test_zookeeper_restarted_mid_allocation_resumes_without_repeating_a_block(cluster):
     service = cluster.add_service("producer_id_svc", 0)
-    worker = start_worker(service.address, requester_id=1, count=150, pause_s=0.02)
-    time.sleep(1.0)
+    worker = start_worker(service.address, requester_id=1, count=150, pause_s=0.02)  # 150 blocks: 3 s at least
+    wait_until(lambda: node_version(cluster)[1] >= 10, 60, "the worker's first blocks written",
+               ignoring=lambda exc: isinstance(exc, NoNodeError))  # until the first block creates the node
     cluster.kill("zookeeper")
-    deadline = time.monotonic() + 15
-    while health_serving(service.address) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not health_serving(service.address), "health stayed SERVING without ZooKeeper"
+    wait_until(lambda: not health_serving(service.address), 15, "health NOT_SERVING without ZooKeeper")
     # the block reserved ahead may still be handed out; after it, calls fail, retriably
     during_outage = []
     with pytest.raises(grpc.RpcError) as info:
@@ -103,15 +103,12 @@ def test_zookeeper_restarted_mid_allocation_resumes_without_repeating_a_block(cl
     assert len(during_outage) <= 1
     assert info.value.code() == grpc.StatusCode.UNAVAILABLE
     assert error_info(info.value).reason == "ZOOKEEPER_UNAVAILABLE"
-    time.sleep(1.0)
+    time.sleep(1.0)  # pacing, not a wait: the worker's calls meet the outage too (what follows holds for any length)
     cluster.start("zookeeper")
     blocks = finish(worker)
     assert len(blocks) == 150
     assert_disjoint_full_blocks(blocks + during_outage)
-    deadline = time.monotonic() + 15
-    while not health_serving(service.address) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert health_serving(service.address), "health did not return to SERVING after ZooKeeper came back"
+    wait_until(lambda: health_serving(service.address), 15, "health SERVING again after ZooKeeper came back")
     later = call(service.address, requester_id=2)
     assert later.first_producer_id > max(first for first, _ in blocks + during_outage)
 
@@ -185,7 +182,7 @@ def test_sequential_allocations_write_once_per_block(cluster):
     service = cluster.add_service("producer_id_svc", 0)
     blocks = [[r.first_producer_id, r.count] for r in (call(service.address, requester_id=3) for _ in range(30))]
     assert_disjoint_full_blocks(blocks)
-    time.sleep(0.5)  # let the reservation ahead land
+    wait_until(lambda: node_version(cluster)[1] + 1 >= 31, 30, "the block reserved ahead written")
     data, version = node_version(cluster)
     assert version + 1 == 31  # 30 blocks answered + 1 reserved ahead
     assert ProducerIdBlock.decode(data).block_start == 30000
