@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 from outputs import (
@@ -27,6 +26,7 @@ from outputs import (
     windows_of,
 )
 from spark_env import worker_pythonpath
+from support.waiting import wait_until
 
 from spark_jobs import eos, sample_events
 from txlog import Admin
@@ -81,13 +81,6 @@ def ranges_reported(process: subprocess.Popen, timeout_s: float = 240) -> list[d
     assert process.returncode == 0, stderr[-3000:]
     (report,) = [json.loads(line) for line in stdout.splitlines() if line.startswith('{"run"')]
     return report["ranges"]
-
-
-def wait_until(condition, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
 
 
 def test_a_run_counts_every_event_once_and_a_second_run_changes_nothing(spark, loaded):

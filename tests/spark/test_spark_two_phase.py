@@ -16,17 +16,19 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 from outputs import committed_offsets, end_offsets, key_totals, read_all, undecided_transactions
 from pyspark.sql import functions as F
 from spark_env import worker_pythonpath
 from spark_transforms import with_faults
+from support.waiting import wait_until
 
+from services import coordinators
 from services.cluster import LocalCluster
 from spark_jobs import eos
 from txlog import Admin, Consumer, Producer
+from txlog.protocol import TRANSACTION_STATE_TOPIC
 
 KEYS = 60
 OUTPUT_PARTITIONS = 4  # writing tasks of a job: the shuffle's partitions
@@ -120,6 +122,30 @@ def states(bootstrap: str, transactional_ids) -> dict[str, str]:
         return {d.transactional_id: d.state for d in admin.describe_transactions(list(transactional_ids))}
 
 
+def every_coordinator_timer_ran(bootstrap: str, control_topic: str) -> None:
+    """Returns once the transaction timer of every __transaction_state partition's owner has run a pass
+    after this call: a control transaction on each partition, with a 1 s timeout, aborted by that timer."""
+    with Admin(bootstrap) as admin:
+        (state_topic,) = admin.describe_topics([TRANSACTION_STATE_TOPIC])
+    count = len(state_topic.partitions)
+    control_ids: dict[int, str] = {}
+    for i in range(10_000):
+        control_ids.setdefault(coordinators.transaction_log_partition(f"{control_topic}-{i}", count), f"{control_topic}-{i}")
+    assert len(control_ids) == count, control_ids
+    create(bootstrap, (control_topic, 1))
+    controls = [Producer(bootstrap, transactional_id=tid, transaction_timeout_ms=1000) for tid in control_ids.values()]
+    try:
+        for control in controls:
+            control.init_transactions()
+            control.begin_transaction()
+            control.send(control_topic, value=b"control", partition=0).result(timeout=30)
+        wait_until(lambda: set(states(bootstrap, control_ids.values()).values()) == {"CompleteAbort"}, 60,
+                   lambda: f"the timers aborting the control transactions: {states(bootstrap, control_ids.values())}")
+    finally:
+        for control in controls:
+            control.close()
+
+
 def settled_states(bootstrap: str, transactional_ids) -> dict[str, str]:
     """Their states once none is between a decision and its markers (a completion returns once decided)."""
     found: dict[str, str] = {}
@@ -160,14 +186,6 @@ def aborted_copies(bootstrap: str, topic: str) -> collections.Counter:
     """The records only read_uncommitted sees (aborted ones), by value."""
     uncommitted = collections.Counter(r.value for r in read_all(bootstrap, topic, "read_uncommitted"))
     return uncommitted - collections.Counter(r.value for r in read_all(bootstrap, topic))
-
-
-def wait_until(condition, timeout_s: float, what) -> None:
-    """``what``: a description, or a function returning one (called on a timeout)."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what() if callable(what) else what}"
-        time.sleep(0.2)
 
 
 def test_a_shuffle_job_whose_tasks_fail_or_lose_their_worker_counts_every_record_once(spark, bootstrap):
@@ -269,7 +287,7 @@ def test_a_driver_killed_between_prepares_and_group_commit_commits_nothing_and_t
     # prepared (no timeout of the coordinator's aborts it soon); its offsets, pending in the prepared
     # offsets transaction, are not readable as committed (the re-run's ranges show they never were)
     assert key_totals(bootstrap, sink) == totals_before
-    time.sleep(1)
+    every_coordinator_timer_ran(bootstrap, f"{name}-control")  # the pass that would abort them, had a timeout
     assert states(bootstrap, killed) == {tid: state for tid, (_, state) in killed.items()}
     assert states(bootstrap, [f"{name}/offsets"]) == {f"{name}/offsets": "Prepared"}
 
