@@ -3,7 +3,7 @@
 :class:`FakeCluster` implements the :class:`~txlog.transport.Transport`
 interface (``call`` / ``close``) and answers Metadata, InitProducerId (empty
 transactional id), Produce, Fetch and ListOffsets the way partition_svc does,
-including the leader's idempotence rules of DESIGN.md ("Idempotent produce"):
+including the leader's idempotence rules of docs/design.md ("Idempotent produce"):
 
 the real ones, ``partition_svc.producer_state.check_batch`` and
 ``after_append`` on the real ``ProducerStateEntry`` (duplicates of the last 5

@@ -5,7 +5,7 @@ through its doors (produce, write_marker, seal_prepared, commit_txn_offsets) as 
 server drives it, on a real RocksDB :class:`LogStore` in a temporary directory,
 whose writes and acknowledgements a ``ScriptedWriter`` makes when the machine says
 (the server's GroupCommitWriter makes them as soon as it can). Beside it, :class:`Model` is a small reference of one
-partition written from DESIGN.md ("Idempotent produce", "Transactions", "Reading"),
+partition written from docs/design.md ("Idempotent produce", "Transactions", "Reading"),
 the rule list of ``partition_svc/producer_state.py`` and the docstrings of
 ``partition.py``; it imports nothing of partition_svc's logic (plain dataclasses,
 lists and dicts; ``log_store`` only for the key and flag formats).
@@ -43,7 +43,7 @@ partition alone:
 - no record of an aborted or still open transaction is ever returned by read_committed;
   a committed transaction is returned exactly up to the LSO (so all at once when no
   other transaction holds the LSO inside it; an open transaction that began in the
-  middle of it holds back its later records, as the LSO rule of DESIGN.md, and Kafka, say);
+  middle of it holds back its later records, as the LSO rule of docs/design.md, and Kafka, say);
 - a marker never ends a transaction opened at its own epoch (a late marker of
   transaction N never ends N+1).
 
@@ -101,7 +101,7 @@ NOW = 1_700_000_000_000
 PIDS = (1, 2, 3)
 GROUP_KEYS = tuple(log_store.group_offset_key("g", "src", i) for i in range(2))
 GROUP_PREFIX = log_store.group_prefix("g")
-CACHED_BATCHES = 5  # DESIGN.md: the leader keeps the last 5 batches of each producer
+CACHED_BATCHES = 5  # docs/design.md: the leader keeps the last 5 batches of each producer
 
 
 # --- requests ------------------------------------------------------------------------------
@@ -190,7 +190,7 @@ def reject(name: str) -> tuple:
 
 
 class Model:
-    """One partition, per DESIGN.md and the rule lists, as plainly as possible."""
+    """One partition, per docs/design.md and the rule lists, as plainly as possible."""
 
     def __init__(self):
         self.live = MState()  # memory
@@ -788,7 +788,7 @@ def test_one_partition_follows_the_reference_model_under_retries_replays_zombies
 
 def test_the_model_and_the_partition_by_hand_through_a_late_marker_a_seal_and_a_crash():
     """The machine driven by hand, each answer spelled out, so the model itself is checked against
-    DESIGN.md and not only against the partition."""
+    docs/design.md and not only against the partition."""
     m = PartitionMachine()
     agree = m.the_partition_agrees_with_the_model
     try:

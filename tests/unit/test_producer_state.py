@@ -1,4 +1,4 @@
-"""The idempotent-append rules of DESIGN.md, one by one, on the pure core."""
+"""The idempotent-append rules of docs/design.md, one by one, on the pure core."""
 
 from dataclasses import replace
 

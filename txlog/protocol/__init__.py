@@ -1,5 +1,5 @@
 """The protocol's shared numbers, names and arithmetic: one definition for the
-services, the SDK and the test fake (DESIGN.md "Idempotent produce",
+services, the SDK and the test fake (docs/design.md "Idempotent produce",
 "Transactions"). Pure: no I/O, no clock.
 """
 
