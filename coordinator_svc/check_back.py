@@ -105,9 +105,9 @@ class CheckBack:
 
     def describe(self, loaded, meta: TransactionMetadata) -> tuple[int, int, int]:
         """(checks done, last answer as TransactionCheckAnswer, next check time or -1) of a PREPARED transaction."""
-        when = rules.next_check_ms(meta, self.state.group_config(loaded, names.transaction_group(meta.transactional_id)))
+        when = rules.shown_next_check_ms(meta, self.state.group_config(loaded, names.transaction_group(meta.transactional_id)))
         last = ANSWER_PROTOS[CheckAnswer.UNKNOWN] if meta.checks_done else transaction_check_pb2.TRANSACTION_CHECK_ANSWER_UNSPECIFIED
-        return meta.checks_done, last, -1 if when is None else when
+        return meta.checks_done, last, when
 
     async def check_due(self) -> None:
         """One round: takes the prepared transactions due a check (or an

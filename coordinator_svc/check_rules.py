@@ -166,6 +166,14 @@ def check_due_ms(meta: TransactionMetadata, config: GroupCheckConfig) -> int | N
     return anchor + interval + jitter
 
 
+def shown_next_check_ms(meta: TransactionMetadata, config: GroupCheckConfig) -> int:
+    """What DescribeTransactions shows as the next check time: the due time of
+    the state the transaction is in, even while a transition is in flight (a
+    check's answer being written), and -1 only when no check will be made."""
+    due = check_due_ms(meta, config)
+    return -1 if due is None else due
+
+
 def exhausted(meta: TransactionMetadata, config: GroupCheckConfig) -> bool:
     return meta.checks_done >= config.check_max
 

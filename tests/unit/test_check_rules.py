@@ -159,6 +159,18 @@ def test_nothing_is_due_while_a_transition_is_in_flight(pending):
     assert rules.next_check_ms(prepared(pending_state=pending), DEFAULT_CONFIG) is None
 
 
+@pytest.mark.parametrize("pending", [S.PREPARE_COMMIT, S.PREPARE_ABORT, S.PREPARED, S.PREPARE_EPOCH_FENCE])
+def test_describe_shows_the_due_time_of_the_state_while_a_transition_is_in_flight(pending):
+    # DescribeTransactions' next_check_time_ms is -1 only when no check will ever be made (exhausted under
+    # keep); a check's answer being written (a transition in flight) must not show -1 (found by
+    # test_check_back_sdk's describe, which saw -1 between two checks)
+    meta = prepared(checks_done=2, last_check_ms=PREPARED_MS + 1_000, pending_state=pending)
+    assert rules.shown_next_check_ms(meta, DEFAULT_CONFIG) == rules.check_due_ms(meta, DEFAULT_CONFIG) > PREPARED_MS
+    kept = prepared(checks_done=3, last_check_ms=PREPARED_MS + 1_000, pending_state=pending)
+    assert rules.shown_next_check_ms(kept, config(check_max=3, exhausted="keep")) == -1
+    assert rules.shown_next_check_ms(replace(prepared(), state=S.ONGOING), DEFAULT_CONFIG) == -1
+
+
 def test_exhausted_checks_under_keep_are_never_due_again():
     last = PREPARED_MS + 5_000
     assert rules.next_check_ms(prepared(checks_done=3, last_check_ms=last), config(check_max=3, exhausted="keep")) is None
