@@ -41,6 +41,10 @@ from txlog.protocol.errors import ErrorCode, TxlogError
 
 log = logging.getLogger(__name__)
 
+# How long a service's start-up waits for a ZooKeeper session kazoo is
+# re-establishing before it gives up and exits (zk.patient_for).
+START_ZOOKEEPER_PATIENCE_S = 60.0
+
 SERVER_SETTINGS: tuple[config_mod.Setting, ...] = (
     config_mod.Setting("grpc_max_message_bytes", 64 * 1024 * 1024, "largest gRPC message accepted or sent, bytes", config_mod.positive_int),
     config_mod.Setting("tls_cert", "", "PEM certificate chain of this instance; with tls_key, its port and its calls to other "
@@ -325,7 +329,8 @@ def run(
 
     async def main() -> None:
         runtime = ServiceRuntime(kind, cfg)
-        await build(runtime)
+        with zk.patient_for(START_ZOOKEEPER_PATIENCE_S):
+            await build(runtime)
         await runtime.start()
         await runtime.serve_until_signal()
 

@@ -26,11 +26,14 @@ written again when a new session is established.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import json
 import logging
 import os
 import posixpath
 import threading
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
@@ -90,6 +93,32 @@ def connect(hosts: str, session_timeout_s: float = 10.0, start_timeout_s: float 
     return client
 
 
+# Until this time.monotonic() deadline, a call waits for a lost or suspended
+# session to come back before it is made (see ``patient_until``).
+_patient_until: contextvars.ContextVar[float] = contextvars.ContextVar("zk_patient_until", default=0.0)
+
+
+@contextlib.contextmanager
+def patient_for(seconds: float):
+    """Calls made in this context (and in tasks it starts, until the deadline
+    passes) wait up to ``seconds`` from now for a session kazoo is
+    re-establishing, instead of failing at once with ZOOKEEPER_UNAVAILABLE.
+    For a service's start-up: a session lost while it builds (a stalled
+    ZooKeeper, a loaded machine) must not make the process exit, while a
+    request's call fails fast for its caller to retry."""
+    token = _patient_until.set(time.monotonic() + seconds)
+    try:
+        yield
+    finally:
+        _patient_until.reset(token)
+
+
+async def _until_connected(client: KazooClient) -> None:
+    deadline = _patient_until.get()
+    while client.state != KazooState.CONNECTED and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+
+
 async def call(client: KazooClient, method: str, *args, **kwargs):
     """Awaits ``client.<method>_async(*args)``; connection problems become
     ZOOKEEPER_UNAVAILABLE, other kazoo exceptions (NoNode, BadVersion...) pass through."""
@@ -103,6 +132,7 @@ async def commit(client: KazooClient, transaction) -> list:
 
 
 async def _awaited(client: KazooClient, target, method: str, *args, **kwargs):
+    await _until_connected(client)
     if client.state != KazooState.CONNECTED:
         raise unavailable(f"session {client.state.lower()}")
     loop = asyncio.get_running_loop()
