@@ -303,20 +303,27 @@ class Consumer:
         return self._loop.run(self._position(tp, timeout_ms), timeout_s=timeout_ms / 1000 + 5, what="position")
 
     async def _position(self, tp: TopicPartition, timeout_ms: float) -> int:
-        state = self._fetcher._state(tp)
-        if state.position is None:
+        # Again while the group replaced the partition's state during a lookup (taken away and given back):
+        # each round awaits the servers, and position()'s own timeout bounds them.
+        while (state := self._fetcher._state(tp)).position is None:
             await self._ensure_positions(timeout_ms)
         return state.position
 
     async def _ensure_positions(self, timeout_ms: float) -> None:
         missing = self._fetcher.missing_positions()
         if missing and self._group is not None:
+            # The membership task runs during the await: it may give partitions (asked about in the next
+            # round, never reset unasked: they have committed offsets of their own), or take one away and
+            # give it back (a new state, whose committed offset may have moved since it was asked).
+            asked = {tp: self._fetcher.states[tp] for tp in missing}
             committed = await self._group.fetch(missing, policy=self._policy(timeout_ms),
                                                 require_stable=self.config.isolation_level == "read_committed")
+            missing = [tp for tp, state in asked.items() if self._fetcher.states.get(tp) is state
+                       and state.position is None and state.reset_to is None]
             for tp in missing:
                 if committed.get(tp) is not None:
                     self._fetcher.seek(tp, committed[tp])
-            missing = self._fetcher.missing_positions()
+            missing = [tp for tp in missing if asked[tp].position is None]
         for tp in missing:
             if self.config.auto_offset_reset == "none":
                 raise NoOffsetForPartitionError(
