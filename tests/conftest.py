@@ -51,10 +51,11 @@ def pytest_configure(config):
 
 @pytest.hookimpl(wrapper=True)
 def pytest_collection_modifyitems(config, items):
-    """Groups for pytest-xdist's --dist loadgroup. The Spark tests of a module
-    share one worker, so one JVM (the session's) runs them rather than one per
-    worker; the modules spread over the workers, or the Spark tests, most of
-    which start jobs of their own, would be the run's longest chain. A module whose tests share a module-scoped fixture (a
+    """Groups for pytest-xdist's --dist loadgroup. The Spark tests share one
+    worker, so one JVM runs them rather than one per worker, each with its
+    memory and threads (spread over the workers by module, with eight workers,
+    they timed out under the load and a timeout inside a py4j call broke the
+    worker's session for the tests after it). A module whose tests share a module-scoped fixture (a
     cluster, a rendered chart) runs on one worker, so that fixture is set up
     once, not once on each worker that gets one of its tests; a parametrized
     one makes a group per parameter (its tests may check what the others did)."""
@@ -77,7 +78,7 @@ def pytest_collection_modifyitems(config, items):
 
 def xdist_group(item) -> str | None:
     if SPARK_TESTS in Path(item.path).parents:
-        return f"spark {Path(item.path).name}"
+        return "spark"
     shared = sorted(name for name, defs in item._fixtureinfo.name2fixturedefs.items() if defs[-1].scope in ("module", "class"))
     if not shared:
         return None
