@@ -111,6 +111,12 @@ class Nemesis:
     def names(self, kind: str) -> list[str]:
         return sorted(n for n, p in self.cluster.state.services.items() if p.kind == kind)
 
+    def every_kind_injected(self) -> bool:
+        """Whether the first round (every kind once) is over: a run on a loaded
+        machine goes on past its duration until it is, so that each kind of
+        fault was tried (see run.run)."""
+        return {e.kind for e in self.log if e.end_s} >= set(self.kinds)
+
     def schedule(self):
         """The fault kinds in order: every kind once (shuffled), then random ones."""
         unknown = sorted(set(self.kinds) - set(FAULT_KINDS))

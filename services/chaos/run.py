@@ -52,6 +52,7 @@ SILENT_OWNERS = 1  # workers whose transactions only the check-back decides
 # would abort a transaction decided commit).
 SILENT_GROUP_CONFIG = {"transaction.check.interval.ms": "1000", "transaction.check.max": "1000"}
 SILENT_DECIDED_TIMEOUT_S = 60.0
+FIRST_ROUND_GRACE_S = 120.0  # at least this long past the duration for the nemesis to try every kind once
 TXN_TIMEOUT_MS = 6000
 COORDINATOR_ARGS = ["--transaction-check-interval-ms", "200", "--ownership-check-interval-ms", "300",
                     "--zookeeper-session-timeout-s", "5"]
@@ -257,6 +258,11 @@ def run(duration_s: float, *, seed: int | None = None, directory: str | Path | N
         nemesis_started_s = time.time()
         nemesis.start()
         time.sleep(duration_s)
+        # every kind once, however slowly faults go on a loaded machine (each waits for the cluster to heal),
+        # bounded by the run's own length again
+        first_round_deadline = time.monotonic() + max(duration_s, FIRST_ROUND_GRACE_S)
+        while not nemesis.every_kind_injected() and time.monotonic() < first_round_deadline:
+            time.sleep(0.5)
         nemesis.stop()
         restarted = nemesis.heal()
         cluster.wait_until_coordinators_settle(timeout_s=120)

@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from services.chaos.faults import FAULT_KINDS, Nemesis
+from services.chaos.faults import FAULT_KINDS, FaultEvent, Nemesis
 from services.chaos.history import REPLAY_KINDS, History, read_events
 from services.chaos.replay import (
     Order,
@@ -229,6 +229,17 @@ def test_a_marker_whose_coordinator_epoch_cannot_be_learned_is_captured_again(tm
 
 
 # --- the nemesis's side -----------------------------------------------------------------------------------
+
+
+def test_the_first_round_is_over_once_every_chosen_kind_has_ended():
+    # the run goes on past its duration until then (a loaded machine once ended a run before kill_member)
+    nemesis = Nemesis(None, random.Random(1), 1.0, {"p0": 0}, kinds=("replay_marker", "kill_zookeeper"))
+    assert not nemesis.every_kind_injected()
+    nemesis.log.append(FaultEvent("kill_zookeeper", "zookeeper", 1.0, end_s=2.0))
+    nemesis.log.append(FaultEvent("replay_marker", "p0", 3.0))  # begun, not over
+    assert not nemesis.every_kind_injected()
+    nemesis.log[-1].end_s = 4.0
+    assert nemesis.every_kind_injected()
 
 
 def test_the_nemesis_injects_each_chosen_kind_first_then_only_those():
