@@ -4,7 +4,6 @@ import asyncio
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import grpc
@@ -103,7 +102,6 @@ def test_zookeeper_restarted_mid_allocation_resumes_without_repeating_a_block(cl
     assert len(during_outage) <= 1
     assert info.value.code() == grpc.StatusCode.UNAVAILABLE
     assert error_info(info.value).reason == "ZOOKEEPER_UNAVAILABLE"
-    time.sleep(1.0)  # pacing, not a wait: the worker's calls meet the outage too (what follows holds for any length)
     cluster.start("zookeeper")
     blocks = finish(worker)
     assert len(blocks) == 150
