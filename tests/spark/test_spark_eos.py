@@ -77,7 +77,12 @@ def run_job_process(bootstrap: str, transform: str, env: dict[str, str]) -> subp
 
 
 def ranges_reported(process: subprocess.Popen, timeout_s: float = 240) -> list[dict]:
-    stdout, stderr = process.communicate(timeout=timeout_s)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        _, stderr = process.communicate()
+        raise AssertionError(f"the job did not end within {timeout_s:.0f} s; its stderr ends:\n{stderr[-5000:]}") from None
     assert process.returncode == 0, stderr[-3000:]
     (report,) = [json.loads(line) for line in stdout.splitlines() if line.startswith('{"run"')]
     return report["ranges"]
@@ -126,7 +131,7 @@ def test_a_zombie_run_beside_a_live_one_lets_one_output_per_range_become_visible
         live_ranges = ranges_reported(live)
     finally:
         release.touch()
-        zombie_ranges = ranges_reported(zombie)
+        zombie_ranges = ranges_reported(zombie, 420)  # it has up to four ranges to redo or skip, fenced first
 
     assert_exactly_once(loaded)
     # each input range was committed by exactly one of the two runs; the other skipped it, or had not
