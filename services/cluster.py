@@ -124,9 +124,26 @@ def zookeeper_ruok(address: str, timeout_s: float = 1.0) -> bool:
         return False
 
 
+def create_chroot(zookeeper: str) -> None:
+    """The chroot a connection string ends with (``host:port/name``), made if missing:
+    ZooKeeper refuses every request of a session whose chroot does not exist."""
+    from kazoo.client import KazooClient
+
+    hosts, slash, chroot = zookeeper.partition("/")
+    if not slash or not chroot:
+        return
+    client = KazooClient(hosts=hosts)
+    client.start(timeout=30)
+    try:
+        client.ensure_path("/" + chroot)
+    finally:
+        client.stop()
+        client.close()
+
+
 def zookeeper_command(address: str, word: bytes, timeout_s: float = 10.0) -> str:
     """The answer to one of ZooKeeper's four-letter commands (``mntr``, ``cons``)."""
-    host, port = address.split(",")[0].rsplit(":", 1)
+    host, port = address.partition("/")[0].split(",")[0].rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=timeout_s) as sock:
         sock.sendall(word)
         answer = b""
@@ -330,29 +347,35 @@ class LocalCluster:
         service_args: dict[str, list[str]] | None = None,
         tls: bool = False,
         tokens: bool = False,
+        zookeeper: str | None = None,
     ) -> ClusterState:
         """Starts ZooKeeper and the services; returns when every one is healthy.
         ``service_args`` adds flags per kind, e.g. {"partition_svc": ["--fsync", "false"]};
         ``tls``: mutual TLS on every port, with certificates from a throwaway CA;
-        ``tokens`` (with tls): callers authenticate by bearer token instead."""
+        ``tokens`` (with tls): callers authenticate by bearer token instead;
+        ``zookeeper``: a running ZooKeeper's connection string to use instead of
+        starting one, with a chroot of this cluster's own (``host:port/name``,
+        created if missing), so clusters sharing a ZooKeeper never meet."""
         if tokens and not tls:
             raise ClusterError("tokens are sent only over TLS: tokens=True needs tls=True")
         service_args = service_args or {}
         if self.state is not None and any(pid_alive(p.pid) for p in self.state.services.values()):
             raise ClusterError(f"a cluster is already running from {self.dir}; run `txlog cluster down --dir {self.dir}` first")
         (self.dir / "logs").mkdir(parents=True, exist_ok=True)
-        zk_port = free_port()
-        self.state = ClusterState(dir=str(self.dir), zookeeper=f"127.0.0.1:{zk_port}")
+        own_zookeeper = self._zookeeper_process(free_port()) if zookeeper is None else None
+        if zookeeper is not None:
+            create_chroot(zookeeper)
+        self.state = ClusterState(dir=str(self.dir), zookeeper=own_zookeeper.address if own_zookeeper else zookeeper)
         if tls:
             self._enable_tls()
             if tokens:
                 self._enable_tokens()
-        zookeeper = self._zookeeper_process(zk_port)
-        self.state.services[zookeeper.name] = zookeeper
         try:
-            self._launch(zookeeper)
-            self._save()
-            self.wait_ready(zookeeper.name)
+            if own_zookeeper is not None:
+                self.state.services[own_zookeeper.name] = own_zookeeper
+                self._launch(own_zookeeper)
+                self._save()
+                self.wait_ready(own_zookeeper.name)
             for node_id in range(producer_id_svcs):
                 self.add_service("producer_id_svc", node_id, service_args.get("producer_id_svc"))
             for node_id in range(partition_svcs):

@@ -3,6 +3,7 @@ processes, started by the same LocalCluster code that `txlog cluster` uses."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import tempfile
@@ -24,6 +25,7 @@ TEST_PORTS = (12000, 32768)
 PORT_SLICES = 16
 PORT_COUNTERS = Path(tempfile.gettempdir()) / f"txlog-test-ports-{os.getuid()}"
 SPARK_TESTS = Path(__file__).parent / "spark"
+CHROOTS = (f"cluster-{n}" for n in itertools.count())  # this worker's clusters on its shared ZooKeeper
 
 # Tests run several at a time (scripts/test.sh), so an example may take longer
 # than hypothesis's 200 ms deadline without being wrong: speed is bench/'s concern.
@@ -51,11 +53,12 @@ def pytest_configure(config):
 
 @pytest.hookimpl(wrapper=True)
 def pytest_collection_modifyitems(config, items):
-    """Groups for pytest-xdist's --dist loadgroup. The Spark tests share one
-    worker, so one JVM runs them rather than one per worker, each with its
-    memory and threads (spread over the workers by module, with eight workers,
-    they timed out under the load and a timeout inside a py4j call broke the
-    worker's session for the tests after it). A module whose tests share a module-scoped fixture (a
+    """Groups for pytest-xdist's --dist loadgroup. The Spark tests that use the
+    session share one worker, so one JVM runs them rather than one per worker,
+    each with its memory and threads (spread over the workers by module, with
+    eight workers, they timed out under the load and a timeout inside a py4j
+    call broke the worker's session for the tests after it); those that start
+    their jobs as processes share another. A module whose tests share a module-scoped fixture (a
     cluster, a rendered chart) runs on one worker, so that fixture is set up
     once, not once on each worker that gets one of its tests; a parametrized
     one makes a group per parameter (its tests may check what the others did)."""
@@ -77,9 +80,11 @@ def pytest_collection_modifyitems(config, items):
 
 
 def xdist_group(item) -> str | None:
-    if SPARK_TESTS in Path(item.path).parents:
-        return "spark"
     shared = sorted(name for name, defs in item._fixtureinfo.name2fixturedefs.items() if defs[-1].scope in ("module", "class"))
+    if SPARK_TESTS in Path(item.path).parents:
+        # a test that runs its jobs as processes of their own (each its own JVM) needs no session here:
+        # those run one after another beside the session's tests, two JVMs at most at a time
+        return "spark" if "spark" in item.fixturenames or shared else "spark-jobs"
     if not shared:
         return None
     callspec = getattr(item, "callspec", None)
@@ -87,30 +92,53 @@ def xdist_group(item) -> str | None:
     return " ".join([item.nodeid.split("::")[0], *params])
 
 
-@pytest.fixture
-def cluster(tmp_path):
-    """A ZooKeeper of its own (no services yet); add them with ``add_service``."""
-    local = LocalCluster(tmp_path / "cluster")
+@pytest.fixture(scope="session")
+def shared_zookeeper(tmp_path_factory):
+    """One ZooKeeper for this worker's clusters (a JVM started once, not once a
+    test); each cluster takes a chroot of its own (``zookeeper_for``)."""
+    local = LocalCluster(tmp_path_factory.mktemp("shared-zookeeper"))
     local.up(producer_id_svcs=0, partition_svcs=0, coordinator_svcs=0)
+    yield local.state.zookeeper
+    local.down(grace_s=5)
+
+
+@pytest.fixture
+def zookeeper_for(request):
+    """The ZooKeeper a test's cluster uses: the worker's shared one under a fresh
+    chroot, or None (the cluster starts its own) for a test marked
+    ``own_zookeeper``, which stops or kills it."""
+    if request.node.get_closest_marker("own_zookeeper"):
+        return None
+    shared = request.getfixturevalue("shared_zookeeper")
+    return f"{shared}/{next(CHROOTS)}"
+
+
+@pytest.fixture
+def cluster(tmp_path, zookeeper_for):
+    """A ZooKeeper (no services yet); add them with ``add_service``."""
+    local = LocalCluster(tmp_path / "cluster")
+    local.up(producer_id_svcs=0, partition_svcs=0, coordinator_svcs=0, zookeeper=zookeeper_for)
     yield local
     local.down(grace_s=5)
 
 
 @pytest.fixture
-def txlog_cluster(tmp_path):
+def txlog_cluster(tmp_path, zookeeper_for):
     """ZooKeeper, one producer_id_svc and two partition_svc (no coordinator); retention runs every 200 ms."""
     local = LocalCluster(tmp_path / "cluster")
-    local.up(producer_id_svcs=1, partition_svcs=2, coordinator_svcs=0, service_args={"partition_svc": ["--retention-check-interval-ms", "200"]})
+    local.up(producer_id_svcs=1, partition_svcs=2, coordinator_svcs=0, service_args={"partition_svc": ["--retention-check-interval-ms", "200"]},
+             zookeeper=zookeeper_for)
     yield local
     local.down(grace_s=5)
 
 
 @pytest.fixture
-def txn_cluster(tmp_path):
+def txn_cluster(tmp_path, zookeeper_for):
     """The full cluster: ZooKeeper, producer_id_svc, two partition_svc, two coordinator_svc,
     once the coordinators have settled who owns which transaction log partition."""
     local = LocalCluster(tmp_path / "cluster")
-    local.up(service_args={"coordinator_svc": ["--transaction-check-interval-ms", "200", "--ownership-check-interval-ms", "300"]})
+    local.up(service_args={"coordinator_svc": ["--transaction-check-interval-ms", "200", "--ownership-check-interval-ms", "300"]},
+             zookeeper=zookeeper_for)
     local.wait_until_coordinators_settle()
     yield local
     local.down(grace_s=5)

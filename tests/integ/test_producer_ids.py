@@ -86,6 +86,7 @@ def test_eight_concurrent_allocator_processes_get_every_id_exactly_once(cluster)
     assert len(skipped) <= 4, skipped
 
 
+@pytest.mark.own_zookeeper  # stops ZooKeeper
 def test_zookeeper_restarted_mid_allocation_resumes_without_repeating_a_block(cluster):
     service = cluster.add_service("producer_id_svc", 0)
     worker = start_worker(service.address, requester_id=1, count=150, pause_s=0.02)  # 150 blocks: 3 s at least

@@ -64,6 +64,7 @@ def test_sigterm_stops_the_process_with_status_0_and_deregisters(cluster):
     assert not pid_alive(service.pid)
 
 
+@pytest.mark.own_zookeeper  # stops ZooKeeper
 def test_sigterm_stops_the_process_with_status_0_while_zookeeper_is_gone(cluster):
     # found by orphaned services that hung in shutdown: deregistering waited for a ZooKeeper that never came back
     service = cluster.add_service("producer_id_svc", 1)
@@ -187,6 +188,7 @@ def test_trace_context_crosses_into_a_service_process(cluster):
     assert server_spans[0]["context"]["trace_id"] == "0x" + trace_id
 
 
+@pytest.mark.own_zookeeper  # stops ZooKeeper
 def test_health_is_not_serving_while_zookeeper_is_away(cluster):
     async def run():
         runtime = ServiceRuntime(producer_id_server.KIND, runtime_config(cluster, zookeeper_session_timeout_s=4.0))

@@ -14,6 +14,7 @@ from services import zk
 from txlog.protocol.errors import ErrorCode, TxlogError
 
 
+@pytest.mark.own_zookeeper  # stops ZooKeeper
 def test_a_patient_call_waits_for_the_session_to_come_back_and_an_impatient_one_fails_at_once(cluster):
     client = zk.connect(cluster.state.zookeeper, session_timeout_s=30)
     try:
