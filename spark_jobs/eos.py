@@ -62,7 +62,7 @@ from typing import Any, NamedTuple
 from pyspark import TaskContext
 
 from spark_jobs import options, planning, reading, tracing
-from spark_jobs.writing import SendFailures, abort_quietly
+from spark_jobs.writing import SendFailures, abort_earlier_runs, abort_quietly
 from txlog import Admin, Consumer, Producer
 from txlog.admin import MAX_TRANSACTION_TIMEOUT_MS_DEFAULT
 from txlog.errors import ProducerFencedError
@@ -209,6 +209,10 @@ def _run_as_one(spark, job: EosJob) -> list[RangeResult]:
         offsets_producer.init_transactions()  # fences earlier runs before reading where they got to
         ranges = plan(job)
         if not ranges:
+            # nothing to write, but what earlier runs left undecided is aborted all the same: an attempt Spark
+            # gave up on may prepare after its run's commit, and would hold the output's last stable offset
+            # until the next run that writes
+            abort_earlier_runs(job.bootstrap, job.name, "no-write", job.client_tls)
             return []
         log.info("planned %d ranges for one commit", len(ranges), extra={"fields": {"job": job.name, "ranges": [
             {"topic": r.topic, "partition": r.partition, "from": r.start, "to": r.end} for r in ranges]}})

@@ -435,3 +435,25 @@ def test_a_write_aborts_what_crashed_runs_of_its_prefix_left_undecided_and_nothi
     assert_all_decided(bootstrap, f"{prefix}/")
     assert_all_decided(bootstrap, "other/")
     assert read_all(bootstrap, elsewhere) == []
+
+
+def test_a_run_with_no_new_input_aborts_what_an_abandoned_attempt_prepared_after_the_last_commit(spark, bootstrap):
+    """An attempt Spark gave up on (its transform failed upstream, so its writer saw its input end and
+    went on) may prepare after its run's commit swept the run; it holds the output's last stable offset
+    until a later run aborts it, and a run with nothing to read is such a run too."""
+    name, source, sink = "idle", "idle-in", "idle-out"
+    create(bootstrap, (source, 2), (sink, OUTPUT_PARTITIONS))
+    expected = produce_keyed(bootstrap, source, 200, seed=3)
+    assert {r.status for r in eos.run_once(spark, key_count_job(bootstrap, name, source, sink))} == {"committed"}
+    assert_job_exactly_once(bootstrap, name, source, sink, expected)
+
+    with Producer(bootstrap, transactional_id=f"{name}/r1-abcdef.p0.t99") as late:
+        late.init_transactions()
+        late.begin_transaction()
+        late.send(sink, value="late", partition=0)
+        abandoned = late.prepare_transaction()  # close() leaves it Prepared
+    assert states(bootstrap, [abandoned[0]]) == {abandoned[0]: "Prepared"}
+
+    assert eos.run_once(spark, key_count_job(bootstrap, name, source, sink)) == []  # nothing new to read
+    assert settled_states(bootstrap, [abandoned[0]])[abandoned[0]] == "CompleteAbort"
+    assert_job_exactly_once(bootstrap, name, source, sink, expected)
