@@ -132,13 +132,27 @@ def txlog_cluster(tmp_path, zookeeper_for):
     local.down(grace_s=5)
 
 
+def full_cluster(directory: Path, zookeeper: str | None):
+    """ZooKeeper, producer_id_svc, two partition_svc, two coordinator_svc, once the
+    coordinators have settled who owns which transaction log partition; stopped after."""
+    local = LocalCluster(directory)
+    local.up(service_args={"coordinator_svc": ["--transaction-check-interval-ms", "200", "--ownership-check-interval-ms", "300"]},
+             zookeeper=zookeeper)
+    try:
+        local.wait_until_coordinators_settle()
+        yield local
+    finally:
+        local.down(grace_s=5)
+
+
 @pytest.fixture
 def txn_cluster(tmp_path, zookeeper_for):
-    """The full cluster: ZooKeeper, producer_id_svc, two partition_svc, two coordinator_svc,
-    once the coordinators have settled who owns which transaction log partition."""
-    local = LocalCluster(tmp_path / "cluster")
-    local.up(service_args={"coordinator_svc": ["--transaction-check-interval-ms", "200", "--ownership-check-interval-ms", "300"]},
-             zookeeper=zookeeper_for)
-    local.wait_until_coordinators_settle()
-    yield local
-    local.down(grace_s=5)
+    """The full cluster (``full_cluster``), a test's own."""
+    yield from full_cluster(tmp_path / "cluster", zookeeper_for)
+
+
+@pytest.fixture(scope="module")
+def shared_txn_cluster(tmp_path_factory, shared_zookeeper):
+    """The full cluster (``full_cluster``), shared by a module's tests that each
+    work on names of their own and stop nothing (refused requests, fresh topics)."""
+    yield from full_cluster(tmp_path_factory.mktemp("shared-cluster"), f"{shared_zookeeper}/{next(CHROOTS)}")

@@ -216,8 +216,8 @@ def test_group_settings_are_kept_durably_and_described_with_the_checkers(raw, ch
     (S.AlterTransactionGroupConfigRequest(group_id="g", set={"no.such.key": "1"}), "INVALID_CONFIG"),
     (S.AlterTransactionGroupConfigRequest(group_id="g", set={"transaction.check.max": "5"}, delete=["transaction.check.max"]), "INVALID_CONFIG"),
 ])
-def test_bad_requests_are_refused_with_our_code_and_change_nothing(raw, request_, code):
-    stub = group_stub(raw, "g")
+def test_bad_requests_are_refused_with_our_code_and_change_nothing(shared_raw, request_, code):
+    stub = group_stub(shared_raw, "g")
     method = {S.RegisterTransactionCheckerRequest: stub.RegisterTransactionChecker,
               S.AlterTransactionGroupConfigRequest: stub.AlterTransactionGroupConfig}[type(request_)]
     with pytest.raises(grpc.RpcError) as info:
@@ -227,9 +227,9 @@ def test_bad_requests_are_refused_with_our_code_and_change_nothing(raw, request_
     assert not described.checkers and not described.overridden
 
 
-def test_prepare_metadata_over_the_bound_is_refused_and_nothing_is_prepared(raw):
-    raw.create_topic("big-meta", 1)
-    producer = TxnProducer(raw, "big/t").init()
+def test_prepare_metadata_over_the_bound_is_refused_and_nothing_is_prepared(shared_raw):
+    shared_raw.create_topic("big-meta", 1)
+    producer = TxnProducer(shared_raw, "big/t").init()
     producer.add(("big-meta", 0))
     with pytest.raises(grpc.RpcError) as info:
         producer.coordinator().PrepareTransaction(S.PrepareTransactionRequest(

@@ -14,6 +14,12 @@ from txlog.protocol import errors
 from txlog.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc, errors_pb2, partition_pb2
 
 
+@pytest.fixture(scope="module")
+def raw(shared_raw):
+    """The module's tests share one cluster: each works on topics and ids of its own and stops nothing."""
+    return shared_raw
+
+
 def produce(raw, topic, batch, **request_fields):
     reply = raw.leader(topic, 0).Produce(partition_pb2.ProduceRequest(
         batches=[partition_pb2.PartitionBatch(topic=topic, partition=0, batch=batch)], **request_fields), timeout=10)

@@ -21,6 +21,12 @@ from txlog.protocol import errors
 from txlog.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc, partition_pb2
 
 
+@pytest.fixture(scope="module")
+def raw(shared_raw):
+    """The module's raw tests share one cluster: each works on topics and ids of its own and stops nothing."""
+    return shared_raw
+
+
 def rpc_error_name(call) -> str:
     with pytest.raises(grpc.RpcError) as info:
         call()

@@ -19,18 +19,18 @@ from txlog.protocol.hashing import partition_for_id
 from txlog.v1 import common_pb2, coordinator_pb2, partition_pb2
 
 
-def test_commit_is_atomic_across_two_instances_and_abort_leaves_nothing_committed(raw):
-    raw.create_topic("atomic", 2)
-    leaders = raw.leaders("atomic")
+def test_commit_is_atomic_across_two_instances_and_abort_leaves_nothing_committed(shared_raw):
+    shared_raw.create_topic("atomic", 2)
+    leaders = shared_raw.leaders("atomic")
     assert leaders[0] != leaders[1]  # the transaction spans both partition_svc instances
-    producer = TxnProducer(raw, "atomic-tx").init()
+    producer = TxnProducer(shared_raw, "atomic-tx").init()
     producer.add(("atomic", 0), ("atomic", 1))
     for p in (0, 1):
         assert error_name(producer.send("atomic", p, f"c{p}")) == "NONE"
-    assert values(raw, "atomic", 0, COMMITTED) == [] and values(raw, "atomic", 1, COMMITTED) == []
+    assert values(shared_raw, "atomic", 0, COMMITTED) == [] and values(shared_raw, "atomic", 1, COMMITTED) == []
     epoch = producer.producer_epoch
     assert producer.end(committed=True).producer_epoch == epoch + 1  # Transactions V2: every EndTxn bumps the epoch
-    wait_until(lambda: values(raw, "atomic", 0, COMMITTED) == ["c0"] and values(raw, "atomic", 1, COMMITTED) == ["c1"], message="commit")
+    wait_until(lambda: values(shared_raw, "atomic", 0, COMMITTED) == ["c0"] and values(shared_raw, "atomic", 1, COMMITTED) == ["c1"], message="commit")
 
     producer.add(("atomic", 0), ("atomic", 1))
     for p in (0, 1):
@@ -38,58 +38,58 @@ def test_commit_is_atomic_across_two_instances_and_abort_leaves_nothing_committe
     producer.end(committed=False)
     wait_until(lambda: producer.describe().state == TransactionState.COMPLETE_ABORT.to_proto(), message="abort")
     for p in (0, 1):
-        assert values(raw, "atomic", p, COMMITTED) == [f"c{p}"]
-        assert values(raw, "atomic", p, UNCOMMITTED) == [f"c{p}", f"a{p}"]  # markers are never returned
-        assert raw.list_offset("atomic", p, partition_pb2.OFFSET_SPEC_LAST_STABLE).offset == 4  # 2 records + 2 markers
+        assert values(shared_raw, "atomic", p, COMMITTED) == [f"c{p}"]
+        assert values(shared_raw, "atomic", p, UNCOMMITTED) == [f"c{p}", f"a{p}"]  # markers are never returned
+        assert shared_raw.list_offset("atomic", p, partition_pb2.OFFSET_SPEC_LAST_STABLE).offset == 4  # 2 records + 2 markers
 
 
-def test_an_open_transaction_holds_the_lso_over_later_commits(raw):
-    raw.create_topic("lso", 1)
-    first, second = TxnProducer(raw, "lso-first").init(), TxnProducer(raw, "lso-second").init()
+def test_an_open_transaction_holds_the_lso_over_later_commits(shared_raw):
+    shared_raw.create_topic("lso", 1)
+    first, second = TxnProducer(shared_raw, "lso-first").init(), TxnProducer(shared_raw, "lso-second").init()
     first.add(("lso", 0))
     assert error_name(first.send("lso", 0, "first")) == "NONE"
     second.add(("lso", 0))
     assert error_name(second.send("lso", 0, "second")) == "NONE"
     second.end(committed=True)
     wait_until(lambda: second.describe().state == TransactionState.COMPLETE_COMMIT.to_proto(), message="second commit")
-    assert raw.list_offset("lso", 0, partition_pb2.OFFSET_SPEC_LAST_STABLE).offset == 0
-    assert values(raw, "lso", 0, COMMITTED) == []  # the later commit waits behind the open transaction
+    assert shared_raw.list_offset("lso", 0, partition_pb2.OFFSET_SPEC_LAST_STABLE).offset == 0
+    assert values(shared_raw, "lso", 0, COMMITTED) == []  # the later commit waits behind the open transaction
     first.end(committed=True)
-    wait_until(lambda: values(raw, "lso", 0, COMMITTED) == ["first", "second"], message="both visible")
+    wait_until(lambda: values(shared_raw, "lso", 0, COMMITTED) == ["first", "second"], message="both visible")
 
 
-def test_a_new_producer_fences_the_zombie_and_aborts_its_transaction(raw):
-    raw.create_topic("zombie", 1)
-    zombie = TxnProducer(raw, "shared-id").init()
+def test_a_new_producer_fences_the_zombie_and_aborts_its_transaction(shared_raw):
+    shared_raw.create_topic("zombie", 1)
+    zombie = TxnProducer(shared_raw, "shared-id").init()
     zombie.add(("zombie", 0))
     assert error_name(zombie.send("zombie", 0, "zombie-1")) == "NONE"
-    successor = TxnProducer(raw, "shared-id").init()  # retries CONCURRENT_TRANSACTIONS while the old one is aborted
+    successor = TxnProducer(shared_raw, "shared-id").init()  # retries CONCURRENT_TRANSACTIONS while the old one is aborted
     assert successor.producer_id == zombie.producer_id and successor.producer_epoch > zombie.producer_epoch
     assert error_name(zombie.send("zombie", 0, "zombie-2")) == "PRODUCER_FENCED"
     assert failure_name(lambda: zombie.end(committed=True)) == "PRODUCER_FENCED"
     successor.add(("zombie", 0))
     assert error_name(successor.send("zombie", 0, "successor")) == "NONE"
     successor.end(committed=True)
-    wait_until(lambda: values(raw, "zombie", 0, COMMITTED) == ["successor"], message="successor's commit")
-    assert values(raw, "zombie", 0, UNCOMMITTED) == ["zombie-1", "successor"]
+    wait_until(lambda: values(shared_raw, "zombie", 0, COMMITTED) == ["successor"], message="successor's commit")
+    assert values(shared_raw, "zombie", 0, UNCOMMITTED) == ["zombie-1", "successor"]
 
 
-def test_a_timed_out_transaction_is_aborted_and_its_late_commit_changes_nothing(raw):
-    raw.create_topic("slow", 1)
-    producer = TxnProducer(raw, "slow-tx", timeout_ms=1000).init()
+def test_a_timed_out_transaction_is_aborted_and_its_late_commit_changes_nothing(shared_raw):
+    shared_raw.create_topic("slow", 1)
+    producer = TxnProducer(shared_raw, "slow-tx", timeout_ms=1000).init()
     producer.add(("slow", 0))
     assert error_name(producer.send("slow", 0, "too-late")) == "NONE"
     wait_until(lambda: producer.describe().state == TransactionState.COMPLETE_ABORT.to_proto(), message="timeout abort")
-    assert raw.list_offset("slow", 0, partition_pb2.OFFSET_SPEC_LAST_STABLE).offset == 2
+    assert shared_raw.list_offset("slow", 0, partition_pb2.OFFSET_SPEC_LAST_STABLE).offset == 2
     # the next incarnation begins a transaction; then the paused producer's EndTxn arrives (KAFKA-17754)
-    successor = TxnProducer(raw, "slow-tx").init()
+    successor = TxnProducer(shared_raw, "slow-tx").init()
     successor.add(("slow", 0))
     assert error_name(successor.send("slow", 0, "next")) == "NONE"
     assert failure_name(lambda: producer.end(committed=True)) == "PRODUCER_FENCED"
     assert error_name(producer.send("slow", 0, "zombie")) == "PRODUCER_FENCED"
     assert successor.describe().state == TransactionState.ONGOING.to_proto()
     successor.end(committed=True)
-    wait_until(lambda: values(raw, "slow", 0, COMMITTED) == ["next"], message="successor's commit")
+    wait_until(lambda: values(shared_raw, "slow", 0, COMMITTED) == ["next"], message="successor's commit")
 
 
 def test_another_coordinator_completes_a_commit_decided_before_a_crash(raw, txn_cluster):
@@ -117,10 +117,10 @@ def test_another_coordinator_completes_a_commit_decided_before_a_crash(raw, txn_
     txn_cluster.start(coordinator_name)
 
 
-def test_concurrent_add_partitions_of_one_transaction_either_succeed_or_ask_for_a_retry(raw):
+def test_concurrent_add_partitions_of_one_transaction_either_succeed_or_ask_for_a_retry(shared_raw):
     """Found by the Spark job: AddOffsets racing an AddPartitions of the same id hit a
     coordinator check-then-await-then-write window and failed with UNKNOWN_SERVER_ERROR."""
-    producer = TxnProducer(raw, "racing").init()
+    producer = TxnProducer(shared_raw, "racing").init()
     coordinator = producer.coordinator()
 
     def add(topic, partition):
@@ -136,7 +136,7 @@ def test_concurrent_add_partitions_of_one_transaction_either_succeed_or_ask_for_
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         for round_ in range(8):  # a topic the coordinator has not seen makes it look the topic up (an await)
             topic = f"race{round_}"
-            raw.create_topic(topic, 4)
+            shared_raw.create_topic(topic, 4)
             answers.update(pool.map(lambda p, t=topic: add(t, p), range(4)))
     assert set(answers) <= {"NONE", "CONCURRENT_TRANSACTIONS"}, answers
     for round_ in range(8):  # what was refused goes in on a retry; the transaction then holds every partition
@@ -159,13 +159,13 @@ def test_clients_cannot_produce_to_internal_topics(raw):
         assert raw.list_offset(topic, 0, partition_pb2.OFFSET_SPEC_LATEST).offset == before
 
 
-def test_offsets_in_a_transaction_become_visible_with_its_commit(raw):
-    raw.create_topic("in", 1)
-    producer = TxnProducer(raw, "ctp").init()
+def test_offsets_in_a_transaction_become_visible_with_its_commit(shared_raw):
+    shared_raw.create_topic("in", 1)
+    producer = TxnProducer(shared_raw, "ctp").init()
     coordinator = producer.coordinator()
     retrying(lambda: coordinator.AddOffsetsToTxn(coordinator_pb2.AddOffsetsToTxnRequest(
         transactional_id="ctp", producer_id=producer.producer_id, producer_epoch=producer.producer_epoch, group_id="grp"), timeout=10))
-    group_coordinator = raw.stub(raw.stub(raw.bootstrap[0]).Metadata(partition_pb2.MetadataRequest(group_ids=["grp"]), timeout=10).group_coordinators[0].address)
+    group_coordinator = shared_raw.stub(shared_raw.stub(shared_raw.bootstrap[0]).Metadata(partition_pb2.MetadataRequest(group_ids=["grp"]), timeout=10).group_coordinators[0].address)
     reply = group_coordinator.TxnOffsetCommit(partition_pb2.TxnOffsetCommitRequest(
         transactional_id="ctp", group_id="grp", producer_id=producer.producer_id, producer_epoch=producer.producer_epoch,
         offsets=[partition_pb2.PartitionOffset(topic="in", partition=0, offset=7)]), timeout=10)
@@ -181,9 +181,9 @@ def test_offsets_in_a_transaction_become_visible_with_its_commit(raw):
     wait_until(lambda: committed(require_stable=True) == 7, message="offsets committed with the transaction")
 
 
-def test_bad_transactional_requests_get_clear_errors_and_change_nothing(raw):
-    raw.create_topic("strict", 2)
-    producer = TxnProducer(raw, "strict-tx").init()
+def test_bad_transactional_requests_get_clear_errors_and_change_nothing(shared_raw):
+    shared_raw.create_topic("strict", 2)
+    producer = TxnProducer(shared_raw, "strict-tx").init()
     coordinator = producer.coordinator()
 
     def init(**fields):
@@ -197,15 +197,15 @@ def test_bad_transactional_requests_get_clear_errors_and_change_nothing(raw):
     # a send to a partition never added to the transaction: refused by the leader after asking the coordinator
     producer.add(("strict", 0))
     assert error_name(producer.send("strict", 1, "unregistered")) == "INVALID_TXN_STATE"
-    assert values(raw, "strict", 1, UNCOMMITTED) == []
-    wrong_epoch = TxnProducer(raw, "strict-tx")
+    assert values(shared_raw, "strict", 1, UNCOMMITTED) == []
+    wrong_epoch = TxnProducer(shared_raw, "strict-tx")
     wrong_epoch.producer_id, wrong_epoch.producer_epoch = producer.producer_id, producer.producer_epoch + 5
     assert failure_name(lambda: wrong_epoch.add(("strict", 0))) == "INVALID_PRODUCER_EPOCH"
-    unknown = TxnProducer(raw, "never-initialised")
+    unknown = TxnProducer(shared_raw, "never-initialised")
     unknown.producer_id, unknown.producer_epoch = 123456, 0
     assert failure_name(lambda: unknown.end(committed=True)) == "INVALID_PRODUCER_ID_MAPPING"
     assert producer.describe().state == TransactionState.ONGOING.to_proto()
-    assert raw.produce("strict", 1, plain_batch(["plain"])).error.code == 0
+    assert shared_raw.produce("strict", 1, plain_batch(["plain"])).error.code == 0
     producer.end(committed=False)
 
 
