@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import concurrent.futures
 
+import pytest
 from support.reads import values
 from support.waiting import wait_until
 from txn_raw import TxnProducer, retrying
@@ -14,6 +15,12 @@ from txn_raw import TxnProducer, retrying
 from txlog import Producer
 from txlog.protocol import errors
 from txlog.v1 import common_pb2, coordinator_pb2, partition_pb2
+
+
+@pytest.fixture(scope="module")
+def raw(shared_raw):
+    """The module's tests share one cluster: each works on topics and ids of its own and stops nothing."""
+    return shared_raw
 
 
 def produce(raw, producer: TxnProducer, topic: str, partition: int, value: str, add: bool = True, epoch: int | None = None):
@@ -71,10 +78,10 @@ def test_a_fenced_producers_batch_adds_nothing_and_is_not_appended(raw):
     assert raw.fetch("fenced-add", 0, 0).batches == []
 
 
-def test_the_sdk_produces_transactions_without_add_partitions_and_with_them_if_asked(txn_cluster, raw):
+def test_the_sdk_produces_transactions_without_add_partitions_and_with_them_if_asked(shared_txn_cluster, raw):
     raw.create_topic("sdk-implicit", 2)
     for implicit, tid in ((True, "sdk-implicit-tx"), (False, "sdk-explicit-tx")):
-        with Producer(txn_cluster.state.bootstrap, transactional_id=tid, implicit_partition_adds=implicit) as producer:
+        with Producer(shared_txn_cluster.state.bootstrap, transactional_id=tid, implicit_partition_adds=implicit) as producer:
             producer.init_transactions()
             producer.begin_transaction()
             for p in range(2):

@@ -250,6 +250,7 @@ def kill_all(process: subprocess.Popen) -> None:
             pass
 
 
+@pytest.mark.timeout(900)  # a job process of its own (a JVM starting) beside the session, on a machine other tests load too
 def test_a_driver_killed_between_prepares_and_group_commit_commits_nothing_and_the_rerun_aborts_it(
         spark, bootstrap, tmp_path):
     name, source, sink = "killed", "killed-in", "killed-out"
@@ -277,7 +278,7 @@ def test_a_driver_killed_between_prepares_and_group_commit_commits_nothing_and_t
             return sorted(killed.values()) == [(0, "Prepared"), (1, "Ongoing"), (2, "Prepared"), (3, "Prepared")] \
                 and states(bootstrap, [f"{name}/offsets"])[f"{name}/offsets"] == "Prepared"
 
-        wait_until(prepared_but_task_1, 180,
+        wait_until(prepared_but_task_1, 420,
                    lambda: f"three tasks and the offsets prepared, task 1 writing; the run's tasks: {killed}")
     finally:
         kill_all(process)
