@@ -123,37 +123,47 @@ def cluster(tmp_path, zookeeper_for):
     local.down(grace_s=5)
 
 
-@pytest.fixture
-def txlog_cluster(tmp_path, zookeeper_for):
-    """ZooKeeper, one producer_id_svc and two partition_svc (no coordinator); retention runs every 200 ms."""
-    local = LocalCluster(tmp_path / "cluster")
-    local.up(producer_id_svcs=1, partition_svcs=2, coordinator_svcs=0, service_args={"partition_svc": ["--retention-check-interval-ms", "200"]},
-             zookeeper=zookeeper_for)
-    yield local
-    local.down(grace_s=5)
+# What the clusters the tests start run, as LocalCluster.up's arguments.
+# Without coordinators; retention runs every 200 ms:
+STORAGE_ONLY = {"producer_id_svcs": 1, "partition_svcs": 2, "coordinator_svcs": 0,
+                "service_args": {"partition_svc": ["--retention-check-interval-ms", "200"]}}
+# ZooKeeper, producer_id_svc, two partition_svc, two coordinator_svc with fast checks:
+FULL = {"service_args": {"coordinator_svc": ["--transaction-check-interval-ms", "200", "--ownership-check-interval-ms", "300"]}}
 
 
-def full_cluster(directory: Path, zookeeper: str | None):
-    """ZooKeeper, producer_id_svc, two partition_svc, two coordinator_svc, once the
-    coordinators have settled who owns which transaction log partition; stopped after."""
+def running(directory: Path, zookeeper: str | None, shape: dict):
+    """A cluster of ``shape`` for as long as the fixture lasts; a full one once the
+    coordinators have settled who owns which transaction log partition."""
     local = LocalCluster(directory)
-    local.up(service_args={"coordinator_svc": ["--transaction-check-interval-ms", "200", "--ownership-check-interval-ms", "300"]},
-             zookeeper=zookeeper)
+    local.up(zookeeper=zookeeper, **shape)
     try:
-        local.wait_until_coordinators_settle()
+        if shape.get("coordinator_svcs", 2):
+            local.wait_until_coordinators_settle()
         yield local
     finally:
         local.down(grace_s=5)
 
 
 @pytest.fixture
+def txlog_cluster(tmp_path, zookeeper_for):
+    """A STORAGE_ONLY cluster of the test's own."""
+    yield from running(tmp_path / "cluster", zookeeper_for, STORAGE_ONLY)
+
+
+@pytest.fixture(scope="module")
+def shared_txlog_cluster(tmp_path_factory, shared_zookeeper):
+    """A STORAGE_ONLY cluster shared by a module's tests that each work on names of their own and stop nothing."""
+    yield from running(tmp_path_factory.mktemp("shared-cluster"), f"{shared_zookeeper}/{next(CHROOTS)}", STORAGE_ONLY)
+
+
+@pytest.fixture
 def txn_cluster(tmp_path, zookeeper_for):
-    """The full cluster (``full_cluster``), a test's own."""
-    yield from full_cluster(tmp_path / "cluster", zookeeper_for)
+    """A FULL cluster of the test's own."""
+    yield from running(tmp_path / "cluster", zookeeper_for, FULL)
 
 
 @pytest.fixture(scope="module")
 def shared_txn_cluster(tmp_path_factory, shared_zookeeper):
-    """The full cluster (``full_cluster``), shared by a module's tests that each
-    work on names of their own and stop nothing (refused requests, fresh topics)."""
-    yield from full_cluster(tmp_path_factory.mktemp("shared-cluster"), f"{shared_zookeeper}/{next(CHROOTS)}")
+    """A FULL cluster shared by a module's tests that each work on names of their own
+    and stop nothing (refused requests, fresh topics)."""
+    yield from running(tmp_path_factory.mktemp("shared-cluster"), f"{shared_zookeeper}/{next(CHROOTS)}", FULL)

@@ -589,8 +589,8 @@ def placement(topic: partition_pb2.TopicMetadata) -> bytes:
     kept = partition_pb2.TopicMetadata()
     kept.CopyFrom(topic)
     for partition in kept.partitions:
-        for field in ("leader_id", "leader_address", "leader_epoch", "isr"):
-            partition.ClearField(field)
+        for name in ("leader_id", "leader_address", "leader_epoch", "isr"):
+            partition.ClearField(name)
     return kept.SerializeToString(deterministic=True)
 
 

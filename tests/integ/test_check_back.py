@@ -85,32 +85,32 @@ def state_is(producer, state):
     return lambda: producer.describe().state == state
 
 
-def test_a_silent_owners_transaction_is_committed_by_the_checkers_answer_exactly_once(raw, checkers):
-    raw.create_topic("orders", 1)
+def test_a_silent_owners_transaction_is_committed_by_the_checkers_answer_exactly_once(shared_raw, checkers):
+    shared_raw.create_topic("orders", 1)
     checker = checkers(lambda r: COMMIT if r.prepare_metadata == b"db-tx-41" else UNKNOWN)
-    register(raw, "shop", checker.address)
-    alter(raw, "shop", transaction_check_interval_ms=500)
-    producer, handle = prepared(raw, "orders", "shop/order-41", "order 41 placed", b"db-tx-41")
+    register(shared_raw, "shop", checker.address)
+    alter(shared_raw, "shop", transaction_check_interval_ms=500)
+    producer, handle = prepared(shared_raw, "orders", "shop/order-41", "order 41 placed", b"db-tx-41")
     described = producer.describe()
     assert described.state == S.TRANSACTION_STATE_PREPARED and described.prepare_metadata == b"db-tx-41"
     assert described.next_check_time_ms >= described.prepared_time_ms + 500
 
     wait_until(state_is(producer, S.TRANSACTION_STATE_COMPLETE_COMMIT), message="the check-back's commit")
-    wait_until(lambda: values(raw, "orders") == ["order 41 placed"], message="the event, visible once")
+    wait_until(lambda: values(shared_raw, "orders") == ["order 41 placed"], message="the event, visible once")
     request = checker.requests[0]
     assert (request.transactional_id, request.producer_id, request.producer_epoch) == (handle.transactional_id, handle.producer_id, handle.producer_epoch)
     assert (request.group_id, request.attempt, request.prepare_metadata) == ("shop", 1, b"db-tx-41")
     assert len(checker.requests) == 1  # decided at the first check: never asked again
 
 
-def test_unknown_answers_are_counted_until_exhausted_then_the_group_policy_applies(raw, checkers):
-    raw.create_topic("pending", 1)
+def test_unknown_answers_are_counted_until_exhausted_then_the_group_policy_applies(shared_raw, checkers):
+    shared_raw.create_topic("pending", 1)
     checker = checkers(lambda r: UNKNOWN)
     for group, policy in (("undecided", "abort"), ("patient", "keep")):
-        register(raw, group, checker.address)
-        alter(raw, group, transaction_check_interval_ms=300, transaction_check_max=3, transaction_check_exhausted=policy)
-    aborted, _ = prepared(raw, "pending", "undecided/a", "a")
-    kept, _ = prepared(raw, "pending", "patient/k", "k")
+        register(shared_raw, group, checker.address)
+        alter(shared_raw, group, transaction_check_interval_ms=300, transaction_check_max=3, transaction_check_exhausted=policy)
+    aborted, _ = prepared(shared_raw, "pending", "undecided/a", "a")
+    kept, _ = prepared(shared_raw, "pending", "patient/k", "k")
 
     wait_until(state_is(aborted, S.TRANSACTION_STATE_COMPLETE_ABORT), message="the abort once 3 checks decided nothing")
     wait_until(lambda: kept.describe().checks_done == 3, message="the kept transaction's 3 checks")
@@ -118,11 +118,11 @@ def test_unknown_answers_are_counted_until_exhausted_then_the_group_policy_appli
     assert described.state == S.TRANSACTION_STATE_PREPARED and described.next_check_time_ms == -1
     assert described.last_check_answer == UNKNOWN
     assert sorted(r.attempt for r in checker.requests if r.group_id == "undecided") == [1, 2, 3]
-    assert values(raw, "pending") == []
+    assert values(shared_raw, "pending") == []
 
 
-def test_an_answer_after_the_owner_completed_changes_nothing(raw, checkers):
-    raw.create_topic("late-answer", 1)
+def test_an_answer_after_the_owner_completed_changes_nothing(shared_raw, checkers):
+    shared_raw.create_topic("late-answer", 1)
     asked, release = threading.Event(), threading.Event()
 
     def slow_abort(request):
@@ -130,19 +130,19 @@ def test_an_answer_after_the_owner_completed_changes_nothing(raw, checkers):
         release.wait(30)
         return ABORT  # the opposite of what the owner decided, and late
     checker = checkers(slow_abort)
-    register(raw, "late", checker.address)
-    alter(raw, "late", transaction_check_interval_ms=200)
-    producer, handle = prepared(raw, "late-answer", "late/t", "kept")
+    register(shared_raw, "late", checker.address)
+    alter(shared_raw, "late", transaction_check_interval_ms=200)
+    producer, handle = prepared(shared_raw, "late-answer", "late/t", "kept")
     assert asked.wait(30), "the coordinator never checked back"
     retrying(lambda: producer.coordinator().CompleteTransaction(S.CompleteTransactionRequest(handle=handle, committed=True), timeout=10))
     wait_until(state_is(producer, S.TRANSACTION_STATE_COMPLETE_COMMIT), message="the owner's commit")
     release.set()
-    wait_until(lambda: len(checker.requests) == 1 and values(raw, "late-answer") == ["kept"], message="the commit, visible")
+    wait_until(lambda: len(checker.requests) == 1 and values(shared_raw, "late-answer") == ["kept"], message="the commit, visible")
     assert producer.describe().state == S.TRANSACTION_STATE_COMPLETE_COMMIT
 
 
-def test_a_check_answered_for_a_stale_epoch_is_fenced(raw, checkers):
-    raw.create_topic("stale", 1)
+def test_a_check_answered_for_a_stale_epoch_is_fenced(shared_raw, checkers):
+    shared_raw.create_topic("stale", 1)
     asked, release = threading.Event(), threading.Event()
 
     def answer(request):
@@ -153,37 +153,37 @@ def test_a_check_answered_for_a_stale_epoch_is_fenced(raw, checkers):
         return UNKNOWN
     stale_epoch = [None]
     checker = checkers(answer)
-    register(raw, "fence", checker.address)
-    alter(raw, "fence", transaction_check_interval_ms=200, transaction_check_max=1000)
-    old, old_handle = prepared(raw, "stale", "fence/t", "old")
+    register(shared_raw, "fence", checker.address)
+    alter(shared_raw, "fence", transaction_check_interval_ms=200, transaction_check_max=1000)
+    old, old_handle = prepared(shared_raw, "stale", "fence/t", "old")
     stale_epoch[0] = old_handle.producer_epoch
     assert asked.wait(30)
-    new, new_handle = prepared(raw, "stale", "fence/t", "new")  # a new incarnation: fences and aborts the old one
+    new, new_handle = prepared(shared_raw, "stale", "fence/t", "new")  # a new incarnation: fences and aborts the old one
     assert new_handle.producer_epoch > old_handle.producer_epoch
     release.set()
     wait_until(lambda: any(r.producer_epoch == new_handle.producer_epoch for r in checker.requests), message="a check of the new transaction")
     described = new.describe()
     assert described.state == S.TRANSACTION_STATE_PREPARED and described.producer_epoch == new_handle.producer_epoch
-    assert values(raw, "stale") == []  # neither the fenced transaction nor the new one committed
+    assert values(shared_raw, "stale") == []  # neither the fenced transaction nor the new one committed
 
 
-def test_with_two_checkers_registered_and_one_gone_the_live_one_decides_at_the_first_check(raw, checkers):
-    raw.create_topic("two", 1)
+def test_with_two_checkers_registered_and_one_gone_the_live_one_decides_at_the_first_check(shared_raw, checkers):
+    shared_raw.create_topic("two", 1)
     gone = checkers(lambda r: COMMIT)
     live = checkers(lambda r: COMMIT)
-    register(raw, "pair", gone.address)
-    register(raw, "pair", live.address)
+    register(shared_raw, "pair", gone.address)
+    register(shared_raw, "pair", live.address)
     gone.stop()  # registered, lease still running, nobody listening
-    alter(raw, "pair", transaction_check_interval_ms=200, transaction_check_max=1)
-    producer, _ = prepared(raw, "two", "pair/t", "v")
+    alter(shared_raw, "pair", transaction_check_interval_ms=200, transaction_check_max=1)
+    producer, _ = prepared(shared_raw, "two", "pair/t", "v")
     wait_until(state_is(producer, S.TRANSACTION_STATE_COMPLETE_COMMIT), message="the live checker's commit")
-    assert values(raw, "two") == ["v"] and len(live.requests) == 1 and not gone.requests
+    assert values(shared_raw, "two") == ["v"] and len(live.requests) == 1 and not gone.requests
 
 
-def test_without_a_registered_checker_nothing_is_checked_or_counted(raw):
-    raw.create_topic("nobody", 1)
-    alter(raw, "alone", transaction_check_interval_ms=100, transaction_check_max=1)
-    producer, _ = prepared(raw, "nobody", "alone/t", "v")
+def test_without_a_registered_checker_nothing_is_checked_or_counted(shared_raw):
+    shared_raw.create_topic("nobody", 1)
+    alter(shared_raw, "alone", transaction_check_interval_ms=100, transaction_check_max=1)
+    producer, _ = prepared(shared_raw, "nobody", "alone/t", "v")
     wait_until(lambda: producer.describe().prepared_time_ms + 1_000 < time.time() * 1000, message="ten intervals")
     described = producer.describe()
     assert described.state == S.TRANSACTION_STATE_PREPARED and described.checks_done == 0

@@ -49,12 +49,12 @@ SINGLE_REPLICA_ARGS = ["--default-replication-factor", "1", "--internal-topic-re
 
 
 @pytest.fixture
-def fault_cluster(tmp_path):
+def fault_cluster(tmp_path, zookeeper_for):
     """ZooKeeper, producer_id_svc, two partition_svc, two coordinator_svc with fast checks and a 5 s session.
     Every partition has one replica: these tests stop a partition's only instance to hold its markers back
     (tests/integ/test_replication.py is where partitions fail over)."""
     local = LocalCluster(tmp_path / "cluster")
-    local.up(service_args={"coordinator_svc": COORDINATOR_ARGS, "partition_svc": SINGLE_REPLICA_ARGS})
+    local.up(service_args={"coordinator_svc": COORDINATOR_ARGS, "partition_svc": SINGLE_REPLICA_ARGS}, zookeeper=zookeeper_for)
     yield local
     for name in local.state.services:  # a test that failed mid-pause must not leave a stopped process behind
         local.kill(name, signal.SIGCONT)
@@ -362,6 +362,7 @@ def test_a_resumed_coordinator_never_answers_from_the_state_it_had_before_it_was
     )
 
 
+@pytest.mark.own_zookeeper  # stops ZooKeeper
 def test_a_decided_commit_completes_although_zookeeper_stalled_while_its_markers_were_retried(raw, fault_cluster, zk_client):
     cluster = fault_cluster
     raw.create_topic("zkstall", 1)

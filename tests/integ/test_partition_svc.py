@@ -29,27 +29,35 @@ def raw(txlog_cluster):
     client.close()
 
 
-def test_sequence_rules_over_raw_grpc(raw):
-    raw.create_topic("seq", 1)
-    pid = raw.producer_id()
-    first = raw.produce("seq", 0, batch(pid, 0, ["a", "b"]))
+@pytest.fixture(scope="module")
+def shared_raw(shared_txlog_cluster):
+    """For the tests that each work on topics and groups of their own and stop nothing: one cluster for them all."""
+    client = Raw(shared_txlog_cluster)
+    yield client
+    client.close()
+
+
+def test_sequence_rules_over_raw_grpc(shared_raw):
+    shared_raw.create_topic("seq", 1)
+    pid = shared_raw.producer_id()
+    first = shared_raw.produce("seq", 0, batch(pid, 0, ["a", "b"]))
     assert error_name(first) == "NONE" and first.base_offset == 0
-    again = raw.produce("seq", 0, batch(pid, 0, ["a", "b"]))  # duplicate: original offsets, nothing appended
+    again = shared_raw.produce("seq", 0, batch(pid, 0, ["a", "b"]))  # duplicate: original offsets, nothing appended
     assert error_name(again) == "NONE" and again.base_offset == 0
-    assert error_name(raw.produce("seq", 0, batch(pid, 5, ["gap"]))) == "OUT_OF_ORDER_SEQUENCE"
-    assert error_name(raw.produce("seq", 0, batch(raw.producer_id(), 3, ["x"]))) == "UNKNOWN_PRODUCER_ID"
+    assert error_name(shared_raw.produce("seq", 0, batch(pid, 5, ["gap"]))) == "OUT_OF_ORDER_SEQUENCE"
+    assert error_name(shared_raw.produce("seq", 0, batch(shared_raw.producer_id(), 3, ["x"]))) == "UNKNOWN_PRODUCER_ID"
     for i in range(1, 7):  # 6 more batches push the first out of the 5-batch cache
-        assert error_name(raw.produce("seq", 0, batch(pid, 2 * i, ["c", "d"]))) == "NONE"
-    assert error_name(raw.produce("seq", 0, batch(pid, 0, ["a", "b"]))) == "DUPLICATE_SEQUENCE"
-    cached = raw.produce("seq", 0, batch(pid, 12, ["c", "d"]))
+        assert error_name(shared_raw.produce("seq", 0, batch(pid, 2 * i, ["c", "d"]))) == "NONE"
+    assert error_name(shared_raw.produce("seq", 0, batch(pid, 0, ["a", "b"]))) == "DUPLICATE_SEQUENCE"
+    cached = shared_raw.produce("seq", 0, batch(pid, 12, ["c", "d"]))
     assert error_name(cached) == "NONE" and cached.base_offset == 12
-    assert error_name(raw.produce("seq", 0, batch(pid, 0, ["e"], epoch=1))) == "NONE"  # new epoch from 0
-    assert error_name(raw.produce("seq", 0, batch(pid, 14, ["late"], epoch=0))) == "INVALID_PRODUCER_EPOCH"
-    assert error_name(raw.produce("seq", 0, batch(pid, 7, ["x"], epoch=2))) == "OUT_OF_ORDER_SEQUENCE"
-    assert error_name(raw.produce("seq", 0, plain_batch(["p1", "p2"]))) == "NONE"  # no producer id: accepted
-    assert record_values(raw.read_all("seq", 0)) == ["a", "b"] + ["c", "d"] * 6 + ["e", "p1", "p2"]
-    assert [r.offset for r in raw.read_all("seq", 0)] == list(range(17))
-    state = {p.producer_id: p for p in raw.producers("seq", 0).producers}[pid]
+    assert error_name(shared_raw.produce("seq", 0, batch(pid, 0, ["e"], epoch=1))) == "NONE"  # new epoch from 0
+    assert error_name(shared_raw.produce("seq", 0, batch(pid, 14, ["late"], epoch=0))) == "INVALID_PRODUCER_EPOCH"
+    assert error_name(shared_raw.produce("seq", 0, batch(pid, 7, ["x"], epoch=2))) == "OUT_OF_ORDER_SEQUENCE"
+    assert error_name(shared_raw.produce("seq", 0, plain_batch(["p1", "p2"]))) == "NONE"  # no producer id: accepted
+    assert record_values(shared_raw.read_all("seq", 0)) == ["a", "b"] + ["c", "d"] * 6 + ["e", "p1", "p2"]
+    assert [r.offset for r in shared_raw.read_all("seq", 0)] == list(range(17))
+    state = {p.producer_id: p for p in shared_raw.producers("seq", 0).producers}[pid]
     assert (state.producer_epoch, state.last_sequence, state.current_txn_start_offset) == (1, 0, -1)
 
 
@@ -96,10 +104,10 @@ def test_kill_9_mid_stream_loses_nothing_acknowledged_and_appends_no_duplicate(r
     assert len(raw.read_all("crash", 0)) == len(records)
 
 
-def test_bad_produce_input_gets_clear_errors_and_stores_nothing(raw):
-    raw.create_topic("bad", 1)
-    stub = raw.leader("bad", 0)
-    pid = raw.producer_id()
+def test_bad_produce_input_gets_clear_errors_and_stores_nothing(shared_raw):
+    shared_raw.create_topic("bad", 1)
+    stub = shared_raw.leader("bad", 0)
+    pid = shared_raw.producer_id()
 
     def produce(**request):
         return stub.Produce(partition_pb2.ProduceRequest(**request), timeout=10)
@@ -133,31 +141,31 @@ def test_bad_produce_input_gets_clear_errors_and_stores_nothing(raw):
         (common_pb2.RecordBatch(producer_id=pid, producer_epoch=0, base_sequence=0, records=[common_pb2.Record(timestamp_ms=-5)]), "INVALID_TIMESTAMP"),
     ]
     for bad, expected in bad_batches:
-        result = raw.produce("bad", 0, bad, stub=stub)
+        result = shared_raw.produce("bad", 0, bad, stub=stub)
         assert error_name(result) == expected, (bad, result)
     no_coordinator = stub.Produce(partition_pb2.ProduceRequest(acks=-1, transactional_id="tx", batches=[
         partition_pb2.PartitionBatch(topic="bad", partition=0, batch=batch(pid, 0, ["x"], is_transactional=True))]), timeout=10)
     assert error_name(no_coordinator.results[0]) == "COORDINATOR_NOT_AVAILABLE"  # no coordinator can vouch for it
-    assert raw.list_offset("bad", 0, LATEST).offset == 0
-    assert raw.producers("bad", 0).producers == []
+    assert shared_raw.list_offset("bad", 0, LATEST).offset == 0
+    assert shared_raw.producers("bad", 0).producers == []
     # the same producer can still start cleanly: nothing of the rejected batches stuck
-    assert error_name(raw.produce("bad", 0, batch(pid, 0, ["ok"]), stub=stub)) == "NONE"
-    assert record_values(raw.read_all("bad", 0)) == ["ok"]
+    assert error_name(shared_raw.produce("bad", 0, batch(pid, 0, ["ok"]), stub=stub)) == "NONE"
+    assert record_values(shared_raw.read_all("bad", 0)) == ["ok"]
 
 
-def test_bad_fetch_and_topic_input(raw):
-    raw.create_topic("f", 1)
-    raw.produce("f", 0, plain_batch(["a"]))
-    result = raw.fetch("f", 0, -1)
+def test_bad_fetch_and_topic_input(shared_raw):
+    shared_raw.create_topic("f", 1)
+    shared_raw.produce("f", 0, plain_batch(["a"]))
+    result = shared_raw.fetch("f", 0, -1)
     assert error_name(result) == "OFFSET_OUT_OF_RANGE" and "-1" in result.error.message
-    assert error_name(raw.fetch("f", 0, 5)) == "OFFSET_OUT_OF_RANGE"
+    assert error_name(shared_raw.fetch("f", 0, 5)) == "OFFSET_OUT_OF_RANGE"
     with pytest.raises(grpc.RpcError) as info:
-        raw.fetch("f", 0, 0, max_wait_ms=-1)
+        shared_raw.fetch("f", 0, 0, max_wait_ms=-1)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     with pytest.raises(grpc.RpcError) as info:
-        raw.fetch("f", 0, 0, isolation=7)
+        shared_raw.fetch("f", 0, 0, isolation=7)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    stub = raw.stub(raw.bootstrap[0])
+    stub = shared_raw.stub(shared_raw.bootstrap[0])
     reply = stub.CreateTopics(
         partition_pb2.CreateTopicsRequest(
             topics=[
@@ -189,40 +197,40 @@ def test_partitions_spread_over_both_instances_and_others_answer_not_leader(raw,
     assert error_name(result) == "NOT_LEADER" and "refresh metadata" in result.error.message
 
 
-def test_fetch_long_poll_returns_when_data_arrives(raw):
-    raw.create_topic("poll", 1)
-    timer = threading.Timer(0.3, lambda: raw.produce("poll", 0, plain_batch(["late"])))
+def test_fetch_long_poll_returns_when_data_arrives(shared_raw):
+    shared_raw.create_topic("poll", 1)
+    timer = threading.Timer(0.3, lambda: shared_raw.produce("poll", 0, plain_batch(["late"])))
     timer.start()
-    result = raw.fetch("poll", 0, 0, max_wait_ms=20_000)
+    result = shared_raw.fetch("poll", 0, 0, max_wait_ms=20_000)
     timer.join()
     assert record_values(r for b in result.batches for r in b.records) == ["late"]
-    empty = raw.fetch("poll", 0, 1, max_wait_ms=50)
+    empty = shared_raw.fetch("poll", 0, 1, max_wait_ms=50)
     assert list(empty.batches) == [] and empty.high_watermark == 1
 
 
-def test_fetch_limits_and_trimming(raw):
-    raw.create_topic("limits", 1)
+def test_fetch_limits_and_trimming(shared_raw):
+    shared_raw.create_topic("limits", 1)
     for i in range(5):
-        raw.produce("limits", 0, plain_batch([f"{i}-{j}" for j in range(4)]))
-    result = raw.fetch("limits", 0, 6, max_records=1)
+        shared_raw.produce("limits", 0, plain_batch([f"{i}-{j}" for j in range(4)]))
+    result = shared_raw.fetch("limits", 0, 6, max_records=1)
     got = [r for b in result.batches for r in b.records]
     assert [r.offset for r in got] == [6, 7]  # at least one whole batch, trimmed before offset 6
     assert result.next_fetch_offset == 8
-    assert [r.offset for r in raw.read_all("limits", 0, start=13)] == [13, 14, 15, 16, 17, 18, 19]
+    assert [r.offset for r in shared_raw.read_all("limits", 0, start=13)] == [13, 14, 15, 16, 17, 18, 19]
 
 
-def test_list_offsets(raw):
-    raw.create_topic("lo", 1)
+def test_list_offsets(shared_raw):
+    shared_raw.create_topic("lo", 1)
     base = int(time.time() * 1000)
     for i in range(3):
-        raw.produce("lo", 0, common_pb2.RecordBatch(producer_id=-1, producer_epoch=-1, base_sequence=-1,
+        shared_raw.produce("lo", 0, common_pb2.RecordBatch(producer_id=-1, producer_epoch=-1, base_sequence=-1,
                                                      records=[common_pb2.Record(value=b"v", timestamp_ms=base + 1000 * i)]))
-    assert raw.list_offset("lo", 0, EARLIEST).offset == 0
-    assert raw.list_offset("lo", 0, LATEST).offset == 3
-    assert raw.list_offset("lo", 0, LSO).offset == 3
-    at = raw.list_offset("lo", 0, BY_TIME, base + 500)
+    assert shared_raw.list_offset("lo", 0, EARLIEST).offset == 0
+    assert shared_raw.list_offset("lo", 0, LATEST).offset == 3
+    assert shared_raw.list_offset("lo", 0, LSO).offset == 3
+    at = shared_raw.list_offset("lo", 0, BY_TIME, base + 500)
     assert (at.offset, at.timestamp_ms) == (1, base + 1000)
-    assert raw.list_offset("lo", 0, BY_TIME, base + 10_000).offset == -1
+    assert shared_raw.list_offset("lo", 0, BY_TIME, base + 10_000).offset == -1
 
 
 def test_consumer_group_offsets_compacted_and_recovered(raw, txlog_cluster):
@@ -290,39 +298,39 @@ def test_consumer_group_offsets_compacted_and_recovered(raw, txlog_cluster):
     assert found[-1] == {("src", 0): (400, "m0"), ("src", 1): (401, "m1")}
 
 
-def test_retention_by_size_and_by_time_deletes_whole_batches_from_the_start(raw):
-    raw.create_topic("sized", 1, **{"retention.bytes": "2000"})
+def test_retention_by_size_and_by_time_deletes_whole_batches_from_the_start(shared_raw):
+    shared_raw.create_topic("sized", 1, **{"retention.bytes": "2000"})
     for i in range(20):
-        raw.produce("sized", 0, plain_batch([f"{i}".encode() * 50]))
+        shared_raw.produce("sized", 0, plain_batch([f"{i}".encode() * 50]))
 
     def whole_from_its_start():
         """The log's start once retention began, if every offset from there to the end reads back; retention
         runs every 200 ms and may move the start again while we read (then we look again)."""
-        start = raw.list_offset("sized", 0, EARLIEST).offset
+        start = shared_raw.list_offset("sized", 0, EARLIEST).offset
         try:
-            offsets = [r.offset for r in raw.read_all("sized", 0, start)]
+            offsets = [r.offset for r in shared_raw.read_all("sized", 0, start)]
         except AssertionError:  # read_all met OFFSET_OUT_OF_RANGE: the start moved on
             return None
         return start if start > 0 and offsets == list(range(start, 20)) else None
 
     start = wait_until(whole_from_its_start, 30, "retention by size, the rest readable")
     assert 0 < start < 20
-    assert raw.list_offset("sized", 0, LATEST).offset == 20
-    assert error_name(raw.fetch("sized", 0, start - 1)) == "OFFSET_OUT_OF_RANGE"
+    assert shared_raw.list_offset("sized", 0, LATEST).offset == 20
+    assert error_name(shared_raw.fetch("sized", 0, start - 1)) == "OFFSET_OUT_OF_RANGE"
 
-    raw.create_topic("timed", 1, **{"retention.ms": "60000"})
+    shared_raw.create_topic("timed", 1, **{"retention.ms": "60000"})
     old = int(time.time() * 1000) - 120_000
-    raw.produce("timed", 0, common_pb2.RecordBatch(producer_id=-1, producer_epoch=-1, base_sequence=-1, records=[common_pb2.Record(value=b"old", timestamp_ms=old)]))
-    raw.produce("timed", 0, plain_batch(["new"]))
-    wait_until(lambda: raw.list_offset("timed", 0, EARLIEST).offset, 30, "retention by time")
-    assert raw.list_offset("timed", 0, EARLIEST).offset == 1
-    assert record_values(raw.read_all("timed", 0, 1)) == ["new"]
+    shared_raw.produce("timed", 0, common_pb2.RecordBatch(producer_id=-1, producer_epoch=-1, base_sequence=-1, records=[common_pb2.Record(value=b"old", timestamp_ms=old)]))
+    shared_raw.produce("timed", 0, plain_batch(["new"]))
+    wait_until(lambda: shared_raw.list_offset("timed", 0, EARLIEST).offset, 30, "retention by time")
+    assert shared_raw.list_offset("timed", 0, EARLIEST).offset == 1
+    assert record_values(shared_raw.read_all("timed", 0, 1)) == ["new"]
 
 
-def test_init_producer_id_for_idempotent_producers(raw):
-    ids = [raw.producer_id() for _ in range(5)]
+def test_init_producer_id_for_idempotent_producers(shared_raw):
+    ids = [shared_raw.producer_id() for _ in range(5)]
     assert len(set(ids)) == 5
-    stub = coordinator_pb2_grpc.CoordinatorServiceStub(grpc.insecure_channel(raw.bootstrap[1]))
+    stub = coordinator_pb2_grpc.CoordinatorServiceStub(grpc.insecure_channel(shared_raw.bootstrap[1]))
     other = stub.InitProducerId(coordinator_pb2.InitProducerIdRequest(producer_id=-1, producer_epoch=-1), timeout=10)
     assert other.producer_id not in ids
     # naming an id (KIP-360's reset) still gets a new one: partition_svc never bumps an id it is told
@@ -333,8 +341,8 @@ def test_init_producer_id_for_idempotent_producers(raw):
     assert "NOT_COORDINATOR" in info.value.details()
 
 
-def test_transactional_coordinator_rpcs_answer_not_coordinator_and_bad_utf8_is_invalid(raw):
-    channel = grpc.insecure_channel(raw.bootstrap[0])
+def test_transactional_coordinator_rpcs_answer_not_coordinator_and_bad_utf8_is_invalid(shared_raw):
+    channel = grpc.insecure_channel(shared_raw.bootstrap[0])
     with pytest.raises(grpc.RpcError) as info:  # our error, saying where to go: not UNIMPLEMENTED, the word for missing features
         coordinator_pb2_grpc.CoordinatorServiceStub(channel).EndTxn(coordinator_pb2.EndTxnRequest(), timeout=10)
     assert errors.from_rpc_error(info.value).name == "NOT_COORDINATOR" and "EndTxn" in info.value.details()
@@ -346,16 +354,16 @@ def test_transactional_coordinator_rpcs_answer_not_coordinator_and_bad_utf8_is_i
     channel.close()
 
 
-def test_fetch_record_and_byte_limits_hold_across_partitions(raw):
-    raw.create_topic("multi", 3)  # round-robin over two instances: partitions 0 and 2 share a leader
-    leaders = raw.leaders("multi")
+def test_fetch_record_and_byte_limits_hold_across_partitions(shared_raw):
+    shared_raw.create_topic("multi", 3)  # round-robin over two instances: partitions 0 and 2 share a leader
+    leaders = shared_raw.leaders("multi")
     assert leaders[0] == leaders[2]
     for partition in (0, 2):
         for i in range(3):
-            raw.produce("multi", partition, plain_batch([f"{i}-{j}" for j in range(5)]))
+            shared_raw.produce("multi", partition, plain_batch([f"{i}-{j}" for j in range(5)]))
 
     def fetch(**limits):
-        reply = raw.stub(leaders[0]).Fetch(partition_pb2.FetchRequest(partitions=[
+        reply = shared_raw.stub(leaders[0]).Fetch(partition_pb2.FetchRequest(partitions=[
             partition_pb2.FetchPartition(topic="multi", partition=0, fetch_offset=0),
             partition_pb2.FetchPartition(topic="multi", partition=2, fetch_offset=0),
         ], **limits), timeout=10)
