@@ -114,12 +114,12 @@ def pid_alive(pid: int) -> bool:
         return False
 
 
-def zookeeper_ruok(address: str, timeout_s: float = 1.0) -> bool:
-    host, port = address.rsplit(":", 1)
+def zookeeper_serving(address: str, timeout_s: float = 1.0) -> bool:
+    """Whether ZooKeeper serves sessions: ``srvr`` names its mode only then. (``ruok``
+    answers imok as soon as the process listens; a client connecting before the server
+    has loaded its data is turned away, and on a loaded machine that lasted over 30 s.)"""
     try:
-        with socket.create_connection((host, int(port)), timeout=timeout_s) as sock:
-            sock.sendall(b"ruok")
-            return sock.recv(4) == b"imok"
+        return "\nMode: " in zookeeper_command(address, b"srvr", timeout_s)
     except OSError:
         return False
 
@@ -420,7 +420,7 @@ class LocalCluster:
         info = self.state.services[name]
         deadline = time.monotonic() + timeout_s
         tls = self.state.tls
-        probe = zookeeper_ruok if info.kind == "zookeeper" else lambda address: health_serving(address, tls=tls)
+        probe = zookeeper_serving if info.kind == "zookeeper" else lambda address: health_serving(address, tls=tls)
         while time.monotonic() < deadline:
             if not pid_alive(info.pid):
                 raise ClusterError(f"{name} exited during start-up; see {info.log}:\n{tail(info.log)}")

@@ -5,7 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from services.cluster import health_serving, pid_alive, zookeeper_ruok
+from services.cluster import health_serving, pid_alive, zookeeper_serving
 
 
 def txlog(*args, check=True):
@@ -34,7 +34,7 @@ def test_cluster_up_kill_start_down(tmp_path):
         assert all(entry["level"] == "INFO" for entry in handovers), handovers
         zk_address = state["zookeeper"]
         pid_address = state["services"]["producer_id_svc-0"]["address"]
-        assert zookeeper_ruok(zk_address) and health_serving(pid_address)
+        assert zookeeper_serving(zk_address) and health_serving(pid_address)
 
         blocks = [json.loads(line) for line in txlog("producer-ids", "allocate", "--dir", directory, "--count", "2").stdout.splitlines()]
         # the coordinators took blocks of their own at start-up; ours are the next ones, consecutive
