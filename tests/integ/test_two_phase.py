@@ -90,17 +90,26 @@ def name_of(cluster, address) -> str:
 
 
 def decision_records(raw, index) -> dict[bytes, list[common_pb2.Record]]:
-    """The group decision records in a __transaction_state partition, by key, in log order."""
+    """The group decision records in a __transaction_state partition, by key, in log order,
+    from the partition's log start (the coordinator moves it on past what it no longer needs)."""
     found: dict[bytes, list[common_pb2.Record]] = {}
-    for record in raw.read_all(STATE_TOPIC, index):
+    start = raw.list_offset(STATE_TOPIC, index, partition_pb2.OFFSET_SPEC_EARLIEST).offset
+    for record in raw.read_all(STATE_TOPIC, index, start):
         if record.key.startswith(DECISION_KEY_PREFIX):
             found.setdefault(record.key, []).append(record)
     return found
 
 
 def decided_then_removed(raw, index, expected_members) -> bool:
-    """True when the partition holds exactly one decision, naming ``expected_members``, followed by its tombstone."""
-    found = decision_records(raw, index)
+    """True when the partition holds exactly one decision, naming ``expected_members``, followed by its
+    tombstone; or none any more, its log start having moved past both (the decision was written: the
+    group's members committed)."""
+    try:
+        found = decision_records(raw, index)
+    except AssertionError:  # read_all met OFFSET_OUT_OF_RANGE: the log start moved on while we read
+        return False
+    if not found and raw.list_offset(STATE_TOPIC, index, partition_pb2.OFFSET_SPEC_EARLIEST).offset > 0:
+        return True
     if len(found) != 1:
         return False
     [(key, records)] = found.items()
