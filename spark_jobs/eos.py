@@ -68,7 +68,7 @@ from txlog.admin import MAX_TRANSACTION_TIMEOUT_MS_DEFAULT
 from txlog.errors import ProducerFencedError
 from txlog.protocol import TransactionState, names
 from txlog.structs import ConsumerRecord
-from txlog.two_phase import wait_until
+from txlog.two_phase import new_run_id, wait_until
 
 log = logging.getLogger("spark_jobs.eos")
 
@@ -209,10 +209,10 @@ def _run_as_one(spark, job: EosJob) -> list[RangeResult]:
         offsets_producer.init_transactions()  # fences earlier runs before reading where they got to
         ranges = plan(job)
         if not ranges:
-            # nothing to write, but what earlier runs left undecided is aborted all the same: an attempt Spark
-            # gave up on may prepare after its run's commit, and would hold the output's last stable offset
-            # until the next run that writes
-            abort_earlier_runs(job.bootstrap, job.name, "no-write", job.client_tls)
+            # nothing to write, but this run aborts what earlier ones left undecided all the same, as one that
+            # writes does first: an attempt Spark gave up on may prepare after its run's commit, and would hold
+            # the output's last stable offset until the next run that writes
+            abort_earlier_runs(job.bootstrap, job.name, new_run_id(), job.client_tls)
             return []
         log.info("planned %d ranges for one commit", len(ranges), extra={"fields": {"job": job.name, "ranges": [
             {"topic": r.topic, "partition": r.partition, "from": r.start, "to": r.end} for r in ranges]}})
