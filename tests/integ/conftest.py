@@ -6,19 +6,15 @@ import pytest
 from raw import Raw
 
 
-def raw_client(cluster):
-    client = Raw(cluster)
-    yield client
-    client.close()
-
-
 @pytest.fixture
 def raw(txn_cluster):
     """Hand-built gRPC calls to the full cluster (txn_cluster)."""
-    yield from raw_client(txn_cluster)
+    with Raw(txn_cluster) as client:
+        yield client
 
 
 @pytest.fixture(scope="module")
 def shared_raw(shared_txn_cluster):
     """Hand-built gRPC calls to the module's shared full cluster (shared_txn_cluster)."""
-    yield from raw_client(shared_txn_cluster)
+    with Raw(shared_txn_cluster) as client:
+        yield client

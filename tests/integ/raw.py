@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import grpc
 
-from txlog.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc, partition_pb2, partition_pb2_grpc
+from txlog.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc, errors_pb2, partition_pb2, partition_pb2_grpc
 
 
 class Raw:
@@ -74,15 +74,43 @@ class Raw:
         return reply.results[0]
 
     def read_all(self, topic, partition, start=0) -> list[common_pb2.Record]:
-        records, offset = [], start
+        records = self._records_from(topic, partition, start)
+        assert records is not None, f"{topic}-{partition}'s log start moved past offset {start} while it was read"
+        return records
+
+    def read_from_log_start(self, topic, partition, attempts=10) -> tuple[int, list[common_pb2.Record]]:
+        """The partition's log start and every record from there; read again from the new
+        start when retention, or the coordinators' cleaning of their log, moves the start
+        past the reader meanwhile."""
+        for _ in range(attempts):
+            start = self._log_start(topic, partition)
+            records = self._records_from(topic, partition, start)
+            if records is not None:
+                return start, records
+        raise AssertionError(f"{topic}-{partition}'s log start moved on {attempts} times in a row while it was read")
+
+    def _records_from(self, topic, partition, offset) -> list[common_pb2.Record] | None:
+        """Every record from ``offset`` on; None once the log start is past the next offset to read."""
+        records = []
         while True:
             result = self.fetch(topic, partition, offset)
+            if result.error.code == errors_pb2.ERROR_CODE_OFFSET_OUT_OF_RANGE and offset < self._log_start(topic, partition):
+                return None
             assert result.error.code == 0, result.error
             got = [r for b in result.batches for r in b.records]
             if not got:
                 return records
             records.extend(got)
             offset = result.next_fetch_offset
+
+    def _log_start(self, topic, partition) -> int:
+        return self.list_offset(topic, partition, partition_pb2.OFFSET_SPEC_EARLIEST).offset
+
+    def __enter__(self) -> Raw:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
 
     def list_offset(self, topic, partition, spec, timestamp_ms=0):
         reply = self.leader(topic, partition).ListOffsets(

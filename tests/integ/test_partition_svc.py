@@ -24,17 +24,15 @@ LATEST, EARLIEST, LSO, BY_TIME = (
 
 @pytest.fixture
 def raw(txlog_cluster):
-    client = Raw(txlog_cluster)
-    yield client
-    client.close()
+    with Raw(txlog_cluster) as client:
+        yield client
 
 
 @pytest.fixture(scope="module")
 def shared_raw(shared_txlog_cluster):
     """For the tests that each work on topics and groups of their own and stop nothing: one cluster for them all."""
-    client = Raw(shared_txlog_cluster)
-    yield client
-    client.close()
+    with Raw(shared_txlog_cluster) as client:
+        yield client
 
 
 def test_sequence_rules_over_raw_grpc(shared_raw):
@@ -304,14 +302,9 @@ def test_retention_by_size_and_by_time_deletes_whole_batches_from_the_start(shar
         shared_raw.produce("sized", 0, plain_batch([f"{i}".encode() * 50]))
 
     def whole_from_its_start():
-        """The log's start once retention began, if every offset from there to the end reads back; retention
-        runs every 200 ms and may move the start again while we read (then we look again)."""
-        start = shared_raw.list_offset("sized", 0, EARLIEST).offset
-        try:
-            offsets = [r.offset for r in shared_raw.read_all("sized", 0, start)]
-        except AssertionError:  # read_all met OFFSET_OUT_OF_RANGE: the start moved on
-            return None
-        return start if start > 0 and offsets == list(range(start, 20)) else None
+        """The log's start once retention began, if every offset from there to the end reads back."""
+        start, records = shared_raw.read_from_log_start("sized", 0)
+        return start if start > 0 and [r.offset for r in records] == list(range(start, 20)) else None
 
     start = wait_until(whole_from_its_start, 30, "retention by size, the rest readable")
     assert 0 < start < 20

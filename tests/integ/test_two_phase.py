@@ -89,26 +89,28 @@ def name_of(cluster, address) -> str:
     return next(name for name, info in cluster.state.services.items() if info.address == address)
 
 
-def decision_records(raw, index) -> dict[bytes, list[common_pb2.Record]]:
-    """The group decision records in a __transaction_state partition, by key, in log order,
-    from the partition's log start (the coordinator moves it on past what it no longer needs)."""
+def decisions_in(records) -> dict[bytes, list[common_pb2.Record]]:
+    """The group decision records among a transaction log's ``records``, by key, in log order."""
     found: dict[bytes, list[common_pb2.Record]] = {}
-    start = raw.list_offset(STATE_TOPIC, index, partition_pb2.OFFSET_SPEC_EARLIEST).offset
-    for record in raw.read_all(STATE_TOPIC, index, start):
+    for record in records:
         if record.key.startswith(DECISION_KEY_PREFIX):
             found.setdefault(record.key, []).append(record)
     return found
+
+
+def decision_records(raw, index) -> dict[bytes, list[common_pb2.Record]]:
+    """The group decision records in a __transaction_state partition, from its log start
+    (the coordinator moves it on past what it no longer needs)."""
+    return decisions_in(raw.read_from_log_start(STATE_TOPIC, index)[1])
 
 
 def decided_then_removed(raw, index, expected_members) -> bool:
     """True when the partition holds exactly one decision, naming ``expected_members``, followed by its
     tombstone; or none any more, its log start having moved past both (the decision was written: the
     group's members committed)."""
-    try:
-        found = decision_records(raw, index)
-    except AssertionError:  # read_all met OFFSET_OUT_OF_RANGE: the log start moved on while we read
-        return False
-    if not found and raw.list_offset(STATE_TOPIC, index, partition_pb2.OFFSET_SPEC_EARLIEST).offset > 0:
+    start, records = raw.read_from_log_start(STATE_TOPIC, index)
+    found = decisions_in(records)
+    if not found and start > 0:
         return True
     if len(found) != 1:
         return False
