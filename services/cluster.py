@@ -21,6 +21,7 @@ and authenticates to ZooKeeper with the digest identity in
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -124,21 +125,34 @@ def zookeeper_serving(address: str, timeout_s: float = 1.0) -> bool:
         return False
 
 
-def create_chroot(zookeeper: str) -> None:
-    """The chroot a connection string ends with (``host:port/name``), made if missing:
-    ZooKeeper refuses every request of a session whose chroot does not exist."""
+@contextlib.contextmanager
+def zookeeper_session(hosts: str, timeout_s: float = 30.0):
+    """A started kazoo client of ``hosts`` for the block; ClusterError naming
+    them when none answers within ``timeout_s``."""
     from kazoo.client import KazooClient
+    from kazoo.handlers.threading import KazooTimeoutError
 
-    hosts, slash, chroot = zookeeper.partition("/")
-    if not slash or not chroot:
-        return
     client = KazooClient(hosts=hosts)
-    client.start(timeout=30)
     try:
-        client.ensure_path("/" + chroot)
+        client.start(timeout=timeout_s)
+    except KazooTimeoutError:
+        client.close()
+        raise ClusterError(f"no ZooKeeper answered at {hosts} within {timeout_s:.0f} s") from None
+    try:
+        yield client
     finally:
         client.stop()
         client.close()
+
+
+def create_chroot(zookeeper: str) -> None:
+    """The chroot a connection string ends with (``host:port/name``), made if missing:
+    ZooKeeper refuses every request of a session whose chroot does not exist."""
+    hosts, slash, chroot = zookeeper.partition("/")
+    if not slash or not chroot:
+        return
+    with zookeeper_session(hosts) as client:
+        client.ensure_path("/" + chroot)
 
 
 def zookeeper_command(address: str, word: bytes, timeout_s: float = 10.0) -> str:
@@ -172,15 +186,8 @@ def zookeeper_session_requests(address: str, session: int) -> int:
 
 def registration_session(zookeeper: str, kind: str, node_id: int, root: str = ZOOKEEPER_ROOT) -> int:
     """The ZooKeeper session of a live instance (its registration's ephemeral owner)."""
-    from kazoo.client import KazooClient
-
-    client = KazooClient(hosts=zookeeper)
-    client.start(timeout=30)
-    try:
+    with zookeeper_session(zookeeper) as client:
         stat = client.exists(f"{root}/services/{kind}/{node_id}")
-    finally:
-        client.stop()
-        client.close()
     if stat is None:
         raise LookupError(f"{kind} {node_id} is not registered under {root}")
     return stat.ephemeralOwner

@@ -110,8 +110,12 @@ def zookeeper_for(request):
     ``own_zookeeper``, which stops or kills it."""
     if request.node.get_closest_marker("own_zookeeper"):
         return None
-    shared = request.getfixturevalue("shared_zookeeper")
-    return f"{shared}/{next(CHROOTS)}"
+    return fresh_chroot(request.getfixturevalue("shared_zookeeper"))
+
+
+def fresh_chroot(zookeeper: str) -> str:
+    """A connection string for a cluster of its own on ``zookeeper``: one chroot of this worker's not used yet."""
+    return f"{zookeeper}/{next(CHROOTS)}"
 
 
 @pytest.fixture
@@ -153,7 +157,7 @@ def txlog_cluster(tmp_path, zookeeper_for):
 @pytest.fixture(scope="module")
 def shared_txlog_cluster(tmp_path_factory, shared_zookeeper):
     """A STORAGE_ONLY cluster shared by a module's tests that each work on names of their own and stop nothing."""
-    yield from running(tmp_path_factory.mktemp("shared-cluster"), f"{shared_zookeeper}/{next(CHROOTS)}", STORAGE_ONLY)
+    yield from running(tmp_path_factory.mktemp("shared-cluster"), fresh_chroot(shared_zookeeper), STORAGE_ONLY)
 
 
 @pytest.fixture
@@ -166,4 +170,4 @@ def txn_cluster(tmp_path, zookeeper_for):
 def shared_txn_cluster(tmp_path_factory, shared_zookeeper):
     """A FULL cluster shared by a module's tests that each work on names of their own
     and stop nothing (refused requests, fresh topics)."""
-    yield from running(tmp_path_factory.mktemp("shared-cluster"), f"{shared_zookeeper}/{next(CHROOTS)}", FULL)
+    yield from running(tmp_path_factory.mktemp("shared-cluster"), fresh_chroot(shared_zookeeper), FULL)

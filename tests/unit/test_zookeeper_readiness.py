@@ -1,5 +1,6 @@
-"""LocalCluster's readiness probe for ZooKeeper: ready when ZooKeeper serves
-sessions, not when its port answers. A socket server stands in for ZooKeeper's
+"""LocalCluster and ZooKeeper: its readiness probe says ready when ZooKeeper
+serves sessions, not when its port answers; an address where no ZooKeeper
+answers is a clear ClusterError. A socket server stands in for ZooKeeper's
 four-letter-word port (what it answers is ZooKeeper 3.8's text, verbatim in
 form); the probe's reading of it is under test, not ZooKeeper."""
 
@@ -10,7 +11,7 @@ import threading
 
 import pytest
 
-from services.cluster import zookeeper_serving
+from services.cluster import ClusterError, zookeeper_serving, zookeeper_session
 
 NOT_SERVING = "This ZooKeeper instance is not currently serving requests\n"
 SERVING = ("Zookeeper version: 3.8.0, built on 2023-01-01 00:00 UTC\nLatency min/avg/max: 0/0.0/0\nReceived: 3\n"
@@ -56,3 +57,11 @@ def test_nothing_listening_is_not_ready():
     with socket.create_server(("127.0.0.1", 0)) as taken:
         address = f"127.0.0.1:{taken.getsockname()[1]}"
     assert not zookeeper_serving(address)
+
+
+def test_a_zookeeper_that_does_not_answer_is_a_clear_error_naming_it():
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        address = f"127.0.0.1:{taken.getsockname()[1]}"
+    with pytest.raises(ClusterError, match=f"no ZooKeeper answered at {address} within 1 s"):
+        with zookeeper_session(address, timeout_s=1):
+            raise AssertionError("a session started")
