@@ -21,12 +21,6 @@ from txlog.protocol import errors
 from txlog.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc, partition_pb2
 
 
-@pytest.fixture(scope="module")
-def raw(shared_raw):
-    """The module's raw tests share one cluster: each works on topics and ids of its own and stops nothing."""
-    return shared_raw
-
-
 def rpc_error_name(call) -> str:
     with pytest.raises(grpc.RpcError) as info:
         call()
@@ -65,45 +59,45 @@ def commit_one(raw, topic, transactional_id, value):
 # --- defect 1: a late marker of transaction N must not end transaction N+1 ----------------------------
 
 
-def test_a_late_marker_of_the_previous_transaction_never_ends_the_open_one(raw):
-    producer, marker_epoch, coordinator_epoch = commit_one(raw, "late", "late-tx", "n")  # transaction N
+def test_a_late_marker_of_the_previous_transaction_never_ends_the_open_one(shared_raw):
+    producer, marker_epoch, coordinator_epoch = commit_one(shared_raw, "late", "late-tx", "n")  # transaction N
 
     producer.add(("late", 0))  # transaction N+1 writes at the same epoch N's markers carried
     assert error_name(producer.send("late", 0, "m").error.code) == "NONE"
-    replayed = write_marker(raw, "late", 0, producer.producer_id, marker_epoch, True, coordinator_epoch)
+    replayed = write_marker(shared_raw, "late", 0, producer.producer_id, marker_epoch, True, coordinator_epoch)
     assert error_name(replayed) != "NONE"  # a marker ends only a transaction opened at a lower epoch
-    assert values(raw, "late", 0) == ["n"]  # N+1 is still open: nothing of it is visible
-    assert producer_entry(raw, "late", 0, producer.producer_id).current_txn_start_offset >= 0
+    assert values(shared_raw, "late", 0) == ["n"]  # N+1 is still open: nothing of it is visible
+    assert producer_entry(shared_raw, "late", 0, producer.producer_id).current_txn_start_offset >= 0
 
     producer.end(committed=False)
     wait_until(settled(producer, TransactionState.COMPLETE_ABORT), message="N+1 aborted")
-    wait_until(lambda: raw.list_offset("late", 0, partition_pb2.OFFSET_SPEC_LAST_STABLE).offset
-               == raw.list_offset("late", 0, partition_pb2.OFFSET_SPEC_LATEST).offset, message="the LSO reaching the end")
-    assert values(raw, "late", 0) == ["n"]  # N+1's record never becomes visible
+    wait_until(lambda: shared_raw.list_offset("late", 0, partition_pb2.OFFSET_SPEC_LAST_STABLE).offset
+               == shared_raw.list_offset("late", 0, partition_pb2.OFFSET_SPEC_LATEST).offset, message="the LSO reaching the end")
+    assert values(shared_raw, "late", 0) == ["n"]  # N+1's record never becomes visible
 
 
-def test_a_re_sent_marker_with_no_transaction_open_is_a_no_op(raw):
-    producer, marker_epoch, coordinator_epoch = commit_one(raw, "resent", "resent-tx", "a")
-    end = raw.list_offset("resent", 0, partition_pb2.OFFSET_SPEC_LATEST).offset
-    assert error_name(write_marker(raw, "resent", 0, producer.producer_id, marker_epoch, True, coordinator_epoch)) == "NONE"
-    assert raw.list_offset("resent", 0, partition_pb2.OFFSET_SPEC_LATEST).offset == end  # nothing appended
+def test_a_re_sent_marker_with_no_transaction_open_is_a_no_op(shared_raw):
+    producer, marker_epoch, coordinator_epoch = commit_one(shared_raw, "resent", "resent-tx", "a")
+    end = shared_raw.list_offset("resent", 0, partition_pb2.OFFSET_SPEC_LATEST).offset
+    assert error_name(write_marker(shared_raw, "resent", 0, producer.producer_id, marker_epoch, True, coordinator_epoch)) == "NONE"
+    assert shared_raw.list_offset("resent", 0, partition_pb2.OFFSET_SPEC_LATEST).offset == end  # nothing appended
 
 
 # --- defect 2: a re-applied marker records the higher coordinator epoch ------------------------------------
 
 
-def test_a_re_applied_marker_records_the_higher_coordinator_epoch(raw):
-    producer, marker_epoch, old = commit_one(raw, "coord-epoch", "coord-epoch-tx", "a")
-    end = raw.list_offset("coord-epoch", 0, partition_pb2.OFFSET_SPEC_LATEST).offset
+def test_a_re_applied_marker_records_the_higher_coordinator_epoch(shared_raw):
+    producer, marker_epoch, old = commit_one(shared_raw, "coord-epoch", "coord-epoch-tx", "a")
+    end = shared_raw.list_offset("coord-epoch", 0, partition_pb2.OFFSET_SPEC_LATEST).offset
     # the new owner after a failover re-sends the marker it found decided: written again only to record its
     # epoch (a control batch, so that every replica has it), changing nothing a reader sees
-    committed_before = raw.read_all("coord-epoch", 0)
-    assert error_name(write_marker(raw, "coord-epoch", 0, producer.producer_id, marker_epoch, True, old + 1)) == "NONE"
-    assert producer_entry(raw, "coord-epoch", 0, producer.producer_id).coordinator_epoch == old + 1
-    assert raw.list_offset("coord-epoch", 0, partition_pb2.OFFSET_SPEC_LATEST).offset == end + 1
-    assert raw.read_all("coord-epoch", 0) == committed_before
+    committed_before = shared_raw.read_all("coord-epoch", 0)
+    assert error_name(write_marker(shared_raw, "coord-epoch", 0, producer.producer_id, marker_epoch, True, old + 1)) == "NONE"
+    assert producer_entry(shared_raw, "coord-epoch", 0, producer.producer_id).coordinator_epoch == old + 1
+    assert shared_raw.list_offset("coord-epoch", 0, partition_pb2.OFFSET_SPEC_LATEST).offset == end + 1
+    assert shared_raw.read_all("coord-epoch", 0) == committed_before
     # so the paused old owner's late re-send is fenced
-    assert error_name(write_marker(raw, "coord-epoch", 0, producer.producer_id, marker_epoch, True, old)) == "TRANSACTION_COORDINATOR_FENCED"
+    assert error_name(write_marker(shared_raw, "coord-epoch", 0, producer.producer_id, marker_epoch, True, old)) == "TRANSACTION_COORDINATOR_FENCED"
 
 
 # --- defect 3: nothing joins a prepared transaction -----------------------------------------------------------
@@ -115,10 +109,10 @@ def prepare(producer):
         producer_epoch=producer.producer_epoch), timeout=10)).handle
 
 
-def test_a_zombie_cannot_append_records_or_offsets_to_a_prepared_transaction(raw):
-    raw.create_topic("sealed", 1)
-    raw.create_topic("sealed-in", 1)
-    producer = TxnProducer(raw, "sealed/p0").init()
+def test_a_zombie_cannot_append_records_or_offsets_to_a_prepared_transaction(shared_raw):
+    shared_raw.create_topic("sealed", 1)
+    shared_raw.create_topic("sealed-in", 1)
+    producer = TxnProducer(shared_raw, "sealed/p0").init()
     producer.add(("sealed", 0))
     assert error_name(producer.send("sealed", 0, "a").error.code) == "NONE"
     group = "sealed-group"
@@ -127,7 +121,7 @@ def test_a_zombie_cannot_append_records_or_offsets_to_a_prepared_transaction(raw
         producer_epoch=producer.producer_epoch, group_id=group), timeout=10))
 
     def commit_offset(offset):
-        group_leader = raw.stub(raw.metadata(partition_pb2.MetadataRequest(group_ids=[group])).group_coordinators[0].address)
+        group_leader = shared_raw.stub(shared_raw.metadata(partition_pb2.MetadataRequest(group_ids=[group])).group_coordinators[0].address)
         return group_leader.TxnOffsetCommit(partition_pb2.TxnOffsetCommitRequest(
             transactional_id=producer.transactional_id, group_id=group, producer_id=producer.producer_id,
             producer_epoch=producer.producer_epoch,
@@ -142,20 +136,20 @@ def test_a_zombie_cannot_append_records_or_offsets_to_a_prepared_transaction(raw
 
     retrying(lambda: producer.coordinator().CompleteTransaction(
         coordinator_pb2.CompleteTransactionRequest(handle=handle, committed=True), timeout=10))
-    wait_until(lambda: values(raw, "sealed", 0) == ["a"], message="the commit")
-    group_leader = raw.stub(raw.metadata(partition_pb2.MetadataRequest(group_ids=[group])).group_coordinators[0].address)
+    wait_until(lambda: values(shared_raw, "sealed", 0) == ["a"], message="the commit")
+    group_leader = shared_raw.stub(shared_raw.metadata(partition_pb2.MetadataRequest(group_ids=[group])).group_coordinators[0].address)
     fetched = group_leader.OffsetFetch(partition_pb2.OffsetFetchRequest(
         group_id=group, partitions=[common_pb2.TopicPartition(topic="sealed-in", partition=0)]), timeout=10)
     assert fetched.offsets[0].offset == 3
-    assert values(raw, "sealed", 0, UNCOMMITTED) == ["a"]  # the zombie's record was never written
+    assert values(shared_raw, "sealed", 0, UNCOMMITTED) == ["a"]  # the zombie's record was never written
 
 
 # --- defect 4: a fenced zombie cannot rejoin ------------------------------------------------------------------------
 
 
-def test_a_fenced_zombie_epoch_is_neither_current_nor_last(raw):
-    raw.create_topic("fence", 1)
-    zombie = TxnProducer(raw, "fence-tx").init()
+def test_a_fenced_zombie_epoch_is_neither_current_nor_last(shared_raw):
+    shared_raw.create_topic("fence", 1)
+    zombie = TxnProducer(shared_raw, "fence-tx").init()
     zombie.add(("fence", 0))
     assert error_name(zombie.send("fence", 0, "z").error.code) == "NONE"
     coordinator = zombie.coordinator()
@@ -177,46 +171,46 @@ def test_a_fenced_zombie_epoch_is_neither_current_nor_last(raw):
     assert rpc_error_name(lambda: coordinator.AddPartitionsToTxn(coordinator_pb2.AddPartitionsToTxnRequest(
         transactional_id="fence-tx", producer_id=pid, producer_epoch=epoch + 1,
         partitions=[common_pb2.TopicPartition(topic="fence", partition=0)]), timeout=10)) == "PRODUCER_FENCED"
-    newcomer = TxnProducer(raw, "fence-tx").init()
+    newcomer = TxnProducer(shared_raw, "fence-tx").init()
     assert newcomer.producer_epoch > described.producer_epoch
-    assert values(raw, "fence", 0, COMMITTED) == []
+    assert values(shared_raw, "fence", 0, COMMITTED) == []
 
 
 # --- defect 6: no non-transactional batch inside a transaction; partition_svc's init never bumps an id ------------
 
 
-def test_a_non_transactional_batch_of_a_producer_with_an_open_transaction_is_refused(raw):
-    raw.create_topic("mixed", 1)
-    producer = TxnProducer(raw, "mixed-tx").init()
+def test_a_non_transactional_batch_of_a_producer_with_an_open_transaction_is_refused(shared_raw):
+    shared_raw.create_topic("mixed", 1)
+    producer = TxnProducer(shared_raw, "mixed-tx").init()
     producer.add(("mixed", 0))
     assert error_name(producer.send("mixed", 0, "t").error.code) == "NONE"
-    plain = raw.produce("mixed", 0, batch(producer.producer_id, 1, ["plain"], epoch=producer.producer_epoch))
+    plain = shared_raw.produce("mixed", 0, batch(producer.producer_id, 1, ["plain"], epoch=producer.producer_epoch))
     assert error_name(plain.error.code) == "INVALID_TXN_STATE"
     producer.end(committed=True)
-    wait_until(lambda: values(raw, "mixed", 0) == ["t"], message="the commit")
-    assert values(raw, "mixed", 0, UNCOMMITTED) == ["t"]
+    wait_until(lambda: values(shared_raw, "mixed", 0) == ["t"], message="the commit")
+    assert values(shared_raw, "mixed", 0, UNCOMMITTED) == ["t"]
 
 
-def test_partition_svc_init_producer_id_never_bumps_an_existing_producer_id(raw):
-    raw.create_topic("bump", 1)
-    producer = TxnProducer(raw, "bump-tx").init()
+def test_partition_svc_init_producer_id_never_bumps_an_existing_producer_id(shared_raw):
+    shared_raw.create_topic("bump", 1)
+    producer = TxnProducer(shared_raw, "bump-tx").init()
     producer.add(("bump", 0))
     assert error_name(producer.send("bump", 0, "t").error.code) == "NONE"
-    bootstrap = coordinator_pb2_grpc.CoordinatorServiceStub(raw._channels.setdefault(raw.bootstrap[0], grpc.insecure_channel(raw.bootstrap[0])))
+    bootstrap = coordinator_pb2_grpc.CoordinatorServiceStub(shared_raw._channels.setdefault(shared_raw.bootstrap[0], grpc.insecure_channel(shared_raw.bootstrap[0])))
     reply = bootstrap.InitProducerId(coordinator_pb2.InitProducerIdRequest(
         producer_id=producer.producer_id, producer_epoch=producer.producer_epoch), timeout=10)
     assert reply.producer_id != producer.producer_id  # a new id: another producer's epochs are not ours to bump
     producer.end(committed=True)
-    wait_until(lambda: values(raw, "bump", 0) == ["t"], message="the commit")
-    wait_until(lambda: raw.list_offset("bump", 0, partition_pb2.OFFSET_SPEC_LAST_STABLE).offset
-               == raw.list_offset("bump", 0, partition_pb2.OFFSET_SPEC_LATEST).offset, message="the LSO")
+    wait_until(lambda: values(shared_raw, "bump", 0) == ["t"], message="the commit")
+    wait_until(lambda: shared_raw.list_offset("bump", 0, partition_pb2.OFFSET_SPEC_LAST_STABLE).offset
+               == shared_raw.list_offset("bump", 0, partition_pb2.OFFSET_SPEC_LATEST).offset, message="the LSO")
 
 
 # --- defect 7: a retried KIP-360 InitProducerId gets the current epoch ---------------------------------------------
 
 
-def test_a_retried_kip360_init_whose_answer_was_lost_gets_the_current_epoch(raw):
-    producer = TxnProducer(raw, "kip360-tx").init()
+def test_a_retried_kip360_init_whose_answer_was_lost_gets_the_current_epoch(shared_raw):
+    producer = TxnProducer(shared_raw, "kip360-tx").init()
     coordinator = producer.coordinator()
 
     def init():
@@ -233,9 +227,9 @@ def test_a_retried_kip360_init_whose_answer_was_lost_gets_the_current_epoch(raw)
 # --- defect 8: aborting an empty transaction bumps the epoch -------------------------------------------------------
 
 
-def test_aborting_an_empty_transaction_bumps_the_epoch_and_a_late_add_is_fenced(raw):
-    raw.create_topic("empty-abort", 1)
-    producer = TxnProducer(raw, "empty-abort-tx").init()
+def test_aborting_an_empty_transaction_bumps_the_epoch_and_a_late_add_is_fenced(shared_raw):
+    shared_raw.create_topic("empty-abort", 1)
+    producer = TxnProducer(shared_raw, "empty-abort-tx").init()
     old_epoch = producer.producer_epoch
     reply = producer.end(committed=False)
     assert reply.producer_epoch == old_epoch + 1
@@ -254,27 +248,27 @@ def test_aborting_an_empty_transaction_bumps_the_epoch_and_a_late_add_is_fenced(
 # --- defect 9: a batch straddling the last sequence is out of order, not a duplicate --------------------------------
 
 
-def test_a_batch_straddling_the_last_sequence_is_out_of_order_not_a_duplicate(raw):
-    raw.create_topic("straddle", 1)
-    pid = raw.producer_id()
-    assert raw.produce("straddle", 0, batch(pid, 0, [f"r{i}" for i in range(14)])).error.code == 0  # sequences 0..13
-    straddling = raw.produce("straddle", 0, batch(pid, 13, ["r13", "r14"]))
+def test_a_batch_straddling_the_last_sequence_is_out_of_order_not_a_duplicate(shared_raw):
+    shared_raw.create_topic("straddle", 1)
+    pid = shared_raw.producer_id()
+    assert shared_raw.produce("straddle", 0, batch(pid, 0, [f"r{i}" for i in range(14)])).error.code == 0  # sequences 0..13
+    straddling = shared_raw.produce("straddle", 0, batch(pid, 13, ["r13", "r14"]))
     assert error_name(straddling.error.code) == "OUT_OF_ORDER_SEQUENCE"
-    assert raw.produce("straddle", 0, batch(pid, 12, ["r12"])).error.code == errors.ErrorCode.Value("DUPLICATE_SEQUENCE")
-    assert len(values(raw, "straddle", 0, UNCOMMITTED)) == 14
+    assert shared_raw.produce("straddle", 0, batch(pid, 12, ["r12"])).error.code == errors.ErrorCode.Value("DUPLICATE_SEQUENCE")
+    assert len(values(shared_raw, "straddle", 0, UNCOMMITTED)) == 14
 
 
 # --- suspected: a delayed TxnOffsetCommit never takes a pending offset back ------------------------------------------
 
 
-def test_a_delayed_txn_offset_commit_never_moves_a_pending_offset_back(raw):
-    raw.create_topic("offsets-in", 1)
-    producer = TxnProducer(raw, "offsets-tx").init()
+def test_a_delayed_txn_offset_commit_never_moves_a_pending_offset_back(shared_raw):
+    shared_raw.create_topic("offsets-in", 1)
+    producer = TxnProducer(shared_raw, "offsets-tx").init()
     group = "offsets-group"
     retrying(lambda: producer.coordinator().AddOffsetsToTxn(coordinator_pb2.AddOffsetsToTxnRequest(
         transactional_id=producer.transactional_id, producer_id=producer.producer_id,
         producer_epoch=producer.producer_epoch, group_id=group), timeout=10))
-    group_leader = raw.stub(raw.metadata(partition_pb2.MetadataRequest(group_ids=[group])).group_coordinators[0].address)
+    group_leader = shared_raw.stub(shared_raw.metadata(partition_pb2.MetadataRequest(group_ids=[group])).group_coordinators[0].address)
 
     def commit_offset(offset):
         return group_leader.TxnOffsetCommit(partition_pb2.TxnOffsetCommitRequest(
@@ -378,10 +372,10 @@ def test_the_transaction_log_stays_writable_after_32767_changes_of_owner(cluster
 # --- suspected: a group commit retried while its Complete records are written ------------------------------------------
 
 
-def test_a_group_commit_retried_while_its_members_complete_answers_ok(raw):
+def test_a_group_commit_retried_while_its_members_complete_answers_ok(shared_raw):
     import concurrent.futures
 
-    members = [TxnProducer(raw, f"big/m{i}") for i in range(600)]  # more than one transaction-log write of records
+    members = [TxnProducer(shared_raw, f"big/m{i}") for i in range(600)]  # more than one transaction-log write of records
 
     def prepared(member):
         member.init()
