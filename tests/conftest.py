@@ -80,12 +80,12 @@ def pytest_collection_modifyitems(config, items):
 
 
 def xdist_group(item) -> str | None:
-    shared = sorted(name for name, defs in item._fixtureinfo.name2fixturedefs.items() if defs[-1].scope in ("module", "class"))
     if SPARK_TESTS in Path(item.path).parents:
         # a test that runs its jobs as processes of their own (each its own JVM) needs no session here:
         # those run one after another beside the session's tests (a module-scoped cluster they share
         # with the session's tests is then set up on both workers)
         return "spark" if "spark" in item.fixturenames else "spark-jobs"
+    shared = sorted(name for name, defs in item._fixtureinfo.name2fixturedefs.items() if defs[-1].scope in ("module", "class"))
     if not shared:
         return None
     callspec = getattr(item, "callspec", None)
