@@ -105,9 +105,10 @@ def decision_records(raw, index) -> dict[bytes, list[common_pb2.Record]]:
 
 
 def decided_then_removed(raw, index, expected_members) -> bool:
-    """True when the partition holds exactly one decision, naming ``expected_members``, followed by its
-    tombstone; or none any more, its log start having moved past both (the decision was written: the
-    group's members committed)."""
+    """True when the partition holds one decision, naming ``expected_members``, and its tombstone
+    last; or none any more, its log start having moved past both (the decision was written: the
+    group's members committed). The state topic is compacted: once the tombstone is below the
+    LSO, compaction may delete the decision record before the tombstone, which stays."""
     start, records = raw.read_from_log_start(STATE_TOPIC, index)
     found = decisions_in(records)
     if not found and start > 0:
@@ -115,10 +116,12 @@ def decided_then_removed(raw, index, expected_members) -> bool:
     if len(found) != 1:
         return False
     [(key, records)] = found.items()
-    if [r.HasField("value") for r in records] != [True, False]:
+    if records[-1].HasField("value"):
         return False
-    decision = GroupDecision.decode(key[len(DECISION_KEY_PREFIX):].decode(), records[0].value)
-    assert decision.members == tuple(Handle(*h) for h in expected_members), decision
+    for record in records[:-1]:
+        assert record.HasField("value"), records  # one decision, one tombstone
+        decision = GroupDecision.decode(key[len(DECISION_KEY_PREFIX):].decode(), record.value)
+        assert decision.members == tuple(Handle(*h) for h in expected_members), decision
     return True
 
 
