@@ -7,7 +7,9 @@ ISR with ``replica.lag.time.max.ms`` and ``min.insync.replicas``).
 - A follower in the ISR that has not been caught up for ``lag_max_ms`` is
   dropped from it, and one whose log end went backwards (a wiped disk) at
   once; one outside that reaches the leader's high watermark, and
-  has been caught up, is added back. The leader is always in its ISR.
+  has been caught up, is added back. The leader is always in its ISR. A
+  follower the written ISR drops is forgotten (set_isr): only fetches made
+  after bring it back.
 - The high watermark is the smallest log end offset in the ISR: every record
   below it is on every in-sync replica. It never moves backwards.
 - ``acks=all`` needs at least ``min_insync`` replicas in the ISR: fewer, and a
@@ -51,6 +53,17 @@ class ReplicaSet:
         if log_end_offset >= leader_log_end:
             progress.last_caught_up_ms = now_ms
         return progress.log_start_offset != log_start_was
+
+    def set_isr(self, isr: frozenset[int]) -> None:
+        """The ISR as written to ZooKeeper. A follower it drops is forgotten:
+        the controller drops one that restarted, and what was recorded of it
+        came from its previous process (a fetch received before that one died,
+        say), not from what the new one holds; it comes back only by fetches
+        made after."""
+        for node in self.isr - isr:
+            if node in self.followers:
+                self.followers[node] = FollowerProgress()
+        self.isr = isr
 
     def low_watermark(self, leader_log_start: int) -> int:
         """The smallest log start offset in the ISR."""

@@ -239,7 +239,7 @@ class Partition:
     def isr_changed(self, isr: frozenset[int]) -> None:
         """The ISR as written to ZooKeeper (by this leader or the controller)."""
         if self.replica_set is not None:
-            self.replica_set.isr = isr
+            self.replica_set.set_isr(isr)
             self._advance_high_watermark()
             self._wake("_low_watermark_moved")
 

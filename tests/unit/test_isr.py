@@ -60,3 +60,22 @@ def test_a_follower_whose_log_went_backwards_leaves_the_isr_at_once():
     replicas.on_fetch(2, 0, 30, now_ms=1)  # restarted with an empty disk, well within the lag time
     assert replicas.isr_change(30, 1, LAG_MS) == frozenset({1})
     assert replicas.high_watermark == 30  # never back
+
+
+def test_a_follower_the_written_isr_dropped_comes_back_only_by_a_fetch_made_after():
+    """The controller drops a restarted follower from the ISR; what the leader had recorded of it belongs to
+    its previous process (a fetch of the killed process, received before the kill, said 30) and must not bring
+    the new one, on an empty disk, back into the ISR. A suite run showed it: the wiped follower rejoined with
+    nothing, then led with an empty log."""
+    replicas = ReplicaSet(leader=1, isr=frozenset({1, 2, 3}))
+    replicas.on_fetch(2, 30, 30, now_ms=0)
+    replicas.on_fetch(3, 30, 30, now_ms=0)
+    replicas.advance_high_watermark(30)
+    replicas.set_isr(frozenset({1, 3}))  # as the controller wrote it: 2 restarted
+    assert replicas.isr_change(30, 1, LAG_MS) is None
+    replicas.on_fetch(2, 0, 30, now_ms=2)  # the new process, from scratch
+    assert replicas.isr_change(30, 2, LAG_MS) is None
+    replicas.on_fetch(2, 30, 30, now_ms=3)  # caught up again
+    assert replicas.isr_change(30, 3, LAG_MS) == frozenset({1, 2, 3})
+    replicas.set_isr(frozenset({1, 2, 3}))
+    assert replicas.followers[2].log_end_offset == 30  # a follower the ISR keeps keeps its progress

@@ -116,7 +116,7 @@ class Replication(RuleBasedStateMachine):
         previous, replica.known = replica.known, state
         if state.leader == replica.node:
             if replica.replica_set is not None and previous is not None and previous.leader_epoch == state.leader_epoch:
-                replica.replica_set.isr = frozenset(state.isr)
+                replica.replica_set.set_isr(frozenset(state.isr))  # as Partition.isr_changed
             else:
                 replica.epochs.assign(state.leader_epoch, len(replica.log))
                 replica.replica_set = ReplicaSet(replica.node, frozenset(state.isr), high_watermark=replica.high_watermark,
