@@ -264,6 +264,10 @@ def test_a_replica_back_on_a_new_disk_never_leads_on_the_isr_it_was_in_before(cl
         assert raw.produce("lost-disk", 0, common_pb2.RecordBatch(records=[common_pb2.Record(value=value)]), acks=-1).error.code == 0
     for node in meta.replicas:
         cluster.kill(name_of(node))
+    # dead for ZooKeeper too (their sessions expired): until then the controller may elect a killed replica
+    # that is still registered, and the state it writes is not the one this test is about
+    wait_for(lambda: not any(zk.exists(f"/txlog/services/partition_svc/{n}") for n in meta.replicas),
+             what="the killed instances' registrations gone")
     lost = [n for n in meta.replicas if n != meta.leader_id][0]
     shutil.rmtree(cluster.dir / name_of(lost))
     cluster.start(name_of(lost))
