@@ -3,10 +3,12 @@ processes, started by the same LocalCluster code that `txlog cluster` uses."""
 
 from __future__ import annotations
 
+import collections
 import itertools
 import os
 import random
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -25,6 +27,10 @@ TEST_PORTS = (12000, 32768)
 PORT_SLICES = 16
 PORT_COUNTERS = Path(tempfile.gettempdir()) / f"txlog-test-ports-{os.getuid()}"
 SPARK_TESTS = Path(__file__).parent / "spark"
+# The longest serial scopes, as measured (--durations): a worker starts each at once.
+STARTS_FIRST = ("tests/deploy/test_compose_podman.py", "spark", "tests/hostile/test_fuzz_rpcs.py hostile=0", "spark-jobs",
+                "tests/faults/test_chaos.py", "tests/integ/test_client_wheel.py")
+JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 CHROOTS = (f"cluster-{n}" for n in itertools.count())  # this worker's clusters on its shared ZooKeeper
 
 # Tests run several at a time (scripts/test.sh), so an example may take longer
@@ -49,6 +55,11 @@ def pytest_configure(config):
         pass  # another run uses this slice, or used it: go on where it is
     os.environ[PORT_RANGE_ENV] = f"{low}-{low + size}"
     os.environ[PORT_COUNTER_ENV] = str(counter)
+    # Every JVM the tests start (ZooKeeper, Spark sessions and job processes) compiles with C1 only and
+    # collects with the serial GC: most live for seconds to minutes, where C2's compilations and the parallel
+    # GC's threads cost more CPU than they save (a Spark job process: about a third less CPU), and the suite
+    # is bound by the machine's CPU. Each JVM says so once on its stderr ("Picked up JAVA_TOOL_OPTIONS").
+    os.environ.setdefault("JAVA_TOOL_OPTIONS", JVM_OPTIONS)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -68,6 +79,7 @@ def pytest_collection_modifyitems(config, items):
         if group:
             item.add_marker(pytest.mark.xdist_group(group))
     yield
+    items.sort(key=scheduling_rank(groups))
     # xdist (3.8) tells the controller an item's group with a node id suffix,
     # "<id>@<group>", but sets it where pytest 9.2 no longer reads the id
     # (pytest-xdist issue 1386), so every group would be spread over the
@@ -77,6 +89,23 @@ def pytest_collection_modifyitems(config, items):
             group = groups.get(item)
             if group and not item.nodeid.endswith(f"@{group}"):
                 item._id = NodeId.parse(f"{item.nodeid}@{group}")
+
+
+def scheduling_rank(groups: dict) -> Callable:
+    """The order xdist hands the scopes (a group, or a single test) out in:
+    scripts/test.sh turns xdist's own order (by number of tests) off, since
+    the longest scopes are not those with the most tests, and one that starts
+    last ends the run last. STARTS_FIRST, then the other groups, larger
+    first, then single tests as collected (a stable sort)."""
+    size = collections.Counter(groups.values())
+
+    def rank(item) -> tuple[int, int]:
+        group = groups.get(item)
+        scope = group or item.nodeid.split("::")[0]
+        first = STARTS_FIRST.index(scope) if scope in STARTS_FIRST else len(STARTS_FIRST)
+        return first, -size[group] if group else 0
+
+    return rank
 
 
 def xdist_group(item) -> str | None:

@@ -7,7 +7,7 @@ real local cluster (run from the development install): the client needs none
 of the service packages, and puts none on the application's path.
 
 Slow the first time on a machine (pip downloads the dependencies); the
-environment is built once per session."""
+environment is built once (a module fixture: its tests share one worker)."""
 
 import os
 import subprocess
@@ -70,7 +70,7 @@ def clean_env() -> dict[str, str]:
     return env
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")  # module: both tests on one xdist worker, the environment built once
 def client_venv(tmp_path_factory) -> Path:
     """A fresh virtual environment holding only the client wheel and its dependencies."""
     scratch = tmp_path_factory.mktemp("client-wheel")
