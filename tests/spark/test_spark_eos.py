@@ -25,7 +25,7 @@ from outputs import (
     views_of,
     windows_of,
 )
-from spark_env import worker_pythonpath
+from spark_env import job_report, worker_pythonpath
 from support.waiting import wait_until
 
 from spark_jobs import eos, sample_events
@@ -77,15 +77,7 @@ def run_job_process(bootstrap: str, transform: str, env: dict[str, str]) -> subp
 
 
 def ranges_reported(process: subprocess.Popen, timeout_s: float = 240) -> list[dict]:
-    try:
-        stdout, stderr = process.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        _, stderr = process.communicate()
-        raise AssertionError(f"the job did not end within {timeout_s:.0f} s; its stderr ends:\n{stderr[-5000:]}") from None
-    assert process.returncode == 0, stderr[-3000:]
-    (report,) = [json.loads(line) for line in stdout.splitlines() if line.startswith('{"run"')]
-    return report["ranges"]
+    return job_report(process, timeout_s)["ranges"]
 
 
 def test_a_run_counts_every_event_once_and_a_second_run_changes_nothing(spark, loaded):
