@@ -71,7 +71,10 @@ def test_the_job_on_a_standalone_cluster_counts_every_event_once_with_an_executo
                 job.communicate()
         (app,) = spark_cluster.state()["completedapps"]  # one application, run by the cluster's executors
         assert app["name"] == f"windowed-counts:{GROUP}" and app["state"] == "FINISHED", app
-    assert sorted((r["partition"], r["status"]) for r in report["ranges"]) == [(p, "committed") for p in range(4)]
+    # the killed executor's task ran again; its range is "skipped" when the orphaned Python worker of the dead
+    # JVM, released too, committed the whole range before the retry's init could fence it: once either way
+    assert sorted(r["partition"] for r in report["ranges"]) == [0, 1, 2, 3]
+    assert {r["status"] for r in report["ranges"]} <= {"committed", "skipped"}, report["ranges"]
     counted = counts(bootstrap, OUTPUT)
     assert views_of(counted) == expected_views(EVENTS)
     assert windows_of(counted) == expected_windows(EVENTS)
