@@ -1,5 +1,5 @@
 # txlog's commands. `make run` and `make test` set everything up first.
-.PHONY: setup run test protos lint bench wheels
+.PHONY: setup run test protos lint bench wheels image deploy-smoke
 
 setup:
 	scripts/setup.sh
@@ -9,6 +9,14 @@ run: setup
 
 test:
 	scripts/test.sh
+
+# localhost/txlog:dev and localhost/txlog-spark:dev (and the compose stack's ZooKeeper) with podman
+image: setup
+	scripts/image.sh
+
+# docker-compose.yml under podman: ready, the Spark job, the chaos workload under container faults; last line JSON
+deploy-smoke: setup
+	.venv/bin/python tests/deploy/compose_smoke.py
 
 protos: setup
 	.venv/bin/python -m services.protogen

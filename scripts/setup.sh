@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs everything txlog needs on a fresh Debian machine: Java, ZooKeeper,
-# Node.js and promtool from Debian (apt-get, when missing), the Python packages into .venv,
+# Node.js, promtool, podman and mmdebstrap from Debian (apt-get, when missing), the Python packages into .venv,
 # and the Node client's packages into clients/node/node_modules.
 # Idempotent: a second run only checks.
 set -euo pipefail
@@ -12,6 +12,10 @@ command -v java >/dev/null 2>&1 || need_apt+=(default-jre-headless)
 command -v node >/dev/null 2>&1 || need_apt+=(nodejs)
 command -v npm >/dev/null 2>&1 || need_apt+=(npm)
 command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)  # promtool checks the chart's alert rules
+# podman builds and runs the images (make image, make deploy-smoke, tests/deploy); mmdebstrap makes
+# their base from Debian's packages where no registry is reachable
+command -v podman >/dev/null 2>&1 || need_apt+=(podman runc uidmap slirp4netns fuse-overlayfs)
+command -v mmdebstrap >/dev/null 2>&1 || need_apt+=(mmdebstrap)
 if [ ${#need_apt[@]} -gt 0 ]; then
   sudo=""
   [ "$(id -u)" -eq 0 ] || sudo="sudo"

@@ -191,8 +191,9 @@ def read_everything(bootstrap: str, isolation: str) -> tuple[list[list], list[st
     return records, stuck
 
 
-def final_state(cluster: LocalCluster) -> dict:
-    bootstrap = cluster.state.bootstrap
+def final_state(bootstrap: str) -> dict:
+    """What the checker needs from the cluster at the end: every record (both
+    isolations), the ctp group's offsets, hanging, open and prepared transactions."""
     read_committed, stuck_rc = read_everything(bootstrap, "read_committed")
     read_uncommitted, stuck_ru = read_everything(bootstrap, "read_uncommitted")
     tps = [TopicPartition(t, p) for t, count in TOPICS.items() for p in range(count)]
@@ -275,7 +276,7 @@ def run(duration_s: float, *, seed: int | None = None, directory: str | Path | N
                 stuck_workers.append("chk0")
         time.sleep(TXN_TIMEOUT_MS / 1000 * 2 + 2)  # past the timeout: what is still open now is hanging
         log("final read")
-        final = final_state(cluster)
+        final = final_state(cluster.state.bootstrap)
         (directory / "final.json").write_text(json.dumps(final))
     finally:
         for process in [*workers.processes.values(), *filter(None, [workers.checker])] if workers is not None else ():
