@@ -6,22 +6,23 @@
 #   docker build -t txlog-spark:dev --target spark .
 #   docker run --rm txlog:dev python -m partition_svc --zookeeper zk:2181
 #
-# Stages: `builder` installs the package with its `service` extra into a
-# virtualenv (no PySpark, pandas or pyarrow: about 800 MB less); `spark-builder`
-# adds the `spark` extra to a copy of it; `base` is the slim runtime with the
+# Stages: `deps` installs the `service` extra's dependencies into a virtualenv
+# (no PySpark, pandas or pyarrow: about 800 MB less), `spark-deps` adds the
+# `spark` extra's to a copy of it; `builder` and `spark-builder` install the
+# package itself into each; `base` is the slim runtime with the
 # service virtualenv and a non-root user; `spark` swaps in the Spark virtualenv
 # and adds a JRE; `service` adds the gRPC health check.
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
-FROM ${PYTHON_IMAGE} AS builder
+FROM ${PYTHON_IMAGE} AS deps
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PATH=/opt/venv/bin:$PATH
 RUN python -m venv /opt/venv
 WORKDIR /src
-# The dependencies get a layer of their own, keyed on pyproject.toml alone, so
-# a code change rebuilds in seconds.
+# The dependencies get layers of their own, keyed on pyproject.toml alone, so
+# a code change rebuilds in seconds (and reinstalls no Spark wheels).
 COPY pyproject.toml ./
 COPY docker/requirements.py ./docker/requirements.py
 # Behind a TLS-inspecting proxy, pass its CA bundle as the build secret
@@ -31,6 +32,16 @@ RUN --mount=type=secret,id=ca-bundle \
     if [ -s /run/secrets/ca-bundle ]; then export PIP_CERT=/run/secrets/ca-bundle; fi \
     && python docker/requirements.py service > /tmp/requirements.txt \
     && pip install -r /tmp/requirements.txt "setuptools>=68" wheel
+
+FROM deps AS spark-deps
+RUN --mount=type=secret,id=ca-bundle \
+    if [ -s /run/secrets/ca-bundle ]; then export PIP_CERT=/run/secrets/ca-bundle; fi \
+    && python docker/requirements.py spark > /tmp/requirements-spark.txt \
+    && pip install -r /tmp/requirements-spark.txt
+
+# The code, into each virtualenv; the build tools came with the dependencies:
+# these layers need no network.
+FROM deps AS builder
 COPY README.md ./
 COPY txlog ./txlog
 COPY services ./services
@@ -38,15 +49,12 @@ COPY producer_id_svc ./producer_id_svc
 COPY partition_svc ./partition_svc
 COPY coordinator_svc ./coordinator_svc
 COPY spark_jobs ./spark_jobs
-# The build tools came with the dependencies: this layer needs no network.
 RUN pip install --no-deps --no-build-isolation . \
     && python -c "import txlog, producer_id_svc.server, partition_svc.server, coordinator_svc.server"
 
-FROM builder AS spark-builder
-RUN --mount=type=secret,id=ca-bundle \
-    if [ -s /run/secrets/ca-bundle ]; then export PIP_CERT=/run/secrets/ca-bundle; fi \
-    && python docker/requirements.py spark > /tmp/requirements-spark.txt \
-    && pip install -r /tmp/requirements-spark.txt \
+FROM spark-deps AS spark-builder
+COPY --from=builder /src /src
+RUN pip install --no-deps --no-build-isolation . \
     && python -c "import pyspark, spark_jobs.eos"
 
 FROM ${PYTHON_IMAGE} AS base

@@ -219,14 +219,16 @@ def test_dockerfile_is_multi_stage_on_slim_python_311_with_java_only_in_the_spar
     text = DOCKERFILE.read_text()
     assert re.search(r"^ARG PYTHON_IMAGE=python:3\.11-slim", text, re.MULTILINE)
     stages = dockerfile_stages()
-    assert list(stages) == ["builder", "spark-builder", "base", "spark", "service"]  # `service` last: the default target
-    assert stages["builder"][0] == ("FROM", "${PYTHON_IMAGE}") and stages["spark-builder"][0] == ("FROM", "builder")
+    assert list(stages) == ["deps", "spark-deps", "builder", "spark-builder", "base", "spark", "service"]  # `service` last: the default
+    assert stages["deps"][0] == ("FROM", "${PYTHON_IMAGE}") and stages["spark-deps"][0] == ("FROM", "deps")
+    # the code comes after the dependencies, so a code change reinstalls none of them
+    assert stages["builder"][0] == ("FROM", "deps") and stages["spark-builder"][0] == ("FROM", "spark-deps")
     assert stages["base"][0] == ("FROM", "${PYTHON_IMAGE}")  # the runtime does not carry the build stage
     assert stages["spark"][0] == ("FROM", "base") and stages["service"][0] == ("FROM", "base")
     assert any(i == "COPY" and a.startswith("--from=builder /opt/venv") for i, a in stages["base"])
     assert any(i == "COPY" and a.startswith("--from=spark-builder /opt/venv") for i, a in stages["spark"])
     assert any(i == "RUN" and "openjdk-17-jre-headless" in a for i, a in stages["spark"])
-    assert not any("openjdk" in a for stage in ("builder", "base", "service") for _, a in stages[stage])
+    assert not any("openjdk" in a for stage in ("deps", "builder", "base", "service") for _, a in stages[stage])
 
 
 def requirements(extras: list[str]) -> list[str]:
@@ -239,8 +241,8 @@ def requirements(extras: list[str]) -> list[str]:
 def test_the_service_image_installs_the_service_extra_and_only_the_spark_image_pyspark():
     installs = {stage: " ".join(a for i, a in steps if i == "RUN" and "requirements.py" in a)
                 for stage, steps in dockerfile_stages().items()}
-    assert "requirements.py service " in installs["builder"] and "spark" not in installs["builder"]
-    assert "requirements.py spark " in installs["spark-builder"]
+    assert "requirements.py service " in installs["deps"] and "spark" not in installs["deps"]
+    assert "requirements.py spark " in installs["spark-deps"]
     service = requirements(["service"])
     names = {re.split(r"[<>=\[ ]", r)[0] for r in service}
     assert {"grpcio", "kazoo", "rocksdict", "protobuf"} <= names
@@ -264,7 +266,8 @@ def test_runnable_stages_run_as_a_non_root_user_with_a_health_check():
 def test_the_image_copies_every_package_the_distribution_installs():
     packages = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
     top_level = {p.rstrip("*") for p in packages}
-    copied = {a.split()[0] for i, a in dockerfile_stages()["builder"] if i == "COPY"}
+    stages = dockerfile_stages()
+    copied = {a.split()[0] for stage in ("deps", "builder") for i, a in stages[stage] if i == "COPY"}
     assert top_level <= copied, top_level - copied
     assert {"pyproject.toml", "README.md"} <= copied  # pyproject names README.md as the readme
 
