@@ -11,10 +11,12 @@ from partition_svc import wire
 from partition_svc.election import LeaderAndIsr
 from partition_svc.partition import Partition
 from partition_svc.replica_manager import ReplicaManager
-from services import server
+from services import server, zk
 from txlog.protocol.errors import ErrorCode, TxlogError, error_proto
 from txlog.protocol.names import is_topic_name
 from txlog.v1 import common_pb2, replication_pb2, replication_pb2_grpc
+
+STATE_READS_CONCURRENT_MAX = 500  # ZooKeeper reads one request has outstanding at once (as Metadata's)
 
 
 def _error(exc: TxlogError):
@@ -25,6 +27,16 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServiceServicer):
     def __init__(self, replicas: ReplicaManager, fetch_wait_ms_max: int):
         self.replicas = replicas
         self.fetch_wait_ms_max = fetch_wait_ms_max
+
+    async def _read_states(self, partitions) -> None:
+        """Reads the states of the named partitions not known here, many at
+        once. One at a time, a request naming thousands this instance never
+        heard of held its caller past a client deadline (the hostile fuzz found
+        one, 380 KB, under load). No limit on how many a request names: a
+        follower names every partition it follows from this leader."""
+        unknown = list(dict.fromkeys((p.topic, p.partition) for p in partitions
+                                     if (p.topic, p.partition) not in self.replicas.states))
+        await zk.gather_in_chunks(lambda key: self.replicas.state(*key), unknown, STATE_READS_CONCURRENT_MAX)
 
     @server.rpc_handler
     async def LeaderAndIsr(self, request, context):
@@ -54,6 +66,7 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServiceServicer):
 
     @server.rpc_handler
     async def OffsetForLeaderEpoch(self, request, context):
+        await self._read_states(request.partitions)
         reply = replication_pb2.OffsetForLeaderEpochResponse()
         for wanted in request.partitions:
             result = reply.results.add(topic=wanted.topic, partition=wanted.partition, leader_epoch=-1, end_offset=-1)
@@ -66,6 +79,7 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServiceServicer):
 
     @server.rpc_handler
     async def ReplicaFetch(self, request, context):
+        await self._read_states(request.partitions)
         leading = []  # (wanted, the partition or None, what keeps the follower from fetching or None)
         for wanted in request.partitions:
             try:

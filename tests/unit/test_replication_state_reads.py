@@ -1,0 +1,33 @@
+"""ReplicaFetch and OffsetForLeaderEpoch read the states of partitions not
+known here many at once (partition_svc/replication.py). The replica manager
+is a fake that counts its ZooKeeper-backed state reads: what is under test is
+how the servicer asks, not the reads themselves."""
+
+import asyncio
+
+from partition_svc.replication import STATE_READS_CONCURRENT_MAX, ReplicationServicer
+from txlog.v1 import replication_pb2
+
+
+class CountingReplicas:
+    def __init__(self):
+        self.states = {("known", 0): object()}
+        self.read: list[tuple[str, int]] = []
+        self.in_flight = self.most_in_flight = 0
+
+    async def state(self, topic: str, index: int):
+        self.read.append((topic, index))
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        await asyncio.sleep(0)
+        self.in_flight -= 1
+        return None
+
+
+def test_unknown_partitions_are_read_once_each_and_many_at_once():
+    replicas = CountingReplicas()
+    named = [replication_pb2.ReplicaFetchPartition(topic=f"t{i % 700}", partition=i % 3) for i in range(3000)]
+    named.append(replication_pb2.ReplicaFetchPartition(topic="known", partition=0))
+    asyncio.run(ReplicationServicer(replicas, 100)._read_states(named))
+    assert sorted(replicas.read) == sorted({(p.topic, p.partition) for p in named} - {("known", 0)})
+    assert replicas.most_in_flight == STATE_READS_CONCURRENT_MAX  # not one at a time, and bounded
