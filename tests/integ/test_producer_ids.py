@@ -124,6 +124,9 @@ def test_zookeeper_restarted_mid_allocation_resumes_without_repeating_a_block(cl
 def test_bad_requests_are_invalid_argument_and_write_nothing(cluster, request_fields, mentions):
     service = cluster.add_service("producer_id_svc", 0)
     call(service.address, requester_id=1)
+    # the block the service reserves ahead after answering (in the background: a full run once saw it written
+    # after `before` was read)
+    wait_until(lambda: json.loads(node_version(cluster)[0])["block_start"] == 1000, 30, "the block reserved ahead written")
     before = node_version(cluster)
     with pytest.raises(grpc.RpcError) as info:
         call(service.address, **request_fields)
