@@ -41,13 +41,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests"))  # tests/support, when run as a script (make deploy-smoke)
+from support.waiting import wait_until  # noqa: E402
+
 SERVICE_IMAGE, SPARK_IMAGE, ZOOKEEPER_IMAGE = "localhost/txlog:dev", "localhost/txlog-spark:dev", "localhost/txlog-zookeeper:dev"
 TXLOG_SERVICES = ("producer-id-svc", "partition-svc-0", "partition-svc-1", "partition-svc-2", "coordinator-svc-0", "coordinator-svc-1")
 SERVICES = ("zookeeper", *TXLOG_SERVICES)
 PARTITION_SERVICES = tuple(s for s in TXLOG_SERVICES if s.startswith("partition-svc"))
 BOOTSTRAP = ",".join(f"{s}:7300" for s in PARTITION_SERVICES)
-# ZooKeeper's health: the official image has bash too, so one check serves both images
-ZOOKEEPER_CHECK = ["bash", "-c", "exec 3<>/dev/tcp/127.0.0.1/2181 && echo srvr >&3 && grep -q '^Mode: ' <&3"]
 READY_TIMEOUT_S = 300.0
 PAUSE_S = 8.0  # shorter than a partition_svc's ZooKeeper session (10 s by default): a stall, not a lost session
 EVENTS = 5000
@@ -102,21 +103,22 @@ class Stack:
         self.compose("down", "--volumes", "--timeout", "10", check=False)
 
     def healthy(self, service: str) -> bool:
-        if service == "zookeeper":
-            return run(["podman", "exec", self.container(service), *ZOOKEEPER_CHECK], check=False, timeout=30).returncode == 0
+        """The container's own health check (the compose file's), run as podman would run it."""
         return run(["podman", "healthcheck", "run", self.container(service)], check=False, timeout=60).returncode == 0
 
     def wait_ready(self, services: tuple[str, ...] = SERVICES, timeout_s: float = READY_TIMEOUT_S) -> list[str]:
         """Until every one of ``services`` passes its health check; those that do, in order."""
-        deadline = time.monotonic() + timeout_s
         waiting = list(services)
-        while waiting and time.monotonic() < deadline:
-            waiting = [s for s in waiting if not self.healthy(s)]
-            if waiting:
-                time.sleep(2)
-        if waiting:
-            logs = {s: run(["podman", "logs", "--tail", "30", self.container(s)], check=False).stderr[-2000:] for s in waiting}
-            raise RuntimeError(f"not ready within {timeout_s:.0f} s: {waiting}; their logs end:\n{json.dumps(logs, indent=1)}")
+
+        def all_ready() -> bool:
+            waiting[:] = [s for s in waiting if not self.healthy(s)]
+            return not waiting
+
+        def logs() -> str:
+            tails = {s: run(["podman", "logs", "--tail", "30", self.container(s)], check=False).stderr[-2000:] for s in waiting}
+            return f"{waiting} ready; their logs end:\n{json.dumps(tails, indent=1)}"
+
+        wait_until(all_ready, timeout_s, logs, interval_s=1.0)
         return list(services)
 
     def in_network(self, image: str, *command: str, volumes: tuple[str, ...] = (), detach: bool = False,
@@ -144,7 +146,7 @@ class Stack:
     def pause(self, service: str, seconds: float) -> None:
         run(["podman", "pause", self.container(service)])
         try:
-            time.sleep(seconds)
+            time.sleep(seconds)  # the fault itself: frozen this long, whatever happens meanwhile
         finally:
             run(["podman", "unpause", self.container(service)])
         self.count("pause")
@@ -194,7 +196,7 @@ def chaos(stack: Stack, directory: Path, seconds: float, seed: int) -> dict:
             stack.wait_ready()  # one fault at a time: RF 3 with min.insync.replicas 2 takes one down, not two
             if time.monotonic() >= deadline and not order:
                 break
-            time.sleep(rng.uniform(2, 5))
+            time.sleep(rng.uniform(2, 5))  # the workload's time between two faults: the gap is the point
     finally:
         (directory / "stop").touch()
     run(["podman", "wait", workload], timeout=300)
