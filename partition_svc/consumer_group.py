@@ -32,7 +32,8 @@ partitions it was told to revoke past its rebalance timeout (a consumer that
 stopped polling: Kafka's max.poll.interval.ms). Member epoch -1 leaves; -2 is a
 static member (``instance_id``) leaving for a restart: it keeps its
 partitions for the session timeout and the same ``instance_id`` rejoins with
-them, without a rebalance.
+them, without a rebalance (under the new member id its new process made: that
+id takes the old one's place).
 
 Durability: the coordinator writes the group to its ``__consumer_offsets``
 partition as records (``records()``: the group's own record, its epochs,
@@ -195,6 +196,8 @@ class ConsumerGroup:
                     raise GroupError("UNRELEASED_INSTANCE_ID", f"instance id {beat.instance_id!r} is in use by member "
                                      f"{static.member_id}; it must leave (member epoch -2) first")
                 # the same identity back from a restart: its partitions and epoch, no rebalance
+                if beat.member_id and beat.member_id != static.member_id:
+                    self._rename(static, beat.member_id)  # first: it may refuse, and a refused beat changes nothing
                 static.left_for_restart = False
                 static.revoking = frozenset()
                 if beat.subscribed != static.subscribed:
@@ -216,6 +219,18 @@ class ConsumerGroup:
         self.members[member_id] = member
         self.group_epoch += 1
         return member
+
+    def _rename(self, member: Member, member_id: str) -> None:
+        """A restarted static member comes back as a new process under the id
+        it made (KIP-1082); that id takes the old one's place, which is gone."""
+        if member_id in self.members:
+            raise GroupError("INVALID_REQUEST", f"member id {member_id!r} is already another member of group "
+                             f"{self.group_id!r}; a restarted static member joins with a new one")
+        old_id, member.member_id = member.member_id, member_id
+        self.members[member_id] = self.members.pop(old_id)
+        if old_id in self.target:
+            self.target[member_id] = self.target.pop(old_id)
+        self._dirty.update((old_id, member_id))
 
     def _known(self, beat: Heartbeat) -> Member:
         member = self.members.get(beat.member_id)

@@ -198,6 +198,8 @@ class Membership:
         request = self._request(max(self.epoch, 0))
         answer = await self._call(request)
         self._subscription_sent = True
+        if answer.member_id:  # the coordinator's name for us is the one it knows (ours, unless it kept an older one)
+            self.member_id = answer.member_id
         self.epoch = answer.member_epoch
         self._interval_s = max(answer.heartbeat_interval_ms / 1000, JOIN_INTERVAL_S)
         assigned = frozenset(TopicPartition(tp.topic, tp.partition) for tp in answer.assignment.partitions)

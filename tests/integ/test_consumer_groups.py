@@ -200,6 +200,14 @@ def test_a_static_member_restarts_and_gets_its_partitions_back_without_a_rebalan
         try:
             wait_until(lambda: again.owned == before, 30, "the restarted member owning its partitions again")
             assert stays.owned == kept and len(stays.revoked) == revocations, "the other member was not disturbed"
+            # a new process, a new member id: the coordinator knows it under that id, so it goes on beating and commits
+            mine = again.consumer.group_metadata()
+            with Admin(cluster.state.bootstrap) as admin:
+                after = {m.instance_id: m for m in admin.describe_group("static").members}
+            assert after["restarts"].member_id == mine.member_id and after["restarts"].assigned == before, after
+            partition = min(before, key=lambda tp: tp.partition)
+            again.consumer.commit({partition: 1})
+            assert again.error is None and again.owned == before
         finally:
             again.halt()
     finally:

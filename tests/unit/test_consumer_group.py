@@ -96,6 +96,31 @@ def test_a_static_member_restarts_without_a_rebalance():
     assert group.expire(300 + 45_000) == ["b1"], "gone for longer than its session: removed"
 
 
+def test_a_static_member_restarted_as_a_new_process_takes_its_old_member_over_under_its_new_id():
+    """A restart is a new process with a new member id (the client makes it,
+    KIP-1082); the instance id is what survives. The new id takes the old
+    member's place, partitions and epoch; the old id is gone."""
+    group = ConsumerGroup("g")
+    a = join(group, "a1", instance_id="worker-a")
+    b = join(group, "b1", instance_id="worker-b")
+    a = beat(group, beat(group, a))
+    b = beat(group, b)
+    group.records()
+    epoch = group.group_epoch
+    group.heartbeat(Heartbeat("a1", -2, instance_id="worker-a"), 100, COUNTS)
+    back = join(group, "a2", now=200, instance_id="worker-a")
+    assert (back.member_id, back.assigned, back.member_epoch) == ("a2", a.assigned, a.member_epoch)
+    assert group.group_epoch == epoch, "no rebalance"
+    assert beat(group, back, now=300).assigned == a.assigned, "its next heartbeat, under its new id, is accepted"
+    with pytest.raises(GroupError) as gone:
+        group.heartbeat(Heartbeat("a1", a.member_epoch, owned=a.assigned), 300, COUNTS)
+    assert gone.value.code == "UNKNOWN_MEMBER_ID"
+    written = dict(group.records())
+    assert written["a1"] is None and written["a2"] is not None, "the old id's record deleted, the new one's written"
+    assert ConsumerGroup.restore("g", {k: v for k, v in written.items() if v is not None} | {"b1": group._record("b1")},
+                                 0, heartbeat_interval_ms=5000).members["a2"].assigned == a.assigned
+
+
 def test_commits_need_the_members_current_epoch():
     group = ConsumerGroup("g")
     group.check_commit("", -1)  # an empty group takes commits from outside (admin tools, batch jobs)

@@ -90,7 +90,9 @@ class GroupMembership(RuleBasedStateMachine):
         self.persist()
         if lose_answer:
             return
-        client.member_id, client.epoch, client.owned = answer.member_id, answer.member_epoch, answer.assigned
+        # the client made its member id and keeps it (KIP-1082): the answer names the same member
+        assert answer.member_id == client.member_id, (answer.member_id, client.member_id)
+        client.epoch, client.owned = answer.member_epoch, answer.assigned
 
     @rule(name=st.sampled_from(CLIENTS), lose=st.booleans())
     def heartbeat(self, name, lose):
@@ -107,8 +109,8 @@ class GroupMembership(RuleBasedStateMachine):
         client.subscribed = frozenset(topics)
         self.beat(client, subscribed=client.subscribed)
 
-    @rule(name=st.sampled_from(CLIENTS))
-    def leave(self, name):
+    @rule(name=st.sampled_from(CLIENTS), new_process=st.booleans())
+    def leave(self, name, new_process):
         client = self.clients[name]
         if client.epoch < 0 or client.zombie:
             return
@@ -117,7 +119,7 @@ class GroupMembership(RuleBasedStateMachine):
         self.group.heartbeat(Heartbeat(client.member_id, epoch, instance_id=client.name if client.static else None), self.now, self.counts)
         self.persist()
         client.epoch = -1
-        if not client.static:
+        if not client.static or new_process:  # a restarted process makes a new member id; its instance id stays
             client.member_id = ""
 
     @rule(ms=st.sampled_from([1_000, 6_000, 11_000]))
