@@ -3,14 +3,16 @@ read and checker of ``run.py``, with the faults left to whoever runs the
 cluster (tests/deploy's container harness kills, pauses and replaces the
 containers of a compose stack or a rendered chart meanwhile).
 
-    python -m services.chaos.external start --bootstrap B --dir D [--seed N]
+    python -m services.chaos.external start --bootstrap B --dir D [--seed N] [TLS]
         topics, then the workers, until the file D/stop appears; then the
         workers are stopped (D/stuck.json names any that had to be killed)
-    python -m services.chaos.external check --bootstrap B --dir D
+    python -m services.chaos.external check --bootstrap B --dir D [TLS]
         a wait past the transaction timeout, the final read, the checker:
         prints one JSON object (every anomaly count, "anomalies" their sum,
         the workload's figures) and writes it with examples to D/result.json
 
+TLS: --tls-ca, --tls-cert, --tls-key (PEM files) for a cluster that requires
+client certificates; every worker and the final read use them.
 Both run where the cluster's advertised addresses resolve (inside a compose
 network, beside the pods); D is shared with the harness, which creates D/stop.
 No silent owners: their checker would need an address the coordinators can
@@ -25,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from services.chaos import checker
+from services.chaos import checker, security
 from services.chaos.history import read_events
 from services.chaos.run import TOPICS, TXN_TIMEOUT_MS, Workers, final_state, log, stop_workers
 from txlog import Admin
@@ -33,12 +35,12 @@ from txlog import Admin
 POLL_S = 0.5
 
 
-def start(bootstrap: str, directory: Path, seed: int, cut_probability: float) -> list[str]:
+def start(bootstrap: str, directory: Path, seed: int, cut_probability: float, tls: dict[str, str]) -> list[str]:
     """Runs the workload until ``directory/stop`` exists; the workers that had to be killed."""
     directory.mkdir(parents=True, exist_ok=True)
-    with Admin(bootstrap, default_api_timeout_ms=120_000) as admin:
+    with Admin(bootstrap, default_api_timeout_ms=120_000, **tls) as admin:
         admin.create_topics(list(TOPICS.items()))
-    workers = Workers(directory, bootstrap, seed, cut_probability)
+    workers = Workers(directory, bootstrap, seed, cut_probability, tls=tls)
     workers.start()
     log(f"{len(workers.processes)} workers on {bootstrap}, until {directory / 'stop'} exists")
     try:
@@ -54,10 +56,10 @@ def start(bootstrap: str, directory: Path, seed: int, cut_probability: float) ->
     return stuck
 
 
-def check(bootstrap: str, directory: Path) -> dict:
+def check(bootstrap: str, directory: Path, tls: dict[str, str]) -> dict:
     """The checker's verdict on the workers' histories and the cluster's final state."""
     time.sleep(TXN_TIMEOUT_MS / 1000 * 2 + 2)  # past the timeout: what is still open now is hanging
-    final = final_state(bootstrap)
+    final = final_state(bootstrap, tls)
     events = read_events(directory)
     result = checker.check(events, final)
     numbers = checker.figures(events, final)
@@ -76,11 +78,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", required=True, type=Path, help="the run's folder, shared with the fault injector")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cut-probability", type=float, default=0.02)
+    security.add_arguments(parser)
     args = parser.parse_args(argv)
+    tls = security.options(args)
     if args.step == "start":
-        stuck = start(args.bootstrap, args.dir.resolve(), args.seed, args.cut_probability)
+        stuck = start(args.bootstrap, args.dir.resolve(), args.seed, args.cut_probability, tls)
         return 1 if stuck else 0
-    print(json.dumps(check(args.bootstrap, args.dir.resolve())), flush=True)
+    print(json.dumps(check(args.bootstrap, args.dir.resolve(), tls)), flush=True)
     return 0
 
 

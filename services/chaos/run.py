@@ -35,7 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from services.chaos import checker, silent
+from services.chaos import checker, security, silent
 from services.chaos.faults import FAULT_KINDS, Nemesis
 from services.chaos.history import read_events
 from services.chaos.worker import CHECKER_STOP_FILE
@@ -73,12 +73,13 @@ def log(message: str) -> None:
 class Workers:
     """The workload's processes by name; ctp members can be replaced (kill_member)."""
 
-    def __init__(self, directory: Path, bootstrap: str, seed: int, cut_probability: float, silent_owners: int = 0):
+    def __init__(self, directory: Path, bootstrap: str, seed: int, cut_probability: float, silent_owners: int = 0,
+                 tls: dict[str, str] | None = None):
         self.directory, self.seed, self.silent_owners = directory, seed, silent_owners
         topics = ",".join(f"{name}:{count}" for name, count in TOPICS.items())
         self.common = ["--bootstrap", bootstrap, "--dir", str(directory), "--stop-file", str(directory / "stop"),
                        "--txn-timeout-ms", str(TXN_TIMEOUT_MS), "--cut-probability", str(cut_probability),
-                       "--topics", topics]
+                       "--topics", topics, *security.arguments(tls or {})]
         self.processes: dict[str, subprocess.Popen] = {}
         self.spawned = 0
         self.checker: subprocess.Popen | None = None  # the silent owners' checker: it stops after them
@@ -173,14 +174,14 @@ def stop_checker(directory: Path, process: subprocess.Popen | None) -> bool:
         return False
 
 
-def read_everything(bootstrap: str, isolation: str) -> tuple[list[list], list[str]]:
+def read_everything(bootstrap: str, isolation: str, tls: dict[str, str]) -> tuple[list[list], list[str]]:
     """Every record of every partition, from the beginning to the end offsets
     seen at the start; the partitions that could not be read to their end."""
     from services.chaos.history import decode_uid
 
     tps = [TopicPartition(t, p) for t, count in TOPICS.items() for p in range(count)]
     records, stuck = [], []
-    with Consumer(bootstrap, isolation_level=isolation, fetch_max_wait_ms=100) as consumer:
+    with Consumer(bootstrap, isolation_level=isolation, fetch_max_wait_ms=100, **tls) as consumer:
         consumer.assign(tps)
         consumer.seek_to_beginning()
         ends = consumer.end_offsets(tps)
@@ -191,24 +192,26 @@ def read_everything(bootstrap: str, isolation: str) -> tuple[list[list], list[st
     return records, stuck
 
 
-def final_state(bootstrap: str) -> dict:
+def final_state(bootstrap: str, tls: dict[str, str] | None = None) -> dict:
     """What the checker needs from the cluster at the end: every record (both
-    isolations), the ctp group's offsets, hanging, open and prepared transactions."""
-    read_committed, stuck_rc = read_everything(bootstrap, "read_committed")
-    read_uncommitted, stuck_ru = read_everything(bootstrap, "read_uncommitted")
+    isolations), the ctp group's offsets, hanging, open and prepared
+    transactions. ``tls``: the SDK's TLS options (security.options)."""
+    tls = tls or {}
+    read_committed, stuck_rc = read_everything(bootstrap, "read_committed", tls)
+    read_uncommitted, stuck_ru = read_everything(bootstrap, "read_uncommitted", tls)
     tps = [TopicPartition(t, p) for t, count in TOPICS.items() for p in range(count)]
-    with Consumer(bootstrap, isolation_level="read_committed") as consumer:
+    with Consumer(bootstrap, isolation_level="read_committed", **tls) as consumer:
         lso = consumer.end_offsets(tps)
-    with Consumer(bootstrap, isolation_level="read_uncommitted") as consumer:
+    with Consumer(bootstrap, isolation_level="read_uncommitted", **tls) as consumer:
         high_watermark = consumer.end_offsets(tps)
     stuck = sorted({*stuck_rc, *stuck_ru, *(f"{tp.topic}/{tp.partition} LSO {lso[tp]} < HW {high_watermark[tp]}"
                                             for tp in tps if lso[tp] < high_watermark[tp])})
     from services.chaos.worker import CTP_GROUP
 
     inputs = [TopicPartition(CTP_INPUT, p) for p in range(TOPICS[CTP_INPUT])]
-    with Consumer(bootstrap, group_id=CTP_GROUP) as consumer:
+    with Consumer(bootstrap, group_id=CTP_GROUP, **tls) as consumer:
         group_offsets = {f"{tp.topic}/{tp.partition}": consumer.committed(tp) for tp in inputs}
-    with Admin(bootstrap) as admin:
+    with Admin(bootstrap, **tls) as admin:
         hanging = [h._asdict() for h in admin.find_hanging(list(TOPICS), max_transaction_timeout_ms=TXN_TIMEOUT_MS * 2)]
         open_txns = [t._asdict() for t in admin.list_transactions(states=OPEN_STATES)]
         prepared = [t._asdict() for t in admin.list_transactions(states=("Prepared",))]

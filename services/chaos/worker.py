@@ -48,12 +48,13 @@ import sys
 import time
 from pathlib import Path
 
-from services.chaos import silent
+from services.chaos import security, silent
 from services.chaos.history import History, decode_uid, encode_value, tp_key
 from services.chaos.replay import RecordingTransport, Replayer
 from txlog import Consumer, FaultInjection, Producer, TransactionChecker
+from txlog.net.tls import TlsFiles
 from txlog.structs import TopicPartition
-from txlog.transport import Transport
+from txlog.transport import Transport, tls_files
 
 PRODUCER_RPCS = frozenset({"Produce", "AddPartitionsToTxn", "AddOffsetsToTxn", "TxnOffsetCommit", "EndTxn",
                            "InitProducerId", "FindCoordinator", "PrepareTransaction"})
@@ -98,8 +99,14 @@ class Worker:
         self.history.record("stats", requests_dropped=sum(c.requests_dropped for c in self.cuts),
                             responses_dropped=sum(c.responses_dropped for c in self.cuts))
 
+    def tls_options(self) -> dict[str, str]:
+        return security.options(self.args)
+
+    def tls_files(self) -> TlsFiles | None:
+        return tls_files(self.args.tls_ca, self.args.tls_cert, self.args.tls_key)
+
     def new_producer(self, transactional_id: str) -> Producer:
-        transport = RecordingTransport(request_timeout_ms=5000, fault_injection=self.cuts[0])
+        transport = RecordingTransport(request_timeout_ms=5000, fault_injection=self.cuts[0], tls_files=self.tls_files())
         producer = Producer(self.args.bootstrap, transactional_id=transactional_id, linger_ms=2,
                             transaction_timeout_ms=self.args.txn_timeout_ms, request_timeout_ms=5000,
                             delivery_timeout_ms=30_000, max_block_ms=CALL_TIMEOUT_S * 1000, transport=transport)
@@ -107,7 +114,7 @@ class Worker:
         return producer
 
     def new_consumer(self, **kwargs) -> Consumer:
-        transport = Transport(request_timeout_ms=5000, fault_injection=self.cuts[1])
+        transport = Transport(request_timeout_ms=5000, fault_injection=self.cuts[1], tls_files=self.tls_files())
         return Consumer(self.args.bootstrap, fetch_max_wait_ms=200, request_timeout_ms=5000,
                         default_api_timeout_ms=CALL_TIMEOUT_S * 1000, transport=transport, **kwargs)
 
@@ -346,7 +353,7 @@ def run_checker(worker: Worker) -> None:
     answers = silent.Answers(silent.Decisions(args.dir), worker.history)
     checker = None
     while checker is None and not stop_file.exists():
-        candidate = TransactionChecker(args.bootstrap, silent.GROUP, answers, lease_ms=CHECKER_LEASE_MS,
+        candidate = TransactionChecker(args.bootstrap, silent.GROUP, answers, lease_ms=CHECKER_LEASE_MS, **worker.tls_options(),
                                        max_concurrent_checks=32)
         try:
             checker = candidate.start()
@@ -407,6 +414,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--txn-timeout-ms", type=int, default=6000)
     parser.add_argument("--abort-probability", type=float, default=0.3)
     parser.add_argument("--cut-probability", type=float, default=0.02)
+    security.add_arguments(parser)
     return parser.parse_args(argv)
 
 

@@ -427,3 +427,23 @@ def test_a_producer_worker_is_told_only_its_own_topics(tmp_path):
     parsed = worker.parse_args(command[command.index("services.chaos.worker") + 1:])
     assert parsed.kind == "producer" and parsed.topics == "chaos-a:3,chaos-b:2" and CTP_OUTPUT not in parsed.topics
     assert parsed.name == "p0" and parsed.seed == 700
+
+
+def test_every_worker_gets_the_workloads_tls_files(tmp_path):
+    """Against a cluster that requires client certificates (the chart's
+    default) each worker must dial with them, or it is refused at the handshake."""
+    from services.chaos import security, worker
+    from services.chaos.run import Workers
+
+    tls = {}
+    for option, file in (("tls_ca", "ca.crt"), ("tls_cert", "tls.crt"), ("tls_key", "tls.key")):
+        (tmp_path / file).write_text("PEM")  # only their paths travel here; the handshake reads them
+        tls[option] = str(tmp_path / file)
+    workers = Workers(tmp_path, "127.0.0.1:1", seed=7, cut_probability=0.0, tls=tls)
+    for name, spec in (("p0", ["producer", "--topics", "chaos-a:3"]), ("rc0", ["poller", "--isolation", "read_committed"])):
+        command = workers.command(name, spec)
+        parsed = worker.parse_args(command[command.index("services.chaos.worker") + 1:])
+        assert security.options(parsed) == tls
+        assert worker.Worker(parsed).tls_files() is not None
+    plain = Workers(tmp_path, "127.0.0.1:1", seed=7, cut_probability=0.0).command("p0", ["producer", "--topics", "chaos-a:3"])
+    assert security.options(worker.parse_args(plain[plain.index("services.chaos.worker") + 1:])) == {}
