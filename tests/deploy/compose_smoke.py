@@ -28,7 +28,6 @@ dependency graph ("depends on container ... not found in input list").
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
@@ -42,9 +41,20 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests"))  # tests/support, when run as a script (make deploy-smoke)
+from containers import (  # noqa: E402
+    SERVICE_IMAGE,
+    SPARK_IMAGE,
+    ZOOKEEPER_IMAGE,
+    Workload,
+    build_images,
+    harness_main,
+    inject_faults,
+    podman_env,
+    run,
+)
+from containers import log as harness_log  # noqa: E402
 from support.waiting import wait_until  # noqa: E402
 
-SERVICE_IMAGE, SPARK_IMAGE, ZOOKEEPER_IMAGE = "localhost/txlog:dev", "localhost/txlog-spark:dev", "localhost/txlog-zookeeper:dev"
 TXLOG_SERVICES = ("producer-id-svc", "partition-svc-0", "partition-svc-1", "partition-svc-2", "coordinator-svc-0", "coordinator-svc-1")
 SERVICES = ("zookeeper", *TXLOG_SERVICES)
 PARTITION_SERVICES = tuple(s for s in TXLOG_SERVICES if s.startswith("partition-svc"))
@@ -55,25 +65,7 @@ EVENTS = 5000
 
 
 def log(message: str) -> None:
-    print(f"[deploy-smoke {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-def podman_env() -> dict[str, str]:
-    return {**os.environ, "CONTAINERS_CONF": os.environ.get("CONTAINERS_CONF", str(REPO / "docker" / "podman-containers.conf"))}
-
-
-def run(command: list[str], *, check: bool = True, timeout: float = 600, **kwargs) -> subprocess.CompletedProcess:
-    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=kwargs.pop("env", podman_env()),
-                          **kwargs)
-    if check and done.returncode != 0:
-        raise RuntimeError(f"{' '.join(command)[:300]} exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
-    return done
-
-
-def build_images() -> None:
-    """`make image`: layers are reused, so a second build takes seconds."""
-    subprocess.run(["bash", str(REPO / "scripts" / "image.sh")], check=True, timeout=3600, env=podman_env(),
-                   stdout=sys.stderr)
+    harness_log("deploy-smoke", message)
 
 
 @dataclass
@@ -178,37 +170,19 @@ def chaos(stack: Stack, directory: Path, seconds: float, seed: int) -> dict:
     """The chaos workload on the stack while containers are killed, paused and restarted; then every partition_svc
     replaced at once; then the checker."""
     rng = random.Random(seed)
-    directory.mkdir(parents=True, exist_ok=True)
-    directory.chmod(0o777)
-    mount = f"{directory}:/chaos"
-    workload = stack.in_network(SERVICE_IMAGE, "python", "-m", "services.chaos.external", "start", "--bootstrap",
-                                BOOTSTRAP, "--dir", "/chaos", "--seed", str(seed), volumes=(mount,), detach=True).stdout.strip()
+    workload = Workload(directory, BOOTSTRAP, seed, lambda *command, **kw: stack.in_network(SERVICE_IMAGE, *command, **kw))
+    workload.start()
     try:
         faults = [lambda: stack.kill(rng.choice(PARTITION_SERVICES)), lambda: stack.kill(rng.choice(("coordinator-svc-0", "coordinator-svc-1"))),
                   lambda: stack.pause(rng.choice(PARTITION_SERVICES), PAUSE_S), lambda: stack.restart(rng.choice(TXLOG_SERVICES)),
                   lambda: stack.kill("producer-id-svc"), lambda: stack.kill("zookeeper")]
-        order = faults[:]
-        rng.shuffle(order)
-        deadline = time.monotonic() + seconds
-        while True:
-            fault = order.pop() if order else rng.choice(faults)
-            fault()
-            stack.wait_ready()  # one fault at a time: RF 3 with min.insync.replicas 2 takes one down, not two
-            if time.monotonic() >= deadline and not order:
-                break
-            time.sleep(rng.uniform(2, 5))  # the workload's time between two faults: the gap is the point
+        inject_faults(faults, stack.wait_ready, seconds, rng)
     finally:
-        (directory / "stop").touch()
-    run(["podman", "wait", workload], timeout=300)
-    output = run(["podman", "logs", workload], check=False)
-    (directory / "workload.log").write_text(output.stdout + output.stderr)
-    run(["podman", "rm", workload], check=False)
+        workload.stop()
     # every partition_svc replaced together: the records are then nowhere but in their volumes
     stack.replace(PARTITION_SERVICES)
     stack.wait_ready()
-    done = stack.in_network(SERVICE_IMAGE, "python", "-m", "services.chaos.external", "check", "--bootstrap", BOOTSTRAP,
-                            "--dir", "/chaos", volumes=(mount,))
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return workload.check()
 
 
 def smoke(seconds: float = 60, seed: int = 1, keep: bool = False) -> dict:
@@ -234,14 +208,7 @@ def smoke(seconds: float = 60, seed: int = 1, keep: bool = False) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=60, help="how long faults go on (every kind at least once)")
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--keep", action="store_true", help="leave the stack up and the run's folder")
-    args = parser.parse_args(argv)
-    summary = smoke(args.seconds, args.seed, args.keep)
-    print(json.dumps(summary), flush=True)
-    return 0 if summary["anomalies"] == 0 else 1
+    return harness_main(argv, __doc__.splitlines()[0], smoke, "the stack", lambda s: s["anomalies"] == 0)
 
 
 if __name__ == "__main__":
