@@ -1,5 +1,5 @@
 # txlog's commands. `make run` and `make test` set everything up first.
-.PHONY: setup run test protos lint bench wheels image deploy-smoke
+.PHONY: setup run test protos lint bench wheels image deploy-smoke chart-smoke
 
 setup:
 	scripts/setup.sh
@@ -17,6 +17,10 @@ image: setup
 # docker-compose.yml under podman: ready, the Spark job, the chaos workload under container faults; last line JSON
 deploy-smoke: setup
 	.venv/bin/python tests/deploy/compose_smoke.py
+
+# the Helm chart's rendered workloads under podman: probes, the ACL and Spark jobs, the chaos workload under pod kills; last line JSON
+chart-smoke: setup
+	.venv/bin/python tests/deploy/chart_smoke.py
 
 protos: setup
 	.venv/bin/python -m services.protogen

@@ -28,8 +28,9 @@ PORT_SLICES = 16
 PORT_COUNTERS = Path(tempfile.gettempdir()) / f"txlog-test-ports-{os.getuid()}"
 SPARK_TESTS = Path(__file__).parent / "spark"
 # The longest serial scopes, as measured (--durations): a worker starts each at once.
-STARTS_FIRST = ("tests/deploy/test_compose_podman.py", "spark", "tests/hostile/test_fuzz_rpcs.py hostile=0", "spark-jobs",
-                "tests/faults/test_chaos.py", "tests/integ/test_client_wheel.py")
+STARTS_FIRST = ("tests/deploy/test_compose_podman.py", "tests/deploy/test_chart_podman.py", "spark",
+                "tests/hostile/test_fuzz_rpcs.py hostile=0", "spark-jobs", "tests/faults/test_chaos.py",
+                "tests/integ/test_client_wheel.py")
 JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 CHROOTS = (f"cluster-{n}" for n in itertools.count())  # this worker's clusters on its shared ZooKeeper
 
