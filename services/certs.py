@@ -79,7 +79,9 @@ def issue(directory: Path, name: str, *, server: bool = False, hosts: tuple[str,
     if server:
         alt = [f"IP:{h}" if re.fullmatch(r"[0-9.]+|[0-9a-fA-F:]+:[0-9a-fA-F:]*", h) else f"DNS:{h}" for h in hosts]
         extensions.append("subjectAltName=" + ",".join(alt))
-    with tempfile.TemporaryDirectory() as work:
+    # the work folder inside ``directory``: a rename from it is atomic, and possible (``directory`` may be a
+    # volume, a filesystem of its own, where a rename from /tmp fails)
+    with tempfile.TemporaryDirectory(dir=directory, prefix=".issue-") as work:
         request, config = Path(work) / "req.csr", Path(work) / "ext.cnf"
         config.write_text("\n".join(extensions) + "\n")
         new_key = Path(work) / "key.pem"
@@ -105,7 +107,7 @@ def create_token_key(directory: Path) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     key, jwks = directory / "token-signing-key.pem", directory / "jwks.json"
     if not key.exists():
-        with tempfile.TemporaryDirectory() as work:
+        with tempfile.TemporaryDirectory(dir=directory, prefix=".key-") as work:  # as in issue()
             new_key = Path(work) / "key.pem"
             _openssl("genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", str(new_key))
             _private(new_key)
