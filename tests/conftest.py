@@ -196,6 +196,13 @@ def txn_cluster(tmp_path, zookeeper_for):
     yield from running(tmp_path / "cluster", zookeeper_for, FULL)
 
 
+@pytest.fixture
+def tls_txn_cluster(tmp_path, zookeeper_for):
+    """A FULL cluster of the test's own on mutual TLS, with the ACL authorizer
+    (``client_tls()``: the super user's files)."""
+    yield from running(tmp_path / "cluster", zookeeper_for, {**FULL, "tls": True})
+
+
 @pytest.fixture(scope="module")
 def shared_txn_cluster(tmp_path_factory, shared_zookeeper):
     """A FULL cluster shared by a module's tests that each work on names of their own

@@ -123,8 +123,8 @@ def end_offsets(bootstrap: str, topic: str, **client_tls: str) -> dict[int, int]
     return {p: end for (_, p), end in ends.items()}
 
 
-def open_transactions(bootstrap: str, prefix: str) -> list:
-    with Admin(bootstrap) as admin:
+def open_transactions(bootstrap: str, prefix: str, **client_tls: str) -> list:
+    with Admin(bootstrap, **client_tls) as admin:
         return [t for t in admin.list_transactions(states=["Ongoing", "PrepareCommit", "PrepareAbort"])
                 if t.transactional_id.startswith(prefix)]
 

@@ -81,7 +81,10 @@ class StandaloneCluster:
             except ProcessLookupError:
                 pass
         for pid in self.executor_pids():
-            os.kill(pid, signal.SIGKILL)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:  # it ended between the listing and the kill
+                pass
         for process in self.processes:
             process.wait(timeout=30)
 
