@@ -59,7 +59,8 @@ SETTINGS = (
     config.Setting("spark_master", "local[2]", "Spark master: local[N], local[N,maxFailures], spark://..., k8s://..."),
     config.Setting("once", False, "run once and exit (exit status 1 if the run failed)", config.boolean, switch=True),
     config.Setting("every", "", "run every DURATION (60s, 5m, 1h) until SIGTERM; the default is --once"),
-    config.Setting("show_totals", False, "after each run, print the totals read back with read_committed",
+    config.Setting("show_totals", False, "after each run, print the totals read back with read_committed (under the ACL "
+                   "authorizer the job's principal then needs Read on the output topic too)",
                    config.boolean, switch=True),
     config.Setting("log_level", "INFO", "log level", str, ("DEBUG", "INFO", "WARNING", "ERROR")),
 )

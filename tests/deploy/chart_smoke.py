@@ -80,6 +80,8 @@ from services import certs  # noqa: E402
 
 PROJECT = "txlog-chart-smoke"
 SUBNET = ipaddress.ip_network("10.89.77.0/24")
+POD_ADDRESSES = ipaddress.ip_network("10.89.77.0/25")  # the pods' (each given its own); podman's IPAM hands out the rest
+OTHER_ADDRESSES = ipaddress.ip_network("10.89.77.128/25")  # to the operator's one-off containers
 DOMAIN = "cluster.local"
 READY_TIMEOUT_S = 300.0
 EVENTS = 5000
@@ -189,7 +191,7 @@ class Cluster:
         self.network = PROJECT
         self.secrets = secret_files(rendered, directory)
         self.config_maps = config_maps(rendered)
-        self.addresses = (str(ip) for ip in list(SUBNET.hosts())[9:])
+        self.addresses = (str(ip) for ip in list(POD_ADDRESSES.hosts())[9:])
         self.pods: dict[str, Pod] = {}
         self.probes_passed = 0
         self.probes_failed: list[str] = []
@@ -201,7 +203,7 @@ class Cluster:
 
     def create_network(self) -> None:
         self.remove_everything()
-        run(["podman", "network", "create", "--subnet", str(SUBNET), self.network])
+        run(["podman", "network", "create", "--subnet", str(SUBNET), "--ip-range", str(OTHER_ADDRESSES), self.network])
 
     def remove_everything(self) -> None:
         names = run(["podman", "ps", "-aq", "--filter", f"label={PROJECT}"], check=False).stdout.split()

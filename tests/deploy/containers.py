@@ -102,14 +102,18 @@ def inject_faults(faults: list[Callable[[], None]], settle: Callable[[], None], 
         time.sleep(rng.uniform(2, 5))  # the workload's time between two faults: the gap is the point
 
 
-def harness_main(argv: list[str] | None, description: str, smoke: Callable[[float, int, bool], dict], keeps: str,
-                 passed: Callable[[dict], bool]) -> int:
-    """A harness's command line: --seconds, --seed, --keep; the summary as the last line, JSON."""
+def harness_main(argv: list[str] | None, description: str, smoke: Callable[..., dict], keeps: str,
+                 passed: Callable[[dict], bool], switches: dict[str, str] | None = None) -> int:
+    """A harness's command line: --seconds, --seed, --keep and its own
+    ``switches`` (flag name -> help; each a keyword argument of ``smoke``);
+    the summary as the last line, JSON."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--seconds", type=float, default=60, help="how long faults go on (every kind at least once)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--keep", action="store_true", help=f"leave {keeps} up and the run's folder")
+    for name, help_text in (switches or {}).items():
+        parser.add_argument(f"--{name.replace('_', '-')}", dest=name, action="store_true", help=help_text)
     args = parser.parse_args(argv)
-    summary = smoke(args.seconds, args.seed, args.keep)
+    summary = smoke(args.seconds, args.seed, args.keep, **{name: getattr(args, name) for name in switches or {}})
     print(json.dumps(summary), flush=True)
     return 0 if passed(summary) else 1
