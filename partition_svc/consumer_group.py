@@ -191,7 +191,9 @@ class ConsumerGroup:
             raise GroupError("INVALID_REQUEST", "a joining member names its subscription (subscribed topics)")
         if beat.instance_id:
             static = next((m for m in self.members.values() if m.instance_id == beat.instance_id), None)
-            if static is not None:
+            # under its own id, and not back from a restart, it is a rejoin of that member (below): a join whose
+            # answer was lost, or a fenced member
+            if static is not None and (static.left_for_restart or static.member_id != beat.member_id):
                 if not static.left_for_restart:
                     raise GroupError("UNRELEASED_INSTANCE_ID", f"instance id {beat.instance_id!r} is in use by member "
                                      f"{static.member_id}; it must leave (member epoch -2) first")

@@ -121,6 +121,25 @@ def test_a_static_member_restarted_as_a_new_process_takes_its_old_member_over_un
                                  0, heartbeat_interval_ms=5000).members["a2"].assigned == a.assigned
 
 
+def test_a_static_member_whose_join_answer_was_lost_joins_again_under_the_same_id():
+    """Found in review: after a restarted static member took its old place
+    under its new id, a retry of that join (its answer lost, or the member
+    fenced) was refused as UNRELEASED_INSTANCE_ID until its own session ran
+    out. A join under the member's own id is a rejoin of that member."""
+    group = ConsumerGroup("g")
+    a = join(group, "a1", instance_id="worker-a")
+    a = beat(group, beat(group, a))
+    group.heartbeat(Heartbeat("a1", -2, instance_id="worker-a"), 100, COUNTS)
+    join(group, "a2", now=200, instance_id="worker-a")  # its answer lost
+    again = join(group, "a2", now=300, instance_id="worker-a")
+    again = beat(group, beat(group, again, now=400), now=500)
+    assert (again.member_id, again.assigned) == ("a2", a.assigned)
+    assert [m.member_id for m in group.describe()] == ["a2"]
+    with pytest.raises(GroupError) as taken:
+        join(group, "a3", now=600, instance_id="worker-a")
+    assert taken.value.code == "UNRELEASED_INSTANCE_ID", "another process with its instance id is still refused"
+
+
 def test_commits_need_the_members_current_epoch():
     group = ConsumerGroup("g")
     group.check_commit("", -1)  # an empty group takes commits from outside (admin tools, batch jobs)

@@ -80,6 +80,9 @@ class GroupMembership(RuleBasedStateMachine):
             answer = self.group.heartbeat(beat, self.now, self.counts)
         except GroupError as error:
             assert error.code in ("FENCED_MEMBER_EPOCH", "UNKNOWN_MEMBER_ID", "UNRELEASED_INSTANCE_ID"), error
+            if error.code == "UNRELEASED_INSTANCE_ID":  # only while another member holds the instance id, never its own
+                assert any(m.instance_id == client.name and m.member_id != client.member_id
+                           for m in self.group.members.values()), error.message
             if error.code != "UNRELEASED_INSTANCE_ID":
                 client.epoch, client.owned, client.zombie = -1, frozenset(), False  # drops everything, rejoins as itself
             return
