@@ -45,6 +45,7 @@ here), the CronJob's schedule.
 from __future__ import annotations
 
 import base64
+import concurrent.futures
 import ipaddress
 import json
 import random
@@ -55,6 +56,7 @@ import string
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -191,7 +193,8 @@ class Cluster:
         self.network = PROJECT
         self.secrets = secret_files(rendered, directory)
         self.config_maps = config_maps(rendered)
-        self.addresses = (str(ip) for ip in list(POD_ADDRESSES.hosts())[9:])
+        self.free_addresses = [str(ip) for ip in list(POD_ADDRESSES.hosts())[9:]]
+        self.lock = threading.Lock()  # the probes' counts, kept by one thread per pod
         self.pods: dict[str, Pod] = {}
         self.probes_passed = 0
         self.probes_failed: list[str] = []
@@ -339,7 +342,9 @@ class Cluster:
     # --- starting pods and probing them -----------------------------------------------------
 
     def start(self, workload: dict, name: str, claims: dict[str, Path] | None = None) -> Pod:
-        pod = Pod(name, workload, next(self.addresses), claims or {})
+        with self.lock:
+            address = self.free_addresses.pop(0)
+        pod = Pod(name, workload, address, claims or {})
         run(self.podman_run(pod), timeout=300)
         pod.started_s = time.monotonic()
         self.pods[name] = pod
@@ -357,10 +362,10 @@ class Cluster:
             pods.append(self.start(workload, name, claims))
         return pods
 
-    def start_deployment(self, workload: dict) -> list[Pod]:
+    def start_deployment(self, workload: dict, replicas: int | None = None) -> list[Pod]:
         template_hash = random_suffix(10)
         return [self.start(workload, f"{workload['metadata']['name']}-{template_hash}-{random_suffix(5)}")
-                for _ in range(workload["spec"].get("replicas", 1))]
+                for _ in range(workload["spec"].get("replicas", 1) if replicas is None else replicas)]
 
     def running(self, pod: Pod) -> bool:
         state = run(["podman", "inspect", "--format", "{{.State.Running}}", pod.container_name], check=False)
@@ -378,41 +383,52 @@ class Cluster:
                 return False
         if "exec" in probe:
             try:
-                done = run(["podman", "exec", pod.container_name, *probe["exec"]["command"]], check=False, timeout=timeout_s + 5)
+                done = run(["podman", "exec", pod.container_name, *probe["exec"]["command"]], check=False, timeout=timeout_s)
             except subprocess.TimeoutExpired:
                 return False
             return done.returncode == 0
         raise AssertionError(f"pod {pod.name}: a probe of a kind this harness does not run: {probe}")
 
     def probe(self, pod: Pod, kind: str, deadline_s: float) -> None:
-        """The pod's ``kind`` probe as the kubelet runs it, until it passes:
-        a startup or liveness probe fails at its failure threshold, a
-        readiness probe at the deadline (the kubelet would go on, the pod unready)."""
+        """The pod's ``kind`` probe on the kubelet's schedule until it passes:
+        the first after the initial delay (from the container's start, or at
+        once when an earlier probe of the pod held it back), then one per
+        period, each within its timeout. A startup or liveness probe fails at
+        its failure threshold, a readiness probe at the deadline (the kubelet
+        would go on, the pod unready); any fails when the container exits."""
         probe = pod.container.get(f"{kind}Probe")
         if probe is None:
             return
         period_s, threshold = probe.get("periodSeconds", 10), probe.get("failureThreshold", 3)
-        first_s = pod.started_s + probe.get("initialDelaySeconds", 0)
-        if time.monotonic() < first_s:
-            time.sleep(first_s - time.monotonic())  # the kubelet's initial delay: it does not probe before
+        due_s = max(pod.started_s + probe.get("initialDelaySeconds", 0), time.monotonic())
         failures = 0
-        while not self.probe_once(pod, probe):
+        while True:
+            time.sleep(max(0.0, due_s - time.monotonic()))  # the kubelet's schedule: it probes no sooner
+            if self.probe_once(pod, probe):
+                with self.lock:
+                    self.probes_passed += 1
+                return
             failures += 1
             ended = not self.running(pod)
             if ended or (kind != "readiness" and failures >= threshold) or time.monotonic() > deadline_s:
                 tail = run(["podman", "logs", "--tail", "40", pod.container_name], check=False)
-                self.probes_failed.append(f"{pod.name} {kind}" + (" (the container exited)" if ended else ""))
+                with self.lock:
+                    self.probes_failed.append(f"{pod.name} {kind}" + (" (the container exited)" if ended else ""))
                 log(f"{pod.name}: {kind} probe failed {failures} times; its log ends:\n{tail.stdout[-3000:]}{tail.stderr[-3000:]}")
                 return
-            time.sleep(period_s)  # the probe's period: the kubelet probes no more often than this
-        self.probes_passed += 1
+            due_s += period_s
 
     def wait_ready(self, pods: list[Pod]) -> None:
-        """Each pod's startup probe, then its readiness and liveness probes."""
+        """Each pod's startup probe, then its readiness and liveness probes;
+        the pods side by side, each on its own schedule, as the kubelet does."""
         deadline_s = time.monotonic() + READY_TIMEOUT_S
-        for pod in pods:
+
+        def probes(pod: Pod) -> None:
             for kind in ("startup", "readiness", "liveness"):
                 self.probe(pod, kind, deadline_s)
+
+        with concurrent.futures.ThreadPoolExecutor(max_workers=len(pods)) as pool:
+            list(pool.map(probes, pods))
 
     # --- jobs ------------------------------------------------------------------------------
 
@@ -441,17 +457,18 @@ class Cluster:
         run(["podman", "kill", "--signal", "KILL", pod.container_name], check=False)
         run(["podman", "rm", "-f", "-t", "0", pod.container_name], check=False)
         del self.pods[pod.name]
-        kind = pod.workload["kind"]
-        if kind == "StatefulSet":
+        self.free_addresses.append(pod.ip)  # last in line: the next pods get other addresses first
+        if pod.workload["kind"] == "StatefulSet":
             new = self.start(pod.workload, pod.name, pod.claims)
         else:
-            new = self.start_deployment({**pod.workload, "spec": {**pod.workload["spec"], "replicas": 1}})[0]
+            (new,) = self.start_deployment(pod.workload, replicas=1)
         component = pod.labels.get("app.kubernetes.io/component", pod.workload["metadata"]["name"])
         self.faults[f"kill_{component}"] = self.faults.get(f"kill_{component}", 0) + 1
         self.wait_ready([new])
         return new
 
     def of(self, workload: dict) -> list[Pod]:
+        """The workload's pods running now (replacements included)."""
         return [p for p in self.pods.values() if p.workload is workload]
 
     def one_off(self, image: str, *command: str, volumes: tuple[str, ...] = (), detach: bool = False,
@@ -519,7 +536,8 @@ def smoke(seconds: float = 60, seed: int = 1, keep: bool = False) -> dict:
             cluster.remove_everything()
     summary = {"workloads_started": len(cluster.workloads_started), "pods_started": cluster.pods_started,
                "probes_passed": cluster.probes_passed, "probes_failed": len(cluster.probes_failed),
-               "failed_probes": cluster.probes_failed, "jobs_succeeded": jobs_succeeded, "spark_job": job_report,
+               "failed_probes": cluster.probes_failed, "jobs_succeeded": jobs_succeeded,
+               "jobs_run": len(found["hooks"]) + len(found["Job"]) + len(found["CronJob"]), "spark_job": job_report,
                "anomalies": verdict.get("anomalies", -1), **verdict, "faults": cluster.faults,
                "seconds": round(time.monotonic() - started), "dir": str(directory) if keep else None}
     if not keep:
@@ -549,7 +567,8 @@ def operator_setup(cluster: Cluster, cronjob: dict, bootstrap: str, tls_args: tu
 
 
 def main(argv: list[str] | None = None) -> int:
-    return harness_main(argv, __doc__.splitlines()[0], smoke, "the pods", lambda s: s["anomalies"] == 0 and s["probes_failed"] == 0)
+    return harness_main(argv, __doc__.splitlines()[0], smoke, "the pods", lambda s: s["anomalies"] == 0 and s["probes_failed"] == 0
+                        and s["jobs_succeeded"] == s["jobs_run"])
 
 
 if __name__ == "__main__":

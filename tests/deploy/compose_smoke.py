@@ -204,6 +204,16 @@ def spark_job(stack: Stack) -> dict:
     return report["run"]
 
 
+FIND_EXECUTORS = """
+import os
+for pid in (p for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()):  # not this finder
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            if b"CoarseGrainedExecutorBackend" in cmdline.read():
+                print(pid)
+    except OSError:  # it ended meanwhile
+        pass
+"""
 SPARK_TESTS = REPO / "tests" / "spark"  # spark_transforms (the held task) and outputs (the expected counts)
 SPARK_WORKERS = 2
 
@@ -246,9 +256,7 @@ class SparkCluster:
 
     def executor_pids(self, worker: str) -> list[int]:
         """The executor JVMs in ``worker``'s container (their pids there)."""
-        found = run(["podman", "exec", worker, "python", "-c",
-                     "import os; print(' '.join(p for p in os.listdir('/proc') if p.isdigit() and "
-                     "b'CoarseGrainedExecutorBackend' in open(f'/proc/{p}/cmdline', 'rb').read()))"], check=False)
+        found = run(["podman", "exec", worker, "python", "-c", FIND_EXECUTORS], check=False)
         return [int(p) for p in found.stdout.split()]
 
     def kill_executor(self, worker: str, pid: int) -> None:
@@ -264,8 +272,12 @@ class SparkCluster:
 CLUSTER_GROUP, CLUSTER_OUTPUT = "windowed-counts-cluster", "event-counts-cluster"  # the events again, for this job alone
 COUNTED = """
 import json, os, outputs
-counted = outputs.counts(os.environ["BOOTSTRAP"], os.environ["OUTPUT"], **json.loads(os.environ["TLS"]))
-print(json.dumps({"views": outputs.views_of(counted), "expected": outputs.expected_views(int(os.environ["EVENTS"]))}))
+bootstrap, tls = os.environ["BOOTSTRAP"], json.loads(os.environ["TLS"])
+counted = outputs.counts(bootstrap, os.environ["OUTPUT"], **tls)
+print(json.dumps({"views": outputs.views_of(counted), "expected": outputs.expected_views(int(os.environ["EVENTS"])),
+                  "committed_offsets": outputs.committed_offsets(bootstrap, os.environ["GROUP"], "events", **tls),
+                  "end_offsets": outputs.end_offsets(bootstrap, "events", **tls),
+                  "open_transactions": [t.transactional_id for t in outputs.open_transactions(bootstrap, os.environ["GROUP"], **tls)]}))
 """
 
 
@@ -281,8 +293,9 @@ def spark_cluster_job(stack: Stack, directory: Path) -> dict:
     stack.txlog("topics", "create", CLUSTER_OUTPUT, "--partitions", "2")
     spark = SparkCluster(stack, directory / "spark-shared")
     mounts = (f"{SPARK_TESTS}:/opt/txlog-tests:ro", f"{spark.shared}:/shared")
-    spark.start()
+    spark.stop()  # what an interrupted run may have left
     try:
+        spark.start()
         driver = stack.in_network(SPARK_IMAGE, "env", "PYTHONPATH=/opt/txlog-tests", "SLOW_UNTIL_FILE=/shared/release",
                                   "SLOW_SECONDS=900", "python", "-m", "spark_jobs.windowed_counts", "--once", "--bootstrap",
                                   BOOTSTRAP, "--input-topic", "events", "--output-topic", CLUSTER_OUTPUT, "--group",
@@ -308,8 +321,8 @@ def spark_cluster_job(stack: Stack, directory: Path) -> dict:
     (report,) = [json.loads(line) for line in output.stdout.splitlines() if line.startswith('{"run"')]
     tls = {flag[2:].replace("-", "_"): path for flag, path in zip(stack.client_tls[::2], stack.client_tls[1::2], strict=True)}
     counted = stack.in_network(SPARK_IMAGE, "env", "PYTHONPATH=/opt/txlog-tests", f"BOOTSTRAP={BOOTSTRAP}",
-                               f"OUTPUT={CLUSTER_OUTPUT}", f"TLS={json.dumps(tls)}", f"EVENTS={EVENTS}", "python", "-c", COUNTED,
-                               volumes=mounts[:1])
+                               f"OUTPUT={CLUSTER_OUTPUT}", f"GROUP={CLUSTER_GROUP}", f"TLS={json.dumps(tls)}",
+                               f"EVENTS={EVENTS}", "python", "-c", COUNTED, volumes=mounts[:1])
     return {**report, **json.loads(counted.stdout.strip().splitlines()[-1])}
 
 
@@ -363,8 +376,13 @@ def smoke(seconds: float = 60, seed: int = 1, keep: bool = False, tls: bool = Fa
     return summary
 
 
+def passed(summary: dict) -> bool:
+    cluster_job = summary["spark_cluster_job"]
+    return summary["anomalies"] == 0 and (cluster_job is None or cluster_job["views"] == cluster_job["expected"])
+
+
 def main(argv: list[str] | None = None) -> int:
-    return harness_main(argv, __doc__.splitlines()[0], smoke, "the stack", lambda s: s["anomalies"] == 0,
+    return harness_main(argv, __doc__.splitlines()[0], smoke, "the stack", passed,
                         {"tls": "the TLS variant (docker-compose.tls.yml over docker-compose.yml)",
                          "spark_cluster": "the job again on a Spark standalone cluster from the Spark image, an executor killed"})
 

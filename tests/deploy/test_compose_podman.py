@@ -15,7 +15,10 @@ from services.chaos.checker import ANOMALIES
 SECONDS = 45.0
 
 
-def assert_exactly_once_under_faults(summary: dict) -> None:
+FAULTS = {"kill_partition-svc", "kill_coordinator-svc", "kill_producer-id-svc", "kill_zookeeper", "pause", "restart", "replace"}
+
+
+def assert_exactly_once_under_faults(summary: dict, faults: set[str] = FAULTS) -> None:
     assert summary["services_ready"] == len(compose_smoke.SERVICES), summary
     job = summary["spark_job"]
     assert job["ranges"] == 4 and job["records_in"] == compose_smoke.EVENTS and job["records_out"] > 0, job
@@ -23,14 +26,12 @@ def assert_exactly_once_under_faults(summary: dict) -> None:
     assert summary["anomalies"] == 0 and summary["stuck_workers"] == [], summary
     assert summary["committed"] > 0 and summary["aborted"] > 0 and summary["final_read_committed"] > 0, summary
     # each kind of fault at least once, and the replacement of every partition_svc at the end
-    assert {"kill_partition-svc", "kill_coordinator-svc", "kill_producer-id-svc", "kill_zookeeper", "pause", "restart",
-            "replace"} <= set(summary["faults"]), summary["faults"]
+    assert set(summary["faults"]) == faults, summary["faults"]
 
 
 @pytest.mark.timeout(3600)  # the first build on a machine makes the base and installs every wheel into the images
 def test_the_compose_stack_runs_the_job_and_loses_nothing_while_its_containers_are_killed_paused_and_replaced():
     summary = compose_smoke.smoke(seconds=SECONDS, seed=7)
-    assert summary["tls"] is False
     assert_exactly_once_under_faults(summary)
 
 
@@ -42,12 +43,13 @@ def test_the_tls_stack_runs_the_job_on_a_spark_cluster_with_an_executor_killed_a
     executor's JVM killed while each task holds a transaction open; then the
     chaos workload as User:admin under every kind of fault once."""
     summary = compose_smoke.smoke(seconds=0, seed=8, tls=True, spark_cluster=True)
-    assert summary["tls"] is True
     cluster_job = summary["spark_cluster_job"]
     assert cluster_job["run"]["records_in"] == compose_smoke.EVENTS, cluster_job
     assert sorted(r["partition"] for r in cluster_job["ranges"]) == [0, 1, 2, 3], cluster_job
     # a range is "skipped" when the killed JVM's orphaned Python worker committed it before the retry fenced it
     assert {r["status"] for r in cluster_job["ranges"]} <= {"committed", "skipped"}, cluster_job
     assert cluster_job["views"] == cluster_job["expected"], "every event counted once"
-    assert summary["faults"].get("kill_spark_executor") == 1, summary["faults"]
-    assert_exactly_once_under_faults(summary)
+    assert cluster_job["committed_offsets"] == cluster_job["end_offsets"], "the group's offsets at the input's end"
+    assert cluster_job["open_transactions"] == [], "no transaction of the job left open"
+    assert summary["faults"]["kill_spark_executor"] == 1, summary["faults"]
+    assert_exactly_once_under_faults(summary, FAULTS | {"kill_spark_executor"})
