@@ -352,8 +352,10 @@ def chaos(stack: Stack, directory: Path, seconds: float, seed: int) -> dict:
     return workload.check()
 
 
-def smoke(seconds: float = 60, seed: int = 1, keep: bool = False, tls: bool = False, spark_cluster: bool = False) -> dict:
-    build_images()
+def smoke(seconds: float = 60, seed: int = 1, keep: bool = False, tls: bool = False, spark_cluster: bool = False,
+          build: bool = True) -> dict:
+    if build:
+        build_images()
     stack = Stack("txlog-smoke-tls" if tls else "txlog-smoke", tls)
     directory = Path(tempfile.mkdtemp(prefix="txlog-deploy-smoke-"))
     started = time.monotonic()

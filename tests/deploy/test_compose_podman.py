@@ -15,6 +15,13 @@ from services.chaos.checker import ANOMALIES
 SECONDS = 45.0
 
 
+@pytest.fixture(scope="module")
+def images():
+    """`make image`, once for the module: its two stacks publish the same host ports, so they run one after the
+    other, on one worker (a module-scoped fixture makes tests/conftest.py keep them together)."""
+    compose_smoke.build_images()
+
+
 FAULTS = {"kill_partition-svc", "kill_coordinator-svc", "kill_producer-id-svc", "kill_zookeeper", "pause", "restart", "replace"}
 
 
@@ -30,19 +37,19 @@ def assert_exactly_once_under_faults(summary: dict, faults: set[str] = FAULTS) -
 
 
 @pytest.mark.timeout(3600)  # the first build on a machine makes the base and installs every wheel into the images
-def test_the_compose_stack_runs_the_job_and_loses_nothing_while_its_containers_are_killed_paused_and_replaced():
-    summary = compose_smoke.smoke(seconds=SECONDS, seed=7)
+def test_the_compose_stack_runs_the_job_and_loses_nothing_while_its_containers_are_killed_paused_and_replaced(images):
+    summary = compose_smoke.smoke(seconds=SECONDS, seed=7, build=False)
     assert_exactly_once_under_faults(summary)
 
 
 @pytest.mark.timeout(3600)
-def test_the_tls_stack_runs_the_job_on_a_spark_cluster_with_an_executor_killed_and_loses_nothing_under_faults():
+def test_the_tls_stack_runs_the_job_on_a_spark_cluster_with_an_executor_killed_and_loses_nothing_under_faults(images):
     """docker-compose.tls.yml over docker-compose.yml: mutual TLS, the ACL
     authorizer, the job as User:spark-job with the ACLs its one-shot grants;
     then the job from the Spark image on a Spark standalone cluster, one
     executor's JVM killed while each task holds a transaction open; then the
     chaos workload as User:admin under every kind of fault once."""
-    summary = compose_smoke.smoke(seconds=0, seed=8, tls=True, spark_cluster=True)
+    summary = compose_smoke.smoke(seconds=0, seed=8, tls=True, spark_cluster=True, build=False)
     cluster_job = summary["spark_cluster_job"]
     assert cluster_job["run"]["records_in"] == compose_smoke.EVENTS, cluster_job
     assert sorted(r["partition"] for r in cluster_job["ranges"]) == [0, 1, 2, 3], cluster_job
