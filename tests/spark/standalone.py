@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -29,6 +30,7 @@ MASTER_CLASS = "org.apache.spark.deploy.master.Master"
 WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
 EXECUTOR_CLASS = "org.apache.spark.executor.CoarseGrainedExecutorBackend"
 START_TIMEOUT_S = 180.0
+BOUND_PORT = re.compile(r"Successfully started service '(\w+)' on port (\d+)")
 
 
 class StandaloneCluster:
@@ -55,11 +57,21 @@ class StandaloneCluster:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.ui_port}/json/", timeout=5) as answer:
             return json.load(answer)
 
+    def _bound_ports(self) -> bool:
+        """Reads the ports the master bound from its log: Spark takes the next port when the one it is
+        given was taken meanwhile (a suite run saw another JVM's page answer on the UI port chosen)."""
+        bound = dict(BOUND_PORT.findall((self.directory / "master.log").read_text(errors="replace")))
+        if "sparkMaster" not in bound or "MasterUI" not in bound:
+            return False
+        self.port, self.ui_port = int(bound["sparkMaster"]), int(bound["MasterUI"])
+        return True
+
     def __enter__(self) -> StandaloneCluster:
         self.directory.mkdir(parents=True, exist_ok=True)
         try:
             self._start("master", MASTER_CLASS, "--host", "127.0.0.1", "--port", str(self.port),
                         "--webui-port", str(self.ui_port))
+            wait_until(self._bound_ports, START_TIMEOUT_S, lambda: f"the master's ports in {self.directory / 'master.log'}")
             for i in range(self.worker_count):
                 work_dir = self.directory / f"worker-{i}"
                 work_dir.mkdir(exist_ok=True)
