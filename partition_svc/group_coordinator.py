@@ -7,7 +7,7 @@ Each group is a consumer_group.ConsumerGroup fed with heartbeats, the clock
 and the subscribed topics' partition counts. Membership is durable: what a
 heartbeat (or a session's expiry) changed is written to the group's
 ``__consumer_offsets`` partition as membership records
-(consumer_group.records(), log_store.membership_key), with acks=all, before
+(consumer_group.records(), log_format.membership_key), with acks=all, before
 the heartbeat is answered; every replica materializes them as it does
 offsets. The group in memory is tied to the leader epoch it was loaded
 under: when leadership moves (or comes back), the new coordinator rebuilds
@@ -26,7 +26,7 @@ import asyncio
 import logging
 import time
 
-from partition_svc import assignors, consumer_group, log_store
+from partition_svc import assignors, consumer_group, log_format
 from partition_svc.consumer_group import ConsumerGroup, GroupError, Heartbeat
 from partition_svc.producer_state import Reject
 from services.logs import fields
@@ -139,7 +139,7 @@ class GroupCoordinator:
         pending; None when nothing is pending. Awaited by ``_written``."""
         records = group.records()
         if records:
-            changes = [(log_store.membership_key(group_id, member_id), value) for member_id, value in records]
+            changes = [(log_format.membership_key(group_id, member_id), value) for member_id, value in records]
             outcome = partition.commit_offsets(changes, now_ms(), self.servicer.limits)
             if isinstance(outcome, Reject):
                 self.groups.pop(group_id, None)

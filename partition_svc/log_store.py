@@ -1,25 +1,5 @@
-"""The RocksDB store of one partition_svc instance (one database, rocksdict).
-
-Key layout (``pkey`` = topic UTF-8, NUL, partition as 4-byte big-endian):
-
-    L pkey offset(8B BE)       a record batch, keyed by its base offset: a fixed
-                               header (BATCH_HEADER) then the RecordBatch protobuf
-    M pkey                     partition metadata, JSON: log_start_offset, next_offset, size_bytes,
-                               high_watermark (what this replica last knew was replicated)
-    E pkey epoch(4B BE)        the leader-epoch cache: the first offset written in that epoch
-    P pkey producer_id(8B BE)  the producer's state (producer_state.ProducerStateEntry)
-    A pkey producer_id(8B) first_offset(8B)
-                               an aborted transaction: JSON {"first", "last"} (the
-                               aborted-transaction index read_committed filters with)
-    X pkey producer_id(8B) G-key
-                               a consumer offset committed in the producer's open
-                               transaction, waiting for its marker (TxnOffsetCommit)
-    G group NUL topic NUL partition(4B BE)
-                               a consumer group's committed offset, JSON (the
-                               compacted view of __consumer_offsets)
-    S                          when this storage was made: JSON {"zxid"}, a ZooKeeper
-                               transaction id no earlier than its creation (0 for
-                               storage made before this key existed)
+"""The RocksDB store of one partition_svc instance (one database, rocksdict),
+with the key layout of log_format.py.
 
 Guarantees: writes go through :class:`GroupCommitWriter`, one WriteBatch at a
 time in submission order, each synced to disk (its WAL fsynced, unless sync is
@@ -36,151 +16,30 @@ import functools
 import json
 import logging
 import os
-import struct
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 
 from rocksdict import Options, Rdict, ReadOptions, WriteBatch, WriteOptions
 
+from partition_svc.log_format import (
+    STORAGE_KEY,
+    decode_header,
+    group_offset_key,
+    group_prefix,
+    log_key,
+    membership_prefix,
+    meta_key,
+    offset_and_metadata,
+    offset_of_key,
+)
 from services.logs import fields
 
 log = logging.getLogger(__name__)
 
-# last_offset, max_timestamp_ms, producer_id, producer_epoch, flags, record_count
-BATCH_HEADER = struct.Struct(">qqqhBI")
-FLAG_TRANSACTIONAL = 1
-FLAG_CONTROL = 2
-FLAG_COMMIT = 4
-# Bits 3 and 4: the batch's RecordBatch.compression (0: none), so that reads
-# know which batches to decompress without parsing any.
-COMPRESSION_SHIFT = 3
-COMPRESSION_MASK = 3
 BLOB_BYTES_MIN = 4096
 BLOB_GC_ON_RATIO = 0.25  # deleted share of the live blob bytes that turns blob GC on (and forces its compactions)
 BLOB_GC_OFF_RATIO = 0.1  # and below which it goes off again
 BLOB_GC_AGE_CUTOFF = 0.25  # while on: the oldest share of blob files whose live batches compaction moves
-
-
-STORAGE_KEY = b"S"
-
-
-def metadata_value(log_start_offset: int, next_offset: int, size_bytes: int, high_watermark: int) -> bytes:
-    return json.dumps({"log_start_offset": log_start_offset, "next_offset": next_offset, "size_bytes": size_bytes,
-                       "high_watermark": high_watermark}).encode()
-
-
-def offset_value(offset: int) -> bytes:
-    return offset.to_bytes(8, "big")
-
-
-def aborted_span_value(first_offset: int, last_offset: int) -> bytes:
-    return json.dumps({"first": first_offset, "last": last_offset}).encode()
-
-
-def group_offset_value(offset: int, metadata: str, commit_ms: int) -> bytes:
-    return json.dumps({"offset": offset, "metadata": metadata, "commit_ms": commit_ms}).encode()
-
-
-def offset_of(group_offset_value: bytes) -> int:
-    return json.loads(group_offset_value)["offset"]
-
-
-def _offset_and_metadata(raw: bytes) -> tuple[int, str]:
-    committed = json.loads(raw)
-    return committed["offset"], committed["metadata"]
-
-
-def partition_key(topic: str, partition: int) -> bytes:
-    return topic.encode() + b"\x00" + partition.to_bytes(4, "big")
-
-
-def log_key(pkey: bytes, offset: int) -> bytes:
-    return b"L" + pkey + offset.to_bytes(8, "big")
-
-
-def offset_of_key(key: bytes) -> int:
-    """The base offset of a batch's key (log_key)."""
-    return int.from_bytes(key[-8:], "big")
-
-
-def meta_key(pkey: bytes) -> bytes:
-    return b"M" + pkey
-
-
-def epoch_key(pkey: bytes, epoch: int) -> bytes:
-    return b"E" + pkey + epoch.to_bytes(4, "big")
-
-
-def producer_key(pkey: bytes, producer_id: int) -> bytes:
-    return b"P" + pkey + producer_id.to_bytes(8, "big")
-
-
-def aborted_key(pkey: bytes, producer_id: int, first_offset: int) -> bytes:
-    return b"A" + pkey + producer_id.to_bytes(8, "big") + first_offset.to_bytes(8, "big")
-
-
-def pending_offset_key(pkey: bytes, producer_id: int, group_key: bytes) -> bytes:
-    return b"X" + pkey + producer_id.to_bytes(8, "big") + group_key
-
-
-def group_offset_key(group_id: str, topic: str, partition: int) -> bytes:
-    return b"G" + group_id.encode() + b"\x00" + topic.encode() + b"\x00" + partition.to_bytes(4, "big")
-
-
-def group_prefix(group_id: str) -> bytes:
-    return b"G" + group_id.encode() + b"\x00"
-
-
-def membership_key(group_id: str, member_id: str) -> bytes:
-    """A consumer group's membership record (consumer_group.records(); member id "": the group's own)."""
-    return membership_prefix(group_id) + member_id.encode()
-
-
-def membership_prefix(group_id: str) -> bytes:
-    return b"C" + group_id.encode() + b"\x00"
-
-
-@dataclass(frozen=True)
-class StoredBatchHeader:
-    base_offset: int
-    last_offset: int
-    max_timestamp_ms: int
-    producer_id: int
-    producer_epoch: int
-    flags: int
-    record_count: int
-    stored_bytes: int
-
-    @property
-    def is_transactional(self) -> bool:
-        return bool(self.flags & FLAG_TRANSACTIONAL)
-
-    @property
-    def is_control(self) -> bool:
-        return bool(self.flags & FLAG_CONTROL)
-
-    @property
-    def compression(self) -> int:
-        """The RecordBatch.compression the batch is stored with (0: uncompressed)."""
-        return self.flags >> COMPRESSION_SHIFT & COMPRESSION_MASK
-
-
-def compression_flags(compression: int) -> int:
-    return compression << COMPRESSION_SHIFT
-
-
-def encode_batch(last_offset, max_timestamp_ms, producer_id, producer_epoch, flags, record_count, payload: bytes) -> bytes:
-    return BATCH_HEADER.pack(last_offset, max_timestamp_ms, producer_id, producer_epoch, flags, record_count) + payload
-
-
-def decode_header(base_offset: int, value: bytes) -> StoredBatchHeader:
-    return StoredBatchHeader(base_offset, *BATCH_HEADER.unpack_from(value), len(value))
-
-
-def payload_of(value: bytes) -> memoryview:
-    """The RecordBatch bytes of a stored value, without copying them."""
-    return memoryview(value)[BATCH_HEADER.size:]
 
 
 def blob_gc_wanted(garbage_ratio: float, on: bool) -> bool:
@@ -401,7 +260,7 @@ class LogStore:
                 found.append((topic, partition, committed["offset"], committed["metadata"]))
             return found
         prefix = group_prefix(group_id)
-        return [(key[len(prefix):-5].decode(), int.from_bytes(key[-4:], "big"), *_offset_and_metadata(raw))
+        return [(key[len(prefix):-5].decode(), int.from_bytes(key[-4:], "big"), *offset_and_metadata(raw))
                 for key, raw in self.items(prefix)]
 
     def write(self, changes: list[tuple[bytes, bytes | None]], on_readable: Callable[[], None] | None = None) -> None:

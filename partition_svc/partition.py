@@ -55,9 +55,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from partition_svc import log_store, producer_state, validation, wire
+from partition_svc import log_format, producer_state, validation, wire
 from partition_svc.isr import FollowerProgress, ReplicaSet
-from partition_svc.log_store import LogStore, StoredBatchHeader
+from partition_svc.log_format import StoredBatchHeader
+from partition_svc.log_store import LogStore
 from partition_svc.producer_state import Append, Duplicate, ProducerStateEntry, ProducerStates, Reject
 from txlog.protocol import CONSUMER_OFFSETS_TOPIC, INTERNAL_TOPIC_PREFIX, compression, txn_outcomes
 from txlog.protocol.errors import ErrorCode, TxlogError
@@ -113,7 +114,7 @@ class Partition:
         self.store = store
         self.writer = writer
         self.node_id = node_id
-        self.pkey = log_store.partition_key(topic, index)
+        self.pkey = log_format.partition_key(topic, index)
         self.log_start_offset = 0
         self.next_offset = 0
         self.durable_end = 0
@@ -154,7 +155,7 @@ class Partition:
             self.size_bytes = meta["size_bytes"]
         last = self.store.batch_at_or_before(self.pkey, 2**63 - 1)
         if last is not None:  # the log itself is the authority on where it ends
-            self.next_offset = max(self.next_offset, log_store.decode_header(*last).last_offset + 1)
+            self.next_offset = max(self.next_offset, log_format.decode_header(*last).last_offset + 1)
         self.durable_end = self.written_end = self.next_offset
         # What this replica last knew was replicated; a sole replica moves it to its log end when it leads.
         self.high_watermark = min(meta.get("high_watermark", self.next_offset), self.next_offset) if meta else self.next_offset
@@ -174,7 +175,7 @@ class Partition:
         self.pending_offsets = self.store.pending_offsets(self.pkey)
 
     def metadata_change(self) -> tuple[bytes, bytes]:
-        return log_store.meta_key(self.pkey), log_store.metadata_value(
+        return log_format.meta_key(self.pkey), log_format.metadata_value(
             self.log_start_offset, self.next_offset, self.size_bytes, self.high_watermark)
 
     # --- offsets ------------------------------------------------------------------
@@ -214,7 +215,7 @@ class Partition:
             return
         self.leader_epoch = leader_epoch
         if self.epochs.assign(leader_epoch, self.next_offset):
-            self.writer.submit([(log_store.epoch_key(self.pkey, leader_epoch), log_store.offset_value(self.next_offset))])
+            self.writer.submit([(log_format.epoch_key(self.pkey, leader_epoch), log_format.offset_value(self.next_offset))])
         self.replica_set = ReplicaSet(self.node_id, isr, high_watermark=self.high_watermark,
                                       followers={n: FollowerProgress(0, now_ms) for n in isr if n != self.node_id})
         self._advance_high_watermark()
@@ -338,7 +339,7 @@ class Partition:
         # Within one transaction a partition's pending offset only moves forward: TxnOffsetCommit has no
         # sequence, so an earlier request delivered late must not take back a later one's offset.
         pending = self.pending_offsets.get(producer_id, {}) if entry is not None and producer_epoch == entry.producer_epoch else {}
-        offsets = [(key, value) for key, value in offsets if key not in pending or log_store.offset_of(value) >= log_store.offset_of(pending[key])]
+        offsets = [(key, value) for key, value in offsets if key not in pending or log_format.offset_of(value) >= log_format.offset_of(pending[key])]
         if not offsets:
             return None
         batch = common_pb2.RecordBatch(
@@ -348,8 +349,8 @@ class Partition:
             is_transactional=True,
             records=[common_pb2.Record(key=key, value=value) for key, value in offsets],
         )
-        base, value = self._append_internal(batch, log_store.FLAG_TRANSACTIONAL, now_ms)
-        changes = [(log_store.log_key(self.pkey, base), value), *self._effect_txn_offsets(producer_id, producer_epoch, offsets, base, now_ms)]
+        base, value = self._append_internal(batch, log_format.FLAG_TRANSACTIONAL, now_ms)
+        changes = [(log_format.log_key(self.pkey, base), value), *self._effect_txn_offsets(producer_id, producer_epoch, offsets, base, now_ms)]
         changes.append(self.metadata_change())
         return self._submit(changes)[1]
 
@@ -370,7 +371,7 @@ class Partition:
                 if entry.expired(now_ms, expiration_ms) and not self._has_open_transaction(producer_id, entry)]
         for producer_id in gone:
             del self.producers[producer_id]
-        return self.writer.submit([(log_store.producer_key(self.pkey, producer_id), None) for producer_id in gone]) if gone else None
+        return self.writer.submit([(log_format.producer_key(self.pkey, producer_id), None) for producer_id in gone]) if gone else None
 
     def delete_records(self, offset: int) -> RecordsDeleted | Reject:
         """DeleteRecords (Kafka's): moves the log start to ``offset``, at most
@@ -493,11 +494,11 @@ class Partition:
                 batch.ClearField(name)
             payload = batch.SerializeToString()
             validation.check_sizes(batch, len(payload), limits, self.record_bytes_max)
-        flags = (log_store.FLAG_TRANSACTIONAL if batch.is_transactional else 0) | log_store.compression_flags(codec)
-        value = log_store.encode_batch(base + count - 1, max_timestamp_ms, batch.producer_id, batch.producer_epoch, flags, count, payload)
+        flags = (log_format.FLAG_TRANSACTIONAL if batch.is_transactional else 0) | log_format.compression_flags(codec)
+        value = log_format.encode_batch(base + count - 1, max_timestamp_ms, batch.producer_id, batch.producer_epoch, flags, count, payload)
         self.next_offset = base + count
         self.size_bytes += len(value)
-        changes = [(log_store.log_key(self.pkey, base), value)]
+        changes = [(log_format.log_key(self.pkey, base), value)]
         if batch.producer_id >= 0:
             changes += self._effect_data(batch.producer_id, batch.producer_epoch, batch.base_sequence, count, base,
                                          max_timestamp_ms, batch.is_transactional)
@@ -514,7 +515,7 @@ class Partition:
             record.offset = base + i
             record.timestamp_ms = record.timestamp_ms or now_ms
         count = len(batch.records)
-        value = log_store.encode_batch(base + count - 1, now_ms, batch.producer_id, batch.producer_epoch, flags, count, batch.SerializeToString())
+        value = log_format.encode_batch(base + count - 1, now_ms, batch.producer_id, batch.producer_epoch, flags, count, batch.SerializeToString())
         self.next_offset = base + count
         self.size_bytes += len(value)
         return base, value
@@ -534,12 +535,12 @@ class Partition:
             coordinator_epoch=coordinator_epoch,
             records=[common_pb2.Record(timestamp_ms=now_ms)],
         )
-        flags = log_store.FLAG_TRANSACTIONAL | log_store.FLAG_CONTROL | (log_store.FLAG_COMMIT if control == common_pb2.CONTROL_TYPE_COMMIT else 0)
+        flags = log_format.FLAG_TRANSACTIONAL | log_format.FLAG_CONTROL | (log_format.FLAG_COMMIT if control == common_pb2.CONTROL_TYPE_COMMIT else 0)
         entry = self.producers.get(producer_id)
         open_first = entry.current_txn_first_offset if entry is not None else producer_state.NO_OFFSET
         settling = self.pending_offsets.get(producer_id) if control != common_pb2.CONTROL_TYPE_PREPARED else None
         offset, value = self._append_internal(marker, flags, now_ms)
-        changes = [(log_store.log_key(self.pkey, offset), value), *self._effect_control(marker, offset, now_ms)]
+        changes = [(log_format.log_key(self.pkey, offset), value), *self._effect_control(marker, offset, now_ms)]
         changes.append(self.metadata_change())
         closing_key = object()
         if control != common_pb2.CONTROL_TYPE_PREPARED and open_first >= 0:
@@ -561,7 +562,7 @@ class Partition:
         entry = producer_state.after_append(self.producers.get(producer_id), producer_id, producer_epoch, base_sequence,
                                             count, base, max_timestamp_ms, is_transactional, appended_ms=now_ms())
         self.producers[producer_id] = entry
-        return [(log_store.producer_key(self.pkey, producer_id), entry.to_json())]
+        return [(log_format.producer_key(self.pkey, producer_id), entry.to_json())]
 
     def _effect_control(self, marker: common_pb2.RecordBatch, offset: int, timestamp_ms: int) -> Changes:
         if marker.control_type == common_pb2.CONTROL_TYPE_PREPARED:
@@ -580,14 +581,14 @@ class Partition:
         if entry is not None and entry.producer_epoch == producer_epoch and not self._has_open_transaction(producer_id, entry):
             entry = replace(entry, coordinator_epoch=max(coordinator_epoch, entry.coordinator_epoch))
             self.producers[producer_id] = entry
-            return [(log_store.producer_key(self.pkey, producer_id), entry.to_json())]
+            return [(log_format.producer_key(self.pkey, producer_id), entry.to_json())]
         open_first = entry.current_txn_first_offset if entry is not None else producer_state.NO_OFFSET
         changes: Changes = []
         if not committed and open_first >= 0:
             self.aborted.setdefault(producer_id, []).append((open_first, offset))
-            changes.append((log_store.aborted_key(self.pkey, producer_id, open_first), log_store.aborted_span_value(open_first, offset)))
+            changes.append((log_format.aborted_key(self.pkey, producer_id, open_first), log_format.aborted_span_value(open_first, offset)))
         for group_key, offset_value in self.pending_offsets.pop(producer_id, {}).items():
-            changes.append((log_store.pending_offset_key(self.pkey, producer_id, group_key), None))
+            changes.append((log_format.pending_offset_key(self.pkey, producer_id, group_key), None))
             if committed:
                 changes.append((group_key, offset_value))
         entry = replace(
@@ -600,7 +601,7 @@ class Partition:
             txn_prepared=False,
         )
         self.producers[producer_id] = entry
-        changes.append((log_store.producer_key(self.pkey, producer_id), entry.to_json()))
+        changes.append((log_format.producer_key(self.pkey, producer_id), entry.to_json()))
         return changes
 
     def _effect_seal(self, producer_id: int, producer_epoch: int, coordinator_epoch: int, timestamp_ms: int) -> Changes:
@@ -610,7 +611,7 @@ class Partition:
         entry = replace(entry, txn_prepared=True, coordinator_epoch=max(coordinator_epoch, entry.coordinator_epoch),
                         last_timestamp_ms=timestamp_ms)
         self.producers[producer_id] = entry
-        return [(log_store.producer_key(self.pkey, producer_id), entry.to_json())]
+        return [(log_format.producer_key(self.pkey, producer_id), entry.to_json())]
 
     def _effect_txn_offsets(self, producer_id: int, producer_epoch: int, offsets: list[tuple[bytes, bytes]], base: int,
                             timestamp_ms: int) -> Changes:
@@ -621,16 +622,16 @@ class Partition:
         entry = replace(previous, last_timestamp_ms=timestamp_ms, current_txn_first_offset=first)
         self.producers[producer_id] = entry
         self.pending_offsets.setdefault(producer_id, {}).update(offsets)
-        changes: Changes = [(log_store.pending_offset_key(self.pkey, producer_id, key), v) for key, v in offsets]
-        changes.append((log_store.producer_key(self.pkey, producer_id), entry.to_json()))
+        changes: Changes = [(log_format.pending_offset_key(self.pkey, producer_id, key), v) for key, v in offsets]
+        changes.append((log_format.producer_key(self.pkey, producer_id), entry.to_json()))
         return changes
 
     def _effect_stored(self, base_offset: int, value: bytes) -> Changes:
         """The effect of one stored batch, whichever kind, as its leader applied it."""
-        header = log_store.decode_header(base_offset, value)
+        header = log_format.decode_header(base_offset, value)
         if header.producer_id < 0 and self.topic != CONSUMER_OFFSETS_TOPIC:
             return []
-        batch = common_pb2.RecordBatch.FromString(log_store.payload_of(value))
+        batch = common_pb2.RecordBatch.FromString(log_format.payload_of(value))
         if header.is_control:
             return self._effect_control(batch, base_offset, header.max_timestamp_ms)
         if self.topic == CONSUMER_OFFSETS_TOPIC:
@@ -656,10 +657,10 @@ class Partition:
             if base_offset < self.next_offset and not self._restarts_inside(base_offset, value):
                 raise ValueError(f"{self.topic}-{self.index}: the leader sent offset {base_offset}, below the log end {self.next_offset}")
             if self.epochs.assign(epoch, base_offset):
-                changes.append((log_store.epoch_key(self.pkey, epoch), log_store.offset_value(base_offset)))
-            changes.append((log_store.log_key(self.pkey, base_offset), value))
+                changes.append((log_format.epoch_key(self.pkey, epoch), log_format.offset_value(base_offset)))
+            changes.append((log_format.log_key(self.pkey, base_offset), value))
             changes += self._effect_stored(base_offset, value)
-            self.next_offset = log_store.decode_header(base_offset, value).last_offset + 1
+            self.next_offset = log_format.decode_header(base_offset, value).last_offset + 1
             self.size_bytes += len(value)
         if not changes:
             self._advance_high_watermark()
@@ -672,7 +673,7 @@ class Partition:
         sent whole to this replica, whose log restarted empty at that log start
         (restart_log_at)."""
         empty = self.next_offset == self.log_start_offset and self.store.batch_at_or_before(self.pkey, 2**63 - 1) is None
-        return empty and base_offset < self.log_start_offset <= log_store.decode_header(base_offset, value).last_offset
+        return empty and base_offset < self.log_start_offset <= log_format.decode_header(base_offset, value).last_offset
 
     def truncate_to(self, offset: int) -> asyncio.Future | None:
         """Removes the log from ``offset`` on (where it diverges from the
@@ -685,12 +686,12 @@ class Partition:
             # is not in the leader's log either: forgotten, or every fetch would be told the logs diverge.
             gone = [e for e, start in self.epochs.entries if start >= offset]
             self.epochs.truncate_from_end(offset)
-            return self.writer.submit([(log_store.epoch_key(self.pkey, e), None) for e in gone]) if gone else None
-        changes: Changes = [(key, None) for key, _ in self.store.items(b"L" + self.pkey, log_store.log_key(self.pkey, offset))]
+            return self.writer.submit([(log_format.epoch_key(self.pkey, e), None) for e in gone]) if gone else None
+        changes: Changes = [(key, None) for key, _ in self.store.items(b"L" + self.pkey, log_format.log_key(self.pkey, offset))]
         changes += [(key, None) for key in self.store.derived_keys(self.pkey, self._owns_group())]
         self.epochs.truncate_from_end(offset)
         changes += [(key, None) for key, _ in self.store.items(b"E" + self.pkey)]
-        changes += [(log_store.epoch_key(self.pkey, e), log_store.offset_value(start)) for e, start in self.epochs.entries]
+        changes += [(log_format.epoch_key(self.pkey, e), log_format.offset_value(start)) for e, start in self.epochs.entries]
         self.producers, self.aborted, self.pending_offsets = ProducerStates(), {}, {}
         self.next_offset = max(offset, self.log_start_offset)
         self.durable_end = min(self.durable_end, self.next_offset)
@@ -858,7 +859,7 @@ class Partition:
         for base_offset, value in self.store.batches_holding(self.pkey, from_offset):
             if base_offset >= to_offset:
                 break
-            header = log_store.decode_header(base_offset, value)
+            header = log_format.decode_header(base_offset, value)
             if header.last_offset >= from_offset and header.is_transactional and not header.is_control:
                 batches.append((header.producer_id, base_offset))
 
@@ -996,7 +997,7 @@ class Partition:
         next_offset = fetch_offset
         taken_bytes = taken_records = 0
         for base_offset, value in self.store.batches_holding(self.pkey, fetch_offset, upper_offset):
-            header = log_store.decode_header(base_offset, value)
+            header = log_format.decode_header(base_offset, value)
             if header.last_offset < fetch_offset:
                 continue
             if header.last_offset >= upper_offset:
@@ -1008,7 +1009,7 @@ class Partition:
             next_offset = header.last_offset + 1
             if header.is_control or (committed and header.is_transactional and self.is_aborted(header.producer_id, base_offset)):
                 continue
-            payload = log_store.payload_of(value)
+            payload = log_format.payload_of(value)
             if header.compression and header.compression not in accepted:
                 batch = common_pb2.RecordBatch.FromString(payload)
                 compression.expand(batch, compression.READ_BYTES_MAX, fetch_offset)
@@ -1027,7 +1028,7 @@ class Partition:
     def headers(self, from_offset: int = 0):
         """The stored batches' headers from ``from_offset`` or the log start (the first may start before it)."""
         for base_offset, value in self.store.batches_holding(self.pkey, max(from_offset, self.log_start_offset)):
-            yield log_store.decode_header(base_offset, value)
+            yield log_format.decode_header(base_offset, value)
 
     def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int]:
         """(offset, timestamp) of the first record at or after ``timestamp_ms``, or (-1, -1)."""
@@ -1044,7 +1045,7 @@ class Partition:
     @staticmethod
     def records_of(value: bytes):
         """A stored batch's records, with their offsets and timestamps, decompressed if it is compressed."""
-        batch = common_pb2.RecordBatch.FromString(log_store.payload_of(value))
+        batch = common_pb2.RecordBatch.FromString(log_format.payload_of(value))
         compression.expand(batch, compression.READ_BYTES_MAX)
         return batch.records
 
@@ -1083,7 +1084,7 @@ class Partition:
         doomed = list(itertools.takewhile(lambda header: header.last_offset < offset, self.headers()))
         self.log_start_offset = offset
         self.size_bytes -= sum(h.stored_bytes for h in doomed)
-        changes: Changes = [(log_store.log_key(self.pkey, h.base_offset), None) for h in doomed]
+        changes: Changes = [(log_format.log_key(self.pkey, h.base_offset), None) for h in doomed]
         changes += self._forget_aborted_below(offset)
         changes.append(self.metadata_change())
         return changes
@@ -1092,7 +1093,7 @@ class Partition:
         changes = []
         for producer_id, spans in list(self.aborted.items()):
             kept = [(first, last) for first, last in spans if last >= offset]
-            changes += [(log_store.aborted_key(self.pkey, producer_id, first), None) for first, last in spans if last < offset]
+            changes += [(log_format.aborted_key(self.pkey, producer_id, first), None) for first, last in spans if last < offset]
             if kept:
                 self.aborted[producer_id] = kept
             else:
@@ -1115,7 +1116,7 @@ class Partition:
         aborted: list[StoredBatchHeader] = []
         scanned: list[StoredBatchHeader] = []  # every batch in offset order, markers included
         for base_offset, value in self.store.batches_holding(self.pkey, self.log_start_offset):
-            header = log_store.decode_header(base_offset, value)
+            header = log_format.decode_header(base_offset, value)
             if header.last_offset >= lso:
                 break
             scanned.append(header)
@@ -1137,7 +1138,7 @@ class Partition:
             if header.base_offset not in gone:
                 break
             self.log_start_offset = header.last_offset + 1
-        changes: list[tuple[bytes, bytes | None]] = [(log_store.log_key(self.pkey, h.base_offset), None) for h in doomed]
+        changes: list[tuple[bytes, bytes | None]] = [(log_format.log_key(self.pkey, h.base_offset), None) for h in doomed]
         changes.append(self.metadata_change())
         return changes
 

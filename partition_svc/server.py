@@ -18,7 +18,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from partition_svc import log_store, placement, validation, wire
+from partition_svc import log_format, placement, validation, wire
 from partition_svc.controller import Controller, PartitionStates, storage_zxid
 from partition_svc.group_coordinator import GroupCoordinator
 from partition_svc.log_store import GroupCommitWriter, LogStore
@@ -723,8 +723,8 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
             except TxlogError as exc:
                 result.error.CopyFrom(error_of(exc))
                 continue
-            key = log_store.group_offset_key(group_id, wanted.topic, wanted.partition)
-            records.append((key, log_store.group_offset_value(wanted.offset, wanted.metadata, now)))
+            key = log_format.group_offset_key(group_id, wanted.topic, wanted.partition)
+            records.append((key, log_format.group_offset_value(wanted.offset, wanted.metadata, now)))
         return records
 
     @server.rpc_handler
@@ -771,8 +771,8 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
         if negative:
             raise validation.invalid(f"partitions are numbered from 0: {negative[:10]}")
         offsets_partition = await self.group_partition(request.group_id)
-        prefix = log_store.group_prefix(request.group_id)
-        wanted_keys = [log_store.group_offset_key(request.group_id, p.topic, p.partition) for p in request.partitions]
+        prefix = log_format.group_prefix(request.group_id)
+        wanted_keys = [log_format.group_offset_key(request.group_id, p.topic, p.partition) for p in request.partitions]
         if request.require_stable and offsets_partition.has_pending_offsets(prefix, wanted_keys or None):
             raise TxlogError(
                 ErrorCode.Value("UNSTABLE_OFFSET_COMMIT"),
@@ -1024,8 +1024,8 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
                 offsets_partition = await self.group_partition(group_id)
                 async with self.groups.lock(group_id):  # no member joins while the group goes
                     await self.groups.check_empty(group_id)
-                    keys = [log_store.group_offset_key(group_id, topic, index) for topic, index, _, _ in self.store.group_offsets(group_id)]
-                    membership = [log_store.membership_key(group_id, member_id) for member_id in self.store.group_membership(group_id)]
+                    keys = [log_format.group_offset_key(group_id, topic, index) for topic, index, _, _ in self.store.group_offsets(group_id)]
+                    membership = [log_format.membership_key(group_id, member_id) for member_id in self.store.group_membership(group_id)]
                     if keys or membership:
                         outcome = offsets_partition.commit_offsets([(key, None) for key in keys + membership], now_ms(), self.limits)
                         if isinstance(outcome, Reject) or not await outcome:
@@ -1062,7 +1062,7 @@ class PartitionServicer(partition_pb2_grpc.PartitionServiceServicer):
                         f"a live member of group {request.group_id!r} subscribes to {topic}: its offsets stay "
                         "(stop or unsubscribe the members first)")))
                 elif (topic, index) in committed:
-                    keys.append(log_store.group_offset_key(request.group_id, topic, index))
+                    keys.append(log_format.group_offset_key(request.group_id, topic, index))
             if keys:
                 outcome = offsets_partition.commit_offsets([(key, None) for key in keys], now_ms(), self.limits)
                 if isinstance(outcome, Reject) or not await outcome:

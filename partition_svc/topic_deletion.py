@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterable
 
 from kazoo.recipe.watchers import ChildrenWatch
 
-from partition_svc import log_store, validation
+from partition_svc import log_format, validation
 from partition_svc.log_store import LogStore
 from partition_svc.partition import now_ms
 from partition_svc.producer_state import Reject
@@ -199,7 +199,7 @@ class TopicDeletion:
         for (topic, index), partition in list(self.replicas.partitions.items()):
             if topic != CONSUMER_OFFSETS_TOPIC or not partition.is_leader:
                 continue
-            keys = [log_store.group_offset_key(group, name, p)
+            keys = [log_format.group_offset_key(group, name, p)
                     for group in sorted(self.store.group_ids()) if partition_for_id(group, partition.partition_count) == index
                     for t, p, _, _ in self.store.group_offsets(group) if t == name]
             if not keys:

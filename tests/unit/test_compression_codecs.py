@@ -16,7 +16,7 @@ import test_partition_transactions
 import zstandard
 from scripted_writer import ScriptedWriter
 
-from partition_svc import log_store, validation
+from partition_svc import log_format, validation
 from partition_svc.log_store import LogStore
 from partition_svc.partition import Partition, Produced, RecordsDeleted
 from partition_svc.producer_state import Reject
@@ -180,7 +180,7 @@ class Harness(test_partition_transactions.Harness):
         return [(r.offset, r.value.decode(), r.timestamp_ms) for b in batches for r in b.records]
 
     def stored(self):
-        return [log_store.decode_header(base, value) for base, value in self.store.batches(self.partition.pkey, 0)]
+        return [log_format.decode_header(base, value) for base, value in self.store.batches(self.partition.pkey, 0)]
 
 
 def run(coroutine):
@@ -207,7 +207,7 @@ def test_a_compressed_batch_is_stored_compressed_and_read_either_way(tmp_path, c
         [b], _ = h.read(60, accepted=frozenset({codec}))
         assert (b.compression, b.base_offset, b.log_append_time_ms, len(b.records)) == (codec, 50, NOW, 0)
         payloads, _, _ = h.partition.read(60, 100, 1 << 30, 1 << 30, take_first=True, accepted=frozenset({codec}))
-        assert payloads[0].startswith(bytes(log_store.payload_of(h.store.batch(h.partition.pkey, 50))))  # the stored bytes
+        assert payloads[0].startswith(bytes(log_format.payload_of(h.store.batch(h.partition.pkey, 50))))  # the stored bytes
         compression.expand(b, 1 << 20, 60)
         assert [(r.offset, r.value.decode()) for r in b.records] == [(50 + i, values[i]) for i in range(10, 50)]
     run(scenario())

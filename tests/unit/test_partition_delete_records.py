@@ -11,7 +11,7 @@ import asyncio
 
 from test_partition_replication import CONFIGS, FOLLOWER, LEADER, LIMITS, NOW, batch
 
-from partition_svc import log_store
+from partition_svc import log_format
 from partition_svc.log_store import GroupCommitWriter, LogStore
 from partition_svc.partition import Partition, RecordsDeleted
 from partition_svc.producer_state import Reject
@@ -129,7 +129,7 @@ def test_the_aborted_index_below_the_log_start_is_forgotten_and_producers_still_
         assert p.aborted == {7: [(0, 1)], 8: [(2, 3)]}
         assert await deleted(p, 2) == 2
         assert p.aborted == {8: [(2, 3)]} and list(p.store.items(b"A" + p.pkey)) == [
-            (log_store.aborted_key(p.pkey, 8, 2), log_store.aborted_span_value(2, 3))]
+            (log_format.aborted_key(p.pkey, 8, 2), log_format.aborted_span_value(2, 3))]
         assert await deleted(p, 5) == 5  # inside the idempotent batch
         retry = p.produce(batch(9, 0, 0, ["i1", "i2"]), NOW, LIMITS)
         assert retry.duplicate and retry.base_offset == 4  # the producer's state stays: a retry is still a duplicate

@@ -88,7 +88,7 @@ from hypothesis.stateful import (
 )
 from scripted_writer import ScriptedWriter
 
-from partition_svc import log_store, validation
+from partition_svc import log_format, validation
 from partition_svc.log_store import LogStore
 from partition_svc.partition import Partition
 from partition_svc.producer_state import Reject
@@ -99,8 +99,8 @@ CONFIGS = validation.topic_configs({}, 1 << 20)
 LIMITS = validation.BatchLimits(10_000, 1 << 24)
 NOW = 1_700_000_000_000
 PIDS = (1, 2, 3)
-GROUP_KEYS = tuple(log_store.group_offset_key("g", "src", i) for i in range(2))
-GROUP_PREFIX = log_store.group_prefix("g")
+GROUP_KEYS = tuple(log_format.group_offset_key("g", "src", i) for i in range(2))
+GROUP_PREFIX = log_format.group_prefix("g")
 CACHED_BATCHES = 5  # docs/design.md: the leader keeps the last 5 batches of each producer
 
 
@@ -734,7 +734,7 @@ class PartitionMachine(RuleBasedStateMachine):
         assert committed == m.read(True), f"read_committed {committed}, model {m.read(True)}"
         assert self.real_read(False, 2) == uncommitted and self.real_read(True, 2) == committed, "fetched 2 at a time"
         on_disk = [(h.base_offset, h.last_offset, h.producer_id, h.producer_epoch, h.is_transactional, h.is_control,
-                    bool(h.flags & log_store.FLAG_COMMIT)) for h in p.headers()]
+                    bool(h.flags & log_format.FLAG_COMMIT)) for h in p.headers()]
         durable = [(b.base, b.last, b.pid, b.epoch, b.transactional, b.control, b.commit) for b in m.durable.log]
         assert on_disk == durable, f"batches on disk {on_disk}, model {durable}"
         for key in GROUP_KEYS:

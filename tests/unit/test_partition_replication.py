@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 
-from partition_svc import log_store, validation
+from partition_svc import log_format, validation
 from partition_svc.log_store import GroupCommitWriter, LogStore
 from partition_svc.partition import Partition
 from partition_svc.producer_state import Reject
@@ -94,9 +94,9 @@ def test_group_offsets_committed_in_and_out_of_transactions_are_rebuilt_on_a_fol
         follower = replica(tmp_path, "follower", FOLLOWER, CONSUMER_OFFSETS_TOPIC)
         leader.become_leader(1, frozenset({LEADER, FOLLOWER}), NOW)
         follower.become_follower(1)
-        key = log_store.group_offset_key("g", "t", 0)
-        plain = leader.commit_offsets([(key, log_store.group_offset_value(5, "", NOW))], NOW, LIMITS)
-        pending = leader.commit_txn_offsets(4, 0, [(key, log_store.group_offset_value(9, "m", NOW))], NOW)
+        key = log_format.group_offset_key("g", "t", 0)
+        plain = leader.commit_offsets([(key, log_format.group_offset_value(5, "", NOW))], NOW, LIMITS)
+        pending = leader.commit_txn_offsets(4, 0, [(key, log_format.group_offset_value(9, "m", NOW))], NOW)
         await ship(leader, follower)
         assert await plain and await pending
         assert follower.store.group_offsets("g") == [("t", 0, 5, "")] and follower.pending_offsets == leader.pending_offsets
@@ -116,8 +116,8 @@ def test_a_deleted_groups_tombstones_delete_its_offsets_on_the_leader_and_the_fo
         follower = replica(tmp_path, "follower", FOLLOWER, CONSUMER_OFFSETS_TOPIC)
         leader.become_leader(1, frozenset({LEADER, FOLLOWER}), NOW)
         follower.become_follower(1)
-        kept, gone = log_store.group_offset_key("stays", "t", 0), log_store.group_offset_key("g", "t", 0)
-        written = leader.commit_offsets([(kept, log_store.group_offset_value(3, "", NOW)), (gone, log_store.group_offset_value(5, "", NOW))],
+        kept, gone = log_format.group_offset_key("stays", "t", 0), log_format.group_offset_key("g", "t", 0)
+        written = leader.commit_offsets([(kept, log_format.group_offset_value(3, "", NOW)), (gone, log_format.group_offset_value(5, "", NOW))],
                                         NOW, LIMITS)
         await ship(leader, follower)
         assert await written
@@ -174,7 +174,7 @@ def test_a_leader_that_loses_leadership_tells_its_waiters_and_drops_its_lso_hold
         assert await produced.replicated is False
         assert await leader.wait_replicated(0) is False
         # a request that found it leading and awaited something meanwhile must not append to a follower's log
-        key = log_store.group_offset_key("g", "t", 0)
+        key = log_format.group_offset_key("g", "t", 0)
         for refused in (leader.produce(batch(7, 0, 1, ["late"]), NOW, LIMITS), leader.write_marker(7, 1, 0, True, NOW),
                         leader.seal_prepared(7, 0, 0, NOW), leader.commit_offsets([(key, b"{}")], NOW, LIMITS),
                         leader.commit_txn_offsets(7, 0, [(key, b"{}")], NOW)):
@@ -239,6 +239,6 @@ def test_the_storage_mark_survives_a_reopen_and_only_an_empty_store_is_new(tmp_p
     assert reopened.storage_zxid() == 42 and not reopened.is_empty()
     reopened.close()
     legacy = LogStore(str(tmp_path / "legacy"))
-    legacy.write([(log_store.meta_key(log_store.partition_key("t", 0)), b"{}")])
+    legacy.write([(log_format.meta_key(log_format.partition_key("t", 0)), b"{}")])
     assert not legacy.is_empty() and legacy.storage_zxid() is None
     legacy.close()

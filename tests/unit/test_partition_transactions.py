@@ -7,7 +7,7 @@ import asyncio
 import pytest
 from scripted_writer import ScriptedWriter
 
-from partition_svc import log_store, validation
+from partition_svc import log_format, validation
 from partition_svc.log_store import LogStore
 from partition_svc.partition import Partition, Produced
 from partition_svc.producer_state import APPEND, Reject
@@ -125,26 +125,26 @@ def test_a_retried_marker_is_applied_once_and_late_batches_of_the_old_epoch_are_
 
 
 def test_offsets_committed_in_a_transaction_apply_only_with_its_commit(tmp_path):
-    group_key = log_store.group_offset_key("g", "src", 0)
+    group_key = log_format.group_offset_key("g", "src", 0)
 
     async def scenario():
         h = Harness(str(tmp_path / "db"))
         assert await h.txn_offsets(7, 0, [(group_key, b'{"offset": 10}')]) == "written"
-        assert h.partition.has_pending_offsets(log_store.group_prefix("g"))
+        assert h.partition.has_pending_offsets(log_format.group_prefix("g"))
         assert h.store.get(group_key) is None
         assert h.partition.last_stable_offset == 0
         return h
 
     h = run(scenario())
     h.reopen()  # pending offsets survive a restart
-    assert h.partition.has_pending_offsets(log_store.group_prefix("g"))
+    assert h.partition.has_pending_offsets(log_format.group_prefix("g"))
 
     async def commit():
         assert await h.marker(7, 1, committed=True) == "written"
 
     run(commit())
     assert h.store.get(group_key) == b'{"offset": 10}'
-    assert not h.partition.has_pending_offsets(log_store.group_prefix("g"))
+    assert not h.partition.has_pending_offsets(log_format.group_prefix("g"))
 
     async def aborted_then_fenced():
         assert await h.txn_offsets(7, 1, [(group_key, b'{"offset": 20}')]) == "written"
@@ -214,20 +214,20 @@ def test_offsets_a_commit_marker_decided_stay_unstable_until_the_marker_is_durab
     """Found in review: the marker dropped its pending offsets at once, before their G keys were
     written, so OffsetFetch(require_stable) could answer the old offset in between (a consumer
     restarting there would process the committed input again)."""
-    group_key = log_store.group_offset_key("g", "src", 0)
+    group_key = log_format.group_offset_key("g", "src", 0)
 
     async def scenario():
         h = Harness(str(tmp_path / "db"))
         assert await h.txn_offsets(7, 0, [(group_key, b'{"offset": 10}')]) == "written"
         marker = h.partition.write_marker(7, 1, 0, True, NOW)
         assert h.store.get(group_key) is None  # not written yet
-        assert h.partition.has_pending_offsets(log_store.group_prefix("g"))  # so still unstable
+        assert h.partition.has_pending_offsets(log_format.group_prefix("g"))  # so still unstable
         h.writer.write()
         assert h.store.get(group_key) is not None  # written, not acknowledged: still unstable
-        assert h.partition.has_pending_offsets(log_store.group_prefix("g"))
+        assert h.partition.has_pending_offsets(log_format.group_prefix("g"))
         assert await h.durable(marker) == "written"
         assert h.store.get(group_key) == b'{"offset": 10}'
-        assert not h.partition.has_pending_offsets(log_store.group_prefix("g"))
+        assert not h.partition.has_pending_offsets(log_format.group_prefix("g"))
 
     run(scenario())
 
@@ -235,12 +235,12 @@ def test_offsets_a_commit_marker_decided_stay_unstable_until_the_marker_is_durab
 def test_pending_offsets_make_only_their_own_partitions_unstable(tmp_path):
     """As Kafka's require_stable: a transaction holding offsets of one partition does not make
     OffsetFetch wait for the group's other partitions (tasks of one job would wait on each other)."""
-    mine, other = log_store.group_offset_key("g", "src", 0), log_store.group_offset_key("g", "src", 1)
+    mine, other = log_format.group_offset_key("g", "src", 0), log_format.group_offset_key("g", "src", 1)
 
     async def scenario():
         h = Harness(str(tmp_path / "db"))
         assert await h.txn_offsets(7, 0, [(mine, b'{"offset": 10}')]) == "written"
-        prefix = log_store.group_prefix("g")
+        prefix = log_format.group_prefix("g")
         assert h.partition.has_pending_offsets(prefix, [mine])
         assert not h.partition.has_pending_offsets(prefix, [other])
         assert h.partition.has_pending_offsets(prefix)  # asking for every partition of the group
@@ -302,7 +302,7 @@ def test_the_lso_waits_for_the_marker_to_be_durable(tmp_path):
 
 def test_a_sealed_transaction_takes_no_more_records_or_offsets_until_its_marker(tmp_path):
     """Found in review (defect 3): a zombie appended to a prepared transaction."""
-    group_key = log_store.group_offset_key("g", "src", 0)
+    group_key = log_format.group_offset_key("g", "src", 0)
 
     async def scenario():
         h = Harness(str(tmp_path / "db"))
@@ -322,7 +322,7 @@ def test_a_sealed_transaction_takes_no_more_records_or_offsets_until_its_marker(
 
 
 def test_a_late_txn_offset_commit_never_moves_a_pending_offset_back(tmp_path):
-    group_key = log_store.group_offset_key("g", "src", 0)
+    group_key = log_format.group_offset_key("g", "src", 0)
 
     async def scenario():
         h = Harness(str(tmp_path / "db"))

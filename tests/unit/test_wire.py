@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from partition_svc import log_store, validation, wire
+from partition_svc import log_format, validation, wire
 from partition_svc.log_store import GroupCommitWriter, LogStore
 from partition_svc.partition import Partition
 from partition_svc.replication import ReplicationServicer
@@ -61,8 +61,8 @@ def test_a_leader_epoch_overrides_one_already_in_the_stored_bytes():
 
 
 def test_spliced_replica_fetch_response_equals_the_built_one():
-    values = [log_store.encode_batch(1, NOW, -1, -1, 0, 2, batch(0, 2, 10).SerializeToString()),
-              log_store.encode_batch(301, NOW, 3, 1, 0, 300, batch(2, 300, 200).SerializeToString())]
+    values = [log_format.encode_batch(1, NOW, -1, -1, 0, 2, batch(0, 2, 10).SerializeToString()),
+              log_format.encode_batch(301, NOW, 3, 1, 0, 300, batch(2, 300, 200).SerializeToString())]
     ok = replication_pb2.ReplicaFetchPartitionResult(topic="t", partition=0, high_watermark=302, log_start_offset=0)
     refused = replication_pb2.ReplicaFetchPartitionResult(topic="t", partition=1, log_start_offset=9)
     refused.error.code = ErrorCode.Value("OFFSET_OUT_OF_RANGE")
@@ -165,7 +165,7 @@ def test_reads_stop_at_bytes_and_records_as_before(tmp_path):
     async def scenario():
         p = leader(tmp_path)
         await produce(p, *(records([f"{i}-{j}" for j in range(3)]) for i in range(5)))
-        first, second = (log_store.decode_header(base, p.store.batch(p.pkey, base)).stored_bytes for base in (0, 3))
+        first, second = (log_format.decode_header(base, p.store.batch(p.pkey, base)).stored_bytes for base in (0, 3))
         assert p.read(0, 15, first + second, 100, take_first=True)[1:] == (6, 6)
         assert p.read(0, 15, first + second - 1, 100, take_first=True)[1:] == (3, 3)
         assert p.read(0, 15, 1, 100, take_first=True)[1:] == (3, 3)  # the first whatever its size
@@ -184,13 +184,13 @@ def test_the_one_pass_scan_finds_what_the_two_scans_found(tmp_path):
     partitions' batches on either side of the key range."""
     store = LogStore(str(tmp_path / "db"))
     layout = {0: [(0, 2), (3, 3), (10, 14)], 1: [(5, 9), (20, 20)], 2: [(0, 0)]}  # (base, last) per partition
-    pkeys = {index: log_store.partition_key("t", index) for index in layout}
-    store.write([(log_store.log_key(pkeys[index], base), log_store.encode_batch(last, NOW, -1, -1, 0, last - base + 1, b"p"))
+    pkeys = {index: log_format.partition_key("t", index) for index in layout}
+    store.write([(log_format.log_key(pkeys[index], base), log_format.encode_batch(last, NOW, -1, -1, 0, last - base + 1, b"p"))
                  for index, spans in layout.items() for base, last in spans])
 
     def two_scans(pkey, offset, end):
         found = store.batch_at_or_before(pkey, offset)
-        start = found[0] if found is not None and log_store.decode_header(*found).last_offset >= offset else offset
+        start = found[0] if found is not None and log_format.decode_header(*found).last_offset >= offset else offset
         return [(base, value) for base, value in store.batches(pkey, start) if base < end]
 
     for index, pkey in pkeys.items():
