@@ -195,6 +195,12 @@ class LogStore:
                      if owns_group(key[1:key.index(b"\x00")].decode())]
         return keys
 
+    def wipe_changes(self, pkey: bytes, owns_group: Callable[[str], bool] | None = None) -> list[tuple[bytes, None]]:
+        """Deletes of every key of a partition: log, epochs, metadata and what
+        derives from the log (also of one not loaded: a deleted topic's, found on disk)."""
+        return [(key, None) for kind in (b"L", b"E", b"M") for key, _ in self.items(kind + pkey)] + \
+            [(key, None) for key in self.derived_keys(pkey, owns_group)]
+
     def batch(self, pkey: bytes, base_offset: int) -> bytes | None:
         return self.get(log_key(pkey, base_offset))
 

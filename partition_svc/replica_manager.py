@@ -48,7 +48,7 @@ from dataclasses import replace
 
 from partition_svc.election import LeaderAndIsr
 from partition_svc.log_store import GroupCommitWriter, LogStore
-from partition_svc.partition import Partition, now_ms, wipe_changes
+from partition_svc.partition import Partition, now_ms
 from partition_svc.replica_fetcher import ReplicaFetcher
 from partition_svc.topics import TopicInfo, TopicRegistry
 from services import zk
@@ -271,7 +271,7 @@ class ReplicaManager:
         prefix = name.encode() + b"\x00"
         stored = [pkey for pkey, _ in self.store.partitions() if pkey.startswith(prefix) and len(pkey) == len(prefix) + 4]
         for pkey in stored:  # after whatever the replicas submitted before (one writer, in order)
-            await self.writer.submit(wipe_changes(self.store, pkey))
+            await self.writer.submit(self.store.wipe_changes(pkey))
         return len(stored)
 
     def apply_configs(self, info: TopicInfo) -> None:

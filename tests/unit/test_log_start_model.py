@@ -119,7 +119,7 @@ class LogStartMachine(RuleBasedStateMachine):
         return tuple(f"r{self.counter - count + i}" for i in range(count))
 
     def teardown(self):
-        self._run(self.partition.writer.drain())
+        self._run(self.partition.queue.writer.drain())
         self.partition.store.close()
         self.loop.close()
         shutil.rmtree(self.dir, ignore_errors=True)
@@ -172,7 +172,7 @@ class LogStartMachine(RuleBasedStateMachine):
         target = model.lso if offset == -1 else offset
         if not 0 <= target <= model.lso:
             assert isinstance(outcome, Reject) and outcome.code == ErrorCode.Value("OFFSET_OUT_OF_RANGE"), outcome
-            self._run(self.partition.writer.drain())
+            self._run(self.partition.queue.writer.drain())
             assert list(self.partition.store.items(b"")) == before, "a refused DeleteRecords changed what is stored"
             return
         assert isinstance(outcome, RecordsDeleted), outcome
@@ -196,7 +196,7 @@ class LogStartMachine(RuleBasedStateMachine):
 
     @rule()
     def restart(self):
-        self._run(self.partition.writer.drain())
+        self._run(self.partition.queue.writer.drain())
         self.partition.store.close()
         self.partition = self._open()
 

@@ -35,7 +35,7 @@ def run(scenario):
             return await scenario()
         finally:
             for partition in OPENED:
-                await partition.writer.drain()
+                await partition.queue.writer.drain()
             OPENED.clear()
     return asyncio.run(guarded())
 
@@ -84,7 +84,7 @@ def test_the_log_start_moves_inside_a_batch_which_stays_and_reads_trim(tmp_path)
         assert values(p, 3) == [(3, "d"), (4, "e"), (5, "f")]  # nothing at or above the log start lost, nothing below read
         assert [h.base_offset for h in p.headers()] == [2, 5]
         assert p.offset_for_timestamp(0) == (3, NOW)  # the first record at or after the log start, not 2
-        await p.writer.drain()
+        await p.queue.writer.drain()
         return reopened(p)
 
     p = run(scenario)
@@ -102,14 +102,14 @@ def test_a_delete_past_the_last_stable_offset_is_refused_and_changes_nothing(tmp
         for offset in (3, 4, 99, -2):
             refused = p.delete_records(offset)
             assert isinstance(refused, Reject) and ErrorCode.Name(refused.code) == "OFFSET_OUT_OF_RANGE", offset
-        await p.writer.drain()
+        await p.queue.writer.drain()
         assert list(p.store.items(b"")) == keys_before and p.log_start_offset == 0
         assert await deleted(p, -1) == 2  # -1: the LSO, which the open transaction holds
         assert stored(p) == [2, 3] and p.producers[7].current_txn_first_offset == 2
         again = p.delete_records(1)  # at or below the log start: nothing changes
         assert isinstance(again, RecordsDeleted) and again.written is None and again.log_start_offset == 2
         assert p.write_marker(7, 1, 0, True, NOW) is not None
-        await p.writer.drain()
+        await p.queue.writer.drain()
         assert p.last_stable_offset == 5
         assert await deleted(p, -1) == 5 and stored(p) == []  # the marker committed it: everything below the LSO may go
         assert values(p, 5) == []
@@ -125,7 +125,7 @@ def test_the_aborted_index_below_the_log_start_is_forgotten_and_producers_still_
         await produce(p, batch(8, 0, 0, ["y"], transactional=True))  # 2
         assert p.write_marker(8, 1, 0, False, NOW) is not None         # 3: aborted
         await produce(p, batch(9, 0, 0, ["i1", "i2"]))               # 4-5, idempotent
-        await p.writer.drain()
+        await p.queue.writer.drain()
         assert p.aborted == {7: [(0, 1)], 8: [(2, 3)]}
         assert await deleted(p, 2) == 2
         assert p.aborted == {8: [(2, 3)]} and list(p.store.items(b"A" + p.pkey)) == [
@@ -134,7 +134,7 @@ def test_the_aborted_index_below_the_log_start_is_forgotten_and_producers_still_
         retry = p.produce(batch(9, 0, 0, ["i1", "i2"]), NOW, LIMITS)
         assert retry.duplicate and retry.base_offset == 4  # the producer's state stays: a retry is still a duplicate
         assert values(p, 5, committed=True) == [(5, "i2")]
-        await p.writer.drain()
+        await p.queue.writer.drain()
 
     run(scenario)
 
@@ -147,7 +147,7 @@ def test_retention_after_a_delete_inside_a_batch_deletes_that_batch(tmp_path):
         assert await deleted(p, 1) == 1
         p.configs = dict(CONFIGS, **{"retention.bytes": "0"})
         assert p.enforce_retention(NOW) is not None
-        await p.writer.drain()
+        await p.queue.writer.drain()
         assert p.log_start_offset == 4 and stored(p) == [] and p.size_bytes == 0
 
     run(scenario)
@@ -200,8 +200,8 @@ def test_followers_take_the_leaders_log_start_and_the_delete_waits_for_the_isr(t
         leader.become_follower(2)
         follower.become_leader(2, frozenset({FOLLOWER}), NOW)
         assert follower.log_start_offset == 3 and values(follower, 3) == [(3, "d")]
-        await leader.writer.drain()
-        await follower.writer.drain()
+        await leader.queue.writer.drain()
+        await follower.queue.writer.drain()
 
     run(scenario)
 
@@ -219,8 +219,8 @@ def test_a_follower_takes_the_log_start_only_up_to_its_high_watermark(tmp_path):
         await follower.follow_log_start(3)
         assert follower.log_start_offset == 2 and stored(follower) == [2]  # not past what it knows is replicated
         assert follower.follow_log_start(1) is None and follower.log_start_offset == 2  # never backwards
-        await follower.writer.drain()
-        await source.writer.drain()
+        await follower.queue.writer.drain()
+        await source.queue.writer.drain()
 
     run(scenario)
 
@@ -240,7 +240,7 @@ def test_a_follower_restarting_at_a_log_start_inside_a_batch_gets_that_batch_who
         assert stored(follower) == [2, 5] and follower.next_offset == 6 and follower.log_start_offset == 3
         follower.become_leader(2, frozenset({FOLLOWER}), NOW)
         assert values(follower, 3) == [(3, "d"), (4, "e"), (5, "f")]
-        await leader.writer.drain()
-        await follower.writer.drain()
+        await leader.queue.writer.drain()
+        await follower.queue.writer.drain()
 
     run(scenario)

@@ -49,7 +49,7 @@ async def ship(leader: Partition, follower: Partition) -> None:
 async def drained(*partitions: Partition) -> None:
     """Every write submitted is done (asyncio.run would cancel a write in flight, which stops the process)."""
     for partition in partitions:
-        await partition.writer.drain()
+        await partition.queue.writer.drain()
 
 
 def derived(partition: Partition) -> tuple:
@@ -150,7 +150,7 @@ def test_truncation_removes_a_diverging_tail_and_replays_what_is_left(tmp_path):
         assert (epoch, end) == (1, 1)
         await old.truncate_to(end)
         assert old.next_offset == 1 and 8 not in old.producers and old.producers[7].last_sequence == 0
-        reopened = Partition("t", 0, CONFIGS, old.store, old.writer, node_id=LEADER, sole_replica=False)
+        reopened = Partition("t", 0, CONFIGS, old.store, old.queue.writer, node_id=LEADER, sole_replica=False)
         assert derived(reopened) == derived(old)  # what truncation wrote is what a restart finds
         old.leader_high_watermark = 0
         written = old.append_replicated([(base, new.epochs.epoch_at(base), value) for base, value in new.store.batches(new.pkey, 1)], 2)

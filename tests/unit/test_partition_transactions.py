@@ -7,7 +7,7 @@ import asyncio
 import pytest
 from scripted_writer import ScriptedWriter
 
-from partition_svc import log_format, validation
+from partition_svc import log_format, partition_core, validation
 from partition_svc.log_store import LogStore
 from partition_svc.partition import Partition, Produced
 from partition_svc.producer_state import APPEND, Reject
@@ -42,7 +42,7 @@ class Harness:
         return outcome
 
     async def produce(self, b):
-        assert self.partition.check(b) == APPEND
+        assert partition_core.check_produce(self.partition.derived, b) == APPEND
         produced = self.partition.produce(b, NOW, LIMITS)
         assert isinstance(produced, Produced) and not produced.duplicate
         await self.durable(produced.durable)
@@ -115,9 +115,9 @@ def test_a_retried_marker_is_applied_once_and_late_batches_of_the_old_epoch_are_
         hw = h.partition.high_watermark
         assert await h.marker(1, 1, committed=True) is None  # the coordinator retried after a crash
         assert h.partition.high_watermark == hw
-        late = h.partition.check(batch(1, 0, 1, ["late"]))
+        late = partition_core.check_produce(h.partition.derived, batch(1, 0, 1, ["late"]))
         assert isinstance(late, Reject) and late.code == ErrorCode.Value("PRODUCER_FENCED")
-        assert h.partition.check(batch(1, 1, 0, ["next txn"])) == APPEND  # the next transaction starts at 0
+        assert partition_core.check_produce(h.partition.derived, batch(1, 1, 0, ["next txn"])) == APPEND  # the next transaction starts at 0
         stale = await h.marker(1, 0, committed=False)
         assert isinstance(stale, Reject) and stale.code == ErrorCode.Value("INVALID_PRODUCER_EPOCH")
 
@@ -176,7 +176,7 @@ def test_retention_keeps_the_aborted_index_only_for_the_log_it_covers(tmp_path, 
 
 def test_the_aborted_index_lookup_finds_exactly_the_aborted_spans(tmp_path):
     h = Harness(str(tmp_path / "db"))
-    h.partition.aborted = {1: [(10, 12), (20, 25), (40, 40)]}
+    h.partition.derived.aborted = {1: [(10, 12), (20, 25), (40, 40)]}
     inside = {o for o in range(60) if h.partition.is_aborted(1, o)}
     assert inside == {10, 11, 12, *range(20, 26), 40}
     assert not h.partition.is_aborted(2, 11)
@@ -311,12 +311,12 @@ def test_a_sealed_transaction_takes_no_more_records_or_offsets_until_its_marker(
         assert await h.durable(h.partition.seal_prepared(1, 0, 0, NOW)) == "written"
         assert h.partition.seal_prepared(1, 0, 0, NOW) is None  # sealed already
         h.reopen()
-        assert ErrorCode.Name(h.partition.check(batch(1, 0, 1, ["z"])).code) == "INVALID_TXN_STATE"
+        assert ErrorCode.Name(partition_core.check_produce(h.partition.derived, batch(1, 0, 1, ["z"])).code) == "INVALID_TXN_STATE"
         refused = await h.txn_offsets(1, 0, [(group_key, b'{"offset": 9}')])
         assert ErrorCode.Name(refused.code) == "INVALID_TXN_STATE"
         assert await h.marker(1, 1, committed=True) == "written"
         assert h.read(committed=True) == ["a"]
-        assert h.partition.check(batch(1, 1, 0, ["next"])) == APPEND  # the next transaction is not sealed
+        assert partition_core.check_produce(h.partition.derived, batch(1, 1, 0, ["next"])) == APPEND  # the next transaction is not sealed
         assert ErrorCode.Name(h.partition.check_seal(1, 0, 0).code) == "INVALID_PRODUCER_EPOCH"  # late seal: settled
     run(scenario())
 

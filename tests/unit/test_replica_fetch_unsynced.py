@@ -73,7 +73,7 @@ def test_a_follower_fetches_a_written_batch_before_the_leader_syncs_it_and_acks_
         writer.acknowledge()
         await asyncio.sleep(0)
         assert leader.durable_end == 2 and leader.high_watermark == 2 and await produced.replicated
-        await follower.writer.drain()
+        await follower.queue.writer.drain()
         follower_store.close()
         leader_store.close()
 

@@ -10,7 +10,7 @@ import pytest
 
 from partition_svc import topic_deletion, validation
 from partition_svc.log_store import GroupCommitWriter, LogStore
-from partition_svc.partition import Partition, wipe_changes
+from partition_svc.partition import Partition
 from partition_svc.producer_state import Reject
 from partition_svc.topics import TopicInfo, TopicRegistry
 from txlog.protocol.errors import ErrorCode, TxlogError
@@ -99,7 +99,7 @@ def test_wiping_a_deleted_topics_partition_leaves_none_of_its_keys_and_all_of_it
         before = sorted(key for key, _ in store.items(b""))
         doomed_keys = [key for key in before if key[1:].startswith(doomed.pkey)]
         assert {key[:1] for key in doomed_keys} >= {b"L", b"E", b"M", b"P", b"A"}
-        await writer.submit(wipe_changes(store, doomed.pkey))
+        await writer.submit(store.wipe_changes(doomed.pkey))
         after = sorted(key for key, _ in store.items(b""))
         assert after == [key for key in before if key not in doomed_keys]
         assert not [key for key in after if key[1:].startswith(doomed.pkey)]

@@ -156,7 +156,7 @@ def test_a_response_built_from_encoded_reads_equals_one_built_from_the_read_batc
             assert [r.offset for r in first[0].records] == [1, 2]  # trimmed to the fetch offset
             assert first[1].compression == (gzip if accepted else common_pb2.COMPRESSION_NONE)
         for p in (one, two):
-            await p.writer.drain()
+            await p.queue.writer.drain()
 
     asyncio.run(scenario())
 
@@ -173,7 +173,7 @@ def test_reads_stop_at_bytes_and_records_as_before(tmp_path):
         assert p.read(1, 15, 1 << 20, 5, take_first=True)[1:] == (6, 5)  # 2 of the first batch, 3 of the next
         assert p.read(1, 15, 1 << 20, 4, take_first=True)[1:] == (3, 2)
         assert p.read(4, 9, 1 << 20, 100, take_first=True)[1:] == (9, 5)
-        await p.writer.drain()
+        await p.queue.writer.drain()
 
     asyncio.run(scenario())
 
@@ -226,6 +226,6 @@ def test_a_follower_fetch_gets_whole_stored_values_up_to_the_written_end(tmp_pat
         encoded, answered = servicer._collect(caught_up, bytes_max)
         assert not answered and not replication_pb2.ReplicaFetchResponse.FromString(encoded).results[0].batches
         for partition in (p, other):
-            await partition.writer.drain()
+            await partition.queue.writer.drain()
 
     asyncio.run(scenario())

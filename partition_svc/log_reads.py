@@ -1,0 +1,97 @@
+"""Reads of one partition's stored batches: fetches, headers, the offset of a
+timestamp, the transactional batches of a range. Functions of the store and
+what the caller (partition.Partition) knows in memory; they change nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from partition_svc import log_core, log_format, wire
+from partition_svc.log_format import StoredBatchHeader
+from partition_svc.log_store import LogStore
+from txlog.protocol import compression
+from txlog.v1 import common_pb2
+
+
+def read_encoded(store: LogStore, pkey: bytes, fetch_offset: int, upper_offset: int, bytes_max: int, records_max: int, *,
+                 take_first: bool, is_aborted: Callable[[int, int], bool] | None, epoch_at: Callable[[int], int],
+                 accepted: frozenset[int]) -> tuple[list[wire.Encoded], int, int]:
+    """The serialized RecordBatches from ``fetch_offset`` below ``upper_offset``,
+    up to ``bytes_max`` bytes and ``records_max`` records, except that with
+    ``take_first`` the first batch is taken whatever its size (so a consumer
+    always makes progress); records before fetch_offset are trimmed from the
+    first batch; with ``is_aborted`` (read_committed), batches of aborted
+    transactions are skipped; each batch says the leader epoch it was written
+    in (partition_leader_epoch, ``epoch_at``). A batch stored compressed goes
+    out as stored, whole, when its codec is in ``accepted`` (the reader skips
+    its records below fetch_offset, as Kafka's consumers do), else
+    decompressed into plain records with offsets, trimmed as an uncompressed
+    one. Each batch is returned unjoined (wire.Encoded: the stored bytes, not
+    copied, then the epoch field), for a response that copies them once.
+    Returns (batches, offset to fetch next, record count)."""
+    batches: list[wire.Encoded] = []
+    if fetch_offset >= upper_offset:
+        return batches, fetch_offset, 0
+    next_offset = fetch_offset
+    taken_bytes = taken_records = 0
+    for base_offset, value in store.batches_holding(pkey, fetch_offset, upper_offset):
+        header = log_format.decode_header(base_offset, value)
+        if header.last_offset < fetch_offset:
+            continue
+        if header.last_offset >= upper_offset:
+            break  # a batch straddling the upper bound cannot happen; stop rather than expose it
+        count = header.last_offset + 1 - max(base_offset, fetch_offset)
+        over = taken_bytes + header.stored_bytes > bytes_max or taken_records + count > records_max
+        if over and (taken_records or not take_first):
+            break
+        next_offset = header.last_offset + 1
+        if header.is_control or (is_aborted is not None and header.is_transactional and is_aborted(header.producer_id, base_offset)):
+            continue
+        payload = log_format.payload_of(value)
+        if header.compression and header.compression not in accepted:
+            batch = common_pb2.RecordBatch.FromString(payload)
+            compression.expand(batch, compression.READ_BYTES_MAX, fetch_offset)
+            payload = batch.SerializeToString()
+        elif base_offset < fetch_offset and not header.compression:
+            batch = common_pb2.RecordBatch.FromString(payload)
+            del batch.records[: fetch_offset - base_offset]
+            payload = batch.SerializeToString()
+        batches.append(wire.record_batch(payload, epoch_at(base_offset)))
+        taken_bytes += header.stored_bytes
+        taken_records += count
+        if taken_bytes >= bytes_max or taken_records >= records_max:
+            break  # no next batch fits (each has bytes and a record): stop before the iterator reads one
+    return batches, next_offset, taken_records
+
+
+def headers(store: LogStore, pkey: bytes, from_offset: int) -> Iterator[StoredBatchHeader]:
+    """The stored batches' headers from the one holding ``from_offset`` on."""
+    for base_offset, value in store.batches_holding(pkey, from_offset):
+        yield log_format.decode_header(base_offset, value)
+
+
+def offset_for_timestamp(store: LogStore, pkey: bytes, timestamp_ms: int, log_start_offset: int,
+                         high_watermark: int) -> tuple[int, int]:
+    """(offset, timestamp) of the first record at or after ``timestamp_ms`` in
+    [log start, high watermark), or (-1, -1)."""
+    for header in headers(store, pkey, log_start_offset):
+        if header.base_offset >= high_watermark:
+            break
+        if header.max_timestamp_ms < timestamp_ms or header.is_control:
+            continue
+        for record in log_core.records_of(store.batch(pkey, header.base_offset)):
+            if record.timestamp_ms >= timestamp_ms and record.offset >= log_start_offset:
+                return record.offset, record.timestamp_ms
+    return -1, -1
+
+
+def transactional_batches(store: LogStore, pkey: bytes, from_offset: int, to_offset: int) -> list[tuple[int, int]]:
+    """(producer id, base offset) of the transactional data batches holding offsets ``from_offset``..``to_offset`` - 1."""
+    batches = []
+    for base_offset, value in store.batches_holding(pkey, from_offset):
+        if base_offset >= to_offset:
+            break
+        header = log_format.decode_header(base_offset, value)
+        if header.last_offset >= from_offset and header.is_transactional and not header.is_control:
+            batches.append((header.producer_id, base_offset))
+    return batches
