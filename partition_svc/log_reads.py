@@ -5,12 +5,44 @@ what the caller (partition.Partition) knows in memory; they change nothing."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 from partition_svc import log_core, log_format, wire
 from partition_svc.log_format import StoredBatchHeader
 from partition_svc.log_store import LogStore
+from partition_svc.partition_core import DerivedState
+from partition_svc.producer_state import ProducerStateEntry, ProducerStates
 from txlog.protocol import compression
+from txlog.protocol.leader_epochs import LeaderEpochCache
 from txlog.v1 import common_pb2
+
+
+@dataclass(frozen=True)
+class Recovered:
+    """What a replica's store says of its partition when it opens."""
+
+    log_start_offset: int
+    next_offset: int
+    size_bytes: int
+    high_watermark: int  # what this replica last knew was replicated
+    epochs: LeaderEpochCache
+    derived: DerivedState
+
+
+def recovered(store: LogStore, pkey: bytes) -> Recovered:
+    """The partition as stored: its metadata, except that the log itself is the authority on where it ends."""
+    meta = store.metadata(pkey) or {}
+    next_offset = meta.get("next_offset", 0)
+    last = store.batch_at_or_before(pkey, 2**63 - 1)
+    if last is not None:
+        next_offset = max(next_offset, log_format.decode_header(*last).last_offset + 1)
+    producers = ProducerStates()
+    for value in store.producers(pkey):
+        entry = ProducerStateEntry.from_json(value)
+        producers[entry.producer_id] = entry
+    return Recovered(meta.get("log_start_offset", 0), next_offset, meta.get("size_bytes", 0),
+                     min(meta.get("high_watermark", next_offset), next_offset), LeaderEpochCache(store.leader_epochs(pkey)),
+                     DerivedState(producers, store.aborted_spans(pkey), store.pending_offsets(pkey)))
 
 
 def read_encoded(store: LogStore, pkey: bytes, fetch_offset: int, upper_offset: int, bytes_max: int, records_max: int, *,

@@ -48,7 +48,7 @@ from partition_svc import log_core, log_format, log_reads, partition_core, valid
 from partition_svc.isr import FollowerProgress, ReplicaSet
 from partition_svc.log_store import LogStore
 from partition_svc.partition_core import Changes, DerivedState, Unchanged, WriteControl
-from partition_svc.producer_state import Duplicate, ProducerStateEntry, ProducerStates, Reject
+from partition_svc.producer_state import Duplicate, ProducerStates, Reject
 from partition_svc.write_queue import Signal, WriteQueue, Writer
 from txlog.protocol import CONSUMER_OFFSETS_TOPIC, INTERNAL_TOPIC_PREFIX, txn_outcomes
 from txlog.protocol.errors import TxlogError
@@ -122,30 +122,14 @@ class Partition:
     # --- recovery -----------------------------------------------------------------
 
     def _recover(self) -> None:
-        meta = self.store.metadata(self.pkey)
-        if meta is not None:
-            self.log_start_offset = meta["log_start_offset"]
-            self.next_offset = meta["next_offset"]
-            self.size_bytes = meta["size_bytes"]
-        last = self.store.batch_at_or_before(self.pkey, 2**63 - 1)
-        if last is not None:  # the log itself is the authority on where it ends
-            self.next_offset = max(self.next_offset, log_format.decode_header(*last).last_offset + 1)
+        found = log_reads.recovered(self.store, self.pkey)
+        self.log_start_offset, self.next_offset, self.size_bytes = found.log_start_offset, found.next_offset, found.size_bytes
         self.durable_end = self.written_end = self.next_offset
-        # What this replica last knew was replicated; a sole replica moves it to its log end when it leads.
-        self.high_watermark = min(meta.get("high_watermark", self.next_offset), self.next_offset) if meta else self.next_offset
-        self.leader_high_watermark = self.high_watermark
-        self.epochs = LeaderEpochCache(self.store.leader_epochs(self.pkey))
-        self._load_derived_state()
-        if self.replica_set is not None:
+        self.high_watermark = self.leader_high_watermark = found.high_watermark
+        self.epochs, self.derived = found.epochs, found.derived
+        if self.replica_set is not None:  # a sole replica moves it to its log end when it leads
             self.replica_set.high_watermark = self.high_watermark
             self._advance_high_watermark()
-
-    def _load_derived_state(self) -> None:
-        producers = ProducerStates()
-        for value in self.store.producers(self.pkey):
-            entry = ProducerStateEntry.from_json(value)
-            producers[entry.producer_id] = entry
-        self.derived = DerivedState(producers, self.store.aborted_spans(self.pkey), self.store.pending_offsets(self.pkey))
 
     @property
     def producers(self) -> ProducerStates:
@@ -490,6 +474,19 @@ class Partition:
         changes.append(self.metadata_change())  # after the wipe's delete of the same key
         return self.queue.submit(changes)
 
+    async def truncate(self, offset: int) -> None:
+        """truncate_to once every change submitted before is written; returns once the truncation is durable."""
+        await self.settle_writes()
+        written = self.truncate_to(offset)
+        if written is not None:
+            await written
+
+    async def start_over_at(self, offset: int, still_following: Callable[[], bool]) -> None:
+        """restart_log_at once every change submitted before is written, if ``still_following()`` then."""
+        await self.settle_writes()
+        if still_following():
+            await self.restart_log_at(offset)
+
     async def delete(self) -> None:
         """Deletes this replica's copy of the partition (a reassignment moved it away)."""
         await self.settle_writes()
@@ -497,11 +494,10 @@ class Partition:
 
     async def settle_writes(self) -> None:
         """Returns once every change submitted before the call is written: what
-        truncate_to, restart_log_at and delete read from the store to delete
-        then includes a leader's last appends, still queued when it stopped
-        leading (read before, they were written after the deletions and
-        survived them: an unreplicated batch and its producer's state, back at
-        the next restart)."""
+        truncate, start_over_at and delete read from the store to delete then
+        includes a leader's last appends, still queued when it stopped leading
+        (read before, they were written after the deletions and survived them:
+        an unreplicated batch and its producer's state, back at the next restart)."""
         await self.queue.settle()
 
     def _wipe_changes(self) -> Changes:

@@ -99,11 +99,6 @@ class ReplicaFetcher:
 
     async def _truncate(self, stub) -> None:
         """OffsetForLeaderEpoch rounds for every partition not truncated yet."""
-        untruncated = [f for f in self.followed.values() if not f.truncated]
-        if untruncated:
-            # A leader's last appends may still be queued for the writer when it starts following: written first, so
-            # the truncations' deletions, read from the store, see them (the writer is shared: one barrier serves all).
-            await untruncated[0].partition.settle_writes()
         asking = {key: f.partition.epochs.latest_epoch for key, f in self.followed.items() if not f.truncated}
         while asking:
             for key in [k for k, epoch in asking.items() if epoch < 0]:  # nothing written in any epoch: nothing to keep
@@ -138,9 +133,7 @@ class ReplicaFetcher:
         if offset < partition.next_offset:
             log.warning("truncating diverging log", extra=fields(topic=key[0], partition=key[1], to=offset,
                                                                  log_end=partition.next_offset, leader=self.leader_id))
-        written = partition.truncate_to(offset)
-        if written is not None:
-            await written
+        await partition.truncate(offset)  # after a deposed leader's appends still queued for the writer
         followed.truncated = True
 
     async def _fetch(self, stub) -> None:
@@ -163,9 +156,8 @@ class ReplicaFetcher:
             if result.error.code != NONE:
                 if result.error.code == ErrorCode.Value("OFFSET_OUT_OF_RANGE") and result.log_start_offset > followed.partition.next_offset:
                     # the leader's retention deleted what this replica still lacks: start over at its log start
-                    await followed.partition.settle_writes()
-                    if self.followed.get(key) is followed:
-                        await _awaited(followed.partition.restart_log_at(result.log_start_offset))
+                    await followed.partition.start_over_at(result.log_start_offset,
+                                                           lambda key=key, followed=followed: self.followed.get(key) is followed)
                     continue
                 await self._on_error(key, result.error)
                 refused += 1
@@ -196,8 +188,3 @@ class ReplicaFetcher:
             await self.manager.refresh(*key)  # this replica's view is older than the leader's: read the state again
         else:
             log.debug("replica fetch refused", extra=fields(topic=key[0], partition=key[1], error=error.message))
-
-
-async def _awaited(future) -> None:
-    if future is not None:
-        await future
