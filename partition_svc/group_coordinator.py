@@ -98,8 +98,8 @@ def heartbeat_of(request: partition_pb2.ConsumerGroupHeartbeatRequest) -> Heartb
 
 
 class GroupCoordinator:
-    def __init__(self, servicer, *, heartbeat_interval_ms: int, expiry_interval_ms: int = 500):
-        self.servicer = servicer
+    def __init__(self, view, *, heartbeat_interval_ms: int, expiry_interval_ms: int = 500):
+        self.view = view  # cluster_view.ClusterView: where groups are coordinated, the store, the limits
         self.heartbeat_interval_ms = heartbeat_interval_ms
         self.expiry_interval_ms = expiry_interval_ms
         self.groups: dict[str, tuple[tuple[int, int], ConsumerGroup]] = {}  # id -> ((partition, leader epoch), group)
@@ -110,13 +110,13 @@ class GroupCoordinator:
         """The group as this coordinator knows it (rebuilt from its membership
         records when first asked under this leader epoch); NOT_COORDINATOR when
         it is not the group's."""
-        partition = await self.servicer.group_partition(group_id)
+        partition = await self.view.group_partition(group_id)
         lease = (partition.index, partition.leader_epoch)
         known = self.groups.get(group_id)
         if known is not None and known[0] == lease:
             return known[1]
         self.pending.pop(group_id, None)  # an append of the group as it was before does not hold up this one
-        records = await asyncio.to_thread(self.servicer.store.group_membership, group_id)
+        records = await asyncio.to_thread(self.view.store.group_membership, group_id)
         if records:
             group = ConsumerGroup.restore(group_id, records, now_ms(), heartbeat_interval_ms=self.heartbeat_interval_ms)
             log.info("group loaded from its membership records", extra=fields(
@@ -140,7 +140,7 @@ class GroupCoordinator:
         records = group.records()
         if records:
             changes = [(log_format.membership_key(group_id, member_id), value) for member_id, value in records]
-            outcome = partition.commit_offsets(changes, now_ms(), self.servicer.limits)
+            outcome = partition.commit_offsets(changes, now_ms(), self.view.limits)
             if isinstance(outcome, Reject):
                 self.groups.pop(group_id, None)
                 raise self._not_written(group_id, partition)
@@ -177,14 +177,14 @@ class GroupCoordinator:
             topics = set(beat.subscribed or ()) | {t for m in group.members.values() for t in m.subscribed}
             counts = {}
             for name in topics:
-                info = await self.servicer.topics.get(name)
+                info = await self.view.topics.get(name)
                 counts[name] = info.partition_count if info is not None else 0
             epoch_before = group.group_epoch
             try:
                 answer = group.heartbeat(beat, now_ms(), counts)
             except GroupError as error:
                 raise group_error(error) from None
-            partition = await self.servicer.group_partition(request.group_id)
+            partition = await self.view.group_partition(request.group_id)
             pending = self._write(request.group_id, group, partition)
         await self._written(request.group_id, group, partition, pending)
         if group.group_epoch != epoch_before:
@@ -198,7 +198,7 @@ class GroupCoordinator:
 
     async def list_groups(self) -> partition_pb2.ListGroupsResponse:
         reply = partition_pb2.ListGroupsResponse()
-        names = set(self.groups) | await asyncio.to_thread(self.servicer.store.group_ids)
+        names = set(self.groups) | await asyncio.to_thread(self.view.store.group_ids)
         for group_id in sorted(names):
             try:
                 group = await self._group(group_id, create=False)
@@ -270,7 +270,7 @@ class GroupCoordinator:
                 if not gone:
                     continue
                 log.info("members timed out", extra=fields(group=group_id, members=gone, group_epoch=group.group_epoch))
-                partition = await self.servicer.group_partition(group_id)
+                partition = await self.view.group_partition(group_id)
                 pending = self._write(group_id, group, partition)
             await self._written(group_id, group, partition, pending)
 

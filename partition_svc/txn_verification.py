@@ -17,6 +17,8 @@ import asyncio
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 
+from partition_svc.partition import Partition
+from partition_svc.rpc_errors import request_error
 from services.rpc import PeerClient, answer_of
 from txlog.protocol.errors import ErrorCode, TxlogError, error_proto
 from txlog.v1 import common_pb2, coordinator_pb2, errors_pb2
@@ -87,6 +89,32 @@ class TransactionVerifier:
             else:
                 refused[tp] = result.error
         return refused
+
+    @staticmethod
+    def needs_verification(transactional_id: str, batch, partition: Partition) -> bool:
+        """Whether the coordinator must confirm that the partition is in the
+        producer's transaction before the leader takes the batch."""
+        if not transactional_id:
+            raise request_error("transactional batches need the request's transactional_id")
+        entry = partition.producers.get(batch.producer_id)
+        if entry is not None and batch.producer_epoch < entry.producer_epoch:
+            return False  # a zombie: the producer-state check fences it (PRODUCER_FENCED), no need to ask
+        # its transaction open here already: verified with its first batch
+        return not (entry is not None and entry.producer_epoch == batch.producer_epoch and entry.current_txn_first_offset >= 0)
+
+    @staticmethod
+    def not_in_transaction(tp: tuple[str, int], reason: errors_pb2.Error, added: bool = False) -> errors_pb2.Error:
+        said = f"did not add {tp[0]}-{tp[1]} to" if added else f"does not have {tp[0]}-{tp[1]} in"  # added: the leader asked it to
+        return error_proto(reason.code, f"the coordinator {said} this transaction: {reason.message}")
+
+    async def verify_transactional(self, transactional_id: str, batch, partition: Partition) -> None:
+        """Raises unless the partition is in the producer's open transaction."""
+        if self.needs_verification(transactional_id, batch, partition):
+            tp = (partition.topic, partition.index)
+            refused = await self.verify(transactional_id, batch.producer_id, batch.producer_epoch, [tp])
+            if refused:
+                reason = self.not_in_transaction(tp, refused[tp])
+                raise TxlogError(reason.code, reason.message)
 
     def _remember(self, key: tuple[int, int, str, int]) -> None:
         self._verified[key] = None

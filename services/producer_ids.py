@@ -96,7 +96,7 @@ def named_producer(request, rpc: str) -> tuple[int, int]:
 
 class IdempotentProducerInitServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
     """InitProducerId without a transactional id. partition_svc serves its
-    subclass (partition_svc.server.BootstrapCoordinatorServicer), which adds
+    subclass (partition_svc.bootstrap_servicer.BootstrapCoordinatorServicer), which adds
     FindCoordinator and answers NOT_COORDINATOR for the transactional rpcs."""
 
     def __init__(self, source: ProducerIdSource):
