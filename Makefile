@@ -23,7 +23,7 @@ chart-smoke: setup
 	.venv/bin/python tests/deploy/chart_smoke.py
 
 protos: setup
-	.venv/bin/python -m services.protogen
+	.venv/bin/python -m services.tooling.protogen
 
 lint: setup
 	.venv/bin/ruff check .

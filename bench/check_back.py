@@ -419,7 +419,7 @@ async def measure_all(state, args: argparse.Namespace) -> dict:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from services.cluster import LocalCluster
+    from services.tooling.cluster import LocalCluster
 
     with tempfile.TemporaryDirectory(prefix="txlog-bench-check-back-") as workdir:
         cluster = LocalCluster(Path(workdir) / "cluster")

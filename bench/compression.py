@@ -131,7 +131,7 @@ def ratio(a, b) -> float | None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from services.cluster import LocalCluster
+    from services.tooling.cluster import LocalCluster
 
     rng = random.Random(args.seed)
     keys = [b"%08d" % i for i in range(1000)]

@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from measure import cpu_seconds, latency_summary, progress  # noqa: E402
 
-from services.cluster import LocalCluster  # noqa: E402
+from services.tooling.cluster import LocalCluster  # noqa: E402
 from txlog import Admin, Consumer  # noqa: E402
 from txlog.v1 import partition_pb2, partition_pb2_grpc  # noqa: E402
 

@@ -1,5 +1,5 @@
 """Benchmark: page faults of large buffers under glibc's default and with
-services.malloc.keep_large_buffers (partition_svc's --malloc-mmap-threshold-bytes).
+services.runtime.malloc.keep_large_buffers (partition_svc's --malloc-mmap-threshold-bytes).
 
 What it measures, in a child process per setting (the setting is process-wide):
 a loop of ``--rounds`` rounds, each two fresh ``--buffer-mib`` MiB buffers
@@ -31,7 +31,7 @@ REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 CHILD = """
 import json, resource, sys
-from services import malloc
+from services.runtime import malloc
 threshold_bytes, buffer_bytes, rounds = (int(arg) for arg in sys.argv[1:4])
 tuned = malloc.keep_large_buffers(threshold_bytes)
 chunk = b"x" * (buffer_bytes + 2)

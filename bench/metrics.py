@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import produce_fetch  # noqa: E402
 from measure import alternating_runs, compared  # noqa: E402
 
-from services.cluster import LocalCluster  # noqa: E402
+from services.tooling.cluster import LocalCluster  # noqa: E402
 
 FIGURES = ("produce_one_partition", "produce_four_partitions", "fetch_one_partition")
 MODES = {"metrics_off": ["--metrics-listen", ""], "metrics_on": []}

@@ -40,7 +40,7 @@ from measure import latency_summary, progress  # noqa: E402
 from raw import Raw  # noqa: E402
 from txn_raw import TxnProducer, retrying  # noqa: E402
 
-from services.cluster import LocalCluster  # noqa: E402
+from services.tooling.cluster import LocalCluster  # noqa: E402
 from txlog.v1 import coordinator_pb2  # noqa: E402
 
 TOPIC = "prepare-bench"

@@ -3,7 +3,7 @@ rates of its two physical limits, RocksDB synced writes and gRPC streaming.
 
 What it measures, for 1 KB records (8-byte key, 1024-byte value), on a local
 cluster started for the run (ZooKeeper, one producer_id_svc and one
-partition_svc as real processes, see services/cluster.py):
+partition_svc as real processes, see services/tooling/cluster.py):
 
 * produce to ONE partition: one idempotent producer (its id from
   CoordinatorService.InitProducerId on the partition_svc), hand-built
@@ -755,7 +755,7 @@ async def memory_workload(address: str, pid: int, args: argparse.Namespace) -> d
 
 
 def measure_memory(workdir: str, args: argparse.Namespace) -> dict:
-    from services.cluster import LocalCluster
+    from services.tooling.cluster import LocalCluster
 
     cluster = LocalCluster(os.path.join(workdir, "memory-cluster"))
     try:
@@ -815,7 +815,7 @@ def targets(service: dict, rocksdb_mb_per_s: float, grpc: dict, memory: dict | N
 
 
 def measure(workdir: str, args: argparse.Namespace) -> dict:
-    from services.cluster import LocalCluster
+    from services.tooling.cluster import LocalCluster
 
     cluster = LocalCluster(os.path.join(workdir, "cluster"))
     rocksdb_path = os.path.join(workdir, "raw-rocksdb")

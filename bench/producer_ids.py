@@ -1,7 +1,7 @@
 """Benchmark: producer-id block allocation against ZooKeeper's own write rate.
 
 What it measures, on a local cluster started for the run (ZooKeeper and one
-producer_id_svc as real processes, see services/cluster.py):
+producer_id_svc as real processes, see services/tooling/cluster.py):
 
 * baseline: raw conditional ZooKeeper writes per second - a sequential loop of
   ``client.set(path, data, version=v)`` on a scratch node, the one operation an
@@ -55,8 +55,8 @@ from kazoo.client import KazooClient  # noqa: E402
 from measure import Phase, latency_summary, mean_of, progress  # noqa: E402
 
 from producer_id_svc.store import NODE_NAME  # noqa: E402
-from services import zk  # noqa: E402
-from services.cluster import LocalCluster  # noqa: E402
+from services.coordination import zk  # noqa: E402
+from services.tooling.cluster import LocalCluster  # noqa: E402
 from txlog.net.channels import open_channel  # noqa: E402
 from txlog.v1 import producer_id_pb2, producer_id_pb2_grpc  # noqa: E402
 

@@ -1,7 +1,7 @@
 """Benchmark: what replication costs and how fast it recovers (issue 14).
 
 On one local cluster of real processes (ZooKeeper, producer_id_svc, three
-partition_svc, one coordinator_svc; services/cluster.py), with 1 KB records:
+partition_svc, one coordinator_svc; services/tooling/cluster.py), with 1 KB records:
 
 * throughput: one producer (batches without a producer id), hand-built RecordBatches of
   ``--batch-records`` records, ``--in-flight`` requests outstanding, to one
@@ -51,7 +51,7 @@ from kazoo.client import KazooClient
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from services.cluster import LocalCluster  # noqa: E402
+from services.tooling.cluster import LocalCluster  # noqa: E402
 from txlog import Producer  # noqa: E402
 from txlog.v1 import (  # noqa: E402
     common_pb2,

@@ -3,7 +3,7 @@ partition has seen, partitions, log length, transactional ids.
 
 Sections ``producers`` and ``zookeeper``, here. On a local cluster of real
 processes (ZooKeeper, one producer_id_svc, one partition_svc;
-services/cluster.py), one topic of one partition, replication
+services/tooling/cluster.py), one topic of one partition, replication
 factor 1. For each level of ``--producer-ids`` (cumulative: the partition
 keeps every producer of the levels before), it writes one idempotent
 one-record batch per new producer id (hand-built ProduceRequests, ``--in-flight``
@@ -81,8 +81,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from measure import progress  # noqa: E402
 from scale_footprint import measure_coordinator, measure_log_length, measure_partitions, rss_kb  # noqa: E402
 
-from services import cluster as cluster_mod  # noqa: E402
-from services.cluster import LocalCluster  # noqa: E402
+from services.tooling import cluster as cluster_mod  # noqa: E402
+from services.tooling.cluster import LocalCluster  # noqa: E402
 from txlog.v1 import common_pb2, partition_pb2, partition_pb2_grpc  # noqa: E402
 
 TOPIC = "scale"

@@ -2,7 +2,7 @@
 long they take to come back, against what they serve (issue 18).
 
 Each section starts its own local cluster of real processes
-(services/cluster.py) in a folder of the caller's and stops it before it
+(services/tooling/cluster.py) in a folder of the caller's and stops it before it
 returns; each judged figure carries its target and ``meets_target``.
 
 * :func:`measure_partitions` (sections ``memory`` and ``recovery``): one
@@ -61,8 +61,8 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from measure import MB, cpu_seconds, latency_summary, progress
 
-from services import coordinators
-from services.cluster import (
+from services.coordination import coordinators
+from services.tooling.cluster import (
     LocalCluster,
     pid_alive,
     registration_session,

@@ -3,7 +3,7 @@
 Produce and fetch throughput of one partition_svc with hand-built requests
 (bench/produce_fetch.py's runs: one partition, 4 partitions, a fetch of
 everything) on a plaintext cluster and on a cluster started with ``tls=True``
-(mutual TLS on every port, ECDSA P-256 certificates from services.certs, and
+(mutual TLS on every port, ECDSA P-256 certificates from services.security.certs, and
 the ACL authorizer), in the same run, alternating: plaintext, secured,
 plaintext, secured, each run on a fresh cluster. On the secured cluster the
 requests come from ``User:bench``, not a super user, so every call is
@@ -34,8 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import produce_fetch  # noqa: E402
 from measure import alternating_runs, compared  # noqa: E402
 
-from services import certs  # noqa: E402
-from services.cluster import LocalCluster  # noqa: E402
+from services.security import certs  # noqa: E402
+from services.tooling.cluster import LocalCluster  # noqa: E402
 from txlog import Admin, ClientError  # noqa: E402
 from txlog.protocol.acls import ALLOW, CLUSTER, CLUSTER_NAME, LITERAL, PREFIXED, TOPIC, AclBinding  # noqa: E402
 from txlog.two_phase import wait_until  # noqa: E402

@@ -4,7 +4,7 @@ over the same input, with ``delivery="exactly-once"`` and with
 ``delivery="at-least-once"`` (an idempotent producer, offsets committed after
 the output), measured in the same run on the same Spark session.
 
-What it measures, on a local cluster started for the run (services/cluster.py:
+What it measures, on a local cluster started for the run (services/tooling/cluster.py:
 ZooKeeper, one producer_id_svc, two partition_svc, two coordinator_svc as real
 processes, defaults: fsync on), once the coordinators have settled who owns
 which transaction log partition:
@@ -360,7 +360,7 @@ def summarise(runs: list[dict]) -> dict:
 
 
 def measure(workdir: str, args: argparse.Namespace) -> dict:
-    from services.cluster import LocalCluster
+    from services.tooling.cluster import LocalCluster
     from spark_jobs import session
 
     local = LocalCluster(os.path.join(workdir, "cluster"))

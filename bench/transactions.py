@@ -3,7 +3,7 @@ long a commit takes to become visible, and what read_committed costs a reader,
 each against the same work without transactions, measured in the same run.
 
 What it measures, for 1 KB records (8-byte key, 1024-byte value), on a local
-cluster started for the run (services/cluster.py: ZooKeeper, one
+cluster started for the run (services/tooling/cluster.py: ZooKeeper, one
 producer_id_svc, two partition_svc and two coordinator_svc as real processes,
 the partition_svc default fsync=on), with hand-built requests (the raw gRPC
 steps of tests/integ/txn_raw.py, the request building of produce_fetch.py) so
@@ -915,7 +915,7 @@ async def measure_all(state, args: argparse.Namespace) -> dict:
 
 
 def measure(workdir: str, args: argparse.Namespace) -> dict:
-    from services.cluster import LocalCluster
+    from services.tooling.cluster import LocalCluster
 
     cluster = LocalCluster(os.path.join(workdir, "cluster"))
     try:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
+import random
 import time
 from collections.abc import Callable
 
@@ -39,7 +40,7 @@ import grpc
 from coordinator_svc import check_rules as rules
 from coordinator_svc.check_rules import CheckAnswer, GroupCheckConfig
 from coordinator_svc.transaction_state import Handle, TransactionMetadata
-from services.logs import fields
+from services.runtime.logs import fields
 from txlog.protocol import names
 from txlog.protocol.errors import TxlogError
 from txlog.v1 import transaction_check_pb2, transaction_check_pb2_grpc
@@ -62,7 +63,7 @@ class CheckBack:
         self.state = coordinator.state
         self.checks_in_flight_max = checks_in_flight_max
         self.monotonic = monotonic
-        self.registrations = rules.CheckerRegistrations()
+        self.registrations = rules.CheckerRegistrations(shuffle=random.shuffle)  # spreads checks over a group's checkers
         self.in_flight: set[str] = set()
         # transactional id -> PrepareTransaction seals in progress: not checked meanwhile (its owner is not silent,
         # and what the check would complete must be sealed first)

@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import enum
 import ipaddress
-import random
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -245,8 +245,10 @@ class CheckerRegistrations:
     """The checker addresses registered per transaction group, each until its
     lease lapses (monotonic seconds passed in)."""
 
-    def __init__(self, per_group_max: int = CHECKERS_PER_GROUP_MAX, total_max: int = REGISTRATIONS_MAX):
+    def __init__(self, per_group_max: int = CHECKERS_PER_GROUP_MAX, total_max: int = REGISTRATIONS_MAX,
+                 shuffle: Callable[[list], None] = lambda addresses: None):
         self.per_group_max = per_group_max
+        self.shuffle = shuffle  # how live() orders a group's addresses: the coordinator passes random.shuffle
         self.total_max = total_max
         self._leases: dict[str, dict[str, float]] = {}  # group -> address -> lapses at
 
@@ -268,10 +270,10 @@ class CheckerRegistrations:
         return removed
 
     def live(self, group_id: str, now_s: float) -> list[str]:
-        """The group's registered addresses, in a random order (any may be asked)."""
+        """The group's registered addresses, in the order ``shuffle`` leaves them (any may be asked)."""
         self._drop_lapsed(now_s, group_id)
         addresses = list(self._leases.get(group_id, {}))
-        random.shuffle(addresses)
+        self.shuffle(addresses)
         return addresses
 
     def leases(self, group_id: str, now_s: float) -> list[tuple[str, int]]:

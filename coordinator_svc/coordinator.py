@@ -50,13 +50,14 @@ from coordinator_svc import check_rules
 from coordinator_svc import transaction_core as core
 from coordinator_svc import transaction_state as ts
 from coordinator_svc.check_back import CheckBack
+from coordinator_svc.coordinator_config import CoordinatorConfig
 from coordinator_svc.markers import MarkerSender, MarkerSet
-from coordinator_svc.state_manager import CoordinatorConfig, LoadedPartition, TransactionStateManager
+from coordinator_svc.state_manager import LoadedPartition, TransactionStateManager
 from coordinator_svc.transaction_metrics import TransactionMetrics
 from coordinator_svc.transaction_state import GroupDecision, Handle, TransactionMetadata, TransactionState
-from services.logs import fields
-from services.producer_ids import ProducerIdSource
-from services.rpc import PeerClient
+from services.coordination.producer_ids import ProducerIdSource
+from services.coordination.rpc import PeerClient
+from services.runtime.logs import fields
 from txlog.protocol import CONSUMER_OFFSETS_TOPIC, names
 from txlog.protocol.errors import TxlogError
 from txlog.protocol.hashing import partition_for_id
@@ -92,12 +93,6 @@ class TransactionCoordinator:
         self.state = TransactionStateManager(config, zookeeper, registry, client, producer_ids, self._resume, clock_ms, monotonic)
         self.metrics = TransactionMetrics(meter or NoOpMeter("txlog"), lambda: list(self.state.partitions.values()), clock_ms)
         self.check_back = CheckBack(self, config.checks_in_flight_max, monotonic)
-
-    # --- ownership of __transaction_state partitions ------------------------------------
-
-
-    # --- finding the state of an id ----------------------------------------------------
-
 
     async def _resume(self, loaded: LoadedPartition, decisions: list[GroupDecision]) -> None:
         """A partition's records are in memory: group decisions first, before any

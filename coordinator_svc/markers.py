@@ -14,8 +14,8 @@ import logging
 from collections import defaultdict
 from dataclasses import dataclass
 
-from services.logs import fields
-from services.rpc import PeerClient, answer_of
+from services.coordination.rpc import PeerClient, answer_of
+from services.runtime.logs import fields
 from txlog.protocol.errors import ErrorCode, TxlogError
 from txlog.protocol.retry import RetryPolicy
 from txlog.v1 import common_pb2, partition_pb2

@@ -7,12 +7,14 @@ import logging
 import sys
 
 from coordinator_svc.coordinator import TransactionCoordinator, error
-from coordinator_svc.state_manager import ANSWERS_FROM_STATE, CoordinatorConfig
+from coordinator_svc.coordinator_config import CoordinatorConfig
+from coordinator_svc.state_manager import ANSWERS_FROM_STATE
 from coordinator_svc.transaction_state import Handle, TransactionMetadata, TransactionState
-from services import coordinators, server
-from services.config import Setting, positive_int
-from services.producer_ids import ProducerIdSource, named_producer, previous_producer
-from services.rpc import PeerClient, answer_of
+from services.coordination import coordinators
+from services.coordination.producer_ids import ProducerIdSource, named_producer, previous_producer
+from services.coordination.rpc import PeerClient, answer_of
+from services.runtime import server
+from services.runtime.config import Setting, positive_int
 from txlog.protocol import PRODUCER_EPOCH_MAX, errors, names
 from txlog.protocol.errors import TxlogError
 from txlog.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc, partition_pb2

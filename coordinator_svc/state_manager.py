@@ -38,13 +38,14 @@ from kazoo.exceptions import BadVersionError, NodeExistsError
 
 from coordinator_svc import transaction_state as ts
 from coordinator_svc.check_rules import DEFAULT_CONFIG, GroupCheckConfig, altered, check_due_ms
+from coordinator_svc.coordinator_config import CoordinatorConfig
 from coordinator_svc.transaction_core import error
 from coordinator_svc.transaction_state import GroupDecision, TransactionMetadata, TransactionRecord, TransactionState
 from coordinator_svc.txn_log import FENCE_KEY, TransactionLogPartition
-from services import coordinators, zk
-from services.logs import fields
-from services.producer_ids import ProducerIdSource
-from services.rpc import PeerClient
+from services.coordination import coordinators, zk
+from services.coordination.producer_ids import ProducerIdSource
+from services.coordination.rpc import PeerClient
+from services.runtime.logs import fields
 from txlog.protocol import OPEN_TRANSACTION_STATES, TRANSACTION_STATE_TOPIC, names
 from txlog.protocol.errors import ErrorCode, TxlogError
 from txlog.v1 import partition_pb2
@@ -249,18 +250,6 @@ class LoadedPartition:
             waiting.discard(tid)
             if not waiting:
                 del self.unchecked[group_id]
-
-
-@dataclass(frozen=True)
-class CoordinatorConfig:
-    node_id: int
-    zookeeper_root: str
-    transaction_state_partitions: int
-    transaction_timeout_ms_max: int
-    transactional_id_expiration_ms: int
-    ownership_lease_ms: int = 3_000
-    prepared_transaction_timeout_ms: int = 24 * 3600 * 1000
-    checks_in_flight_max: int = 16
 
 
 class TransactionStateManager:

@@ -34,9 +34,9 @@ from coordinator_svc import transaction_state as ts
 from coordinator_svc.transaction_state import Handle, TransactionMetadata, TransactionState
 from txlog.protocol import names
 from txlog.protocol.errors import ErrorCode, TxlogError
+from txlog.protocol.names import TopicPartition
 
 S = TransactionState
-Partition = tuple[str, int]
 # A Complete* record's resets.
 COMPLETED = {"partitions": frozenset(), "txn_start_ms": -1, "prepared_ms": -1, "prepared_timeout_ms": 0,
              "prepare_metadata": b"", "checks_done": 0, "last_check_ms": -1}
@@ -214,7 +214,7 @@ def fence(meta: TransactionMetadata, spare_ids: list[int], reply: object) -> Tra
 
 
 def verify_partitions(meta: TransactionMetadata | None, producer_id: int, producer_epoch: int,
-                      partitions: list[Partition]) -> Refuse | dict[Partition, TxlogError | None]:
+                      partitions: list[TopicPartition]) -> Refuse | dict[TopicPartition, TxlogError | None]:
     """AddPartitionsToTxn(verify_only), a partition leader asking (KIP-890):
     which partitions are in the producer's open transaction. A zombie is fenced."""
     if meta is not None and meta.producer_id == producer_id:
@@ -230,7 +230,7 @@ def verify_partitions(meta: TransactionMetadata | None, producer_id: int, produc
 
 
 def decide_add_partitions(meta: TransactionMetadata | None, transactional_id: str, producer_id: int, producer_epoch: int,
-                          partitions: list[Partition], unknown: dict[Partition, TxlogError], now_ms: int) -> Outcome:
+                          partitions: list[TopicPartition], unknown: dict[TopicPartition, TxlogError], now_ms: int) -> Outcome:
     """Partitions (or a group's offsets partition) join the transaction; those
     that do not exist are answered UNKNOWN_TOPIC_OR_PARTITION."""
     refused = check_producer(meta, transactional_id, producer_id, producer_epoch) or completing(meta)

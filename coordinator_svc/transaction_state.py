@@ -62,6 +62,7 @@ from dataclasses import dataclass, field, replace
 
 from txlog.protocol import NO_PRODUCER_EPOCH as NO_EPOCH
 from txlog.protocol import NO_PRODUCER_ID, PRODUCER_EPOCH_MAX, TransactionState
+from txlog.protocol.names import TopicPartition
 
 
 class IllegalStateError(RuntimeError):
@@ -84,7 +85,6 @@ VALID_PREVIOUS_STATES: dict[TransactionState, frozenset[TransactionState]] = {
 UNDECIDED_STATES = frozenset({S.ONGOING, S.PREPARED})
 PENDING_ONLY_STATES = frozenset({S.PREPARE_EPOCH_FENCE})
 
-Partition = tuple[str, int]
 _STATE_OF_VALUE = {state.value: state for state in TransactionState}
 _JSON = json.JSONDecoder()
 
@@ -100,7 +100,7 @@ class TransactionRecord:
     last_producer_epoch: int  # the epoch before the last bump, to recognise a retried EndTxn
     txn_timeout_ms: int
     state: TransactionState
-    partitions: frozenset[Partition]
+    partitions: frozenset[TopicPartition]
     txn_start_ms: int
     last_update_ms: int
     prepared_ms: int = -1  # when it became PREPARED
@@ -207,7 +207,7 @@ class TransactionMetadata:
     state: TransactionState = S.EMPTY
     previous_producer_id: int = NO_PRODUCER_ID
     last_producer_epoch: int = NO_EPOCH
-    partitions: frozenset[Partition] = field(default_factory=frozenset)
+    partitions: frozenset[TopicPartition] = field(default_factory=frozenset)
     txn_start_ms: int = -1
     last_update_ms: int = -1
     prepared_ms: int = -1

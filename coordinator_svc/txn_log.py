@@ -26,8 +26,8 @@ import json
 import logging
 
 from coordinator_svc.transaction_state import GroupDecision, TransactionMetadata, TransactionRecord
-from services.logs import fields
-from services.rpc import PeerClient, answer_of
+from services.coordination.rpc import PeerClient, answer_of
+from services.runtime.logs import fields
 from txlog.protocol import TRANSACTION_STATE_TOPIC, next_sequence
 from txlog.protocol.errors import ErrorCode, TxlogError, spec_of
 from txlog.protocol.retry import RetryPolicy

@@ -14,8 +14,9 @@ from partition_svc.data_servicer import INTERNAL_TOPICS
 from partition_svc.rpc_errors import checked_acl, error, error_of, request_error
 from partition_svc.topic_deletion import TopicDeletion
 from partition_svc.topics import INTERNAL_PREFIX, TopicInfo
-from services import server, zk
-from services.logs import fields
+from services.coordination import zk
+from services.runtime import server
+from services.runtime.logs import fields
 from txlog.protocol import CONSUMER_OFFSETS_TOPIC, acls
 from txlog.protocol.errors import ErrorCode, TxlogError
 from txlog.protocol.hashing import partition_for_id

@@ -8,8 +8,8 @@ import asyncio
 import logging
 
 from partition_svc.controller import PartitionStates
-from services.logs import fields
-from services.rpc import PeerClient, answer_of
+from services.coordination.rpc import PeerClient, answer_of
+from services.runtime.logs import fields
 from txlog.protocol.errors import ErrorCode, TxlogError
 from txlog.v1 import replication_pb2
 

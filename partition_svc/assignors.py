@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-TopicPartition = tuple[str, int]
+from txlog.protocol.names import TopicPartition
+
 Assignment = dict[str, frozenset[TopicPartition]]
 ASSIGNORS = ("uniform", "range")
 DEFAULT_ASSIGNOR = "uniform"

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from partition_svc.cluster_view import ClusterView
 from partition_svc.rpc_errors import request_error
-from services import server
-from services.producer_ids import IdempotentProducerInitServicer, ProducerIdSource
+from services.coordination.producer_ids import IdempotentProducerInitServicer, ProducerIdSource
+from services.runtime import server
 from txlog.protocol.errors import ErrorCode, TxlogError
 from txlog.protocol.names import check_transactional_id
 from txlog.v1 import coordinator_pb2

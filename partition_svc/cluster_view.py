@@ -16,7 +16,8 @@ from partition_svc.partition import Partition
 from partition_svc.replica_manager import ReplicaManager
 from partition_svc.rpc_errors import request_error
 from partition_svc.topics import TopicInfo, TopicRegistry
-from services import coordinators, server
+from services.coordination import coordinators
+from services.runtime import server
 from txlog.protocol import CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC
 from txlog.protocol.errors import ErrorCode, TxlogError
 from txlog.protocol.hashing import partition_for_id

@@ -92,9 +92,10 @@ from partition_svc import election, topic_deletion
 from partition_svc.election import LeaderAndIsr
 from partition_svc.log_store import LogStore
 from partition_svc.topics import TopicInfo, TopicRegistry
-from services import zk
-from services.logs import fields
+from services.coordination import zk
+from services.runtime.logs import fields
 from txlog.protocol.errors import TxlogError
+from txlog.protocol.names import TopicPartition
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +103,6 @@ STATE_WRITES_PER_TRANSACTION = 200  # partition-state sets per ZooKeeper transac
 SWEEP_PASSES = 12  # passes within which every state and topic node kept is read again anyway (60 s at the default interval)
 READS_CONCURRENT_MAX = 1_000  # ZooKeeper reads one pass has outstanding at once
 
-Key = tuple[str, int]  # (topic, partition)
 
 PartitionStates = list[tuple[TopicInfo, int, LeaderAndIsr]]
 # (controller epoch, {node id: address}, the states changed, nodes that get every state, every state)
@@ -134,7 +134,7 @@ class Rereads:
     """What one pass reads again, taken from the marks at its start."""
     everything: bool
     topics: frozenset[str] = field(default_factory=frozenset)
-    states: frozenset[Key] = field(default_factory=frozenset)
+    states: frozenset[TopicPartition] = field(default_factory=frozenset)
     sweep_slot: int = 0  # nodes whose sweep slot this is are read again whatever the marks say
 
 
@@ -164,12 +164,12 @@ class WatchedStates:
         self.topics_base = topics_base.rstrip("/") + "/"
         self.sweep_passes = sweep_passes
         self.topics: dict[str, tuple[TopicInfo, int]] = {}  # name -> (topic, znode version) as read or written last
-        self.states: dict[Key, LeaderAndIsr] = {}  # as read or written last (zk_version, zk_mzxid included)
+        self.states: dict[TopicPartition, LeaderAndIsr] = {}  # as read or written last (zk_version, zk_mzxid included)
         self.passes = 0
         self._lock = threading.Lock()  # the marks: set from kazoo's threads, taken by the pass
         self._everything_marked = True
         self._topics_marked: set[str] = set()
-        self._states_marked: set[Key] = set()
+        self._states_marked: set[TopicPartition] = set()
 
     # --- marks (any thread) ---------------------------------------------------------
 
@@ -187,7 +187,7 @@ class WatchedStates:
     def mark_everything(self) -> None:
         self._mark(self._states_marked, None)
 
-    def mark_state(self, key: Key) -> None:
+    def mark_state(self, key: TopicPartition) -> None:
         self._mark(self._states_marked, key)
 
     def mark_topic(self, name: str) -> None:
@@ -206,7 +206,7 @@ class WatchedStates:
             return None
         return event.path[len(self.topics_base):].split("/")
 
-    def _state_key(self, event: WatchedEvent) -> Key | None:
+    def _state_key(self, event: WatchedEvent) -> TopicPartition | None:
         parts = self._relative(event)
         if parts is None or len(parts) != 4 or parts[1] != "partitions" or parts[3] != "state" or not parts[2].isdigit():
             return None  # not a state node: read everything rather than guess
@@ -240,7 +240,7 @@ class WatchedStates:
         return (rereads.everything or name in rereads.topics or name not in self.topics
                 or zlib.crc32(name.encode()) % self.sweep_passes == rereads.sweep_slot)
 
-    def state_due(self, rereads: Rereads, key: Key) -> bool:
+    def state_due(self, rereads: Rereads, key: TopicPartition) -> bool:
         return (rereads.everything or key in rereads.states or key not in self.states
                 or (zlib.crc32(key[0].encode()) + key[1]) % self.sweep_passes == rereads.sweep_slot)
 
@@ -250,7 +250,7 @@ class WatchedStates:
         else:
             self.topics[name] = versioned
 
-    def took_state(self, key: Key, state: LeaderAndIsr | None) -> bool:
+    def took_state(self, key: TopicPartition, state: LeaderAndIsr | None) -> bool:
         """Keeps a state as read; True when someone else wrote it since it
         was last read or written here (its last write is another)."""
         known = self.states.get(key)
@@ -297,7 +297,7 @@ class Controller:
         self._topics_seen: dict[str, int] = {}  # topic -> partition count announced (CreatePartitions grows it)
         # partitions whose state changed (written here, moved by another, new) and was not announced yet: kept
         # until an announce returns, so a pass that fails after the cache took a change still gets it announced
-        self._unannounced: set[Key] = set()
+        self._unannounced: set[TopicPartition] = set()
         self.cache = WatchedStates(topics.base, sweep_passes)
         zk.add_state_listener(client, self.cache.connection_changed)  # watches do not outlive a connection in kazoo
         self.deletions_pending: set[str] = set()  # topics marked for deletion, not all instances done yet
@@ -475,7 +475,7 @@ class Controller:
                 told.pop(node, None)
         self._sessions = told
 
-    async def _reread(self, names: list[str]) -> set[Key]:
+    async def _reread(self, names: list[str]) -> set[TopicPartition]:
         """Reads again, each with a data watch, the topic nodes and states
         due (WatchedStates) of the topics ``names`` lists, and forgets the
         others; returns the partitions whose state someone else wrote since

@@ -24,8 +24,8 @@ from partition_svc.producer_state import Reject
 from partition_svc.rpc_errors import check_settled, error, error_of, request_error
 from partition_svc.topics import INTERNAL_PREFIX
 from partition_svc.txn_verification import TransactionVerifier
-from services import server
-from services.logs import fields
+from services.runtime import server
+from services.runtime.logs import fields
 from txlog.protocol import CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC
 from txlog.protocol.errors import ErrorCode, TxlogError, error_proto
 from txlog.v1 import common_pb2, partition_pb2

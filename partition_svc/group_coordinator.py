@@ -29,7 +29,7 @@ import time
 from partition_svc import assignors, consumer_group, log_format
 from partition_svc.consumer_group import ConsumerGroup, GroupError, Heartbeat
 from partition_svc.producer_state import Reject
-from services.logs import fields
+from services.runtime.logs import fields
 from txlog.protocol.errors import ErrorCode, TxlogError, error_proto
 from txlog.protocol.names import is_topic_name
 from txlog.v1 import common_pb2, partition_pb2

@@ -13,8 +13,8 @@ from partition_svc.group_coordinator import GroupCoordinator
 from partition_svc.partition import now_ms
 from partition_svc.producer_state import Reject
 from partition_svc.rpc_errors import error_of, not_replicated, request_error
-from services import server
-from services.logs import fields
+from services.runtime import server
+from services.runtime.logs import fields
 from txlog.protocol.errors import ErrorCode, TxlogError
 from txlog.v1 import common_pb2, partition_pb2
 

@@ -32,7 +32,7 @@ from partition_svc.log_format import (
     offset_and_metadata,
     offset_of_key,
 )
-from services.logs import fields
+from services.runtime.logs import fields
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ import logging
 
 from partition_svc.log_store import LogStore
 from partition_svc.partition import Partition, now_ms
-from services.logs import fields
+from services.runtime.logs import fields
 
 log = logging.getLogger(__name__)
 

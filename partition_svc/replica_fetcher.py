@@ -20,19 +20,32 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from partition_svc.partition import Partition
-from services.logs import fields
-from services.rpc import answer_of
+from services.coordination.rpc import PeerClient, answer_of
+from services.runtime.logs import fields
 from txlog.protocol.errors import ErrorCode, TxlogError
 from txlog.protocol.leader_epochs import AskAgain, truncation_step
+from txlog.protocol.names import TopicPartition
 from txlog.v1 import replication_pb2
 
-if TYPE_CHECKING:
-    from partition_svc.replica_manager import Key, ReplicaManager
-
 log = logging.getLogger(__name__)
+
+
+class FetchingReplicas(Protocol):
+    """What a fetcher needs of its replica manager (replica_manager.ReplicaManager)."""
+
+    node_id: int
+    fetch_wait_ms: int
+    fetch_bytes_max: int
+    peers: PeerClient
+
+    async def live_nodes(self) -> dict[int, str]: ...
+
+    async def refresh(self, topic: str, index: int) -> None: ...
+
+
 NONE = ErrorCode.Value("NONE")
 STALE = {ErrorCode.Value(c) for c in ("FENCED_LEADER_EPOCH", "NOT_LEADER", "UNKNOWN_TOPIC_OR_PARTITION")}
 BACKOFF_S = 0.05
@@ -47,21 +60,21 @@ class Followed:
 
 
 class ReplicaFetcher:
-    def __init__(self, manager: ReplicaManager, leader_id: int):
+    def __init__(self, manager: FetchingReplicas, leader_id: int):
         self.manager = manager
         self.leader_id = leader_id
-        self.followed: dict[Key, Followed] = {}
+        self.followed: dict[TopicPartition, Followed] = {}
         self._changed = asyncio.Event()
         self._task = asyncio.ensure_future(self._run())
 
-    def add(self, key: Key, partition: Partition, leader_epoch: int) -> None:
+    def add(self, key: TopicPartition, partition: Partition, leader_epoch: int) -> None:
         self.followed[key] = Followed(partition, leader_epoch)
         self._changed.set()
 
-    def remove(self, key: Key) -> None:
+    def remove(self, key: TopicPartition) -> None:
         self.followed.pop(key, None)
 
-    def follows(self, key: Key, leader_epoch: int) -> bool:
+    def follows(self, key: TopicPartition, leader_epoch: int) -> bool:
         followed = self.followed.get(key)
         return followed is not None and followed.leader_epoch == leader_epoch
 
@@ -127,7 +140,7 @@ class ReplicaFetcher:
                     await self._truncate_to(key, step)
             asking = asked_again
 
-    async def _truncate_to(self, key: Key, offset: int) -> None:
+    async def _truncate_to(self, key: TopicPartition, offset: int) -> None:
         followed = self.followed[key]
         partition = followed.partition
         if offset < partition.next_offset:
@@ -183,7 +196,7 @@ class ReplicaFetcher:
         if not written and refused == len(reply.results):
             raise TxlogError(ErrorCode.Value("NOT_LEADER"), f"node {self.leader_id} refused every partition fetched")
 
-    async def _on_error(self, key: Key, error) -> None:
+    async def _on_error(self, key: TopicPartition, error) -> None:
         if error.code in STALE:
             await self.manager.refresh(*key)  # this replica's view is older than the leader's: read the state again
         else:

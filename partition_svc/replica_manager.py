@@ -51,15 +51,14 @@ from partition_svc.log_store import GroupCommitWriter, LogStore
 from partition_svc.partition import Partition, now_ms
 from partition_svc.replica_fetcher import ReplicaFetcher
 from partition_svc.topics import TopicInfo, TopicRegistry
-from services import zk
-from services.logs import fields
-from services.rpc import PeerClient
+from services.coordination import zk
+from services.coordination.rpc import PeerClient
+from services.runtime.logs import fields
 from txlog.protocol.errors import ErrorCode, TxlogError
-from txlog.protocol.names import is_topic_name
+from txlog.protocol.names import TopicPartition, is_topic_name
 
 log = logging.getLogger(__name__)
 
-Key = tuple[str, int]
 
 RESYNC_STATES_MIN = 200  # states of this instance's partitions a resync reads at least (all of them when fewer)
 RESYNC_SWEEP_PASSES = 6  # resyncs over which every state of this instance's partitions is read once, at most
@@ -83,11 +82,11 @@ class ReplicaManager:
         self.lag_max_ms = lag_max_ms
         self.fetch_wait_ms = fetch_wait_ms
         self.fetch_bytes_max = fetch_bytes_max
-        self.partitions: dict[Key, Partition] = {}
-        self.states: dict[Key, LeaderAndIsr] = {}
+        self.partitions: dict[TopicPartition, Partition] = {}
+        self.states: dict[TopicPartition, LeaderAndIsr] = {}
         self.controller_epoch = 0
         self.fetchers: dict[int, ReplicaFetcher] = {}
-        self._isr_writes: set[Key] = set()
+        self._isr_writes: set[TopicPartition] = set()
         self._resync_cursor = 0  # where the next resync's share of this instance's states starts
         self.resync_state_reads = 0  # states read by resyncs since start (tests and benchmarks watch it)
 
@@ -197,7 +196,7 @@ class ReplicaManager:
         self._registration = (session, stat.czxid)
         return stat.czxid
 
-    def _stop_following(self, key: Key) -> None:
+    def _stop_following(self, key: TopicPartition) -> None:
         for fetcher in self.fetchers.values():
             fetcher.remove(key)
 
@@ -254,7 +253,7 @@ class ReplicaManager:
             del self.states[key]
         return len(others)
 
-    def _assigned_here(self, key: Key) -> bool:
+    def _assigned_here(self, key: TopicPartition) -> bool:
         info = self.topics.cached(key[0])
         return info is not None and 0 <= key[1] < info.partition_count and self.node_id in info.replicas[key[1]]
 

@@ -11,7 +11,8 @@ from partition_svc import wire
 from partition_svc.election import LeaderAndIsr
 from partition_svc.partition import Partition
 from partition_svc.replica_manager import ReplicaManager
-from services import server, zk
+from services.coordination import zk
+from services.runtime import server
 from txlog.protocol.errors import ErrorCode, TxlogError, error_proto
 from txlog.protocol.names import is_topic_name
 from txlog.v1 import common_pb2, replication_pb2, replication_pb2_grpc

@@ -35,10 +35,10 @@ from partition_svc.topic_deletion import TopicDeletion
 from partition_svc.topics import TopicRegistry
 from partition_svc.txn_servicer import TransactionServicer
 from partition_svc.txn_verification import TransactionVerifier
-from services import malloc, server
-from services.config import Setting, boolean, non_negative_int, positive_int
-from services.producer_ids import ProducerIdSource
-from services.rpc import PeerClient
+from services.coordination.producer_ids import ProducerIdSource
+from services.coordination.rpc import PeerClient
+from services.runtime import malloc, server
+from services.runtime.config import Setting, boolean, non_negative_int, positive_int
 from txlog.v1 import coordinator_pb2, partition_pb2, replication_pb2
 
 SETTINGS = (

@@ -49,8 +49,8 @@ from partition_svc.partition import now_ms
 from partition_svc.producer_state import Reject
 from partition_svc.replica_manager import ReplicaManager
 from partition_svc.topics import INTERNAL_PREFIX, TopicInfo, TopicRegistry
-from services import zk
-from services.logs import fields
+from services.coordination import zk
+from services.runtime.logs import fields
 from txlog.protocol import CONSUMER_OFFSETS_TOPIC
 from txlog.protocol.errors import ErrorCode, TxlogError, error_proto
 from txlog.protocol.hashing import partition_for_id

@@ -35,7 +35,7 @@ from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
 from partition_svc.election import LeaderAndIsr, initial_state
-from services import zk
+from services.coordination import zk
 from txlog.protocol import INTERNAL_TOPIC_PREFIX
 from txlog.protocol.errors import ErrorCode, TxlogError
 

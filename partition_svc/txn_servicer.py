@@ -14,8 +14,8 @@ from partition_svc.partition import now_ms
 from partition_svc.producer_state import Reject
 from partition_svc.rpc_errors import error_of, not_replicated, optional, request_error
 from partition_svc.txn_verification import TransactionVerifier
-from services import server
-from services.producer_ids import check_producer, named_producer
+from services.coordination.producer_ids import check_producer, named_producer
+from services.runtime import server
 from txlog.protocol.errors import ErrorCode, TxlogError, error_proto
 from txlog.v1 import common_pb2, partition_pb2
 

@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 
 from partition_svc.partition import Partition
 from partition_svc.rpc_errors import request_error
-from services.rpc import PeerClient, answer_of
+from services.coordination.rpc import PeerClient, answer_of
 from txlog.protocol.errors import ErrorCode, TxlogError, error_proto
 from txlog.v1 import common_pb2, coordinator_pb2, errors_pb2
 

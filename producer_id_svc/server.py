@@ -9,8 +9,8 @@ from opentelemetry.metrics import Meter, NoOpMeter
 from producer_id_svc.allocator import BlockAllocator
 from producer_id_svc.core import BLOCK_SIZE_DEFAULT, check_requester_id
 from producer_id_svc.store import ProducerIdBlockStore
-from services import server
-from services.config import Setting, boolean, positive_int
+from services.runtime import server
+from services.runtime.config import Setting, boolean, positive_int
 from txlog.protocol.errors import ErrorCode, TxlogError
 from txlog.v1 import producer_id_pb2, producer_id_pb2_grpc
 

@@ -13,7 +13,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
 from producer_id_svc.core import ProducerIdBlock
-from services import zk
+from services.coordination import zk
 from txlog.protocol.errors import ErrorCode, TxlogError
 
 NODE_NAME = "latest_producer_id_block"

@@ -105,7 +105,7 @@ def proto_descriptors():
     from google.protobuf import descriptor_pb2
     from grpc_tools import protoc
 
-    from services.protogen import PROTO_ROOT, proto_files
+    from services.tooling.protogen import PROTO_ROOT, proto_files
 
     well_known = Path(grpc_tools.__file__).parent / "_proto"
     with tempfile.TemporaryDirectory() as scratch:
@@ -302,8 +302,8 @@ SERVICES = ("producer_id_svc", "coordinator_svc", "partition_svc")
 
 
 def service_settings():
-    """(every service's settings, {service: its own settings}), as services.server.run composes them."""
-    from services import config, server
+    """(every service's settings, {service: its own settings}), as services.runtime.server.run composes them."""
+    from services.runtime import config, server
 
     shared = (*config.COMMON_SETTINGS, *server.SERVER_SETTINGS)
     own = {name: tuple(importlib.import_module(f"{name}.server").SETTINGS) for name in SERVICES}
@@ -311,7 +311,7 @@ def service_settings():
 
 
 def configuration_page() -> str:
-    from services import config
+    from services.runtime import config
 
     shared, own = service_settings()
     out = [

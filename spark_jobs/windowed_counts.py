@@ -26,7 +26,7 @@ import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict
 
-from services import config, logs
+from services.runtime import config, logs
 from spark_jobs import eos, schedule, session
 from spark_jobs.eos import OutputRecord
 from spark_jobs.planning import OffsetRange

@@ -15,7 +15,7 @@ import pytest
 from _pytest.nodeid import NodeId
 from hypothesis import HealthCheck, settings
 
-from services.cluster import PORT_COUNTER_ENV, PORT_RANGE_ENV, LocalCluster
+from services.tooling.cluster import PORT_COUNTER_ENV, PORT_RANGE_ENV, LocalCluster
 
 # Ports the tests' services listen on: below the kernel's ephemeral range
 # (/proc/sys/net/ipv4/ip_local_port_range, 32768-60999 by default), so no

@@ -12,28 +12,9 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from txlog.protocol import names
+from txlog.protocol.names import TopicPartition, as_tp  # noqa: F401  (the SDK's names for them)
 from txlog.protocol.protowire import field_tag, varint
 from txlog.v1 import common_pb2, transaction_check_pb2
-
-
-class TopicPartition(NamedTuple):
-    """One partition of one topic; a plain ``(topic, partition)`` tuple works too."""
-
-    topic: str
-    partition: int
-
-    def __str__(self) -> str:  # in messages, as Kafka writes it: orders-3
-        return f"{self.topic}-{self.partition}"
-
-
-def as_tp(value) -> TopicPartition:
-    """A TopicPartition from a TopicPartition or a ``(topic, partition)`` pair."""
-    if isinstance(value, TopicPartition):
-        return value
-    topic, partition = value
-    if not isinstance(topic, str) or not isinstance(partition, int) or isinstance(partition, bool):
-        raise TypeError(f"a topic partition is (topic: str, partition: int), not {value!r}")
-    return TopicPartition(topic, partition)
 
 
 class RecordMetadata(NamedTuple):

@@ -92,7 +92,7 @@ class FaultInjection:
 
 def tls_files(ca: str | None, cert: str | None, key: str | None, token: str | None = None) -> TlsFiles | None:
     """The SDK's tls_ca= / tls_cert= / tls_key= (PEM file paths) and
-    token_file= (a bearer token, services/tokens.py) as TlsFiles; None
+    token_file= (a bearer token, services/security/tokens.py) as TlsFiles; None
     (plaintext) when none is given. Raises ValueError (TlsConfigError) naming
     a file that is missing, a certificate without its key, or a token without TLS."""
     if not (ca or cert or key or token):

@@ -147,7 +147,7 @@ def settings_read_by(module: str) -> set[str]:
     manifest would go unnoticed."""
     import importlib
 
-    from services import config, server
+    from services.runtime import config, server
 
     if module == "spark_jobs.windowed_counts":
         return {s.env for s in importlib.import_module(module).SETTINGS}

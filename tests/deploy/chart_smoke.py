@@ -78,7 +78,7 @@ from containers import (  # noqa: E402
 from containers import log as harness_log  # noqa: E402
 from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
 
-from services import certs  # noqa: E402
+from services.security import certs  # noqa: E402
 
 PROJECT = "txlog-chart-smoke"
 SUBNET = ipaddress.ip_network("10.89.77.0/24")

@@ -2,7 +2,7 @@
 test_compose_podman.py): the images built (`make image`), the stack started
 with podman-compose, every service ready (its own health check, run as podman
 would run it), the shipped Spark job run once in the Spark image against the
-stack, then the chaos workload (services/chaos/external.py, in a container on
+stack, then the chaos workload (services/tooling/chaos/external.py, in a container on
 the stack's network, where the services' advertised names resolve) while
 containers are killed, paused and restarted; then every partition_svc
 container replaced at once (their data lives on only in their volumes) and

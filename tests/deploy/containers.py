@@ -50,7 +50,7 @@ def build_images() -> None:
 
 
 class Workload:
-    """The chaos workload (services/chaos/external.py) in a container that
+    """The chaos workload (services/tooling/chaos/external.py) in a container that
     ``one_off(*command, volumes=..., detach=...)`` starts where the cluster's
     advertised names resolve; its folder (mounted there) is shared with this
     process, which asks it to stop."""
@@ -68,7 +68,7 @@ class Workload:
         return f"{self.directory}:{WORKLOAD_MOUNT}"
 
     def start(self) -> None:
-        self.container = self.one_off("python", "-m", "services.chaos.external", "start", *self.args, "--seed",
+        self.container = self.one_off("python", "-m", "services.tooling.chaos.external", "start", *self.args, "--seed",
                                       str(self.seed), volumes=(self.mount,), detach=True).stdout.strip()
 
     def stop(self) -> None:
@@ -82,7 +82,7 @@ class Workload:
 
     def check(self) -> dict:
         """The checker's verdict (every anomaly count, ``anomalies`` their sum)."""
-        done = self.one_off("python", "-m", "services.chaos.external", "check", *self.args, volumes=(self.mount,))
+        done = self.one_off("python", "-m", "services.tooling.chaos.external", "check", *self.args, volumes=(self.mount,))
         return json.loads(done.stdout.strip().splitlines()[-1])
 
 

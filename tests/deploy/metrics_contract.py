@@ -92,7 +92,7 @@ def expositions() -> dict[str, str]:
     from coordinator_svc.transaction_state import TransactionState
     from partition_svc.partition_metrics import PartitionMetrics
     from producer_id_svc.server import ProducerIdServicer
-    from services.metrics import ServiceMetrics
+    from services.runtime.metrics import ServiceMetrics
     from txlog.protocol import errors
 
     class Aborted(Exception):

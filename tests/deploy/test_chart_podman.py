@@ -11,7 +11,7 @@ from __future__ import annotations
 import chart_smoke
 import pytest
 
-from services.chaos.checker import ANOMALIES
+from services.tooling.chaos.checker import ANOMALIES
 
 SECONDS = 30.0
 

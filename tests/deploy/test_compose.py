@@ -356,7 +356,7 @@ def interpolated(value: str, shell: dict[str, str]) -> str:
 def run_certs_service(certs: dict, directory: Path) -> subprocess.CompletedProcess:
     """The `certs` service here: its entrypoint script around its command, with the volume at ``directory``."""
     entrypoint, command = certs["entrypoint"], certs["command"]
-    assert entrypoint[:2] == ["sh", "-ec"] and command[:3] == ["python", "-m", "services.certs"]
+    assert entrypoint[:2] == ["sh", "-ec"] and command[:3] == ["python", "-m", "services.security.certs"]
     script = compose_script(entrypoint[2], {"/etc/txlog/tls": str(directory)})
     argv = [sys.executable, *command[1:]]
     argv[argv.index("--dir") + 1] = str(directory)
@@ -366,7 +366,7 @@ def run_certs_service(certs: dict, directory: Path) -> subprocess.CompletedProce
 def test_the_tls_variant_gives_every_service_its_own_certificate_from_a_ca_made_first(compose, tmp_path):
     services = tls_services(compose)
     certs_command = services["certs"]["command"]
-    assert certs_command[:3] == ["python", "-m", "services.certs"]
+    assert certs_command[:3] == ["python", "-m", "services.security.certs"]
     servers = certs_command[certs_command.index("--servers") + 1].split(",")
     clients = certs_command[certs_command.index("--clients") + 1].split(",")
     assert sorted(servers) == sorted(EXPECTED)  # one per txlog service, named as it advertises itself
@@ -402,7 +402,7 @@ def certificate_principal(cert: Path) -> str:
 
 
 def test_the_tls_variant_runs_the_acl_authorizer_with_the_services_and_admin_as_super_users(compose, tmp_path):
-    from services import authorizer
+    from services.security import authorizer
 
     services = tls_services(compose)
     done = run_certs_service(services["certs"], tmp_path)
@@ -425,7 +425,7 @@ def test_the_tls_variant_runs_the_acl_authorizer_with_the_services_and_admin_as_
 
 
 def test_the_tls_variant_gives_the_services_a_zookeeper_identity_made_once(compose, tmp_path):
-    from services import zk
+    from services.coordination import zk
 
     services = tls_services(compose)
     for name in EXPECTED:
@@ -448,8 +448,8 @@ def test_the_spark_job_acls_service_grants_the_job_what_the_chart_grants_it(comp
     adds the bindings the Helm chart's hook Job adds for the same job."""
     from chart_render import acl_bindings, render
 
-    from services import certs
-    from services.cluster import LocalCluster
+    from services.security import certs
+    from services.tooling.cluster import LocalCluster
     from txlog import Admin
 
     services = tls_services(compose)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import compose_smoke
 import pytest
 
-from services.chaos.checker import ANOMALIES
+from services.tooling.chaos.checker import ANOMALIES
 
 SECONDS = 45.0
 

@@ -604,7 +604,7 @@ def test_more_super_users_and_mapping_rules_reach_every_service():
         assert env["TXLOG_SUPER_USERS"] == "User:tx-services;User:ops;User:break glass"
         assert env["TXLOG_PRINCIPAL_MAPPING_RULES"] == "RULE:^CN=([^,]+),OU=txlog$/$1/L,DEFAULT"
     # the values the services parse: what the authorizer is given
-    from services import authorizer
+    from services.security import authorizer
     from txlog.net import tls
 
     assert authorizer.parse_super_users(env["TXLOG_SUPER_USERS"]) == {"User:tx-services", "User:ops", "User:break glass"}

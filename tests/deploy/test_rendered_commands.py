@@ -45,8 +45,9 @@ from chart_render import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
-from services import certs, zk
-from services.cluster import LocalCluster, free_port, health_serving
+from services.coordination import zk
+from services.security import certs
+from services.tooling.cluster import LocalCluster, free_port, health_serving
 from txlog import Admin
 
 HEALTHCHECK = REPO / "docker" / "healthcheck.py"

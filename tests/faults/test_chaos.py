@@ -11,10 +11,10 @@ delivered again seconds later, into the next transaction). The seed is fixed:
 a failure replays with
 ``txlog chaos run --minutes 2.7 --seed 20240611 --fault-interval-s 6 --keep``."""
 
-from services.chaos.checker import ANOMALIES
-from services.chaos.faults import FAULT_KINDS
-from services.chaos.history import REPLAY_KINDS
-from services.chaos.run import run
+from services.tooling.chaos.checker import ANOMALIES
+from services.tooling.chaos.faults import FAULT_KINDS
+from services.tooling.chaos.history import REPLAY_KINDS
+from services.tooling.chaos.run import run
 
 SEED = 20240611
 WORKLOAD_S = 100  # the run goes on until each of the 13 fault kinds was injected once (one every ~6 s; pauses last 8 s, replays ~3 s)

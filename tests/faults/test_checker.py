@@ -4,7 +4,7 @@ an example."""
 
 import pytest
 
-from services.chaos.checker import ANOMALIES, check, figures
+from services.tooling.chaos.checker import ANOMALIES, check, figures
 
 
 class Scenario:
@@ -419,12 +419,12 @@ def test_a_read_committed_poll_of_a_silent_commit_before_the_checker_answered_is
 def test_a_producer_worker_is_told_only_its_own_topics(tmp_path):
     """Found writing the silent owner: the shared arguments came after a worker's own, so the shared
     --topics (every topic) won and producer workers wrote into the ctp output topic too."""
-    from services.chaos import worker
-    from services.chaos.run import CTP_OUTPUT, Workers
+    from services.tooling.chaos import worker
+    from services.tooling.chaos.run import CTP_OUTPUT, Workers
 
     workers = Workers(tmp_path, "127.0.0.1:1", seed=7, cut_probability=0.0)
     command = workers.command("p0", ["producer", "--topics", "chaos-a:3,chaos-b:2"])
-    parsed = worker.parse_args(command[command.index("services.chaos.worker") + 1:])
+    parsed = worker.parse_args(command[command.index("services.tooling.chaos.worker") + 1:])
     assert parsed.kind == "producer" and parsed.topics == "chaos-a:3,chaos-b:2" and CTP_OUTPUT not in parsed.topics
     assert parsed.name == "p0" and parsed.seed == 700
 
@@ -432,8 +432,8 @@ def test_a_producer_worker_is_told_only_its_own_topics(tmp_path):
 def test_every_worker_gets_the_workloads_tls_files(tmp_path):
     """Against a cluster that requires client certificates (the chart's
     default) each worker must dial with them, or it is refused at the handshake."""
-    from services.chaos import security, worker
-    from services.chaos.run import Workers
+    from services.tooling.chaos import security, worker
+    from services.tooling.chaos.run import Workers
 
     tls = {}
     for option, file in (("tls_ca", "ca.crt"), ("tls_cert", "tls.crt"), ("tls_key", "tls.key")):
@@ -442,8 +442,8 @@ def test_every_worker_gets_the_workloads_tls_files(tmp_path):
     workers = Workers(tmp_path, "127.0.0.1:1", seed=7, cut_probability=0.0, tls=tls)
     for name, spec in (("p0", ["producer", "--topics", "chaos-a:3"]), ("rc0", ["poller", "--isolation", "read_committed"])):
         command = workers.command(name, spec)
-        parsed = worker.parse_args(command[command.index("services.chaos.worker") + 1:])
+        parsed = worker.parse_args(command[command.index("services.tooling.chaos.worker") + 1:])
         assert security.options(parsed) == tls
         assert worker.Worker(parsed).tls_files() is not None
     plain = Workers(tmp_path, "127.0.0.1:1", seed=7, cut_probability=0.0).command("p0", ["producer", "--topics", "chaos-a:3"])
-    assert security.options(worker.parse_args(plain[plain.index("services.chaos.worker") + 1:])) == {}
+    assert security.options(worker.parse_args(plain[plain.index("services.tooling.chaos.worker") + 1:])) == {}

@@ -10,9 +10,9 @@ import threading
 
 import pytest
 
-from services.chaos.faults import FAULT_KINDS, FaultEvent, Nemesis
-from services.chaos.history import REPLAY_KINDS, History, read_events
-from services.chaos.replay import (
+from services.tooling.chaos.faults import FAULT_KINDS, FaultEvent, Nemesis
+from services.tooling.chaos.history import REPLAY_KINDS, History, read_events
+from services.tooling.chaos.replay import (
     Order,
     RecordingTransport,
     Replayer,
@@ -30,7 +30,7 @@ from services.chaos.replay import (
     write_done,
     write_order,
 )
-from services.cluster import free_port
+from services.tooling.cluster import free_port
 from txlog.protocol import PRODUCER_EPOCH_MAX
 from txlog.v1 import common_pb2, coordinator_pb2, errors_pb2, partition_pb2
 

@@ -81,8 +81,8 @@ from proto_strategies import (
     weighted,
 )
 
-from services import certs
-from services.cluster import LocalCluster
+from services.security import certs
+from services.tooling.cluster import LocalCluster
 from txlog import v1 as stubs_v1
 from txlog.protocol import acls, compression, errors
 from txlog.protocol.acls import (

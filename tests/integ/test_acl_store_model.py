@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 from kazoo.client import KazooClient
 
-from services.authorizer import AclCache, AclStore
-from services.cluster import LocalCluster
+from services.security.authorizer import AclCache, AclStore
+from services.tooling.cluster import LocalCluster
 from txlog._loop import LoopThread
 from txlog.protocol.acls import ALLOW, DENY, GROUP, LITERAL, PREFIXED, TOPIC, AclBinding, AclFilter
 from txlog.two_phase import wait_until

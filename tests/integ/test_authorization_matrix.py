@@ -6,7 +6,7 @@ ACL authorizer, by three principals each:
   type's *_AUTHORIZATION_FAILED code, naming the principal;
 - one granted every resource the RPC needs, but with another operation
   (one that implies nothing the RPC needs): refused the same way;
-- one granted exactly what services/access.py says the RPC needs: not
+- one granted exactly what services/security/access.py says the RPC needs: not
   refused for authorization (it may still fail for protocol reasons: a
   producer id that does not exist, say).
 
@@ -23,8 +23,8 @@ import grpc
 import pytest
 from google.protobuf.message import Message
 
-from services import access, certs
-from services.cluster import LocalCluster
+from services.security import access, certs
+from services.tooling.cluster import LocalCluster
 from txlog import Admin, Producer, TopicPartition
 from txlog.protocol import errors
 from txlog.protocol.acls import ALLOW, CLUSTER, CLUSTER_NAME, LITERAL, AclBinding, AclFilter

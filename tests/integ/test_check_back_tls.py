@@ -23,8 +23,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from services import certs
-from services.cluster import LocalCluster
+from services.security import certs
+from services.tooling.cluster import LocalCluster
 from txlog import Admin, Consumer, Producer, TopicPartition, TransactionChecker
 from txlog.errors import ClientError
 from txlog.protocol.acls import ALLOW, LITERAL, TRANSACTIONAL_ID, AclBinding

@@ -10,7 +10,7 @@ import asyncio
 
 import pytest
 
-from services.cluster import LocalCluster
+from services.tooling.cluster import LocalCluster
 from txlog import (
     Admin,
     AIOConsumer,

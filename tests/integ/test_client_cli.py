@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from services.cluster import LocalCluster
+from services.tooling.cluster import LocalCluster
 from txlog import Admin, Consumer, Producer, TopicPartition
 from txlog.errors import ClientError
 from txlog.two_phase import wait_until

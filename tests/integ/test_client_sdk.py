@@ -10,7 +10,7 @@ from collections import defaultdict
 
 import pytest
 
-from services.cluster import LocalCluster
+from services.tooling.cluster import LocalCluster
 from txlog import Admin, Consumer, FaultInjection, Producer
 from txlog.protocol.hashing import partition_for_key
 from txlog.serde import RecordDeserializationError

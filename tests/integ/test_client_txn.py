@@ -10,7 +10,7 @@ import time
 import pytest
 from support.waiting import wait_until
 
-from services.cluster import LocalCluster
+from services.tooling.cluster import LocalCluster
 from txlog import (
     Admin,
     Consumer,

@@ -5,7 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from services.cluster import health_serving, pid_alive, zookeeper_serving
+from services.tooling.cluster import health_serving, pid_alive, zookeeper_serving
 
 
 def txlog(*args, check=True):

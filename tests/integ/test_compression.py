@@ -21,7 +21,7 @@ import time
 
 import pytest
 
-from services.cluster import LocalCluster
+from services.tooling.cluster import LocalCluster
 from tests.integ.raw import Raw
 from tests.integ.test_replication import FAST, create, fully_replicated, name_of, partition_meta, wait_for
 from txlog import Admin, AIOProducer, Consumer, Producer

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from services.cluster import LocalCluster
+from services.tooling.cluster import LocalCluster
 from txlog import Admin, Consumer, OffsetAndMetadata, Producer, TopicPartition
 from txlog.cli import commands as console
 from txlog.cli import program as cli

@@ -26,7 +26,7 @@ from partition_svc import controller as controller_mod
 from partition_svc.controller import Controller
 from partition_svc.election import LeaderAndIsr
 from partition_svc.topics import TopicInfo, TopicRegistry
-from services.cluster import LocalCluster
+from services.tooling.cluster import LocalCluster
 from txlog.two_phase import wait_until
 
 PARTITIONS = 2 * controller_mod.STATE_WRITES_PER_TRANSACTION + 50  # three chunks, the last one short

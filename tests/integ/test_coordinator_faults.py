@@ -24,8 +24,8 @@ from support.waiting import wait_until
 from txn_raw import TxnProducer
 
 from coordinator_svc.transaction_state import TransactionState
-from services import coordinators, zk
-from services.cluster import LocalCluster, health_serving
+from services.coordination import coordinators, zk
+from services.tooling.cluster import LocalCluster, health_serving
 from txlog.protocol import TRANSACTION_STATE_TOPIC, errors
 from txlog.protocol.hashing import partition_for_id
 from txlog.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc, partition_pb2

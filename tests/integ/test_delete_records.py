@@ -18,7 +18,7 @@ import sys
 
 import pytest
 
-from services.cluster import LocalCluster
+from services.tooling.cluster import LocalCluster
 from tests.integ.raw import Raw, plain_batch
 from tests.integ.test_replication import FAST, wait_for
 from txlog import Admin, TopicPartition

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from kazoo.client import KazooState
 
-from services import zk
-from services.cluster import LocalCluster, zookeeper_counters
+from services.coordination import zk
+from services.tooling.cluster import LocalCluster, zookeeper_counters
 from txlog.two_phase import wait_until
 
 ROOT = "/live-instances"

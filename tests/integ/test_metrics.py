@@ -15,7 +15,7 @@ import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from services.cluster import LocalCluster
+from services.tooling.cluster import LocalCluster
 from txlog import Admin, Consumer, Producer, TopicPartition
 from txlog.errors import ClientError
 from txlog.two_phase import wait_until

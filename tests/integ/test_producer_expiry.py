@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from raw import Raw, batch
 
-from services.cluster import LocalCluster
+from services.tooling.cluster import LocalCluster
 from txlog import Producer
 from txlog.protocol import TRANSACTION_STATE_TOPIC
 from txlog.protocol.errors import ErrorCode

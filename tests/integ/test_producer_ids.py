@@ -13,8 +13,8 @@ from kazoo.exceptions import NoNodeError
 from support.waiting import wait_until
 
 from producer_id_svc.core import PRODUCER_ID_MAX, ProducerIdBlock
-from services import zk
-from services.cluster import health_serving
+from services.coordination import zk
+from services.tooling.cluster import health_serving
 from txlog.v1 import producer_id_pb2, producer_id_pb2_grpc
 
 WORKER = str(Path(__file__).with_name("allocate_worker.py"))

@@ -16,7 +16,7 @@ from support.waiting import wait_until
 from txn_raw import TxnProducer, retrying
 
 from coordinator_svc.transaction_state import TransactionState
-from services import coordinators
+from services.coordination import coordinators
 from txlog.protocol import errors
 from txlog.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc, partition_pb2
 
@@ -298,7 +298,7 @@ def id_on_odd_partition(prefix, partitions=8):
 
 
 def read_owner_node(cluster, transactional_id, partitions=8):
-    from services import zk
+    from services.coordination import zk
 
     client = zk.connect(cluster.state.zookeeper)
     try:
@@ -337,7 +337,7 @@ def test_a_coordinator_whose_partition_moved_answers_not_coordinator_not_a_fatal
 
 
 def test_the_transaction_log_stays_writable_after_32767_changes_of_owner(cluster):
-    from services import zk
+    from services.coordination import zk
 
     client = zk.connect(cluster.state.zookeeper)
     try:  # as if ownership had moved 32766 times already (on every coordinator join or leave)

@@ -20,7 +20,7 @@ import grpc
 import pytest
 from kazoo.client import KazooClient
 
-from services.cluster import LocalCluster, registration_session, zookeeper_session_requests
+from services.tooling.cluster import LocalCluster, registration_session, zookeeper_session_requests
 from txlog.two_phase import wait_until
 from txlog.v1 import partition_pb2, partition_pb2_grpc
 

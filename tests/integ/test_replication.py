@@ -18,7 +18,7 @@ import grpc
 import pytest
 from kazoo.client import KazooClient
 
-from services.cluster import LocalCluster
+from services.tooling.cluster import LocalCluster
 from tests.integ.raw import Raw
 from txlog import Admin, Consumer, LogTruncationError, Producer, TopicPartition
 from txlog.cli import commands as console

@@ -11,9 +11,10 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoRe
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from producer_id_svc import server as producer_id_server
-from services import config, zk
-from services.cluster import health_serving, pid_alive
-from services.server import SERVER_SETTINGS, ServiceRuntime, rpc_handler
+from services.coordination import zk
+from services.runtime import config
+from services.runtime.server import SERVER_SETTINGS, ServiceRuntime, rpc_handler
+from services.tooling.cluster import health_serving, pid_alive
 from txlog.net import telemetry
 from txlog.net.channels import open_channel
 from txlog.two_phase import wait_until

@@ -22,8 +22,8 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError
 from kazoo.security import Permissions
 
-from services import certs
-from services.cluster import SERVICE_PRINCIPAL_NAME, LocalCluster, free_port
+from services.security import certs
+from services.tooling.cluster import SERVICE_PRINCIPAL_NAME, LocalCluster, free_port
 from txlog import Admin, Consumer, Producer, TopicPartition
 from txlog.cli import program as cli
 from txlog.errors import ClientError

@@ -15,8 +15,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from services import certs, tokens
-from services.cluster import LocalCluster
+from services.security import certs, tokens
+from services.tooling.cluster import LocalCluster
 from txlog import Admin, Consumer, Producer, TopicPartition
 from txlog.cli import program as cli
 from txlog.errors import ClientError

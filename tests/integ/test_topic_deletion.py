@@ -21,7 +21,7 @@ import pytest
 from kazoo.client import KazooClient
 from rocksdict import AccessType, Options, Rdict
 
-from services.cluster import LocalCluster
+from services.tooling.cluster import LocalCluster
 from tests.integ import test_replication
 from tests.integ.raw import Raw
 from tests.integ.test_metrics import scrape

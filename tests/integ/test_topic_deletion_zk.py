@@ -11,7 +11,7 @@ import pytest
 from kazoo.client import KazooClient
 
 from partition_svc.topics import TopicInfo, TopicRegistry
-from services.cluster import LocalCluster
+from services.tooling.cluster import LocalCluster
 from txlog.protocol.errors import ErrorCode, TxlogError
 
 ROOT = "/topic-deletion"

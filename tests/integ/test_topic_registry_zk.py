@@ -9,7 +9,7 @@ import pytest
 from kazoo.client import KazooClient
 
 from partition_svc.topics import TopicRegistry
-from services.cluster import LocalCluster, zookeeper_counters
+from services.tooling.cluster import LocalCluster, zookeeper_counters
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +60,7 @@ def test_a_reassignment_requested_while_the_previous_one_completes_is_recorded(z
 
 
 def test_an_unknown_topic_is_asked_of_zookeeper_once_until_it_is_created(zookeeper):
-    from services import zk
+    from services.coordination import zk
     from txlog.two_phase import wait_until
 
     root = "/topic-registry-absent"
@@ -88,7 +88,7 @@ def test_an_unknown_topic_is_asked_of_zookeeper_once_until_it_is_created(zookeep
 
 def test_the_names_remembered_absent_are_bounded_oldest_first(zookeeper, monkeypatch):
     from partition_svc import topics
-    from services import zk
+    from services.coordination import zk
 
     monkeypatch.setattr(topics, "ABSENT_NAMES_MAX", 3)
     client = zk.connect(zookeeper)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from services.cluster import LocalCluster
+from services.tooling.cluster import LocalCluster
 from txlog import Admin, Producer
 from txlog.net import telemetry
 from txlog.two_phase import wait_until

@@ -249,7 +249,7 @@ def test_a_hanging_transaction_the_coordinator_forgot_is_found_and_aborted(raw, 
 
 @pytest.fixture
 def expiring_cluster(tmp_path):
-    from services.cluster import LocalCluster
+    from services.tooling.cluster import LocalCluster
 
     local = LocalCluster(tmp_path / "cluster")
     local.up(coordinator_svcs=1, service_args={"coordinator_svc": [

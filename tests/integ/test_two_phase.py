@@ -22,7 +22,7 @@ from support.waiting import wait_until
 
 from coordinator_svc.transaction_state import GroupDecision, Handle
 from coordinator_svc.txn_log import DECISION_KEY_PREFIX
-from services import coordinators
+from services.coordination import coordinators
 from txlog import Admin, Producer
 from txlog.protocol import TRANSACTION_STATE_TOPIC, errors
 from txlog.protocol.hashing import partition_for_id

@@ -10,7 +10,7 @@ import pytest
 from kazoo.client import KazooState
 from support.waiting import wait_until
 
-from services import zk
+from services.coordination import zk
 from txlog.protocol.errors import ErrorCode, TxlogError
 
 

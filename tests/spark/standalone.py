@@ -23,7 +23,7 @@ from pathlib import Path
 import pyspark
 from support.waiting import wait_until
 
-from services.cluster import free_port
+from services.tooling.cluster import free_port
 
 SPARK_HOME = Path(pyspark.__file__).parent
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"

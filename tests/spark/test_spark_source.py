@@ -18,7 +18,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import IntegerType
 from spark_env import worker_pythonpath
 
-from services.cluster import LocalCluster
+from services.tooling.cluster import LocalCluster
 from txlog import Admin, Producer
 from txlog.two_phase import wait_until
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from outputs import committed_offsets, counts, end_offsets, expected_views, read_all, views_of
 
-from services import certs
-from services.cluster import LocalCluster
+from services.security import certs
+from services.tooling.cluster import LocalCluster
 from spark_jobs import eos, options, sample_events, windowed_counts
 from txlog import Admin
 from txlog.protocol.acls import ALLOW, GROUP, LITERAL, PREFIXED, TOPIC, TRANSACTIONAL_ID, AclBinding

@@ -24,8 +24,8 @@ from spark_env import worker_pythonpath
 from spark_transforms import with_faults
 from support.waiting import wait_until
 
-from services import coordinators
-from services.cluster import LocalCluster
+from services.coordination import coordinators
+from services.tooling.cluster import LocalCluster
 from spark_jobs import eos
 from spark_jobs.writing import abort_earlier_runs
 from txlog import Admin, Consumer, Producer

@@ -1,5 +1,5 @@
 """The ACL decision (txlog/protocol/acls.py) and the per-RPC table
-(services/access.py), pure: examples of Kafka's rules, the wire form, and
+(services/security/access.py), pure: examples of Kafka's rules, the wire form, and
 hypothesis against a reference written from Kafka's documentation."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services import access
-from services.authorizer import parse_super_users, peer_host
+from services.security import access
+from services.security.authorizer import parse_super_users, peer_host
 from txlog.net.tls import TlsConfigError
 from txlog.protocol import acls
 from txlog.protocol.acls import (

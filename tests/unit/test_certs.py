@@ -1,4 +1,4 @@
-"""services/certs.py: the throwaway CA's files land whole in the folder they
+"""services/security/certs.py: the throwaway CA's files land whole in the folder they
 are asked for, whatever filesystem that folder is on."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import errno
 import os
 from pathlib import Path
 
-from services import certs
+from services.security import certs
 
 
 def test_files_are_moved_into_place_within_their_folder_never_across_filesystems(tmp_path, monkeypatch):

@@ -360,9 +360,8 @@ def test_unregister_removes_at_once_and_says_whether_there_was_anything():
     assert checkers.count() == 0 and checkers.leases("shop", 0.0) == []
 
 
-def test_the_live_checkers_come_in_a_random_order_every_one_each_time(monkeypatch):
-    monkeypatch.setattr(rules, "random", random.Random(19))  # seeded: the test replays
-    checkers = CheckerRegistrations()
+def test_the_live_checkers_come_in_a_random_order_every_one_each_time():
+    checkers = CheckerRegistrations(shuffle=random.Random(19).shuffle)  # seeded: the test replays
     addresses = [f"10.0.0.{i}:5" for i in range(1, 6)]
     for address in addresses:
         checkers.register("shop", address, 30_000, 0.0)
@@ -417,3 +416,11 @@ def test_a_refusal_names_a_few_keys_shortened_however_many_and_long_the_request_
     with pytest.raises(TxlogError) as refused:
         rules.altered(rules.DEFAULT_CONFIG, {rules.CHECK_MAX: "9" * 10_000}, [])
     assert len(refused.value.message) < 2_000
+
+
+def test_the_order_of_a_groups_checkers_is_the_injected_shuffles():
+    checkers = CheckerRegistrations(shuffle=lambda addresses: addresses.reverse())
+    for address in ("a:1", "b:1", "c:1"):
+        checkers.register("g", address, 60_000, now_s=0.0)
+    assert checkers.live("g", now_s=1.0) == ["c:1", "b:1", "a:1"]
+    assert CheckerRegistrations().live("g", now_s=1.0) == []

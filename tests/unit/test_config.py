@@ -1,6 +1,6 @@
 import pytest
 
-from services.config import COMMON_SETTINGS, Setting, load, markdown_table, positive_int
+from services.runtime.config import COMMON_SETTINGS, Setting, load, markdown_table, positive_int
 
 SETTINGS = (*COMMON_SETTINGS, Setting("listen", "0.0.0.0:7100", "bind"), Setting("batch_max", 10, "limit", positive_int))
 

@@ -30,7 +30,7 @@ from coordinator_svc.state_manager import (
     TransactionStateManager,
 )
 from coordinator_svc.transaction_state import TransactionMetadata, TransactionState
-from services import coordinators
+from services.coordination import coordinators
 
 S = TransactionState
 OWNER = coordinators.PartitionOwner(1, 5, 900)

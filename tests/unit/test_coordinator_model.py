@@ -60,8 +60,9 @@ from coordinator_svc import check_rules
 from coordinator_svc.check_back import ANSWER_PROTOS
 from coordinator_svc.check_rules import CheckAnswer
 from coordinator_svc.coordinator import TransactionCoordinator
+from coordinator_svc.coordinator_config import CoordinatorConfig
 from coordinator_svc.markers import MarkerSet
-from coordinator_svc.state_manager import CoordinatorConfig, LoadedPartition, idle_since_ms, timeout_due_ms
+from coordinator_svc.state_manager import LoadedPartition, idle_since_ms, timeout_due_ms
 from coordinator_svc.transaction_state import (
     VALID_PREVIOUS_STATES,
     GroupDecision,
@@ -71,7 +72,7 @@ from coordinator_svc.transaction_state import (
     TransactionState,
 )
 from coordinator_svc.txn_log import DECISION_KEY_PREFIX, FENCE_KEY, GROUP_CONFIG_KEY_PREFIX, decision_key
-from services.coordinators import PartitionOwner
+from services.coordination.coordinators import PartitionOwner
 from txlog.protocol import CONSUMER_OFFSETS_TOPIC, OPEN_TRANSACTION_STATES
 from txlog.protocol.errors import ErrorCode, TxlogError
 from txlog.protocol.hashing import partition_for_id

@@ -1,4 +1,4 @@
-"""services.malloc: what the setting promises, checked in a child process (the
+"""services.runtime.malloc: what the setting promises, checked in a child process (the
 setting is process-wide, so the test's own process is left alone).
 
 glibc's own state says where a buffer came from: ``mallinfo2()`` counts the
@@ -17,13 +17,13 @@ import sys
 
 import pytest
 
-from services import malloc
+from services.runtime import malloc
 
 MiB = 1 << 20
 
 CHILD = """
 import ctypes, ctypes.util, json, resource, sys
-from services import malloc
+from services.runtime import malloc
 
 class MallInfo2(ctypes.Structure):
     _fields_ = [(name, ctypes.c_size_t) for name in

@@ -41,7 +41,7 @@ def import_without(blocked: list[str], modules: list[str]) -> subprocess.Complet
 @pytest.mark.parametrize("blocked, modules", [
     (SPARK + SERVICE + DEV, ["txlog", "txlog.cli"]),  # the base install
     (SPARK + DEV, ["partition_svc.server", "coordinator_svc.server", "producer_id_svc.server",
-                   "services.cluster", "services.chaos.run"]),  # txlog[service]
+                   "services.tooling.cluster", "services.tooling.chaos.run"]),  # txlog[service]
     (DEV, ["spark_jobs.eos", "spark_jobs.windowed_counts"]),  # txlog[service,spark]
 ])
 def test_each_install_imports_without_the_extras_it_does_not_name(blocked, modules):

@@ -1,10 +1,10 @@
-"""The producer fields a request names (services.producer_ids): proto3
+"""The producer fields a request names (services.coordination.producer_ids): proto3
 optional so that absence shows; absent or contradictory is INVALID_REQUEST,
 never producer 0 at epoch 0."""
 
 import pytest
 
-from services.producer_ids import named_producer, previous_producer
+from services.coordination.producer_ids import named_producer, previous_producer
 from txlog.protocol import PRODUCER_EPOCH_MAX
 from txlog.protocol.errors import TxlogError
 from txlog.v1 import coordinator_pb2, partition_pb2

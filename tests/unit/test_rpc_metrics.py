@@ -1,4 +1,4 @@
-"""Per-call metrics (services/metrics.py) read from the real Prometheus
+"""Per-call metrics (services/runtime/metrics.py) read from the real Prometheus
 registry they are exported to: the status a call is recorded with."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import grpc
 import pytest
 from prometheus_client import generate_latest
 
-from services.metrics import ServiceMetrics
+from services.runtime.metrics import ServiceMetrics
 
 
 class Context:

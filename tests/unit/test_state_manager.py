@@ -7,9 +7,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from coordinator_svc.state_manager import CoordinatorConfig, LoadedPartition, TransactionStateManager
+from coordinator_svc.coordinator_config import CoordinatorConfig
+from coordinator_svc.state_manager import LoadedPartition, TransactionStateManager
 from coordinator_svc.transaction_state import TransactionMetadata
-from services import coordinators
+from services.coordination import coordinators
 from txlog.protocol import TransactionState as S
 from txlog.protocol.errors import TxlogError
 

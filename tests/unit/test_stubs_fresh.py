@@ -1,8 +1,8 @@
-"""The committed stubs are exactly what `python -m services.protogen` makes of protos/."""
+"""The committed stubs are exactly what `python -m services.tooling.protogen` makes of protos/."""
 
 from pathlib import Path
 
-from services import protogen
+from services.tooling import protogen
 
 
 def test_committed_stubs_match_the_protos(tmp_path):
@@ -13,7 +13,7 @@ def test_committed_stubs_match_the_protos(tmp_path):
         if p.is_file() and "__pycache__" not in p.parts
     }
     stale = sorted(str(path) for path in generated.keys() | committed.keys() if generated.get(path) != committed.get(path))
-    assert not stale, f"stubs are stale, run `make protos` (python -m services.protogen): {stale}"
+    assert not stale, f"stubs are stale, run `make protos` (python -m services.tooling.protogen): {stale}"
 
 
 def test_every_proto_file_has_stubs():

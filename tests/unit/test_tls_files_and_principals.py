@@ -1,5 +1,5 @@
 """TLS settings, principal mapping rules and the local CA (txlog/net/tls.py,
-services/certs.py; issue 15)."""
+services/security/certs.py; issue 15)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from services import certs
+from services.security import certs
 from txlog.net.channels import ChannelCache
 from txlog.net.tls import TlsConfigError, TlsFiles, parse_mapping_rules, principal_of_subject
 

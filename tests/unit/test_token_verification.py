@@ -1,5 +1,5 @@
-"""Bearer-token verification (services/tokens.py) against tokens openssl
-signed (services/certs.py): each check refuses what it should and names
+"""Bearer-token verification (services/security/tokens.py) against tokens openssl
+signed (services/security/certs.py): each check refuses what it should and names
 itself."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from services import certs, tokens
-from services.tokens import Expectations, TokenError, TokenVerifier
+from services.security import certs, tokens
+from services.security.tokens import Expectations, TokenError, TokenVerifier
 
 
 @pytest.fixture(scope="module")

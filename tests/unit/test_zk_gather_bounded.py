@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from services import zk
+from services.coordination import zk
 
 
 class Reader:

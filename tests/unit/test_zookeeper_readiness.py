@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from services.cluster import ClusterError, zookeeper_serving, zookeeper_session
+from services.tooling.cluster import ClusterError, zookeeper_serving, zookeeper_session
 
 NOT_SERVING = "This ZooKeeper instance is not currently serving requests\n"
 SERVING = ("Zookeeper version: 3.8.0, built on 2023-01-01 00:00 UTC\nLatency min/avg/max: 0/0.0/0\nReceived: 3\n"

@@ -105,7 +105,7 @@ def _service_module(name: str):
 
 
 def _local_cluster(directory):
-    return _service_module("cluster").LocalCluster(directory)
+    return _service_module("tooling.cluster").LocalCluster(directory)
 
 
 def _cluster(args) -> int:
@@ -146,10 +146,10 @@ def _tls(args) -> int:
     if args.action == "token":
         if not cluster.state.tls.get("jwks"):
             raise LocalSetupError(f"the cluster in {cluster.dir} does not take tokens; start it with `txlog cluster up --tls --tokens`")
-        token = _service_module("certs").issue_token(Path(cluster.state.tls["dir"]), args.name, lifetime_s=args.lifetime_s)
+        token = _service_module("security.certs").issue_token(Path(cluster.state.tls["dir"]), args.name, lifetime_s=args.lifetime_s)
         print(json.dumps({"principal": f"User:{args.name}", "tls_ca": cluster.state.tls["ca"], "token_file": str(token)}))
         return 0
-    cert, key = _service_module("certs").issue(Path(cluster.state.tls["dir"]), args.name)
+    cert, key = _service_module("security.certs").issue(Path(cluster.state.tls["dir"]), args.name)
     print(json.dumps({"principal": f"User:{args.name}", "tls_ca": cluster.state.tls["ca"], "tls_cert": str(cert), "tls_key": str(key)}))
     return 0
 
@@ -185,7 +185,7 @@ def _producer_ids(args) -> int:
 
 
 def _chaos(args) -> int:
-    run = _service_module("chaos.run")  # the chaos tool ships with the service install
+    run = _service_module("tooling.chaos.run")  # the chaos tool ships with the service install
 
     kinds = tuple(k for k in args.faults.split(",") if k) if args.faults else run.FAULT_KINDS
     unknown = sorted(set(kinds) - set(run.FAULT_KINDS))
@@ -791,7 +791,7 @@ def parser() -> argparse.ArgumentParser:
                            help="keep the folder after a clean run (it is always kept when an anomaly is found)")
     chaos_run.add_argument("--fault-interval-s", type=float, default=10.0, help="mean seconds between faults")
     chaos_run.add_argument("--faults", help="comma-separated fault kinds to inject (default: every kind; "
-                                            "see services/chaos/faults.py)")
+                                            "see services/tooling/chaos/faults.py)")
     chaos_run.add_argument("--silent-owners", type=int,
                            help="workers whose transactions only the check-back decides (default 1; 0: none)")
     chaos.set_defaults(run=_chaos)

@@ -1,5 +1,5 @@
 """The address a server registers for others to dial: a service instance in
-ZooKeeper (services/server.py), an application's transaction checker at its
+ZooKeeper (services/runtime/server.py), an application's transaction checker at its
 coordinator (txlog/checker.py)."""
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ class TlsConfigError(ConfigError):
 class TlsFiles:
     """PEM file paths: the CA bundle that verifies peers, and this side's
     certificate chain and key (a client may go without, if the server does
-    not require one); and a client's bearer token file (services/tokens.py),
+    not require one); and a client's bearer token file (services/security/tokens.py),
     sent with every call, re-read when it changes, only over TLS."""
 
     ca: str = ""

@@ -1,6 +1,6 @@
 """Access control lists, Kafka's model: what one binding grants or refuses,
 and the decision for one (principal, host, resource, operation); pure, no I/O
-(issue 15; services/authorizer.py stores them in ZooKeeper and checks calls).
+(issue 15; services/security/authorizer.py stores them in ZooKeeper and checks calls).
 
 A binding names a resource pattern (a type, a name, and whether the name is
 LITERAL or a PREFIXED one), a principal (``User:NAME``, or ``User:*`` for

@@ -5,6 +5,7 @@ whole-string match (``fullmatch``): ``$`` would let a trailing newline in."""
 from __future__ import annotations
 
 import re
+from typing import NamedTuple
 
 from txlog.protocol.errors import ErrorCode, TxlogError
 
@@ -78,3 +79,23 @@ def check_transaction_group(group_id: str) -> str:
                          f"{TRANSACTIONAL_ID_CHARS_MAX} characters of [a-zA-Z0-9._:-] (the part of a transactional "
                          "id before its first '/')")
     return group_id
+
+
+class TopicPartition(NamedTuple):
+    """One partition of one topic; a plain ``(topic, partition)`` tuple works too."""
+
+    topic: str
+    partition: int
+
+    def __str__(self) -> str:  # in messages, as Kafka writes it: orders-3
+        return f"{self.topic}-{self.partition}"
+
+
+def as_tp(value) -> TopicPartition:
+    """A TopicPartition from a TopicPartition or a ``(topic, partition)`` pair."""
+    if isinstance(value, TopicPartition):
+        return value
+    topic, partition = value
+    if not isinstance(topic, str) or not isinstance(partition, int) or isinstance(partition, bool):
+        raise TypeError(f"a topic partition is (topic: str, partition: int), not {value!r}")
+    return TopicPartition(topic, partition)

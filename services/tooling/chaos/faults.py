@@ -53,8 +53,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from services.chaos.replay import REPLAY_KINDS, Order, wait_done, write_order
-from services.cluster import LocalCluster, pid_alive
+from services.tooling.chaos.replay import REPLAY_KINDS, Order, wait_done, write_order
+from services.tooling.cluster import LocalCluster, pid_alive
 from txlog import Admin
 
 REPLICA_KINDS = ("kill_partition", "kill_leader", "wipe_replica", "pause_leader")

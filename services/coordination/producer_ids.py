@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import asyncio
 
-from services.rpc import PeerClient, answer_of
-from services.server import rpc_handler
+from services.coordination.rpc import PeerClient, answer_of
+from services.runtime.server import rpc_handler
 from txlog.protocol import PRODUCER_EPOCH_MAX
 from txlog.protocol.errors import ErrorCode, TxlogError
 from txlog.v1 import coordinator_pb2, coordinator_pb2_grpc, producer_id_pb2

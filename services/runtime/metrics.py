@@ -25,7 +25,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 
-from services import config as config_mod
+from services.runtime import config as config_mod
 from txlog.net.telemetry import otlp_options
 from txlog.protocol.errors import call_error, spec_of
 

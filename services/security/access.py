@@ -34,7 +34,7 @@ Need = tuple[str, str, str]  # (resource type, name, operation)
 
 
 class Permissions(Protocol):
-    """What one caller may do (services/authorizer.py answers it)."""
+    """What one caller may do (services/security/authorizer.py answers it)."""
 
     principal: str
 

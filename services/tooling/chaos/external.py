@@ -3,10 +3,10 @@ read and checker of ``run.py``, with the faults left to whoever runs the
 cluster (tests/deploy's container harness kills, pauses and replaces the
 containers of a compose stack or a rendered chart meanwhile).
 
-    python -m services.chaos.external start --bootstrap B --dir D [--seed N] [TLS]
+    python -m services.tooling.chaos.external start --bootstrap B --dir D [--seed N] [TLS]
         topics, then the workers, until the file D/stop appears; then the
         workers are stopped (D/stuck.json names any that had to be killed)
-    python -m services.chaos.external check --bootstrap B --dir D [TLS]
+    python -m services.tooling.chaos.external check --bootstrap B --dir D [TLS]
         a wait past the transaction timeout, the final read, the checker:
         prints one JSON object (every anomaly count, "anomalies" their sum,
         the workload's figures) and writes it with examples to D/result.json
@@ -27,9 +27,9 @@ import sys
 import time
 from pathlib import Path
 
-from services.chaos import checker, security
-from services.chaos.history import read_events
-from services.chaos.run import TOPICS, TXN_TIMEOUT_MS, Workers, final_state, log, stop_workers
+from services.tooling.chaos import checker, security
+from services.tooling.chaos.history import read_events
+from services.tooling.chaos.run import TOPICS, TXN_TIMEOUT_MS, Workers, final_state, log, stop_workers
 from txlog import Admin
 
 POLL_S = 0.5
@@ -72,7 +72,7 @@ def check(bootstrap: str, directory: Path, tls: dict[str, str]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m services.chaos.external", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m services.tooling.chaos.external", description=__doc__.splitlines()[0])
     parser.add_argument("step", choices=("start", "check"))
     parser.add_argument("--bootstrap", required=True)
     parser.add_argument("--dir", required=True, type=Path, help="the run's folder, shared with the fault injector")

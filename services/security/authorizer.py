@@ -2,7 +2,7 @@
 
 Identity: the principal of a call is taken from its bearer token
 (``authorization: Bearer <JWT>``, verified against ``--jwt-jwks-file``:
-services/tokens.py), else from the client certificate TLS verified (its
+services/security/tokens.py), else from the client certificate TLS verified (its
 subject through the principal mapping rules, txlog/net/tls.py); a server
 that takes tokens refuses a call with neither (AUTHENTICATION_FAILED,
 gRPC UNAUTHENTICATED), and one that authenticates nobody (plaintext, or TLS
@@ -19,7 +19,7 @@ its own writes), so a grant or a revocation reaches every instance within
 moments, as Kafka's ZooKeeper-mode authorizer did.
 
 With ``--authorizer acl`` every RPC of txlog's services is checked before
-its handler runs, against services/access.py's table: a super user
+its handler runs, against services/security/access.py's table: a super user
 (``--super-users``; the services' own principals must be among them, since
 they call one another) may do anything; anyone else needs an ACL that allows
 and none that denies. A refusal is logged (principal, host, resource,
@@ -42,8 +42,9 @@ import grpc
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, NotEmptyError
 
-from services import access, tokens, zk
-from services.logs import fields
+from services.coordination import zk
+from services.runtime.logs import fields
+from services.security import access, tokens
 from txlog.net import tls
 from txlog.protocol import acls, errors
 from txlog.protocol.acls import AclBinding, AclFilter

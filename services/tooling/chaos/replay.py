@@ -53,7 +53,7 @@ from pathlib import Path
 
 import grpc
 
-from services.chaos.history import REPLAY_KINDS
+from services.tooling.chaos.history import REPLAY_KINDS
 from txlog.protocol import PRODUCER_EPOCH_MAX
 from txlog.protocol.errors import ErrorCode, from_rpc_error
 from txlog.transport import Transport

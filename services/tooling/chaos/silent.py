@@ -31,7 +31,7 @@ import threading
 import time
 from pathlib import Path
 
-from services.chaos.history import History, JsonLinesFile
+from services.tooling.chaos.history import History, JsonLinesFile
 
 GROUP = "chaos-silent"
 DECISIONS_DIR = "decisions"

@@ -8,7 +8,7 @@ each name, ``NAME.pem`` and ``NAME-key.pem`` with subject ``CN=NAME`` (the
 default principal mapping makes it ``User:NAME``). Keys are EC P-256,
 readable by their owner only.
 
-Bearer tokens (services/tokens.py) for clusters that authenticate callers by
+Bearer tokens (services/security/tokens.py) for clusters that authenticate callers by
 token rather than certificate: ``token-signing-key.pem`` (RSA 2048) and its
 public half as ``jwks.json``, the file servers verify with; ``NAME.token``
 is a JWT for ``User:NAME`` signed with it (RS256, issuer ``txlog-local``).
@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from services.tokens import b64url_encode
+from services.security.tokens import b64url_encode
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 VALID_DAYS = 365
@@ -141,11 +141,11 @@ def issue_token(directory: Path, name: str, *, lifetime_s: int = VALID_DAYS * 86
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m services.certs --dir D --servers a,b --clients c,d``: a CA
+    """``python -m services.security.certs --dir D --servers a,b --clients c,d``: a CA
     in D (kept if there) and a certificate per name; a server's names its own
     host name (what it is reached by), localhost and 127.0.0.1. What the
     compose file's TLS variant runs once before the services start."""
-    parser = argparse.ArgumentParser(prog="python -m services.certs", description=main.__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m services.security.certs", description=main.__doc__.splitlines()[0])
     parser.add_argument("--dir", required=True, help="folder of the CA and the certificates")
     parser.add_argument("--servers", default="", help="comma-separated host names: a server and client certificate each")
     parser.add_argument("--clients", default="", help="comma-separated principal names: a client certificate each")

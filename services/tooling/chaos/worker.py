@@ -1,10 +1,10 @@
 """The chaos workload's processes, each recording its history (``history.py``):
 
-    python -m services.chaos.worker producer --name p0 ...   transactions of random records, committed or aborted
-    python -m services.chaos.worker ctp --name ctp0 ...      a subscribing consume-transform-produce member, offsets in its transactions
-    python -m services.chaos.worker poller --name rc0 --isolation read_committed ...
-    python -m services.chaos.worker silent --name s0 ...     transactions prepared, then left to the check-back
-    python -m services.chaos.worker checker --name chk0 ...  the silent owners' TransactionChecker (silent.py)
+    python -m services.tooling.chaos.worker producer --name p0 ...   transactions of random records, committed or aborted
+    python -m services.tooling.chaos.worker ctp --name ctp0 ...      a subscribing consume-transform-produce member, offsets in its transactions
+    python -m services.tooling.chaos.worker poller --name rc0 --isolation read_committed ...
+    python -m services.tooling.chaos.worker silent --name s0 ...     transactions prepared, then left to the check-back
+    python -m services.tooling.chaos.worker checker --name chk0 ...  the silent owners' TransactionChecker (silent.py)
 
 Each runs until ``--stop-file`` exists, but the checker: it answers until
 ``DIR/stop-checker`` exists (CHECKER_STOP_FILE), so that the run can wait for
@@ -48,9 +48,9 @@ import sys
 import time
 from pathlib import Path
 
-from services.chaos import security, silent
-from services.chaos.history import History, decode_uid, encode_value, tp_key
-from services.chaos.replay import RecordingTransport, Replayer
+from services.tooling.chaos import security, silent
+from services.tooling.chaos.history import History, decode_uid, encode_value, tp_key
+from services.tooling.chaos.replay import RecordingTransport, Replayer
 from txlog import Consumer, FaultInjection, Producer, TransactionChecker
 from txlog.net.tls import TlsFiles
 from txlog.structs import TopicPartition
@@ -398,7 +398,7 @@ def run_poller(worker: Worker) -> None:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m services.chaos.worker")
+    parser = argparse.ArgumentParser(prog="python -m services.tooling.chaos.worker")
     parser.add_argument("kind", choices=("producer", "ctp", "poller", "silent", "checker"))
     parser.add_argument("--name", required=True)
     parser.add_argument("--bootstrap", required=True)

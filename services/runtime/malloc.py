@@ -16,7 +16,7 @@ import ctypes
 import ctypes.util
 import logging
 
-from services.logs import fields
+from services.runtime.logs import fields
 
 log = logging.getLogger(__name__)
 

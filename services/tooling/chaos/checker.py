@@ -69,7 +69,7 @@ import bisect
 import itertools
 from collections import defaultdict
 
-from services.chaos.history import REPLAY_KINDS
+from services.tooling.chaos.history import REPLAY_KINDS
 
 ANOMALIES = ("aborted_reads", "lost_writes", "duplicates", "non_atomic_transactions", "order_violations",
              "read_committed_above_lso", "hanging_transactions", "group_offset_mismatches", "inconsistent_offsets",

@@ -35,11 +35,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from services.chaos import checker, security, silent
-from services.chaos.faults import FAULT_KINDS, Nemesis
-from services.chaos.history import read_events
-from services.chaos.worker import CHECKER_STOP_FILE
-from services.cluster import LocalCluster
+from services.tooling.chaos import checker, security, silent
+from services.tooling.chaos.faults import FAULT_KINDS, Nemesis
+from services.tooling.chaos.history import read_events
+from services.tooling.chaos.worker import CHECKER_STOP_FILE
+from services.tooling.cluster import LocalCluster
 from txlog import Admin, Consumer
 from txlog.structs import TopicPartition
 
@@ -114,7 +114,7 @@ class Workers:
     def command(self, name: str, spec: list[str]) -> list[str]:
         """A worker's command line: the shared arguments first, so that the
         worker's own (a producer's --topics without the ctp output) win."""
-        return [sys.executable, "-m", "services.chaos.worker", *self.common, *spec, "--name", name,
+        return [sys.executable, "-m", "services.tooling.chaos.worker", *self.common, *spec, "--name", name,
                 "--seed", str(self.seed * 100 + self.spawned)]
 
     def _spawn(self, name: str, spec: list[str], *, stopped_with_the_others: bool = True) -> subprocess.Popen:
@@ -177,7 +177,7 @@ def stop_checker(directory: Path, process: subprocess.Popen | None) -> bool:
 def read_everything(bootstrap: str, isolation: str, tls: dict[str, str]) -> tuple[list[list], list[str]]:
     """Every record of every partition, from the beginning to the end offsets
     seen at the start; the partitions that could not be read to their end."""
-    from services.chaos.history import decode_uid
+    from services.tooling.chaos.history import decode_uid
 
     tps = [TopicPartition(t, p) for t, count in TOPICS.items() for p in range(count)]
     records, stuck = [], []
@@ -206,7 +206,7 @@ def final_state(bootstrap: str, tls: dict[str, str] | None = None) -> dict:
         high_watermark = consumer.end_offsets(tps)
     stuck = sorted({*stuck_rc, *stuck_ru, *(f"{tp.topic}/{tp.partition} LSO {lso[tp]} < HW {high_watermark[tp]}"
                                             for tp in tps if lso[tp] < high_watermark[tp])})
-    from services.chaos.worker import CTP_GROUP
+    from services.tooling.chaos.worker import CTP_GROUP
 
     inputs = [TopicPartition(CTP_INPUT, p) for p in range(TOPICS[CTP_INPUT])]
     with Consumer(bootstrap, group_id=CTP_GROUP, **tls) as consumer:

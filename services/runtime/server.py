@@ -1,6 +1,6 @@
 """The runtime every txlog service runs in.
 
-It gives a service: configuration (services.config), JSON logs, a tracer
+It gives a service: configuration (services.runtime.config), JSON logs, a tracer
 provider whose server interceptor continues callers' traces, a ``grpc.aio``
 server with grpc.health.v1 and server reflection, a ZooKeeper session with this
 instance registered as an ephemeral node, and graceful shutdown.
@@ -31,9 +31,11 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from opentelemetry.sdk.trace.export import SpanExporter
 
-from services import authorizer, logs, metrics, zk
-from services import config as config_mod
-from services.logs import fields
+from services.coordination import zk
+from services.runtime import config as config_mod
+from services.runtime import logs, metrics
+from services.runtime.logs import fields
+from services.security import authorizer
 from txlog.net import telemetry, tls
 from txlog.net.addresses import advertised
 from txlog.protocol import errors

@@ -39,7 +39,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from services import certs
+from services.security import certs
 from txlog.net import tls as tls_mod
 
 ZOOKEEPER_JARS = ("/usr/share/java/zookeeper.jar", "/usr/share/java/slf4j-simple.jar")
@@ -479,7 +479,7 @@ class LocalCluster:
         that, a transaction may meet a partition moving (retriable, but slow)."""
         import posixpath
 
-        from services import coordinators, zk
+        from services.coordination import coordinators, zk
         from txlog.protocol import TRANSACTION_STATE_TOPIC
         from txlog.v1 import coordinator_pb2, coordinator_pb2_grpc
 

@@ -44,7 +44,7 @@ from kazoo.protocol.states import Callback
 from kazoo.retry import KazooRetry
 from kazoo.security import ACL, ANYONE_ID_UNSAFE, Permissions, make_digest_acl
 
-from services.logs import fields
+from services.runtime.logs import fields
 from txlog.protocol.errors import ErrorCode, TxlogError
 
 log = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ from typing import TypeVar
 
 import grpc
 
-from services.zk import ServiceRegistry
+from services.coordination.zk import ServiceRegistry
 from txlog.net.channels import CALL_TIMEOUT_S_DEFAULT, ChannelCache
 from txlog.net.tls import TlsFiles
 from txlog.protocol import errors

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
-from services import zk
+from services.coordination import zk
 from txlog.protocol import PRODUCER_EPOCHS, names
 from txlog.protocol.hashing import partition_for_id
 
