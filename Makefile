@@ -33,14 +33,14 @@ wheels: setup
 	.venv/bin/python scripts/build_wheels.py --out dist
 
 bench: setup
-	.venv/bin/python bench/producer_ids.py
-	.venv/bin/python bench/produce_fetch.py
-	.venv/bin/python bench/log_store_compaction.py
-	.venv/bin/python bench/compression.py
-	.venv/bin/python bench/transactions.py
-	.venv/bin/python bench/prepare.py
-	.venv/bin/python bench/spark_eos.py
-	.venv/bin/python bench/replication.py
-	.venv/bin/python bench/metrics.py
-	.venv/bin/python bench/scale.py
-	.venv/bin/python bench/check_back.py
+	.venv/bin/python -m bench.producer_ids
+	.venv/bin/python -m bench.produce_fetch
+	.venv/bin/python -m bench.log_store_compaction
+	.venv/bin/python -m bench.compression
+	.venv/bin/python -m bench.transactions
+	.venv/bin/python -m bench.prepare
+	.venv/bin/python -m bench.spark_eos
+	.venv/bin/python -m bench.replication
+	.venv/bin/python -m bench.metrics
+	.venv/bin/python -m bench.scale
+	.venv/bin/python -m bench.check_back

@@ -50,7 +50,7 @@ in the same run (this 2-core box is shared and noisy: only the ratio means
 something elsewhere).
 
 Prints one JSON object to stdout; progress goes to stderr. Run it as
-``python bench/check_back.py [--transactions N] [--bound N] [--round-interval-ms MS]``.
+``python -m bench.check_back [--transactions N] [--bound N] [--round-interval-ms MS]``.
 """
 
 from __future__ import annotations
@@ -66,19 +66,14 @@ import time
 from collections import Counter
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parent
-for folder in (BENCH.parent, BENCH):  # the repo for its packages, bench/ for measure.py, from any cwd
-    if str(folder) not in sys.path:
-        sys.path.insert(0, str(folder))
+import grpc
 
-import grpc  # noqa: E402
-from measure import Phase, progress  # noqa: E402
-from produce_fetch import CALL_TIMEOUT_S, create_topic  # noqa: E402
-from transactions import Cluster, TxnProducer  # noqa: E402
-
-from coordinator_svc.check_rules import JITTER_FRACTION  # noqa: E402
-from txlog.protocol import errors  # noqa: E402
-from txlog.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc, partition_pb2  # noqa: E402
+from bench.measure import Phase, progress
+from bench.produce_fetch import CALL_TIMEOUT_S, create_topic
+from bench.transactions import Cluster, TxnProducer
+from coordinator_svc.check_rules import JITTER_FRACTION
+from txlog.protocol import errors
+from txlog.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc, partition_pb2
 
 CHECK_GROUP, DIRECT_GROUP = "bench", "direct"
 TOPICS = {CHECK_GROUP: "check-back", DIRECT_GROUP: "check-back-direct"}

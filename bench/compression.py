@@ -20,7 +20,7 @@ agents, as application logs look), on a local cluster started for the run
   produce MB/s and consume MB/s (the cost or gain of the codec).
 
 Prints one JSON object to stdout; progress goes to stderr. Run it as
-``python bench/compression.py [--records N]``.
+``python -m bench.compression [--records N]``.
 """
 
 from __future__ import annotations
@@ -32,18 +32,12 @@ import random
 import sys
 import tempfile
 import time
-from pathlib import Path
 
-BENCH = Path(__file__).resolve().parent
-for folder in (BENCH.parent, BENCH):  # the repo for its packages, bench/ for measure.py, from any cwd
-    if str(folder) not in sys.path:
-        sys.path.insert(0, str(folder))
+import grpc
 
-import grpc  # noqa: E402
-from measure import Phase, progress  # noqa: E402
-
-from txlog.protocol import compression  # noqa: E402
-from txlog.v1 import partition_pb2, partition_pb2_grpc  # noqa: E402
+from bench.measure import Phase, progress
+from txlog.protocol import compression
+from txlog.v1 import partition_pb2, partition_pb2_grpc
 
 KEY_BYTES = 8
 VALUE_BYTES = 1024

@@ -19,7 +19,7 @@ coordinates every group), three measurements:
 
 Prints one JSON object to stdout; progress goes to stderr.
 
-    python bench/groups.py [--rounds R] [--members 100,200,400,800] [--seconds S]
+    python -m bench.groups [--rounds R] [--members 100,200,400,800] [--seconds S]
 """
 
 from __future__ import annotations
@@ -37,14 +37,10 @@ from pathlib import Path
 
 import grpc
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from measure import cpu_seconds, latency_summary, progress  # noqa: E402
-
-from services.tooling.cluster import LocalCluster  # noqa: E402
-from txlog import Admin, Consumer  # noqa: E402
-from txlog.v1 import partition_pb2, partition_pb2_grpc  # noqa: E402
+from bench.measure import cpu_seconds, latency_summary, progress
+from services.tooling.cluster import LocalCluster
+from txlog import Admin, Consumer
+from txlog.v1 import partition_pb2, partition_pb2_grpc
 
 TOPIC, PARTITIONS, MEMBERS = "bench-groups", 30, 10
 CORE_SHARE_MAX = 0.5

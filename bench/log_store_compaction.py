@@ -21,7 +21,7 @@ ratio and blob bytes on disk at the end. The baseline is the same writes'
 time and CPU in this process (the writes themselves), so the figures read as
 "background work per unit of foreground work"; the target is no blob bytes
 copied while nothing is deleted, and garbage reclaimed once deletions make it
-worth it. Run it as ``python bench/log_store_compaction.py [--mb N]``;
+worth it. Run it as ``python -m bench.log_store_compaction [--mb N]``;
 prints one JSON object.
 """
 
@@ -34,11 +34,8 @@ import resource
 import sys
 import tempfile
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from partition_svc.log_store import BLOB_GC_OFF_RATIO, BLOB_GC_ON_RATIO, LogStore  # noqa: E402
+from partition_svc.log_store import BLOB_GC_OFF_RATIO, BLOB_GC_ON_RATIO, LogStore
 
 BATCH_BYTES = 1 << 20
 BLOB_FILE_MB = 268.4  # RocksDB's default blob_file_size (256 MiB), which LogStore keeps

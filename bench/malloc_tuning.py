@@ -13,7 +13,7 @@ buffers of 4 MiB depending on what ran before it. The tests
 (tests/unit/test_malloc_tuning.py) check the setting itself; this compares.
 
 Prints one JSON object to stdout; progress goes to stderr. Run it as
-``python bench/malloc_tuning.py [--rounds N] [--buffer-mib N] [--threshold-mib N]``.
+``python -m bench.malloc_tuning [--rounds N] [--buffer-mib N] [--threshold-mib N]``.
 """
 
 from __future__ import annotations
@@ -24,8 +24,7 @@ import os
 import subprocess
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import measure  # noqa: E402
+from bench import measure
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

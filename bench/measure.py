@@ -14,8 +14,8 @@
 * ``mean_of(before, after, key)``: the mean of one figure of two runs (a baseline
   taken before and after the service runs).
 
-Only the standard library: the scripts import it as ``measure`` with their own
-folder on ``sys.path`` (see the top of each script).
+Only the standard library: the benchmarks import it as ``bench.measure`` (they run
+as ``python -m bench.NAME`` from the repository root).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ than MB/s on a noisy machine).
 
 Prints one JSON object to stdout; progress goes to stderr.
 
-    python bench/metrics.py [--records N] [--rounds R] [--scrape-interval-s S]
+    python -m bench.metrics [--records N] [--rounds R] [--scrape-interval-s S]
 """
 
 from __future__ import annotations
@@ -28,13 +28,9 @@ import threading
 import urllib.request
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import produce_fetch  # noqa: E402
-from measure import alternating_runs, compared  # noqa: E402
-
-from services.tooling.cluster import LocalCluster  # noqa: E402
+from bench import produce_fetch
+from bench.measure import alternating_runs, compared
+from services.tooling.cluster import LocalCluster
 
 FIGURES = ("produce_one_partition", "produce_four_partitions", "fetch_one_partition")
 MODES = {"metrics_off": ["--metrics-listen", ""], "metrics_on": []}

@@ -20,7 +20,7 @@ machine's speed moves from run to run. Run it on a tree before the seal existed
 to see the difference (the seal's cost is the prepare ratio now minus then).
 
 Prints one JSON object to stdout; progress goes to stderr. Run it as
-``python bench/prepare.py [--transactions N]``.
+``python -m bench.prepare [--transactions N]``.
 """
 
 from __future__ import annotations
@@ -34,14 +34,11 @@ from pathlib import Path
 
 import grpc
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "integ"))
-
-from measure import latency_summary, progress  # noqa: E402
-from raw import Raw  # noqa: E402
-from txn_raw import TxnProducer, retrying  # noqa: E402
-
-from services.tooling.cluster import LocalCluster  # noqa: E402
-from txlog.v1 import coordinator_pb2  # noqa: E402
+from bench.measure import latency_summary, progress
+from services.tooling.cluster import LocalCluster
+from tests.integ.raw import Raw
+from tests.integ.txn_raw import TxnProducer, retrying
+from txlog.v1 import coordinator_pb2
 
 TOPIC = "prepare-bench"
 

@@ -57,7 +57,7 @@ client, server and RocksDB's own threads), so a fixed MB/s would mean nothing;
 a ratio to what the same machine does without txlog holds anywhere.
 
 Prints one JSON object to stdout; progress goes to stderr. Run it as
-``python bench/produce_fetch.py [--records N] [--skip-memory]``.
+``python -m bench.produce_fetch [--records N] [--skip-memory]``.
 """
 
 from __future__ import annotations
@@ -77,16 +77,12 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parent
-for folder in (BENCH.parent, BENCH):  # the repo for its packages, bench/ for measure.py, from any cwd
-    if str(folder) not in sys.path:
-        sys.path.insert(0, str(folder))
+import grpc
 
-import grpc  # noqa: E402
-from measure import MB, Phase, latency_summary, mean_of, progress  # noqa: E402
+from bench.measure import MB, Phase, latency_summary, mean_of, progress
+from txlog.protocol.protowire import field_tag, varint
 
-from txlog.protocol.protowire import field_tag, varint  # noqa: E402
-
+REPOSITORY = Path(__file__).resolve().parent.parent  # the echo server child runs from there
 KEY_BYTES = 8
 VALUE_BYTES = 1024
 RECORD_BYTES = KEY_BYTES + VALUE_BYTES  # payload bytes a record: what MB/s counts
@@ -338,14 +334,15 @@ def echo_server_main() -> int:
 
 
 class EchoServer:
-    """This file run with --serve-echo, as a child process."""
+    """This module run with --serve-echo (``python -m bench.produce_fetch --serve-echo``), as a child process."""
 
     def __enter__(self) -> EchoServer:
         self.process = subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), "--serve-echo"],
+            [sys.executable, "-m", "bench.produce_fetch", "--serve-echo"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
+            cwd=REPOSITORY,  # bench is a package of the repository root, not an installed one
         )
         line = self.process.stdout.readline()
         if not line.startswith("port "):

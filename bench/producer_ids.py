@@ -29,7 +29,7 @@ before and after the service runs and the ratio uses their mean, so drift during
 the run (JIT warm-up, a noisy neighbour) does not favour either side.
 
 Prints one JSON object to stdout; progress goes to stderr. Run it as
-``python bench/producer_ids.py [--blocks N] [--warmup N] [--concurrency N]``.
+``python -m bench.producer_ids [--blocks N] [--warmup N] [--concurrency N]``.
 """
 
 from __future__ import annotations
@@ -44,21 +44,15 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
-BENCH = Path(__file__).resolve().parent
-for folder in (BENCH.parent, BENCH):  # the repo for its packages, bench/ for measure.py, from any cwd
-    if str(folder) not in sys.path:
-        sys.path.insert(0, str(folder))
+from kazoo.client import KazooClient
 
-from kazoo.client import KazooClient  # noqa: E402
-from measure import Phase, latency_summary, mean_of, progress  # noqa: E402
-
-from producer_id_svc.store import NODE_NAME  # noqa: E402
-from services.coordination import zk  # noqa: E402
-from services.tooling.cluster import LocalCluster  # noqa: E402
-from txlog.net.channels import open_channel  # noqa: E402
-from txlog.v1 import producer_id_pb2, producer_id_pb2_grpc  # noqa: E402
+from bench.measure import Phase, latency_summary, mean_of, progress
+from producer_id_svc.store import NODE_NAME
+from services.coordination import zk
+from services.tooling.cluster import LocalCluster
+from txlog.net.channels import open_channel
+from txlog.v1 import producer_id_pb2, producer_id_pb2_grpc
 
 SERVICE = "producer_id_svc-0"
 REQUESTER_ID = 1

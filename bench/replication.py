@@ -28,7 +28,7 @@ partition_svc, one coordinator_svc; services/tooling/cluster.py), with 1 KB reco
   alone once the records are acknowledged.
 
 Prints one JSON object to stdout; progress goes to stderr. Run it as
-``python bench/replication.py [--records N] [--session-timeout-s S] [--only PART ...]``.
+``python -m bench.replication [--records N] [--session-timeout-s S] [--only PART ...]``.
 """
 
 from __future__ import annotations
@@ -49,11 +49,9 @@ from pathlib import Path
 import grpc
 from kazoo.client import KazooClient
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from services.tooling.cluster import LocalCluster  # noqa: E402
-from txlog import Producer  # noqa: E402
-from txlog.v1 import (  # noqa: E402
+from services.tooling.cluster import LocalCluster
+from txlog import Producer
+from txlog.v1 import (
     common_pb2,
     coordinator_pb2,
     coordinator_pb2_grpc,

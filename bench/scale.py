@@ -57,7 +57,7 @@ with 10,000 partitions alone takes 30 s to 100 s from run to run),
 coordinator about 2.5 (InitProducerId for 100,000 ids, at ~1,300/s).
 
 Prints one JSON object to stdout; progress goes to stderr. Run it as
-``python bench/scale.py [--producer-ids 10,1000,10000,100000] [--samples 300]
+``python -m bench.scale [--producer-ids 10,1000,10000,100000] [--samples 300]
 [--only SECTIONS] [--partitions-max N] [--transactional-ids 1000,10000,100000]``.
 """
 
@@ -75,15 +75,11 @@ from pathlib import Path
 
 import grpc
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from measure import progress  # noqa: E402
-from scale_footprint import measure_coordinator, measure_log_length, measure_partitions, rss_kb  # noqa: E402
-
-from services.tooling import cluster as cluster_mod  # noqa: E402
-from services.tooling.cluster import LocalCluster  # noqa: E402
-from txlog.v1 import common_pb2, partition_pb2, partition_pb2_grpc  # noqa: E402
+from bench.measure import progress
+from bench.scale_footprint import measure_coordinator, measure_log_length, measure_partitions, rss_kb
+from services.tooling import cluster as cluster_mod
+from services.tooling.cluster import LocalCluster
+from txlog.v1 import common_pb2, partition_pb2, partition_pb2_grpc
 
 TOPIC = "scale"
 FIRST_PRODUCER_ID = 1_000_000  # far from what the cluster's producer_id_svc hands out

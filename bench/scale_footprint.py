@@ -59,8 +59,8 @@ from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from measure import MB, cpu_seconds, latency_summary, progress
 
+from bench.measure import MB, cpu_seconds, latency_summary, progress
 from services.coordination import coordinators
 from services.tooling.cluster import (
     LocalCluster,

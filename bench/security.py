@@ -14,7 +14,7 @@ TLS costs Kafka 10-30%).
 
 Prints one JSON object to stdout; progress goes to stderr.
 
-    python bench/security.py [--records N] [--rounds R]
+    python -m bench.security [--records N] [--rounds R]
 """
 
 from __future__ import annotations
@@ -28,17 +28,13 @@ from pathlib import Path
 
 import grpc
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import produce_fetch  # noqa: E402
-from measure import alternating_runs, compared  # noqa: E402
-
-from services.security import certs  # noqa: E402
-from services.tooling.cluster import LocalCluster  # noqa: E402
-from txlog import Admin, ClientError  # noqa: E402
-from txlog.protocol.acls import ALLOW, CLUSTER, CLUSTER_NAME, LITERAL, PREFIXED, TOPIC, AclBinding  # noqa: E402
-from txlog.two_phase import wait_until  # noqa: E402
+from bench import produce_fetch
+from bench.measure import alternating_runs, compared
+from services.security import certs
+from services.tooling.cluster import LocalCluster
+from txlog import Admin, ClientError
+from txlog.protocol.acls import ALLOW, CLUSTER, CLUSTER_NAME, LITERAL, PREFIXED, TOPIC, AclBinding
+from txlog.two_phase import wait_until
 
 PRINCIPAL = "bench"
 OTHER_BINDINGS = 100  # other principals' ACLs the authorizer looks through on every call

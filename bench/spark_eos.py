@@ -49,7 +49,7 @@ JVM) counted together, to show where the time goes.
 Prints one JSON object to stdout (the Spark JVM and its workers write to
 stderr only: the script points its own stdout there and keeps the real one for
 the report); progress goes to stderr. Run it as
-``python bench/spark_eos.py [--records N] [--rounds R] [--partitions P]``;
+``python -m bench.spark_eos [--records N] [--rounds R] [--partitions P]``;
 ``--records 20000 --rounds 1`` is a quick smoke test.
 """
 
@@ -64,14 +64,8 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
-BENCH = Path(__file__).resolve().parent
-for folder in (BENCH.parent, BENCH):  # the repo for its packages, bench/ for measure.py, from any cwd
-    if str(folder) not in sys.path:
-        sys.path.insert(0, str(folder))
-
-from measure import CLOCK_TICKS, Phase, progress  # noqa: E402
+from bench.measure import CLOCK_TICKS, Phase, progress
 
 MODES = ("exactly-once", "at-least-once")
 TRANSFORM = "spark_jobs.windowed_counts:count_views"

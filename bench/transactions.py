@@ -77,7 +77,7 @@ rest of the machine used meanwhile (``cpu_utilisation_outside_the_cluster``): a
 busy neighbour on the box makes every figure noisier.
 
 Prints one JSON object to stdout; progress goes to stderr. Run it as
-``python bench/transactions.py [--duration-s S] [--latency-txns N] [--fetch-records N]``.
+``python -m bench.transactions [--duration-s S] [--latency-txns N] [--fetch-records N]``.
 """
 
 from __future__ import annotations
@@ -91,16 +91,11 @@ import tempfile
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
-BENCH = Path(__file__).resolve().parent
-for folder in (BENCH.parent, BENCH):  # the repo for its packages, bench/ for measure.py, from any cwd
-    if str(folder) not in sys.path:
-        sys.path.insert(0, str(folder))
+import grpc
 
-import grpc  # noqa: E402
-from measure import Phase, latency_summary, progress  # noqa: E402
-from produce_fetch import (  # noqa: E402
+from bench.measure import Phase, latency_summary, progress
+from bench.produce_fetch import (
     CALL_TIMEOUT_S,
     CHANNEL_OPTIONS,
     KEY_BYTES,
@@ -112,10 +107,9 @@ from produce_fetch import (  # noqa: E402
     record_value,
     send_pipelined,
 )
-
-from partition_svc.wire import field_tag, varint  # noqa: E402
-from txlog.protocol import errors  # noqa: E402
-from txlog.v1 import (  # noqa: E402
+from partition_svc.wire import field_tag, varint
+from txlog.protocol import errors
+from txlog.v1 import (
     common_pb2,
     coordinator_pb2,
     coordinator_pb2_grpc,

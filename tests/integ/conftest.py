@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from raw import Raw
+
+from tests.integ.raw import Raw
 
 
 @pytest.fixture

@@ -13,8 +13,8 @@ import grpc
 import pytest
 from support.reads import values
 from support.waiting import wait_until
-from txn_raw import TxnProducer, retrying
 
+from tests.integ.txn_raw import TxnProducer, retrying
 from txlog.protocol import errors
 from txlog.v1 import (
     coordinator_pb2,

@@ -8,8 +8,8 @@ import grpc
 import pytest
 from support.errors import error_name
 from support.waiting import wait_until
-from txn_raw import TxnProducer
 
+from tests.integ.txn_raw import TxnProducer
 from txlog.protocol import errors
 from txlog.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc, errors_pb2, partition_pb2
 

@@ -17,15 +17,15 @@ from dataclasses import dataclass
 
 import grpc
 import pytest
-from raw import Raw, plain_batch
 from support.errors import error_name
 from support.reads import COMMITTED, UNCOMMITTED, values
 from support.waiting import wait_until
-from txn_raw import TxnProducer
 
 from coordinator_svc.transaction_state import TransactionState
 from services.coordination import coordinators, zk
 from services.tooling.cluster import LocalCluster, health_serving
+from tests.integ.raw import Raw, plain_batch
+from tests.integ.txn_raw import TxnProducer
 from txlog.protocol import TRANSACTION_STATE_TOPIC, errors
 from txlog.protocol.hashing import partition_for_id
 from txlog.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc, partition_pb2

@@ -5,10 +5,10 @@ as one, the losers are aborted and settled first, and the next run aborts
 what an earlier run whose driver died left undecided."""
 
 import pytest
-from raw import Raw
 from support.reads import values
 from support.waiting import wait_until
 
+from tests.integ.raw import Raw
 from txlog import Admin, Producer
 from txlog.protocol import TransactionState
 from txlog.two_phase import GroupWrite, new_run_id, task_transactional_id

@@ -9,8 +9,8 @@ import concurrent.futures
 
 from support.reads import values
 from support.waiting import wait_until
-from txn_raw import TxnProducer, retrying
 
+from tests.integ.txn_raw import TxnProducer, retrying
 from txlog import Producer
 from txlog.protocol import errors
 from txlog.v1 import common_pb2, coordinator_pb2, partition_pb2

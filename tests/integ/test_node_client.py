@@ -12,8 +12,8 @@ import subprocess
 from pathlib import Path
 
 from support.waiting import wait_until
-from txn_raw import TxnProducer
 
+from tests.integ.txn_raw import TxnProducer
 from txlog.protocol.errors import RETRY_DELAY_MS_DEFAULT
 from txlog.v1 import common_pb2, coordinator_pb2, partition_pb2
 

@@ -6,11 +6,11 @@ import time
 
 import grpc
 import pytest
-from raw import Raw, batch, plain_batch
 from support.errors import error_name
 from support.reads import record_values
 from support.waiting import wait_until
 
+from tests.integ.raw import Raw, batch, plain_batch
 from txlog.protocol import errors
 from txlog.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc, errors_pb2, partition_pb2
 

@@ -6,9 +6,9 @@ with a transaction open, or a coordinator's log writer, is never forgotten."""
 from __future__ import annotations
 
 import pytest
-from raw import Raw, batch
 
 from services.tooling.cluster import LocalCluster
+from tests.integ.raw import Raw, batch
 from txlog import Producer
 from txlog.protocol import TRANSACTION_STATE_TOPIC
 from txlog.protocol.errors import ErrorCode

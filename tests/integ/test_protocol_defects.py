@@ -9,14 +9,14 @@ import time
 
 import grpc
 import pytest
-from raw import Raw, batch
 from support.errors import error_name
 from support.reads import COMMITTED, UNCOMMITTED, values
 from support.waiting import wait_until
-from txn_raw import TxnProducer, retrying
 
 from coordinator_svc.transaction_state import TransactionState
 from services.coordination import coordinators
+from tests.integ.raw import Raw, batch
+from tests.integ.txn_raw import TxnProducer, retrying
 from txlog.protocol import errors
 from txlog.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc, partition_pb2
 

@@ -6,13 +6,13 @@ import concurrent.futures
 
 import grpc
 import pytest
-from raw import Raw, plain_batch
 from support.errors import error_name, failure_name
 from support.reads import COMMITTED, UNCOMMITTED, values
 from support.waiting import wait_until
-from txn_raw import TxnProducer, retrying
 
 from coordinator_svc.transaction_state import TransactionState
+from tests.integ.raw import Raw, plain_batch
+from tests.integ.txn_raw import TxnProducer, retrying
 from txlog import Admin
 from txlog.protocol import errors
 from txlog.protocol.hashing import partition_for_id

@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 
 import grpc
-from raw import Raw
 
+from tests.integ.raw import Raw
 from txlog.protocol import errors
 from txlog.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc, partition_pb2
 
