@@ -61,6 +61,16 @@ check_answer_mismatches  the silent owners' checker answered a check otherwise t
                       for it (UNKNOWN included), or for another transactional id than the decision's
 checks_of_unknown_transactions  a check of a transaction no silent owner decided
 undecided_prepared_transactions  a transaction still Prepared at the end (the check-back never decided it)
+
+Structure
+---------
+``parse_history`` is the one place that reads the events' dicts and the
+positional ``[topic, partition, offset, uid]`` records: it makes them typed
+records (``Record``, ``Begin``, ``Send``, ``Ack``, ``CommitStart``, ``End``,
+``Decide``, ``Prepared``, ``Check``, ``Poll``, ``Replay``, ``Stats``).
+``transactions`` gathers them into ``Txn``s. Each anomaly kind has a function
+of its name yielding its ``Finding``s; ``check`` runs each on the indexes it
+needs.
 """
 
 from __future__ import annotations
@@ -68,6 +78,9 @@ from __future__ import annotations
 import bisect
 import itertools
 from collections import defaultdict
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple, TypeVar
 
 from services.tooling.chaos.history import REPLAY_KINDS
 
@@ -76,6 +89,12 @@ ANOMALIES = ("aborted_reads", "lost_writes", "duplicates", "non_atomic_transacti
              "non_monotonic_polls", "non_monotonic_sends", "torn_transactions", "unexpected_records",
              "check_answer_mismatches", "checks_of_unknown_transactions", "undecided_prepared_transactions")
 EXAMPLES_MAX = 5
+
+
+class Finding(NamedTuple):
+    """One anomaly found: its example, and how many anomalies it counts for (a lost write: its records missing)."""
+    example: dict
+    count: int = 1
 
 
 class Findings:
@@ -88,270 +107,547 @@ class Findings:
         if len(self.examples[kind]) < EXAMPLES_MAX:
             self.examples[kind].append(example)
 
+    def extend(self, kind: str, findings: Iterable[Finding]) -> None:
+        for example, count in findings:
+            self.add(kind, example, count)
+
     def as_dict(self) -> dict:
         return {"counts": self.counts, "examples": {k: v for k, v in self.examples.items() if v}}
-
-
-class Txn:
-    """One transaction of one worker, as its history tells it."""
-
-    def __init__(self, worker: str, txn: int):
-        self.worker, self.txn = worker, txn
-        self.instance = 0
-        self.intent = ""
-        self.sends: dict[str, dict] = {}  # uid -> send event
-        self.outcome = "indefinite"
-        self.commit_start_s: float | None = None
-        self.error = ""
-        self.replays: list[dict] = []  # replays delivered while it was open
-        self.decision: dict | None = None  # a silent owner's ``decide`` event
-        self.prepared = False  # a silent owner's prepare_transaction() returned
-
-    def replays_received(self) -> dict:
-        """For an example: the replays this transaction received, if any."""
-        if not self.replays:
-            return {}
-        return {"replays_received": [
-            {"kind": r["kind"], "of_txn": f"{self.worker}#{r['of_txn']}", "request": r.get("request"),
-             "answers": sorted({a["error"] for a in r.get("answers", [])})} for r in self.replays]}
-
-    @property
-    def key(self) -> str:
-        return f"{self.worker}#{self.txn}"
-
-
-def transactions(events: list[dict]) -> dict[tuple[str, int], Txn]:
-    txns: dict[tuple[str, int], Txn] = {}
-
-    def txn_of(event) -> Txn:
-        key = (event["worker"], event["txn"])
-        if key not in txns:
-            txns[key] = Txn(*key)
-        return txns[key]
-
-    for event in events:
-        kind = event["type"]
-        if kind == "begin":
-            txn = txn_of(event)
-            txn.instance, txn.intent = event["instance"], event["intent"]
-        elif kind == "send":
-            txn_of(event).sends[event["uid"]] = event
-        elif kind == "commit_start":
-            txn_of(event).commit_start_s = event["t"]
-        elif kind == "end":
-            txn = txn_of(event)
-            txn.outcome, txn.error = event["outcome"], event.get("error", "")
-        elif kind == "replay" and event.get("delivered") and (event["worker"], event["into_txn"]) in txns:
-            txns[(event["worker"], event["into_txn"])].replays.append(event)
-        elif kind == "decide":
-            txn_of(event).decision = event
-        elif kind == "prepared":
-            txn_of(event).prepared = True
-    decided = silent_transactions(txns)
-    for event in events:  # a silent transaction's commit is requested by the checker's first COMMIT for it
-        txn = decided.get(event.get("key")) if event["type"] == "check" and event["answer"] == "COMMIT" else None
-        if txn is not None and (txn.commit_start_s is None or event["t"] < txn.commit_start_s):
-            txn.commit_start_s = event["t"]
-    return txns
-
-
-def silent_transactions(txns: dict[tuple[str, int], Txn]) -> dict[str, Txn]:
-    """The silent owners' transactions by their decision's key."""
-    return {txn.decision["key"]: txn for txn in txns.values() if txn.decision is not None}
 
 
 def tp_of(topic: str, partition: int) -> str:
     return f"{topic}/{partition}"
 
 
+# --- typed records ---------------------------------------------------------------------------------------
+
+
+class Record(NamedTuple):
+    """A record read: a final read's or a poll's ``[topic, partition, offset, uid]`` (uid None: no worker's value)."""
+    topic: str
+    partition: int
+    offset: int
+    uid: str | None
+
+    @property
+    def tp(self) -> str:
+        return tp_of(self.topic, self.partition)
+
+
+@dataclass(frozen=True, slots=True)
+class Begin:
+    worker: str
+    txn: int
+    instance: int  # the producer object's number
+    intent: str  # commit | abort
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    worker: str
+    txn: int
+    idx: int
+    uid: str
+    topic: str
+    partition: int
+    src: str | None = None  # consume-transform-produce: the input record's uid (None: no worker's value)
+    src_topic: str | None = None
+    src_partition: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    worker: str
+    txn: int
+    idx: int
+    uid: str
+    topic: str
+    partition: int
+    offset: int
+
+    @property
+    def tp(self) -> str:
+        return tp_of(self.topic, self.partition)
+
+
+@dataclass(frozen=True, slots=True)
+class CommitStart:
+    worker: str
+    txn: int
+    t: float
+
+
+@dataclass(frozen=True, slots=True)
+class End:
+    worker: str
+    txn: int
+    outcome: str  # committed | aborted | indefinite
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
+class Decide:
+    """A silent owner's decision, recorded before the prepare."""
+    worker: str
+    txn: int
+    key: str
+    transactional_id: str
+    decision: str  # commit | abort
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A silent owner's prepare_transaction() returned."""
+    worker: str
+    txn: int
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """A check the silent owners' checker answered."""
+    worker: str
+    t: float
+    transactional_id: str
+    key: str
+    answer: str  # COMMIT | ABORT | UNKNOWN
+    event: dict = field(compare=False, repr=False)  # as recorded: an example shows it whole
+
+
+@dataclass(frozen=True, slots=True)
+class Poll:
+    worker: str
+    t: float
+    isolation: str
+    session: int
+    records: tuple[Record, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Replay:
+    worker: str
+    kind: str
+    of_txn: int
+    into_txn: int
+    request: dict | None
+    errors: tuple[str, ...]  # what the servers answered, an error code name per answer
+    delivered: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Stats:
+    worker: str
+    requests_dropped: int
+    responses_dropped: int
+
+
+Event = Begin | Send | Ack | CommitStart | End | Decide | Prepared | Check | Poll | Replay | Stats
+E = TypeVar("E")
+
+
+@dataclass(frozen=True)
+class Run:
+    """A run's histories and final reads as typed records; ``events`` in the order they were read."""
+    events: tuple[Event, ...]
+    read_committed: tuple[Record, ...]
+    read_uncommitted: tuple[Record, ...]
+
+    def of(self, kind: type[E]) -> list[E]:
+        return [event for event in self.events if isinstance(event, kind)]
+
+
+def parse_history(events: list[dict], final: dict) -> Run:
+    """The events the checker reads, and the final reads, as typed records."""
+    typed = (parse_event(event) for event in events)
+    return Run(events=tuple(event for event in typed if event is not None),
+               read_committed=records_of(final.get("read_committed", [])),
+               read_uncommitted=records_of(final.get("read_uncommitted", [])))
+
+
+def records_of(rows: Iterable[Sequence]) -> tuple[Record, ...]:
+    return tuple(Record(*row) for row in rows)
+
+
+def parse_event(event: dict) -> Event | None:
+    """One history event as a typed record; None for a kind the checker does not read."""
+    match event["type"]:
+        case "begin":
+            return Begin(event["worker"], event["txn"], event["instance"], event["intent"])
+        case "send":
+            return Send(event["worker"], event["txn"], event["idx"], event["uid"], event["topic"], event["partition"],
+                        event.get("src"), event.get("src_topic"), event.get("src_partition"))
+        case "ack":
+            return Ack(event["worker"], event["txn"], event["idx"], event["uid"], event["topic"], event["partition"],
+                       event["offset"])
+        case "commit_start":
+            return CommitStart(event["worker"], event["txn"], event["t"])
+        case "end":
+            return End(event["worker"], event["txn"], event["outcome"], event.get("error", ""))
+        case "decide":
+            return Decide(event["worker"], event["txn"], event["key"], event["transactional_id"], event["decision"])
+        case "prepared":
+            return Prepared(event["worker"], event["txn"])
+        case "check":
+            return Check(event["worker"], event["t"], event["transactional_id"], event["key"], event["answer"], event)
+        case "poll":
+            return Poll(event["worker"], event["t"], event["isolation"], event["session"], records_of(event["records"]))
+        case "replay":
+            return Replay(event["worker"], event["kind"], event["of_txn"], event["into_txn"], event.get("request"),
+                          tuple(answer["error"] for answer in event.get("answers", [])), bool(event.get("delivered")))
+        case "stats":
+            return Stats(event["worker"], event["requests_dropped"], event["responses_dropped"])
+    return None
+
+
+# --- transactions ------------------------------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class Txn:
+    """One transaction of one worker, as its history tells it."""
+    worker: str
+    txn: int
+    instance: int = 0
+    intent: str = ""
+    sends: dict[str, Send] = field(default_factory=dict)  # by uid
+    outcome: str = "indefinite"
+    commit_start_s: float | None = None
+    error: str = ""
+    replays: list[Replay] = field(default_factory=list)  # replays delivered while it was open
+    decision: Decide | None = None  # a silent owner's
+    prepared: bool = False  # a silent owner's prepare_transaction() returned
+
+    def replays_received(self) -> dict:
+        """For an example: the replays this transaction received, if any."""
+        if not self.replays:
+            return {}
+        return {"replays_received": [
+            {"kind": r.kind, "of_txn": f"{self.worker}#{r.of_txn}", "request": r.request,
+             "answers": sorted(set(r.errors))} for r in self.replays]}
+
+    @property
+    def key(self) -> str:
+        return f"{self.worker}#{self.txn}"
+
+
+def transactions(events: Sequence[Event]) -> dict[tuple[str, int], Txn]:
+    txns: dict[tuple[str, int], Txn] = {}
+
+    def txn_of(event) -> Txn:
+        key = (event.worker, event.txn)
+        if key not in txns:
+            txns[key] = Txn(*key)
+        return txns[key]
+
+    for event in events:
+        match event:
+            case Begin():
+                txn = txn_of(event)
+                txn.instance, txn.intent = event.instance, event.intent
+            case Send():
+                txn_of(event).sends[event.uid] = event
+            case CommitStart():
+                txn_of(event).commit_start_s = event.t
+            case End():
+                txn = txn_of(event)
+                txn.outcome, txn.error = event.outcome, event.error
+            case Replay(delivered=True) if (event.worker, event.into_txn) in txns:
+                txns[(event.worker, event.into_txn)].replays.append(event)
+            case Decide():
+                txn_of(event).decision = event
+            case Prepared():
+                txn_of(event).prepared = True
+    decided = silent_transactions(txns)
+    for event in events:  # a silent transaction's commit is requested by the checker's first COMMIT for it
+        txn = decided.get(event.key) if isinstance(event, Check) and event.answer == "COMMIT" else None
+        if txn is not None and (txn.commit_start_s is None or event.t < txn.commit_start_s):
+            txn.commit_start_s = event.t
+    return txns
+
+
+def silent_transactions(txns: dict[tuple[str, int], Txn]) -> dict[str, Txn]:
+    """The silent owners' transactions by their decision's key."""
+    return {txn.decision.key: txn for txn in txns.values() if txn.decision is not None}
+
+
+# --- the check --------------------------------------------------------------------------------------------
+
+
 def check(events: list[dict], final: dict) -> dict:
-    findings = Findings()
-    txns = transactions(events)
+    run = parse_history(events, final)
+    rc, ru = run.read_committed, run.read_uncommitted
+    txns = transactions(run.events)
     by_uid = {uid: txn for txn in txns.values() for uid in txn.sends}
-    sends = {uid: event for txn in txns.values() for uid, event in txn.sends.items()}
-    rc_final = final.get("read_committed", [])
-    ru_final = final.get("read_uncommitted", [])
-    polls = [e for e in events if e["type"] == "poll"]
-    rc_polls = [e for e in polls if e["isolation"] == "read_committed"]
+    sends = {uid: send for txn in txns.values() for uid, send in txn.sends.items()}
+    visible = {record.uid for record in rc}
+    polls = run.of(Poll)
+    rc_polls = [poll for poll in polls if poll.isolation == "read_committed"]
+    acks = [ack for ack in run.of(Ack) if ack.offset >= 0]
+    checks = run.of(Check)
+    decided = silent_transactions(txns)
 
-    # --- unexpected records, aborted reads -----------------------------------------------------------
-    all_reads = [(r, "final read_committed") for r in rc_final] + [(r, "final read_uncommitted") for r in ru_final] + \
-        [(r, f"poll of {e['worker']}") for e in polls for r in e["records"]]
-    for record, where in all_reads:
-        if record[3] not in by_uid:
-            findings.add("unexpected_records", {"record": record, "read_by": where})
-    rc_reads = [(r, "final read") for r in rc_final] + [(r, f"poll of {e['worker']} at {e['t']:.3f}")
-                                                         for e in rc_polls for r in e["records"]]
-    seen_aborted = set()
-    for record, where in rc_reads:
-        txn = by_uid.get(record[3])
-        if txn is not None and txn.outcome == "aborted" and (record[3], where) not in seen_aborted:
-            seen_aborted.add((record[3], where))
-            findings.add("aborted_reads", {"record": record, "read_by": where, "transaction": txn.key,
-                                           "intent": txn.intent, "error": txn.error, **txn.replays_received()})
+    findings = Findings()
+    findings.extend("aborted_reads", aborted_reads(rc, rc_polls, by_uid))
+    findings.extend("lost_writes", lost_writes(txns, visible))
+    findings.extend("duplicates", duplicates(rc, ru, sends, visible))
+    findings.extend("non_atomic_transactions", non_atomic_transactions(txns, visible))
+    findings.extend("order_violations", order_violations(rc, sends))
+    findings.extend("read_committed_above_lso", read_committed_above_lso(rc_polls, ru, by_uid))
+    findings.extend("hanging_transactions", hanging_transactions(final))
+    findings.extend("group_offset_mismatches", group_offset_mismatches(final, rc, sends, visible))
+    findings.extend("inconsistent_offsets", inconsistent_offsets(acks, rc, ru, polls))
+    findings.extend("non_monotonic_polls", non_monotonic_polls(polls))
+    findings.extend("non_monotonic_sends", non_monotonic_sends(acks, txns))
+    findings.extend("torn_transactions", torn_transactions(ru, sends))
+    findings.extend("unexpected_records", unexpected_records(rc, ru, polls, by_uid))
+    findings.extend("check_answer_mismatches", check_answer_mismatches(checks, decided))
+    findings.extend("checks_of_unknown_transactions", checks_of_unknown_transactions(checks, decided))
+    findings.extend("undecided_prepared_transactions", undecided_prepared_transactions(final))
+    return findings.as_dict()
 
-    # --- lost writes, non-atomic transactions --------------------------------------------------------------
-    visible = {r[3] for r in rc_final}
+
+def every_read(rc: Sequence[Record], ru: Sequence[Record], polls: Sequence[Poll]) -> list[tuple[Record, str]]:
+    """Every record read, with who read it: the final reads, then the polls."""
+    return [(r, "final read_committed") for r in rc] + [(r, "final read_uncommitted") for r in ru] + \
+        [(r, f"poll of {poll.worker}") for poll in polls for r in poll.records]
+
+
+def unexpected_records(rc: Sequence[Record], ru: Sequence[Record], polls: Sequence[Poll],
+                       by_uid: dict[str, Txn]) -> Iterator[Finding]:
+    for record, where in every_read(rc, ru, polls):
+        if record.uid not in by_uid:
+            yield Finding({"record": list(record), "read_by": where})
+
+
+def aborted_reads(rc: Sequence[Record], rc_polls: Sequence[Poll], by_uid: dict[str, Txn]) -> Iterator[Finding]:
+    """One per record and reader (the final read, a poll)."""
+    reads = [(r, "final read") for r in rc] + [(r, f"poll of {poll.worker} at {poll.t:.3f}")
+                                               for poll in rc_polls for r in poll.records]
+    seen = set()
+    for record, where in reads:
+        txn = by_uid.get(record.uid)
+        if txn is not None and txn.outcome == "aborted" and (record.uid, where) not in seen:
+            seen.add((record.uid, where))
+            yield Finding({"record": list(record), "read_by": where, "transaction": txn.key,
+                           "intent": txn.intent, "error": txn.error, **txn.replays_received()})
+
+
+def lost_writes(txns: dict[tuple[str, int], Txn], visible: set) -> Iterator[Finding]:
+    """One example per committed transaction, counting each of its records missing."""
+    for txn in txns.values():
+        missing = [uid for uid in txn.sends if uid not in visible]
+        if txn.outcome == "committed" and missing:
+            yield Finding({"transaction": txn.key, "missing": missing[:5], "records": len(txn.sends),
+                           **txn.replays_received()}, count=len(missing))
+
+
+def non_atomic_transactions(txns: dict[tuple[str, int], Txn], visible: set) -> Iterator[Finding]:
     for txn in txns.values():
         seen = [uid for uid in txn.sends if uid in visible]
         missing = [uid for uid in txn.sends if uid not in visible]
-        if txn.outcome == "committed" and missing:
-            findings.add("lost_writes", {"transaction": txn.key, "missing": missing[:5],
-                                         "records": len(txn.sends), **txn.replays_received()}, count=len(missing))
         if txn.outcome != "aborted" and seen and missing:
-            findings.add("non_atomic_transactions", {"transaction": txn.key, "outcome": txn.outcome,
-                                                     "visible": seen[:5], "missing": missing[:5],
-                                                     **txn.replays_received()})
+            yield Finding({"transaction": txn.key, "outcome": txn.outcome, "visible": seen[:5],
+                           "missing": missing[:5], **txn.replays_received()})
 
-    # --- duplicates --------------------------------------------------------------------------------------------
-    for name, reads in (("read_committed", rc_final), ("read_uncommitted", ru_final)):
+
+def duplicates(rc: Sequence[Record], ru: Sequence[Record], sends: dict[str, Send], visible: set) -> Iterator[Finding]:
+    """A uid at two places of one final read, then an input record transformed into two visible outputs."""
+    for name, reads in (("read_committed", rc), ("read_uncommitted", ru)):
         places = defaultdict(set)
-        for topic, partition, offset, uid in reads:
-            places[uid].add((tp_of(topic, partition), offset))
+        for record in reads:
+            places[record.uid].add((record.tp, record.offset))
         for uid, where in places.items():
             if len(where) > 1:
-                findings.add("duplicates", {"uid": uid, "at": sorted(where), "read": name})
-    transformed = defaultdict(list)
+                yield Finding({"uid": uid, "at": sorted(where), "read": name})
+    transformed = defaultdict(list)  # input uid -> its visible outputs' uids
     for uid in visible:
-        src = sends.get(uid, {}).get("src")
-        if src is not None:
-            transformed[src].append(uid)
+        send = sends.get(uid)
+        if send is not None and send.src is not None:
+            transformed[send.src].append(uid)
     for src, outputs in transformed.items():
         if len(outputs) > 1:
-            findings.add("duplicates", {"input": src, "transformed_into": sorted(outputs)})
+            yield Finding({"input": src, "transformed_into": sorted(outputs)})
 
-    # --- order violations, torn transactions -----------------------------------------------------------
-    def by_producer_partition(reads):
-        groups = defaultdict(list)
-        for topic, partition, offset, uid in sorted(reads, key=lambda r: (r[0], r[1], r[2])):
-            send = sends.get(uid)
-            if send is not None:
-                groups[(send["worker"], tp_of(topic, partition))].append((offset, send["txn"], send["idx"], uid))
-        return groups
 
-    for (worker, tp), rows in by_producer_partition(rc_final).items():
+class Placed(NamedTuple):
+    """A record read, with where its producer put it in its transactions."""
+    offset: int
+    txn: int
+    idx: int
+    uid: str
+
+
+def by_producer_partition(reads: Sequence[Record], sends: dict[str, Send]) -> dict[tuple[str, str], list[Placed]]:
+    """(producer worker, partition) -> its records read there, in offset order."""
+    groups = defaultdict(list)
+    for record in sorted(reads, key=lambda r: (r.topic, r.partition, r.offset)):
+        send = sends.get(record.uid)
+        if send is not None:
+            groups[(send.worker, record.tp)].append(Placed(record.offset, send.txn, send.idx, record.uid))
+    return groups
+
+
+def order_violations(rc: Sequence[Record], sends: dict[str, Send]) -> Iterator[Finding]:
+    for (worker, tp), rows in by_producer_partition(rc, sends).items():
         for before, after in itertools.pairwise(rows):
-            if (after[1], after[2]) <= (before[1], before[2]):
-                findings.add("order_violations", {"producer": worker, "partition": tp,
-                                                  "offsets": [before[0], after[0]], "uids": [before[3], after[3]]})
-    for (worker, tp), rows in by_producer_partition(ru_final).items():
+            if (after.txn, after.idx) <= (before.txn, before.idx):
+                yield Finding({"producer": worker, "partition": tp, "offsets": [before.offset, after.offset],
+                               "uids": [before.uid, after.uid]})
+
+
+def torn_transactions(ru: Sequence[Record], sends: dict[str, Send]) -> Iterator[Finding]:
+    for (worker, tp), rows in by_producer_partition(ru, sends).items():
         closed, current = set(), None
-        for offset, txn, _, uid in rows:
-            if txn != current:
-                if txn in closed:
-                    findings.add("torn_transactions", {"transaction": f"{worker}#{txn}", "partition": tp,
-                                                       "offset": offset, "uid": uid})
+        for row in rows:
+            if row.txn != current:
+                if row.txn in closed:
+                    yield Finding({"transaction": f"{worker}#{row.txn}", "partition": tp, "offset": row.offset,
+                                   "uid": row.uid})
                 if current is not None:
                     closed.add(current)
-                current = txn
+                current = row.txn
 
-    # --- read_committed above the LSO ---------------------------------------------------------------------
-    decided = defaultdict(list)  # tp -> [(offset, commit requested at)] of committed transactions' records
-    for topic, partition, offset, uid in ru_final:
-        txn = by_uid.get(uid)
+
+class Blocker(NamedTuple):
+    """Of a partition's committed records up to an offset, the one whose commit was requested last."""
+    commit_requested_s: float
+    uid: str
+
+
+class LsoBound(NamedTuple):
+    """A read_committed poll returned at or above ``offset`` only after ``blocker``'s commit was requested."""
+    offset: int
+    blocker: Blocker
+
+
+def lso_bounds(ru: Sequence[Record], by_uid: dict[str, Txn]) -> dict[str, list[LsoBound]]:
+    """By partition, in offset order: each committed record's offset, with its blocker."""
+    committed = defaultdict(list)  # tp -> [(offset, commit requested at, uid)] of committed transactions' records
+    for record in ru:
+        txn = by_uid.get(record.uid)
         if txn is not None and txn.outcome == "committed" and txn.commit_start_s is not None:
-            decided[tp_of(topic, partition)].append((offset, txn.commit_start_s, uid))
-    prefix = {}
-    for tp, rows in decided.items():
+            committed[record.tp].append((record.offset, txn.commit_start_s, record.uid))
+    bounds = {}
+    for tp, rows in committed.items():
         rows.sort()
-        latest, acc = (0.0, ""), []
+        latest, acc = Blocker(0.0, ""), []
         for offset, start_s, uid in rows:
-            latest = max(latest, (start_s, uid))
-            acc.append((offset, latest))
-        prefix[tp] = acc
+            latest = max(latest, Blocker(start_s, uid))
+            acc.append(LsoBound(offset, latest))
+        bounds[tp] = acc
+    return bounds
+
+
+def read_committed_above_lso(rc_polls: Sequence[Poll], ru: Sequence[Record],
+                             by_uid: dict[str, Txn]) -> Iterator[Finding]:
+    bounds = lso_bounds(ru, by_uid)
     for poll in rc_polls:
-        for topic, partition, offset, uid in poll["records"]:
-            rows = prefix.get(tp_of(topic, partition))
+        for record in poll.records:
+            rows = bounds.get(record.tp)
             if not rows:
                 continue
-            index = bisect.bisect_right(rows, (offset, (float("inf"), ""))) - 1
-            if index >= 0 and rows[index][1][0] > poll["t"]:
-                findings.add("read_committed_above_lso", {
-                    "read": [topic, partition, offset, uid], "poll_returned_at": poll["t"],
-                    "blocking_record": rows[index][1][1], "its_commit_requested_at": rows[index][1][0],
-                    "poller": poll["worker"]})
+            index = bisect.bisect_right(rows, (record.offset, (float("inf"), ""))) - 1  # the last at or below it
+            if index >= 0 and rows[index].blocker.commit_requested_s > poll.t:
+                blocker = rows[index].blocker
+                yield Finding({"read": list(record), "poll_returned_at": poll.t, "blocking_record": blocker.uid,
+                               "its_commit_requested_at": blocker.commit_requested_s, "poller": poll.worker})
 
-    # --- hanging transactions ---------------------------------------------------------------------------
+
+def hanging_transactions(final: dict) -> Iterator[Finding]:
     for hanging in final.get("hanging", []):
-        findings.add("hanging_transactions", {"find_hanging": hanging})
+        yield Finding({"find_hanging": hanging})
     for listing in final.get("open_transactions", []):
-        findings.add("hanging_transactions", {"list_transactions": listing})
+        yield Finding({"list_transactions": listing})
     for stuck in final.get("stuck_partitions", []):
-        findings.add("hanging_transactions", {"read_committed_end_below_high_watermark": stuck})
+        yield Finding({"read_committed_end_below_high_watermark": stuck})
 
-    # --- the check-back: the checker's answers, what it left undecided ---------------------------------
-    decided = silent_transactions(txns)
-    for event in events:
-        if event["type"] != "check":
-            continue
-        txn = decided.get(event["key"])
+
+def check_answer_mismatches(checks: Sequence[Check], decided: dict[str, Txn]) -> Iterator[Finding]:
+    for asked in checks:
+        txn = decided.get(asked.key)
         if txn is None:
-            findings.add("checks_of_unknown_transactions", {"check": event})
             continue
         recorded = txn.decision
-        if event["answer"] != recorded["decision"].upper() or event["transactional_id"] != recorded["transactional_id"]:
-            findings.add("check_answer_mismatches", {
-                "transaction": txn.key, "recorded": {k: recorded[k] for k in ("transactional_id", "decision")},
-                "checked": event["transactional_id"], "answered": event["answer"], "checker": event["worker"]})
+        if asked.answer != recorded.decision.upper() or asked.transactional_id != recorded.transactional_id:
+            yield Finding({
+                "transaction": txn.key,
+                "recorded": {"transactional_id": recorded.transactional_id, "decision": recorded.decision},
+                "checked": asked.transactional_id, "answered": asked.answer, "checker": asked.worker})
+
+
+def checks_of_unknown_transactions(checks: Sequence[Check], decided: dict[str, Txn]) -> Iterator[Finding]:
+    for asked in checks:
+        if asked.key not in decided:
+            yield Finding({"check": asked.event})
+
+
+def undecided_prepared_transactions(final: dict) -> Iterator[Finding]:
     for listing in final.get("prepared_transactions", []):
-        findings.add("undecided_prepared_transactions", {"list_transactions": listing})
+        yield Finding({"list_transactions": listing})
 
-    # --- consumer-group offsets against the output ----------------------------------------------------
+
+def group_offset_mismatches(final: dict, rc: Sequence[Record], sends: dict[str, Send],
+                            visible: set) -> Iterator[Finding]:
     input_topic = final.get("ctp_input")
-    if input_topic is not None:
-        processed = defaultdict(set)  # input tp -> input uids whose output is visible
-        for uid in visible:
-            send = sends.get(uid, {})
-            if send.get("src_topic") == input_topic:
-                processed[tp_of(send["src_topic"], send["src_partition"])].add(send["src"])
-        committed_input = defaultdict(dict)
-        for topic, partition, offset, uid in rc_final:
-            if topic == input_topic:
-                committed_input[tp_of(topic, partition)][offset] = uid
-        for tp, committed_offset in (final.get("group_offsets") or {}).items():
-            below = {uid for offset, uid in committed_input[tp].items()
-                     if committed_offset is not None and offset < committed_offset}
-            if below != processed[tp]:
-                findings.add("group_offset_mismatches", {
-                    "partition": tp, "committed_offset": committed_offset,
-                    "below_offset_not_in_output": sorted(below - processed[tp])[:5],
-                    "in_output_not_below_offset": sorted(processed[tp] - below)[:5]})
+    if input_topic is None:
+        return
+    processed = defaultdict(set)  # input tp -> input uids whose output is visible
+    for uid in visible:
+        send = sends.get(uid)
+        if send is not None and send.src_topic == input_topic:
+            processed[tp_of(send.src_topic, send.src_partition)].add(send.src)
+    committed_input = defaultdict(dict)  # input tp -> {offset: uid} read committed
+    for record in rc:
+        if record.topic == input_topic:
+            committed_input[record.tp][record.offset] = record.uid
+    for tp, committed_offset in (final.get("group_offsets") or {}).items():
+        below = {uid for offset, uid in committed_input[tp].items()
+                 if committed_offset is not None and offset < committed_offset}
+        if below != processed[tp]:
+            yield Finding({"partition": tp, "committed_offset": committed_offset,
+                           "below_offset_not_in_output": sorted(below - processed[tp])[:5],
+                           "in_output_not_below_offset": sorted(processed[tp] - below)[:5]})
 
-    # --- inconsistent offsets ---------------------------------------------------------------------------
-    at = defaultdict(set)
-    for event in events:
-        if event["type"] == "ack" and event["offset"] >= 0:
-            at[(tp_of(event["topic"], event["partition"]), event["offset"])].add(event["uid"])
-    for record, _ in all_reads:
-        at[(tp_of(record[0], record[1]), record[2])].add(record[3])
+
+def inconsistent_offsets(acks: Sequence[Ack], rc: Sequence[Record], ru: Sequence[Record],
+                         polls: Sequence[Poll]) -> Iterator[Finding]:
+    """Acknowledgements, polls and final reads together."""
+    at = defaultdict(set)  # (tp, offset) -> uids
+    for ack in acks:
+        at[(ack.tp, ack.offset)].add(ack.uid)
+    for record, _ in every_read(rc, ru, polls):
+        at[(record.tp, record.offset)].add(record.uid)
     for (tp, offset), uids in sorted(at.items()):
         if len(uids) > 1:
-            findings.add("inconsistent_offsets", {"partition": tp, "offset": offset, "uids": sorted(map(str, uids))})
+            yield Finding({"partition": tp, "offset": offset, "uids": sorted(map(str, uids))})
 
-    # --- non-monotonic polls and sends -------------------------------------------------------------------
-    last_polled = {}
+
+def non_monotonic_polls(polls: Sequence[Poll]) -> Iterator[Finding]:
+    last_polled: dict[tuple[str, int, str], Record] = {}  # (worker, session, tp) -> the record it polled last
     for poll in polls:
-        for topic, partition, offset, uid in poll["records"]:
-            key = (poll["worker"], poll["session"], tp_of(topic, partition))
-            if key in last_polled and offset <= last_polled[key][0]:
-                findings.add("non_monotonic_polls", {"consumer": f"{poll['worker']} session {poll['session']}",
-                                                     "partition": key[2], "offsets": [last_polled[key][0], offset],
-                                                     "uids": [last_polled[key][1], uid]})
-            last_polled[key] = (offset, uid)
-    acks = defaultdict(list)
-    for event in events:
-        if event["type"] == "ack" and event["offset"] >= 0:
-            txn = txns.get((event["worker"], event["txn"]))
-            instance = txn.instance if txn else 0
-            acks[(event["worker"], instance, tp_of(event["topic"], event["partition"]))].append(
-                (event["txn"], event["idx"], event["offset"], event["uid"]))
-    for (worker, instance, tp), rows in acks.items():
-        rows.sort()
+        for record in poll.records:
+            key = (poll.worker, poll.session, record.tp)
+            last = last_polled.get(key)
+            if last is not None and record.offset <= last.offset:
+                yield Finding({"consumer": f"{poll.worker} session {poll.session}", "partition": record.tp,
+                               "offsets": [last.offset, record.offset], "uids": [last.uid, record.uid]})
+            last_polled[key] = record
+
+
+def non_monotonic_sends(acks: Sequence[Ack], txns: dict[tuple[str, int], Txn]) -> Iterator[Finding]:
+    by_producer = defaultdict(list)  # (worker, producer object, tp) -> its acks
+    for ack in acks:
+        txn = txns.get((ack.worker, ack.txn))
+        instance = txn.instance if txn is not None else 0
+        by_producer[(ack.worker, instance, ack.tp)].append(ack)
+    for (worker, instance, tp), rows in by_producer.items():
+        rows.sort(key=lambda ack: (ack.txn, ack.idx, ack.offset, ack.uid))  # send order
         for before, after in itertools.pairwise(rows):
-            if after[2] <= before[2]:
-                findings.add("non_monotonic_sends", {"producer": f"{worker} instance {instance}", "partition": tp,
-                                                     "offsets": [before[2], after[2]], "uids": [before[3], after[3]]})
-    return findings.as_dict()
+            if after.offset <= before.offset:
+                yield Finding({"producer": f"{worker} instance {instance}", "partition": tp,
+                               "offsets": [before.offset, after.offset], "uids": [before.uid, after.uid]})
+
+
+# --- figures ------------------------------------------------------------------------------------------------
 
 
 def replay_figures(events: list[dict]) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
@@ -359,35 +655,34 @@ def replay_figures(events: list[dict]) -> tuple[dict[str, int], dict[str, dict[s
     servers answered them (error code name -> how many partitions or calls)."""
     delivered = dict.fromkeys(REPLAY_KINDS, 0)
     answers: dict[str, dict[str, int]] = {}
-    for event in events:
-        if event["type"] == "replay" and event.get("delivered"):
-            delivered[event["kind"]] = delivered.get(event["kind"], 0) + 1
-            codes = answers.setdefault(event["kind"], {})
-            for answer in event.get("answers", []):
-                codes[answer["error"]] = codes.get(answer["error"], 0) + 1
+    for replay in parse_history(events, {}).of(Replay):
+        if replay.delivered:
+            delivered[replay.kind] = delivered.get(replay.kind, 0) + 1
+            codes = answers.setdefault(replay.kind, {})
+            for error in replay.errors:
+                codes[error] = codes.get(error, 0) + 1
     return delivered, answers
 
 
 def figures(events: list[dict], final: dict) -> dict:
     """The run's size: transactions by outcome, records, polls, connection cuts,
     replays (delivered, by kind) and what the servers answered them."""
-    txns = transactions(events)
+    run = parse_history(events, final)
+    txns = transactions(run.events)
     outcomes = defaultdict(int)
     for txn in txns.values():
         outcomes[txn.outcome] += 1
-    visible = {r[3] for r in final.get("read_committed", [])}
+    visible = {record.uid for record in run.read_committed}
     indefinite_visible = sum(1 for t in txns.values() if t.outcome == "indefinite" and t.sends
                              and all(uid in visible for uid in t.sends))
     replays, replay_answers = replay_figures(events)
     decided = silent_transactions(txns)
-    checks = [e for e in events if e["type"] == "check"]
+    polls = run.of(Poll)
+    checks = run.of(Check)
     answers = defaultdict(int)
-    for check_event in checks:
-        answers[check_event["answer"]] += 1
-    last_stats = {}
-    for event in events:
-        if event["type"] == "stats":
-            last_stats[event["worker"]] = event
+    for asked in checks:
+        answers[asked.answer] += 1
+    last_stats = {stats.worker: stats for stats in run.of(Stats)}
     return {
         "transactions_attempted": len(txns),
         "committed": outcomes["committed"],
@@ -395,19 +690,19 @@ def figures(events: list[dict], final: dict) -> dict:
         "indefinite": outcomes["indefinite"],
         "indefinite_found_committed": indefinite_visible,
         "records_sent": sum(len(t.sends) for t in txns.values()),
-        "polls": sum(1 for e in events if e["type"] == "poll"),
-        "records_polled": sum(len(e["records"]) for e in events if e["type"] == "poll"),
-        "final_read_committed": len(final.get("read_committed", [])),
-        "final_read_uncommitted": len(final.get("read_uncommitted", [])),
-        "connection_cuts": sum(s["requests_dropped"] + s["responses_dropped"] for s in last_stats.values()),
+        "polls": len(polls),
+        "records_polled": sum(len(poll.records) for poll in polls),
+        "final_read_committed": len(run.read_committed),
+        "final_read_uncommitted": len(run.read_uncommitted),
+        "connection_cuts": sum(s.requests_dropped + s.responses_dropped for s in last_stats.values()),
         "replays": replays,
         "replay_answers": replay_answers,
         "silent_transactions": len(decided),
-        "silent_decided_commit": sum(1 for t in decided.values() if t.decision["decision"] == "commit"),
+        "silent_decided_commit": sum(1 for t in decided.values() if t.decision.decision == "commit"),
         "silent_prepared": sum(1 for t in decided.values() if t.prepared),
         "silent_committed_visible": sum(1 for t in decided.values() if t.outcome == "committed" and t.sends
                                         and all(uid in visible for uid in t.sends)),
         "checks": len(checks),
         "checks_by_answer": dict(answers),
-        "checks_repeated": len(checks) - len({e["key"] for e in checks}),
+        "checks_repeated": len(checks) - len({asked.key for asked in checks}),
     }
