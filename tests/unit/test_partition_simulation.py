@@ -194,6 +194,7 @@ def first_failing_seed(runs: int) -> int | None:
     return None
 
 
+@pytest.mark.timeout(900)  # under a minute on an idle machine of this kind; CI machines are loaded
 def test_thousands_of_seeded_runs_of_one_replica_follow_the_reference_model():
     for seed in [int(SEED)] if SEED else range(RUNS):
         simulate(seed)  # a failure names its seed and steps
