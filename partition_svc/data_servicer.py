@@ -56,7 +56,7 @@ class DataServicer:
         if len({(b.topic, b.partition) for b in request.batches}) != len(request.batches):
             raise request_error("the request names a partition twice; put its records in one batch")
         reply = partition_pb2.ProduceResponse()
-        resolved = await self._verified(request, await self._resolved(request, reply))
+        resolved = await self._verified(request, *await self._resolved(request, reply))
         taken: list[Taken] = []
         now = now_ms()
         for item, (result, partition) in zip(request.batches, resolved, strict=True):
@@ -82,9 +82,11 @@ class DataServicer:
                 self.metrics.refused("Produce", self.view.known_topic(result.topic), result.error.code)
         return reply
 
-    async def _resolved(self, request, reply) -> list[tuple[object, Partition | None]]:
-        """Each batch's result and the partition it goes to, None where it is refused already (the result says why)."""
+    async def _resolved(self, request, reply) -> tuple[list[tuple[object, Partition | None]], dict[tuple[int, int], list[int]]]:
+        """Each batch's result and the partition it goes to, None where it is refused already (the result says
+        why), and the transactional batches to verify, by producer (their indexes)."""
         resolved: list[tuple[object, Partition | None]] = []
+        to_verify: dict[tuple[int, int], list[int]] = {}
         for item in request.batches:
             result = reply.results.add(topic=item.topic, partition=item.partition)
             try:
@@ -93,20 +95,19 @@ class DataServicer:
                 validation.check_batch(item.batch, self.view.limits, item.topic)  # first: it gives an absent producer id its -1
                 if item.topic in INTERNAL_TOPICS:
                     await self.view.check_internal_writer(item.topic, item.partition, item.batch)
+                if item.batch.is_transactional and \
+                        self.verifier.needs_verification(request.transactional_id, item.batch, partition):
+                    to_verify.setdefault((item.batch.producer_id, item.batch.producer_epoch), []).append(len(resolved))
                 resolved.append((result, partition))
             except TxlogError as exc:
                 result.error.CopyFrom(error_of(exc))
                 resolved.append((result, None))
-        return resolved
+        return resolved, to_verify
 
-    async def _verified(self, request, resolved: list[tuple[object, Partition | None]]) -> list[tuple[object, Partition | None]]:
+    async def _verified(self, request, resolved: list[tuple[object, Partition | None]],
+                        to_verify: dict[tuple[int, int], list[int]]) -> list[tuple[object, Partition | None]]:
         """``resolved`` without the transactional batches whose partitions the coordinator says are not in
         their transaction (KIP-890): one coordinator call per producer, not per batch."""
-        to_verify: dict[tuple[int, int], list[int]] = {}
-        for i, (item, (_, partition)) in enumerate(zip(request.batches, resolved, strict=True)):
-            if partition is not None and item.batch.is_transactional and \
-                    self.verifier.needs_verification(request.transactional_id, item.batch, partition):
-                to_verify.setdefault((item.batch.producer_id, item.batch.producer_epoch), []).append(i)
         for (producer_id, producer_epoch), indexes in to_verify.items():
             tps = [(resolved[i][1].topic, resolved[i][1].index) for i in indexes]
             refused = await self.verifier.verify(request.transactional_id, producer_id, producer_epoch, tps,
