@@ -12,6 +12,7 @@ from support.waiting import wait_until
 
 from tests.integ.raw import Raw, batch, plain_batch
 from txlog.protocol import errors
+from txlog.protocol.retry import RetryPolicy
 from txlog.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc, errors_pb2, partition_pb2
 
 LATEST, EARLIEST, LSO, BY_TIME = (
@@ -59,6 +60,9 @@ def test_sequence_rules_over_raw_grpc(shared_raw):
     assert (state.producer_epoch, state.last_sequence, state.current_txn_start_offset) == (1, 0, -1)
 
 
+RETRY_BACKOFF = RetryPolicy(attempts_max=1 << 30, backoff_initial_ms=20, backoff_max_ms=500)  # a client's, between retries
+
+
 def test_kill_9_mid_stream_loses_nothing_acknowledged_and_appends_no_duplicate(raw, txlog_cluster):
     raw.create_topic("crash", 1)
     pid = raw.producer_id()
@@ -67,16 +71,17 @@ def test_kill_9_mid_stream_loses_nothing_acknowledged_and_appends_no_duplicate(r
 
     def produce_until_stopped():
         # one batch at a time; an unanswered batch is retried with the same sequence until it is answered
-        sequence = 0
+        sequence = failures = 0
         while not stop.is_set() or sequence < len(acked) * 10:
             try:
                 result = raw.produce("crash", 0, batch(pid, sequence, [f"{sequence + i}" for i in range(10)]), stub=raw.stub(raw.leaders("crash")[0]))
             except grpc.RpcError:
-                time.sleep(0.05)
+                result = None  # the leader is down
+            if result is None or result.error.error_class == errors_pb2.ERROR_CLASS_RETRIABLE:  # or elected again
+                failures += 1  # the same batch again after the client's backoff (the deadlines are the main thread's)
+                time.sleep(RETRY_BACKOFF.delay_ms(failures) / 1000)
                 continue
-            if result.error.error_class == errors_pb2.ERROR_CLASS_RETRIABLE:  # a leader elected again after the
-                time.sleep(0.05)  # restart, say: the same batch again, as a client retries it (a backoff, not a wait)
-                continue
+            failures = 0
             assert error_name(result) == "NONE", result
             acked.append(result.base_offset)
             sequence += 10
