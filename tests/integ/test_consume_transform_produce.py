@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.waiting import wait_until
 from txlog import Admin, Consumer, Producer
 from txlog.structs import TopicPartition
 
@@ -20,11 +21,16 @@ def run_worker(bootstrap, *args, timeout_s=120):
 
 
 def read_all(bootstrap, topic, partitions=2):
+    """Every committed value of ``topic``, once no transaction is open or still
+    writing its markers there (the last stable offset has reached the high
+    watermark: a worker's commit returns once decided, its markers follow)."""
     tps = [TopicPartition(topic, p) for p in range(partitions)]
-    with Consumer(bootstrap, isolation_level="read_committed", fetch_max_wait_ms=100) as consumer:
+    with Consumer(bootstrap, isolation_level="read_committed", fetch_max_wait_ms=100) as consumer, \
+            Consumer(bootstrap) as uncommitted:
         consumer.assign(tps)
         consumer.seek_to_beginning()
-        ends = consumer.end_offsets(tps)
+        ends = wait_until(lambda: (stable := consumer.end_offsets(tps)) == uncommitted.end_offsets(tps) and stable, 60,
+                          f"the last stable offsets of {topic} reaching its high watermarks")
         values = []
         while any(consumer.position(tp) < ends[tp] for tp in tps):
             values += [r.value.decode() for r in consumer.poll(timeout_s=0.5)]

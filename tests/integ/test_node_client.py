@@ -58,7 +58,8 @@ def test_node_client_produces_commits_aborts_and_reads_committed(raw):
 
     # No topic yet: UNKNOWN_TOPIC_OR_PARTITION is retriable, retried until the
     # client's deadline, then a clear failure (exit 2, the code in the JSON).
-    status, out, _ = run_node(bootstrap, TOPIC, TXLOG_RETRY_DEADLINE_MS="1000")
+    # 5 s: a loaded machine's first call alone (Node starting, loading protos, connecting) can take a second
+    status, out, _ = run_node(bootstrap, TOPIC, TXLOG_RETRY_DEADLINE_MS="5000")
     assert status == 2 and out["ok"] is False, out
     assert out["error_code"] == "UNKNOWN_TOPIC_OR_PARTITION" and out["retries"]["UNKNOWN_TOPIC_OR_PARTITION"] >= 1, out
 
