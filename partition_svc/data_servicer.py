@@ -34,6 +34,8 @@ log = logging.getLogger(__name__)
 
 DELETE_RECORDS_TIMEOUT_MS_DEFAULT = 30_000  # DeleteRecords' wait for the in-sync replicas when its timeout_ms is 0
 INTERNAL_TOPICS = (CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC)
+# A produced batch's result, the partition it goes to and the batch (None, None: refused already)
+Resolved = tuple[object, Partition | None, common_pb2.RecordBatch | validation.EncodedBatch | None]
 
 
 class DataServicer:
@@ -59,16 +61,17 @@ class DataServicer:
         resolved = await self._verified(request, *await self._resolved(request, reply))
         taken: list[Taken] = []
         now = now_ms()
-        for item, (result, partition) in zip(request.batches, resolved, strict=True):
+        for item, (result, partition, batch) in zip(request.batches, resolved, strict=True):
             if partition is None:
                 continue
-            outcome = appends.append(partition, item.batch, acks, now, self.view.limits)
+            outcome = appends.append(partition, batch, acks, now, self.view.limits)
             if isinstance(outcome, Reject):
                 result.error.CopyFrom(error_proto(outcome.code, outcome.message))
                 continue
             result.base_offset = outcome.base_offset
             if not outcome.duplicate:
-                self.count_produced(item.topic, outcome.last_offset + 1 - outcome.base_offset, item.batch.ByteSize(),
+                self.count_produced(item.topic, outcome.last_offset + 1 - outcome.base_offset,
+                                    len(item.encoded_batch) or item.batch.ByteSize(),
                                     appends.written(outcome, acks))
             result.log_start_offset = partition.log_start_offset
             result.log_append_time_ms = now
@@ -82,30 +85,29 @@ class DataServicer:
                 self.metrics.refused("Produce", self.view.known_topic(result.topic), result.error.code)
         return reply
 
-    async def _resolved(self, request, reply) -> tuple[list[tuple[object, Partition | None]], dict[tuple[int, int], list[int]]]:
-        """Each batch's result and the partition it goes to, None where it is refused already (the result says
-        why), and the transactional batches to verify, by producer (their indexes)."""
-        resolved: list[tuple[object, Partition | None]] = []
+    async def _resolved(self, request, reply) -> tuple[list[Resolved], dict[tuple[int, int], list[int]]]:
+        """Each batch's result, the partition it goes to (None where it is refused already: the result says
+        why) and the batch checked (validation.produced_batch, either form), and the transactional batches to
+        verify, by producer (their indexes)."""
+        resolved: list[Resolved] = []
         to_verify: dict[tuple[int, int], list[int]] = {}
         for item in request.batches:
             result = reply.results.add(topic=item.topic, partition=item.partition)
             try:
                 partition = await self.view.hosted(item.topic, item.partition)
                 await self.check_leader_epoch(item, partition)
-                validation.check_batch(item.batch, self.view.limits, item.topic)  # first: it gives an absent producer id its -1
+                batch = validation.produced_batch(item, self.view.limits)  # first: it gives an absent producer id its -1
                 if item.topic in INTERNAL_TOPICS:
-                    await self.view.check_internal_writer(item.topic, item.partition, item.batch)
-                if item.batch.is_transactional and \
-                        self.verifier.needs_verification(request.transactional_id, item.batch, partition):
-                    to_verify.setdefault((item.batch.producer_id, item.batch.producer_epoch), []).append(len(resolved))
-                resolved.append((result, partition))
+                    await self.view.check_internal_writer(item.topic, item.partition, batch)
+                if batch.is_transactional and self.verifier.needs_verification(request.transactional_id, batch, partition):
+                    to_verify.setdefault((batch.producer_id, batch.producer_epoch), []).append(len(resolved))
+                resolved.append((result, partition, batch))
             except TxlogError as exc:
                 result.error.CopyFrom(error_of(exc))
-                resolved.append((result, None))
+                resolved.append((result, None, None))
         return resolved, to_verify
 
-    async def _verified(self, request, resolved: list[tuple[object, Partition | None]],
-                        to_verify: dict[tuple[int, int], list[int]]) -> list[tuple[object, Partition | None]]:
+    async def _verified(self, request, resolved: list[Resolved], to_verify: dict[tuple[int, int], list[int]]) -> list[Resolved]:
         """``resolved`` without the transactional batches whose partitions the coordinator says are not in
         their transaction (KIP-890): one coordinator call per producer, not per batch."""
         for (producer_id, producer_epoch), indexes in to_verify.items():
@@ -116,7 +118,7 @@ class DataServicer:
                 if tp in refused:
                     result = resolved[i][0]
                     result.error.CopyFrom(self.verifier.not_in_transaction(tp, refused[tp], added=request.add_to_transaction))
-                    resolved[i] = (result, None)
+                    resolved[i] = (result, None, None)
         return resolved
 
     def count_produced(self, topic: str, records: int, size_bytes: int, written: asyncio.Future) -> None:
@@ -140,6 +142,9 @@ class DataServicer:
     async def Fetch(self, request, context):
         if request.isolation_level not in (common_pb2.ISOLATION_LEVEL_READ_UNCOMMITTED, common_pb2.ISOLATION_LEVEL_READ_COMMITTED):
             raise request_error(f"unknown isolation_level {request.isolation_level}")
+        if request.batch_format not in (partition_pb2.BATCH_FORMAT_MESSAGE, partition_pb2.BATCH_FORMAT_ENCODED):
+            raise request_error(f"unknown batch_format {request.batch_format}; known: BATCH_FORMAT_MESSAGE (0), "
+                                "BATCH_FORMAT_ENCODED (2)")
         if request.max_wait_ms < 0 or request.max_bytes < 0 or request.max_records < 0 or request.min_bytes < 0:
             raise request_error("max_wait_ms, min_bytes, max_bytes and max_records must not be negative")
         self.view.check_partition_count(len(request.partitions))
@@ -168,6 +173,7 @@ class DataServicer:
         bytes_left = request.max_bytes or self.config.batch_bytes_max * 4
         records_left = request.max_records or 2**31
         accepted = frozenset(request.accepted_compressions)
+        encoded = request.batch_format == partition_pb2.BATCH_FORMAT_ENCODED
         waits, returned_bytes = [], 0
         for wanted in request.partitions:
             result = partition_pb2.FetchPartitionResult(topic=wanted.topic, partition=wanted.partition, next_fetch_offset=wanted.fetch_offset)
@@ -178,7 +184,7 @@ class DataServicer:
                 await self.check_leader_epoch(wanted, partition)
                 batches, records = self._read(
                     partition, wanted, request.isolation_level, result, bytes_left, records_left, returned_bytes == 0,
-                    outcomes=request.include_transaction_outcomes, accepted=accepted,
+                    outcomes=request.include_transaction_outcomes, accepted=accepted, encoded=encoded,
                 )
             except TxlogError as exc:
                 result.error.CopyFrom(error_of(exc))
@@ -191,7 +197,7 @@ class DataServicer:
             records_left = max(records_left - records, 0)
             if not batches and not result.HasField("error"):
                 waits.append(partition.data_arrived())
-            encoded_results.append(wire.partition_result(result, batches))
+            encoded_results.append(wire.partition_result(result, batches, encoded))
 
         def tally() -> None:
             for topic, code in refused:
@@ -202,7 +208,7 @@ class DataServicer:
         return wire.fetch_response(encoded_results), waits, returned_bytes, tally
 
     def _read(self, partition, wanted, isolation_level, result, bytes_left, records_left, take_first, *,
-              outcomes: bool = False, accepted: frozenset[int] = frozenset()) -> tuple[list[wire.Encoded], int]:
+              outcomes: bool = False, accepted: frozenset[int] = frozenset(), encoded: bool = False) -> tuple[list[wire.Encoded], int]:
         check_settled(partition)
         hw, lso = partition.high_watermark, partition.last_stable_offset
         result.high_watermark, result.last_stable_offset, result.log_start_offset = hw, lso, partition.log_start_offset
@@ -215,7 +221,7 @@ class DataServicer:
         partition_bytes = min(wanted.partition_max_bytes or bytes_left, bytes_left)
         batches, result.next_fetch_offset, records = partition.read_encoded(
             wanted.fetch_offset, upper, partition_bytes, records_left, take_first=take_first,
-            committed=isolation_level == common_pb2.ISOLATION_LEVEL_READ_COMMITTED, accepted=accepted,
+            committed=isolation_level == common_pb2.ISOLATION_LEVEL_READ_COMMITTED, accepted=accepted, encoded=encoded,
         )
         if result.next_fetch_offset > wanted.fetch_offset:
             result.next_fetch_epoch = partition.epochs.epoch_at(result.next_fetch_offset - 1)

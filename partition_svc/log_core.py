@@ -25,7 +25,7 @@ from partition_svc import log_format, validation
 from partition_svc.log_format import StoredBatchHeader
 from partition_svc.partition_core import UNCHANGED, Unchanged
 from partition_svc.producer_state import Reject
-from txlog.protocol import compression
+from txlog.protocol import batch_format, compression
 from txlog.protocol.errors import ErrorCode
 from txlog.v1 import common_pb2
 
@@ -96,6 +96,36 @@ def encode_append(batch: common_pb2.RecordBatch, base: int, now_ms: int, topic: 
     return Encoded(value, count, max_timestamp_ms)
 
 
+def encode_encoded(batch: validation.EncodedBatch, base: int, now_ms: int, topic: str, configs: dict[str, str],
+                   limits: validation.BatchLimits) -> Encoded:
+    """An encoded batch (validation.check_encoded) given its offsets from
+    ``base``: stored as the producer sent it, with its base offset and append
+    time written (outside the CRC), unless the topic's compression.type asks
+    for another codec (then re-encoded, CRC computed here). Raises TxlogError
+    for a record larger than max.record.bytes, nothing changed."""
+    header = batch.header
+    count = header.record_count
+    validation.check_sizes(batch.parsed, batch.plain_bytes, limits, int(configs["max.record.bytes"]))
+    max_timestamp_ms = header.max_timestamp_ms
+    if header.has_untimed_records or not max_timestamp_ms:
+        max_timestamp_ms = max(max_timestamp_ms, now_ms)
+    codec = validation.stored_compression(topic, configs, header.compression)
+    if codec == header.compression:
+        parts = batch_format.stamped(batch.data, base, now_ms)
+    else:
+        records = batch.parsed.SerializeToString()
+        parts = [batch_format.encode(compression.compress(codec, records) if codec else records, count,
+                                     producer_id=header.producer_id, producer_epoch=header.producer_epoch,
+                                     base_sequence=header.base_sequence, transactional=header.is_transactional, codec=codec,
+                                     max_timestamp_ms=header.max_timestamp_ms, untimed=header.has_untimed_records,
+                                     base_offset=base, log_append_time_ms=now_ms)]
+    flags = (log_format.FLAG_TRANSACTIONAL if header.is_transactional else 0) | log_format.compression_flags(codec) \
+        | log_format.FLAG_ENCODED
+    value = log_format.encode_batch_parts(base + count - 1, max_timestamp_ms, header.producer_id, header.producer_epoch, flags,
+                                          count, parts)
+    return Encoded(value, count, max_timestamp_ms)
+
+
 def encode_internal(batch: common_pb2.RecordBatch, base: int, flags: int, now_ms: int) -> Encoded:
     """A batch the leader writes itself (markers, offsets), given its offsets from ``base``."""
     batch.base_offset = base
@@ -134,9 +164,36 @@ def txn_offsets_batch(producer_id: int, producer_epoch: int, offsets: list[tuple
 
 def records_of(value: bytes):
     """A stored batch's records, with their offsets and timestamps, decompressed if it is compressed."""
-    batch = common_pb2.RecordBatch.FromString(log_format.payload_of(value))
-    compression.expand(batch, compression.READ_BYTES_MAX)
-    return batch.records
+    return message_of(value).records
+
+
+def message_of(value: bytes, from_offset: int = 0, keep_codecs: frozenset[int] = frozenset()) -> common_pb2.RecordBatch:
+    """A stored batch (either form) as a RecordBatch message: its records with
+    their offsets and timestamps, those below ``from_offset`` left out; or,
+    stored with a codec in ``keep_codecs``, compressed and whole."""
+    payload = log_format.payload_of(value)
+    if log_format.decode_header(0, value).is_encoded:
+        return batch_format.to_message(payload, batch_format.header_of(payload), from_offset=from_offset, keep_codecs=keep_codecs)
+    batch = common_pb2.RecordBatch.FromString(payload)
+    if batch.compression and batch.compression not in keep_codecs:
+        compression.expand(batch, compression.READ_BYTES_MAX, from_offset)
+    elif not batch.compression and from_offset > batch.base_offset:
+        del batch.records[: from_offset - batch.base_offset]
+    return batch
+
+
+def encoded_of(header: StoredBatchHeader, value: bytes, keep_codecs: frozenset[int]) -> memoryview | bytes:
+    """A stored batch (either form) in the encoded format, whole, its leader
+    epoch still to set; stored with a codec not in ``keep_codecs``, decompressed."""
+    payload = log_format.payload_of(value)
+    if header.is_encoded:
+        if header.compression and header.compression not in keep_codecs:
+            return batch_format.uncompressed(payload, batch_format.header_of(payload))
+        return payload
+    batch = common_pb2.RecordBatch.FromString(payload)
+    if batch.compression not in keep_codecs:
+        compression.expand(batch, compression.READ_BYTES_MAX)
+    return batch_format.from_message(batch, header.record_count, header.max_timestamp_ms)
 
 
 def decide_delete_records(where: str, offset: int, lso: int, log_start_offset: int) -> Reject | Unchanged | MoveLogStart:

@@ -4,7 +4,9 @@ encodings, no store (log_store.py holds the store and its writer).
 Key layout (``pkey`` = topic UTF-8, NUL, partition as 4-byte big-endian):
 
     L pkey offset(8B BE)       a record batch, keyed by its base offset: a fixed
-                               header (BATCH_HEADER) then the RecordBatch protobuf
+                               header (BATCH_HEADER) then the batch, encoded
+                               (FLAG_ENCODED: batch_format, as produced) or a
+                               RecordBatch protobuf
     M pkey                     partition metadata, JSON: log_start_offset, next_offset, size_bytes,
                                high_watermark (what this replica last knew was replicated)
     E pkey epoch(4B BE)        the leader-epoch cache: the first offset written in that epoch
@@ -38,6 +40,9 @@ FLAG_COMMIT = 4
 # know which batches to decompress without parsing any.
 COMPRESSION_SHIFT = 3
 COMPRESSION_MASK = 3
+# The payload is a batch in the encoded format (txlog.protocol.batch_format), as its producer sent it
+# with the base offset and append time written; without it, a RecordBatch message.
+FLAG_ENCODED = 32
 
 
 STORAGE_KEY = b"S"
@@ -139,6 +144,10 @@ class StoredBatchHeader:
         return bool(self.flags & FLAG_CONTROL)
 
     @property
+    def is_encoded(self) -> bool:
+        return bool(self.flags & FLAG_ENCODED)
+
+    @property
     def compression(self) -> int:
         """The RecordBatch.compression the batch is stored with (0: uncompressed)."""
         return self.flags >> COMPRESSION_SHIFT & COMPRESSION_MASK
@@ -152,10 +161,15 @@ def encode_batch(last_offset, max_timestamp_ms, producer_id, producer_epoch, fla
     return BATCH_HEADER.pack(last_offset, max_timestamp_ms, producer_id, producer_epoch, flags, record_count) + payload
 
 
+def encode_batch_parts(last_offset, max_timestamp_ms, producer_id, producer_epoch, flags, record_count, parts) -> bytes:
+    """encode_batch() of a payload given as pieces, joined once."""
+    return b"".join([BATCH_HEADER.pack(last_offset, max_timestamp_ms, producer_id, producer_epoch, flags, record_count), *parts])
+
+
 def decode_header(base_offset: int, value: bytes) -> StoredBatchHeader:
     return StoredBatchHeader(base_offset, *BATCH_HEADER.unpack_from(value), len(value))
 
 
 def payload_of(value: bytes) -> memoryview:
-    """The RecordBatch bytes of a stored value, without copying them."""
+    """The batch bytes of a stored value (encoded or a RecordBatch, as its flags say), without copying them."""
     return memoryview(value)[BATCH_HEADER.size:]

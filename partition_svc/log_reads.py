@@ -12,9 +12,8 @@ from partition_svc.log_format import StoredBatchHeader
 from partition_svc.log_store import LogStore
 from partition_svc.partition_core import DerivedState
 from partition_svc.producer_state import ProducerStateEntry, ProducerStates
-from txlog.protocol import compression
+from txlog.protocol import batch_format
 from txlog.protocol.leader_epochs import LeaderEpochCache
-from txlog.v1 import common_pb2
 
 
 @dataclass(frozen=True)
@@ -47,7 +46,7 @@ def recovered(store: LogStore, pkey: bytes) -> Recovered:
 
 def read_encoded(store: LogStore, pkey: bytes, fetch_offset: int, upper_offset: int, bytes_max: int, records_max: int, *,
                  take_first: bool, is_aborted: Callable[[int, int], bool] | None, epoch_at: Callable[[int], int],
-                 accepted: frozenset[int]) -> tuple[list[wire.Encoded], int, int]:
+                 accepted: frozenset[int], encoded: bool = False) -> tuple[list[wire.Encoded], int, int]:
     """The serialized RecordBatches from ``fetch_offset`` below ``upper_offset``,
     up to ``bytes_max`` bytes and ``records_max`` records, except that with
     ``take_first`` the first batch is taken whatever its size (so a consumer
@@ -58,7 +57,9 @@ def read_encoded(store: LogStore, pkey: bytes, fetch_offset: int, upper_offset: 
     out as stored, whole, when its codec is in ``accepted`` (the reader skips
     its records below fetch_offset, as Kafka's consumers do), else
     decompressed into plain records with offsets, trimmed as an uncompressed
-    one. Each batch is returned unjoined (wire.Encoded: the stored bytes, not
+    one. With ``encoded``, each batch comes whole in the encoded format
+    (batch_format; one stored as a message converted), decompressed unless
+    ``accepted`` lists its codec. Each batch is returned unjoined (wire.Encoded: the stored bytes, not
     copied, then the epoch field), for a response that copies them once.
     Returns (batches, offset to fetch next, record count)."""
     batches: list[wire.Encoded] = []
@@ -79,21 +80,23 @@ def read_encoded(store: LogStore, pkey: bytes, fetch_offset: int, upper_offset: 
         next_offset = header.last_offset + 1
         if header.is_control or (is_aborted is not None and header.is_transactional and is_aborted(header.producer_id, base_offset)):
             continue
-        payload = log_format.payload_of(value)
-        if header.compression and header.compression not in accepted:
-            batch = common_pb2.RecordBatch.FromString(payload)
-            compression.expand(batch, compression.READ_BYTES_MAX, fetch_offset)
-            payload = batch.SerializeToString()
-        elif base_offset < fetch_offset and not header.compression:
-            batch = common_pb2.RecordBatch.FromString(payload)
-            del batch.records[: fetch_offset - base_offset]
-            payload = batch.SerializeToString()
-        batches.append(wire.record_batch(payload, epoch_at(base_offset)))
+        if encoded:
+            batches.append(wire.encoded(*batch_format.with_epoch(log_core.encoded_of(header, value, accepted), epoch_at(base_offset))))
+        else:
+            batches.append(wire.record_batch(_message_payload(header, value, fetch_offset, accepted), epoch_at(base_offset)))
         taken_bytes += header.stored_bytes
         taken_records += count
         if taken_bytes >= bytes_max or taken_records >= records_max:
             break  # no next batch fits (each has bytes and a record): stop before the iterator reads one
     return batches, next_offset, taken_records
+
+
+def _message_payload(header: StoredBatchHeader, value: bytes, fetch_offset: int, accepted: frozenset[int]):
+    """A stored batch as a serialized RecordBatch for a reader of that form: the
+    stored bytes themselves when they are one it takes as they are."""
+    if not header.is_encoded and (header.compression in accepted if header.compression else header.base_offset >= fetch_offset):
+        return log_format.payload_of(value)
+    return log_core.message_of(value, fetch_offset, accepted).SerializeToString()
 
 
 def headers(store: LogStore, pkey: bytes, from_offset: int) -> Iterator[StoredBatchHeader]:

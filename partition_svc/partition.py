@@ -217,7 +217,8 @@ class Partition:
 
     # --- the doors --------------------------------------------------------------------
 
-    def produce(self, batch: common_pb2.RecordBatch, now_ms: int, limits: validation.BatchLimits) -> Produced | Reject:
+    def produce(self, batch: common_pb2.RecordBatch | validation.EncodedBatch, now_ms: int,
+                limits: validation.BatchLimits) -> Produced | Reject:
         """One batch of a Produce, checked against its producer's state: a
         duplicate is answered its original offsets, a new batch is appended and
         submitted. A bad record is a Reject, with nothing changed."""
@@ -228,14 +229,17 @@ class Partition:
             return Produced(outcome.base_offset, outcome.last_offset, asyncio.ensure_future(self.wait_durable(outcome.last_offset)),
                             asyncio.ensure_future(self.wait_replicated(outcome.last_offset)), duplicate=True)
         try:
-            encoded = log_core.encode_append(batch, self.next_offset, now_ms, self.topic, self.configs, limits)
+            if isinstance(batch, validation.EncodedBatch):
+                encoded = log_core.encode_encoded(batch, self.next_offset, now_ms, self.topic, self.configs, limits)
+            else:
+                encoded = log_core.encode_append(batch, self.next_offset, now_ms, self.topic, self.configs, limits)
         except TxlogError as exc:
             return Reject(exc.code, exc.message)
         base = self.next_offset
         written, replicated = self._take(self._appended(encoded, self._data_effect(batch, base, encoded)))
         return Produced(base, base + encoded.record_count - 1, written, replicated)
 
-    def _data_effect(self, batch: common_pb2.RecordBatch, base: int, encoded: log_core.Encoded) -> Changes:
+    def _data_effect(self, batch: common_pb2.RecordBatch | validation.EncodedBatch, base: int, encoded: log_core.Encoded) -> Changes:
         if batch.producer_id >= 0:
             return partition_core.effect_data(self.derived, self.pkey, batch.producer_id, batch.producer_epoch,
                                               batch.base_sequence, encoded.record_count, base, encoded.max_timestamp_ms,
@@ -624,21 +628,21 @@ class Partition:
 
     def read(
         self, fetch_offset: int, upper_offset: int, bytes_max: int, records_max: int, *, take_first: bool, committed: bool = False,
-        accepted: frozenset[int] = frozenset(),
+        accepted: frozenset[int] = frozenset(), encoded: bool = False,
     ) -> tuple[list[bytes], int, int]:
-        """read_encoded()'s batches, each joined into its serialized RecordBatch."""
-        batches, next_offset, records = self.read_encoded(fetch_offset, upper_offset, bytes_max, records_max,
-                                                          take_first=take_first, committed=committed, accepted=accepted)
+        """read_encoded()'s batches, each joined: a serialized RecordBatch (or with ``encoded``, an encoded batch)."""
+        batches, next_offset, records = self.read_encoded(fetch_offset, upper_offset, bytes_max, records_max, take_first=take_first,
+                                                          committed=committed, accepted=accepted, encoded=encoded)
         return [b"".join(batch.parts) for batch in batches], next_offset, records
 
     def read_encoded(
         self, fetch_offset: int, upper_offset: int, bytes_max: int, records_max: int, *, take_first: bool, committed: bool = False,
-        accepted: frozenset[int] = frozenset(),
+        accepted: frozenset[int] = frozenset(), encoded: bool = False,
     ) -> tuple[list[wire.Encoded], int, int]:
         """log_reads.read_encoded of this replica's log; ``committed`` skips aborted transactions' batches."""
         return log_reads.read_encoded(self.store, self.pkey, fetch_offset, upper_offset, bytes_max, records_max,
                                       take_first=take_first, is_aborted=self.derived.is_aborted if committed else None,
-                                      epoch_at=self.epochs.epoch_at, accepted=accepted)
+                                      epoch_at=self.epochs.epoch_at, accepted=accepted, encoded=encoded)
 
     def headers(self, from_offset: int = 0):
         """The stored batches' headers from ``from_offset`` or the log start (the first may start before it)."""

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field, replace
 
 from partition_svc import log_format, producer_state
 from partition_svc.producer_state import APPEND, Append, Duplicate, ProducerStateEntry, ProducerStates, Reject
+from txlog.protocol import batch_format
 from txlog.protocol.errors import ErrorCode, TxlogError
 from txlog.v1 import common_pb2
 
@@ -293,15 +294,20 @@ def effect_stored(state: DerivedState, pkey: bytes, holds_offsets: bool, base_of
     header = log_format.decode_header(base_offset, value)
     if header.producer_id < 0 and not holds_offsets:
         return []
-    batch = common_pb2.RecordBatch.FromString(log_format.payload_of(value))
-    if header.is_control:
-        return effect_control(state, pkey, batch, header.base_offset, header.max_timestamp_ms)
-    if holds_offsets:
-        if not header.is_transactional:
-            return offset_changes(batch)
-        return effect_txn_offsets(state, pkey, header.producer_id, header.producer_epoch,
-                                  [(r.key, r.value) for r in batch.records], header.base_offset, header.max_timestamp_ms)
-    return effect_data(state, pkey, header.producer_id, header.producer_epoch, batch.base_sequence, header.record_count,
+    payload = log_format.payload_of(value)
+    if header.is_encoded:  # a producer's data batch (never a marker, nor in an internal topic): its header says it all
+        base_sequence = batch_format.header_of(payload).base_sequence
+    else:
+        batch = common_pb2.RecordBatch.FromString(payload)
+        if header.is_control:
+            return effect_control(state, pkey, batch, header.base_offset, header.max_timestamp_ms)
+        if holds_offsets:
+            if not header.is_transactional:
+                return offset_changes(batch)
+            return effect_txn_offsets(state, pkey, header.producer_id, header.producer_epoch,
+                                      [(r.key, r.value) for r in batch.records], header.base_offset, header.max_timestamp_ms)
+        base_sequence = batch.base_sequence
+    return effect_data(state, pkey, header.producer_id, header.producer_epoch, base_sequence, header.record_count,
                        header.base_offset, header.max_timestamp_ms, header.is_transactional, appended_ms)
 
 

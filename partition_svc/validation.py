@@ -3,9 +3,10 @@ before anything is changed, so bad input never alters stored data."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from txlog.protocol import INTERNAL_TOPIC_PREFIX, PRODUCER_EPOCH_MAX, SEQUENCE_MAX, compression
+from txlog.protocol import INTERNAL_TOPIC_PREFIX, PRODUCER_EPOCH_MAX, SEQUENCE_MAX, batch_format, compression
+from txlog.protocol.batch_format import BatchFormatError, BatchHeader
 from txlog.protocol.errors import ErrorCode, TxlogError
 from txlog.protocol.names import check_group_id, check_topic_name  # noqa: F401 -- the name rules, re-exported
 from txlog.v1 import common_pb2
@@ -109,17 +110,110 @@ def check_batch(batch: common_pb2.RecordBatch, limits: BatchLimits, topic: str =
                       "three, a non-idempotent one none (or all -1)")
     if not given:  # a non-idempotent batch: stored, and read back, with -1 in all three
         batch.producer_id = batch.producer_epoch = batch.base_sequence = -1
-    if batch.producer_id == -1:
-        if batch.producer_epoch != -1 or batch.base_sequence != -1 or batch.is_transactional:
+    check_producer_fields(batch.producer_id, batch.producer_epoch, batch.base_sequence, batch.is_transactional)
+
+
+def produced_batch(item, limits: BatchLimits) -> common_pb2.RecordBatch | EncodedBatch:
+    """A PartitionBatch's batch, checked: its ``batch`` message (check_batch) or
+    its ``encoded_batch`` (check_encoded), exactly one of them."""
+    if item.encoded_batch:
+        if item.HasField("batch"):
+            raise invalid("a PartitionBatch sets batch and encoded_batch; set exactly one")
+        return check_encoded(item.encoded_batch, limits, item.topic)
+    check_batch(item.batch, limits, item.topic)
+    return item.batch
+
+
+def check_producer_fields(producer_id: int, producer_epoch: int, base_sequence: int, is_transactional: bool) -> None:
+    if producer_id == -1:
+        if producer_epoch != -1 or base_sequence != -1 or is_transactional:
             raise invalid("a batch without a producer id needs producer_epoch and base_sequence left out (or -1) "
                           "and is not transactional")
-    elif batch.producer_id < 0:
-        raise invalid(f"producer_id must be -1 or >= 0, got {batch.producer_id}")
+    elif producer_id < 0:
+        raise invalid(f"producer_id must be -1 or >= 0, got {producer_id}")
     else:
-        if not 0 <= batch.producer_epoch <= PRODUCER_EPOCH_MAX:
-            raise invalid(f"producer_epoch must be 0..{PRODUCER_EPOCH_MAX}, got {batch.producer_epoch}")
-        if not 0 <= batch.base_sequence <= SEQUENCE_MAX:
-            raise invalid(f"base_sequence must be 0..{SEQUENCE_MAX}, got {batch.base_sequence}")
+        if not 0 <= producer_epoch <= PRODUCER_EPOCH_MAX:
+            raise invalid(f"producer_epoch must be 0..{PRODUCER_EPOCH_MAX}, got {producer_epoch}")
+        if not 0 <= base_sequence <= SEQUENCE_MAX:
+            raise invalid(f"base_sequence must be 0..{SEQUENCE_MAX}, got {base_sequence}")
+
+
+@dataclass(frozen=True)
+class EncodedBatch:
+    """A produced batch in the encoded format (PartitionBatch.encoded_batch),
+    its header, CRC and records checked by :func:`check_encoded`. It answers
+    the producer fields a RecordBatch does, so the producer rules read either."""
+
+    data: bytes
+    header: BatchHeader
+    parsed: common_pb2.RecordBatch = field(repr=False)  # its records (decompressed), for the rules that read them
+
+    @property
+    def producer_id(self) -> int:
+        return self.header.producer_id
+
+    @property
+    def producer_epoch(self) -> int:
+        return self.header.producer_epoch
+
+    @property
+    def base_sequence(self) -> int:
+        return self.header.base_sequence
+
+    @property
+    def is_transactional(self) -> bool:
+        return self.header.is_transactional
+
+    @property
+    def records(self):
+        return self.parsed.records
+
+    @property
+    def plain_bytes(self) -> int:
+        """The records' serialized size, uncompressed: what batch_bytes_max and max.record.bytes bound."""
+        return self.parsed.ByteSize() if self.header.compression else len(self.data) - batch_format.HEADER_BYTES
+
+
+def check_encoded(data: bytes, limits: BatchLimits, topic: str) -> EncodedBatch:
+    """Raises a TxlogError naming what is wrong with an encoded batch: its
+    header (the format, the attributes, the producer fields), its CRC32C
+    (CORRUPT_MESSAGE: damaged on the way, a retry may pass) and its records
+    (a well-formed section of exactly the count the header says, within
+    batch_bytes_max). Each record's size is checked as the leader gives the
+    batch offsets (log_core.encode_encoded); its timestamp and headers are the
+    producer's, as Kafka's broker takes a v2 batch's (the header's
+    max_timestamp_ms, which retention and ListOffsets read, is checked)."""
+    if topic.startswith(INTERNAL_TOPIC_PREFIX):
+        raise invalid(f"internal topic {topic!r} takes batches as RecordBatch messages (PartitionBatch.batch) only")
+    try:
+        header = batch_format.header_of(data)
+    except BatchFormatError as exc:
+        raise invalid(str(exc), "INVALID_RECORD") from None
+    try:
+        batch_format.check_crc(data, header)
+    except BatchFormatError as exc:
+        raise invalid(str(exc), "CORRUPT_MESSAGE") from None
+    if header.attributes & ~batch_format.KNOWN_ATTRIBUTES or header.attributes < 0:
+        raise invalid(f"attributes {header.attributes:#06x} set bits this format does not define (known: "
+                      f"{batch_format.KNOWN_ATTRIBUTES:#06x}); producers may not send control batches", "INVALID_RECORD")
+    if header.compression and header.compression not in compression.CODECS:
+        raise invalid(f"unknown compression {header.compression}; known: {sorted(compression.CODECS)}")
+    count = header.record_count
+    if count < 1:
+        raise invalid(f"a batch needs at least one record (last_offset_delta {header.last_offset_delta})")
+    if count > limits.records_per_batch_max:
+        raise invalid(f"a batch holds {count} records, more than the limit {limits.records_per_batch_max}", "BATCH_TOO_LARGE")
+    check_producer_fields(header.producer_id, header.producer_epoch, header.base_sequence, header.is_transactional)
+    if not 0 <= header.max_timestamp_ms <= TIMESTAMP_MS_MAX:
+        raise invalid(f"max_timestamp_ms {header.max_timestamp_ms} is out of range 0..2^53", "INVALID_TIMESTAMP")
+    section_bytes = len(data) - batch_format.HEADER_BYTES
+    if not header.compression and section_bytes > limits.batch_bytes_max:
+        raise invalid(f"a batch of {section_bytes} bytes is larger than the limit {limits.batch_bytes_max}", "BATCH_TOO_LARGE")
+    try:
+        parsed = batch_format.open_records(data, header, limits.batch_bytes_max)
+    except BatchFormatError as exc:
+        raise invalid(str(exc), "INVALID_RECORD") from None
+    return EncodedBatch(data, header, parsed)
 
 
 def open_compressed(batch: common_pb2.RecordBatch, limits: BatchLimits, topic: str) -> None:

@@ -3,7 +3,8 @@
 A protobuf message is the concatenation of its encoded fields, in any order, and
 a repeated message field is one length-delimited field per element. So a
 FetchPartitionResult is the encoding of its scalar fields followed by one
-``batches`` field per stored RecordBatch payload, and a FetchResponse is one
+``batches`` field per stored RecordBatch payload (or one ``encoded_batches``
+field per batch in the encoded format), and a FetchResponse is one
 ``results`` field per partition result: the stored bytes go out as they are.
 (Parsing every batch and serializing the response again cost more than half of
 partition_svc's CPU in bench/produce_fetch.py.) A compressed batch goes out so
@@ -32,6 +33,7 @@ from txlog.v1 import common_pb2, partition_pb2, replication_pb2
 RESULTS_TAG = field_tag(partition_pb2.FetchResponse, "results")
 LEADER_EPOCH_TAG = field_tag(common_pb2.RecordBatch, "partition_leader_epoch")
 BATCHES_TAG = field_tag(partition_pb2.FetchPartitionResult, "batches")
+ENCODED_BATCHES_TAG = field_tag(partition_pb2.FetchPartitionResult, "encoded_batches")
 REPLICA_RESULTS_TAG = field_tag(replication_pb2.ReplicaFetchResponse, "results")
 REPLICA_BATCHES_TAG = field_tag(replication_pb2.ReplicaFetchPartitionResult, "batches")
 STORED_VALUE_TAG = field_tag(replication_pb2.StoredBatch, "value")
@@ -70,9 +72,10 @@ def record_batch(payload, leader_epoch: int) -> Encoded:
     return encoded(payload, leader_epoch_field(leader_epoch))
 
 
-def partition_result(result: partition_pb2.FetchPartitionResult, batches: Iterable[Encoded]) -> Encoded:
-    """``result`` (without batches) with the RecordBatches appended."""
-    return embedded(result.SerializeToString(), BATCHES_TAG, batches)
+def partition_result(result: partition_pb2.FetchPartitionResult, batches: Iterable[Encoded], encoded_batches: bool = False) -> Encoded:
+    """``result`` (without batches) with the batches appended: RecordBatches,
+    or with ``encoded_batches`` batches in the encoded format (encoded_batches)."""
+    return embedded(result.SerializeToString(), ENCODED_BATCHES_TAG if encoded_batches else BATCHES_TAG, batches)
 
 
 def fetch_response(results: Iterable[Encoded]) -> bytes:

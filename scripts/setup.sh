@@ -35,7 +35,7 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     echo "setup: pip failed; the whole log is .venv/pip.log" >&2
     exit 1
   fi
-  .venv/bin/python -c "import grpc, kazoo, rocksdict, pyspark, opentelemetry.sdk, zstandard, lz4.frame"
+  .venv/bin/python -c "import grpc, kazoo, rocksdict, pyspark, opentelemetry.sdk, zstandard, lz4.frame, crc32c"
   touch "$stamp"
 fi
 

@@ -58,6 +58,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import crc32c
 import grpc
 import pytest
 from google.protobuf.descriptor import FieldDescriptor, MethodDescriptor, ServiceDescriptor
@@ -73,6 +74,7 @@ from proto_strategies import (
     NAME_CHARS,
     MessageStrategies,
     RawPayload,
+    assign,
     edge_integers,
     hostile_text,
     message_class,
@@ -84,7 +86,7 @@ from proto_strategies import (
 from services.security import certs
 from services.tooling.cluster import LocalCluster
 from txlog import v1 as stubs_v1
-from txlog.protocol import acls, compression, errors
+from txlog.protocol import acls, batch_format, compression, errors
 from txlog.protocol.acls import (
     ALLOW,
     CLUSTER,
@@ -717,6 +719,51 @@ def request_strategies(target: Target, hostile: Hostile) -> st.SearchStrategy[Fu
         return mostly(plain, strategies.message(record_batch, small=small, depth=2))
 
     strategies.overrides["txlog.v1.PartitionBatch.batch"] = batches
+
+    def encoded_batches() -> st.SearchStrategy[bytes]:
+        """Encoded batches with a good CRC around hostile records and header fields, some bytes of them
+        flipped, and arbitrary bytes: a leader stores only what the format and the producer rules allow.
+        Small records only: their sizes are the message form's concern, and two large forms in one
+        PartitionBatch made each example take seconds to generate."""
+        records = strategies.field(record_batch.fields_by_name["records"], small=True, depth=2)
+        header_ints = st.fixed_dictionaries({
+            "producer_id": st.sampled_from([-1, -1, 5, -2]), "producer_epoch": st.sampled_from([-1, 0, 32767, -32768]),
+            "base_sequence": st.sampled_from([-1, 0, 2**31 - 1]), "codec": st.sampled_from([0, 0, 1, 7]),
+            "max_timestamp_ms": st.sampled_from([0, RECENT_TIMESTAMP_MS, 2**53 + 1, -1]), "untimed": st.booleans(),
+            "transactional": st.booleans(), "count_delta": st.sampled_from([0, 0, 0, 1, -1])})
+
+        def build(recs, fields) -> bytes:
+            header = {name: value for name, value in fields.items() if name != "count_delta"}
+            return batch_format.encode(common_pb2.RecordBatch(records=recs).SerializeToString(),
+                                       len(recs) + fields["count_delta"], **header)
+
+        framed = st.builds(build, records, header_ints)
+        flipped = st.tuples(framed, st.integers(0, 2**16), st.integers(1, 255)).map(
+            lambda t: t[0][: t[1] % len(t[0])] + bytes([t[0][t[1] % len(t[0])] ^ t[2]]) + t[0][t[1] % len(t[0]) + 1:])
+        return mostly(framed, st.one_of(flipped, st.binary(max_size=200)))
+
+    partition_batch = partition_pb2.PartitionBatch.DESCRIPTOR
+    encoded = encoded_batches()
+
+    def partition_batches(small: bool) -> st.SearchStrategy[partition_pb2.PartitionBatch]:
+        """A PartitionBatch in one form or the other, and now and then in both (refused: set exactly one)."""
+        fields = {name: strategies.field(partition_batch.fields_by_name[name], small=small, depth=1)
+                  for name in ("topic", "partition", "leader_epoch", "batch")}
+
+        def build(values: dict, form: str, encoded_batch: bytes) -> partition_pb2.PartitionBatch:
+            item = partition_pb2.PartitionBatch()
+            for name, value in values.items():
+                assign(item, partition_batch.fields_by_name[name], value)
+            if form != "message":
+                item.encoded_batch = encoded_batch
+            if form == "encoded":
+                item.ClearField("batch")
+            return item
+
+        forms = weighted((5, st.just("message")), (4, st.just("encoded")), (1, st.just("both")))
+        return st.builds(build, st.fixed_dictionaries(fields), forms, encoded)
+
+    strategies.overrides["txlog.v1.PartitionBatch"] = partition_batches
     request_type = target.method.input_type
     cls = message_class(request_type)
     messages = strategies.message(request_type)
@@ -988,6 +1035,79 @@ def hostile_compressed_records() -> dict[str, common_pb2.RecordBatch]:
     return cases
 
 
+def hostile_encoded_batches() -> dict[str, bytes]:
+    """Encoded batches no leader may store, each wrong in one way (docs/guides/batch-format.md): the format, the CRC, the
+    attributes, the record count, the records section, the producer fields, the timestamps and the size."""
+    def records(n=2, value=b"v"):
+        return common_pb2.RecordBatch(records=[common_pb2.Record(value=value)] * n).SerializeToString()
+
+    good = batch_format.encode(records(), 2)
+    flipped_record = bytearray(good)
+    flipped_record[-1] ^= 1
+    bad_magic = bytearray(good)
+    bad_magic[20] = 1
+
+    def with_attributes(attributes: int) -> bytes:  # a CRC that matches the bad attributes: only the rule refuses them
+        body = bytearray(good[batch_format.CRC_END:])
+        body[0:2] = attributes.to_bytes(2, "big")
+        return good[:21] + crc32c.crc32c(bytes(body)).to_bytes(4, "big") + bytes(body)
+
+    return {
+        "empty": b"",
+        "header-only": good[:batch_format.HEADER_BYTES],
+        "bad-magic": bytes(bad_magic),
+        "crc-mismatch": bytes(flipped_record),
+        "unknown-attribute-bit": with_attributes(0x40),
+        "control-bit": with_attributes(0x20),
+        "unknown-codec": with_attributes(0x07),
+        "more-records-than-said": batch_format.encode(records(3), 2),
+        "fewer-records-than-said": batch_format.encode(records(1), 2),
+        "no-records": batch_format.encode(b"", 0),
+        "section-not-records": batch_format.encode(b"\xff" * 20, 1),
+        "section-with-other-fields": batch_format.encode(common_pb2.RecordBatch(
+            producer_id=3, records=[common_pb2.Record(value=b"v")]).SerializeToString(), 1),
+        "epoch-without-producer": batch_format.encode(records(), 2, producer_epoch=0),
+        "transactional-without-producer": batch_format.encode(records(), 2, transactional=True),
+        "epoch-out-of-range": batch_format.encode(records(), 2, producer_id=7, producer_epoch=-2, base_sequence=0),
+        "sequence-out-of-range": batch_format.encode(records(), 2, producer_id=7, producer_epoch=0, base_sequence=-5),
+        "timestamp-out-of-range": batch_format.encode(records(), 2, max_timestamp_ms=2**53 + 1),
+        "gzip-garbage": batch_format.encode(os.urandom(64), 2, codec=common_pb2.COMPRESSION_GZIP),
+        "zstd-bomb": batch_format.encode(compression.compress(common_pb2.COMPRESSION_ZSTD, bytes(64 << 20)), 1,
+                                         codec=common_pb2.COMPRESSION_ZSTD),
+    }
+
+
+def refused_batch(hostile: Hostile, topic: str, **item) -> tuple[str, str]:
+    """(code name, message) of a Produce of one PartitionBatch (``item``'s batch fields) to partition 0 of
+    ``topic``, after checking that it stored nothing."""
+    leader = hostile.leader(topic, 0)
+    before = latest_offset(hostile, topic, leader)
+    reply = hostile.partition("Produce", partition_pb2.ProduceRequest(acks=-1, batches=[
+        partition_pb2.PartitionBatch(topic=topic, partition=0, leader_epoch=-1, **item)]), leader)
+    assert latest_offset(hostile, topic, leader) == before, reply
+    return ErrorCode.Name(reply.results[0].error.code), reply.results[0].error.message
+
+
+AUTHORIZATION_FAILED = ("TOPIC_AUTHORIZATION_FAILED", "CLUSTER_AUTHORIZATION_FAILED")
+
+
+@pytest.mark.parametrize("case", sorted(hostile_encoded_batches()))
+def test_hostile_encoded_batches_get_a_clear_per_partition_error_and_store_nothing(case, hostile):
+    code, message = refused_batch(hostile, hostile.baseline.compressed_topic, encoded_batch=hostile_encoded_batches()[case])
+    expected = ("CORRUPT_MESSAGE",) if case == "crc-mismatch" else ("INVALID_RECORD", "INVALID_REQUEST", "INVALID_TIMESTAMP")
+    assert code in expected + AUTHORIZATION_FAILED and message, (code, message)
+
+
+def test_a_batch_in_both_forms_and_encoded_batches_to_internal_topics_are_refused(hostile):
+    encoded = batch_format.encode(common_pb2.RecordBatch(records=[common_pb2.Record(value=b"v")]).SerializeToString(), 1)
+    plain = common_pb2.RecordBatch(records=[common_pb2.Record(value=b"v")])
+    for topic, item in ((hostile.baseline.compressed_topic, {"batch": plain, "encoded_batch": encoded}),
+                        ("__consumer_offsets", {"encoded_batch": encoded})):
+        code, message = refused_batch(hostile, topic, **item)
+        if code not in AUTHORIZATION_FAILED:
+            assert code == "INVALID_REQUEST" and ("exactly one" in message or "RecordBatch messages" in message), message
+
+
 def latest_offset(hostile: Hostile, topic: str, leader: str) -> int:
     return hostile.partition("ListOffsets", partition_pb2.ListOffsetsRequest(partitions=[partition_pb2.ListOffsetsPartition(
         topic=topic, partition=0, spec=partition_pb2.OFFSET_SPEC_LATEST)]), leader).results[0].offset
@@ -996,12 +1116,6 @@ def latest_offset(hostile: Hostile, topic: str, leader: str) -> int:
 @pytest.mark.parametrize("case", sorted(hostile_compressed_records()))
 def test_hostile_compressed_batches_get_a_clear_per_partition_error_and_store_nothing(case, hostile):
     for topic in (hostile.baseline.compressed_topic, "__consumer_offsets"):
-        leader = hostile.leader(topic, 0)
-        before = latest_offset(hostile, topic, leader)
-        reply = hostile.partition("Produce", partition_pb2.ProduceRequest(acks=-1, batches=[
-            partition_pb2.PartitionBatch(topic=topic, partition=0, leader_epoch=-1, batch=hostile_compressed_records()[case])]),
-            leader)
-        error = reply.results[0].error
-        if ErrorCode.Name(error.code) not in ("TOPIC_AUTHORIZATION_FAILED", "CLUSTER_AUTHORIZATION_FAILED"):
-            assert ErrorCode.Name(error.code) in ("INVALID_RECORD", "INVALID_REQUEST") and "compress" in error.message, reply
-        assert latest_offset(hostile, topic, leader) == before
+        code, message = refused_batch(hostile, topic, batch=hostile_compressed_records()[case])
+        if code not in AUTHORIZATION_FAILED:
+            assert code in ("INVALID_RECORD", "INVALID_REQUEST") and "compress" in message, (code, message)

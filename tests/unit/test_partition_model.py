@@ -92,6 +92,7 @@ from partition_svc import log_format, validation
 from partition_svc.log_store import LogStore
 from partition_svc.partition import Partition
 from partition_svc.producer_state import Reject
+from txlog.protocol import batch_format
 from txlog.protocol.errors import ErrorCode
 from txlog.v1 import common_pb2
 
@@ -403,6 +404,7 @@ class PartitionMachine(RuleBasedStateMachine):
         self.unacked: list[Op] = []
         self.ops = 0
         self.values = 0
+        self.sends = self.reads = 0
         self.appended: dict[int, list[ProduceReq]] = {pid: [] for pid in PIDS}  # in order, lost ones too
         self.coordinator_epoch = 0
         self.lso_seen = self.hw_seen = 0
@@ -510,8 +512,15 @@ class PartitionMachine(RuleBasedStateMachine):
             pass
 
     def send(self, r: ProduceReq) -> tuple:
+        """Every other batch goes in the encoded form (so a retry may come in the other form than its original)."""
         b = common_pb2.RecordBatch(producer_id=r.pid, producer_epoch=r.epoch, base_sequence=r.seq,
                                    is_transactional=r.transactional, records=[common_pb2.Record(value=v) for v in r.values])
+        self.sends += 1
+        if self.sends % 2:
+            b = validation.check_encoded(batch_format.encode(common_pb2.RecordBatch(records=b.records).SerializeToString(),
+                                                             len(r.values), producer_id=r.pid, producer_epoch=r.epoch,
+                                                             base_sequence=r.seq, transactional=r.transactional, untimed=True),
+                                         LIMITS, "t")
         real = self.call(self.partition.produce, b, NOW, LIMITS)
         if isinstance(real, Reject):
             got = reject(ErrorCode.Name(real.code))
@@ -704,10 +713,16 @@ class PartitionMachine(RuleBasedStateMachine):
         p = self.partition
         upper = p.last_stable_offset if committed else p.high_watermark
         records, fetch = [], 0
+        self.reads += 1
+        encoded = self.reads % 2 == 0  # every other read in the encoded form, which a reader decodes and skips itself
         while fetch < upper:
-            payloads, fetch_next, _ = p.read(fetch, upper, 1 << 30, records_max, take_first=True, committed=committed)
+            payloads, fetch_next, _ = p.read(fetch, upper, 1 << 30, records_max, take_first=True, committed=committed,
+                                             encoded=encoded)
             assert fetch_next > fetch, f"a fetch from {fetch} below {upper} made no progress"
-            records += [(r.offset, r.key, r.value) for b in payloads for r in common_pb2.RecordBatch.FromString(b).records]
+            for payload in payloads:
+                batch = (batch_format.to_message(payload, batch_format.verified_header(payload), from_offset=fetch) if encoded
+                         else common_pb2.RecordBatch.FromString(payload))
+                records += [(r.offset, r.key, r.value) for r in batch.records]
             fetch = fetch_next
         return records
 

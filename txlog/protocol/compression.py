@@ -106,17 +106,24 @@ def compress_records(codec: int, records) -> bytes:
     return compress(codec, common_pb2.RecordBatch(records=records).SerializeToString())
 
 
+def records_only(raw, error: type[ValueError], what: str) -> common_pb2.RecordBatch:
+    """``raw`` parsed as a RecordBatch that holds only ``records`` (how batches
+    carry their records, compressed or encoded), or ``error`` saying that ``what`` is not one."""
+    try:
+        inner = common_pb2.RecordBatch.FromString(raw)
+    except DecodeError as exc:
+        raise error(f"{what} are not a serialized RecordBatch: {exc}") from None
+    others = [field.name for field, _ in inner.ListFields() if field.name != "records"]
+    if others:
+        raise error(f"{what} must hold a RecordBatch of only records, not {', '.join(others)}")
+    return inner
+
+
 def open_records(batch: common_pb2.RecordBatch, bytes_max: int) -> common_pb2.RecordBatch:
     """The RecordBatch (records only, at least one) inside a compressed batch,
     or CompressionError."""
     raw = decompress(batch.compression, batch.compressed_records, bytes_max)
-    try:
-        inner = common_pb2.RecordBatch.FromString(raw)
-    except DecodeError as exc:
-        raise CompressionError(f"compressed_records decompress to bytes that are not a RecordBatch: {exc}") from None
-    others = [field.name for field, _ in inner.ListFields() if field.name != "records"]
-    if others:
-        raise CompressionError(f"compressed_records must hold a RecordBatch of only records, not {', '.join(others)}")
+    inner = records_only(raw, CompressionError, "compressed_records decompressed")
     if not inner.records:
         raise CompressionError("compressed_records hold no records")
     return inner

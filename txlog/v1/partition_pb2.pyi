@@ -10,6 +10,11 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class BatchFormat(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    BATCH_FORMAT_MESSAGE: _ClassVar[BatchFormat]
+    BATCH_FORMAT_ENCODED: _ClassVar[BatchFormat]
+
 class OffsetSpec(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     OFFSET_SPEC_EARLIEST: _ClassVar[OffsetSpec]
@@ -53,6 +58,8 @@ class AclPermission(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ACL_PERMISSION_UNSPECIFIED: _ClassVar[AclPermission]
     ACL_PERMISSION_ALLOW: _ClassVar[AclPermission]
     ACL_PERMISSION_DENY: _ClassVar[AclPermission]
+BATCH_FORMAT_MESSAGE: BatchFormat
+BATCH_FORMAT_ENCODED: BatchFormat
 OFFSET_SPEC_EARLIEST: OffsetSpec
 OFFSET_SPEC_LATEST: OffsetSpec
 OFFSET_SPEC_LAST_STABLE: OffsetSpec
@@ -212,16 +219,18 @@ class CreateTopicsResponse(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[CreateTopicResult, _Mapping]]] = ...) -> None: ...
 
 class PartitionBatch(_message.Message):
-    __slots__ = ("topic", "partition", "leader_epoch", "batch")
+    __slots__ = ("topic", "partition", "leader_epoch", "batch", "encoded_batch")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     BATCH_FIELD_NUMBER: _ClassVar[int]
+    ENCODED_BATCH_FIELD_NUMBER: _ClassVar[int]
     topic: str
     partition: int
     leader_epoch: int
     batch: _common_pb2.RecordBatch
-    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., leader_epoch: _Optional[int] = ..., batch: _Optional[_Union[_common_pb2.RecordBatch, _Mapping]] = ...) -> None: ...
+    encoded_batch: bytes
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., leader_epoch: _Optional[int] = ..., batch: _Optional[_Union[_common_pb2.RecordBatch, _Mapping]] = ..., encoded_batch: _Optional[bytes] = ...) -> None: ...
 
 class ProduceRequest(_message.Message):
     __slots__ = ("transactional_id", "acks", "timeout_ms", "batches", "add_to_transaction")
@@ -274,7 +283,7 @@ class FetchPartition(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., fetch_offset: _Optional[int] = ..., partition_max_bytes: _Optional[int] = ..., leader_epoch: _Optional[int] = ...) -> None: ...
 
 class FetchRequest(_message.Message):
-    __slots__ = ("isolation_level", "max_wait_ms", "min_bytes", "max_bytes", "max_records", "partitions", "include_transaction_outcomes", "accepted_compressions")
+    __slots__ = ("isolation_level", "max_wait_ms", "min_bytes", "max_bytes", "max_records", "partitions", "include_transaction_outcomes", "accepted_compressions", "batch_format")
     ISOLATION_LEVEL_FIELD_NUMBER: _ClassVar[int]
     MAX_WAIT_MS_FIELD_NUMBER: _ClassVar[int]
     MIN_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -283,6 +292,7 @@ class FetchRequest(_message.Message):
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     INCLUDE_TRANSACTION_OUTCOMES_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_COMPRESSIONS_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FORMAT_FIELD_NUMBER: _ClassVar[int]
     isolation_level: _common_pb2.IsolationLevel
     max_wait_ms: int
     min_bytes: int
@@ -291,10 +301,11 @@ class FetchRequest(_message.Message):
     partitions: _containers.RepeatedCompositeFieldContainer[FetchPartition]
     include_transaction_outcomes: bool
     accepted_compressions: _containers.RepeatedScalarFieldContainer[_common_pb2.Compression]
-    def __init__(self, isolation_level: _Optional[_Union[_common_pb2.IsolationLevel, str]] = ..., max_wait_ms: _Optional[int] = ..., min_bytes: _Optional[int] = ..., max_bytes: _Optional[int] = ..., max_records: _Optional[int] = ..., partitions: _Optional[_Iterable[_Union[FetchPartition, _Mapping]]] = ..., include_transaction_outcomes: _Optional[bool] = ..., accepted_compressions: _Optional[_Iterable[_Union[_common_pb2.Compression, str]]] = ...) -> None: ...
+    batch_format: BatchFormat
+    def __init__(self, isolation_level: _Optional[_Union[_common_pb2.IsolationLevel, str]] = ..., max_wait_ms: _Optional[int] = ..., min_bytes: _Optional[int] = ..., max_bytes: _Optional[int] = ..., max_records: _Optional[int] = ..., partitions: _Optional[_Iterable[_Union[FetchPartition, _Mapping]]] = ..., include_transaction_outcomes: _Optional[bool] = ..., accepted_compressions: _Optional[_Iterable[_Union[_common_pb2.Compression, str]]] = ..., batch_format: _Optional[_Union[BatchFormat, str]] = ...) -> None: ...
 
 class FetchPartitionResult(_message.Message):
-    __slots__ = ("topic", "partition", "error", "high_watermark", "last_stable_offset", "log_start_offset", "batches", "next_fetch_offset", "next_fetch_epoch", "aborted_transactions", "open_transactions")
+    __slots__ = ("topic", "partition", "error", "high_watermark", "last_stable_offset", "log_start_offset", "batches", "next_fetch_offset", "next_fetch_epoch", "aborted_transactions", "open_transactions", "encoded_batches")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
@@ -306,6 +317,7 @@ class FetchPartitionResult(_message.Message):
     NEXT_FETCH_EPOCH_FIELD_NUMBER: _ClassVar[int]
     ABORTED_TRANSACTIONS_FIELD_NUMBER: _ClassVar[int]
     OPEN_TRANSACTIONS_FIELD_NUMBER: _ClassVar[int]
+    ENCODED_BATCHES_FIELD_NUMBER: _ClassVar[int]
     topic: str
     partition: int
     error: _errors_pb2.Error
@@ -317,7 +329,8 @@ class FetchPartitionResult(_message.Message):
     next_fetch_epoch: int
     aborted_transactions: _containers.RepeatedCompositeFieldContainer[AbortedTransaction]
     open_transactions: _containers.RepeatedCompositeFieldContainer[OpenTransaction]
-    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., error: _Optional[_Union[_errors_pb2.Error, _Mapping]] = ..., high_watermark: _Optional[int] = ..., last_stable_offset: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., batches: _Optional[_Iterable[_Union[_common_pb2.RecordBatch, _Mapping]]] = ..., next_fetch_offset: _Optional[int] = ..., next_fetch_epoch: _Optional[int] = ..., aborted_transactions: _Optional[_Iterable[_Union[AbortedTransaction, _Mapping]]] = ..., open_transactions: _Optional[_Iterable[_Union[OpenTransaction, _Mapping]]] = ...) -> None: ...
+    encoded_batches: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., error: _Optional[_Union[_errors_pb2.Error, _Mapping]] = ..., high_watermark: _Optional[int] = ..., last_stable_offset: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., batches: _Optional[_Iterable[_Union[_common_pb2.RecordBatch, _Mapping]]] = ..., next_fetch_offset: _Optional[int] = ..., next_fetch_epoch: _Optional[int] = ..., aborted_transactions: _Optional[_Iterable[_Union[AbortedTransaction, _Mapping]]] = ..., open_transactions: _Optional[_Iterable[_Union[OpenTransaction, _Mapping]]] = ..., encoded_batches: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class AbortedTransaction(_message.Message):
     __slots__ = ("producer_id", "first_offset", "last_offset")
