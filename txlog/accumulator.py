@@ -29,17 +29,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from txlog.errors import BufferExhaustedError, ClientClosedError
+from txlog.protocol import batch_format
 from txlog.protocol import compression as compression_codecs
 from txlog.protocol.names import TOPIC_NAME_CHARS_MAX
 from txlog.protocol.protowire import field_tag, varint
 from txlog.structs import RecordMetadata, TopicPartition
-from txlog.v1 import common_pb2, partition_pb2
+from txlog.v1 import partition_pb2
 
 # A PartitionBatch's fields and framing inside a ProduceRequest, at most: the topic's name (now that records
-# are counted exactly, a long name is no longer hidden in a per-record margin), then fixed fields and lengths.
-BATCH_OVERHEAD_BYTES = 64 + TOPIC_NAME_CHARS_MAX
-_BATCH_TAG = field_tag(partition_pb2.PartitionBatch, "batch")
-_COMPRESSED_RECORDS_TAG = field_tag(common_pb2.RecordBatch, "compressed_records")
+# are counted exactly, a long name is no longer hidden in a per-record margin), then fixed fields and lengths:
+# the topic's tag and length (3), partition (6), leader_epoch (11), encoded_batch's tag and length (6) and the
+# encoded batch's header (53), rounded up.
+BATCH_OVERHEAD_BYTES = 96 + TOPIC_NAME_CHARS_MAX
+_ENCODED_BATCH_TAG = field_tag(partition_pb2.PartitionBatch, "encoded_batch")
 
 
 class BatchState(enum.Enum):
@@ -94,10 +96,12 @@ class ProducerBatch:
         return RecordFuture(self.outcome, index)
 
     def encode(self, leader_epoch: int, *, is_transactional: bool = False, compression: int = 0) -> list[bytes]:
-        """The batch as a ProduceRequest's PartitionBatch: pieces whose concatenation
-        is the encoded message. Its records are joined -- and with a ``compression``
-        codec compressed -- the first time (a batch is drained whole: it no longer
-        grows); every retry sends the same bytes (same sequence, same bytes)."""
+        """The batch as a ProduceRequest's PartitionBatch, its ``encoded_batch``
+        in the encoded batch format (txlog.protocol.batch_format): pieces whose
+        concatenation is the encoded message. Its records are joined -- and with
+        a ``compression`` codec compressed -- the first time (a batch is drained
+        whole: it no longer grows); every retry sends the same records (a new
+        producer id or sequence changes only the header, whose CRC covers them)."""
         records = self.sent_records
         if records is None:
             records = b"".join(self.records)  # a RecordBatch of only these records, encoded
@@ -105,17 +109,15 @@ class ProducerBatch:
                 records = compression_codecs.compress(compression, records)
             self.sent_records = records
             self.records = []
-        header = common_pb2.RecordBatch(producer_id=self.producer_id, producer_epoch=self.producer_epoch,
-                                        base_sequence=self.base_sequence, is_transactional=is_transactional)
-        if compression:
-            header.compression = compression
-            pieces = [header.SerializeToString(), _COMPRESSED_RECORDS_TAG, varint(len(records)), records]
-        else:
-            pieces = [header.SerializeToString(), records]
-        batch_bytes = sum(len(piece) for piece in pieces)
+        stamped = self.outcome.timestamps_ms
+        header = batch_format.header_bytes(records, self.record_count, producer_id=self.producer_id,
+                                           producer_epoch=self.producer_epoch, base_sequence=self.base_sequence,
+                                           transactional=is_transactional, codec=compression,
+                                           max_timestamp_ms=max(stamped.values(), default=0),
+                                           untimed=len(stamped) < self.record_count)
         partition_batch = partition_pb2.PartitionBatch(topic=self.tp.topic, partition=self.tp.partition,
                                                        leader_epoch=leader_epoch)
-        return [partition_batch.SerializeToString(), _BATCH_TAG, varint(batch_bytes), *pieces]
+        return [partition_batch.SerializeToString(), _ENCODED_BATCH_TAG, varint(len(header) + len(records)), header, records]
 
     def complete(self, base_offset: int, log_append_time_ms: int = -1) -> None:
         """Resolves every record's future; ``base_offset`` -1 means unknown."""

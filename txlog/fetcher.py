@@ -45,8 +45,9 @@ from dataclasses import dataclass, field
 from txlog.config import ConsumerConfig
 from txlog.errors import ClientError, LogTruncationError, NoOffsetForPartitionError, from_proto
 from txlog.metadata import Metadata
-from txlog.protocol import compression
-from txlog.protocol.errors import ErrorCode
+from txlog.protocol import batch_format, compression
+from txlog.protocol.batch_format import BatchFormatError
+from txlog.protocol.errors import ErrorCode, error_proto
 from txlog.protocol.leader_epochs import AskAgain, LeaderEpochCache, truncation_step
 from txlog.protocol.txn_outcomes import Outcomes
 from txlog.requests import PARTITIONS_PER_REQUEST_MAX, call_leaders, retry_policy, sort_error
@@ -57,6 +58,7 @@ NONE = ErrorCode.Value("NONE")
 # Every codec txlog.protocol.compression decodes: batches stored so come as stored (smaller on the wire), decoded here.
 ACCEPTED_COMPRESSIONS = sorted(compression.CODECS)
 OFFSET_OUT_OF_RANGE = ErrorCode.Value("OFFSET_OUT_OF_RANGE")
+CORRUPT_MESSAGE = ErrorCode.Value("CORRUPT_MESSAGE")
 log = logging.getLogger(__name__)
 
 
@@ -252,6 +254,7 @@ class Fetcher:
             isolation_level=self._isolation,
             include_transaction_outcomes=self._config.include_transaction_outcomes,
             accepted_compressions=ACCEPTED_COMPRESSIONS,
+            batch_format=partition_pb2.BATCH_FORMAT_ENCODED,
             max_wait_ms=int(max_wait_ms),
             min_bytes=1,
             max_bytes=self._config.fetch_max_bytes,
@@ -373,7 +376,7 @@ class Fetcher:
         state.fetched_under_epoch = leader_epoch if leader_epoch >= 0 else None
         next_offset, skipped_epoch = fetch_offset, None
         outcomes = Outcomes.of_result(result) if self._config.include_transaction_outcomes else None
-        for batch in result.batches:
+        for batch in result.batches:  # a server older than the encoded format answers messages
             epoch = batch.partition_leader_epoch if batch.HasField("partition_leader_epoch") else None
             outcome = None if outcomes is None else outcomes.of(batch.is_transactional, batch.producer_id, batch.base_offset)
             if batch.compression:  # whole, as stored: its records get their offsets here, those below ours are skipped
@@ -382,6 +385,23 @@ class Fetcher:
                 if record.offset >= fetch_offset:
                     state.buffer.append(consumer_record(tp.topic, tp.partition, record, epoch, batch.producer_id, outcome))
                     next_offset = record.offset + 1
+        for data in result.encoded_batches:  # whole, as stored: records get their offsets here, those below ours are skipped
+            try:
+                header = batch_format.verified_header(data)
+                records = batch_format.open_records(data, header, compression.READ_BYTES_MAX).records
+            except BatchFormatError as exc:
+                state.fetch_error = from_proto(error_proto(CORRUPT_MESSAGE, f"{tp.topic}-{tp.partition}: a batch fetched "
+                                                           f"at offset {fetch_offset} or after is damaged: {exc}"))
+                break  # the records before it stay buffered; the position stays at the damaged batch
+            epoch = header.partition_leader_epoch if header.partition_leader_epoch >= 0 else None
+            outcome = None if outcomes is None else outcomes.of(header.is_transactional, header.producer_id, header.base_offset)
+            base_offset, append_time_ms, producer_id = header.base_offset, header.log_append_time_ms, header.producer_id
+            for offset in range(max(fetch_offset, base_offset), base_offset + len(records)):
+                state.buffer.append(consumer_record(tp.topic, tp.partition, records[offset - base_offset], epoch, producer_id,
+                                                    outcome, offset=offset, append_time_ms=append_time_ms))
+                next_offset = offset + 1
+        if state.fetch_error is not None:
+            result.next_fetch_offset = next_offset  # not past the damaged batch
         if result.next_fetch_offset > next_offset:
             next_offset = result.next_fetch_offset
             skipped_epoch = result.next_fetch_epoch if result.HasField("next_fetch_epoch") else None

@@ -310,15 +310,18 @@ def encode_record(
 
 
 def consumer_record(topic: str, partition: int, record: common_pb2.Record, leader_epoch: int | None = None,
-                    producer_id: int = -1, transaction_outcome: str | None = None) -> ConsumerRecord:
+                    producer_id: int = -1, transaction_outcome: str | None = None, *, offset: int | None = None,
+                    append_time_ms: int = 0) -> ConsumerRecord:
+    """``offset``: the record's (an encoded batch's records carry none); ``append_time_ms``: its batch's log
+    append time, the timestamp of a record that has none."""
     return ConsumerRecord(
         topic=topic,
         partition=partition,
-        offset=record.offset,
+        offset=record.offset if offset is None else offset,
         key=record.key if record.HasField("key") else None,
         value=record.value if record.HasField("value") else None,
         headers=[(h.key, h.value if h.HasField("value") else None) for h in record.headers],
-        timestamp_ms=record.timestamp_ms,
+        timestamp_ms=record.timestamp_ms or append_time_ms,
         leader_epoch=leader_epoch,
         producer_id=producer_id,
         transaction_outcome=transaction_outcome,

@@ -40,19 +40,20 @@ async function main() {
     if (!a || !b) throw new Error(`topic ${topic} needs two partitions led by different instances; leaders: ${JSON.stringify(partitions)}`);
     out.partitions = Object.fromEntries([a, b].map((p) => [p.partition, { leader_id: p.leaderId, leader: p.address, leader_epoch: p.leaderEpoch }]));
 
-    // 1. A plain batch (no producer fields), then an idempotent producer.
+    // 1. A plain batch (no producer fields) in the message form, which stays
+    // accepted, then an idempotent producer's batches in the encoded form.
     const plainValues = [`${run}:plain-0`];
     const plain = await txlog.produce(cluster, topic, a.partition, txlog.recordBatch(plainValues));
     out.plain = { partition: a.partition, base_offset: plain.baseOffset, values: plainValues };
 
     const idem = await txlog.initIdempotent(cluster);
-    const batch0 = txlog.recordBatch([`${run}:idem-0`, `${run}:idem-1`], { ...idem, baseSequence: 0 });
+    const batch0 = txlog.encodeBatch([`${run}:idem-0`, `${run}:idem-1`], { ...idem, baseSequence: 0 });
     const first = await txlog.produce(cluster, topic, a.partition, batch0);
     // The same batch again, as a producer whose answer was lost resends it: the
     // leader recognises producer id, epoch and sequence and answers the
     // original offset without appending.
     const resent = await txlog.produce(cluster, topic, a.partition, batch0);
-    const batch1 = txlog.recordBatch([`${run}:idem-2`], { ...idem, baseSequence: txlog.nextSequence(0, 2) });
+    const batch1 = txlog.encodeBatch([`${run}:idem-2`], { ...idem, baseSequence: txlog.nextSequence(0, 2) });
     const second = await txlog.produce(cluster, topic, a.partition, batch1);
     out.idempotent = { partition: a.partition, producer_id: txlog.int(idem.producerId), producer_epoch: idem.producerEpoch,
       batches: [{ base_sequence: 0, base_offset: first.baseOffset, resent_base_offset: resent.baseOffset },

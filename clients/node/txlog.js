@@ -287,6 +287,104 @@ function recordBatch(values, producer, transactional = false) {
   return batch;
 }
 
+// --- the encoded batch format (docs/guides/batch-format.md) --------------------------------------
+
+// CRC32C (Castagnoli, reflected polynomial 0x82F63B78), a byte at a time from a table.
+const CRC32C_TABLE = (() => {
+  const table = new Uint32Array(256);
+  for (let n = 0; n < 256; n++) {
+    let c = n;
+    for (let k = 0; k < 8; k++) c = c & 1 ? (c >>> 1) ^ 0x82F63B78 : c >>> 1;
+    table[n] = c >>> 0;
+  }
+  return table;
+})();
+function crc32c(buffer) {
+  let crc = 0xFFFFFFFF;
+  for (let i = 0; i < buffer.length; i++) crc = CRC32C_TABLE[(crc ^ buffer[i]) & 0xFF] ^ (crc >>> 8);
+  return (crc ^ 0xFFFFFFFF) >>> 0;
+}
+
+function varint(n) {
+  const out = [];
+  while (n > 0x7F) { out.push((n & 0x7F) | 0x80); n = Math.floor(n / 128); }
+  out.push(n);
+  return Buffer.from(out);
+}
+// A length-delimited protobuf field: its tag byte, its length, its bytes.
+function delimited(tag, bytes) { return Buffer.concat([Buffer.from([tag]), varint(bytes.length), bytes]); }
+
+const HEADER_BYTES = 53;
+const CRC_END = 25;
+const TRANSACTIONAL = 0x10;
+const UNTIMED_RECORDS = 0x08;
+const RECORDS_TAG = 8 << 3 | 2; // RecordBatch.records
+const VALUE_TAG = 4 << 3 | 2; // Record.value
+
+// One batch in the encoded form: the 53-byte header (the leader's fields left
+// 0/-1/0, the CRC over bytes 25..), then a serialized RecordBatch holding only
+// the records (their value only: no key, and timestamp 0, which takes the
+// leader's append time). `producer` as recordBatch's; without it, -1s.
+function encodeBatch(values, producer, transactional = false) {
+  const records = Buffer.concat(values.map((v) => delimited(RECORDS_TAG, delimited(VALUE_TAG, Buffer.from(v)))));
+  const covered = Buffer.alloc(HEADER_BYTES - CRC_END);
+  covered.writeInt16BE(UNTIMED_RECORDS | (transactional ? TRANSACTIONAL : 0), 0);
+  covered.writeInt32BE(values.length - 1, 2); // last_offset_delta
+  covered.writeBigInt64BE(0n, 6); // max_timestamp_ms: no record carries one
+  covered.writeBigInt64BE(producer ? BigInt(producer.producerId) : -1n, 14);
+  covered.writeInt16BE(producer ? int(producer.producerEpoch) : -1, 22);
+  covered.writeInt32BE(producer ? int(producer.baseSequence) : -1, 24);
+  const head = Buffer.alloc(CRC_END);
+  head.writeBigInt64BE(0n, 0); // base_offset: the leader's
+  head.writeInt32BE(-1, 8); // partition_leader_epoch: the leader's
+  head.writeBigInt64BE(0n, 12); // log_append_time_ms: the leader's
+  head.writeInt8(2, 20); // magic
+  head.writeUInt32BE(crc32c(Buffer.concat([covered, records])), 21);
+  return Buffer.concat([head, covered, records]);
+}
+
+function safeNumber(big, what) {
+  const n = Number(big);
+  if (!Number.isSafeInteger(n)) throw new Error(`${what} ${big} is beyond what a JS number holds exactly`);
+  return n;
+}
+
+// A fetched encoded batch: its header and its records with offsets and
+// timestamps. A damaged batch (CRC mismatch) or a compressed one (this client
+// lists no codec in accepted_compressions, so the leader never sends one) throws.
+function decodeBatch(buffer) {
+  if (buffer.length <= HEADER_BYTES || buffer.readInt8(20) !== 2) throw new Error('not an encoded batch (length or magic)');
+  const crc = buffer.readUInt32BE(21);
+  if (crc32c(buffer.subarray(CRC_END)) !== crc) {
+    throw new TxlogError('CORRUPT_MESSAGE', `a fetched batch's CRC32C ${crc} does not match its bytes`, 'retriable');
+  }
+  const attributes = buffer.readInt16BE(25);
+  if (attributes & 0x07) throw new Error(`a compressed batch (codec ${attributes & 0x07}) this client did not ask for`);
+  const header = {
+    baseOffset: safeNumber(buffer.readBigInt64BE(0), 'base_offset'),
+    logAppendTimeMs: safeNumber(buffer.readBigInt64BE(12), 'log_append_time_ms'),
+    producerId: safeNumber(buffer.readBigInt64BE(39), 'producer_id'),
+    transactional: !!(attributes & TRANSACTIONAL),
+  };
+  const reader = protobuf.Reader.create(buffer.subarray(HEADER_BYTES));
+  const records = [];
+  while (reader.pos < reader.len) {
+    const tag = reader.uint32();
+    if (tag !== RECORDS_TAG) { reader.skipType(tag & 7); continue; }
+    const end = reader.uint32() + reader.pos;
+    const record = { offset: header.baseOffset + records.length, timestampMs: header.logAppendTimeMs, key: null, value: null };
+    while (reader.pos < end) {
+      const field = reader.uint32();
+      if (field === (2 << 3)) record.timestampMs = safeNumber(reader.int64().toString(), 'timestamp_ms') || header.logAppendTimeMs;
+      else if (field === (3 << 3 | 2)) record.key = Buffer.from(reader.bytes());
+      else if (field === VALUE_TAG) record.value = Buffer.from(reader.bytes());
+      else reader.skipType(field & 7);
+    }
+    records.push(record);
+  }
+  return { ...header, records };
+}
+
 // Produces one batch to one partition's leader, retrying retriable errors
 // (after a leader change, to the new leader). Re-sending the same batch is
 // safe for idempotent batches: the leader answers a duplicate with its
@@ -298,7 +396,9 @@ async function produce(cluster, topic, partition, batch, transactionalId) {
     // batch (FENCED_LEADER_EPOCH, retriable) instead of taking it.
     // acks is left out: absent means all (-1), the answer comes once the batch
     // is durable and carries its offset (acks=0 would answer base_offset -1).
-    const request = { batches: [{ topic, partition, leader_epoch: leader.leaderEpoch, batch }] };
+    // A Buffer is a batch in the encoded form (encodeBatch), anything else a RecordBatch message (recordBatch).
+    const item = Buffer.isBuffer(batch) ? { encoded_batch: batch } : { batch };
+    const request = { batches: [{ topic, partition, leader_epoch: leader.leaderEpoch, ...item }] };
     if (transactionalId) request.transactional_id = transactionalId; // transactional batches need it
     const reply = await unary(cluster.partitionSvc(leader.address), 'Produce', request);
     const result = (reply.results || [])[0];
@@ -378,7 +478,7 @@ class TransactionalProducer {
         const values = valuesByPartition[partition];
         const key = `${topic}/${partition}`;
         const baseSequence = this.sequences.get(key) || 0;
-        const batch = recordBatch(values, { producerId: this.producerId, producerEpoch: this.producerEpoch, baseSequence }, true);
+        const batch = encodeBatch(values, { producerId: this.producerId, producerEpoch: this.producerEpoch, baseSequence }, true);
         const { baseOffset, leaderId } = await produce(this.cluster, topic, partition, batch, this.transactionalId);
         this.sequences.set(key, nextSequence(baseSequence, values.length));
         produced[partition] = { leader_id: leaderId, base_offset: baseOffset, base_sequence: baseSequence, values };
@@ -420,6 +520,7 @@ async function readPartition(cluster, topic, partition, isolation, deadline, fro
       const leader = await cluster.leader(topic, partition);
       const reply = await unary(cluster.partitionSvc(leader.address), 'Fetch', {
         isolation_level: isolation,
+        batch_format: 'BATCH_FORMAT_ENCODED', // whole batches as stored, in encoded_batches (an older server sends batches)
         max_wait_ms: 200,
         partitions: [{ topic, partition, fetch_offset: String(offset), leader_epoch: leader.leaderEpoch }],
       });
@@ -432,6 +533,14 @@ async function readPartition(cluster, topic, partition, isolation, deadline, fro
       for (const record of batch.records || []) {
         records.push({ offset: int(record.offset), value: record.value ? record.value.toString() : null,
           producer_id: batch.producer_id === undefined ? null : int(batch.producer_id), transactional: !!batch.is_transactional });
+      }
+    }
+    for (const encoded of result.encoded_batches || []) {
+      const batch = decodeBatch(encoded);
+      for (const record of batch.records) {
+        if (record.offset < offset) continue; // a batch comes whole: the records below the fetch offset are skipped here
+        records.push({ offset: record.offset, value: record.value ? record.value.toString() : null,
+          producer_id: batch.producerId, transactional: batch.transactional });
       }
     }
     // next_fetch_offset skips markers and (read_committed) aborted batches;
@@ -513,5 +622,6 @@ class GroupMember {
 module.exports = {
   v1, definition, int, retryCounts, retriedErrors,
   TxlogError, checkItem, fromCallError, retrying, unary, Cluster,
-  recordBatch, produce, initIdempotent, nextSequence, TransactionalProducer, readPartition, GroupMember,
+  recordBatch, encodeBatch, decodeBatch, crc32c, produce, initIdempotent, nextSequence, TransactionalProducer, readPartition,
+  GroupMember,
 };

@@ -60,6 +60,12 @@ class Raw:
         )
         return reply.results[0]
 
+    def produce_encoded(self, topic, partition, encoded_batch: bytes, acks=-1):
+        """A Produce of one batch in the encoded form (PartitionBatch.encoded_batch)."""
+        reply = self.leader(topic, partition).Produce(partition_pb2.ProduceRequest(acks=acks, batches=[
+            partition_pb2.PartitionBatch(topic=topic, partition=partition, encoded_batch=encoded_batch)]), timeout=10)
+        return reply.results[0]
+
     def fetch(self, topic, partition, offset, isolation=common_pb2.ISOLATION_LEVEL_READ_UNCOMMITTED, max_wait_ms=0, stub=None, **limits):
         stub = stub or self.leader(topic, partition)
         reply = stub.Fetch(

@@ -54,7 +54,7 @@ from coordinator_svc.transaction_state import TransactionMetadata
 from partition_svc import producer_state
 from partition_svc.producer_state import ProducerStateEntry
 from txlog.errors import ClientError, error_for
-from txlog.protocol import CONSUMER_OFFSETS_TOPIC
+from txlog.protocol import CONSUMER_OFFSETS_TOPIC, batch_format
 from txlog.protocol import TransactionState as S
 from txlog.protocol.errors import ErrorCode, TxlogError
 from txlog.structs import TopicPartition
@@ -286,12 +286,13 @@ class FakeCluster:
         for entry in request.batches:
             tp = TopicPartition(entry.topic, entry.partition)
             result = response.results.add(topic=entry.topic, partition=entry.partition, base_offset=-1)
+            batch = _message_of(entry)
             code = scripted(tp) if scripted is not None else None
             if code is None:
-                code, base_offset = self._append(address, tp, entry.batch, request.transactional_id, request.add_to_transaction)
+                code, base_offset = self._append(address, tp, batch, request.transactional_id, request.add_to_transaction)
                 result.base_offset = base_offset
             result.error.CopyFrom(errors_pb2.Error(code=code, message="" if code == E("NONE") else "fake"))
-            self.produce_results.append((tp, entry.batch.base_sequence, ErrorCode.Name(code)))
+            self.produce_results.append((tp, batch.base_sequence, ErrorCode.Name(code)))
         return response
 
     def _append(self, address: str, tp: TopicPartition, batch: common_pb2.RecordBatch,
@@ -365,7 +366,11 @@ class FakeCluster:
                       else min(limit, item.fetch_offset + request.max_records))
             records = [r for r in partition.records[item.fetch_offset:end]
                        if not committed or r.offset not in partition.aborted]
-            if records:
+            if request.batch_format == partition_pb2.BATCH_FORMAT_ENCODED:  # a batch a record: offsets may have gaps
+                result.encoded_batches.extend(
+                    batch_format.encode(common_pb2.RecordBatch(records=[r]).SerializeToString(), 1, base_offset=r.offset)
+                    for r in records)
+            elif records:
                 result.batches.add(base_offset=records[0].offset, records=records)
             result.next_fetch_offset = end
         return response
@@ -596,3 +601,12 @@ class FakeCluster:
                     last_timestamp_ms=entry.last_timestamp_ms, coordinator_epoch=entry.coordinator_epoch,
                     current_txn_start_offset=offsets[0] if offsets else -1)
         return response
+
+
+def _message_of(entry: partition_pb2.PartitionBatch) -> common_pb2.RecordBatch:
+    """A produced batch as a RecordBatch, whichever form it came in (the records
+    of an encoded one with offsets from 0, as the real leader would take them)."""
+    if not entry.encoded_batch:
+        return entry.batch
+    header = batch_format.verified_header(entry.encoded_batch)
+    return batch_format.to_message(entry.encoded_batch, header)

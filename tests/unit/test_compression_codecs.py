@@ -22,7 +22,7 @@ from partition_svc.partition import Partition, Produced, RecordsDeleted
 from partition_svc.producer_state import Reject
 from txlog.accumulator import ProducerBatch
 from txlog.config import ProducerConfig
-from txlog.protocol import compression
+from txlog.protocol import batch_format, compression
 from txlog.protocol.errors import ErrorCode, TxlogError
 from txlog.structs import TopicPartition, encode_record
 from txlog.v1 import common_pb2, partition_pb2
@@ -319,8 +319,9 @@ def producer_batch(values: list[bytes]) -> ProducerBatch:
 def sent(batch: ProducerBatch, **kwargs) -> common_pb2.RecordBatch:
     """What the producer puts in a Produce request for ``batch`` (its PartitionBatch, decoded)."""
     entry = partition_pb2.PartitionBatch.FromString(b"".join(batch.encode(7, **kwargs)))
-    assert (entry.topic, entry.partition, entry.leader_epoch) == ("t", 0, 7)
-    return entry.batch
+    assert (entry.topic, entry.partition, entry.leader_epoch) == ("t", 0, 7) and not entry.HasField("batch")
+    header = batch_format.verified_header(entry.encoded_batch)
+    return batch_format.to_message(entry.encoded_batch, header, keep_codecs=frozenset(CODECS))
 
 
 def test_a_producer_batch_is_compressed_once_and_a_retry_sends_the_same_bytes():

@@ -54,7 +54,7 @@ from pathlib import Path
 import grpc
 
 from services.tooling.chaos.history import REPLAY_KINDS
-from txlog.protocol import PRODUCER_EPOCH_MAX
+from txlog.protocol import PRODUCER_EPOCH_MAX, batch_format
 from txlog.protocol.errors import ErrorCode, from_rpc_error
 from txlog.transport import Transport
 from txlog.v1 import (
@@ -220,7 +220,8 @@ def partitions_by_leader(produced: list[Sent], producer_id: int, producer_epoch:
     found: dict[str, set[tuple[str, int]]] = {}
     for sent in produced:
         for item in sent.request.batches:
-            if item.batch.producer_id == producer_id and item.batch.producer_epoch == producer_epoch:
+            batch = batch_format.summary_of(item)
+            if batch.producer_id == producer_id and batch.producer_epoch == producer_epoch:
                 found.setdefault(sent.address, set()).add((item.topic, item.partition))
     return {address: sorted(tps) for address, tps in sorted(found.items())}
 
@@ -432,9 +433,9 @@ class Replayer:
 
 
 def produce_summary(request) -> dict:
-    return {"batches": [{"partition": f"{b.topic}/{b.partition}", "producer_id": b.batch.producer_id,
-                         "producer_epoch": b.batch.producer_epoch, "base_sequence": b.batch.base_sequence,
-                         "records": len(b.batch.records)} for b in request.batches]}
+    return {"batches": [{"partition": f"{b.topic}/{b.partition}", "producer_id": s.producer_id,
+                         "producer_epoch": s.producer_epoch, "base_sequence": s.base_sequence, "records": s.record_count}
+                        for b, s in ((b, batch_format.summary_of(b)) for b in request.batches)]}
 
 
 def partitions_text(partitions: list[tuple[str, int]]) -> list[str]:
