@@ -15,6 +15,12 @@ partition_svc as real processes, see services/tooling/cluster.py):
   ProduceRequest carrying one batch for every partition (4 x ~1 MB);
 * fetch: read_uncommitted, the one-partition data read back from offset 0 by a
   loop of Fetch calls with a large max_bytes (``--fetch-max-bytes``);
+* each batch is sent and fetched in the encoded batch format (what the SDK
+  sends, PartitionBatch.encoded_batch; the reader checks each batch's CRC and
+  parses its records); the one-partition produce and the fetch are measured
+  in the message form too (PartitionBatch.batch, FetchPartitionResult.batches,
+  a topic of its own), the form before batches were stored as sent, so the
+  ``message_form_*`` ratios are the "before" of the same run;
 * produce through the client SDK, ``txlog.Producer`` (a send() loop
   and flush()), when it exists and imports; else null with the reason;
 * memory: VmRSS of a fresh partition_svc (a second cluster) after producing
@@ -99,6 +105,7 @@ RESENDABLE = {"OUT_OF_ORDER_SEQUENCE", "UNKNOWN_PRODUCER_ID", "NOT_LEADER"}
 RESENDS_PER_REQUEST_MAX = 20
 SERVICE = "partition_svc-0"
 TOPIC_ONE = "bench-one"
+TOPIC_ONE_MESSAGE = "bench-one-message"  # the same batches in the message form, produced and fetched so
 TOPIC_FOUR = "bench-four"
 TOPIC_CLIENT = "bench-client"
 TOPIC_MEMORY = "bench-memory"
@@ -178,19 +185,25 @@ class RequestBuilder:
     concatenation of two encodings as their merge; the first request is checked
     against one built field by field."""
 
-    def __init__(self, producer_id: int, producer_epoch: int, batch_records: int):
+    def __init__(self, producer_id: int, producer_epoch: int, batch_records: int, form: str = "encoded"):
         from txlog.v1 import common_pb2, partition_pb2
 
         self.common_pb2, self.partition_pb2 = common_pb2, partition_pb2
         self.producer_id, self.producer_epoch, self.batch_records = producer_id, producer_epoch, batch_records
+        self.form = form  # "encoded": PartitionBatch.encoded_batch (what clients send); "message": PartitionBatch.batch
         self.records = [common_pb2.Record(key=record_key(i), value=record_value(i)) for i in range(batch_records)]
         self.records_blob = common_pb2.RecordBatch(records=self.records).SerializeToString()
         self.head = partition_pb2.ProduceRequest(acks=-1).SerializeToString()
         self.batches_tag = field_tag(partition_pb2.ProduceRequest, "batches")
-        self.batch_tag = field_tag(partition_pb2.PartitionBatch, "batch")
+        self.batch_tag = field_tag(partition_pb2.PartitionBatch, "encoded_batch" if form == "encoded" else "batch")
         self._checked = False
 
     def batch_bytes(self, base_sequence: int) -> bytes:
+        if self.form == "encoded":  # the header and its CRC per batch: what a producer computes (the records once)
+            from txlog.protocol import batch_format
+
+            return batch_format.encode(self.records_blob, self.batch_records, producer_id=self.producer_id,
+                                       producer_epoch=self.producer_epoch, base_sequence=base_sequence, untimed=True)
         header = self.common_pb2.RecordBatch(
             producer_id=self.producer_id, producer_epoch=self.producer_epoch, base_sequence=base_sequence
         ).SerializeToString()
@@ -213,6 +226,8 @@ class RequestBuilder:
         expected = pb.ProduceRequest(
             acks=-1,
             batches=[
+                pb.PartitionBatch(topic=topic, partition=partition, encoded_batch=self.batch_bytes(base_sequence))
+                if self.form == "encoded" else
                 pb.PartitionBatch(
                     topic=topic,
                     partition=partition,
@@ -591,9 +606,14 @@ async def timed_produce(
     }
 
 
-async def fetch_all(channel: grpc.aio.Channel, topic: str, end_offset: int, max_bytes: int, pids: dict[str, int]) -> dict:
+async def fetch_all(channel: grpc.aio.Channel, topic: str, end_offset: int, max_bytes: int, pids: dict[str, int],
+                    form: str = "encoded") -> dict:
     """Reads partition 0 of ``topic`` from offset 0 to ``end_offset`` with
-    sequential Fetch calls, checking that offsets are contiguous."""
+    sequential Fetch calls, checking that offsets are contiguous. ``form``
+    "encoded": batches as stored (FetchRequest.batch_format), each one's CRC
+    checked and its records parsed here, as a consumer does; "message":
+    RecordBatch messages, which the response's parse decodes."""
+    from txlog.protocol import batch_format
     from txlog.v1 import common_pb2, partition_pb2, partition_pb2_grpc
 
     stub = partition_pb2_grpc.PartitionServiceStub(channel)
@@ -607,6 +627,7 @@ async def fetch_all(channel: grpc.aio.Channel, topic: str, end_offset: int, max_
                 max_wait_ms=0,
                 max_bytes=max_bytes,
                 partitions=[partition_pb2.FetchPartition(topic=topic, partition=0, fetch_offset=offset)],
+                batch_format=partition_pb2.BATCH_FORMAT_ENCODED if form == "encoded" else partition_pb2.BATCH_FORMAT_MESSAGE,
             )
             started = time.perf_counter()
             reply = await stub.Fetch(request, timeout=CALL_TIMEOUT_S)
@@ -615,19 +636,27 @@ async def fetch_all(channel: grpc.aio.Channel, topic: str, end_offset: int, max_
             result = reply.results[0]
             if result.error.code != 0:
                 raise RuntimeError(f"Fetch at {offset}: {result.error}")
-            if first_batch is None and result.batches:
-                first_batch = result.batches[0]
-            for batch in result.batches:
-                if batch.base_offset != offset:
-                    raise RuntimeError(f"Fetch: a batch at offset {batch.base_offset}, {offset} expected")
-                offset += len(batch.records)
+            if form == "encoded":  # (base offset, records) of each batch, its CRC checked and its records parsed
+                batches = []
+                for data in result.encoded_batches:
+                    header = batch_format.verified_header(data)
+                    batches.append((header.base_offset, batch_format.open_records(data, header, 1 << 30).records))
+            else:
+                batches = [(batch.base_offset, batch.records) for batch in result.batches]
+            if first_batch is None and batches:
+                first_batch = batches[0][1]
+            for base_offset, batch_records in batches:
+                if base_offset != offset:
+                    raise RuntimeError(f"Fetch: a batch at offset {base_offset}, {offset} expected")
+                offset += len(batch_records)
             records = offset
-            if result.next_fetch_offset != offset or not result.batches:
+            if result.next_fetch_offset != offset or not batches:
                 raise RuntimeError(f"Fetch: next_fetch_offset {result.next_fetch_offset}, {offset} expected")
-    expected = [(i, record_key(i), record_value(i)) for i in range(len(first_batch.records))]
-    if [(r.offset, r.key, r.value) for r in first_batch.records] != expected:
+    expected = [(record_key(i), record_value(i)) for i in range(len(first_batch))]
+    if [(r.key, r.value) for r in first_batch] != expected:
         raise RuntimeError("Fetch: the records read back are not the ones produced")
     return {
+        "batch_format": form,
         "max_bytes": max_bytes,
         "fetch_calls": calls,
         "records_per_call": round(records / calls, 1),
@@ -648,12 +677,19 @@ async def measure_service(address: str, args: argparse.Namespace, pids: dict[str
     async with open_channel(address, credentials) as channel:
         producer_id, epoch = await init_producer(channel)
         progress(f"producer id {producer_id}, epoch {epoch}")
-        for topic, partitions in ((TOPIC_ONE, 1), (TOPIC_FOUR, 4)):
+        for topic, partitions in ((TOPIC_ONE, 1), (TOPIC_ONE_MESSAGE, 1), (TOPIC_FOUR, 4)):
             await create_topic(channel, topic, partitions, credentials)
         builder = RequestBuilder(producer_id, epoch, args.batch_records)
         sequences_one = Sequencer(args.batch_records)  # one producer: its sequences per partition of each topic
         sequences_four = Sequencer(args.batch_records)
+        sequences_message = Sequencer(args.batch_records)
         batches = -(-args.records // args.batch_records)
+
+        # the message form first (the form before the encoded one, still accepted: the "before" of this run)
+        progress(f"produce, 1 partition, message form: {batches} batches of {args.batch_records} records")
+        message_builder = RequestBuilder(producer_id, epoch, args.batch_records, form="message")
+        one_message = await timed_produce(channel, message_builder, sequences_message, TOPIC_ONE_MESSAGE, [0], batches, args, pids)
+        progress(f"produce, 1 partition, message form: {one_message['mb_per_s']} MB/s")
 
         progress(f"produce, 1 partition: {batches} batches of {args.batch_records} records, {args.in_flight} in flight")
         one = await timed_produce(channel, builder, sequences_one, TOPIC_ONE, [0], batches, args, pids)
@@ -668,12 +704,16 @@ async def measure_service(address: str, args: argparse.Namespace, pids: dict[str
         progress(f"fetch: {end_offset} records of {TOPIC_ONE} from offset 0, max_bytes {args.fetch_max_bytes}")
         fetch = await fetch_all(channel, TOPIC_ONE, end_offset, args.fetch_max_bytes, pids)
         progress(f"fetch: {fetch['mb_per_s']} MB/s, {fetch['records_per_s']} records/s")
+        fetch_message = await fetch_all(channel, TOPIC_ONE_MESSAGE, sequences_message.next[0], args.fetch_max_bytes, pids,
+                                        form="message")
+        progress(f"fetch, message form: {fetch_message['mb_per_s']} MB/s")
         await create_topic(channel, TOPIC_CLIENT, 1, credentials)
     return {
         "producer_id": producer_id,
         "produce_one_partition": one,
         "produce_four_partitions": four,
         "fetch_one_partition": fetch,
+        "message_form": {"produce_one_partition": one_message, "fetch_one_partition": fetch_message},
     }
 
 
@@ -872,6 +912,12 @@ def measure(workdir: str, args: argparse.Namespace) -> dict:
             "produce_one_partition_mb_vs_raw_grpc_upload_mb": ratio(produce, grpc_mb["upload"]["mb_per_s"]),
             "fetch_mb_vs_raw_grpc_download_mb": ratio(fetch, grpc_mb["download"]["mb_per_s"]),
             "client_producer_mb_vs_hand_built_one_partition_mb": ratio(client.get("mb_per_s"), produce),
+            # the same figures in the message form (PartitionBatch.batch, FetchPartitionResult.batches): the form
+            # before batches were stored as sent, measured in the same run
+            "message_form_produce_one_partition_mb_vs_raw_rocksdb_synced_mb": ratio(
+                service_figures["message_form"]["produce_one_partition"]["mb_per_s"], rocksdb_mb),
+            "message_form_fetch_mb_vs_raw_grpc_echo_mb": ratio(
+                service_figures["message_form"]["fetch_one_partition"]["mb_per_s"], grpc_mb["echo"]["mb_per_s"]),
             # the best produce/echo ratio a service bound by synced RocksDB writes could reach on this machine
             "ceiling_raw_rocksdb_synced_mb_vs_raw_grpc_echo_mb": ratio(rocksdb_mb, grpc_mb["echo"]["mb_per_s"]),
         },
