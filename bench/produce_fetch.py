@@ -14,7 +14,10 @@ partition_svc as real processes, see services/tooling/cluster.py):
 * produce to FOUR partitions: the same producer, per-partition sequences, each
   ProduceRequest carrying one batch for every partition (4 x ~1 MB);
 * fetch: read_uncommitted, the one-partition data read back from offset 0 by a
-  loop of Fetch calls with a large max_bytes (``--fetch-max-bytes``);
+  loop of FetchStream calls with a large max_bytes (``--fetch-max-bytes``), in
+  chunks of ``--stream-chunk-bytes``, each read as it comes (what the SDK
+  does); and again by Fetch calls, one response each (the "before" of the
+  stream, ``fetch_one_partition_one_response_a_call``);
 * each batch is sent and fetched in the encoded batch format (what the SDK
   sends, PartitionBatch.encoded_batch; the reader checks each batch's CRC and
   parses its records); the one-partition produce and the fetch are measured
@@ -124,13 +127,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--in-flight", type=int, default=5, help="Produce requests outstanding on the channel (default 5)")
     parser.add_argument("--warmup-batches", type=int, default=20, help="untimed batches before each run (default 20)")
     parser.add_argument("--fetch-max-bytes", type=int, default=32 * 1024 * 1024, help="Fetch max_bytes (default 32 MiB)")
+    parser.add_argument("--stream-chunk-bytes", type=int, default=1024 * 1024,
+                        help="FetchStreamRequest.chunk_bytes of the streamed fetch (default 1 MiB, the server's default)")
     parser.add_argument("--skip-memory", action="store_true", help="skip the 100-partition memory run")
     parser.add_argument("--memory-partitions", type=int, default=100, help="partitions of the memory run (default 100)")
     parser.add_argument("--memory-records", type=int, default=10_000, help="records per partition in the memory run (default 10000)")
     parser.add_argument("--serve-echo", action="store_true", help=argparse.SUPPRESS)  # the raw gRPC baseline's server
     args = parser.parse_args(argv)
-    if min(args.records, args.batch_records, args.in_flight, args.fetch_max_bytes, args.memory_partitions, args.memory_records) < 1:
-        parser.error("--records, --batch-records, --in-flight, --fetch-max-bytes and --memory-* must be >= 1")
+    if min(args.records, args.batch_records, args.in_flight, args.fetch_max_bytes, args.stream_chunk_bytes, args.memory_partitions,
+           args.memory_records) < 1:
+        parser.error("--records, --batch-records, --in-flight, --fetch-max-bytes, --stream-chunk-bytes and --memory-* must be >= 1")
     if args.warmup_batches < 0:
         parser.error("--warmup-batches must be >= 0")
     if args.memory_records % args.batch_records:
@@ -607,12 +613,14 @@ async def timed_produce(
 
 
 async def fetch_all(channel: grpc.aio.Channel, topic: str, end_offset: int, max_bytes: int, pids: dict[str, int],
-                    form: str = "encoded") -> dict:
+                    form: str = "encoded", stream_chunk_bytes: int = 0) -> dict:
     """Reads partition 0 of ``topic`` from offset 0 to ``end_offset`` with
     sequential Fetch calls, checking that offsets are contiguous. ``form``
     "encoded": batches as stored (FetchRequest.batch_format), each one's CRC
     checked and its records parsed here, as a consumer does; "message":
-    RecordBatch messages, which the response's parse decodes."""
+    RecordBatch messages, which the response's parse decodes. With
+    ``stream_chunk_bytes``, each call is a FetchStream of chunks of that size,
+    each chunk read as it comes."""
     from txlog.protocol import batch_format
     from txlog.v1 import common_pb2, partition_pb2, partition_pb2_grpc
 
@@ -630,39 +638,56 @@ async def fetch_all(channel: grpc.aio.Channel, topic: str, end_offset: int, max_
                 batch_format=partition_pb2.BATCH_FORMAT_ENCODED if form == "encoded" else partition_pb2.BATCH_FORMAT_MESSAGE,
             )
             started = time.perf_counter()
-            reply = await stub.Fetch(request, timeout=CALL_TIMEOUT_S)
+            if stream_chunk_bytes:
+                replies = stub.FetchStream(partition_pb2.FetchStreamRequest(fetch=request, chunk_bytes=stream_chunk_bytes),
+                                           timeout=CALL_TIMEOUT_S)
+            else:
+                replies = [await stub.Fetch(request, timeout=CALL_TIMEOUT_S)]
+            async for reply in _each(replies):
+                result = reply.results[0]
+                if result.error.code != 0:
+                    raise RuntimeError(f"Fetch at {offset}: {result.error}")
+                if form == "encoded":  # (base offset, records) of each batch, its CRC checked and its records parsed
+                    batches = []
+                    for data in result.encoded_batches:
+                        header = batch_format.verified_header(data)
+                        batches.append((header.base_offset, batch_format.open_records(data, header, 1 << 30).records))
+                else:
+                    batches = [(batch.base_offset, batch.records) for batch in result.batches]
+                if first_batch is None and batches:
+                    first_batch = batches[0][1]
+                for base_offset, batch_records in batches:
+                    if base_offset != offset:
+                        raise RuntimeError(f"Fetch: a batch at offset {base_offset}, {offset} expected")
+                    offset += len(batch_records)
+                records = offset
+                if result.next_fetch_offset != offset or not batches:
+                    raise RuntimeError(f"Fetch: next_fetch_offset {result.next_fetch_offset}, {offset} expected")
             latencies.append(time.perf_counter() - started)
             calls += 1
-            result = reply.results[0]
-            if result.error.code != 0:
-                raise RuntimeError(f"Fetch at {offset}: {result.error}")
-            if form == "encoded":  # (base offset, records) of each batch, its CRC checked and its records parsed
-                batches = []
-                for data in result.encoded_batches:
-                    header = batch_format.verified_header(data)
-                    batches.append((header.base_offset, batch_format.open_records(data, header, 1 << 30).records))
-            else:
-                batches = [(batch.base_offset, batch.records) for batch in result.batches]
-            if first_batch is None and batches:
-                first_batch = batches[0][1]
-            for base_offset, batch_records in batches:
-                if base_offset != offset:
-                    raise RuntimeError(f"Fetch: a batch at offset {base_offset}, {offset} expected")
-                offset += len(batch_records)
-            records = offset
-            if result.next_fetch_offset != offset or not batches:
-                raise RuntimeError(f"Fetch: next_fetch_offset {result.next_fetch_offset}, {offset} expected")
     expected = [(record_key(i), record_value(i)) for i in range(len(first_batch))]
     if [(r.key, r.value) for r in first_batch] != expected:
         raise RuntimeError("Fetch: the records read back are not the ones produced")
     return {
         "batch_format": form,
+        "call": "FetchStream" if stream_chunk_bytes else "Fetch",
+        "stream_chunk_bytes": stream_chunk_bytes or None,
         "max_bytes": max_bytes,
         "fetch_calls": calls,
         "records_per_call": round(records / calls, 1),
         "fetch_latency_ms": latency_summary(latencies),
         **phase.rates(records, RECORD_BYTES),
     }
+
+
+async def _each(replies):
+    """The replies of a FetchStream (an async iterator) or of a Fetch (a list of one)."""
+    if isinstance(replies, list):
+        for reply in replies:
+            yield reply
+    else:
+        async for reply in replies:
+            yield reply
 
 
 def open_channel(address: str, credentials: grpc.ChannelCredentials | None = None) -> grpc.aio.Channel:
@@ -702,8 +727,10 @@ async def measure_service(address: str, args: argparse.Namespace, pids: dict[str
 
         end_offset = sequences_one.next[0]  # every record of the topic is this producer's: sequence == offset
         progress(f"fetch: {end_offset} records of {TOPIC_ONE} from offset 0, max_bytes {args.fetch_max_bytes}")
-        fetch = await fetch_all(channel, TOPIC_ONE, end_offset, args.fetch_max_bytes, pids)
-        progress(f"fetch: {fetch['mb_per_s']} MB/s, {fetch['records_per_s']} records/s")
+        fetch_unary = await fetch_all(channel, TOPIC_ONE, end_offset, args.fetch_max_bytes, pids)
+        progress(f"fetch, one response a call: {fetch_unary['mb_per_s']} MB/s, {fetch_unary['records_per_s']} records/s")
+        fetch = await fetch_all(channel, TOPIC_ONE, end_offset, args.fetch_max_bytes, pids, stream_chunk_bytes=args.stream_chunk_bytes)
+        progress(f"fetch, streamed in {args.stream_chunk_bytes}-byte chunks: {fetch['mb_per_s']} MB/s, {fetch['records_per_s']} records/s")
         fetch_message = await fetch_all(channel, TOPIC_ONE_MESSAGE, sequences_message.next[0], args.fetch_max_bytes, pids,
                                         form="message")
         progress(f"fetch, message form: {fetch_message['mb_per_s']} MB/s")
@@ -712,7 +739,8 @@ async def measure_service(address: str, args: argparse.Namespace, pids: dict[str
         "producer_id": producer_id,
         "produce_one_partition": one,
         "produce_four_partitions": four,
-        "fetch_one_partition": fetch,
+        "fetch_one_partition": fetch,  # the fetch clients make: a FetchStream
+        "fetch_one_partition_one_response_a_call": fetch_unary,
         "message_form": {"produce_one_partition": one_message, "fetch_one_partition": fetch_message},
     }
 
@@ -911,6 +939,11 @@ def measure(workdir: str, args: argparse.Namespace) -> dict:
             "produce_four_partitions_mb_vs_raw_rocksdb_synced_mb": ratio(service_figures["produce_four_partitions"]["mb_per_s"], rocksdb_mb),
             "produce_one_partition_mb_vs_raw_grpc_upload_mb": ratio(produce, grpc_mb["upload"]["mb_per_s"]),
             "fetch_mb_vs_raw_grpc_download_mb": ratio(fetch, grpc_mb["download"]["mb_per_s"]),
+            # one Fetch response a call instead of a FetchStream's chunks (the fetch before streaming), same run
+            "one_response_a_call_fetch_mb_vs_raw_grpc_echo_mb": ratio(
+                service_figures["fetch_one_partition_one_response_a_call"]["mb_per_s"], grpc_mb["echo"]["mb_per_s"]),
+            "one_response_a_call_fetch_mb_vs_raw_grpc_download_mb": ratio(
+                service_figures["fetch_one_partition_one_response_a_call"]["mb_per_s"], grpc_mb["download"]["mb_per_s"]),
             "client_producer_mb_vs_hand_built_one_partition_mb": ratio(client.get("mb_per_s"), produce),
             # the same figures in the message form (PartitionBatch.batch, FetchPartitionResult.batches): the form
             # before batches were stored as sent, measured in the same run

@@ -14,6 +14,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from partition_svc import appends, validation, wire
 from partition_svc.appends import ACKS_ALL, Taken
@@ -32,14 +33,31 @@ from txlog.v1 import common_pb2, partition_pb2
 
 log = logging.getLogger(__name__)
 
+STREAM_CHUNK_BYTES_DEFAULT = 1024 * 1024  # FetchStreamRequest.chunk_bytes left 0
 DELETE_RECORDS_TIMEOUT_MS_DEFAULT = 30_000  # DeleteRecords' wait for the in-sync replicas when its timeout_ms is 0
 INTERNAL_TOPICS = (CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC)
 # A produced batch's result, the partition it goes to and the batch (None, None: refused already)
 Resolved = tuple[object, Partition | None, common_pb2.RecordBatch | validation.EncodedBatch | None]
 
 
+@dataclass
+class FetchPass:
+    """One pass over a Fetch's partitions: the encoded response, the events to
+    wait on for partitions that had nothing, the bytes and records returned,
+    {index in the request: (next_fetch_offset, bytes returned)} of the
+    partitions not refused that have more to read, and what records the pass
+    in the metrics once it is (part of) the answer."""
+
+    reply: bytes
+    waits: list[asyncio.Event]
+    returned_bytes: int
+    records: int
+    more: dict[int, tuple[int, int]]
+    tally: Callable[[], None]
+
+
 class DataServicer:
-    RPCS = ("Produce", "Fetch", "EpochEndOffsets", "ListOffsets", "DeleteRecords", "DescribeProducers")
+    RPCS = ("Produce", "Fetch", "FetchStream", "EpochEndOffsets", "ListOffsets", "DeleteRecords", "DescribeProducers")
 
     def __init__(self, view: ClusterView, verifier: TransactionVerifier, metrics: PartitionMetrics):
         self.view = view
@@ -140,6 +158,69 @@ class DataServicer:
 
     @server.rpc_handler
     async def Fetch(self, request, context):
+        self._check_fetch(request)
+        return (await self._long_poll(request)).reply
+
+    @server.rpc_handler
+    async def FetchStream(self, streamed, context):
+        """Fetch's answer in chunks: the first is a Fetch with the request's long
+        poll and a budget of one chunk; each next one is the Fetch that would
+        follow it (every partition with more to read at its next_fetch_offset,
+        what is left of the budgets), without waiting, until a budget is used up
+        or nothing more is there. Only the first returns its first batch
+        whatever its size (progress); the later ones keep within what is left of
+        max_bytes and of each partition's share. The request is checked and the
+        first chunk read before the stream begins, so a refused request is a
+        failed call, as with Fetch."""
+        request = streamed.fetch
+        self._check_fetch(request)
+        if streamed.chunk_bytes < 0:
+            raise request_error("chunk_bytes must not be negative")
+        chunk = streamed.chunk_bytes or STREAM_CHUNK_BYTES_DEFAULT
+        bytes_left = request.max_bytes or self.config.batch_bytes_max * 4
+        records_left = request.max_records or 2**31 - 1  # int32
+        shares = [wanted.partition_max_bytes or None for wanted in request.partitions]  # None: no share of its own
+        wanted = partition_pb2.FetchRequest()
+        wanted.CopyFrom(request)
+        wanted.max_bytes, wanted.max_records = min(chunk, bytes_left), records_left
+        wanted.min_bytes = min(request.min_bytes, wanted.max_bytes)
+        first = await self._long_poll(wanted)
+
+        async def chunks():
+            nonlocal bytes_left, records_left
+            done = first
+            while True:
+                yield done.reply
+                bytes_left -= done.returned_bytes
+                records_left -= done.records
+                partitions = []
+                for index, (offset, taken) in done.more.items():
+                    if shares[index] is not None:
+                        shares[index] -= taken
+                        if shares[index] <= 0:
+                            continue
+                    item = partition_pb2.FetchPartition()
+                    item.CopyFrom(wanted.partitions[index])
+                    item.fetch_offset, item.partition_max_bytes = offset, shares[index] or 0
+                    partitions.append((index, item))
+                if bytes_left <= 0 or records_left <= 0 or not partitions:
+                    return
+                indexes = [index for index, _ in partitions]
+                del wanted.partitions[:]
+                wanted.partitions.extend(item for _, item in partitions)
+                wanted.max_bytes, wanted.max_records = min(chunk, bytes_left), records_left
+                shares[:] = [shares[i] for i in indexes]
+                done = await self._fetch_once(wanted, take_first=False)
+                if not done.returned_bytes and wanted.max_bytes < bytes_left:  # a batch larger than a chunk comes next
+                    wanted.max_bytes = bytes_left
+                    done = await self._fetch_once(wanted, take_first=False)
+                done.tally()
+                if not done.returned_bytes:
+                    return
+
+        return chunks()
+
+    def _check_fetch(self, request) -> None:
         if request.isolation_level not in (common_pb2.ISOLATION_LEVEL_READ_UNCOMMITTED, common_pb2.ISOLATION_LEVEL_READ_COMMITTED):
             raise request_error(f"unknown isolation_level {request.isolation_level}")
         if request.batch_format not in (partition_pb2.BATCH_FORMAT_MESSAGE, partition_pb2.BATCH_FORMAT_ENCODED):
@@ -148,34 +229,37 @@ class DataServicer:
         if request.max_wait_ms < 0 or request.max_bytes < 0 or request.max_records < 0 or request.min_bytes < 0:
             raise request_error("max_wait_ms, min_bytes, max_bytes and max_records must not be negative")
         self.view.check_partition_count(len(request.partitions))
+
+    async def _long_poll(self, request) -> FetchPass:
+        """Passes over the partitions until min_bytes are there or max_wait_ms has passed."""
         wait_s = min(request.max_wait_ms, self.config.fetch_wait_ms_max) / 1000
         deadline = time.monotonic() + wait_s
         while True:
-            reply, waits, returned_bytes, tally = await self._fetch_once(request)
+            done = await self._fetch_once(request)
             remaining = deadline - time.monotonic()
-            if returned_bytes > max(request.min_bytes - 1, 0) or not waits or remaining <= 0:
-                tally()  # only the pass answered counts: a long poll's earlier passes were thrown away
-                return reply
-            waiters = [asyncio.ensure_future(w.wait()) for w in waits]
+            if done.returned_bytes > max(request.min_bytes - 1, 0) or not done.waits or remaining <= 0:
+                done.tally()  # only the pass answered counts: a long poll's earlier passes were thrown away
+                return done
+            waiters = [asyncio.ensure_future(w.wait()) for w in done.waits]
             try:
                 await asyncio.wait(waiters, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
             finally:  # an idle partition's event may never fire: a waiter left behind would live for good
                 for waiter in waiters:
                     waiter.cancel()
 
-    async def _fetch_once(self, request) -> tuple[bytes, list[asyncio.Event], int, Callable[[], None]]:
-        """One pass over the partitions: the encoded response, the events to
-        wait on for partitions that had nothing, the bytes returned, and what
-        records the pass in the metrics once it is the answer."""
+    async def _fetch_once(self, request, take_first: bool = True) -> FetchPass:
+        """One pass over the partitions; ``take_first``: the first batch is
+        returned whatever its size."""
         encoded_results = []
         fetched: list[tuple[str, int, int]] = []
         refused: list[tuple[str, int]] = []
+        more: dict[int, tuple[int, int]] = {}
         bytes_left = request.max_bytes or self.config.batch_bytes_max * 4
         records_left = request.max_records or 2**31
         accepted = frozenset(request.accepted_compressions)
         encoded = request.batch_format == partition_pb2.BATCH_FORMAT_ENCODED
-        waits, returned_bytes = [], 0
-        for wanted in request.partitions:
+        waits, returned_bytes, returned_records = [], 0, 0
+        for index, wanted in enumerate(request.partitions):
             result = partition_pb2.FetchPartitionResult(topic=wanted.topic, partition=wanted.partition, next_fetch_offset=wanted.fetch_offset)
             batches: list[wire.Encoded] = []
             records = 0
@@ -183,7 +267,7 @@ class DataServicer:
                 partition = await self.view.hosted(wanted.topic, wanted.partition)
                 await self.check_leader_epoch(wanted, partition)
                 batches, records = self._read(
-                    partition, wanted, request.isolation_level, result, bytes_left, records_left, returned_bytes == 0,
+                    partition, wanted, request.isolation_level, result, bytes_left, records_left, take_first and returned_bytes == 0,
                     outcomes=request.include_transaction_outcomes, accepted=accepted, encoded=encoded,
                 )
             except TxlogError as exc:
@@ -192,7 +276,11 @@ class DataServicer:
             taken = sum(batch.size for batch in batches)
             if records:
                 fetched.append((wanted.topic, records, taken))
+            upper = result.last_stable_offset if request.isolation_level == common_pb2.ISOLATION_LEVEL_READ_COMMITTED else result.high_watermark
+            if not result.HasField("error") and result.next_fetch_offset < upper:
+                more[index] = (result.next_fetch_offset, taken)
             returned_bytes += taken
+            returned_records += records
             bytes_left = max(bytes_left - taken, 0)
             records_left = max(records_left - records, 0)
             if not batches and not result.HasField("error"):
@@ -205,7 +293,7 @@ class DataServicer:
             for topic, records, taken in fetched:
                 self.metrics.fetched(topic, records, taken)
 
-        return wire.fetch_response(encoded_results), waits, returned_bytes, tally
+        return FetchPass(wire.fetch_response(encoded_results), waits, returned_bytes, returned_records, more, tally)
 
     def _read(self, partition, wanted, isolation_level, result, bytes_left, records_left, take_first, *,
               outcomes: bool = False, accepted: frozenset[int] = frozenset(), encoded: bool = False) -> tuple[list[wire.Encoded], int]:

@@ -268,9 +268,11 @@ class Fetcher:
         )
         self.stats.fetch_requests += 1
         started_s = time.monotonic()
+        retry_later = False
         try:
-            response = await self._transport.call(address, "Fetch", request,
-                                                  timeout_ms=self._config.request_timeout_ms + max_wait_ms)
+            # a stream of chunks (FetchStream): each is taken as it comes, decoded while the leader reads the next
+            async for response in self._transport.fetch(address, request, timeout_ms=self._config.request_timeout_ms + max_wait_ms):
+                retry_later = self._take_all(response, positions, epochs) or retry_later
         except ClientError as exc:
             self.stats.fetch_errors += 1
             if not sort_error(exc, self._metadata):
@@ -280,14 +282,22 @@ class Fetcher:
         latency_ms = (time.monotonic() - started_s) * 1000
         self.stats.fetch_latency_ms_total += latency_ms
         self.stats.fetch_latency_ms_max = max(self.stats.fetch_latency_ms_max, latency_ms)
+        if retry_later:
+            await asyncio.sleep(self._config.retry_backoff_ms / 1000)
+
+    def _take_all(self, response, positions: dict[TopicPartition, int], epochs: dict[TopicPartition, int]) -> bool:
+        """Takes one response (or chunk of a stream) of a Fetch sent with ``positions``;
+        those continue where it left each partition. True when a partition is to be
+        fetched again after a backoff."""
         retry_later = False
         for result in response.results:
             tp = TopicPartition(result.topic, result.partition)
             state = self.states.get(tp)
-            if state is None or tp not in positions or state.position != positions[tp] or state.buffer:
+            if state is None or tp not in positions or _fetching_at(state) != positions[tp]:
                 continue  # unassigned or sought meanwhile: this answer is stale
             if result.error.code == NONE:
                 self._take(tp, state, result, positions[tp], epochs[tp])
+                positions[tp] = _fetching_at(state)
             elif result.error.code == OFFSET_OUT_OF_RANGE:
                 self._out_of_range(tp, state, positions[tp], result)
             else:
@@ -295,8 +305,9 @@ class Fetcher:
                 if not sort_error(exc, self._metadata):
                     state.fetch_error = exc
                 retry_later = True
-        if retry_later:
-            await asyncio.sleep(self._config.retry_backoff_ms / 1000)
+            if state.fetch_error is not None or state.reset_to is not None:
+                del positions[tp]  # whatever a later chunk says of it is not taken
+        return retry_later
 
     # --- KIP-320: positions checked against a new leader's log ------------------------------------
 
@@ -419,6 +430,11 @@ class Fetcher:
                 f"[{result.log_start_offset}, {result.high_watermark}] and auto_offset_reset is 'none'")
             return
         self.request_reset(tp, strategy)
+
+
+def _fetching_at(state: PartitionState) -> int | None:
+    """Where a fetch of the partition continues: after its buffer, else at its position."""
+    return state.buffer_next_offset if state.buffer else state.position
 
 
 def _read_in(state: PartitionState, epoch: int | None, offset: int) -> None:

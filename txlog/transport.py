@@ -13,8 +13,9 @@ Guarantees
   what a real network does to a unary call: the request never arrives, or the
   server handles it and its answer is lost.
 
-Request handlers depend only on :meth:`Transport.call` and :meth:`Transport.close`,
-so unit tests replace the transport with an in-memory fake server.
+Request handlers depend only on :meth:`Transport.call`, :meth:`Transport.fetch`
+and :meth:`Transport.close`, so unit tests replace the transport with an
+in-memory fake server.
 """
 
 from __future__ import annotations
@@ -125,6 +126,7 @@ class Transport:
         self._coordinator_stubs: dict[str, coordinator_pb2_grpc.CoordinatorServiceStub] = {}
         # (address, rpc) -> (the channel it was made on, a multicallable sending pre-encoded requests)
         self._encoded_methods: dict[tuple[str, str], tuple[grpc.aio.Channel, object]] = {}
+        self._unary_fetch: set[str] = set()  # addresses of servers without FetchStream (older than it)
         self._closed = False
 
     @property
@@ -174,6 +176,36 @@ class Transport:
         if self.fault_injection is not None:
             self.fault_injection.after_call(rpc, address)
         return response
+
+    async def fetch(self, address: str, request: partition_pb2.FetchRequest, *, timeout_ms: float | None = None):
+        """The answer of a Fetch at ``address``, as the FetchResponses of a
+        FetchStream (an async iterator; each continues the partitions of the one
+        before); from a server that has no FetchStream (UNIMPLEMENTED, before any
+        response), the one response of a Fetch, and Fetch from then on. Raises
+        ClientError on any failure; the responses already yielded stand."""
+        if address in self._unary_fetch:
+            yield await self.call(address, "Fetch", request, timeout_ms=timeout_ms)
+            return
+        timeout_s = (timeout_ms if timeout_ms is not None else self.request_timeout_ms) / 1000
+        if self.fault_injection is not None:
+            self.fault_injection.before_call("FetchStream", address)
+        call = self._stub(address, "FetchStream")(partition_pb2.FetchStreamRequest(fetch=request), timeout=timeout_s)
+        answered = False
+        try:
+            async for response in call:
+                answered = True
+                yield response
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.UNIMPLEMENTED or answered:
+                raise from_exception(exc) from None
+            self._unary_fetch.add(address)
+        finally:
+            call.cancel()  # the caller stopped reading (or failed): the server stops streaming; a no-op once done
+        if not answered:
+            yield await self.call(address, "Fetch", request, timeout_ms=timeout_ms)
+            return
+        if self.fault_injection is not None:
+            self.fault_injection.after_call("FetchStream", address)
 
     async def close(self) -> None:
         self._closed = True

@@ -113,12 +113,17 @@ def _unimplemented(service: str, method: str):
 
 def generic_handler(servicer, service_descriptor, guard: authorizer.Authorizer | None = None,
                     measured: metrics.ServiceMetrics | None = None, traced: bool = False) -> grpc.GenericRpcHandler:
-    """The handlers of a (unary) service: requests that fail to parse reach the
+    """The handlers of a service: requests that fail to parse reach the
     handler as MalformedRequest instead of failing inside gRPC with a bare
     UNKNOWN, and methods the servicer does not define (a coroutine) answer
     UNIMPLEMENTED with our details. With ``guard``, each call is authorized
     first; with ``measured``, each call (refusals too) is counted and timed;
-    ``traced``, each call's span names what the request touched."""
+    ``traced``, each call's span names what the request touched.
+
+    A server-streaming method is a coroutine too, which checks the request and
+    returns an async iterator of the responses (see :func:`streamed`): every
+    wrapper above applies to it as to a unary one (a streamed call is timed
+    until its stream began)."""
     handlers = {}
     for method in service_descriptor.methods:
         implementation = getattr(servicer, method.name, None)
@@ -130,12 +135,32 @@ def generic_handler(servicer, service_descriptor, guard: authorizer.Authorizer |
             implementation = telemetry.annotated(implementation)
         if measured is not None:
             implementation = measured.measured(service_descriptor.full_name, method.name, implementation)
-        handlers[method.name] = grpc.unary_unary_rpc_method_handler(
+        make = grpc.unary_unary_rpc_method_handler
+        if method.server_streaming:
+            implementation, make = streamed(implementation, method.name), grpc.unary_stream_rpc_method_handler
+        handlers[method.name] = make(
             implementation,
             request_deserializer=_parser(message_factory.GetMessageClass(method.input_type)),
             response_serializer=_serialize,
         )
     return grpc.method_handlers_generic_handler(service_descriptor.full_name, handlers)
+
+
+def streamed(implementation, name: str):
+    """The async generator gRPC serves for a server-streaming method whose
+    ``implementation`` (a coroutine, wrapped as unary ones are) returns an async
+    iterator of its responses; a failure while the stream runs ends the call as
+    :func:`rpc_handler` ends a failed one."""
+
+    async def stream(request, context):
+        responses = await implementation(request, context)
+        try:
+            async for response in responses:
+                yield response
+        except BaseException as exc:
+            await _end_failed_call(context, exc, name)
+
+    return stream
 
 
 def rpc_handler(method):
@@ -149,18 +174,22 @@ def rpc_handler(method):
             if isinstance(request, MalformedRequest):
                 raise request.error()
             return await method(self, request, context)
-        except TxlogError as exc:
-            await errors.abort(context, exc)
-        except (asyncio.CancelledError, grpc.aio.AbortError):
-            raise
-        except Exception as exc:
-            log.exception("unexpected failure in %s", method.__name__)
-            await errors.abort(
-                context,
-                TxlogError(ErrorCode.Value("UNKNOWN_SERVER_ERROR"), f"{type(exc).__name__} in {method.__name__}"),
-            )
+        except BaseException as exc:
+            await _end_failed_call(context, exc, method.__name__)
 
     return wrapper
+
+
+async def _end_failed_call(context, exc: BaseException, name: str):
+    """Ends a call that raised ``exc``: a TxlogError as its status with our
+    details; a cancellation or an abort as it is; anything else logged with its
+    stack and answered UNKNOWN_SERVER_ERROR with a one-line message."""
+    if isinstance(exc, TxlogError):
+        await errors.abort(context, exc)
+    if isinstance(exc, (asyncio.CancelledError, grpc.aio.AbortError)) or not isinstance(exc, Exception):
+        raise exc
+    log.error("unexpected failure in %s", name, exc_info=exc)
+    await errors.abort(context, TxlogError(ErrorCode.Value("UNKNOWN_SERVER_ERROR"), f"{type(exc).__name__} in {name}"))
 
 
 class ServiceRuntime:

@@ -124,6 +124,7 @@ CHECKS: dict[str, Callable[[object, Permissions], list[Need]]] = {
     "CreateTopics": _create_topics,
     "Produce": _produce,
     "Fetch": lambda r, caller: topics((p.topic for p in r.partitions), "Read"),
+    "FetchStream": lambda r, caller: topics((p.topic for p in r.fetch.partitions), "Read"),
     "ListOffsets": lambda r, caller: topics((p.topic for p in r.partitions), "Describe"),
     "EpochEndOffsets": lambda r, caller: topics((p.topic for p in r.partitions), "Describe"),
     "WriteTxnMarkers": lambda r, caller: cluster("ClusterAction"),

@@ -170,7 +170,7 @@ TARGETS = [Target(service, method, SERVED_BY[name]) for name, service in SERVICE
 # RPCs that change nothing the baseline holds; every other RPC (a new one too) is
 # treated as mutating: it never names the baseline's topic or group.
 READ_ONLY = {
-    "AllocateProducerIds", "Metadata", "Fetch", "ListOffsets", "OffsetFetch", "DescribeProducers",
+    "AllocateProducerIds", "Metadata", "Fetch", "FetchStream", "ListOffsets", "OffsetFetch", "DescribeProducers",
     "FindCoordinator", "ListTransactions", "DescribeTransactions",
 }
 
@@ -528,17 +528,21 @@ class Hostile:
 
     def check(self, target: Target, call: FuzzCall) -> None:
         self.kinds[str(target)][call.kind] += 1
-        rpc = self.channel(call.address, as_fuzzer=True).unary_unary(target.path, request_serializer=None, response_deserializer=None)
+        channel = self.channel(call.address, as_fuzzer=True)
+        streamed = target.method.server_streaming  # its answers, each checked as a unary answer is
+        rpc = (channel.unary_stream if streamed else channel.unary_unary)(target.path, request_serializer=None, response_deserializer=None)
         try:
-            answer = rpc(call.payload, timeout=CALL_TIMEOUT_S)
+            answers = list(rpc(call.payload, timeout=CALL_TIMEOUT_S)) if streamed else [rpc(call.payload, timeout=CALL_TIMEOUT_S)]
         except grpc.RpcError as exc:
             self.check_error(target, call, exc)
             return
         assert call.request is not None, f"{target}: a request that does not parse ({call}) was answered OK"
-        response = message_class(target.method.output_type).FromString(answer)
-        for item in walk_errors(response):
-            assert item.code in ERROR_TABLE and item.code != UNKNOWN_SERVER_ERROR, f"{target}: {call} answered an item error {item}"
-            assert item.code == NONE or item.message.strip(), f"{target}: {call} answered an item error without a message: {item}"
+        assert answers, f"{target}: {call} answered no response"
+        for answer in answers:
+            response = message_class(target.method.output_type).FromString(answer)
+            for item in walk_errors(response):
+                assert item.code in ERROR_TABLE and item.code != UNKNOWN_SERVER_ERROR, f"{target}: {call} answered an item error {item}"
+                assert item.code == NONE or item.message.strip(), f"{target}: {call} answered an item error without a message: {item}"
         self.outcomes[str(target)]["OK"] += 1
         if target.name not in READ_ONLY:
             self.accepted.append((target, call))

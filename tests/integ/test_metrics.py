@@ -103,6 +103,27 @@ def test_the_numbers_match_what_was_done(cluster):
     assert total(cluster, "producer_id_svc", "txlog_producer_id_blocks_total") >= 1
 
 
+def test_the_sdk_consumer_reads_by_fetch_stream(cluster):
+    bootstrap = cluster.state.bootstrap
+    with Admin(bootstrap) as admin:
+        admin.create_topics([("streamed", 1, 2)])
+    with Producer(bootstrap) as producer:
+        for i in range(50):
+            producer.send("streamed", value=f"v{i}".encode(), partition=0)
+
+    def calls(method: str) -> float:
+        return total(cluster, "partition_svc", "rpc_server_duration_milliseconds_count", rpc_method=method)
+
+    streams, fetches = calls("FetchStream"), calls("Fetch")
+    with Consumer(bootstrap) as consumer:
+        consumer.assign([TopicPartition("streamed", 0)])
+        consumer.seek_to_beginning()
+        seen = []
+        wait_until(lambda: seen.extend(consumer.poll(timeout_s=0.5)) or len(seen) >= 50, 60, "every record read")
+    assert [r.value for r in seen] == [f"v{i}".encode() for i in range(50)] and [r.offset for r in seen] == list(range(50))
+    assert calls("FetchStream") > streams and calls("Fetch") == fetches
+
+
 def test_calls_are_counted_by_method_and_status_and_refusals_by_error_code(cluster):
     def refusals():
         return total(cluster, "partition_svc", "txlog_rpc_errors_total", rpc_method="DeleteGroupOffsets", error_code="INVALID_REQUEST")

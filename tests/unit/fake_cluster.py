@@ -53,6 +53,7 @@ from coordinator_svc import transaction_state as ts
 from coordinator_svc.transaction_state import TransactionMetadata
 from partition_svc import producer_state
 from partition_svc.producer_state import ProducerStateEntry
+from tests.support.fake_transport import UnaryFetch
 from txlog.errors import ClientError, error_for
 from txlog.protocol import CONSUMER_OFFSETS_TOPIC, batch_format
 from txlog.protocol import TransactionState as S
@@ -89,7 +90,7 @@ class FakePartition:
         return offset < self.last_stable_offset and offset not in self.aborted
 
 
-class FakeCluster:
+class FakeCluster(UnaryFetch):
     """Partitions of ``topics`` ({name: partition count}) spread round-robin over ``addresses``."""
 
     def __init__(

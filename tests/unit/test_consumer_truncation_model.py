@@ -27,6 +27,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from tests.support.fake_transport import UnaryFetch
 from txlog.config import ConsumerConfig
 from txlog.errors import LogTruncationError
 from txlog.fetcher import Fetcher
@@ -51,7 +52,7 @@ class Replica:
         return Replica(list(self.log), LeaderEpochCache(list(self.epochs.entries)), self.leads_at)
 
 
-class Replicas:
+class Replicas(UnaryFetch):
     """The fake servers: Metadata from the controller's state, Fetch,
     EpochEndOffsets and ListOffsets from whichever replica is called (or
     from an earlier copy of it, for a late answer)."""

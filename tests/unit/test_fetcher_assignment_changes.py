@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 
+from tests.support.fake_transport import UnaryFetch
 from txlog.config import ConsumerConfig
 from txlog.fetcher import Fetcher
 from txlog.metadata import Metadata
@@ -20,7 +21,7 @@ NODE = "127.0.0.1:1"
 KNOWN, UNLED, ADDED = TopicPartition("t", 0), TopicPartition("t", 1), TopicPartition("t", 2)
 
 
-class Servers:
+class Servers(UnaryFetch):
     """t-0 led by NODE; t-1 without a leader (so a round refreshes metadata
     after choosing what to fetch); ``during_refresh`` runs inside that refresh."""
 

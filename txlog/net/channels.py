@@ -27,6 +27,7 @@ SAFE_TO_RETRY: tuple[tuple[str, str], ...] = (
     ("txlog.v1.ProducerIdService", "AllocateProducerIds"),
     ("txlog.v1.PartitionService", "Metadata"),
     ("txlog.v1.PartitionService", "Fetch"),
+    ("txlog.v1.PartitionService", "FetchStream"),
     ("txlog.v1.PartitionService", "ListOffsets"),
     ("txlog.v1.PartitionService", "OffsetFetch"),
     ("txlog.v1.PartitionService", "DescribeProducers"),

@@ -304,6 +304,20 @@ class FetchRequest(_message.Message):
     batch_format: BatchFormat
     def __init__(self, isolation_level: _Optional[_Union[_common_pb2.IsolationLevel, str]] = ..., max_wait_ms: _Optional[int] = ..., min_bytes: _Optional[int] = ..., max_bytes: _Optional[int] = ..., max_records: _Optional[int] = ..., partitions: _Optional[_Iterable[_Union[FetchPartition, _Mapping]]] = ..., include_transaction_outcomes: _Optional[bool] = ..., accepted_compressions: _Optional[_Iterable[_Union[_common_pb2.Compression, str]]] = ..., batch_format: _Optional[_Union[BatchFormat, str]] = ...) -> None: ...
 
+class FetchStreamRequest(_message.Message):
+    __slots__ = ("fetch", "chunk_bytes")
+    FETCH_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    fetch: FetchRequest
+    chunk_bytes: int
+    def __init__(self, fetch: _Optional[_Union[FetchRequest, _Mapping]] = ..., chunk_bytes: _Optional[int] = ...) -> None: ...
+
+class FetchStreamResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[FetchPartitionResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[FetchPartitionResult, _Mapping]]] = ...) -> None: ...
+
 class FetchPartitionResult(_message.Message):
     __slots__ = ("topic", "partition", "error", "high_watermark", "last_stable_offset", "log_start_offset", "batches", "next_fetch_offset", "next_fetch_epoch", "aborted_transactions", "open_transactions", "encoded_batches")
     TOPIC_FIELD_NUMBER: _ClassVar[int]

@@ -55,6 +55,11 @@ class PartitionServiceStub:
                 request_serializer=txlog_dot_v1_dot_partition__pb2.FetchRequest.SerializeToString,
                 response_deserializer=txlog_dot_v1_dot_partition__pb2.FetchResponse.FromString,
                 _registered_method=True)
+        self.FetchStream = channel.unary_stream(
+                '/txlog.v1.PartitionService/FetchStream',
+                request_serializer=txlog_dot_v1_dot_partition__pb2.FetchStreamRequest.SerializeToString,
+                response_deserializer=txlog_dot_v1_dot_partition__pb2.FetchStreamResponse.FromString,
+                _registered_method=True)
         self.ListOffsets = channel.unary_unary(
                 '/txlog.v1.PartitionService/ListOffsets',
                 request_serializer=txlog_dot_v1_dot_partition__pb2.ListOffsetsRequest.SerializeToString,
@@ -188,6 +193,24 @@ class PartitionServiceServicer:
 
     def Fetch(self, request, context):
         """Reads records from partitions this instance leads.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FetchStream(self, request, context):
+        """Fetch's answer as a stream: the answers consecutive Fetch calls would
+        give, each within a budget of chunk_bytes (and each continuing every
+        partition with more to read at the previous one's next_fetch_offset),
+        until the fetch's max_bytes or max_records is used up or no partition has
+        more. A large read is then neither built nor
+        parsed as one message: the client decodes a chunk while the leader reads
+        and sends the next. The long poll (max_wait_ms, min_bytes) is the first
+        chunk's, and only the first chunk returns its first batch whatever its
+        size; the later ones keep within what is left of max_bytes and of each
+        partition_max_bytes. A partition refused with an error is answered once
+        and not read again. Every other rule of Fetch (isolation, formats,
+        compressions, leader epochs) holds for each chunk.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -389,6 +412,11 @@ def add_PartitionServiceServicer_to_server(servicer, server):
                     servicer.Fetch,
                     request_deserializer=txlog_dot_v1_dot_partition__pb2.FetchRequest.FromString,
                     response_serializer=txlog_dot_v1_dot_partition__pb2.FetchResponse.SerializeToString,
+            ),
+            'FetchStream': grpc.unary_stream_rpc_method_handler(
+                    servicer.FetchStream,
+                    request_deserializer=txlog_dot_v1_dot_partition__pb2.FetchStreamRequest.FromString,
+                    response_serializer=txlog_dot_v1_dot_partition__pb2.FetchStreamResponse.SerializeToString,
             ),
             'ListOffsets': grpc.unary_unary_rpc_method_handler(
                     servicer.ListOffsets,
@@ -604,6 +632,33 @@ class PartitionService:
             '/txlog.v1.PartitionService/Fetch',
             txlog_dot_v1_dot_partition__pb2.FetchRequest.SerializeToString,
             txlog_dot_v1_dot_partition__pb2.FetchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FetchStream(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/txlog.v1.PartitionService/FetchStream',
+            txlog_dot_v1_dot_partition__pb2.FetchStreamRequest.SerializeToString,
+            txlog_dot_v1_dot_partition__pb2.FetchStreamResponse.FromString,
             options,
             channel_credentials,
             insecure,
