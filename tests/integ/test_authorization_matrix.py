@@ -43,6 +43,8 @@ from txlog.v1 import (
 )
 
 TOPIC, GROUP, TXN = "mx-topic", "mx-group", "mx-txn"
+SERVICES = {service.name: service for module in (partition_pb2, coordinator_pb2, producer_id_pb2, replication_pb2)
+            for service in module.DESCRIPTOR.services_by_name.values()}
 TP = common_pb2.TopicPartition(topic=TOPIC, partition=0)
 OFFSET = partition_pb2.PartitionOffset(topic=TOPIC, partition=0, offset=1)
 BATCH = common_pb2.RecordBatch(producer_id=-1, producer_epoch=-1, base_sequence=-1, records=[common_pb2.Record(value=b"x")])
@@ -57,6 +59,8 @@ CALLS: list[tuple[str, str, str, Message]] = [
         acks=1, batches=[partition_pb2.PartitionBatch(topic=TOPIC, partition=0, batch=BATCH)])),
     ("PartitionService", "Fetch", "partition_svc", partition_pb2.FetchRequest(
         partitions=[partition_pb2.FetchPartition(topic=TOPIC, partition=0)])),
+    ("PartitionService", "FetchStream", "partition_svc", partition_pb2.FetchStreamRequest(fetch=partition_pb2.FetchRequest(
+        partitions=[partition_pb2.FetchPartition(topic=TOPIC, partition=0)]))),
     ("PartitionService", "ListOffsets", "partition_svc", partition_pb2.ListOffsetsRequest(
         partitions=[partition_pb2.ListOffsetsPartition(topic=TOPIC, partition=0, spec=partition_pb2.OFFSET_SPEC_LATEST)])),
     ("PartitionService", "EpochEndOffsets", "partition_svc", partition_pb2.EpochEndOffsetsRequest(
@@ -134,6 +138,7 @@ EXPECTED_NEEDS = {
     "CreateTopics": [(CLU, CLUSTER_NAME, "Create")],
     "Produce": [(TOP, TOPIC, "Write")],
     "Fetch": [(TOP, TOPIC, "Read")],
+    "FetchStream": [(TOP, TOPIC, "Read")],
     "ListOffsets": [(TOP, TOPIC, "Describe")],
     "EpochEndOffsets": [(TOP, TOPIC, "Describe")],
     "WriteTxnMarkers": [(CLU, CLUSTER_NAME, "ClusterAction")],
@@ -248,10 +253,11 @@ def credentials(cluster, name: str) -> grpc.ChannelCredentials:
 
 def call(cluster, service: str, rpc: str, kind: str, request: Message, name: str, address: str | None = None):
     address = address or next(p.address for p in cluster.state.services.values() if p.kind == kind)
+    streamed = SERVICES[service].methods_by_name[rpc].server_streaming  # its chunks, joined
     with grpc.secure_channel(address, credentials(cluster, name)) as channel:
-        method = channel.unary_unary(f"/txlog.v1.{service}/{rpc}", request_serializer=lambda m: m.SerializeToString(),
-                                     response_deserializer=lambda b: b)
-        return method(request, timeout=30)
+        method = (channel.unary_stream if streamed else channel.unary_unary)(
+            f"/txlog.v1.{service}/{rpc}", request_serializer=lambda m: m.SerializeToString(), response_deserializer=lambda b: b)
+        return b"".join(method(request, timeout=30)) if streamed else method(request, timeout=30)
 
 
 def probe_allowed(cluster, address: str) -> bool:
