@@ -3,8 +3,10 @@
 On one local cluster of real processes (ZooKeeper, producer_id_svc, three
 partition_svc, one coordinator_svc; services/tooling/cluster.py), with 1 KB records:
 
-* throughput: one producer (batches without a producer id), hand-built RecordBatches of
-  ``--batch-records`` records, ``--in-flight`` requests outstanding, to one
+* throughput: one producer (batches without a producer id), hand-built batches of
+  ``--batch-records`` records in the encoded batch format (``throughput``) and,
+  first, in the list-of-records message form (``throughput_message_form``, the
+  form before: the same run's "before"), ``--in-flight`` requests outstanding, to one
   partition with replication factor 1 (acks=all is then the leader's synced
   write) and to one with replication factor 3 (acks=all waits for both
   followers to fetch and sync). The baseline is the RF1 figure of the same run
@@ -51,6 +53,7 @@ from kazoo.client import KazooClient
 
 from services.tooling.cluster import LocalCluster
 from txlog import Producer
+from txlog.protocol import batch_format
 from txlog.v1 import (
     common_pb2,
     coordinator_pb2,
@@ -153,6 +156,12 @@ def batch(producer_id: int, sequence: int, count: int, start: int) -> common_pb2
         common_pb2.Record(key=(start + i).to_bytes(KEY_BYTES, "big"), value=VALUE) for i in range(count)])
 
 
+def encoded_batch(count: int, start: int) -> bytes:
+    """The same records as ``batch(-1, -1, count, start)``, in the encoded batch format (what the SDK sends)."""
+    records = common_pb2.RecordBatch(records=batch(-1, -1, count, start).records).SerializeToString()
+    return batch_format.encode(records, count, untimed=True)
+
+
 def check_produced(reply: partition_pb2.ProduceResponse) -> None:
     assert reply.results[0].error.code == 0, reply.results[0].error
 
@@ -164,20 +173,24 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def throughput(client: Client, topic: str, args: argparse.Namespace) -> dict:
+async def throughput(client: Client, topic: str, args: argparse.Namespace, form: str = "encoded") -> dict:
     """Batches without a producer id: several requests in flight may reach the
     leader out of order, which an idempotent producer's sequences would refuse
     (the SDK retries those; a raw pipeline does not). The replication work per
-    byte is the same."""
+    byte is the same. ``form``: "encoded" (PartitionBatch.encoded_batch, what
+    the SDK sends) or "message" (PartitionBatch.batch, the form before)."""
     meta = await client.metadata(topic)
     leader = meta.leader_address
     stub = client.stub(leader)
     pids = {"client": os.getpid(), "leader": next(p.pid for p in client.cluster.state.services.values() if p.address == leader),
             **{f"follower_{n}": client.cluster.state.services[f"partition_svc-{n}"].pid for n in meta.replicas if n != meta.leader_id}}
     cpu_before = {role: cpu_seconds(pid) for role, pid in pids.items()}
-    requests = [partition_pb2.ProduceRequest(acks=-1, batches=[partition_pb2.PartitionBatch(
-        topic=topic, partition=0, batch=batch(-1, -1, args.batch_records, i * args.batch_records))])
-        for i in range(args.records // args.batch_records)]
+    def item(i: int) -> partition_pb2.PartitionBatch:
+        if form == "encoded":
+            return partition_pb2.PartitionBatch(topic=topic, partition=0, encoded_batch=encoded_batch(args.batch_records, i * args.batch_records))
+        return partition_pb2.PartitionBatch(topic=topic, partition=0, batch=batch(-1, -1, args.batch_records, i * args.batch_records))
+
+    requests = [partition_pb2.ProduceRequest(acks=-1, batches=[item(i)]) for i in range(args.records // args.batch_records)]
     started = time.perf_counter()
     in_flight: collections.deque = collections.deque()
     for request in requests:  # issued in order (sequences never arrive ahead), at most --in-flight outstanding
@@ -190,7 +203,7 @@ async def throughput(client: Client, topic: str, args: argparse.Namespace) -> di
     records = len(requests) * args.batch_records
     per_100_mb = 100e6 / (records * RECORD_BYTES)
     cpu = {role: round((cpu_seconds(pid) - cpu_before[role]) * per_100_mb, 3) for role, pid in pids.items()}
-    return {"records": records, "seconds": round(seconds, 3), "records_per_s": round(records / seconds),
+    return {"batch_format": form, "records": records, "seconds": round(seconds, 3), "records_per_s": round(records / seconds),
             "mb_per_s": round(records * RECORD_BYTES / seconds / 1e6, 2), "cpu_seconds_per_100_mb": cpu,
             "cores_busy": round(sum(cpu.values()) / per_100_mb / seconds, 2)}
 
@@ -311,17 +324,20 @@ async def measure(cluster: LocalCluster, args: argparse.Namespace) -> dict:
         say("creating topics")
         await client.create("rf1", 1, 1)
         await client.create("rf3", 1, 3)
+        await client.create("rf1-message", 1, 1)
+        await client.create("rf3-message", 1, 3)
     if "throughput" in args.only:
-        say("throughput")
-        rf1 = await throughput(client, "rf1", args)
-        rf3 = await throughput(client, "rf3", args)
-        ratio = round(rf3["mb_per_s"] / rf1["mb_per_s"], 3)
-        ceiling = cpu_bound_ceiling(rf1, rf3)
-        figures["throughput"] = {"rf1_acks_all": rf1, "rf3_acks_all": rf3, "rf3_vs_rf1": ratio, "target_rf3_vs_rf1": 0.6,
-                                 "meets_target": ratio >= 0.6, "cpu_bound_ceiling": ceiling,
-                                 "rf3_vs_rf1_of_ceiling": round(ratio / ceiling, 3),
-                                 # the ceiling holds only if both runs kept the machine's cores (nearly) busy
-                                 "both_runs_cpu_bound": min(rf1["cores_busy"], rf3["cores_busy"]) >= 0.75 * (os.cpu_count() or 1)}
+        for form, key, suffix in (("message", "throughput_message_form", "-message"), ("encoded", "throughput", "")):
+            say(f"throughput, {form} batches")  # the message form first: the form before, in the same run
+            rf1 = await throughput(client, f"rf1{suffix}", args, form)
+            rf3 = await throughput(client, f"rf3{suffix}", args, form)
+            ratio = round(rf3["mb_per_s"] / rf1["mb_per_s"], 3)
+            ceiling = cpu_bound_ceiling(rf1, rf3)
+            figures[key] = {"rf1_acks_all": rf1, "rf3_acks_all": rf3, "rf3_vs_rf1": ratio, "target_rf3_vs_rf1": 0.6,
+                            "meets_target": ratio >= 0.6, "cpu_bound_ceiling": ceiling,
+                            "rf3_vs_rf1_of_ceiling": round(ratio / ceiling, 3),
+                            # the ceiling holds only if both runs kept the machine's cores (nearly) busy
+                            "both_runs_cpu_bound": min(rf1["cores_busy"], rf3["cores_busy"]) >= 0.75 * (os.cpu_count() or 1)}
     if "latency" in args.only:
         say("latency")
         figures["produce_latency_ms"] = {"rf1_acks_all": await latency(client, "rf1", args.latency_samples),

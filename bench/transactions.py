@@ -61,6 +61,14 @@ the client spends almost no CPU on the two shared cores:
   records returned (read_uncommitted returns the aborted ones too);
   ``log_records_per_s`` counts the offsets the pass went through.
 
+Batches are sent in the encoded batch format (PartitionBatch.encoded_batch, as
+the SDK sends them; the fetch passes read them in that form, each CRC checked
+and the records parsed, as a consumer does). With ``--forms encoded,message``
+(the default) the throughput modes and the commit-latency runs are made again
+with batches in the list-of-records message form (PartitionBatch.batch, the
+form before the encoded one): the same targets judged on those figures, in the
+same run, are ``targets_message_batches``.
+
 Targets (issue 18): transactional records/s >= 97% of the idempotent
 records/s at a 100 ms commit interval, >= 85% at 10 ms; commit latency p99
 (until the markers landed, visible to read_committed) <= 10 ms with 8
@@ -108,7 +116,7 @@ from bench.produce_fetch import (
     send_pipelined,
 )
 from partition_svc.wire import field_tag, varint
-from txlog.protocol import errors
+from txlog.protocol import batch_format, errors
 from txlog.v1 import (
     common_pb2,
     coordinator_pb2,
@@ -158,7 +166,14 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="AddPartitionsToTxn before producing, as clients before implicit adds did (default: the leaders add the "
                              "partitions, ProduceRequest.add_to_transaction, as the SDK does)")
     parser.add_argument("--fetch-max-bytes", type=int, default=32 * 1024 * 1024, help="Fetch max_bytes (default 32 MiB)")
+    parser.add_argument("--forms", default="encoded,message",
+                        help="batch forms produced, comma-separated: encoded (PartitionBatch.encoded_batch, what the SDK sends) and "
+                             "message (PartitionBatch.batch, the form before); the first one's figures are judged in 'targets', the "
+                             "others' in 'targets_<form>_batches' (default encoded,message)")
     args = parser.parse_args(argv)
+    args.forms = [f.strip() for f in args.forms.split(",") if f.strip()]
+    if not args.forms or set(args.forms) - {"encoded", "message"} or len(set(args.forms)) != len(args.forms):
+        parser.error("--forms takes encoded and/or message, each once")
     try:
         args.intervals = [int(v) for v in args.intervals_ms.split(",") if v.strip()]
     except ValueError:
@@ -188,16 +203,25 @@ class RequestBuilder:
     request's transactional_id are encoded per request. The first request of each
     kind is checked against the same request built field by field."""
 
-    def __init__(self, batch_records: int, key_bit: int = 0, add_to_transaction: bool = False):
+    def __init__(self, batch_records: int, key_bit: int = 0, add_to_transaction: bool = False, form: str = "encoded"):
         self.batch_records = batch_records
         self.add_to_transaction = add_to_transaction  # implicit partition adds (KIP-890 part 2)
+        self.form = form  # "encoded": PartitionBatch.encoded_batch (what the SDK sends); "message": PartitionBatch.batch
         self.records = [common_pb2.Record(key=(key_bit | i).to_bytes(KEY_BYTES, "big"), value=record_value(i)) for i in range(batch_records)]
         assert key_bit or self.records[1].key == record_key(1)
         self.records_blob = common_pb2.RecordBatch(records=self.records).SerializeToString()
         self.batches_tag = field_tag(partition_pb2.ProduceRequest, "batches")
-        self.batch_tag = field_tag(partition_pb2.PartitionBatch, "batch")
+        self.batch_tag = field_tag(partition_pb2.PartitionBatch, "encoded_batch" if form == "encoded" else "batch")
         self._heads: dict[str, bytes] = {}
         self._checked: set[bool] = set()
+
+    def batch_bytes(self, producer_id: int, epoch: int, base_sequence: int, transactional: bool) -> bytes:
+        if self.form == "encoded":  # the header and its CRC per batch, as a producer computes them (the records once)
+            return batch_format.encode(self.records_blob, self.batch_records, producer_id=producer_id, producer_epoch=epoch,
+                                       base_sequence=base_sequence, transactional=transactional, untimed=True)
+        header = common_pb2.RecordBatch(producer_id=producer_id, producer_epoch=epoch, base_sequence=base_sequence,
+                                        is_transactional=transactional).SerializeToString()
+        return header + self.records_blob
 
     def request(self, topic: str, producer_id: int, epoch: int, transactional_id: str, sequences: list[tuple[int, int]]) -> bytes:
         """A ProduceRequest with one batch for each (partition, base_sequence);
@@ -208,11 +232,8 @@ class RequestBuilder:
                 acks=-1, transactional_id=transactional_id, add_to_transaction=self.add_to_transaction and bool(transactional_id)).SerializeToString()
         parts = [head]
         for partition, base_sequence in sequences:
-            header = common_pb2.RecordBatch(
-                producer_id=producer_id, producer_epoch=epoch, base_sequence=base_sequence, is_transactional=bool(transactional_id)
-            ).SerializeToString()
             item = partition_pb2.PartitionBatch(topic=topic, partition=partition).SerializeToString()
-            item += _length_delimited(self.batch_tag, header + self.records_blob)
+            item += _length_delimited(self.batch_tag, self.batch_bytes(producer_id, epoch, base_sequence, bool(transactional_id)))
             parts.append(_length_delimited(self.batches_tag, item))
         body = b"".join(parts)
         if bool(transactional_id) not in self._checked:
@@ -220,25 +241,28 @@ class RequestBuilder:
         return body
 
     def _check(self, body, topic, producer_id, epoch, transactional_id, sequences) -> None:
+        transactional = bool(transactional_id)
+
+        def batch(partition: int, base_sequence: int) -> partition_pb2.PartitionBatch:
+            if self.form == "encoded":
+                data = self.batch_bytes(producer_id, epoch, base_sequence, transactional)
+                header = batch_format.verified_header(data)
+                if (header.producer_id, header.producer_epoch, header.base_sequence, header.is_transactional) != (
+                        producer_id, epoch, base_sequence, transactional) or batch_format.open_records(data, header, 1 << 30).records != self.records:
+                    raise AssertionError("the encoded batch does not decode to the fields and records it was built from")
+                return partition_pb2.PartitionBatch(topic=topic, partition=partition, encoded_batch=data)
+            return partition_pb2.PartitionBatch(topic=topic, partition=partition, batch=common_pb2.RecordBatch(
+                producer_id=producer_id, producer_epoch=epoch, base_sequence=base_sequence, is_transactional=transactional, records=self.records))
+
         expected = partition_pb2.ProduceRequest(
             acks=-1,
             transactional_id=transactional_id,
-            add_to_transaction=self.add_to_transaction and bool(transactional_id),
-            batches=[
-                partition_pb2.PartitionBatch(
-                    topic=topic,
-                    partition=partition,
-                    batch=common_pb2.RecordBatch(
-                        producer_id=producer_id, producer_epoch=epoch, base_sequence=base_sequence,
-                        is_transactional=bool(transactional_id), records=self.records,
-                    ),
-                )
-                for partition, base_sequence in sequences
-            ],
+            add_to_transaction=self.add_to_transaction and transactional,
+            batches=[batch(partition, base_sequence) for partition, base_sequence in sequences],
         )
         if partition_pb2.ProduceRequest.FromString(body) != expected:
             raise AssertionError("the concatenated ProduceRequest does not parse as the one built field by field")
-        self._checked.add(bool(transactional_id))
+        self._checked.add(transactional)
 
 
 class Sequences:
@@ -423,6 +447,8 @@ class ThroughputMode:
 
     def __init__(self, cluster: Cluster, leader: str, args: argparse.Namespace, builder: RequestBuilder):
         self.cluster, self.args, self.builder = cluster, args, builder
+        self.suffix = "" if builder.form == "encoded" else f"_{builder.form}"  # the encoded form's names are the figures'
+        self.name = self.name + self.suffix
         self.channel = cluster.channel(leader)
         self.sequences = Sequences(args.batch_records)
         self.phases: list[Phase] = []
@@ -483,8 +509,8 @@ class TransactionalMode(ThroughputMode):
     def __init__(self, cluster: Cluster, leader: str, args: argparse.Namespace, builder: RequestBuilder, interval_ms: int):
         super().__init__(cluster, leader, args, builder)
         self.interval_ms = interval_ms
-        self.name = f"transactional_{interval_ms}ms"
-        self.producer = TxnProducer(cluster, f"bench-throughput-{interval_ms}ms", args.retry_backoff_ms / 1000)
+        self.name = f"transactional_{interval_ms}ms{self.suffix}"
+        self.producer = TxnProducer(cluster, f"bench-throughput-{interval_ms}ms{self.suffix}", args.retry_backoff_ms / 1000)
         self.times: dict[str, list[float]] = defaultdict(list)
         self.first_latencies: list[float] = []
         self.transactions = 0
@@ -556,9 +582,10 @@ class TransactionalMode(ThroughputMode):
 async def measure_throughput(cluster: Cluster, args: argparse.Namespace) -> dict:
     await create_topic(cluster.channel(cluster.bootstrap), TOPIC_THROUGHPUT, 1)
     leader = (await cluster.leaders(TOPIC_THROUGHPUT))[0]
-    builder = RequestBuilder(args.batch_records, add_to_transaction=args.implicit_adds)
-    idempotent = IdempotentMode(cluster, leader, args, builder)
-    modes: list[ThroughputMode] = [idempotent, *(TransactionalMode(cluster, leader, args, builder, i) for i in args.intervals)]
+    modes: list[ThroughputMode] = []
+    for form in args.forms:
+        builder = RequestBuilder(args.batch_records, add_to_transaction=args.implicit_adds, form=form)
+        modes += [IdempotentMode(cluster, leader, args, builder), *(TransactionalMode(cluster, leader, args, builder, i) for i in args.intervals)]
     slice_s = args.duration_s / args.rounds
     progress(f"throughput: {TOPIC_THROUGHPUT}-0 led by {cluster.name_of(leader)}; {len(modes)} modes x {args.rounds} rounds of "
              f"{slice_s:.2f} s (order reversed every other round); {args.batch_records}-record batches, {args.in_flight} in flight")
@@ -572,16 +599,19 @@ async def measure_throughput(cluster: Cluster, args: argparse.Namespace) -> dict
     runs = {mode.name: mode.report() for mode in modes}
     for name, where in placements.items():
         runs[name]["placement"] = where
-    base = runs["idempotent"]["records_per_s"]
-    slices = [s["records_per_s"] for s in runs["idempotent"]["slices"]]
-    summary = {
-        "idempotent_records_per_s": base,
-        "idempotent_mb_per_s": runs["idempotent"]["mb_per_s"],
-        # how far apart the idempotent slices were: the noise floor of the overheads below
-        "idempotent_slices_spread_pct": round((max(slices) - min(slices)) / base * 100, 2),
-    }
-    for mode in modes[1:]:
+    summary = {}
+    for mode in modes:
         run = runs[mode.name]
+        if isinstance(mode, IdempotentMode):
+            base = run["records_per_s"]
+            slices = [s["records_per_s"] for s in run["slices"]]
+            summary.update({
+                f"idempotent{mode.suffix}_records_per_s": base,
+                f"idempotent{mode.suffix}_mb_per_s": run["mb_per_s"],
+                # how far apart the idempotent slices were: the noise floor of the overheads below
+                f"idempotent{mode.suffix}_slices_spread_pct": round((max(slices) - min(slices)) / base * 100, 2),
+            })
+            continue
         summary[mode.name] = {
             "records_per_s": run["records_per_s"],
             "mb_per_s": run["mb_per_s"],
@@ -616,7 +646,7 @@ def by_leader(leaders: dict[int, str], partitions: list[int]) -> dict[str, list[
     return dict(grouped)
 
 
-async def produce_latency_baseline(cluster: Cluster, leaders: dict[int, str], partitions: list[int], args, builder: RequestBuilder) -> dict:
+async def produce_latency_baseline(cluster: Cluster, topic: str, leaders: dict[int, str], partitions: list[int], args, builder: RequestBuilder) -> dict:
     """The same produce as a latency transaction's, idempotent: one synced write per leader."""
     producer_id, epoch = await init_producer(cluster.channel(cluster.bootstrap))
     sequences = Sequences(args.latency_records)
@@ -626,7 +656,7 @@ async def produce_latency_baseline(cluster: Cluster, leaders: dict[int, str], pa
         for i in range(args.latency_warmup_txns + args.latency_txns):
             started = time.perf_counter()
             await asyncio.gather(*[
-                produce_once(cluster, a, builder.request(TOPIC_LATENCY, producer_id, epoch, "", [(p, sequences.take(p)) for p in ps]))
+                produce_once(cluster, a, builder.request(topic, producer_id, epoch, "", [(p, sequences.take(p)) for p in ps]))
                 for a, ps in grouped.items()
             ])
             if i >= args.latency_warmup_txns:
@@ -639,8 +669,8 @@ async def produce_latency_baseline(cluster: Cluster, leaders: dict[int, str], pa
     }
 
 
-async def commit_latency(cluster: Cluster, leaders: dict[int, str], partitions: list[int], args, builder: RequestBuilder) -> dict:
-    producer = await TxnProducer(cluster, f"bench-latency-{len(partitions)}p", args.retry_backoff_ms / 1000).init()
+async def commit_latency(cluster: Cluster, topic: str, leaders: dict[int, str], partitions: list[int], args, builder: RequestBuilder) -> dict:
+    producer = await TxnProducer(cluster, f"bench-latency-{len(partitions)}p-{builder.form}", args.retry_backoff_ms / 1000).init()
     sequences = Sequences(args.latency_records)
     grouped = by_leader(leaders, partitions)
     poll_s = args.poll_interval_ms / 1000
@@ -653,7 +683,7 @@ async def commit_latency(cluster: Cluster, leaders: dict[int, str], partitions: 
         while True:
             polls += 1
             poll_started = time.perf_counter()
-            offsets = await cluster.offsets({address: leader_partitions}, TOPIC_LATENCY)
+            offsets = await cluster.offsets({address: leader_partitions}, topic)
             now = time.perf_counter()
             poll_times.append(now - poll_started)
             if all(lso == hw and hw > last_offsets[p] for p, (lso, hw) in offsets.items()):
@@ -664,11 +694,11 @@ async def commit_latency(cluster: Cluster, leaders: dict[int, str], partitions: 
     async def transaction() -> tuple[dict[str, float], int]:
         started = time.perf_counter()
         if not args.implicit_adds:
-            await producer.add(TOPIC_LATENCY, partitions)
+            await producer.add(topic, partitions)
         added = time.perf_counter()
         add_attempt = producer.last_attempt_s
         replies = await asyncio.gather(*[
-            produce_once(cluster, a, builder.request(TOPIC_LATENCY, producer.producer_id, producer.producer_epoch, producer.transactional_id,
+            produce_once(cluster, a, builder.request(topic, producer.producer_id, producer.producer_epoch, producer.transactional_id,
                                                      [(p, sequences.take(p)) for p in ps]))
             for a, ps in grouped.items()
         ])
@@ -703,7 +733,7 @@ async def commit_latency(cluster: Cluster, leaders: dict[int, str], partitions: 
                 phases[name].append(seconds)
     return {
         "transactional_id": producer.transactional_id,
-        "placement": await placement(cluster, producer, TOPIC_LATENCY),
+        "placement": await placement(cluster, producer, topic),
         "partitions_per_transaction": len(partitions),
         "leaders": {cluster.name_of(a): ps for a, ps in grouped.items()},
         "transactions": args.latency_txns,
@@ -718,20 +748,21 @@ async def commit_latency(cluster: Cluster, leaders: dict[int, str], partitions: 
     }
 
 
-async def measure_latency(cluster: Cluster, args: argparse.Namespace) -> dict:
-    await create_topic(cluster.channel(cluster.bootstrap), TOPIC_LATENCY, LATENCY_PARTITIONS)
-    leaders = await cluster.leaders(TOPIC_LATENCY)
+async def measure_latency(cluster: Cluster, args: argparse.Namespace, form: str) -> dict:
+    topic = f"{TOPIC_LATENCY}-{form}"
+    await create_topic(cluster.channel(cluster.bootstrap), topic, LATENCY_PARTITIONS)
+    leaders = await cluster.leaders(topic)
     if len(set(leaders.values())) < 2:
-        progress(f"warning: {TOPIC_LATENCY} is led by one partition_svc only")
-    builder = RequestBuilder(args.latency_records, add_to_transaction=args.implicit_adds)
-    result = {}
+        progress(f"warning: {topic} is led by one partition_svc only")
+    builder = RequestBuilder(args.latency_records, add_to_transaction=args.implicit_adds, form=form)
+    result = {"batch_format": form}
     for count in (1, LATENCY_PARTITIONS):
         partitions = list(range(count))
-        progress(f"commit latency: {count} partition(s), baseline produce without a transaction")
-        baseline = await produce_latency_baseline(cluster, leaders, partitions, args, builder)
+        progress(f"commit latency, {form} batches: {count} partition(s), baseline produce without a transaction")
+        baseline = await produce_latency_baseline(cluster, topic, leaders, partitions, args, builder)
         progress(f"  produce p50 {baseline['latency_ms']['p50']} ms, p99 {baseline['latency_ms']['p99']} ms")
         progress(f"commit latency: {count} partition(s), {args.latency_txns} transactions of {args.latency_records} records a partition")
-        run = await commit_latency(cluster, leaders, partitions, args, builder)
+        run = await commit_latency(cluster, topic, leaders, partitions, args, builder)
         visible, answered = run["latency_ms"]["end_txn_to_visible"], run["latency_ms"]["end_txn_answered"]
         progress(f"  EndTxn answered p50 {answered['p50']} p99 {answered['p99']} ms; visible p50 {visible['p50']} p99 {visible['p99']} "
                  f"max {visible['max']} ms; add p50 {run['latency_ms']['add_partitions']['p50']} ms; retries {run['coordinator_retries']}")
@@ -788,7 +819,7 @@ async def fetch_pass(cluster: Cluster, leader: str, isolation: int, end_offset: 
     with Phase(cluster.pids) as phase:
         while offset < end_offset:
             request = partition_pb2.FetchRequest(
-                isolation_level=isolation, max_wait_ms=0, max_bytes=max_bytes,
+                isolation_level=isolation, max_wait_ms=0, max_bytes=max_bytes, batch_format=partition_pb2.BATCH_FORMAT_ENCODED,
                 partitions=[partition_pb2.FetchPartition(topic=TOPIC_FETCH, partition=0, fetch_offset=offset)],
             )
             started = time.perf_counter()
@@ -798,11 +829,12 @@ async def fetch_pass(cluster: Cluster, leader: str, isolation: int, end_offset: 
             result = reply.results[0]
             if result.error.code:
                 raise RuntimeError(f"Fetch at {offset}: {result.error}")
-            for batch in result.batches:
-                n = len(batch.records)
-                records += n
-                if batch.records[0].key[0] & 0x80:
-                    aborted += n
+            for data in result.encoded_batches:  # as a consumer reads them: the CRC checked, the records parsed
+                header = batch_format.verified_header(data)
+                batch_records = batch_format.open_records(data, header, 1 << 30).records
+                records += len(batch_records)
+                if batch_records[0].key[0] & 0x80:
+                    aborted += len(batch_records)
             if result.next_fetch_offset <= offset:
                 raise RuntimeError(f"Fetch at {offset}: no progress (next_fetch_offset {result.next_fetch_offset})")
             offset = result.next_fetch_offset
@@ -856,19 +888,21 @@ async def measure_fetch(cluster: Cluster, args: argparse.Namespace) -> dict:
 # --- report ------------------------------------------------------------------------------------
 
 
-def targets(throughput: dict, latency: dict, fetch: dict) -> dict:
+def targets(throughput: dict, latency: dict, fetch: dict | None, form: str) -> dict:
+    """The targets judged on the figures of batches in ``form``."""
     summary = throughput["summary"]
+    suffix = "" if form == "encoded" else f"_{form}"
     result = {}
     for interval_ms, target in THROUGHPUT_TARGETS.items():
-        txn = summary.get(f"transactional_{interval_ms}ms")
+        txn = summary.get(f"transactional_{interval_ms}ms{suffix}")
         if txn is None:
             continue
-        ratio = txn["records_per_s"] / summary["idempotent_records_per_s"]
+        ratio = txn["records_per_s"] / summary[f"idempotent{suffix}_records_per_s"]
         result[f"transactional_{interval_ms}ms_vs_idempotent"] = {
             "target": f"transactional records/s at a {interval_ms} ms commit interval >= {target:.0%} of idempotent",
             "actual": round(ratio, 4),
             "overhead_pct": txn["overhead_pct"],
-            "idempotent_slices_spread_pct": summary["idempotent_slices_spread_pct"],
+            "idempotent_slices_spread_pct": summary[f"idempotent{suffix}_slices_spread_pct"],
             "met": ratio >= target,
         }
     eight = latency[f"partitions_{LATENCY_PARTITIONS}"]["latency_ms"]
@@ -887,6 +921,8 @@ def targets(throughput: dict, latency: dict, fetch: dict) -> dict:
         "actual_x": small,
         "met": small <= SMALL_TRANSACTION_TARGET_X,
     }
+    if fetch is None:
+        return result
     ratio = fetch["read_committed"]["records_per_s"] / fetch["read_uncommitted"]["records_per_s"]
     result["read_committed_vs_read_uncommitted"] = {
         "target": f"read_committed records/s >= {FETCH_TARGET:.0%} of read_uncommitted records/s (records returned)",
@@ -901,11 +937,20 @@ async def measure_all(state, args: argparse.Namespace) -> dict:
     cluster = Cluster(state)
     try:
         throughput = await measure_throughput(cluster, args)
-        latency = await measure_latency(cluster, args)
+        latency = {form: await measure_latency(cluster, args, form) for form in args.forms}
         fetch = await measure_fetch(cluster, args)
     finally:
         await cluster.close()
-    return {"throughput_one_partition": throughput, "commit_latency": latency, "fetch": fetch, "targets": targets(throughput, latency, fetch)}
+    first, *others = args.forms
+    return {
+        "throughput_one_partition": throughput,
+        "commit_latency": latency[first],
+        **{f"commit_latency_{form}_batches": latency[form] for form in others},
+        "fetch": fetch,
+        "targets": targets(throughput, latency[first], fetch, first),
+        # the same targets judged on the batches of the form before (the list-of-records message), in this run
+        **{f"targets_{form}_batches": targets(throughput, latency[form], None, form) for form in others},
+    }
 
 
 def measure(workdir: str, args: argparse.Namespace) -> dict:
@@ -947,6 +992,7 @@ def main(argv=None) -> int:
             "fetch_records_per_aborted_transaction": args.aborted_records,
             "fetch_passes_per_isolation_level": args.fetch_passes,
             "fetch_max_bytes": args.fetch_max_bytes,
+            "batch_forms": args.forms,
             "acks": -1,
             "fsync": True,
             "mb": "10^6 bytes of payload (key + value)",
