@@ -163,15 +163,15 @@ class DataServicer:
 
     @server.rpc_handler
     async def FetchStream(self, streamed, context):
-        """Fetch's answer in chunks: the first is a Fetch with the request's long
-        poll and a budget of one chunk; each next one is the Fetch that would
-        follow it (every partition with more to read at its next_fetch_offset,
-        what is left of the budgets), without waiting, until a budget is used up
-        or nothing more is there. Only the first returns its first batch
-        whatever its size (progress); the later ones keep within what is left of
-        max_bytes and of each partition's share. The request is checked and the
-        first chunk read before the stream begins, so a refused request is a
-        failed call, as with Fetch."""
+        """Fetch's answer in chunks. The first is a Fetch with the request's long
+        poll and a budget of one chunk. Each next one continues every partition
+        with more to read at its next_fetch_offset, without waiting, and holds
+        batches until it has a chunk's bytes (its last batch may take it past:
+        each batch is read once, none only to learn that it does not fit),
+        within what is left of max_bytes, max_records and each partition's
+        share; the stream ends when they are used up or no partition moves on.
+        The request is checked and the first chunk read before the stream
+        begins, so a refused request is a failed call, as with Fetch."""
         request = streamed.fetch
         self._check_fetch(request)
         if streamed.chunk_bytes < 0:
@@ -208,15 +208,10 @@ class DataServicer:
                 indexes = [index for index, _ in partitions]
                 del wanted.partitions[:]
                 wanted.partitions.extend(item for _, item in partitions)
-                wanted.max_bytes, wanted.max_records = min(chunk, bytes_left), records_left
+                wanted.max_bytes, wanted.max_records = bytes_left, records_left
                 shares[:] = [shares[i] for i in indexes]
-                done = await self._fetch_once(wanted, take_first=False)
-                if not done.returned_bytes and wanted.max_bytes < bytes_left:  # a batch larger than a chunk comes next
-                    wanted.max_bytes = bytes_left
-                    done = await self._fetch_once(wanted, take_first=False)
+                done = await self._fetch_once(wanted, take_first=False, enough=chunk)
                 done.tally()
-                if not done.returned_bytes:
-                    return
 
         return chunks()
 
@@ -247,9 +242,12 @@ class DataServicer:
                 for waiter in waiters:
                     waiter.cancel()
 
-    async def _fetch_once(self, request, take_first: bool = True) -> FetchPass:
+    async def _fetch_once(self, request, take_first: bool = True, enough: int | None = None) -> FetchPass:
         """One pass over the partitions; ``take_first``: the first batch is
-        returned whatever its size."""
+        returned whatever its size; ``enough``: the pass stops once it holds
+        that many bytes (its last batch may take it past, within max_bytes),
+        and the partitions after that are left out of it (a FetchStream's
+        chunk; the next one continues them)."""
         encoded_results = []
         fetched: list[tuple[str, int, int]] = []
         refused: list[tuple[str, int]] = []
@@ -260,6 +258,9 @@ class DataServicer:
         encoded = request.batch_format == partition_pb2.BATCH_FORMAT_ENCODED
         waits, returned_bytes, returned_records = [], 0, 0
         for index, wanted in enumerate(request.partitions):
+            if enough is not None and returned_bytes >= enough:
+                more[index] = (wanted.fetch_offset, 0)
+                continue
             result = partition_pb2.FetchPartitionResult(topic=wanted.topic, partition=wanted.partition, next_fetch_offset=wanted.fetch_offset)
             batches: list[wire.Encoded] = []
             records = 0
@@ -269,6 +270,7 @@ class DataServicer:
                 batches, records = self._read(
                     partition, wanted, request.isolation_level, result, bytes_left, records_left, take_first and returned_bytes == 0,
                     outcomes=request.include_transaction_outcomes, accepted=accepted, encoded=encoded,
+                    bytes_enough=None if enough is None else enough - returned_bytes,
                 )
             except TxlogError as exc:
                 result.error.CopyFrom(error_of(exc))
@@ -277,7 +279,8 @@ class DataServicer:
             if records:
                 fetched.append((wanted.topic, records, taken))
             upper = result.last_stable_offset if request.isolation_level == common_pb2.ISOLATION_LEVEL_READ_COMMITTED else result.high_watermark
-            if not result.HasField("error") and result.next_fetch_offset < upper:
+            # more to read, and (unless a first batch is always taken) room for it: this pass moved on
+            if not result.HasField("error") and result.next_fetch_offset < upper and (take_first or result.next_fetch_offset > wanted.fetch_offset):
                 more[index] = (result.next_fetch_offset, taken)
             returned_bytes += taken
             returned_records += records
@@ -296,7 +299,8 @@ class DataServicer:
         return FetchPass(wire.fetch_response(encoded_results), waits, returned_bytes, returned_records, more, tally)
 
     def _read(self, partition, wanted, isolation_level, result, bytes_left, records_left, take_first, *,
-              outcomes: bool = False, accepted: frozenset[int] = frozenset(), encoded: bool = False) -> tuple[list[wire.Encoded], int]:
+              outcomes: bool = False, accepted: frozenset[int] = frozenset(), encoded: bool = False,
+              bytes_enough: int | None = None) -> tuple[list[wire.Encoded], int]:
         check_settled(partition)
         hw, lso = partition.high_watermark, partition.last_stable_offset
         result.high_watermark, result.last_stable_offset, result.log_start_offset = hw, lso, partition.log_start_offset
@@ -310,6 +314,7 @@ class DataServicer:
         batches, result.next_fetch_offset, records = partition.read_encoded(
             wanted.fetch_offset, upper, partition_bytes, records_left, take_first=take_first,
             committed=isolation_level == common_pb2.ISOLATION_LEVEL_READ_COMMITTED, accepted=accepted, encoded=encoded,
+            bytes_enough=bytes_enough,
         )
         if result.next_fetch_offset > wanted.fetch_offset:
             result.next_fetch_epoch = partition.epochs.epoch_at(result.next_fetch_offset - 1)

@@ -46,7 +46,7 @@ def recovered(store: LogStore, pkey: bytes) -> Recovered:
 
 def read_encoded(store: LogStore, pkey: bytes, fetch_offset: int, upper_offset: int, bytes_max: int, records_max: int, *,
                  take_first: bool, is_aborted: Callable[[int, int], bool] | None, epoch_at: Callable[[int], int],
-                 accepted: frozenset[int], encoded: bool = False) -> tuple[list[wire.Encoded], int, int]:
+                 accepted: frozenset[int], encoded: bool = False, bytes_enough: int | None = None) -> tuple[list[wire.Encoded], int, int]:
     """The serialized RecordBatches from ``fetch_offset`` below ``upper_offset``,
     up to ``bytes_max`` bytes and ``records_max`` records, except that with
     ``take_first`` the first batch is taken whatever its size (so a consumer
@@ -61,6 +61,10 @@ def read_encoded(store: LogStore, pkey: bytes, fetch_offset: int, upper_offset: 
     (batch_format; one stored as a message converted), decompressed unless
     ``accepted`` lists its codec. Each batch is returned unjoined (wire.Encoded: the stored bytes, not
     copied, then the epoch field), for a response that copies them once.
+    With ``bytes_enough``, the read stops once it has taken that many bytes
+    (the last batch may take it past, within ``bytes_max``) rather than read
+    the next batch to learn that it does not fit: a streamed fetch's chunk,
+    which the next chunk continues, reads each batch once.
     Returns (batches, offset to fetch next, record count)."""
     batches: list[wire.Encoded] = []
     if fetch_offset >= upper_offset:
@@ -86,8 +90,8 @@ def read_encoded(store: LogStore, pkey: bytes, fetch_offset: int, upper_offset: 
             batches.append(wire.record_batch(_message_payload(header, value, fetch_offset, accepted), epoch_at(base_offset)))
         taken_bytes += header.stored_bytes
         taken_records += count
-        if taken_bytes >= bytes_max or taken_records >= records_max:
-            break  # no next batch fits (each has bytes and a record): stop before the iterator reads one
+        if taken_bytes >= min(bytes_max, bytes_enough or bytes_max) or taken_records >= records_max:
+            break  # no next batch fits (each has bytes and a record), or enough: stop before the iterator reads one
     return batches, next_offset, taken_records
 
 

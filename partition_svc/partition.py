@@ -637,12 +637,12 @@ class Partition:
 
     def read_encoded(
         self, fetch_offset: int, upper_offset: int, bytes_max: int, records_max: int, *, take_first: bool, committed: bool = False,
-        accepted: frozenset[int] = frozenset(), encoded: bool = False,
+        accepted: frozenset[int] = frozenset(), encoded: bool = False, bytes_enough: int | None = None,
     ) -> tuple[list[wire.Encoded], int, int]:
         """log_reads.read_encoded of this replica's log; ``committed`` skips aborted transactions' batches."""
         return log_reads.read_encoded(self.store, self.pkey, fetch_offset, upper_offset, bytes_max, records_max,
                                       take_first=take_first, is_aborted=self.derived.is_aborted if committed else None,
-                                      epoch_at=self.epochs.epoch_at, accepted=accepted, encoded=encoded)
+                                      epoch_at=self.epochs.epoch_at, accepted=accepted, encoded=encoded, bytes_enough=bytes_enough)
 
     def headers(self, from_offset: int = 0):
         """The stored batches' headers from ``from_offset`` or the log start (the first may start before it)."""

@@ -70,24 +70,24 @@ def expected_keys(partition, first_batch=0, batches=BATCHES):
             for b in range(first_batch, first_batch + batches) for i in range(RECORDS_PER_BATCH)]
 
 
-def test_a_stream_is_the_fetches_that_would_follow_each_other(raw, topic):
-    chunk = 25_000  # two batches and a bit: each chunk holds two
+def batches_per_chunk(responses, partition) -> list[int]:
+    return [sum(len(r.encoded_batches) for r in response.results if r.partition == partition) for response in responses]
+
+
+def test_the_first_chunk_is_a_fetch_and_each_next_one_holds_a_chunks_bytes(raw, topic):
+    chunk = 25_000  # two batches and a bit: a Fetch of it holds two; a later chunk takes a third to reach it
     responses = stream(raw, topic, request(topic, max_bytes=10**8), chunk)
-    assert len(responses) == BATCHES // 2
-    offset, fetches = 0, []
-    while offset < BATCHES * RECORDS_PER_BATCH:
-        fetched = raw.leader(topic, 0).Fetch(request(topic, offsets={0: offset}, max_bytes=chunk), timeout=30)
-        fetches.append(fetched)
-        offset = fetched.results[0].next_fetch_offset
-    assert [r.SerializeToString() for r in responses] == [f.SerializeToString() for f in fetches]
+    fetched = raw.leader(topic, 0).Fetch(request(topic, max_bytes=chunk), timeout=30)
+    assert responses[0].SerializeToString() == fetched.SerializeToString()
+    assert batches_per_chunk(responses, 0) == [2, 3, 3, 3, 1]
     assert keys_of(responses, 0) == expected_keys(0)
-    assert [r.results[0].next_fetch_offset for r in responses] == [
-        (i + 1) * 2 * RECORDS_PER_BATCH for i in range(BATCHES // 2)]
+    ends = [r.results[0].next_fetch_offset for r in responses]
+    assert ends == [20, 50, 80, 110, 120] and all(r.results[0].high_watermark == 120 for r in responses)
 
 
 def test_the_stream_keeps_to_max_bytes_max_records_and_each_partitions_share(raw, topic):
     by_bytes = stream(raw, topic, request(topic, max_bytes=45_000), 25_000)
-    assert keys_of(by_bytes, 0) == expected_keys(0, batches=4), "two chunks of two batches; the budget was left below a third"
+    assert keys_of(by_bytes, 0) == expected_keys(0, batches=4), "two batches, then two more: a fifth was past max_bytes"
     by_records = stream(raw, topic, request(topic, max_records=3 * RECORDS_PER_BATCH), 25_000)
     assert keys_of(by_records, 0) == expected_keys(0, batches=3)
     leaders = raw.leaders(topic)

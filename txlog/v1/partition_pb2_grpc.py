@@ -199,18 +199,19 @@ class PartitionServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def FetchStream(self, request, context):
-        """Fetch's answer as a stream: the answers consecutive Fetch calls would
-        give, each within a budget of chunk_bytes (and each continuing every
-        partition with more to read at the previous one's next_fetch_offset),
-        until the fetch's max_bytes or max_records is used up or no partition has
-        more. A large read is then neither built nor
-        parsed as one message: the client decodes a chunk while the leader reads
-        and sends the next. The long poll (max_wait_ms, min_bytes) is the first
-        chunk's, and only the first chunk returns its first batch whatever its
-        size; the later ones keep within what is left of max_bytes and of each
-        partition_max_bytes. A partition refused with an error is answered once
-        and not read again. Every other rule of Fetch (isolation, formats,
-        compressions, leader epochs) holds for each chunk.
+        """Fetch's answer as a stream of chunks, each laid out as a FetchResponse.
+        The first is the Fetch with a budget of chunk_bytes (its long poll, its
+        first batch returned whatever its size). Each next one continues every
+        partition with more to read at the previous chunk's next_fetch_offset and
+        holds batches until it has chunk_bytes (its last batch may take it past),
+        within what is left of max_bytes, max_records and each
+        partition_max_bytes; partitions the chunk had no room for are left out of
+        it and continued in the next. The stream ends when a budget is used up or
+        no partition moves on. A large read is then neither built nor parsed as
+        one message: the client decodes a chunk while the leader reads the next.
+        A partition refused with an error is answered once and not read again.
+        Every other rule of Fetch (isolation, formats, compressions, leader
+        epochs) holds for each chunk.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
