@@ -45,14 +45,16 @@ class FetchPass:
     """One pass over a Fetch's partitions: the encoded response, the events to
     wait on for partitions that had nothing, the bytes and records returned,
     {index in the request: (next_fetch_offset, bytes returned)} of the
-    partitions not refused that have more to read, and what records the pass
-    in the metrics once it is (part of) the answer."""
+    partitions not refused that have more to read, whether it has news for
+    the reader, and what records the pass in the metrics once it is (part of)
+    the answer."""
 
     reply: bytes
     waits: list[asyncio.Event]
     returned_bytes: int
     records: int
     more: dict[int, tuple[int, int]]
+    news: bool  # some partition moved on or was refused
     tally: Callable[[], None]
 
 
@@ -211,6 +213,8 @@ class DataServicer:
                 wanted.max_bytes, wanted.max_records = bytes_left, records_left
                 shares[:] = [shares[i] for i in indexes]
                 done = await self._fetch_once(wanted, take_first=False, enough=chunk)
+                if not done.news:
+                    return  # nothing fit in what is left: no empty chunk
                 done.tally()
 
         return chunks()
@@ -256,7 +260,7 @@ class DataServicer:
         records_left = request.max_records or 2**31
         accepted = frozenset(request.accepted_compressions)
         encoded = request.batch_format == partition_pb2.BATCH_FORMAT_ENCODED
-        waits, returned_bytes, returned_records = [], 0, 0
+        waits, returned_bytes, returned_records, news = [], 0, 0, False
         for index, wanted in enumerate(request.partitions):
             if enough is not None and returned_bytes >= enough:
                 more[index] = (wanted.fetch_offset, 0)
@@ -278,6 +282,7 @@ class DataServicer:
             taken = sum(batch.size for batch in batches)
             if records:
                 fetched.append((wanted.topic, records, taken))
+            news = news or result.HasField("error") or result.next_fetch_offset > wanted.fetch_offset
             upper = result.last_stable_offset if request.isolation_level == common_pb2.ISOLATION_LEVEL_READ_COMMITTED else result.high_watermark
             # more to read, and (unless a first batch is always taken) room for it: this pass moved on
             if not result.HasField("error") and result.next_fetch_offset < upper and (take_first or result.next_fetch_offset > wanted.fetch_offset):
@@ -296,7 +301,7 @@ class DataServicer:
             for topic, records, taken in fetched:
                 self.metrics.fetched(topic, records, taken)
 
-        return FetchPass(wire.fetch_response(encoded_results), waits, returned_bytes, returned_records, more, tally)
+        return FetchPass(wire.fetch_response(encoded_results), waits, returned_bytes, returned_records, more, news, tally)
 
     def _read(self, partition, wanted, isolation_level, result, bytes_left, records_left, take_first, *,
               outcomes: bool = False, accepted: frozenset[int] = frozenset(), encoded: bool = False,
