@@ -154,15 +154,21 @@ class LogStore:
         bounds = ReadOptions()
         bounds.set_iterate_upper_bound(log_key(pkey, end_offset))
         found = self.db.iter(bounds)
-        found.seek_for_prev(log_key(pkey, offset))
-        key = found.key() if found.valid() else b""
-        if key.startswith(prefix):
-            value = found.value()
-            if decode_header(offset_of_key(key), value).last_offset >= offset:
-                yield offset_of_key(key), value
-            found.next()
-        else:
-            found.seek(log_key(pkey, offset))
+        target = log_key(pkey, offset)
+        # A reader continuing where it left off asks for a batch's base offset: one forward seek finds it. Only
+        # an offset inside a batch needs the batch before it (a backward seek, then turning forward again,
+        # which costs the iterator a re-seek of every level: a streamed fetch spent a quarter of its time there).
+        found.seek(target)
+        if not (found.valid() and found.key() == target):
+            found.seek_for_prev(target)
+            key = found.key() if found.valid() else b""
+            if key.startswith(prefix):
+                value = found.value()
+                if decode_header(offset_of_key(key), value).last_offset >= offset:
+                    yield offset_of_key(key), value
+                found.next()
+            else:
+                found.seek(target)
         while found.valid():
             key = found.key()
             if not key.startswith(prefix):
