@@ -31,6 +31,8 @@ import json
 import struct
 from dataclasses import dataclass
 
+from txlog.protocol import batch_format
+
 # last_offset, max_timestamp_ms, producer_id, producer_epoch, flags, record_count
 BATCH_HEADER = struct.Struct(">qqqhBI")
 FLAG_TRANSACTIONAL = 1
@@ -168,6 +170,30 @@ def encode_batch_parts(last_offset, max_timestamp_ms, producer_id, producer_epoc
 
 def decode_header(base_offset: int, value: bytes) -> StoredBatchHeader:
     return StoredBatchHeader(base_offset, *BATCH_HEADER.unpack_from(value), len(value))
+
+
+class DamagedBatch(ValueError):
+    """A stored batch whose bytes do not hold together: says what disagrees."""
+
+
+def check_encoded(base_offset: int, value) -> None:
+    """A stored batch in the encoded format proves itself: its CRC32C holds
+    (over everything but the leader's fields, as the producer computed it)
+    and its stored header agrees with the batch's own header, base offset
+    included (the key's). What reads it from RocksDB without RocksDB's
+    checksums relies on this; DamagedBatch otherwise."""
+    stored = decode_header(base_offset, value)
+    try:
+        header = batch_format.verified_header(payload_of(value))
+    except batch_format.BatchFormatError as exc:
+        raise DamagedBatch(f"the batch stored at offset {base_offset} is damaged: {exc}") from None
+    said = (base_offset, stored.last_offset, stored.producer_id, stored.producer_epoch, stored.record_count, stored.is_transactional,
+            stored.compression)
+    holds = (header.base_offset, header.last_offset, header.producer_id, header.producer_epoch, header.record_count,
+             header.is_transactional, header.compression)
+    if said != holds:
+        raise DamagedBatch(f"the batch stored at offset {base_offset} is damaged: its stored header says (base offset, last "
+                           f"offset, producer, epoch, records, transactional, codec) {said}, the batch {holds}")
 
 
 def payload_of(value: bytes) -> memoryview:

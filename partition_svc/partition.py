@@ -414,6 +414,8 @@ class Partition:
         for base_offset, epoch, value in batches:
             if base_offset < self.next_offset and not self._restarts_inside(base_offset, value):
                 raise ValueError(f"{self.where}: the leader sent offset {base_offset}, below the log end {self.next_offset}")
+            if log_format.decode_header(base_offset, value).is_encoded:  # the leader read it without RocksDB's checksums
+                log_format.check_encoded(base_offset, value)  # DamagedBatch, a ValueError: nothing stored, fetched again
             if self.epochs.assign(epoch, base_offset):
                 changes.append((log_format.epoch_key(self.pkey, epoch), log_format.offset_value(base_offset)))
             changes.append((log_format.log_key(self.pkey, base_offset), value))
