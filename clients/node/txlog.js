@@ -152,6 +152,18 @@ function unary(client, method, request, timeoutMs = CALL_TIMEOUT_MS) {
   });
 }
 
+// A server-streaming call: every response in order, or the call's error (which
+// says how many responses came before it, in `responsesBefore`).
+function streamed(client, method, request, timeoutMs = CALL_TIMEOUT_MS) {
+  return new Promise((resolve, reject) => {
+    const responses = [];
+    const call = client[method](request, { deadline: Date.now() + timeoutMs });
+    call.on('data', (response) => responses.push(response));
+    call.on('error', (err) => { err.responsesBefore = responses.length; reject(err); });
+    call.on('end', () => resolve(responses));
+  });
+}
+
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
 // Runs `attempt` until it succeeds, a non-retriable error, or the deadline;
@@ -512,40 +524,62 @@ class TransactionalProducer {
 // until `deadline` (ms since the epoch). Long-polls, so it never spins.
 // Answers {records: [{offset, value, producer_id, transactional}], highWatermark,
 // lastStableOffset, settled}.
+// Addresses of servers older than FetchStream (UNIMPLEMENTED before any chunk): Fetch there.
+const withoutFetchStream = new Set();
+
+// A Fetch's answer as FetchStream's chunks (each laid out as a FetchResponse,
+// each continuing where the one before left off), or a Fetch's one response.
+async function fetchResponses(cluster, address, fetch) {
+  if (!withoutFetchStream.has(address)) {
+    try {
+      return await streamed(cluster.partitionSvc(address), 'FetchStream', { fetch });
+    } catch (err) {
+      if (err.code !== grpc.status.UNIMPLEMENTED || err.responsesBefore) throw err;
+      withoutFetchStream.add(address);
+    }
+  }
+  return [await unary(cluster.partitionSvc(address), 'Fetch', fetch)];
+}
+
 async function readPartition(cluster, topic, partition, isolation, deadline, fromOffset = 0) {
   const records = [];
   let offset = fromOffset;
   for (;;) {
-    const result = await retrying(`Fetch ${topic}-${partition}`, async () => {
+    const results = await retrying(`Fetch ${topic}-${partition}`, async () => {
       const leader = await cluster.leader(topic, partition);
-      const reply = await unary(cluster.partitionSvc(leader.address), 'Fetch', {
+      const responses = await fetchResponses(cluster, leader.address, {
         isolation_level: isolation,
         batch_format: 'BATCH_FORMAT_ENCODED', // whole batches as stored, in encoded_batches (an older server sends batches)
         max_wait_ms: 200,
         partitions: [{ topic, partition, fetch_offset: String(offset), leader_epoch: leader.leaderEpoch }],
       });
-      const item = (reply.results || [])[0];
-      if (!item) throw new TxlogError('UNKNOWN_SERVER_ERROR', 'Fetch answered no result', 'fatal');
-      checkItem(item.error, `Fetch ${topic}-${partition}`);
-      return item;
+      return responses.map((reply) => {
+        const item = (reply.results || [])[0];
+        if (!item) throw new TxlogError('UNKNOWN_SERVER_ERROR', 'Fetch answered no result', 'fatal');
+        checkItem(item.error, `Fetch ${topic}-${partition}`);
+        return item;
+      });
     }, (err) => { if (LEADER_MOVED.has(err.code)) cluster.forgetLeader(topic, partition); });
-    for (const batch of result.batches || []) {
-      for (const record of batch.records || []) {
-        records.push({ offset: int(record.offset), value: record.value ? record.value.toString() : null,
-          producer_id: batch.producer_id === undefined ? null : int(batch.producer_id), transactional: !!batch.is_transactional });
+    for (const result of results) {
+      for (const batch of result.batches || []) {
+        for (const record of batch.records || []) {
+          records.push({ offset: int(record.offset), value: record.value ? record.value.toString() : null,
+            producer_id: batch.producer_id === undefined ? null : int(batch.producer_id), transactional: !!batch.is_transactional });
+        }
       }
-    }
-    for (const encoded of result.encoded_batches || []) {
-      const batch = decodeBatch(encoded);
-      for (const record of batch.records) {
-        if (record.offset < offset) continue; // a batch comes whole: the records below the fetch offset are skipped here
-        records.push({ offset: record.offset, value: record.value ? record.value.toString() : null,
-          producer_id: batch.producerId, transactional: batch.transactional });
+      for (const encoded of result.encoded_batches || []) {
+        const batch = decodeBatch(encoded);
+        for (const record of batch.records) {
+          if (record.offset < offset) continue; // a batch comes whole: the records below the fetch offset are skipped here
+          records.push({ offset: record.offset, value: record.value ? record.value.toString() : null,
+            producer_id: batch.producerId, transactional: batch.transactional });
+        }
       }
+      // next_fetch_offset skips markers and (read_committed) aborted batches;
+      // absent means 0 like every other int64 here.
+      offset = Math.max(offset, int(result.next_fetch_offset));
     }
-    // next_fetch_offset skips markers and (read_committed) aborted batches;
-    // absent means 0 like every other int64 here.
-    offset = Math.max(offset, int(result.next_fetch_offset));
+    const result = results[results.length - 1];
     const highWatermark = int(result.high_watermark);
     const lastStable = int(result.last_stable_offset);
     const settled = lastStable === highWatermark && offset >= highWatermark;
