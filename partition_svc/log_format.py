@@ -176,13 +176,15 @@ class DamagedBatch(ValueError):
     """A stored batch whose bytes do not hold together: says what disagrees."""
 
 
-def check_encoded(base_offset: int, value) -> None:
-    """A stored batch in the encoded format proves itself: its CRC32C holds
-    (over everything but the leader's fields, as the producer computed it)
-    and its stored header agrees with the batch's own header, base offset
-    included (the key's). What reads it from RocksDB without RocksDB's
-    checksums relies on this; DamagedBatch otherwise."""
-    stored = decode_header(base_offset, value)
+def prove_encoded(stored: StoredBatchHeader, value) -> None:
+    """A stored batch in the encoded format (``stored``: its decoded stored
+    header) proves itself: its CRC32C holds (over everything but the leader's
+    fields, as the producer computed it) and its stored header agrees with
+    the batch's own header, base offset included (the key's). What reads it
+    from RocksDB without RocksDB's checksums relies on this; DamagedBatch
+    otherwise. (validation.check_encoded is the produce-side check of a batch
+    a producer sends.)"""
+    base_offset = stored.base_offset
     try:
         header = batch_format.verified_header(payload_of(value))
     except batch_format.BatchFormatError as exc:

@@ -24,7 +24,6 @@ from rocksdict import Options, Rdict, ReadOptions, WriteBatch, WriteOptions
 from partition_svc.log_format import (
     STORAGE_KEY,
     DamagedBatch,
-    check_encoded,
     decode_header,
     group_offset_key,
     group_prefix,
@@ -33,6 +32,7 @@ from partition_svc.log_format import (
     meta_key,
     offset_and_metadata,
     offset_of_key,
+    prove_encoded,
 )
 from services.runtime.logs import fields
 from txlog.protocol.errors import ErrorCode, TxlogError
@@ -192,9 +192,10 @@ class LogStore:
         error, or a value that still does not hold, is CORRUPT_MESSAGE)."""
         base_offset = offset_of_key(key)
         damage = None
-        if decode_header(base_offset, value).is_encoded:
+        stored = decode_header(base_offset, value)
+        if stored.is_encoded:
             try:
-                check_encoded(base_offset, value)
+                prove_encoded(stored, value)
                 return value
             except DamagedBatch as exc:
                 damage = exc
@@ -206,9 +207,10 @@ class LogStore:
             if damage is not None:
                 raise TxlogError(ErrorCode.Value("CORRUPT_MESSAGE"), str(damage))
             return value
-        if decode_header(base_offset, checked).is_encoded:
+        stored = decode_header(base_offset, checked)
+        if stored.is_encoded:
             try:
-                check_encoded(base_offset, checked)
+                prove_encoded(stored, checked)
             except DamagedBatch as exc:
                 raise TxlogError(ErrorCode.Value("CORRUPT_MESSAGE"), str(exc)) from None
         return checked

@@ -411,11 +411,13 @@ class Partition:
         (offsets are never reused, so the gap stays a gap)."""
         self.leader_high_watermark = max(self.leader_high_watermark, leader_high_watermark)
         changes: Changes = []
+        for base_offset, _, value in batches:  # all proven before any is taken: a damaged one leaves the log end where it was
+            stored = log_format.decode_header(base_offset, value)
+            if stored.is_encoded:  # the leader read it without RocksDB's checksums, and it crossed the network
+                log_format.prove_encoded(stored, value)  # DamagedBatch, a ValueError: nothing stored, fetched again
         for base_offset, epoch, value in batches:
             if base_offset < self.next_offset and not self._restarts_inside(base_offset, value):
                 raise ValueError(f"{self.where}: the leader sent offset {base_offset}, below the log end {self.next_offset}")
-            if log_format.decode_header(base_offset, value).is_encoded:  # the leader read it without RocksDB's checksums
-                log_format.check_encoded(base_offset, value)  # DamagedBatch, a ValueError: nothing stored, fetched again
             if self.epochs.assign(epoch, base_offset):
                 changes.append((log_format.epoch_key(self.pkey, epoch), log_format.offset_value(base_offset)))
             changes.append((log_format.log_key(self.pkey, base_offset), value))

@@ -145,11 +145,15 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServiceServicer):
                 elif wanted.fetch_offset < partition.written_end:  # caught up: no batch to read (a read would load the last one)
                     # from the batch holding fetch_offset: a follower restarted at a log start inside a batch gets it whole
                     # up to what is written here, synced or not: the high watermark still waits for this replica's sync
-                    for base_offset, value in partition.store.batches_holding(partition.pkey, wanted.fetch_offset, partition.written_end):
-                        batches.append(wire.stored_batch(base_offset, partition.epochs.epoch_at(base_offset), value))
-                        left -= len(value)
-                        if left <= 0:
-                            break  # at least one batch, then no more than bytes_max
+                    try:
+                        for base_offset, value in partition.store.batches_holding(partition.pkey, wanted.fetch_offset, partition.written_end):
+                            batches.append(wire.stored_batch(base_offset, partition.epochs.epoch_at(base_offset), value))
+                            left -= len(value)
+                            if left <= 0:
+                                break  # at least one batch, then no more than bytes_max
+                    except TxlogError as exc:  # a damaged batch (CORRUPT_MESSAGE): this partition's answer, not the whole fetch's
+                        batches = []
+                        result.error.CopyFrom(_error(exc))
             answered = answered or bool(batches) or outcome is not None
             results.append(wire.replica_fetch_result(result, batches))
         return wire.replica_fetch_response(results), answered

@@ -9,17 +9,20 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from test_partition_replication import CONFIGS, FOLLOWER
 
 from partition_svc import log_format
-from partition_svc.log_format import DamagedBatch, check_encoded
+from partition_svc.log_format import DamagedBatch, decode_header, prove_encoded
 from partition_svc.log_store import GroupCommitWriter, LogStore
 from partition_svc.partition import Partition
+from partition_svc.replication import ReplicationServicer
 from txlog.protocol import batch_format
 from txlog.protocol.errors import ErrorCode, TxlogError
-from txlog.v1 import common_pb2
+from txlog.protocol.leader_epochs import LeaderEpochCache
+from txlog.v1 import common_pb2, replication_pb2
 
 NOW = 1_700_000_000_000
 PRODUCER, EPOCH = 7, 2
@@ -47,6 +50,10 @@ def flipped(value: bytes, at: int) -> bytes:
 
 
 # --- the proof itself ----------------------------------------------------------------------------
+
+def check_encoded(base_offset: int, value: bytes) -> None:
+    prove_encoded(decode_header(base_offset, value), value)
+
 
 def test_an_encoded_value_as_stored_proves_itself():
     check_encoded(10, encoded_value(10))
@@ -120,6 +127,9 @@ def test_a_follower_stores_no_damaged_batch(tmp_path):
             with pytest.raises(DamagedBatch):
                 follower.append_replicated([(0, 0, flipped(encoded_value(0), 4000))], 5)
             assert follower.next_offset == 0 and list(store.batches_holding(follower.pkey, 0)) == []
+            with pytest.raises(DamagedBatch):  # the second of two damaged: the first is not taken either
+                follower.append_replicated([(0, 0, encoded_value(0)), (5, 0, flipped(encoded_value(5), 4000))], 10)
+            assert follower.next_offset == 0 and follower.size_bytes == 0 and list(store.batches_holding(follower.pkey, 0)) == []
             written = follower.append_replicated([(0, 0, encoded_value(0))], 5)
             await written
             assert follower.next_offset == 5
@@ -128,3 +138,28 @@ def test_a_follower_stores_no_damaged_batch(tmp_path):
             store.close()
 
     asyncio.run(scenario())
+
+
+def test_a_damaged_batch_is_its_partitions_answer_in_a_replica_fetch_not_the_whole_fetchs(tmp_path):
+    """The leader's side of a follower's fetch: a partition whose batch does not prove itself (damaged
+    before RocksDB stored it, so RocksDB's checksums hold) answers CORRUPT_MESSAGE; the other
+    partition of the same fetch is answered its batches. The partitions are stand-ins over a real
+    store (what the replica fetch reads of them: the store, the offsets, the epochs)."""
+    store = LogStore(str(tmp_path / "leader"))
+    good, bad = log_format.partition_key("t", 0), log_format.partition_key("t", 1)
+    store.write([(log_format.log_key(good, 0), encoded_value(0)), (log_format.log_key(bad, 0), flipped(encoded_value(0), 4000))])
+
+    def partition(pkey: bytes, index: int) -> SimpleNamespace:
+        return SimpleNamespace(store=store, pkey=pkey, topic="t", index=index, written_end=5, high_watermark=5, log_start_offset=0,
+                               epochs=LeaderEpochCache([(0, 0)]))
+
+    try:
+        leading = [(replication_pb2.ReplicaFetchPartition(topic="t", partition=i, fetch_offset=0), partition(pkey, i), None)
+                   for i, pkey in ((0, good), (1, bad))]
+        reply, answered = ReplicationServicer(None, 0)._collect(leading, 0)
+        results = {r.partition: r for r in replication_pb2.ReplicaFetchResponse.FromString(reply).results}
+        assert answered and [b.value for b in results[0].batches] == [encoded_value(0)] and not results[0].HasField("error")
+        assert ErrorCode.Name(results[1].error.code) == "CORRUPT_MESSAGE" and not results[1].batches
+        assert "the batch stored at offset 0 is damaged" in results[1].error.message
+    finally:
+        store.close()
