@@ -198,12 +198,11 @@ class Transport:
         except grpc.RpcError as exc:
             if exc.code() != grpc.StatusCode.UNIMPLEMENTED or answered:
                 raise from_exception(exc) from None
-            self._unary_fetch.add(address)
-        finally:
-            call.cancel()  # the caller stopped reading (or failed): the server stops streaming; a no-op once done
-        if not answered:
+            self._unary_fetch.add(address)  # a server older than FetchStream: Fetch, now and from then on
             yield await self.call(address, "Fetch", request, timeout_ms=timeout_ms)
             return
+        finally:
+            call.cancel()  # the caller stopped reading (or failed): the server stops streaming; a no-op once done
         if self.fault_injection is not None:
             self.fault_injection.after_call("FetchStream", address)
 
