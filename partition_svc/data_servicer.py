@@ -181,7 +181,6 @@ class DataServicer:
         chunk = streamed.chunk_bytes or STREAM_CHUNK_BYTES_DEFAULT
         bytes_left = request.max_bytes or self.config.batch_bytes_max * 4
         records_left = request.max_records or 2**31 - 1  # int32
-        shares = [wanted.partition_max_bytes or None for wanted in request.partitions]  # None: no share of its own
         wanted = partition_pb2.FetchRequest()
         wanted.CopyFrom(request)
         wanted.max_bytes, wanted.max_records = min(chunk, bytes_left), records_left
@@ -197,21 +196,19 @@ class DataServicer:
                 records_left -= done.records
                 partitions = []
                 for index, (offset, taken) in done.more.items():
-                    if shares[index] is not None:
-                        shares[index] -= taken
-                        if shares[index] <= 0:
-                            continue
                     item = partition_pb2.FetchPartition()
                     item.CopyFrom(wanted.partitions[index])
-                    item.fetch_offset, item.partition_max_bytes = offset, shares[index] or 0
-                    partitions.append((index, item))
+                    if item.partition_max_bytes > 0:  # its share: what is left of it (0: none of its own)
+                        if item.partition_max_bytes <= taken:
+                            continue
+                        item.partition_max_bytes -= taken
+                    item.fetch_offset = offset
+                    partitions.append(item)
                 if bytes_left <= 0 or records_left <= 0 or not partitions:
                     return
-                indexes = [index for index, _ in partitions]
                 del wanted.partitions[:]
-                wanted.partitions.extend(item for _, item in partitions)
+                wanted.partitions.extend(partitions)
                 wanted.max_bytes, wanted.max_records = bytes_left, records_left
-                shares[:] = [shares[i] for i in indexes]
                 done = await self._fetch_once(wanted, take_first=False, enough=chunk)
                 if not done.news:
                     return  # nothing fit in what is left: no empty chunk
