@@ -40,6 +40,11 @@ INTERNAL_TOPICS = (CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC)
 Resolved = tuple[object, Partition | None, common_pb2.RecordBatch | validation.EncodedBatch | None]
 
 
+def readable_end(isolation_level: int, high_watermark: int, last_stable_offset: int) -> int:
+    """Where a fetch at ``isolation_level`` stops: read_committed at the last stable offset."""
+    return last_stable_offset if isolation_level == common_pb2.ISOLATION_LEVEL_READ_COMMITTED else high_watermark
+
+
 @dataclass
 class FetchPass:
     """One pass over a Fetch's partitions: the encoded response, the events to
@@ -280,7 +285,7 @@ class DataServicer:
             if records:
                 fetched.append((wanted.topic, records, taken))
             news = news or result.HasField("error") or result.next_fetch_offset > wanted.fetch_offset
-            upper = result.last_stable_offset if request.isolation_level == common_pb2.ISOLATION_LEVEL_READ_COMMITTED else result.high_watermark
+            upper = readable_end(request.isolation_level, result.high_watermark, result.last_stable_offset)
             # more to read, and (unless a first batch is always taken) room for it: this pass moved on
             if not result.HasField("error") and result.next_fetch_offset < upper and (take_first or result.next_fetch_offset > wanted.fetch_offset):
                 more[index] = (result.next_fetch_offset, taken)
@@ -311,7 +316,7 @@ class DataServicer:
                 ErrorCode.Value("OFFSET_OUT_OF_RANGE"),
                 f"offset {wanted.fetch_offset} is outside [{partition.log_start_offset}, {hw}] of {wanted.topic}-{wanted.partition}",
             )
-        upper = lso if isolation_level == common_pb2.ISOLATION_LEVEL_READ_COMMITTED else hw
+        upper = readable_end(isolation_level, hw, lso)
         partition_bytes = min(wanted.partition_max_bytes or bytes_left, bytes_left)
         batches, result.next_fetch_offset, records = partition.read_encoded(
             wanted.fetch_offset, upper, partition_bytes, records_left, take_first=take_first,
