@@ -183,6 +183,24 @@ def _length_delimited(tag: bytes, data: bytes) -> bytes:
     return tag + varint(len(data)) + data
 
 
+def batch_bytes(form: str, records_blob: bytes, count: int, producer_id: int, producer_epoch: int, base_sequence: int,
+                transactional: bool = False) -> bytes:
+    """One batch of the serialized records ``records_blob`` (a RecordBatch of only
+    them) with its producer fields, in ``form``: "encoded" (the header and its
+    CRC, what a producer computes per batch; PartitionBatch.encoded_batch) or
+    "message" (a RecordBatch's header fields then the records: protobuf parses
+    the concatenation as one message; PartitionBatch.batch)."""
+    from txlog.protocol import batch_format
+    from txlog.v1 import common_pb2
+
+    if form == "encoded":
+        return batch_format.encode(records_blob, count, producer_id=producer_id, producer_epoch=producer_epoch,
+                                   base_sequence=base_sequence, transactional=transactional, untimed=True)
+    header = common_pb2.RecordBatch(producer_id=producer_id, producer_epoch=producer_epoch, base_sequence=base_sequence,
+                                    is_transactional=transactional).SerializeToString()
+    return header + records_blob
+
+
 class RequestBuilder:
     """Serialized ProduceRequests, built by concatenation: the records of a batch
     are serialized once, and only the header fields (producer id, epoch, base
@@ -205,15 +223,7 @@ class RequestBuilder:
         self._checked = False
 
     def batch_bytes(self, base_sequence: int) -> bytes:
-        if self.form == "encoded":  # the header and its CRC per batch: what a producer computes (the records once)
-            from txlog.protocol import batch_format
-
-            return batch_format.encode(self.records_blob, self.batch_records, producer_id=self.producer_id,
-                                       producer_epoch=self.producer_epoch, base_sequence=base_sequence, untimed=True)
-        header = self.common_pb2.RecordBatch(
-            producer_id=self.producer_id, producer_epoch=self.producer_epoch, base_sequence=base_sequence
-        ).SerializeToString()
-        return header + self.records_blob
+        return batch_bytes(self.form, self.records_blob, self.batch_records, self.producer_id, self.producer_epoch, base_sequence)
 
     def request(self, topic: str, sequences: list[tuple[int, int]]) -> bytes:
         """A ProduceRequest with one batch for each (partition, base_sequence)."""

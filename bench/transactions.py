@@ -110,6 +110,7 @@ from bench.produce_fetch import (
     KEY_BYTES,
     RECORD_BYTES,
     VALUE_BYTES,
+    batch_bytes,
     create_topic,
     init_producer,
     record_key,
@@ -217,12 +218,7 @@ class RequestBuilder:
         self._checked: set[bool] = set()
 
     def batch_bytes(self, producer_id: int, epoch: int, base_sequence: int, transactional: bool) -> bytes:
-        if self.form == "encoded":  # the header and its CRC per batch, as a producer computes them (the records once)
-            return batch_format.encode(self.records_blob, self.batch_records, producer_id=producer_id, producer_epoch=epoch,
-                                       base_sequence=base_sequence, transactional=transactional, untimed=True)
-        header = common_pb2.RecordBatch(producer_id=producer_id, producer_epoch=epoch, base_sequence=base_sequence,
-                                        is_transactional=transactional).SerializeToString()
-        return header + self.records_blob
+        return batch_bytes(self.form, self.records_blob, self.batch_records, producer_id, epoch, base_sequence, transactional)
 
     def request(self, topic: str, producer_id: int, epoch: int, transactional_id: str, sequences: list[tuple[int, int]]) -> bytes:
         """A ProduceRequest with one batch for each (partition, base_sequence);
