@@ -29,15 +29,20 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServiceServicer):
         self.replicas = replicas
         self.fetch_wait_ms_max = fetch_wait_ms_max
 
-    async def _read_states(self, partitions) -> None:
+    async def _read_states(self, partitions) -> dict[tuple[str, int], Partition | TxlogError]:
         """Reads the states of the named partitions not known here, many at
-        once. One at a time, a request naming thousands this instance never
-        heard of held its caller past a client deadline (the hostile fuzz found
-        one, 380 KB, under load). No limit on how many a request names: a
-        follower names every partition it follows from this leader."""
+        once, and answers those that do not exist, each once: the start of the
+        request's lookups (:meth:`_leading`). One at a time, a request naming
+        thousands this instance never heard of held its caller past a client
+        deadline (the hostile fuzz found one, 380 KB, under load), and so did
+        one naming a partition that does not exist thousands of times (each of
+        its lookups read ZooKeeper again). No limit on how many a request
+        names: a follower names every partition it follows from this leader."""
         unknown = list(dict.fromkeys((p.topic, p.partition) for p in partitions
                                      if (p.topic, p.partition) not in self.replicas.states))
-        await zk.gather_in_chunks(lambda key: self.replicas.state(*key), unknown, STATE_READS_CONCURRENT_MAX)
+        states = await zk.gather_in_chunks(lambda key: self.replicas.state(*key), unknown, STATE_READS_CONCURRENT_MAX)
+        return {(topic, index): TxlogError(ErrorCode.Value("UNKNOWN_TOPIC_OR_PARTITION"), f"{topic[:300]!r} partition {index} does not exist")
+                for (topic, index), state in zip(unknown, states, strict=True) if state is None}
 
     @server.rpc_handler
     async def LeaderAndIsr(self, request, context):
@@ -60,19 +65,29 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServiceServicer):
                 result.error.CopyFrom(_error(exc))
         return reply
 
-    async def _leading(self, topic: str, index: int, leader_epoch: int) -> Partition:
-        partition = await self.replicas.leader(topic, index)
-        partition.check_leader_epoch(leader_epoch)
-        return partition
+    async def _leading(self, topic: str, index: int, leader_epoch: int, looked_up: dict) -> Partition:
+        """The partition this instance leads at ``leader_epoch``, else a TxlogError;
+        ``looked_up``: the request's answers so far (a partition named again is not looked up again)."""
+        found = looked_up.get((topic, index))
+        if found is None:
+            try:
+                found = await self.replicas.leader(topic, index)
+            except TxlogError as exc:
+                found = exc
+            looked_up[(topic, index)] = found
+        if isinstance(found, TxlogError):
+            raise found.with_traceback(None)  # the one answer, raised again for each naming (no traceback piled up)
+        found.check_leader_epoch(leader_epoch)
+        return found
 
     @server.rpc_handler
     async def OffsetForLeaderEpoch(self, request, context):
-        await self._read_states(request.partitions)
+        looked_up = await self._read_states(request.partitions)
         reply = replication_pb2.OffsetForLeaderEpochResponse()
         for wanted in request.partitions:
             result = reply.results.add(topic=wanted.topic, partition=wanted.partition, leader_epoch=-1, end_offset=-1)
             try:
-                partition = await self._leading(wanted.topic, wanted.partition, wanted.current_leader_epoch)
+                partition = await self._leading(wanted.topic, wanted.partition, wanted.current_leader_epoch, looked_up)
                 result.leader_epoch, result.end_offset = partition.epochs.end_offset_for(wanted.leader_epoch, partition.written_end)
             except TxlogError as exc:
                 result.error.CopyFrom(_error(exc))
@@ -80,11 +95,11 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServiceServicer):
 
     @server.rpc_handler
     async def ReplicaFetch(self, request, context):
-        await self._read_states(request.partitions)
+        looked_up = await self._read_states(request.partitions)
         leading = []  # (wanted, the partition or None, what keeps the follower from fetching or None)
         for wanted in request.partitions:
             try:
-                partition = await self._leading(wanted.topic, wanted.partition, wanted.leader_epoch)
+                partition = await self._leading(wanted.topic, wanted.partition, wanted.leader_epoch, looked_up)
                 leading.append((wanted, partition, self._progress(request.replica_id, wanted, partition)))
             except TxlogError as exc:
                 leading.append((wanted, None, exc))
