@@ -48,6 +48,7 @@ and the markers continue the trace).
 from __future__ import annotations
 
 import datetime
+import itertools
 import logging
 import threading
 from collections.abc import Iterator, Mapping
@@ -173,43 +174,12 @@ class TxlogWriter(DataSourceArrowWriter):
         attributes = {"txlog.topic": self.options.topic, "txlog.transactional_id": tid or "",
                       "txlog.task_partition": task_partition, "txlog.attempt": attempt}
         with tracing.task_span(self.span.context if self.span else {}, "txlog.spark.write.task", attributes) as spans:
-            return self._write(iterator, task_partition, attempt, tid, spans)
-
-    def _write(self, iterator: Iterator[pa.RecordBatch], task_partition: int, attempt: int, tid: str | None,
-               tracer_provider) -> TaskReport:
-        failures = SendFailures()
-        records = 0
-        handle = None
-        with Producer(self.options.bootstrap, transactional_id=tid, transaction_timeout_ms=self.options.transaction_timeout_ms,
-                      tracer_provider=tracer_provider, **self.options.client_tls) as producer:
-            if tid:
-                producer.init_transactions()
-                producer.begin_transaction()
-            try:
-                for batch in iterator:
-                    for row in rows(batch):
-                        sent = send_row(producer, self.options.topic, row)
-                        if not tid:  # a transaction's prepare fails by itself if a record did
-                            failures.watch(sent)
-                        records += 1
-                if tid:
-                    handle = producer.prepare_transaction(self.options.prepared_timeout_ms)
-                else:
-                    producer.flush()
-                    failures.raise_first()
-            except BaseException:
-                if tid:
-                    abort_quietly(producer)
-                raise
-            finally:
-                tracing.annotate({"txlog.producer_id": producer.producer_id, "txlog.producer_epoch": producer.producer_epoch,
-                                  "txlog.records": records})
-            return TaskReport(task_partition, attempt, records, handle)  # close() leaves a prepared transaction
+            return write_task(self.options, iterator, task_partition, attempt, tid, spans)
 
     def commit(self, messages: list[TaskReport]) -> None:
         total = sum(m.records for m in messages)
         prefix = self.options.transactional_id_prefix
-        handles = [m.handle for m in messages] + list(self.options.group_commit_with) if prefix else []
+        handles = [m.handle for m in messages if m.handle] + list(self.options.group_commit_with) if prefix else []
         attributes = {"txlog.topic": self.options.topic, "txlog.run": self.run, "txlog.records": total,
                       "txlog.transactional_ids": [h.transactional_id for h in handles]}
         with tracing.ending(self.span, "txlog.spark.write.commit", attributes) as tracer_provider:
@@ -242,6 +212,48 @@ class TxlogWriter(DataSourceArrowWriter):
         else:
             log.warning("txlog write failed: %d tasks had finished and their rows stay visible",
                         sum(1 for m in messages if m is not None))
+
+
+def write_task(options: WriteOptions, iterator: Iterator[pa.RecordBatch], task_partition: int, attempt: int,
+               tid: str | None, tracer_provider) -> TaskReport:
+    """One task attempt's rows: in transaction ``tid``, prepared (its handle in the
+    report), or with ``tid`` None through an idempotent producer, flushed. A
+    task without rows opens no transaction (its report has no handle): a
+    streaming aggregation runs a task per shuffle partition, most of them
+    empty in a small micro-batch."""
+    failures = SendFailures()
+    records = 0
+    handle = None
+    iterator = iter(iterator)
+    first = next((batch for batch in iterator if batch.num_rows), None)
+    if first is None:
+        return TaskReport(task_partition, attempt, 0, None)
+    iterator = itertools.chain([first], iterator)
+    with Producer(options.bootstrap, transactional_id=tid, transaction_timeout_ms=options.transaction_timeout_ms,
+                  tracer_provider=tracer_provider, **options.client_tls) as producer:
+        if tid:
+            producer.init_transactions()
+            producer.begin_transaction()
+        try:
+            for batch in iterator:
+                for row in rows(batch):
+                    sent = send_row(producer, options.topic, row)
+                    if not tid:  # a transaction's prepare fails by itself if a record did
+                        failures.watch(sent)
+                    records += 1
+            if tid:
+                handle = producer.prepare_transaction(options.prepared_timeout_ms)
+            else:
+                producer.flush()
+                failures.raise_first()
+        except BaseException:
+            if tid:
+                abort_quietly(producer)
+            raise
+        finally:
+            tracing.annotate({"txlog.producer_id": producer.producer_id, "txlog.producer_epoch": producer.producer_epoch,
+                              "txlog.records": records})
+        return TaskReport(task_partition, attempt, records, handle)  # close() leaves a prepared transaction
 
 
 def abort_quietly(producer: Producer) -> None:

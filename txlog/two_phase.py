@@ -77,7 +77,11 @@ def wait_until(done: Callable[[], bool], timeout_s: float, what: str, policy: Re
 
 
 class GroupWrite:
-    def __init__(self, admin: Admin, bootstrap: str, prefix: str, run: str):
+    """The task transactions of one run of ``prefix`` (``run`` None: of every
+    run, for a writer that commits one run at a time and owns the prefix, as a
+    streaming query's sink does)."""
+
+    def __init__(self, admin: Admin, bootstrap: str, prefix: str, run: str | None):
         self.admin = admin
         self.bootstrap = bootstrap
         self.prefix = prefix
@@ -85,7 +89,8 @@ class GroupWrite:
         self.pattern = task_id_pattern(prefix)
 
     def _of_run(self, states: Iterable[TransactionState], keep: set[str]) -> list[TransactionListing]:
-        return [t for t in self.admin.list_transactions(states=[s.value for s in states], prefix=f"{self.prefix}/{self.run}.")
+        listed = f"{self.prefix}/{self.run}." if self.run is not None else f"{self.prefix}/"
+        return [t for t in self.admin.list_transactions(states=[s.value for s in states], prefix=listed)
                 if self.pattern.fullmatch(t.transactional_id) and t.transactional_id not in keep]
 
     def abort_earlier_runs(self) -> list[str]:
@@ -123,9 +128,11 @@ class GroupWrite:
 
     def commit(self, handles: list[TransactionHandle], timeout_s: float = SETTLE_TIMEOUT_S) -> list[str]:
         """Commits exactly ``handles`` as one, once every other transaction of
-        the run is aborted and settled; returns the ids it aborted."""
+        the run is aborted and settled; returns the ids it aborted. No handle
+        (every task of the write was empty): nothing is committed."""
         aborted = self.abort_others_settled({h.transactional_id for h in handles}, timeout_s)
-        self.admin.commit_transaction_group(self.prefix, handles)
+        if handles:
+            self.admin.commit_transaction_group(self.prefix, handles)
         return aborted
 
 
