@@ -30,6 +30,12 @@ prepared transactions of the prefix's group to commit with the write). Columns: 
 ``key``, ``partition``, ``headers``, ``timestamp``. What a write guarantees:
 ``spark_jobs.writing``.
 
+Streaming: ``spark.readStream.format("txlog")`` takes the read options but
+``endingOffsets``, plus ``maxRecordsPerTrigger``; ``df.writeStream.format("txlog")``
+(outputMode append, with ``checkpointLocation``) commits every micro-batch
+exactly once, and ``streaming_sink.write_batch_exactly_once`` does the same from
+``foreachBatch`` (docs/guides/spark.md, "Structured Streaming").
+
 Both: ``tlsCa``, ``tlsCert``, ``tlsKey`` (PEM files, at the same paths on the
 driver and every executor) for a cluster that runs TLS (mutual TLS: all three),
 or ``tlsCa`` and ``tokenFile`` (a bearer token) for one that authenticates by token.
@@ -43,7 +49,9 @@ known name. Spark passes option names case-insensitively.
 
 Modules: ``options`` (parsing and checking the options), ``planning`` (offset
 ranges, on the driver), ``reading`` (one range, on an executor), ``source``
-(the data source), ``writing`` (the writer), ``eos`` (exactly-once
+(the data source), ``writing`` (the writer), ``streaming_source`` and
+``streaming_sink`` (their streaming forms), ``batch_ledger`` (which
+micro-batches of a query committed), ``eos`` (exactly-once
 consume-process-produce runs, per partition or as one), ``key_counts`` (a
 transform with a shuffle), ``windowed_counts`` (the shipped job),
 ``schedule`` (running a job once or every N seconds), ``sample_events``

@@ -57,16 +57,21 @@ TLS_OPTIONS = {"tlsCa": "tls_ca", "tlsCert": "tls_cert", "tlsKey": "tls_key", "t
 
 # Every option the reader and the writer take, and nothing else: anything else is refused (see _known).
 READ_OPTIONS = ("bootstrap", "topic", "startingOffsets", "endingOffsets", "isolation", "maxRecordsPerSplit",
-                "failOnDataLoss", "pollTimeoutMs", *TLS_OPTIONS)
+                "maxRecordsPerTrigger", "failOnDataLoss", "pollTimeoutMs", *TLS_OPTIONS)
+# checkpointLocation, queryName: Spark hands a streaming query's to its sink with the other options
 WRITE_OPTIONS = ("bootstrap", "topic", "transactionalIdPrefix", "transactionTimeoutMs", "preparedTimeoutMs",
-                 "groupCommitWith", *TLS_OPTIONS)
+                 "groupCommitWith", "checkpointLocation", "queryName", *TLS_OPTIONS)
 # spark-sql-kafka's names for the same settings, accepted as they are (alias -> txlog's option).
 # subscribe takes a comma-separated list of topics, as txlog's topic does on a read.
-READ_ALIASES = {"kafka.bootstrap.servers": "bootstrap", "subscribe": "topic", "kafka.isolation.level": "isolation"}
+READ_ALIASES = {"kafka.bootstrap.servers": "bootstrap", "subscribe": "topic", "kafka.isolation.level": "isolation",
+                "maxOffsetsPerTrigger": "maxRecordsPerTrigger"}
 WRITE_ALIASES = {"kafka.bootstrap.servers": "bootstrap"}
+# What only a streaming read or write takes, and what only a batch one takes.
+STREAM_ONLY_READ, BATCH_ONLY_READ = ("maxRecordsPerTrigger",), ("endingOffsets",)
+STREAM_ONLY_WRITE, BATCH_ONLY_WRITE = ("checkpointLocation", "queryName"), ("groupCommitWith",)
 
-_BATCH_ONLY = ("txlog has no equivalent: a txlog read is one batch from 'startingOffsets' to 'endingOffsets' "
-               "(no streaming triggers); bound it with 'endingOffsets' and split its tasks with 'maxRecordsPerSplit'")
+_TRIGGERS = ("txlog has no equivalent: a txlog stream bounds each micro-batch by 'maxRecordsPerTrigger' (offsets "
+             "over all partitions) and nothing else")
 _BY_TIME = ("txlog has no equivalent: give offsets in 'startingOffsets' / 'endingOffsets' (JSON), or move a "
             "group with `txlog groups reset-offsets GROUP --to-datetime ...` and read with "
             "startingOffsets=committed:GROUP")
@@ -79,7 +84,7 @@ KAFKA_OPTIONS = {name.lower(): (name, advice) for name, advice in [
     ("assign", "txlog has no equivalent: a read covers every partition of the topics in 'topic' (JSON "
                "'startingOffsets' / 'endingOffsets' set each partition's range)"),
     ("subscribePattern", "txlog has no equivalent: name the topics in 'topic' (comma-separated)"),
-    ("maxOffsetsPerTrigger", _BATCH_ONLY), ("minOffsetsPerTrigger", _BATCH_ONLY), ("maxTriggerDelay", _BATCH_ONLY),
+    ("minOffsetsPerTrigger", _TRIGGERS), ("maxTriggerDelay", _TRIGGERS),
     ("startingOffsetsByTimestamp", _BY_TIME), ("endingOffsetsByTimestamp", _BY_TIME),
     ("startingTimestamp", _BY_TIME), ("endingTimestamp", _BY_TIME), ("startingOffsetsByTimestampStrategy", _BY_TIME),
     ("maxRecordsPerPartition", "use txlog's 'maxRecordsPerSplit', which means the same"),
@@ -109,6 +114,7 @@ class ReadOptions:
     fail_on_data_loss: bool
     poll_timeout_s: float
     client_tls: Mapping[str, str] = field(default_factory=dict)  # the SDK's tls_ca= / tls_cert= / tls_key=
+    max_records_per_trigger: int | None = None  # a streaming read's micro-batch bound, in offsets
 
 
 @dataclass(frozen=True)
@@ -266,13 +272,31 @@ def _offsets_json(name: str, text: str, topics: tuple[str, ...], allowed_special
     return offsets
 
 
-def parse_read(options: Mapping[str, str]) -> ReadOptions:
-    """The read's options (as Spark passes them: any case, spark-sql-kafka aliases) parsed and checked."""
+def parse_read(options: Mapping[str, str], streaming: bool = False) -> ReadOptions:
+    """The read's options (as Spark passes them: any case, spark-sql-kafka aliases) parsed and checked;
+    ``streaming``: for spark.readStream."""
     known, given_as = _known(options, "read")
     try:
+        _check_kind(known, "read", streaming, STREAM_ONLY_READ, BATCH_ONLY_READ)
         return _parse_read(known)
     except OptionError as error:
         raise _named_as_given(error, given_as) from None
+
+
+def _check_kind(known: Mapping[str, str], mode: str, streaming: bool, stream_only: tuple, batch_only: tuple) -> None:
+    """A streaming read or write refuses what only a batch one takes, and the other way round."""
+    for name in batch_only if streaming else stream_only:
+        if name in known:
+            kind, other = ("streaming", "batch") if streaming else ("batch", "streaming")
+            why = {"endingOffsets": "a stream has no end: each micro-batch reads up to what is there when it is "
+                                    "planned; bound it with 'maxRecordsPerTrigger'",
+                   "maxRecordsPerTrigger": "a batch read has no triggers: bound it with 'endingOffsets'",
+                   "groupCommitWith": "each micro-batch commits its own tasks' transactions with its batch id",
+                   "checkpointLocation": "a batch write has no checkpoint: with 'transactionalIdPrefix' it commits "
+                                         "atomically as it is",
+                   "queryName": "a batch write is no streaming query"}[name]
+            raise OptionError(f"txlog: option {name!r} is a {other} {mode} option: a {kind} {mode} does not take "
+                              f"it ({why})")
 
 
 def _parse_read(options: Mapping[str, str]) -> ReadOptions:
@@ -312,6 +336,7 @@ def _parse_read(options: Mapping[str, str]) -> ReadOptions:
         fail_on_data_loss=_boolean(options, "failOnDataLoss", True),
         poll_timeout_s=float(_positive_int(options, "pollTimeoutMs", 120_000)) / 1000,
         client_tls=_client_tls(options),
+        max_records_per_trigger=_positive_int(options, "maxRecordsPerTrigger", None),
     )
 
 
@@ -325,10 +350,12 @@ def _transaction_timeout_ms(options: Mapping[str, str]) -> int:
     return value
 
 
-def parse_write(options: Mapping[str, str]) -> WriteOptions:
-    """The write's options (as Spark passes them: any case, spark-sql-kafka aliases) parsed and checked."""
+def parse_write(options: Mapping[str, str], streaming: bool = False) -> WriteOptions:
+    """The write's options (as Spark passes them: any case, spark-sql-kafka aliases) parsed and checked;
+    ``streaming``: for DataFrame.writeStream."""
     known, given_as = _known(options, "write")
     try:
+        _check_kind(known, "write", streaming, STREAM_ONLY_WRITE, BATCH_ONLY_WRITE)
         return _parse_write(known)
     except OptionError as error:
         raise _named_as_given(error, given_as) from None

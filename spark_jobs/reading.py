@@ -1,9 +1,12 @@
-"""Reading one planned offset range on an executor."""
+"""Reading one planned offset range on an executor, as records or as the
+Arrow batches of the ``txlog`` source's columns."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Mapping
+
+import pyarrow as pa
 
 from spark_jobs.planning import OffsetRange
 from txlog import Consumer
@@ -11,6 +14,12 @@ from txlog.errors import NoOffsetForPartitionError
 from txlog.structs import ConsumerRecord
 
 POLL_RECORDS_MAX = 10_000
+ARROW_SCHEMA = pa.schema([
+    ("topic", pa.string()), ("partition", pa.int32()), ("offset", pa.int64()), ("key", pa.binary()),
+    ("value", pa.binary()), ("headers", pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))),
+    ("timestamp", pa.timestamp("us", tz="UTC")),
+])
+ARROW_BATCH_RECORDS = 10_000
 
 
 class DataLossError(RuntimeError):
@@ -53,3 +62,32 @@ def read_range(bootstrap: str, offsets: OffsetRange, *, isolation: str = "read_c
                 raise TimeoutError(
                     f"{offsets.topic}-{offsets.partition}: no progress past offset {position} for {poll_timeout_s:.0f} s "
                     f"while reading up to {offsets.end}")
+
+
+def read_arrow(options, offsets: OffsetRange) -> Iterator[pa.RecordBatch]:
+    """``read_range`` with a read's ``options`` (spark_jobs.options.ReadOptions), in Arrow batches."""
+    if offsets.start >= offsets.end:
+        return
+    records = read_range(options.bootstrap, offsets, isolation=options.isolation, fail_on_data_loss=options.fail_on_data_loss,
+                         poll_timeout_s=options.poll_timeout_s, client_tls=options.client_tls)
+    batch = []
+    for record in records:
+        batch.append(record)
+        if len(batch) >= ARROW_BATCH_RECORDS:
+            yield to_arrow(batch)
+            batch = []
+    if batch:
+        yield to_arrow(batch)
+
+
+def to_arrow(records: list) -> pa.RecordBatch:
+    return pa.RecordBatch.from_arrays([
+        pa.array([r.topic for r in records], pa.string()),
+        pa.array([r.partition for r in records], pa.int32()),
+        pa.array([r.offset for r in records], pa.int64()),
+        pa.array([r.key for r in records], pa.binary()),
+        pa.array([r.value for r in records], pa.binary()),
+        pa.array([[{"key": k, "value": v} for k, v in r.headers] for r in records], ARROW_SCHEMA.field("headers").type),
+        pa.array([r.timestamp_ms * 1000 for r in records], pa.timestamp("us", tz="UTC")),
+    ], schema=ARROW_SCHEMA)
+

@@ -1,5 +1,6 @@
 """The ``txlog`` Spark data source: batch reads of offset ranges and
-transactional batch writes (see the package docstring for the options)."""
+transactional batch writes (see the package docstring for the options), and
+their streaming forms (``streaming_source``, ``streaming_sink``)."""
 
 from __future__ import annotations
 
@@ -9,17 +10,11 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
-from spark_jobs import options, planning, reading, writing
+from spark_jobs import options, planning, reading, streaming_sink, streaming_source, writing
 from txlog.two_phase import new_run_id
 
 SCHEMA = ("topic string, partition int, offset long, key binary, value binary, "
           "headers array<struct<key: string, value: binary>>, timestamp timestamp")
-ARROW_SCHEMA = pa.schema([
-    ("topic", pa.string()), ("partition", pa.int32()), ("offset", pa.int64()), ("key", pa.binary()),
-    ("value", pa.binary()), ("headers", pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))),
-    ("timestamp", pa.timestamp("us", tz="UTC")),
-])
-ARROW_BATCH_RECORDS = 10_000
 
 
 class TxlogDataSource(DataSource):
@@ -44,6 +39,20 @@ class TxlogDataSource(DataSource):
             writing.abort_earlier_runs(parsed.bootstrap, parsed.transactional_id_prefix, run, parsed.client_tls)
         return writing.TxlogWriter(parsed, run, writing.begin_write_span(parsed, run))
 
+    def streamReader(self, schema: StructType) -> streaming_source.TxlogStreamReader:
+        return streaming_source.TxlogStreamReader(options.parse_read(self.options, streaming=True))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> streaming_sink.TxlogStreamWriter:
+        # Spark constructs the writer more than once per query (planning, then each commit), in different
+        # processes: nothing here may act on the cluster beyond checking
+        if overwrite:
+            raise options.OptionError("txlog: a topic is append-only; write a stream with outputMode append or update, "
+                                      "not complete")
+        parsed = options.parse_write(self.options, streaming=True)
+        writing.check_schema(schema)
+        writing.check_topic(parsed)
+        return streaming_sink.TxlogStreamWriter(parsed)
+
 
 class TxlogReader(DataSourceReader):
     def __init__(self, read_options: options.ReadOptions):
@@ -55,29 +64,4 @@ class TxlogReader(DataSourceReader):
         return ranges or [planning.OffsetRange(self.options.topics[0], 0, 0, 0)]
 
     def read(self, partition: planning.OffsetRange) -> Iterator[pa.RecordBatch]:
-        if partition.start >= partition.end:
-            return
-        records = reading.read_range(self.options.bootstrap, partition, isolation=self.options.isolation,
-                                     fail_on_data_loss=self.options.fail_on_data_loss,
-                                     poll_timeout_s=self.options.poll_timeout_s, client_tls=self.options.client_tls)
-        batch = []
-        for record in records:
-            batch.append(record)
-            if len(batch) >= ARROW_BATCH_RECORDS:
-                yield to_arrow(batch)
-                batch = []
-        if batch:
-            yield to_arrow(batch)
-
-
-def to_arrow(records: list) -> pa.RecordBatch:
-    return pa.RecordBatch.from_arrays([
-        pa.array([r.topic for r in records], pa.string()),
-        pa.array([r.partition for r in records], pa.int32()),
-        pa.array([r.offset for r in records], pa.int64()),
-        pa.array([r.key for r in records], pa.binary()),
-        pa.array([r.value for r in records], pa.binary()),
-        pa.array([[{"key": k, "value": v} for k, v in r.headers] for r in records], ARROW_SCHEMA.field("headers").type),
-        pa.array([r.timestamp_ms * 1000 for r in records], pa.timestamp("us", tz="UTC")),
-    ], schema=ARROW_SCHEMA)
-
+        return reading.read_arrow(self.options, partition)

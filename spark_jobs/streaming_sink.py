@@ -1,0 +1,192 @@
+"""The exactly-once streaming sink of the ``txlog`` data source
+(``df.writeStream.format("txlog")``, outputMode append: Spark's Python sinks
+take no other), and the same for ``foreachBatch`` (any output mode).
+
+Every micro-batch commits atomically, once, whatever dies:
+
+1. Each task attempt of micro-batch B writes its rows in a transaction of its
+   own, ``P/r<B>-<run>.p<task partition>.t<task attempt id>`` (``<run>``: the
+   query run's id, new at every start from the checkpoint), prepares it and
+   returns its handle (``spark_jobs.writing.write_task``, as a batch write's
+   tasks do). ``P`` is the query's transaction group: the
+   ``transactionalIdPrefix`` option, by default ``txlog-stream-<query id>``
+   (the query id stays the same across restarts from the checkpoint).
+2. The driver's commit of B opens the query's ledger (``batch_ledger``),
+   which fences earlier drivers, and asks whether B is recorded there. If it
+   is, an earlier driver committed B and died before Spark logged it: this
+   run's transactions of B are aborted and nothing is committed.
+3. Otherwise every other undecided transaction of P is aborted (failed task
+   attempts, speculative copies that lost, what a driver killed before its
+   group commit left prepared) and waited for until none is open, and the
+   tasks' handles are committed in one CommitTransactionGroup of P together
+   with a ledger transaction that records B.
+
+So a micro-batch Spark runs again after a driver failure commits nothing
+twice; an executor failure or a task retry is handled as in a batch write
+(each attempt has its own transactional id; only the handles Spark hands the
+driver commit). The sink needs a checkpoint (Spark's own, as for any sink).
+
+Failure tests stop the driver at the two worst moments through
+``TXLOG_SPARK_HOLD_COMMIT`` (``before`` or ``after`` the group commit, with
+``TXLOG_SPARK_HOLD_DIR``): the commit writes ``<dir>/held-<B>`` there and
+waits for as long as the process lives, so the test can kill -9 it right
+there. Unset, as in production, it does nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pyarrow as pa
+from pyspark import TaskContext
+from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
+
+from spark_jobs import options, writing
+from spark_jobs.batch_ledger import BatchLedger
+from spark_jobs.options import OptionError, WriteOptions
+from txlog import Admin, TransactionHandle
+from txlog.two_phase import GroupWrite, task_transactional_id
+
+log = logging.getLogger("spark_jobs.streaming_sink")
+
+DEFAULT_PREFIX = "txlog-stream-"
+# Spark's local properties of a micro-batch's tasks
+QUERY_ID_PROPERTY, BATCH_ID_PROPERTY, RUN_ID_PROPERTY = "sql.streaming.queryId", "streaming.sql.batchId", "spark.jobGroup.id"
+HOLD_ENV, HOLD_DIR_ENV = "TXLOG_SPARK_HOLD_COMMIT", "TXLOG_SPARK_HOLD_DIR"
+
+
+@dataclass(frozen=True)
+class StreamTaskReport(WriterCommitMessage):
+    prefix: str
+    batch_id: int
+    task: writing.TaskReport
+
+
+def query_prefix(options: WriteOptions, query_id: str) -> str:
+    return options.transactional_id_prefix or f"{DEFAULT_PREFIX}{query_id}"
+
+
+def task_run(batch_id: int, run_id: str) -> str:
+    """A micro-batch's run within the prefix: ``r<batch id>-<the query run's id, hex>``."""
+    return f"r{batch_id}-{run_id.replace('-', '').lower()}"
+
+
+class TxlogStreamWriter(DataSourceStreamArrowWriter):
+    def __init__(self, options: WriteOptions):
+        self.options = options
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> StreamTaskReport:
+        context = TaskContext.get()
+        query_id, batch_id, run_id = (context.getLocalProperty(p) for p in (QUERY_ID_PROPERTY, BATCH_ID_PROPERTY, RUN_ID_PROPERTY))
+        if not (query_id and batch_id and run_id):
+            raise OptionError("txlog: a streaming write runs inside a streaming query (writeStream ... start())")
+        prefix = query_prefix(self.options, query_id)
+        tid = task_transactional_id(prefix, task_run(int(batch_id), run_id), context.partitionId(), context.taskAttemptId())
+        report = writing.write_task(self.options, iterator, context.partitionId(), context.attemptNumber(), tid, None)
+        return StreamTaskReport(prefix, int(batch_id), report)
+
+    def commit(self, messages: list[StreamTaskReport | None], batchId: int) -> None:
+        reports = [m for m in messages if m is not None]
+        handles = [r.task.handle for r in reports if r.task.handle]
+        if not handles:  # no task had a row: nothing to commit, nothing a re-run could write twice
+            return
+        committed = commit_batch(self.options, reports[0].prefix, batchId, handles)
+        log.info("txlog micro-batch %d %s: %d records to %s in %d tasks", batchId,
+                 "committed" if committed else "was committed before (its output stands; this run's is aborted)",
+                 sum(r.task.records for r in reports), self.options.topic, len(reports))
+
+    def abort(self, messages: list[StreamTaskReport | None], batchId: int) -> None:
+        reports = [m for m in messages if m is not None]
+        if not reports:  # prepared attempts nobody reported are aborted by the next commit of the query
+            return
+        with Admin(self.options.bootstrap, **self.options.client_tls) as admin:
+            aborted = GroupWrite(admin, self.options.bootstrap, reports[0].prefix, None).abort()
+        log.warning("txlog micro-batch %d failed; aborted its transactions %s", batchId, aborted)
+
+
+def commit_batch(options: WriteOptions, prefix: str, batch_id: int, handles: list[TransactionHandle]) -> bool:
+    """Commits ``handles`` as micro-batch ``batch_id`` of the query of ``prefix``,
+    unless it was committed before; True if this call committed it."""
+    with BatchLedger(options.bootstrap, prefix, options.topic, options.client_tls, options.transaction_timeout_ms) as ledger, \
+            Admin(options.bootstrap, **options.client_tls) as admin:
+        write = GroupWrite(admin, options.bootstrap, prefix, None)
+        last = ledger.last_committed()
+        if last is not None and last >= batch_id:
+            write.abort()
+            return False
+        recorded = ledger.prepare(batch_id)
+        try:
+            hold_if_asked("before", batch_id)
+            write.commit([*handles, recorded])
+        except BaseException:
+            abort_recorded(admin, recorded)
+            raise
+        hold_if_asked("after", batch_id)
+        return True
+
+
+def abort_recorded(admin: Admin, recorded: TransactionHandle) -> None:
+    """The group commit failed: the ledger transaction must not commit. One a
+    group decision committed meanwhile (an ambiguous failure) stays committed."""
+    try:
+        admin.complete_transaction(recorded, False)
+    except Exception as exc:  # the next commit's ledger init aborts it anyway
+        log.warning("aborting the ledger transaction %s failed: %s", recorded, exc)
+
+
+def hold_if_asked(moment: str, batch_id: int) -> None:
+    """The failure tests' stop (module docstring)."""
+    if os.environ.get(HOLD_ENV) != moment:
+        return
+    directory = os.environ[HOLD_DIR_ENV]
+    with open(os.path.join(directory, f"held-{batch_id}"), "w") as marker:
+        marker.write(moment)
+    while True:
+        time.sleep(3600)
+
+
+def write_batch_exactly_once(batch_df, batch_id: int, *, bootstrap: str, topic: str,
+                             transactional_id_prefix: str | None = None, **write_options: str) -> bool:
+    """For ``foreachBatch`` (and for what the sink cannot take: Spark's Python
+    sinks accept outputMode append only, ``foreachBatch`` any): writes
+    ``batch_df`` to ``topic`` as micro-batch ``batch_id``, once: a micro-batch
+    Spark runs again after it was committed writes nothing. The query's
+    transaction group is ``transactional_id_prefix``, by default
+    ``txlog-stream-<query id>`` as for the sink (one per query: a new
+    checkpoint is a new query). ``write_options``: more options of the
+    ``txlog`` writer (TLS, ``transactionTimeoutMs``). True if this call
+    committed the batch.
+
+        query = df.writeStream.foreachBatch(lambda batch, batch_id: write_batch_exactly_once(
+            batch, batch_id, bootstrap=B, topic="out")).option("checkpointLocation", D).start()
+    """
+    prefix = transactional_id_prefix or f"{DEFAULT_PREFIX}{running_query_id(batch_df)}"
+    parsed = options.parse_write({**write_options, "bootstrap": bootstrap, "topic": topic, "transactionalIdPrefix": prefix})
+    with BatchLedger(bootstrap, prefix, topic, parsed.client_tls, parsed.transaction_timeout_ms) as ledger:
+        last = ledger.last_committed()
+        if last is not None and last >= batch_id:
+            return False
+        recorded = ledger.prepare(batch_id)
+        try:
+            (batch_df.write.format("txlog").options(**write_options).option("bootstrap", bootstrap).option("topic", topic)
+             .option("transactionalIdPrefix", prefix)
+             .option("groupCommitWith", json.dumps([list(recorded)])).mode("append").save())
+        except BaseException:
+            with Admin(bootstrap, **parsed.client_tls) as admin:
+                abort_recorded(admin, recorded)
+            raise
+    return True
+
+
+def running_query_id(batch_df) -> str:
+    """The id of the streaming query whose foreachBatch is running (Spark sets it on the thread)."""
+    query_id = batch_df.sparkSession.sparkContext.getLocalProperty(QUERY_ID_PROPERTY)
+    if not query_id:
+        raise OptionError("txlog: write_batch_exactly_once without transactional_id_prefix runs inside a streaming "
+                          "query's foreachBatch")
+    return query_id

@@ -1,0 +1,149 @@
+"""The streaming source of the ``txlog`` data source (``spark.readStream.format("txlog")``).
+
+An offset is the JSON form the batch source takes, ``{"topic": {"0": 42}}``:
+per partition, where the next micro-batch starts. Each micro-batch ends at
+what is readable when Spark plans it (the last stable offset under
+read_committed, the high watermark under read_uncommitted), so its tasks read
+closed ranges and a re-run reads the same records.
+
+- ``startingOffsets`` (earliest, latest, ``committed:<group>`` or JSON) only
+  sets where a new query starts; a query restarted from its checkpoint goes on
+  from there.
+- Partitions added to a topic while the query runs are read from their
+  earliest offset.
+- ``maxRecordsPerTrigger`` (alias ``maxOffsetsPerTrigger``) bounds a
+  micro-batch to that many offsets over all partitions, shared in proportion
+  to what each has waiting. ``trigger(availableNow=True)`` reads everything
+  there is when the query starts (Spark hands Python sources an unbounded
+  read limit then) and stops.
+- ``failOnDataLoss`` (true by default): a micro-batch that would start below a
+  partition's first offset (retention or DeleteRecords removed what the query
+  still needed), or a partition that is gone, fails the query; false skips to
+  what is there.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Mapping
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
+
+from spark_jobs import planning, reading
+from spark_jobs.options import EARLIEST, LATEST, OptionError, ReadOptions
+from spark_jobs.reading import DataLossError
+from txlog import Consumer
+
+log = logging.getLogger("spark_jobs.streaming_source")
+
+Offsets = dict[tuple[str, int], int]
+
+
+def to_json(offsets: Offsets) -> dict:
+    by_topic: dict[str, dict[str, int]] = {}
+    for (topic, partition), offset in sorted(offsets.items()):
+        by_topic.setdefault(topic, {})[str(partition)] = offset
+    return by_topic
+
+
+def from_json(offsets: Mapping) -> Offsets:
+    return {(topic, int(partition)): int(offset) for topic, partitions in offsets.items() for partition, offset in partitions.items()}
+
+
+def share(start: Offsets, end: Offsets, records_max: int) -> Offsets:
+    """``end`` moved back so that at most ``records_max`` offsets lie between
+    ``start`` and it, shared in proportion to each partition's backlog (every
+    partition with a backlog moves on by one at least, while the budget lasts)."""
+    backlog = {tp: end[tp] - start.get(tp, end[tp]) for tp in end}
+    total = sum(b for b in backlog.values() if b > 0)
+    if total <= records_max:
+        return dict(end)
+    bounded = dict(end)
+    budget = records_max
+    for tp in sorted(backlog, key=lambda tp: (-backlog[tp], tp)):
+        if backlog[tp] <= 0:
+            continue
+        take = min(backlog[tp], max(1, backlog[tp] * records_max // total), budget)
+        bounded[tp] = start[tp] + take
+        budget -= take
+    return bounded
+
+
+class TxlogStreamReader(DataSourceStreamReader):
+    def __init__(self, read_options: ReadOptions):
+        self.options = read_options
+
+    def _consumer(self, **extra) -> Consumer:
+        return Consumer(self.options.bootstrap, isolation_level=self.options.isolation, **self.options.client_tls, **extra)
+
+    def initialOffset(self) -> dict:
+        starting = self.options.starting
+        with self._consumer(group_id=starting.group) as consumer:
+            tps = planning.partitions_of(consumer, self.options.topics)
+            unknown = sorted(set(starting.per_partition or {}) - set(tps))
+            if unknown:
+                raise OptionError(f"txlog: offsets given for partitions that do not exist: {unknown}")
+            earliest, latest = consumer.beginning_offsets(tps), consumer.end_offsets(tps)
+            committed = {tp: consumer.committed(tp) for tp in tps} if starting.group else {}
+        offsets = {}
+        for tp in tps:
+            start = (starting.per_partition or {}).get(tp)
+            if start is None:
+                start = committed.get(tp)
+            if start is None:
+                start = starting.default
+            offsets[tp] = earliest[tp] if start == EARLIEST else latest[tp] if start == LATEST else start
+        return to_json(offsets)
+
+    def _readable(self) -> tuple[Offsets, Offsets]:
+        """Every partition's first offset and readable end, now."""
+        with self._consumer() as consumer:
+            tps = planning.partitions_of(consumer, self.options.topics)
+            return consumer.beginning_offsets(tps), consumer.end_offsets(tps)
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        begun = from_json(start)
+        earliest, readable = self._readable()
+        # a new partition starts at its earliest offset; one below the start (retention moved past it under a
+        # query that will fail or skip in partitions()) does not move the end back
+        froms = {tp: begun.get(tp, earliest[tp]) for tp in readable}
+        end = {tp: max(readable[tp], froms[tp]) for tp in readable}
+        for tp, offset in begun.items():
+            end.setdefault(tp, offset)  # a partition that is gone: partitions() decides
+        if isinstance(limit, ReadMaxRows):
+            end = share(froms, end, limit.max_rows)
+        return to_json(end)
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        records_max = self.options.max_records_per_trigger
+        return ReadMaxRows(records_max) if records_max else ReadAllAvailable()
+
+    def reportLatestOffset(self) -> dict | None:
+        return to_json(self._readable()[1])
+
+    def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+        begun, ending = from_json(start), from_json(end)
+        earliest, readable = self._readable()
+        ranges = []
+        for tp, stop in sorted(ending.items()):
+            first = begun.get(tp, earliest.get(tp, 0))
+            if tp not in readable:
+                self._lost(f"{tp[0]}-{tp[1]} is gone (its topic was deleted)")
+                continue
+            if first < earliest[tp]:
+                self._lost(f"{tp[0]}-{tp[1]}: offsets {first} to {earliest[tp]} are no longer in the log (retention or "
+                           "DeleteRecords removed them)")
+                first = earliest[tp]
+            if first < stop:
+                ranges.extend(planning.OffsetRange(tp[0], tp[1], first, stop).split(self.options.max_records_per_split))
+        return ranges
+
+    def _lost(self, what: str) -> None:
+        if self.options.fail_on_data_loss:
+            raise DataLossError(f"txlog: {what}; set failOnDataLoss=false to go on without them")
+        log.warning("txlog: %s; skipping them (failOnDataLoss=false)", what)
+
+    def read(self, partition: planning.OffsetRange) -> Iterator[pa.RecordBatch]:
+        return reading.read_arrow(self.options, partition)
