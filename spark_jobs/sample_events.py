@@ -18,8 +18,8 @@ START_MS = 1_795_000_000_000  # a fixed instant, so that windows are the same on
 SPREAD_MS = 10 * 60_000
 
 
-def events(count: int, seed: int = 1) -> list[tuple[str, str]]:
-    """``count`` (key, JSON value) pairs: key = user, ts within 10 minutes of START_MS;
+def events(count: int, seed: int = 1, start_ms: int = START_MS) -> list[tuple[str, str]]:
+    """``count`` (key, JSON value) pairs: key = user, ts within 10 minutes of ``start_ms``;
     about one in a thousand values is not JSON (the job counts it as malformed)."""
     rng = random.Random(seed)
     generated = []
@@ -28,7 +28,7 @@ def events(count: int, seed: int = 1) -> list[tuple[str, str]]:
         if rng.random() < 0.001:
             generated.append((user, f"not json {i}"))
             continue
-        event = {"user": user, "page": rng.choice(PAGES), "ts": START_MS + rng.randrange(SPREAD_MS),
+        event = {"user": user, "page": rng.choice(PAGES), "ts": start_ms + rng.randrange(SPREAD_MS),
                  "bytes": rng.randrange(200, 5000), "n": i}
         generated.append((user, json.dumps(event)))
     return generated

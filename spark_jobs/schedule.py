@@ -45,3 +45,18 @@ def run_every(interval_s: float, run: Callable[[], object], stop: threading.Even
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+def stop_on_signal(stop: Callable[[], object]) -> None:
+    """Calls ``stop`` (in a thread of its own: a handler must not block) at the first SIGTERM/SIGINT."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    once = threading.Event()
+
+    def handler(*_):
+        if not once.is_set():
+            once.set()
+            threading.Thread(target=stop, name="stop-on-signal", daemon=True).start()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, handler)

@@ -15,6 +15,26 @@ the section ``_malformed``, in the window of the record's timestamp.
 Every run logs (JSON lines on stderr) the ranges it planned and, per range,
 what it consumed and produced; ``--show-totals`` prints the totals read back
 with read_committed after each run.
+
+``--streaming`` runs the same counting as a Structured Streaming query from
+the ``txlog`` source to the exactly-once ``txlog`` sink, its progress kept in
+``--checkpoint``: a windowed aggregation on the events' time with a watermark
+``--watermark-ms`` behind the latest event seen (events later than that are
+dropped, as Spark drops them). With ``--output-mode update`` (the default)
+every micro-batch writes the windows it changed, with their totals so far (the
+last record of a key holds them), through ``foreachBatch`` and
+``streaming_sink.write_batch_exactly_once``. With ``append`` a window's record
+is written once, with its totals, by the ``txlog`` sink in the first
+micro-batch after the watermark passed the window's end; under ``--once``
+(availableNow) Spark runs no micro-batch without new events, so that is the
+next run that finds some. The query starts where the group's committed offsets
+are (earliest without them).
+
+    python -m spark_jobs.windowed_counts --streaming --once --checkpoint /data/ckpt   # availableNow: what is there, then exit
+    python -m spark_jobs.windowed_counts --streaming --every 1s --checkpoint /data/ckpt  # a micro-batch a second until SIGTERM
+
+``--streaming --once`` is the way to run the pipeline from a scheduler (cron,
+a Kubernetes CronJob): each run processes what arrived since the last one.
 """
 
 from __future__ import annotations
@@ -27,7 +47,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import asdict
 
 from services.runtime import config, logs
-from spark_jobs import eos, schedule, session
+from spark_jobs import eos, schedule, session, streaming_sink
 from spark_jobs.eos import OutputRecord
 from spark_jobs.planning import OffsetRange
 from txlog.structs import ConsumerRecord
@@ -63,6 +83,13 @@ SETTINGS = (
                    "authorizer the job's principal then needs Read on the output topic too)",
                    config.boolean, switch=True),
     config.Setting("log_level", "INFO", "log level", str, ("DEBUG", "INFO", "WARNING", "ERROR")),
+    config.Setting("streaming", False, "run as a Structured Streaming query (--once: trigger availableNow; --every: a "
+                   "micro-batch every DURATION)", config.boolean, switch=True),
+    config.Setting("checkpoint", "", "--streaming: the query's checkpoint directory (required; the same one on every run)"),
+    config.Setting("output_mode", "update", "--streaming: update (changed windows, with their totals so far, every "
+                   "micro-batch) or append (a window once, after it closed)", str, ("update", "append")),
+    config.Setting("watermark_ms", 600_000, "--streaming: how far behind the latest event time a window still takes "
+                   "events, ms", config.positive_int),
 )
 
 
@@ -71,18 +98,24 @@ def section_of(page: str) -> str:
     return SECTIONS.get(first, OTHER_SECTION)
 
 
+def classify(value: bytes | str | None, timestamp_ms: int) -> tuple[str, int, int]:
+    """An event's (section, time ms, bytes); a value that does not parse is
+    (MALFORMED, the record's timestamp, 0)."""
+    try:
+        event = json.loads(value)
+        if isinstance(event["ts"], bool):
+            raise TypeError("ts is a boolean")
+        return section_of(event["page"]), int(event["ts"]), int(event.get("bytes", 0))
+    except (ValueError, TypeError, KeyError, AttributeError, OverflowError):
+        return MALFORMED, timestamp_ms, 0
+
+
 def count_views(records: Iterator[ConsumerRecord], source: OffsetRange, window_ms: int = 60_000
                 ) -> Iterable[OutputRecord]:
     """The job's transformation (an ``eos.Transform``)."""
     counts: dict[tuple[str, int], list[int]] = {}
     for record in records:
-        try:
-            event = json.loads(record.value)
-            if isinstance(event["ts"], bool):
-                raise TypeError("ts is a boolean")
-            section, ts, size = section_of(event["page"]), int(event["ts"]), int(event.get("bytes", 0))
-        except (ValueError, TypeError, KeyError, AttributeError, OverflowError):
-            section, ts, size = MALFORMED, record.timestamp_ms, 0
+        section, ts, size = classify(record.value, record.timestamp_ms)
         window_start = ts - ts % window_ms
         entry = counts.setdefault((section, window_start), [0, 0])
         entry[0] += 1
@@ -138,6 +171,55 @@ def print_totals(rows: list[dict]) -> None:
           flush=True)
 
 
+def streaming_counts(events, window_ms: int, watermark_ms: int):
+    """The ``txlog`` source's stream of events as a stream of window records
+    (the ``txlog`` sink's ``key`` and ``value`` columns)."""
+    from pyspark.sql import functions as F
+
+    classified = F.udf(classify, "section string, ts long, bytes long")
+    times = (events.select(classified("value", F.unix_millis("timestamp")).alias("e")).select("e.*")
+             .withColumn("event_time", F.timestamp_millis("ts")).withWatermark("event_time", f"{watermark_ms} milliseconds"))
+    counted = times.groupBy(F.window("event_time", f"{window_ms} milliseconds").alias("w"), "section").agg(
+        F.count(F.lit(1)).alias("views"), F.sum("bytes").alias("bytes"))
+    start, end = F.unix_millis("w.start"), F.unix_millis("w.end")
+    return counted.select(
+        F.concat_ws("/", "section", start.cast("string")).alias("key"),
+        F.to_json(F.struct("section", start.alias("window_start_ms"), end.alias("window_end_ms"), "views", "bytes")).alias("value"))
+
+
+def run_streaming(spark, job: eos.EosJob, settings, interval_s: float | None) -> dict:
+    """One streaming query: availableNow (``interval_s`` None) until it has read
+    what was there when it started, else a micro-batch every ``interval_s``
+    until SIGTERM/SIGINT (then the query stops after its current micro-batch)."""
+    events = (spark.readStream.format("txlog").option("bootstrap", job.bootstrap).options(**job.spark_tls_options)
+              .option("topic", ",".join(job.input_topics)).option("startingOffsets", f"committed:{job.group}").load())
+    counted = streaming_counts(events, settings.window_ms, settings.watermark_ms)
+    sink_options = {**job.spark_tls_options, "transactionTimeoutMs": str(job.transaction_timeout_ms)}
+    if settings.output_mode == "append":
+        writer = (counted.writeStream.format("txlog").option("bootstrap", job.bootstrap).option("topic", job.output_topic)
+                  .options(**sink_options))
+    else:  # Spark's Python sinks take append only; foreachBatch takes every mode, with the same exactly-once commit
+        writer = counted.writeStream.foreachBatch(lambda batch, batch_id: streaming_sink.write_batch_exactly_once(
+            batch, batch_id, bootstrap=job.bootstrap, topic=job.output_topic, **sink_options))
+    writer = (writer.option("checkpointLocation", settings.checkpoint).outputMode(settings.output_mode)
+              .queryName(f"windowed-counts-{job.name}"))
+    writer = writer.trigger(availableNow=True) if interval_s is None else writer.trigger(processingTime=f"{interval_s} seconds")
+    query = writer.start()
+    if interval_s is not None:
+        schedule.stop_on_signal(query.stop)
+    query.awaitTermination()
+    batches = [{"batch": p["batchId"], "records_in": p["numInputRows"], "duration_ms": p["durationMs"].get("triggerExecution")}
+               for p in query.recentProgress]
+    summary = {"mode": "streaming", "query_id": str(query.id), "batches": len(batches),
+               "records_in": sum(b["records_in"] for b in batches)}
+    log.info("streaming query ended: %d micro-batches, %d records", summary["batches"], summary["records_in"],
+             extra=logs.fields(job=job.name, **summary))
+    print(json.dumps({"run": summary, "batches": batches}), flush=True)
+    if settings.show_totals:
+        print_totals(totals(spark, job, job.output_topic))
+    return summary
+
+
 def main(argv: list[str] | None = None) -> int:
     settings = config.load(__doc__.splitlines()[0], SETTINGS, argv)
     logs.configure("windowed_counts", settings.log_level)
@@ -150,9 +232,14 @@ def main(argv: list[str] | None = None) -> int:
     if settings.once and interval_s is not None:
         print("windowed_counts: give --once or --every, not both", file=sys.stderr)
         return 2
+    if settings.streaming and not settings.checkpoint:
+        print("windowed_counts: --streaming needs --checkpoint DIR (the same directory on every run)", file=sys.stderr)
+        return 2
     spark = session.build(settings.spark_master, f"windowed-counts:{job.name}")
     try:
-        if interval_s is None:
+        if settings.streaming:
+            run_streaming(spark, job, settings, interval_s)
+        elif interval_s is None:
             run(spark, job, settings.show_totals)
         else:
             schedule.run_every(interval_s, lambda: run(spark, job, settings.show_totals))
