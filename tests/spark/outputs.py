@@ -28,10 +28,10 @@ def expected_views(count: int, seed: int = 1) -> dict[str, int]:
     return dict(views)
 
 
-def expected_windows(count: int, seed: int = 1) -> dict[tuple[str, int], tuple[int, int]]:
+def expected_windows(count: int, seed: int = 1, start_ms: int = sample_events.START_MS) -> dict[tuple[str, int], tuple[int, int]]:
     """(views, bytes) per (section, window start) of the well-formed events."""
     totals = collections.defaultdict(lambda: [0, 0])
-    for _, value in sample_events.events(count, seed):
+    for _, value in sample_events.events(count, seed, start_ms):
         try:
             event = json.loads(value)
         except ValueError:

@@ -31,6 +31,12 @@ def flaky_counts(records, source, window_ms=60_000):
         yield output
 
 
+def first_attempts_fail(value: bytes) -> int:
+    """A streamed row's output partition: 0, except for one row in a task's first attempt: a
+    partition the output does not have, so that attempt fails after its other rows were sent."""
+    return 99 if TaskContext.get().attemptNumber() == 0 and value.endswith(b"-150") else 0
+
+
 def slow_counts(records, source, window_ms=60_000):
     """A task reading a partition in SLOW_PARTITIONS (all when unset) sends half its
     output, then holds its transaction open for SLOW_SECONDS before the rest; with

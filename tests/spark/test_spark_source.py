@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+from inputs import create, produce
 from outputs import read_all
 from pyspark import TaskContext
 from pyspark.sql import functions as F
@@ -36,18 +37,6 @@ def bootstrap(tmp_path_factory):
 @pytest.fixture(scope="module", autouse=True)
 def known_topic(bootstrap):
     create(bootstrap, "known", 1)
-
-
-def create(bootstrap: str, topic: str, partitions: int) -> None:
-    with Admin(bootstrap) as admin:
-        admin.create_topics([(topic, partitions)])
-
-
-def produce(bootstrap: str, topic: str, values: list[str], partition: int | None = None) -> None:
-    with Producer(bootstrap) as producer:
-        for value in values:
-            producer.send(topic, value=value, key=value, partition=partition,
-                          headers=[("origin", b"test")]).result(timeout=30)
 
 
 def reader(spark, bootstrap: str, topic: str, **options):
@@ -300,8 +289,8 @@ def test_spark_kafka_option_names_read_and_write_as_txlogs_do(spark, bootstrap):
 
 
 @pytest.mark.parametrize(("option", "value", "message"), [
-    ("maxOffsetsPerTrigger", 10, "txlog: unknown option 'maxOffsetsPerTrigger' (a spark-sql-kafka option): txlog has "
-                                 "no equivalent: a txlog read is one batch from 'startingOffsets' to 'endingOffsets'"),
+    ("maxOffsetsPerTrigger", 10, "txlog: option 'maxoffsetspertrigger' (txlog's 'maxRecordsPerTrigger') is a streaming "
+                                 "read option: a batch read does not take it"),
     ("kafka.security.protocol", "SSL", "txlog: unknown option 'kafka.security.protocol' (a spark-sql-kafka option): "
                                        "txlog has no equivalent: txlog's client turns TLS on with 'tlsCa'"),
     ("startingOffset", "latest", "txlog: unknown option 'startingoffset': did you mean 'startingOffsets'?"),

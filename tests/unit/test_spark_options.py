@@ -1,6 +1,8 @@
 """The txlog data source's options, the jobs' settings and names: every mistake is an
 OptionError (or ValueError for a duration) that names what was wrong, before Spark plans a task."""
 
+from dataclasses import replace
+
 import pytest
 
 from spark_jobs import eos, windowed_counts
@@ -332,7 +334,7 @@ def test_every_known_read_option_is_taken_in_any_case(tmp_path):
     values = {"bootstrap": "h:1", "topic": "events", "startingOffsets": "latest",
               "endingOffsets": '{"events": {"0": 9}}', "isolation": "read_uncommitted", "maxRecordsPerSplit": "7",
               "failOnDataLoss": "false", "pollTimeoutMs": "2500", **_pem_files(tmp_path)}
-    assert set(values) == set(READ_OPTIONS)
+    assert set(values) | {"maxRecordsPerTrigger"} == set(READ_OPTIONS)  # that one only a streaming read takes
     expected = ReadOptions("h:1", ("events",), StartingOffsets(LATEST), EndingOffsets(LATEST, {("events", 0): 9}),
                            "read_uncommitted", 7, False, 2.5,
                            {"tls_ca": values["tlsCa"], "tls_cert": values["tlsCert"], "tls_key": values["tlsKey"],
@@ -341,12 +343,15 @@ def test_every_known_read_option_is_taken_in_any_case(tmp_path):
     assert parse_read(_spark_options(values)) == expected
     assert parse_read({name.lower(): value for name, value in values.items()}) == expected
     assert parse_read({name.upper(): value for name, value in values.items()}) == expected
+    streamed = {**{k: v for k, v in values.items() if k != "endingOffsets"}, "maxRecordsPerTrigger": "9"}
+    for given in (streamed, {name.lower(): value for name, value in streamed.items()}):
+        assert parse_read(given, streaming=True) == replace(expected, ending=EndingOffsets(LATEST), max_records_per_trigger=9)
 
 
 def test_every_known_write_option_is_taken_in_any_case(tmp_path):
     values = {"bootstrap": "h:1", "topic": "copy", "transactionalIdPrefix": "job", "transactionTimeoutMs": "15000",
               "preparedTimeoutMs": "5000", "groupCommitWith": '[["job/offsets", 7, 2]]', **_pem_files(tmp_path)}
-    assert set(values) == set(WRITE_OPTIONS)
+    assert set(values) | {"checkpointLocation", "queryName"} == set(WRITE_OPTIONS)  # what Spark hands a streaming sink
     for given in (values, _spark_options(values), {name.lower(): value for name, value in values.items()}):
         parsed = parse_write(given)
         assert (parsed.bootstrap, parsed.topic, parsed.transactional_id_prefix) == ("h:1", "copy", "job")
@@ -410,9 +415,8 @@ def test_an_option_given_twice_in_different_cases_with_different_values_is_refus
 
 
 @pytest.mark.parametrize(("option", "says"), [
-    ("maxOffsetsPerTrigger", "no streaming triggers"),
-    ("minOffsetsPerTrigger", "no streaming triggers"),
-    ("maxTriggerDelay", "no streaming triggers"),
+    ("minOffsetsPerTrigger", "bounds each micro-batch by 'maxRecordsPerTrigger'"),
+    ("maxTriggerDelay", "bounds each micro-batch by 'maxRecordsPerTrigger'"),
     ("startingOffsetsByTimestamp", "--to-datetime"),
     ("endingOffsetsByTimestamp", "--to-datetime"),
     ("startingTimestamp", "--to-datetime"),
@@ -481,7 +485,8 @@ def test_an_option_like_none_is_refused_with_the_list_of_options():
     with pytest.raises(OptionError) as error:
         parse_read({**READ, "foo": "1"})
     assert str(error.value) == ("txlog: unknown option 'foo': the read options are bootstrap, topic, startingOffsets, "
-                                "endingOffsets, isolation, maxRecordsPerSplit, failOnDataLoss, pollTimeoutMs, "
+                                "endingOffsets, isolation, maxRecordsPerSplit, maxRecordsPerTrigger, failOnDataLoss, "
+                                "pollTimeoutMs, "
                                 "tlsCa, tlsCert, tlsKey, tokenFile")
     with pytest.raises(OptionError, match=r"unknown option 'kafka.linger.ms' \(a Kafka client setting\): txlog has "
                                           r"no equivalent; the write options are bootstrap, topic, transactionalIdPrefix"):
@@ -509,13 +514,43 @@ def test_an_option_of_the_other_direction_is_refused_as_such(parse, options, opt
 
 def test_several_unknown_options_are_all_named_at_once():
     with pytest.raises(OptionError) as error:
-        parse_read({**READ, "maxOffsetsPerTrigger": "10", "startingOffset": "latest", "kafka.acks": "all"})
+        parse_read({**READ, "minOffsetsPerTrigger": "10", "startingOffset": "latest", "kafka.acks": "all"})
     lines = str(error.value).splitlines()
     assert [line.split(":")[1].strip() for line in lines] == \
-        ["unknown option 'maxOffsetsPerTrigger' (a spark-sql-kafka option)", "unknown option 'startingOffset'",
+        ["unknown option 'minOffsetsPerTrigger' (a spark-sql-kafka option)", "unknown option 'startingOffset'",
          "unknown option 'kafka.acks' (a Kafka client setting)"]
 
 
 def test_an_unknown_option_is_refused_before_a_missing_one_is_reported():
-    with pytest.raises(OptionError, match="unknown option 'maxOffsetsPerTrigger'"):
-        parse_read({"maxOffsetsPerTrigger": "10"})
+    with pytest.raises(OptionError, match="unknown option 'minOffsetsPerTrigger'"):
+        parse_read({"minOffsetsPerTrigger": "10"})
+
+
+# --- streaming reads and writes -----------------------------------------------------------------
+
+def test_a_streaming_read_takes_max_records_per_trigger_and_kafkas_name_for_it():
+    assert parse_read({**READ, "maxRecordsPerTrigger": "500"}, streaming=True).max_records_per_trigger == 500
+    assert parse_read({**READ, "maxOffsetsPerTrigger": "20"}, streaming=True).max_records_per_trigger == 20
+    assert parse_read(READ, streaming=True).max_records_per_trigger is None
+    with pytest.raises(OptionError, match="'maxRecordsPerTrigger' must be a positive integer"):
+        parse_read({**READ, "maxRecordsPerTrigger": "0"}, streaming=True)
+
+
+@pytest.mark.parametrize(("options", "streaming", "says"), [
+    ({"maxRecordsPerTrigger": "5"}, False, "option 'maxRecordsPerTrigger' is a streaming read option: a batch read does not take it"),
+    ({"maxOffsetsPerTrigger": "5"}, False, "option 'maxoffsetspertrigger' (txlog's 'maxRecordsPerTrigger') is a streaming read option"),
+    ({"endingOffsets": "latest"}, True, "option 'endingOffsets' is a batch read option: a streaming read does not take it"),
+])
+def test_a_read_option_of_the_other_kind_is_refused_saying_which_kind_takes_it(options, streaming, says):
+    with pytest.raises(OptionError) as error:
+        parse_read({**READ, **options}, streaming=streaming)
+    assert says in str(error.value)
+
+
+def test_a_streaming_write_takes_what_spark_hands_a_sink_and_refuses_group_commit_with():
+    parsed = parse_write({**WRITE, "checkpointLocation": "/ckpt", "queryName": "q"}, streaming=True)
+    assert (parsed.bootstrap, parsed.topic) == (WRITE["bootstrap"], WRITE["topic"])
+    with pytest.raises(OptionError, match="option 'groupCommitWith' is a batch write option: a streaming write does not take it"):
+        parse_write({**WRITE, "transactionalIdPrefix": "p", "groupCommitWith": "[]"}, streaming=True)
+    with pytest.raises(OptionError, match="option 'checkpointLocation' is a streaming write option: a batch write does not take it"):
+        parse_write({**WRITE, "checkpointLocation": "/ckpt"})
