@@ -27,7 +27,8 @@ from txlog import Consumer, Producer, TransactionHandle
 
 
 class BatchLedger:
-    """Use as a context manager: entering it fences earlier drivers of the query."""
+    """Use as a context manager (closing it leaves a prepared ledger transaction
+    to its group commit); ``fence()`` before anything else."""
 
     def __init__(self, bootstrap: str, prefix: str, output_topic: str, client_tls: Mapping[str, str] | None = None,
                  transaction_timeout_ms: int = 60_000):
@@ -40,15 +41,14 @@ class BatchLedger:
                                  **self.client_tls)
 
     def __enter__(self) -> BatchLedger:
-        try:
-            self.producer.init_transactions()
-        except BaseException:
-            self.producer.close()
-            raise
         return self
 
     def __exit__(self, *exc) -> None:
-        self.producer.close()  # leaves a prepared ledger transaction to its group commit
+        self.producer.close()
+
+    def fence(self) -> None:
+        """Initialises ``P/batches``: an earlier driver's ledger transaction is aborted (or, decided, completed)."""
+        self.producer.init_transactions()
 
     def last_committed(self) -> int | None:
         """The id of the last micro-batch committed, None before the first;

@@ -11,10 +11,11 @@ Every micro-batch commits atomically, once, whatever dies:
    tasks do). ``P`` is the query's transaction group: the
    ``transactionalIdPrefix`` option, by default ``txlog-stream-<query id>``
    (the query id stays the same across restarts from the checkpoint).
-2. The driver's commit of B opens the query's ledger (``batch_ledger``),
-   which fences earlier drivers, and asks whether B is recorded there. If it
-   is, an earlier driver committed B and died before Spark logged it: this
-   run's transactions of B are aborted and nothing is committed.
+2. The driver's commit of B (``batch_commit``, step by step) opens the
+   query's ledger (``batch_ledger``), which fences earlier drivers, and asks
+   whether B is recorded there. If it is, an earlier driver committed B and
+   died before Spark logged it: this run's transactions of B are aborted and
+   nothing is committed.
 3. Otherwise every other undecided transaction of P is aborted (failed task
    attempts, speculative copies that lost, what a driver killed before its
    group commit left prepared) and waited for until none is open, and the
@@ -47,6 +48,7 @@ from pyspark import TaskContext
 from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
 
 from spark_jobs import options, writing
+from spark_jobs.batch_commit import BatchCommit
 from spark_jobs.batch_ledger import BatchLedger
 from spark_jobs.options import OptionError, WriteOptions
 from txlog import Admin, TransactionHandle
@@ -95,10 +97,14 @@ class TxlogStreamWriter(DataSourceStreamArrowWriter):
         handles = [r.task.handle for r in reports if r.task.handle]
         if not handles:  # no task had a row: nothing to commit, nothing a re-run could write twice
             return
-        committed = commit_batch(self.options, reports[0].prefix, batchId, handles)
-        log.info("txlog micro-batch %d %s: %d records to %s in %d tasks", batchId,
-                 "committed" if committed else "was committed before (its output stands; this run's is aborted)",
-                 sum(r.task.records for r in reports), self.options.topic, len(reports))
+        records = sum(r.task.records for r in reports)
+        if commit_batch(self.options, reports[0].prefix, batchId, handles):
+            log.info("txlog micro-batch %d committed: %d records to %s in %d tasks", batchId, records, self.options.topic,
+                     len(reports))
+        else:  # expected once after a driver died between its group commit and Spark's commit log
+            log.warning("txlog micro-batch %d was committed before under %s: this run's %d records are aborted (a "
+                        "query restarted from a new checkpoint needs a new transactionalIdPrefix)", batchId,
+                        reports[0].prefix, records)
 
     def abort(self, messages: list[StreamTaskReport | None], batchId: int) -> None:
         reports = [m for m in messages if m is not None]
@@ -111,23 +117,39 @@ class TxlogStreamWriter(DataSourceStreamArrowWriter):
 
 def commit_batch(options: WriteOptions, prefix: str, batch_id: int, handles: list[TransactionHandle]) -> bool:
     """Commits ``handles`` as micro-batch ``batch_id`` of the query of ``prefix``,
-    unless it was committed before; True if this call committed it."""
+    unless it was committed before (``batch_commit``); True if this call committed it."""
     with BatchLedger(options.bootstrap, prefix, options.topic, options.client_tls, options.transaction_timeout_ms) as ledger, \
             Admin(options.bootstrap, **options.client_tls) as admin:
-        write = GroupWrite(admin, options.bootstrap, prefix, None)
-        last = ledger.last_committed()
-        if last is not None and last >= batch_id:
-            write.abort()
-            return False
-        recorded = ledger.prepare(batch_id)
-        try:
-            hold_if_asked("before", batch_id)
-            write.commit([*handles, recorded])
-        except BaseException:
-            abort_recorded(admin, recorded)
-            raise
-        hold_if_asked("after", batch_id)
-        return True
+        commit = BatchCommit(LedgerCluster(ledger, admin, GroupWrite(admin, options.bootstrap, prefix, None)), batch_id, handles)
+        committed = commit.run(before_commit=lambda: hold_if_asked("before", batch_id))
+        if committed:
+            hold_if_asked("after", batch_id)
+        return committed
+
+
+class LedgerCluster:
+    """``batch_commit.Cluster`` on the real cluster: the query's ledger and its task transactions."""
+
+    def __init__(self, ledger: BatchLedger, admin: Admin, tasks: GroupWrite):
+        self.ledger, self.admin, self.tasks = ledger, admin, tasks
+
+    def fence(self) -> None:
+        self.ledger.fence()
+
+    def last_committed(self) -> int | None:
+        return self.ledger.last_committed()
+
+    def abort_undecided(self, keep: frozenset[str]) -> None:
+        self.tasks.abort_others_settled(set(keep))
+
+    def record(self, batch_id: int) -> TransactionHandle:
+        return self.ledger.prepare(batch_id)
+
+    def group_commit(self, handles: list[TransactionHandle]) -> None:
+        self.admin.commit_transaction_group(self.tasks.prefix, handles)
+
+    def abort_record(self, handle: TransactionHandle) -> None:
+        abort_recorded(self.admin, handle)
 
 
 def abort_recorded(admin: Admin, recorded: TransactionHandle) -> None:
@@ -168,6 +190,7 @@ def write_batch_exactly_once(batch_df, batch_id: int, *, bootstrap: str, topic: 
     prefix = transactional_id_prefix or f"{DEFAULT_PREFIX}{running_query_id(batch_df)}"
     parsed = options.parse_write({**write_options, "bootstrap": bootstrap, "topic": topic, "transactionalIdPrefix": prefix})
     with BatchLedger(bootstrap, prefix, topic, parsed.client_tls, parsed.transaction_timeout_ms) as ledger:
+        ledger.fence()
         last = ledger.last_committed()
         if last is not None and last >= batch_id:
             return False
