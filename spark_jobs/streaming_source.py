@@ -13,9 +13,11 @@ closed ranges and a re-run reads the same records.
   earliest offset.
 - ``maxRecordsPerTrigger`` (alias ``maxOffsetsPerTrigger``) bounds a
   micro-batch to that many offsets over all partitions, shared in proportion
-  to what each has waiting. ``trigger(availableNow=True)`` reads everything
-  there is when the query starts (Spark hands Python sources an unbounded
-  read limit then) and stops.
+  to what each has waiting.
+- ``trigger(availableNow=True)``: when the query starts, the source fixes
+  what is readable then as its target, and the query runs micro-batches
+  (within ``maxRecordsPerTrigger``) until it has read up to the target, then
+  stops; what arrives meanwhile is for the next run.
 - ``failOnDataLoss`` (true by default): a micro-batch that would start below a
   partition's first offset (retention or DeleteRecords removed what the query
   still needed), or a partition that is gone, fails the query; false skips to
@@ -29,7 +31,7 @@ from collections.abc import Iterator, Mapping
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 
 from spark_jobs import planning, reading
 from spark_jobs.options import EARLIEST, LATEST, OptionError, ReadOptions
@@ -71,9 +73,27 @@ def share(start: Offsets, end: Offsets, records_max: int) -> Offsets:
     return bounded
 
 
-class TxlogStreamReader(DataSourceStreamReader):
+def held_to(target: Offsets, start: Offsets, end: Offsets) -> Offsets:
+    """``end`` kept within an availableNow run's ``target``: no partition past
+    its target offset, and none the target does not know unless it was read
+    already (it then stays where it is); never behind ``start``."""
+    held = {}
+    for tp, offset in end.items():
+        first = start.get(tp, offset)
+        if tp in target:
+            held[tp] = max(first, min(offset, target[tp]))
+        elif tp in start:
+            held[tp] = first
+    return held
+
+
+class TxlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, read_options: ReadOptions):
         self.options = read_options
+        self.target: Offsets | None = None  # availableNow: what was readable when the query started
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self.target = self._readable()[1]
 
     def _consumer(self, **extra) -> Consumer:
         return Consumer(self.options.bootstrap, isolation_level=self.options.isolation, **self.options.client_tls, **extra)
@@ -112,6 +132,8 @@ class TxlogStreamReader(DataSourceStreamReader):
         end = {tp: max(readable[tp], froms[tp]) for tp in readable}
         for tp, offset in begun.items():
             end.setdefault(tp, offset)  # a partition that is gone: partitions() decides
+        if self.target is not None:
+            end = held_to(self.target, froms, end)
         if isinstance(limit, ReadMaxRows):
             end = share(froms, end, limit.max_rows)
         return to_json(end)

@@ -25,9 +25,9 @@ every micro-batch writes the windows it changed, with their totals so far (the
 last record of a key holds them), through ``foreachBatch`` and
 ``streaming_sink.write_batch_exactly_once``. With ``append`` a window's record
 is written once, with its totals, by the ``txlog`` sink in the first
-micro-batch after the watermark passed the window's end; under ``--once``
-(availableNow) Spark runs no micro-batch without new events, so that is the
-next run that finds some. The query starts where the group's committed offsets
+micro-batch after the watermark passed the window's end (under ``--once``,
+availableNow, the run's last micro-batch, which reads nothing, writes what the
+run's events closed). The query starts where the group's committed offsets
 are (earliest without them).
 
     python -m spark_jobs.windowed_counts --streaming --once --checkpoint /data/ckpt   # availableNow: what is there, then exit

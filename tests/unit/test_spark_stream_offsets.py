@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from spark_jobs import streaming_sink
 from spark_jobs.options import WriteOptions
-from spark_jobs.streaming_source import from_json, share, to_json
+from spark_jobs.streaming_source import from_json, held_to, share, to_json
 from txlog.two_phase import task_id_pattern, task_transactional_id
 
 
@@ -50,6 +50,14 @@ def test_a_bounded_micro_batch_keeps_to_the_bound_never_goes_back_and_always_mov
 
 def test_a_new_partition_in_the_end_offsets_counts_from_its_own_start():
     assert share({("t", 0): 0, ("t", 1): 4}, {("t", 0): 10, ("t", 1): 4}, 5) == {("t", 0): 5, ("t", 1): 4}
+
+
+def test_an_available_now_run_reads_up_to_its_target_and_no_partition_added_after_it():
+    target = {("t", 0): 10, ("t", 1): 4}
+    start = {("t", 0): 2, ("t", 1): 4, ("t", 2): 0}
+    end = {("t", 0): 15, ("t", 1): 9, ("t", 2): 3, ("t", 3): 8}  # t-3 appeared after the run began
+    assert held_to(target, start, end) == {("t", 0): 10, ("t", 1): 4, ("t", 2): 0}
+    assert held_to(target, {("t", 0): 12}, {("t", 0): 15}) == {("t", 0): 12}  # never back
 
 
 def test_a_micro_batch_tasks_ids_are_task_ids_of_the_querys_transaction_group():
