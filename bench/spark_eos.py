@@ -63,7 +63,9 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TextIO
 
 from bench.measure import CLOCK_TICKS, Phase, progress
 
@@ -333,9 +335,10 @@ def timed_run(spark, setup: Setup, mode: str, round_index: int) -> dict:
             "cpu_utilisation_outside_these_processes": phase.others_cpu_utilisation()}
 
 
-def summarise(runs: list[dict]) -> dict:
+def summarise(runs: list[dict], modes=MODES) -> dict:
+    """Per mode, over the rounds: the median records/s (the figure), the best, the spread."""
     per_mode = {}
-    for mode in MODES:
+    for mode in modes:
         mine = [r for r in runs if r["mode"] == mode]
         rates = [r["records_per_s"] for r in mine]
         per_mode[mode] = {
@@ -353,17 +356,29 @@ def summarise(runs: list[dict]) -> dict:
     return per_mode
 
 
-def measure(workdir: str, args: argparse.Namespace) -> dict:
+def settled_cluster(workdir: str):
+    """A local cluster in ``workdir`` (ZooKeeper, 1 producer_id_svc, 2 partition_svc, 2 coordinator_svc),
+    once its coordinators have settled; stop it with ``down()``."""
     from services.tooling.cluster import LocalCluster
-    from spark_jobs import session
 
     local = LocalCluster(os.path.join(workdir, "cluster"))
+    progress(f"starting ZooKeeper, 1 producer_id_svc, 2 partition_svc, 2 coordinator_svc in {local.dir}")
+    local.up(producer_id_svcs=1, partition_svcs=2, coordinator_svcs=2)
+    try:
+        wait_until_settled(local)
+    except BaseException:
+        local.down()
+        raise
+    return local
+
+
+def measure(workdir: str, args: argparse.Namespace) -> dict:
+    from spark_jobs import session
+
+    local = settled_cluster(workdir)
     spark = None
     try:
-        progress(f"starting ZooKeeper, 1 producer_id_svc, 2 partition_svc, 2 coordinator_svc in {local.dir}")
-        state = local.up(producer_id_svcs=1, partition_svcs=2, coordinator_svcs=2)
-        wait_until_settled(local)
-        bootstrap = state.bootstrap
+        bootstrap = local.state.bootstrap
         create_topics(bootstrap, [(INPUT_TOPIC, args.partitions)]
                       + [(topic, args.output_partitions) for topic in OUTPUT_TOPICS.values()])
         progress(f"loading {args.warmup_records} warm-up events into {INPUT_TOPIC} ({args.partitions} partitions)")
@@ -376,7 +391,7 @@ def measure(workdir: str, args: argparse.Namespace) -> dict:
         session_s = time.perf_counter() - started
         jvm_pid = int(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())
         pids = {"bench_driver": os.getpid(), "spark_jvm": jvm_pid,
-                **{name: info.pid for name, info in sorted(state.services.items())}}
+                **{name: info.pid for name, info in sorted(local.state.services.items())}}
         progress(f"warm-up: both modes over the {args.warmup_records} warm-up records")
         warmup = warm_up(spark, bootstrap, args, args.partitions)
 
@@ -403,26 +418,37 @@ def measure(workdir: str, args: argparse.Namespace) -> dict:
         local.down()
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    # The Spark JVM (and the Python workers it forks) inherit fd 1: point it at stderr,
-    # so that whatever they print cannot mix with the report, which goes to the real stdout.
+def measured_beside_spark(measure: Callable[[str, argparse.Namespace], dict], args: argparse.Namespace,
+                          prefix: str) -> tuple[dict, float, TextIO] | None:
+    """``measure(workdir, args)`` in a fresh work directory (kept with
+    ``args.keep_workdir``), with fd 1 pointed at stderr: the Spark JVM and the
+    Python workers it forks inherit it, and whatever they print must not mix
+    with the report. Returns the figures, the seconds they took and the real
+    stdout for the report; None (said on stderr) when a check failed."""
     report_out = os.fdopen(os.dup(1), "w")
     sys.stdout.flush()
     os.dup2(2, 1)
-    workdir = tempfile.mkdtemp(prefix="txlog-bench-spark-eos-")
+    workdir = tempfile.mkdtemp(prefix=prefix)
     try:
         started = time.perf_counter()
         figures = measure(workdir, args)
-        total_s = time.perf_counter() - started
+        return figures, time.perf_counter() - started, report_out
     except CheckFailed as exc:
         progress(f"FAILED: {exc}")
-        return 1
+        return None
     finally:
         if args.keep_workdir:
-            progress(f"the cluster's directory (logs in cluster/logs) is kept: {workdir}")
+            progress(f"the run's directory (the cluster's logs in cluster/logs) is kept: {workdir}")
         else:
             shutil.rmtree(workdir, ignore_errors=True)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    measured = measured_beside_spark(measure, args, "txlog-bench-spark-eos-")
+    if measured is None:
+        return 1
+    figures, total_s, report_out = measured
     modes = figures.pop("modes")
     eos, alo = modes["exactly-once"], modes["at-least-once"]
     ratio = eos["records_per_s"] / alo["records_per_s"]
