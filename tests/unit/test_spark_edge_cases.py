@@ -1,6 +1,7 @@
 """Edge cases of the Spark job's parts that a first review found broken: each failed before its fix."""
 
 import datetime
+import json
 import signal
 import threading
 
@@ -9,7 +10,7 @@ import pytest
 from spark_jobs import eos, schedule
 from spark_jobs.options import OptionError, parse_read, parse_write
 from spark_jobs.planning import OffsetRange
-from spark_jobs.windowed_counts import count_views
+from spark_jobs.windowed_counts import classify, count_views
 from spark_jobs.writing import send_row
 from txlog.structs import ConsumerRecord
 
@@ -20,6 +21,16 @@ def test_an_event_with_an_infinite_ts_is_counted_as_malformed(value):
     record = ConsumerRecord("events", 0, 0, None, value, [], 125_000)
     (output,) = count_views(iter([record]), OffsetRange("events", 0, 0, 1))
     assert output.key == "_malformed/120000"
+
+
+@pytest.mark.parametrize("value", [b'{"page": "/", "ts": 9223372036854776}', b'{"page": "/", "ts": -9223372036854776}',
+                                   b'{"page": "/", "ts": 5, "bytes": 9223372036854775808}'])
+def test_an_event_time_or_size_spark_cannot_hold_is_malformed_in_both_modes(value):
+    record = ConsumerRecord("events", 0, 0, None, value, [], 125_000)
+    (output,) = count_views(iter([record]), OffsetRange("events", 0, 0, 1))
+    assert json.loads(output.value)["section"] == "_malformed"
+    assert classify(value, 125_000) == ("_malformed", 125_000, 0)
+    assert classify(b'{"page": "/", "ts": 9223372036854775, "bytes": 3}', 0) == ("home", 9223372036854775, 3)
 
 
 def test_an_event_with_a_boolean_ts_is_counted_as_malformed():
