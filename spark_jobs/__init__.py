@@ -50,8 +50,9 @@ known name. Spark passes option names case-insensitively.
 Modules: ``options`` (parsing and checking the options), ``planning`` (offset
 ranges, on the driver), ``reading`` (one range, on an executor), ``source``
 (the data source), ``writing`` (the writer), ``streaming_source`` and
-``streaming_sink`` (their streaming forms), ``batch_ledger`` (which
-micro-batches of a query committed), ``eos`` (exactly-once
+``streaming_sink`` (their streaming forms), ``batch_commit`` (the sink's
+commit of a micro-batch, step by step), ``batch_ledger`` (which micro-batches
+of a query committed), ``eos`` (exactly-once
 consume-process-produce runs, per partition or as one), ``key_counts`` (a
 transform with a shuffle), ``windowed_counts`` (the shipped job),
 ``schedule`` (running a job once or every N seconds), ``sample_events``

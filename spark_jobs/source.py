@@ -46,8 +46,8 @@ class TxlogDataSource(DataSource):
         # Spark constructs the writer more than once per query (planning, then each commit), in different
         # processes: nothing here may act on the cluster beyond checking
         if overwrite:
-            raise options.OptionError("txlog: a topic is append-only; write a stream with outputMode append or update, "
-                                      "not complete")
+            raise options.OptionError("txlog: a topic is append-only; write a stream with outputMode append (for update, "
+                                      "foreachBatch with spark_jobs.streaming_sink.write_batch_exactly_once), not complete")
         parsed = options.parse_write(self.options, streaming=True)
         writing.check_schema(schema)
         writing.check_topic(parsed)

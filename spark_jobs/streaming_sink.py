@@ -48,7 +48,7 @@ from pyspark import TaskContext
 from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
 
 from spark_jobs import options, writing
-from spark_jobs.batch_commit import BatchCommit
+from spark_jobs.batch_commit import BatchCommit, LedgerAheadError
 from spark_jobs.batch_ledger import BatchLedger
 from spark_jobs.options import OptionError, WriteOptions
 from txlog import Admin, TransactionHandle
@@ -94,8 +94,14 @@ class TxlogStreamWriter(DataSourceStreamArrowWriter):
 
     def commit(self, messages: list[StreamTaskReport | None], batchId: int) -> None:
         reports = [m for m in messages if m is not None]
+        stale = [r.batch_id for r in reports if r.batch_id != batchId]
+        if stale:
+            raise RuntimeError(f"txlog: micro-batch {batchId} was handed task reports of batches {sorted(set(stale))}")
         handles = [r.task.handle for r in reports if r.task.handle]
-        if not handles:  # no task had a row: nothing to commit, nothing a re-run could write twice
+        if not handles:  # no task had a row: nothing to commit and nothing a re-run could write twice, but what
+            # attempts of it prepared (a straggler, a retried task's first attempt) must not hold the output's LSO
+            if reports:
+                abort_task_transactions(self.options, reports[0].prefix)
             return
         records = sum(r.task.records for r in reports)
         if commit_batch(self.options, reports[0].prefix, batchId, handles):
@@ -108,11 +114,20 @@ class TxlogStreamWriter(DataSourceStreamArrowWriter):
 
     def abort(self, messages: list[StreamTaskReport | None], batchId: int) -> None:
         reports = [m for m in messages if m is not None]
-        if not reports:  # prepared attempts nobody reported are aborted by the next commit of the query
+        prefix = reports[0].prefix if reports else self.options.transactional_id_prefix
+        if prefix is None:  # the default prefix comes from the tasks: the query's next commit aborts what they left
+            log.warning("txlog micro-batch %d failed; its prepared attempts are aborted by the query's next commit", batchId)
             return
-        with Admin(self.options.bootstrap, **self.options.client_tls) as admin:
-            aborted = GroupWrite(admin, self.options.bootstrap, reports[0].prefix, None).abort()
-        log.warning("txlog micro-batch %d failed; aborted its transactions %s", batchId, aborted)
+        log.warning("txlog micro-batch %d failed; aborted its transactions %s", batchId,
+                    abort_task_transactions(self.options, prefix))
+
+
+def abort_task_transactions(write_options: WriteOptions, prefix: str, settled: bool = False) -> list[str]:
+    """Every undecided task transaction of the query (the ledger's is not one);
+    ``settled``: and waits until none is open."""
+    with Admin(write_options.bootstrap, **write_options.client_tls) as admin:
+        tasks = GroupWrite(admin, write_options.bootstrap, prefix, None)
+        return tasks.abort_others_settled(set()) if settled else tasks.abort()
 
 
 def commit_batch(options: WriteOptions, prefix: str, batch_id: int, handles: list[TransactionHandle]) -> bool:
@@ -193,9 +208,16 @@ def write_batch_exactly_once(batch_df, batch_id: int, *, bootstrap: str, topic: 
         ledger.fence()
         last = ledger.last_committed()
         if last is not None and last >= batch_id:
+            if last > batch_id:
+                raise LedgerAheadError(f"micro-batch {batch_id}: the ledger of {prefix!r} already records batch {last}; "
+                                       "a query restarted from a new checkpoint needs a new transactional_id_prefix")
+            log.warning("txlog micro-batch %d was committed before under %s: not written again", batch_id, prefix)
             return False
         recorded = ledger.prepare(batch_id)
         try:
+            # what earlier runs of the query left undecided is aborted and settled first, as the sink's commit does:
+            # abort markers trailing this write's commit would let readers see it on some partitions before others
+            abort_task_transactions(parsed, prefix, settled=True)
             (batch_df.write.format("txlog").options(**write_options).option("bootstrap", bootstrap).option("topic", topic)
              .option("transactionalIdPrefix", prefix)
              .option("groupCommitWith", json.dumps([list(recorded)])).mode("append").save())

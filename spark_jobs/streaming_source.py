@@ -20,8 +20,10 @@ closed ranges and a re-run reads the same records.
   stops; what arrives meanwhile is for the next run.
 - ``failOnDataLoss`` (true by default): a micro-batch that would start below a
   partition's first offset (retention or DeleteRecords removed what the query
-  still needed), or a partition that is gone, fails the query; false skips to
-  what is there.
+  still needed), a partition that is gone (its topic deleted), or one whose
+  log is shorter than what the query read of it (its topic deleted and
+  created again) fails the query; false skips to what is there (a recreated
+  partition is read from its earliest offset, a gone one no more).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from spark_jobs import planning, reading
 from spark_jobs.options import EARLIEST, LATEST, OptionError, ReadOptions
 from spark_jobs.reading import DataLossError
 from txlog import Consumer
+from txlog.errors import ClientError
 
 log = logging.getLogger("spark_jobs.streaming_source")
 
@@ -75,8 +78,9 @@ def share(start: Offsets, end: Offsets, records_max: int) -> Offsets:
 
 def held_to(target: Offsets, start: Offsets, end: Offsets) -> Offsets:
     """``end`` kept within an availableNow run's ``target``: no partition past
-    its target offset, and none the target does not know unless it was read
-    already (it then stays where it is); never behind ``start``."""
+    its target offset; one the target does not know (added since the run
+    began) stays at its start, and one ``start`` lacks too is left out; never
+    behind ``start``."""
     held = {}
     for tp, offset in end.items():
         first = start.get(tp, offset)
@@ -118,20 +122,37 @@ class TxlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return to_json(offsets)
 
     def _readable(self) -> tuple[Offsets, Offsets]:
-        """Every partition's first offset and readable end, now."""
+        """Every partition's first offset and readable end, now; a topic that is
+        gone (deleted since the query started) has no partitions."""
         with self._consumer() as consumer:
-            tps = planning.partitions_of(consumer, self.options.topics)
+            tps = []
+            for topic in self.options.topics:
+                try:
+                    tps.extend((topic, p) for p in consumer.partitions_for(topic))
+                except ClientError:
+                    pass
             return consumer.beginning_offsets(tps), consumer.end_offsets(tps)
+
+    def _log_ends(self, tps: list[tuple[str, int]]) -> Offsets:
+        """The high watermarks of ``tps``: where their logs end, whatever the isolation level."""
+        with Consumer(self.options.bootstrap, isolation_level="read_uncommitted", **self.options.client_tls) as consumer:
+            return consumer.end_offsets(tps)
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         begun = from_json(start)
         earliest, readable = self._readable()
-        # a new partition starts at its earliest offset; one below the start (retention moved past it under a
-        # query that will fail or skip in partitions()) does not move the end back
+        for tp in sorted(set(begun) - set(readable)):
+            self._lost(f"{tp[0]}-{tp[1]} is gone (its topic was deleted)")  # failOnDataLoss=false: left out from now on
+        ahead = [tp for tp in readable if begun.get(tp, 0) > readable[tp]]
+        for tp, log_end in self._log_ends(ahead).items() if ahead else ():
+            if begun[tp] > log_end:  # a log shorter than what was read of it: the topic was deleted and created again
+                self._lost(f"{tp[0]}-{tp[1]}: its log ends at {log_end}, before offset {begun[tp]} the query reached "
+                           "(the topic was created again); reading it from its earliest offset")
+                begun[tp] = earliest[tp]
+        # a new partition starts at its earliest offset; one below the start (retention moved past it: partitions()
+        # fails or skips) does not move the end back
         froms = {tp: begun.get(tp, earliest[tp]) for tp in readable}
         end = {tp: max(readable[tp], froms[tp]) for tp in readable}
-        for tp, offset in begun.items():
-            end.setdefault(tp, offset)  # a partition that is gone: partitions() decides
         if self.target is not None:
             end = held_to(self.target, froms, end)
         if isinstance(limit, ReadMaxRows):
@@ -154,6 +175,8 @@ class TxlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if tp not in readable:
                 self._lost(f"{tp[0]}-{tp[1]} is gone (its topic was deleted)")
                 continue
+            if first > stop:  # latestOffset found the log shorter than the query's offset (and did not fail)
+                first = earliest[tp]
             if first < earliest[tp]:
                 self._lost(f"{tp[0]}-{tp[1]}: offsets {first} to {earliest[tp]} are no longer in the log (retention or "
                            "DeleteRecords removed them)")

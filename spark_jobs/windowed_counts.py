@@ -60,8 +60,10 @@ MALFORMED = "_malformed"
 # The enrichment's reference data: a page's first path segment → its site section.
 SECTIONS = {"": "home", "docs": "docs", "blog": "blog", "pricing": "sales", "signup": "sales", "account": "account"}
 OTHER_SECTION = "other"
-# An event time Spark can hold (microseconds in a long), so that both modes count the same events as malformed
-TS_MS_MAX = ((1 << 63) - 1) // 1000
+# What the streaming mode's arithmetic holds (Spark's ANSI mode fails a query on an overflow): event times in years
+# 1 to 9999, sizes below 1 TiB. Both modes count an event outside them as malformed.
+TS_MS_MIN, TS_MS_MAX = -62_135_596_800_000, 253_402_300_799_999
+BYTES_MAX = (1 << 40) - 1
 
 SETTINGS = (
     config.Setting("bootstrap", "127.0.0.1:7300", "partition_svc addresses (host:port[,host:port...])"),
@@ -110,7 +112,7 @@ def classify(value: bytes | str | None, timestamp_ms: int) -> tuple[str, int, in
         if isinstance(event["ts"], bool):
             raise TypeError("ts is a boolean")
         section, ts, size = section_of(event["page"]), int(event["ts"]), int(event.get("bytes", 0))
-        if not (abs(ts) <= TS_MS_MAX and abs(size) < 1 << 63):
+        if not (TS_MS_MIN <= ts <= TS_MS_MAX and 0 <= size <= BYTES_MAX):
             raise OverflowError("ts or bytes out of range")
         return section, ts, size
     except (ValueError, TypeError, KeyError, AttributeError, OverflowError):
@@ -255,6 +257,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if settings.streaming and not settings.checkpoint:
         print("windowed_counts: --streaming needs --checkpoint DIR (the same directory on every run)", file=sys.stderr)
+        return 2
+    if settings.checkpoint and not settings.streaming:
+        print("windowed_counts: --checkpoint is for --streaming; a batch run keeps its progress in --group's offsets",
+              file=sys.stderr)
         return 2
     spark = session.build(settings.spark_master, f"windowed-counts:{job.name}")
     try:

@@ -18,8 +18,8 @@ driven from Spark's DataSourceWriter hooks:
    of run R (failed attempts, speculative copies that lost) and waits until their
    ABORT markers are written: one still open would hold its partitions' last
    stable offset below records of the commit, so read_committed readers would see
-   the commit's records before it and not those after. Then it commits exactly the handles Spark hands it (one per partition,
-   from the attempts that succeeded), plus those of the ``groupCommitWith``
+   the commit's records before it and not those after. Then it commits exactly the handles Spark hands it (one per
+   partition that had rows, from the attempts that succeeded; a task without rows opens no transaction), plus those of the ``groupCommitWith``
    option, in one CommitTransactionGroup of group P. ``abort`` aborts every
    transaction of run R.
 

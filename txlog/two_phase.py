@@ -95,6 +95,8 @@ class GroupWrite:
 
     def abort_earlier_runs(self) -> list[str]:
         """Aborts the undecided task transactions of every run of the prefix but this one."""
+        if self.run is None:
+            raise ValueError("abort_earlier_runs needs the run that is not earlier; abort() takes every run")
         listings = []
         for t in self.admin.list_transactions(states=[s.value for s in UNDECIDED], prefix=f"{self.prefix}/"):
             matched = self.pattern.fullmatch(t.transactional_id)
@@ -122,8 +124,8 @@ class GroupWrite:
                                            [t for t in still_open if TransactionState(t.state) in UNDECIDED]))
             return not still_open
 
-        wait_until(settled, timeout_s, f"transactions of run {self.run} of {self.prefix!r} were still open or completing; "
-                                       "the write is not committed")
+        whose = f"run {self.run} of {self.prefix!r}" if self.run is not None else f"{self.prefix!r}"
+        wait_until(settled, timeout_s, f"transactions of {whose} were still open or completing; the write is not committed")
         return aborted
 
     def commit(self, handles: list[TransactionHandle], timeout_s: float = SETTLE_TIMEOUT_S) -> list[str]:

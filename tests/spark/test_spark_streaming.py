@@ -125,8 +125,9 @@ def test_a_driver_killed_at_a_commit_then_restarted_from_the_checkpoint_writes_e
         assert undecided_transactions(bootstrap, "txlog-stream-") != []  # the tasks' prepared output
     else:
         assert_each_window_once(bootstrap, start_ms)
+    (marker,) = held.iterdir()
     report = job_report(streaming_job(bootstrap, checkpoint), QUERY_S)
-    assert report["run"]["batches"] >= 1  # Spark ran the killed micro-batch again
+    assert report["batches"][0]["batch"] == int(marker.name.removeprefix("held-"))  # Spark ran the killed batch again
     assert_each_window_once(bootstrap, start_ms)
 
 
@@ -171,6 +172,18 @@ def test_micro_batches_keep_to_max_records_per_trigger_and_take_up_new_partition
     assert sorted(everything) == sorted([f"p{p}-{i}" for p in range(2) for i in range(15)] + [f"p2-{i}" for i in range(5)])
 
 
+def collect_available_now(spark, bootstrap: str, topic: str, checkpoint, seen: list[str], **options):
+    """One availableNow run of ``topic``'s values into ``seen``; the query's failure, or None."""
+    query = (stream(spark, bootstrap, topic, **options).writeStream
+             .foreachBatch(lambda df, _: seen.extend(r.value.decode() for r in df.select("value").collect()))
+             .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
+    try:
+        query.awaitTermination(QUERY_S)
+    except StreamingQueryException as failed:
+        return failed
+    return None
+
+
 def test_a_query_restarted_after_retention_passed_its_offsets_fails_unless_told_to_skip(spark, topics, tmp_path):
     bootstrap = topics
     create(bootstrap, "trimmed", 1)
@@ -178,14 +191,7 @@ def test_a_query_restarted_after_retention_passed_its_offsets_fails_unless_told_
     checkpoint, seen = tmp_path / "checkpoint", []
 
     def run(**options):
-        query = (stream(spark, bootstrap, "trimmed", **options).writeStream
-                 .foreachBatch(lambda df, _: seen.extend(r.value.decode() for r in df.select("value").collect()))
-                 .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
-        try:
-            query.awaitTermination(QUERY_S)
-        except StreamingQueryException as failed:
-            return failed
-        return None
+        return collect_available_now(spark, bootstrap, "trimmed", checkpoint, seen, **options)
 
     assert run() is None and seen == [f"a{i}" for i in range(5)]
     produce(bootstrap, "trimmed", [f"b{i}" for i in range(5)])
@@ -195,6 +201,29 @@ def test_a_query_restarted_after_retention_passed_its_offsets_fails_unless_told_
     assert failed is not None and "offsets 5 to 7 are no longer in the log" in str(failed)
     assert run(failOnDataLoss="false") is None
     assert seen == [f"a{i}" for i in range(5)] + ["b2", "b3", "b4"]
+
+
+def test_a_topic_deleted_or_created_again_under_a_query_fails_it_unless_told_to_skip(spark, topics, tmp_path):
+    bootstrap = topics
+    create(bootstrap, "recreated", 1)
+    produce(bootstrap, "recreated", [f"old{i}" for i in range(5)])
+    checkpoint, seen = tmp_path / "checkpoint", []
+
+    def run(**options):
+        return collect_available_now(spark, bootstrap, "recreated", checkpoint, seen, **options)
+
+    assert run() is None and seen == [f"old{i}" for i in range(5)]
+    with Admin(bootstrap) as admin:
+        admin.delete_topics(["recreated"])
+        wait_until(lambda: "recreated" not in admin.list_topics(), QUERY_S, "the topic's deletion")
+    failed = run()
+    assert failed is not None and "recreated-0 is gone (its topic was deleted)" in str(failed)
+    create(bootstrap, "recreated", 1)
+    produce(bootstrap, "recreated", ["new0", "new1"])
+    failed = run()
+    assert failed is not None and "its log ends at 2, before offset 5 the query reached" in str(failed)
+    assert run(failOnDataLoss="false") is None
+    assert seen == [f"old{i}" for i in range(5)] + ["new0", "new1"]
 
 
 def test_update_mode_through_foreach_batch_writes_each_windows_totals_so_far_and_the_last_of_a_key_holds_them(

@@ -21,7 +21,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from spark_jobs.batch_commit import NEXT, BatchCommit, Step
+from spark_jobs.batch_commit import NEXT, BatchCommit, LedgerAheadError, Step
 from txlog.structs import TransactionHandle
 
 LEDGER = "q/batches"
@@ -156,6 +156,31 @@ def test_a_failed_group_commit_aborts_its_ledger_transaction():
     assert group.ledger.state == "aborted" and group.recorded is None
 
 
+def test_a_ledger_ahead_of_the_batch_fails_the_commit_and_leaves_the_output_prepared_for_the_next_commit():
+    group = QueryGroup()
+    assert BatchCommit(DriverCluster(group), 5, prepared_tasks(group, 5, 1, 1)).run()  # another query, same prefix
+    handles = prepared_tasks(group, 0, 2, 1)
+    with pytest.raises(LedgerAheadError, match="already records batch 5"):
+        BatchCommit(DriverCluster(group), 0, handles).run()
+    assert group.outputs == {5: {1}} and group.tasks[handles[0].transactional_id].state == "prepared"
+
+
+def test_a_failed_settle_aborts_the_ledger_transaction():
+    group = QueryGroup()
+    cluster = DriverCluster(group)
+    commit = BatchCommit(cluster, 0, prepared_tasks(group, 0, 1, 1))
+    while commit.step is not Step.SETTLE:
+        commit.advance()
+
+    def timed_out(keep):
+        raise TimeoutError("transactions were still open")
+
+    cluster.abort_undecided = timed_out
+    with pytest.raises(TimeoutError):
+        commit.advance()
+    assert group.ledger.state == "aborted"
+
+
 # --- the model -----------------------------------------------------------------------------------
 
 @dataclass
@@ -227,7 +252,7 @@ class BatchCommitModel(RuleBasedStateMachine):
         zombie = data.draw(st.sampled_from([z for z in self.zombies if z.commit is not None and z.commit.step is not Step.DONE]))
         try:
             zombie.commit.advance()
-        except Refused:
+        except (Refused, LedgerAheadError):
             zombie.commit.step = Step.DONE  # the zombie's commit failed: it stops
             return
         if zombie.commit.step is Step.DONE and zombie.commit.committed:

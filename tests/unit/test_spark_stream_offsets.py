@@ -54,9 +54,10 @@ def test_a_new_partition_in_the_end_offsets_counts_from_its_own_start():
 
 def test_an_available_now_run_reads_up_to_its_target_and_no_partition_added_after_it():
     target = {("t", 0): 10, ("t", 1): 4}
-    start = {("t", 0): 2, ("t", 1): 4, ("t", 2): 0}
-    end = {("t", 0): 15, ("t", 1): 9, ("t", 2): 3, ("t", 3): 8}  # t-3 appeared after the run began
-    assert held_to(target, start, end) == {("t", 0): 10, ("t", 1): 4, ("t", 2): 0}
+    start = {("t", 0): 2, ("t", 1): 4, ("t", 2): 0, ("t", 3): 0}  # t-2 and t-3 appeared after the run began
+    end = {("t", 0): 15, ("t", 1): 9, ("t", 2): 3, ("t", 3): 8}
+    assert held_to(target, start, end) == {("t", 0): 10, ("t", 1): 4, ("t", 2): 0, ("t", 3): 0}
+    assert held_to(target, {("t", 0): 2}, {("t", 0): 15, ("t", 5): 8}) == {("t", 0): 10}
     assert held_to(target, {("t", 0): 12}, {("t", 0): 15}) == {("t", 0): 12}  # never back
 
 
