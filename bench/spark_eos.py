@@ -443,6 +443,13 @@ def measured_beside_spark(measure: Callable[[str, argparse.Namespace], dict], ar
             shutil.rmtree(workdir, ignore_errors=True)
 
 
+def write_report(report: dict, out: TextIO) -> None:
+    """The report, one JSON object, on the stdout ``measured_beside_spark`` kept."""
+    json.dump(report, out, indent=2)
+    out.write("\n")
+    out.flush()
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     measured = measured_beside_spark(measure, args, "txlog-bench-spark-eos-")
@@ -484,9 +491,7 @@ def main(argv=None) -> int:
         "total_seconds": round(total_s, 1),
         **figures,
     }
-    json.dump(report, report_out, indent=2)
-    report_out.write("\n")
-    report_out.flush()
+    write_report(report, report_out)
     return 0
 
 

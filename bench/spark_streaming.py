@@ -119,6 +119,7 @@ from bench.spark_eos import (
     output_views,
     settled_cluster,
     summarise,
+    write_report,
 )
 
 MODES = ("batch", "streaming")
@@ -618,9 +619,7 @@ def main(argv=None) -> int:
         "commit_alone": commit,
         **figures,
     }
-    json.dump(report, report_out, indent=2)
-    report_out.write("\n")
-    report_out.flush()
+    write_report(report, report_out)
     return 0
 
 
