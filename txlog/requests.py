@@ -127,7 +127,7 @@ async def call_leaders(
             break
         attempt += 1
         elapsed_ms = (policy.clock() - started) * 1000
-        delay_ms = policy.delay_ms(attempt)
+        delay_ms = policy.delay_after(attempt, last_error)
         if attempt >= policy.attempts_max or (policy.deadline_ms is not None
                                               and elapsed_ms + delay_ms > policy.deadline_ms):
             raise last_error or error_for(ErrorCode.Value("REQUEST_TIMED_OUT"),

@@ -401,7 +401,7 @@ class Sender:
                 self._fail(batch, self._dropped_error())
                 return
         action = action_for(error.code)
-        backoff_ms = self._backoff.delay_ms(batch.attempts)
+        backoff_ms = self._backoff.delay_after(batch.attempts, error)
         if self._idempotent and action is Action.ALREADY_APPENDED:
             sequences.on_acked(batch)
             self._complete(batch, -1, -1)

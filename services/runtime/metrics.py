@@ -72,6 +72,19 @@ class ServiceMetrics:
         self.meter.create_observable_gauge("txlog.zookeeper.connected", [zookeeper_session],
                                            description="1 while this process's ZooKeeper session is connected, else 0")
 
+    def observe_admission(self, admission) -> None:
+        """Gauges of what ``admission`` (services.runtime.admission) holds, and
+        the count of calls it refused."""
+        self.meter.create_observable_gauge(
+            "txlog.rpc.in_flight", [lambda _: [Observation(admission.in_flight)]],
+            description="calls this process is working on (bounded by max_concurrent_rpcs)")
+        self.meter.create_observable_gauge(
+            "txlog.rpc.in_flight_bytes", [lambda _: [Observation(admission.in_flight_bytes)]],
+            description="request bytes of the calls this process is working on (bounded by max_queued_request_bytes)")
+        self.meter.create_observable_counter(
+            "txlog.rpc.refused", [lambda _: [Observation(admission.refused)]],
+            description="calls refused at once because the process was at a bound (LIMIT_EXCEEDED)")
+
     def start(self) -> None:
         """Serves /metrics when metrics_listen is set; ``address`` is then its host:port."""
         if not self.listen:

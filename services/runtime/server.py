@@ -32,6 +32,7 @@ from grpc_reflection.v1alpha import reflection
 from opentelemetry.sdk.trace.export import SpanExporter
 
 from services.coordination import zk
+from services.runtime import admission as admission_mod
 from services.runtime import config as config_mod
 from services.runtime import logs, metrics
 from services.runtime.logs import fields
@@ -73,6 +74,7 @@ SERVER_SETTINGS: tuple[config_mod.Setting, ...] = (
     config_mod.Setting("token_file", "", "bearer token this instance sends with its calls to other instances, for "
                        "clusters that authenticate by token (with tls_client_auth=none); re-read when it changes"),
     *metrics.METRICS_SETTINGS,
+    *admission_mod.ADMISSION_SETTINGS,
 )
 
 
@@ -112,13 +114,16 @@ def _unimplemented(service: str, method: str):
 
 
 def generic_handler(servicer, service_descriptor, guard: authorizer.Authorizer | None = None,
-                    measured: metrics.ServiceMetrics | None = None, traced: bool = False) -> grpc.GenericRpcHandler:
+                    measured: metrics.ServiceMetrics | None = None, traced: bool = False,
+                    admission: admission_mod.Admission | None = None) -> grpc.GenericRpcHandler:
     """The handlers of a service: requests that fail to parse reach the
     handler as MalformedRequest instead of failing inside gRPC with a bare
     UNKNOWN, and methods the servicer does not define (a coroutine) answer
     UNIMPLEMENTED with our details. With ``guard``, each call is authorized
     first; with ``measured``, each call (refusals too) is counted and timed;
-    ``traced``, each call's span names what the request touched.
+    ``traced``, each call's span names what the request touched; with
+    ``admission``, a call starts only inside the process's bounds (refused
+    calls are counted too).
 
     A server-streaming method is a coroutine too, which checks the request and
     returns an async iterator of the responses (see :func:`streamed`): every
@@ -133,6 +138,9 @@ def generic_handler(servicer, service_descriptor, guard: authorizer.Authorizer |
             implementation = guard.guard(method.name, implementation, MalformedRequest)
         if traced:
             implementation = telemetry.annotated(implementation)
+        if admission is not None:
+            implementation = admission.admitted(service_descriptor.full_name, method.name, implementation,
+                                                streaming=method.server_streaming)
         if measured is not None:
             implementation = measured.measured(service_descriptor.full_name, method.name, implementation)
         make = grpc.unary_unary_rpc_method_handler
@@ -159,6 +167,10 @@ def streamed(implementation, name: str):
                 yield response
         except BaseException as exc:
             await _end_failed_call(context, exc, name)
+        finally:
+            close = getattr(responses, "aclose", None)
+            if close is not None:
+                await close()  # a cancelled stream ends its generators now, not when they are collected
 
     return stream
 
@@ -228,6 +240,8 @@ class ServiceRuntime:
         self.tls_files.check(server=True)  # a bad TLS setting stops the process before it binds, naming the setting
         self.authorizer = authorizer.Authorizer(cfg)  # bad rules or super users stop the process, naming the setting
         self.metrics = metrics.ServiceMetrics(kind, cfg, lambda: None if self._zookeeper is None else self._zookeeper.connected)
+        self.admission = admission_mod.Admission.from_config(cfg)
+        self.metrics.observe_admission(self.admission)
         auth_file = getattr(cfg, "zookeeper_auth_file", "")
         try:
             self.zookeeper_identity = zk.digest_identity(auth_file) if auth_file else None
@@ -242,7 +256,8 @@ class ServiceRuntime:
     def add_servicer(self, servicer, service_descriptor) -> None:
         """Serves ``servicer``'s coroutine methods for the service ``service_descriptor``
         (e.g. ``partition_pb2.DESCRIPTOR.services_by_name["PartitionService"]``)."""
-        self.server.add_generic_rpc_handlers((generic_handler(servicer, service_descriptor, self.authorizer, self.metrics, self.tracing),))
+        self.server.add_generic_rpc_handlers((generic_handler(servicer, service_descriptor, self.authorizer, self.metrics, self.tracing,
+                                                            self.admission),))
         self.service_names.append(service_descriptor.full_name)
 
     @property

@@ -17,6 +17,9 @@ EVERY_SERVICE = {
     "rpc_server_duration_milliseconds_count": _RPC,
     "rpc_server_duration_milliseconds_sum": _RPC,
     "txlog_rpc_errors_total": {"rpc_method", "error_code"},
+    "txlog_rpc_in_flight": set(),
+    "txlog_rpc_in_flight_bytes": set(),
+    "txlog_rpc_refused_total": set(),
     "txlog_zookeeper_connected": set(),
 }
 EXPOSED: dict[str, dict[str, set[str]]] = {
@@ -92,6 +95,7 @@ def expositions() -> dict[str, str]:
     from coordinator_svc.transaction_state import TransactionState
     from partition_svc.partition_metrics import PartitionMetrics
     from producer_id_svc.server import ProducerIdServicer
+    from services.runtime.admission import Admission
     from services.runtime.metrics import ServiceMetrics
     from txlog.protocol import errors
 
@@ -145,6 +149,7 @@ def expositions() -> dict[str, str]:
     for service, use in (("producer_id_svc", producer_id_svc), ("coordinator_svc", coordinator_svc),
                          ("partition_svc", partition_svc)):
         metrics = ServiceMetrics(service, SimpleNamespace(metrics_listen="127.0.0.1:0", otel_exporter="none"), lambda: True)
+        metrics.observe_admission(Admission.from_config(SimpleNamespace()))  # as the runtime does
         try:
             asyncio.run(calls(metrics))
             use(metrics.meter)

@@ -59,3 +59,25 @@ def test_jitter_stays_within_bounds():
     policy = RetryPolicy(backoff_initial_ms=100, jitter=0.2)
     delays = [policy.delay_ms(1) for _ in range(200)]
     assert min(delays) >= 80 and max(delays) <= 120 and max(delays) > min(delays)
+
+
+class Refused(Exception):
+    """A retriable refusal whose server asked for a delay (RetryInfo), as an overloaded one does."""
+
+    def __init__(self, retry_delay_ms):
+        super().__init__("refused")
+        self.retry_delay_ms = retry_delay_ms
+
+
+def test_a_delay_the_server_asks_for_is_waited_up_to_the_policys_maximum():
+    policy, slept = _policy(attempts_max=10, backoff_initial_ms=10, backoff_max_ms=500)
+    asked = iter([120, 2_000, 0, None])
+
+    async def operation():
+        delay = next(asked, "done")
+        if delay == "done":
+            return "ok"
+        raise Refused(delay)
+
+    assert asyncio.run(policy.run(operation, lambda exc: True)) == "ok"
+    assert slept == [0.12, 0.5, 0.04, 0.08], "the server's delay when longer (capped), else the policy's own"

@@ -28,6 +28,13 @@ class RetryPolicy:
         base = min(self.backoff_max_ms, self.backoff_initial_ms * self.backoff_multiplier ** (attempt - 1))
         return base * self.rng.uniform(1 - self.jitter, 1 + self.jitter)
 
+    def delay_after(self, attempt: int, error: BaseException | None) -> float:
+        """Delay before retry number ``attempt`` after ``error``: the policy's, or
+        longer when the server asked for longer (a RetryInfo, as an overloaded
+        server's refusal carries), up to ``backoff_max_ms``."""
+        asked = getattr(error, "retry_delay_ms", None) or 0
+        return max(self.delay_ms(attempt), min(asked, self.backoff_max_ms))
+
     async def run(self, operation: Callable[[], Awaitable], retriable: Callable[[BaseException], bool]):
         """Runs ``operation`` until it succeeds, fails with a non-retriable error,
         or attempts or the deadline run out (then the last error is raised)."""
@@ -40,7 +47,7 @@ class RetryPolicy:
             except Exception as exc:
                 if not retriable(exc) or attempt >= self.attempts_max:
                     raise
-                delay = self.delay_ms(attempt)
+                delay = self.delay_after(attempt, exc)
                 if self.deadline_ms is not None and (self.clock() - started) * 1000 + delay > self.deadline_ms:
                     raise
                 await self.sleep(delay / 1000)

@@ -1,0 +1,124 @@
+"""Overload through the real services (issue 36): a partition_svc at its bound of
+calls in flight refuses the excess at once with RESOURCE_EXHAUSTED
+(LIMIT_EXCEEDED) and a RetryInfo delay, stores nothing of a refused produce,
+keeps answering health, counts its refusals in /metrics, and serves again once
+calls end; the SDK's producer backs off on the refusals and delivers every
+record once.
+
+The load is long-polling fetches on an empty partition: each holds a slot for
+its max_wait_ms, so the bound is reached without racing the clock."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from tests.conftest import STORAGE_ONLY, running
+from tests.integ.raw import Raw, plain_batch
+from tests.integ.test_metrics import total
+from tests.support.errors import error_name
+from txlog import Producer
+from txlog.protocol import errors
+from txlog.v1 import partition_pb2, partition_pb2_grpc
+
+BOUND = 8  # clients get 6 of them (reserved_internal_share 0.25)
+POLL_MS = 6_000
+
+
+@pytest.fixture
+def cluster(tmp_path, zookeeper_for):
+    shape = {**STORAGE_ONLY, "partition_svcs": 1,
+             "service_args": {"partition_svc": ["--max-concurrent-rpcs", str(BOUND)]}}
+    yield from running(tmp_path / "cluster", zookeeper_for, shape)
+
+
+def poll_request(topic: str, offset: int) -> partition_pb2.FetchRequest:
+    return partition_pb2.FetchRequest(max_wait_ms=POLL_MS, min_bytes=1, partitions=[
+        partition_pb2.FetchPartition(topic=topic, partition=0, fetch_offset=offset)])
+
+
+async def fill(address: str, topic: str, end: int = 0) -> tuple[list[asyncio.Future], grpc.aio.AioRpcError, grpc.aio.Channel]:
+    """Long polls at the log's ``end`` started one by one until the leader
+    refuses one: the polls it holds and the refusal."""
+    channel = grpc.aio.insecure_channel(address)
+    stub = partition_pb2_grpc.PartitionServiceStub(channel)
+    held: list[asyncio.Future] = []
+    for _ in range(BOUND + 1):
+        call = stub.Fetch(poll_request(topic, end), timeout=60)
+        done, _ = await asyncio.wait([asyncio.ensure_future(call)], timeout=0.5)
+        if done:
+            failure = done.pop().exception()
+            assert isinstance(failure, grpc.aio.AioRpcError), f"a poll at the log's end ended early: {failure}"
+            return held, failure, channel
+        held.append(call)
+    raise AssertionError(f"{BOUND + 1} long polls were all admitted by a process bounded at {BOUND} calls")
+
+
+def test_the_excess_is_refused_at_once_and_served_again_when_calls_end(cluster):
+    raw = Raw(cluster)
+    topic = f"overload-{uuid.uuid4().hex[:8]}"
+    raw.create_topic(topic, 1)
+    address = raw.leaders(topic)[0]
+
+    async def scenario():
+        held, refusal, channel = await fill(address, topic)
+        assert 1 <= len(held) <= BOUND * 3 // 4, "clients may not take the internal share"
+        assert refusal.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        decoded = errors.from_rpc_error(refusal)
+        assert decoded.name == "LIMIT_EXCEEDED" and "max_concurrent_rpcs" in decoded.message
+        assert decoded.retry_delay_ms and decoded.retry_delay_ms > 0
+
+        stub = partition_pb2_grpc.PartitionServiceStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as produce_refused:
+            await stub.Produce(partition_pb2.ProduceRequest(acks=-1, batches=[partition_pb2.PartitionBatch(
+                topic=topic, partition=0, batch=plain_batch([b"refused"]))]), timeout=10)
+        assert produce_refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+        asked = time.monotonic()
+        answer = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+        assert answer.status == health_pb2.HealthCheckResponse.SERVING and time.monotonic() - asked < 1.0
+
+        for poll in held:
+            ended = (await poll).results[0]  # each ends at its max_wait_ms, nothing having arrived
+            assert error_name(ended) == "NONE" and not ended.batches and ended.high_watermark == 0
+        await channel.close()
+
+    asyncio.run(scenario())
+    assert raw.read_all(topic, 0) == [], "a refused produce stored nothing"
+    result = raw.produce(topic, 0, plain_batch([b"after"]))
+    assert error_name(result) == "NONE"
+    assert [r.value for r in raw.read_all(topic, 0)] == [b"after"]
+    assert total(cluster, "partition_svc", "txlog_rpc_refused_total") >= 2
+    raw.close()
+
+
+def test_the_producer_backs_off_on_refusals_and_delivers_every_record_once(cluster):
+    raw = Raw(cluster)
+    topic = f"overload-sdk-{uuid.uuid4().hex[:8]}"
+    raw.create_topic(topic, 1)
+    address = raw.leaders(topic)[0]
+    values = [f"v{i}".encode() for i in range(50)]
+
+    async def scenario():
+        with Producer(cluster.state.bootstrap, enable_idempotence=True, linger_ms=5, request_timeout_ms=10_000,
+                      delivery_timeout_ms=60_000) as producer:
+            producer.send(topic, value=values[0], partition=0).result(timeout=30)  # its producer id and metadata, first
+            held, _, channel = await fill(address, topic, end=1)
+            futures = [producer.send(topic, value=v, partition=0) for v in values[1:]]
+            producer.flush(timeout_s=60)
+            for future in futures:
+                future.result(timeout=0)
+            retried = producer.metrics()["batches_retried"]
+        assert retried >= 1, "the first sends met a full leader and were retried"
+        for poll in held:
+            await poll
+        await channel.close()
+
+    asyncio.run(scenario())
+    assert sorted(r.value for r in raw.read_all(topic, 0)) == sorted(values)
+    raw.close()
