@@ -1,11 +1,27 @@
 """The controller's LeaderAndIsr, sent from this instance while it is the
 controller: the changed partition states to every live instance, every
-state to those new or restarted."""
+state to those new or restarted.
+
+Invariants
+----------
+* A pass waits at most ``ANNOUNCE_WAIT_S`` on an instance it is not
+  connected to, never the whole LeaderAndIsr timeout: an instance killed but
+  still registered (its ZooKeeper session not expired yet) must not hold up
+  the pass that follows its expiry and elects new leaders. Such an instance
+  counts as untold, so the next pass sends it every state. An instance it is
+  connected to is waited for (up to the timeout): a slow answer is not a
+  reason to send it everything again.
+* To each instance the announcements are delivered in the order the passes
+  made them: one still in flight holds back the next one for that instance
+  (and only for that instance), so an older state never overtakes a newer one
+  on the way."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+
+import grpc
 
 from partition_svc.controller import PartitionStates
 from services.coordination.rpc import PeerClient, answer_of
@@ -17,12 +33,15 @@ log = logging.getLogger(__name__)
 
 NONE = ErrorCode.Value("NONE")
 LEADER_AND_ISR_TIMEOUT_S = 5.0
+ANNOUNCE_WAIT_S = 1.0
 
 
 class Announcer:
-    def __init__(self, node_id: int, peers: PeerClient):
+    def __init__(self, node_id: int, peers: PeerClient, *, wait_s: float = ANNOUNCE_WAIT_S):
         self.node_id = node_id
         self.peers = peers
+        self.wait_s = wait_s
+        self._last: dict[int, asyncio.Task] = {}  # node -> its latest delivery (the one the next must follow)
 
     async def announce(self, controller_epoch: int, addresses: dict[int, str], changed: PartitionStates, newcomers: set[int],
                        everything: PartitionStates) -> set[int]:
@@ -35,13 +54,12 @@ class Announcer:
                 replication_pb2.PartitionState(topic=info.name, partition=index, leader=state.leader,
                                                leader_epoch=state.leader_epoch, isr=state.isr, replicas=info.replicas[index],
                                                zk_version=state.zk_version, controller_epoch=state.controller_epoch,
-                                               zk_mzxid=state.zk_mzxid)
+                                               zk_mzxid=state.zk_mzxid, isr_storage_zxids=state.storage_records())
                 for info, index, state in states])
 
-        async def tell(node: int, address: str) -> bool:
-            states = everything if node in newcomers else changed
-            if not states:
-                return True
+        async def tell(node: int, address: str, states: PartitionStates, before: asyncio.Task | None) -> bool:
+            if before is not None:
+                await asyncio.wait([before])  # its outcome is its own pass's; this one only follows it
             try:
                 # wait_for_ready: a channel still backing off from the instance's last life reconnects first
                 reply = await answer_of(lambda: self.peers.replication_stub(address).LeaderAndIsr(
@@ -54,6 +72,19 @@ class Announcer:
                 log.warning("LeaderAndIsr refused in part", extra=fields(node=node, first=refused[0].error.message))
             return True
 
-        nodes = list(addresses)
-        told = await asyncio.gather(*(tell(node, addresses[node]) for node in nodes))
-        return {node for node, ok in zip(nodes, told, strict=True) if not ok}
+        self._last = {node: task for node, task in self._last.items() if not task.done()}
+        deliveries: dict[int, asyncio.Task] = {}
+        for node, address in addresses.items():
+            states = everything if node in newcomers else changed
+            if states:
+                deliveries[node] = self._last[node] = asyncio.create_task(
+                    tell(node, address, states, self._last.get(node)))
+        if deliveries:
+            await asyncio.wait(deliveries.values(), timeout=self.wait_s)
+            # connected but slow (a loaded instance, a large first announcement): waited for, not sent everything again
+            connected = [task for node, task in deliveries.items() if not task.done()
+                         and self.peers.channel(addresses[node]).get_state() is grpc.ChannelConnectivity.READY]
+            if connected:
+                await asyncio.wait(connected)
+        return {node for node, task in deliveries.items()
+                if not task.done() or task.cancelled() or task.exception() is not None or not task.result()}
