@@ -16,8 +16,10 @@ leaders of gone or restarted instances are replaced from the ISR, gone
 followers leave the ISR, preferred leaders take leadership back. A restart
 is an instance registered after the state's last write (its registration's
 czxid above the state's mzxid), so it is found from ZooKeeper alone; one
-back on a new disk registers a storage zxid above the state's mzxid too
-(storage_zxid: its storage was made after the state was written). Each state
+back on a new disk registers a storage zxid (storage_zxid: when its storage
+was made) other than the one the state records for it (election.py), or,
+for a member without a record, above the state's mzxid. Each state written
+records the storage its live ISR members are in the ISR with. Each state
 it changes is written conditionally (on the znode version it read) and sent
 with LeaderAndIsr to every live instance; an instance that is new or
 restarted gets every state. A state changed since the last pass by someone
@@ -442,9 +444,11 @@ class Controller:
                 # registered since the state's last write: restarted (or new) since; found from ZooKeeper alone,
                 # so a new controller sees the restarts its predecessor had not handled
                 restarted = {n for n in live if registered[n] > state.zk_mzxid}
-                emptied = {n for n in restarted if storage_made[n] > state.zk_mzxid}
+                emptied = {n for n in live if election.lost_storage(state, n, storage_made[n], n in restarted)}
                 wanted = election.after_restarts(replicas, state, live, restarted, unclean=unclean, emptied=emptied)
                 wanted = election.preferred_leader(replicas, wanted, live)
+                # the live members' storage, vetted above, is what they are in the ISR with from now on
+                wanted = wanted.with_storage({n: storage_made[n] for n in wanted.isr if n in live})
                 if wanted != state:
                     decided.append((info, index, replace(wanted, controller_epoch=self.epoch)))
                     if len(decided) >= STATE_WRITES_PER_TRANSACTION:

@@ -29,6 +29,7 @@ class FollowerProgress:
     log_end_offset: int = 0
     last_caught_up_ms: int = -1
     log_start_offset: int = 0  # as its last fetch said
+    storage_zxid: int | None = None  # the mark of the storage its last fetch came from (None: it did not say)
 
 
 @dataclass
@@ -39,11 +40,15 @@ class ReplicaSet:
     high_watermark: int = 0
 
     def on_fetch(self, follower: int, log_end_offset: int, leader_log_end: int, now_ms: int,
-                 log_start_offset: int = 0) -> bool:
+                 log_start_offset: int = 0, storage_zxid: int | None = None) -> bool:
         """A follower fetched from ``log_end_offset``: it holds everything below it,
-        from ``log_start_offset`` on. True when its log start changed."""
+        from ``log_start_offset`` on, on the storage marked ``storage_zxid``. True
+        when its log start changed."""
         progress = self.followers.setdefault(follower, FollowerProgress())
         log_start_was = progress.log_start_offset
+        if storage_zxid is not None and storage_zxid != progress.storage_zxid:
+            progress.last_caught_up_ms = -1  # other storage than its last fetch's: caught up only by what it says now
+            progress.storage_zxid = storage_zxid
         if log_end_offset < progress.log_end_offset:
             # it holds less than it did (its disk was wiped, or it truncated): out of sync at once, whatever
             # the lag time, so it is never counted, nor elected, for records it no longer has
@@ -64,6 +69,11 @@ class ReplicaSet:
             if node in self.followers:
                 self.followers[node] = FollowerProgress()
         self.isr = isr
+
+    def storage_of(self, followers) -> dict[int, int]:
+        """{follower: the storage its fetches came from} of ``followers`` that said."""
+        return {n: self.followers[n].storage_zxid for n in followers
+                if n in self.followers and self.followers[n].storage_zxid is not None}
 
     def low_watermark(self, leader_log_start: int) -> int:
         """The smallest log start offset in the ISR."""

@@ -574,11 +574,13 @@ class Partition:
             self._data_arrived.fire()
         self.queue.replicated_to(self.high_watermark)
 
-    def follower_fetched(self, follower: int, log_end_offset: int, now_ms: int, log_start_offset: int = 0) -> None:
+    def follower_fetched(self, follower: int, log_end_offset: int, now_ms: int, log_start_offset: int = 0,
+                         storage_zxid: int | None = None) -> None:
         """A follower fetched from ``log_end_offset``: it holds everything below,
-        from ``log_start_offset`` (as it said; 0 when it did not) on."""
+        from ``log_start_offset`` (as it said; 0 when it did not) on, on the
+        storage marked ``storage_zxid`` (None: it did not say)."""
         if self.replica_set is not None:
-            if self.replica_set.on_fetch(follower, log_end_offset, self.durable_end, now_ms, log_start_offset):
+            if self.replica_set.on_fetch(follower, log_end_offset, self.durable_end, now_ms, log_start_offset, storage_zxid):
                 self._low_watermark_moved.fire()
             self._advance_high_watermark()
 

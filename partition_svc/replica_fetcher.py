@@ -39,6 +39,7 @@ class FetchingReplicas(Protocol):
     node_id: int
     fetch_wait_ms: int
     fetch_bytes_max: int
+    storage_zxid: int | None
     peers: PeerClient
 
     async def live_nodes(self) -> dict[int, str]: ...
@@ -155,6 +156,7 @@ class ReplicaFetcher:
             return
         request = replication_pb2.ReplicaFetchRequest(
             replica_id=self.manager.node_id, max_wait_ms=self.manager.fetch_wait_ms, max_bytes=self.manager.fetch_bytes_max,
+            storage_zxid=self.manager.storage_zxid,
             partitions=[replication_pb2.ReplicaFetchPartition(
                 topic=topic, partition=index, leader_epoch=f.leader_epoch, fetch_offset=f.partition.next_offset,
                 last_fetched_epoch=f.partition.epochs.latest_epoch, log_start_offset=f.partition.log_start_offset)

@@ -72,6 +72,7 @@ class ReplicaManager:
                  live_nodes: Callable[[], Awaitable[dict[int, str]]], registration_path: str, *, lag_max_ms: int,
                  fetch_wait_ms: int, fetch_bytes_max: int):
         self.registration_path = registration_path
+        self.storage_zxid: int | None = None  # the mark of this instance's storage (set once read): said in every fetch
         self._registration: tuple[int, int] | None = None  # (ZooKeeper session, czxid of this instance's registration)
         self.node_id = node_id
         self.store = store
@@ -313,8 +314,9 @@ class ReplicaManager:
         raise TxlogError(ErrorCode.Value("NOT_LEADER"),
                          f"{topic} partition {index} is led by node {state.leader}, not node {self.node_id}; refresh metadata")
 
-    def follower_fetched(self, partition: Partition, follower: int, log_end_offset: int, log_start_offset: int = 0) -> None:
-        partition.follower_fetched(follower, log_end_offset, now_ms(), log_start_offset)
+    def follower_fetched(self, partition: Partition, follower: int, log_end_offset: int, log_start_offset: int = 0,
+                         storage_zxid: int | None = None) -> None:
+        partition.follower_fetched(follower, log_end_offset, now_ms(), log_start_offset, storage_zxid)
         self.check_isr(partition)
 
     def check_isr(self, partition: Partition) -> None:
@@ -333,7 +335,10 @@ class ReplicaManager:
             state = self.states.get(key)
             if state is None or state.leader != self.node_id or not partition.is_leader:
                 return
-            written = await self.topics.write_state(partition.topic, partition.index, replace(state, isr=tuple(sorted(wanted))))
+            # a follower added back is recorded with the storage its fetches came from (election.py)
+            changed = replace(state, isr=tuple(sorted(wanted))).with_storage(
+                partition.replica_set.storage_of(wanted - set(state.isr)))
+            written = await self.topics.write_state(partition.topic, partition.index, changed)
             if written is None:  # the controller wrote first: take what it wrote
                 await self.refresh(*key)
                 return

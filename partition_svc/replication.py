@@ -59,7 +59,7 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServiceServicer):
                 if info is None or not 0 <= wanted.partition < info.partition_count:
                     raise TxlogError(ErrorCode.Value("UNKNOWN_TOPIC_OR_PARTITION"), f"{wanted.topic}-{wanted.partition} does not exist")
                 state = LeaderAndIsr(wanted.leader, wanted.leader_epoch, tuple(wanted.isr), wanted.controller_epoch,
-                                     wanted.zk_version, wanted.zk_mzxid)
+                                     wanted.zk_version, wanted.zk_mzxid, tuple(sorted(wanted.isr_storage_zxids.items())))
                 await self.replicas.take(info, wanted.partition, state, tuple(wanted.replicas))
             except TxlogError as exc:
                 result.error.CopyFrom(_error(exc))
@@ -100,7 +100,8 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServiceServicer):
         for wanted in request.partitions:
             try:
                 partition = await self._leading(wanted.topic, wanted.partition, wanted.leader_epoch, looked_up)
-                leading.append((wanted, partition, self._progress(request.replica_id, wanted, partition)))
+                storage = request.storage_zxid if request.HasField("storage_zxid") else None
+                leading.append((wanted, partition, self._progress(request.replica_id, wanted, partition, storage)))
             except TxlogError as exc:
                 leading.append((wanted, None, exc))
         reply, answered = self._collect(leading, request.max_bytes)
@@ -119,7 +120,7 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServiceServicer):
                 reply, _ = self._collect(leading, request.max_bytes)
         return reply
 
-    def _progress(self, follower: int, wanted, partition: Partition):
+    def _progress(self, follower: int, wanted, partition: Partition, storage_zxid: int | None):
         """Records the follower's progress; what keeps it from fetching
         (not a follower, diverging logs, an offset out of range), or None."""
         if follower == partition.node_id or follower not in partition.replicas:
@@ -136,7 +137,7 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServiceServicer):
                               f"offset {wanted.fetch_offset} is below the log start {partition.log_start_offset}")
         if wanted.fetch_offset <= partition.written_end:  # it may hold what is not synced here yet: see partition.py
             self.replicas.follower_fetched(partition, follower, wanted.fetch_offset,
-                                           wanted.log_start_offset if wanted.HasField("log_start_offset") else 0)
+                                           wanted.log_start_offset if wanted.HasField("log_start_offset") else 0, storage_zxid)
         return None
 
     def _collect(self, leading, bytes_max: int) -> tuple[bytes, bool]:

@@ -131,8 +131,8 @@ async def build(runtime: server.ServiceRuntime) -> Instance:
     instance = Instance(runtime, store)
     if cfg.rack:
         runtime.registration_details["rack"] = cfg.rack
-    runtime.registration_details["storage_zxid"] = str(
-        await storage_zxid(runtime.zookeeper, cfg.zookeeper_root, KIND, cfg.node_id, store))
+    instance.replicas.storage_zxid = await storage_zxid(runtime.zookeeper, cfg.zookeeper_root, KIND, cfg.node_id, store)
+    runtime.registration_details["storage_zxid"] = str(instance.replicas.storage_zxid)
     await instance.deletion.start()  # before recovery: a topic marked for deletion is not loaded again
     await instance.replicas.recover()
     runtime.add_servicer(instance.routes, partition_pb2.DESCRIPTOR.services_by_name["PartitionService"])

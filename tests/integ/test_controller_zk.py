@@ -190,7 +190,8 @@ def test_a_leaders_isr_change_reaches_every_instance_with_the_next_pass(setup):
     written = setup.state_of("u", 0)
     assert brief(written) == (1, 0, (1,))
     setup.announced.clear()
-    grown = LeaderAndIsr(1, 0, (1, 0), written.controller_epoch)
+    # as a leader writes it: the follower it lets in recorded with the storage its fetches said (0: unmarked)
+    grown = LeaderAndIsr(1, 0, (1, 0), written.controller_epoch, isr_storage=written.isr_storage).with_storage({0: 0})
     setup.other.set(setup.topics.state_path("u", 0), grown.encode(), version=written.zk_version)  # leader 1 lets node 0 in
 
     setup.run_pass()
@@ -278,7 +279,8 @@ def test_a_dropped_connection_reads_every_state_again_and_misses_no_change(kept)
     kept.client._connection._socket.shutdown(socket.SHUT_RDWR)  # the server and the session stay; kazoo drops every watch
     wait_until(lambda: dropped.is_set() and kept.client.state == KazooState.CONNECTED, 30, "the connection dropped and back")
     # a leader's write while the controller's watches are gone: only a full read can see it
-    kept.other.set(kept.topics.state_path("t", 3), LeaderAndIsr(1, written.leader_epoch, (1,), 0).encode(), version=written.zk_version)
+    kept.other.set(kept.topics.state_path("t", 3), LeaderAndIsr(1, written.leader_epoch, (1,), 0, isr_storage=written.isr_storage).encode(),
+                   version=written.zk_version)
 
     kept.run_pass()
 

@@ -527,3 +527,71 @@ def test_killing_the_leader_under_committing_transactions_loses_nothing_and_the_
     values = read_values(raw, "txn-failover", 0, common_pb2.ISOLATION_LEVEL_READ_COMMITTED)
     assert len(values) == len(set(values)), "a committed record was read twice"
     assert set(committed) <= set(values), f"committed records lost: {sorted(set(committed) - set(values))[:10]}"
+
+
+@pytest.fixture
+def four(tmp_path):
+    """ZooKeeper, producer_id_svc and four partition_svc with sessions long enough to pause the controller
+    through a restart of another instance (the instances are stopped gracefully: their registrations go at once)."""
+    local = LocalCluster(tmp_path / "cluster")
+    slow_sessions = ["--zookeeper-session-timeout-s", "60", "--shutdown-grace-s", "1", *FAST[2:]]
+    local.up(producer_id_svcs=1, partition_svcs=4, coordinator_svcs=0, service_args={"partition_svc": slow_sessions})
+    yield local
+    for name in local.state.services:
+        local.kill(name, signal.SIGCONT)
+    local.down(grace_s=5)
+
+
+def test_a_replica_wiped_and_stopped_before_the_controller_saw_it_never_leads_on_a_later_state(four):
+    """KIP-966's remaining case (found by the replication model): while the controller is paused, every
+    replica stops and the leader comes back on a new disk and stops again, unseen. The controller then
+    writes the partition offline (a state newer than the new storage), and the wiped replica starts once
+    more: judged by the state's last write it was "kept" and led with an empty log. The state records the
+    storage each ISR member is in it with, so it is taken out of the ISR, and a replica that kept its log
+    leads with every acknowledged record."""
+    raw = Raw(four)
+    zookeeper = KazooClient(hosts=four.state.zookeeper)
+    zookeeper.start(timeout=30)
+    try:
+        create(four.state.bootstrap, "unseen", 4, 3)
+        controller = json.loads(zookeeper.get("/txlog/controller")[0])["node_id"]
+        metas = [wait_for(lambda p=p: fully_replicated(raw, "unseen", p), what="every replica in sync") for p in range(4)]
+        meta = next(m for m in metas if controller not in m.replicas)
+        partition, leader = meta.partition, meta.leader_id
+        kept = [n for n in meta.replicas if n != leader]
+        for value in (b"a", b"b", b"c"):
+            assert raw.produce("unseen", partition, common_pb2.RecordBatch(records=[common_pb2.Record(value=value)]),
+                               acks=-1).error.code == 0
+        state_path = f"/txlog/topics/unseen/partitions/{partition}/state"
+        wait_for(lambda: len(json.loads(zookeeper.get(state_path)[0]).get("isr_storage", {})) == 3,
+                 what="the controller recording the storage of every ISR member")
+
+        def stop(*nodes: int) -> None:
+            """SIGTERM, then their registrations gone (graceful: at once, not at the session's end)."""
+            for node in nodes:
+                four.kill(name_of(node), signal.SIGTERM)
+            wait_for(lambda: not any(zookeeper.exists(f"/txlog/services/partition_svc/{n}") for n in nodes),
+                     what=f"{list(nodes)} gone")
+
+        four.kill(name_of(controller), signal.SIGSTOP)
+        stop(leader)  # first: with no leader left to shrink it, the ISR keeps every replica
+        stop(*kept)
+        shutil.rmtree(four.dir / name_of(leader))
+        four.start(name_of(leader))  # on a new disk, registered, then gone again before the controller looks
+        stop(leader)
+        four.kill(name_of(controller), signal.SIGCONT)
+        offline = wait_for(lambda: (s := json.loads(zookeeper.get(state_path)[0]))["leader"] == -1 and s,
+                           what="the controller taking the partition offline")
+        assert leader in offline["isr"], offline
+        assert json.loads(zookeeper.get("/txlog/controller")[0])["node_id"] == controller, "the pause outlived its session"
+
+        four.start(name_of(leader))
+        state = wait_for(lambda: state_seen_after_registration(zookeeper, "unseen", partition, leader),
+                         what="the controller handling the wiped replica's start")
+        assert state["leader"] == -1 and leader not in state["isr"], state
+        four.start(name_of(kept[0]))
+        wait_for(lambda: partition_meta(raw, "unseen", partition).leader_id == kept[0], what="a replica that kept its log leading")
+        assert read_values(raw, "unseen", partition) == [b"a", b"b", b"c"]
+    finally:
+        zookeeper.stop()
+        zookeeper.close()

@@ -11,6 +11,7 @@ from partition_svc.election import (
     after_liveness,
     after_restarts,
     initial_state,
+    lost_storage,
     preferred_leader,
 )
 
@@ -55,6 +56,35 @@ def test_a_node_back_on_a_new_disk_leaves_the_isr_even_as_its_last_member():
     assert after_liveness(REPLICAS, LeaderAndIsr(NO_LEADER, 5, (1, 2)), {1, 3}, unclean=False) == LeaderAndIsr(1, 6, (1,))
     # only an unclean election (the operator's choice) makes it lead
     assert after_restarts(REPLICAS, alone, {3}, {3}, unclean=True, emptied={3}) == LeaderAndIsr(3, 6, (3,))
+
+
+def test_a_member_on_other_storage_than_recorded_lost_its_data_whenever_it_restarted():
+    state = LeaderAndIsr(1, 4, (1, 2), zk_mzxid=500, isr_storage=((1, 100), (2, 120)))
+    assert not lost_storage(state, 1, 100, restarted=True), "the storage it is in the ISR with"
+    assert lost_storage(state, 2, 300, restarted=False), "storage older than the state's last write, but not the recorded one"
+    assert lost_storage(state, 2, 0, restarted=False)
+    unrecorded = LeaderAndIsr(1, 4, (1, 2), zk_mzxid=500)
+    assert lost_storage(unrecorded, 2, 600, restarted=True) and not lost_storage(unrecorded, 2, 300, restarted=True)
+    assert not lost_storage(unrecorded, 2, 600, restarted=False), "without a record, only a seen restart is judged"
+    assert lost_storage(state, 3, 600, restarted=True), "not a member: no record, judged by the last write"
+
+
+def test_an_emptied_member_the_state_does_not_know_restarted_is_neither_elected_nor_kept():
+    state = LeaderAndIsr(3, 4, (1, 2, 3), zk_mzxid=500, isr_storage=((1, 100), (2, 120), (3, 130)))
+    after = after_restarts(REPLICAS, state, {1, 2}, restarted=set(), unclean=False, emptied={1})
+    assert after.leader == 2 and after.isr == (2,), after
+
+
+def test_storage_records_are_kept_for_members_only_and_survive_encoding():
+    state = LeaderAndIsr(1, 4, (1, 2), controller_epoch=3).with_storage({1: 100, 2: 120, 3: 130})
+    assert state.storage_records() == {1: 100, 2: 120}
+    assert state.with_storage({1: 100}) is state
+    shrunk = LeaderAndIsr(state.leader, state.leader_epoch, (1,), 3, isr_storage=state.isr_storage)
+    assert shrunk.storage_records() == {1: 100} and b'"2"' not in shrunk.encode()
+    decoded = LeaderAndIsr.decode(state.encode(), zk_version=7, zk_mzxid=900)
+    assert decoded == LeaderAndIsr(1, 4, (1, 2), 3, 7, 900, ((1, 100), (2, 120)))
+    legacy = b'{"controller_epoch": 3, "isr": [1, 2], "leader": 1, "leader_epoch": 4}'
+    assert LeaderAndIsr.decode(legacy, 1).storage_records() == {} and LeaderAndIsr(1, 4, (1, 2), 3).encode() == legacy
 
 
 def test_the_preferred_leader_leads_again_once_live_and_in_sync():

@@ -3,7 +3,7 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from partition_svc.isr import ReplicaSet
+from partition_svc.isr import FollowerProgress, ReplicaSet
 
 LAG_MS = 10_000
 
@@ -79,3 +79,14 @@ def test_a_follower_the_written_isr_dropped_comes_back_only_by_a_fetch_made_afte
     assert replicas.isr_change(30, 3, LAG_MS) == frozenset({1, 2, 3})
     replicas.set_isr(frozenset({1, 2, 3}))
     assert replicas.followers[2].log_end_offset == 30  # a follower the ISR keeps keeps its progress
+
+
+def test_a_follower_on_other_storage_is_caught_up_only_by_what_it_says_now_and_its_storage_is_recorded():
+    replicas = ReplicaSet(1, frozenset({1}), followers={2: FollowerProgress()})
+    replicas.on_fetch(2, 10, 10, now_ms=1_000, storage_zxid=100)
+    assert replicas.storage_of({2, 3}) == {2: 100}
+    assert replicas.isr_change(10, 1_000, lag_max_ms=5_000) == frozenset({1, 2})
+    replicas.on_fetch(2, 10, 10, now_ms=2_000, storage_zxid=None)
+    assert replicas.storage_of({2}) == {2: 100}, "a fetch that does not say leaves what was said"
+    replicas.on_fetch(2, 4, 10, now_ms=3_000, storage_zxid=300)
+    assert replicas.storage_of({2}) == {2: 300} and replicas.followers[2].last_caught_up_ms == -1

@@ -25,8 +25,9 @@ LEADER, FOLLOWER = 0, 1
 class Replicas:
     """What ReplicationServicer asks of the replica manager here: count a follower's fetch."""
 
-    def follower_fetched(self, partition: Partition, follower: int, log_end_offset: int, log_start_offset: int = 0) -> None:
-        partition.follower_fetched(follower, log_end_offset, NOW, log_start_offset)
+    def follower_fetched(self, partition: Partition, follower: int, log_end_offset: int, log_start_offset: int = 0,
+                         storage_zxid: int | None = None) -> None:
+        partition.follower_fetched(follower, log_end_offset, NOW, log_start_offset, storage_zxid)
 
 
 def plain(values):
@@ -37,7 +38,7 @@ def plain(values):
 def fetch(servicer: ReplicationServicer, leader: Partition, offset: int, last_epoch: int = -1):
     wanted = replication_pb2.ReplicaFetchPartition(topic="t", partition=0, leader_epoch=leader.leader_epoch,
                                                    fetch_offset=offset, last_fetched_epoch=last_epoch)
-    outcome = servicer._progress(FOLLOWER, wanted, leader)
+    outcome = servicer._progress(FOLLOWER, wanted, leader, storage_zxid=None)
     encoded, _ = servicer._collect([(wanted, leader, outcome)], 1 << 20)
     return replication_pb2.ReplicaFetchResponse.FromString(encoded).results[0]
 

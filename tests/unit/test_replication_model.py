@@ -50,6 +50,8 @@ class Replica:
     known: LeaderAndIsr | None = None  # the state it acts on (LeaderAndIsr reaches it late)
     replica_set: ReplicaSet | None = None  # set while it believes it leads
     truncated: bool = False
+    registered_zxid: int = -1  # the ZooKeeper transaction of its registration (its current life; -1: before the first state)
+    storage_zxid: int = -1  # the ZooKeeper transaction its storage was marked with when made
 
     def leads(self) -> bool:
         return self.alive and self.replica_set is not None
@@ -69,14 +71,13 @@ class Replication(RuleBasedStateMachine):
     def __init__(self):
         super().__init__()
         self.replicas = {n: Replica(n) for n in REPLICAS}
-        self.zk = election.initial_state(REPLICAS, controller_epoch=1)
+        self.zk = replace(election.initial_state(REPLICAS, controller_epoch=1), zk_mzxid=0)
         self.zk_version = 0
+        self.zxid = 0  # ZooKeeper's last transaction id
         self.now_ms = 0
         self.in_flight: list[FetchAnswer] = []
         self.pending: list[tuple[int, int, int, str]] = []  # (leader, epoch, offset, value) awaiting acknowledgement
         self.acked: dict[int, str] = {}
-        self.restarted: set[int] = set()
-        self.new_disks: set[int] = set()  # restarted on a new disk, not yet seen by the controller
         self.hw_seen: dict[tuple[int, int], int] = {}
         self.counter = 0
         for node in REPLICAS:
@@ -88,17 +89,29 @@ class Replication(RuleBasedStateMachine):
         """A conditional write: only on the version the writer read."""
         if known_version != self.zk_version:
             return False
-        self.zk, self.zk_version = replace(state, zk_version=self.zk_version + 1), self.zk_version + 1
+        self.zxid += 1
+        self.zk, self.zk_version = replace(state, zk_version=self.zk_version + 1, zk_mzxid=self.zxid), self.zk_version + 1
         return True
+
+    def could_lead(self, node: int) -> bool:
+        """Whether the controller could elect ``node`` on the state as it is:
+        not if, once it is live (registered anew), its storage is not the one
+        the state records (or, unrecorded, newer than the state)."""
+        return not election.lost_storage(self.zk, node, self.replicas[node].storage_zxid, restarted=True)
+
+    def unseen_restart(self, node: int) -> bool:
+        """Registered after the state's last write: restarted (or new) since, as
+        the controller finds it from ZooKeeper alone."""
+        return self.replicas[node].registered_zxid > self.zk.zk_mzxid
 
     @rule()
     def controller_pass(self):
         live = {n for n, r in self.replicas.items() if r.alive}
-        wanted = election.after_restarts(REPLICAS, self.zk, live, self.restarted & live, unclean=False,
-                                         emptied=self.new_disks & live)
+        restarted = {n for n in live if self.unseen_restart(n)}  # as controller.run_pass decides them
+        emptied = {n for n in live if election.lost_storage(self.zk, n, self.replicas[n].storage_zxid, n in restarted)}
+        wanted = election.after_restarts(REPLICAS, self.zk, live, restarted, unclean=False, emptied=emptied)
         wanted = election.preferred_leader(REPLICAS, wanted, live)
-        self.restarted &= {n for n in self.restarted if not self.replicas[n].alive}
-        self.new_disks &= self.restarted
+        wanted = wanted.with_storage({n: self.replicas[n].storage_zxid for n in wanted.isr if n in live})
         if wanted != self.zk:
             self.write_state(wanted, self.zk_version)
 
@@ -108,7 +121,7 @@ class Replication(RuleBasedStateMachine):
         replica = self.replicas[node]
         if not replica.alive or (replica.known is not None and not self.zk.newer_than(replica.known)):
             return
-        if self.zk.leader == node and node in self.restarted:
+        if self.zk.leader == node and self.zk.zk_mzxid <= replica.registered_zxid:
             return  # a state written before its restart: replica_manager never leads on one
         self.take(replica, self.zk)
 
@@ -162,7 +175,9 @@ class Replication(RuleBasedStateMachine):
         wanted = leader.replica_set.isr_change(leader.synced, self.now_ms, LAG_MAX_MS)
         if wanted is None:
             return
-        if self.write_state(replace(leader.known, isr=tuple(sorted(wanted))), leader.known.zk_version):
+        changed = replace(leader.known, isr=tuple(sorted(wanted))).with_storage(
+            leader.replica_set.storage_of(wanted - set(leader.known.isr)))
+        if self.write_state(changed, leader.known.zk_version):
             leader.known = self.zk
             leader.replica_set.isr = wanted
             self.advance(leader)
@@ -190,7 +205,8 @@ class Replication(RuleBasedStateMachine):
             return  # its last fetch's writes are not synced yet: it fetches again only once they are
         if not follower.truncated:
             self.truncate(follower, leader)
-        leader.replica_set.on_fetch(node, len(follower.log), leader.synced, self.now_ms)
+        leader.replica_set.on_fetch(node, len(follower.log), leader.synced, self.now_ms,
+                                    storage_zxid=follower.storage_zxid)
         self.advance(leader)
         self.change_isr(leader)
         if leader.leads():
@@ -268,7 +284,8 @@ class Replication(RuleBasedStateMachine):
         if replica.alive:
             return
         replica.alive, replica.known, replica.truncated = True, None, False
-        self.restarted.add(node)
+        self.zxid += 1
+        replica.registered_zxid = self.zxid
 
     @rule(node=st.sampled_from(REPLICAS))
     def restart_on_a_new_disk(self, node):
@@ -278,15 +295,16 @@ class Replication(RuleBasedStateMachine):
         if replica.alive:
             return
         replica.log, replica.epochs, replica.high_watermark, replica.synced = [], LeaderEpochCache(), 0, 0
+        self.zxid += 1
+        replica.storage_zxid = self.zxid  # controller.storage_zxid marks the new store before it registers
         self.restart(node)
-        self.new_disks.add(node)
 
     # --- what must hold ------------------------------------------------------------------------
 
     @invariant()
     def every_acknowledged_record_is_on_every_isr_member(self):
         # a replica back on a new disk is listed until the controller sees it; it must never lead before
-        for node in set(self.zk.isr) - self.new_disks:
+        for node in (n for n in self.zk.isr if self.could_lead(n)):
             log = self.replicas[node].log
             for offset, value in self.acked.items():
                 assert offset < len(log) and log[offset][1] == value, (
@@ -294,7 +312,7 @@ class Replication(RuleBasedStateMachine):
 
     @invariant()
     def the_leader_holds_every_acknowledged_record(self):
-        if self.zk.leader != NO_LEADER and self.zk.leader not in self.new_disks:
+        if self.zk.leader != NO_LEADER and self.could_lead(self.zk.leader):
             log = self.replicas[self.zk.leader].log
             assert all(offset < len(log) and log[offset][1] == value for offset, value in self.acked.items()), (
                 f"leader {self.zk.leader} lacks acknowledged records {self.acked}: {log}")
@@ -348,4 +366,30 @@ def test_an_append_is_acknowledged_only_once_synced_on_the_leader_and_on_every_f
     machine.every_acknowledged_record_is_on_every_isr_member()
     machine.power_loss(leader)
     machine.the_leader_holds_every_acknowledged_record()
+    machine.every_acknowledged_record_is_on_every_isr_member()
+
+
+def test_a_replica_wiped_and_stopped_before_the_controller_saw_it_never_leads_on_a_later_state():
+    """KIP-966's remaining case, as the search above found it: replica 1, the
+    ISR's last member, comes back on a new disk and stops again before any
+    pass sees it; a pass then writes the state (the state is now newer than
+    1's storage), and 1 starts once more. Judged by the state's last write
+    alone it was "kept" and led with an empty log; its record in the state
+    says its storage is not the one it was in the ISR with."""
+    machine = Replication()
+    machine.kill(3)
+    machine.append()
+    machine.kill(2)
+    machine.controller_pass()
+    machine.time_passes(4_000)
+    machine.restart_on_a_new_disk(2)
+    machine.sync(1)
+    assert machine.acked, "the append is acknowledged by 1, the ISR's only member"
+    machine.kill(1)
+    machine.restart_on_a_new_disk(1)
+    machine.kill(1)
+    machine.controller_pass()
+    machine.restart(1)
+    machine.controller_pass()
+    assert machine.zk.leader == NO_LEADER and 1 not in machine.zk.isr, machine.zk
     machine.every_acknowledged_record_is_on_every_isr_member()

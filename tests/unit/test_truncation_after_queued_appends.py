@@ -114,7 +114,7 @@ def test_a_replica_starting_over_at_the_leaders_log_start_keeps_nothing_of_a_que
         store = LogStore(str(tmp_path / "db"), sync=False)
         writer = ScriptedWriter(store)
         partition = await deposed_leader(store, writer)
-        fetcher = ReplicaFetcher(SimpleNamespace(node_id=0, fetch_wait_ms=0, fetch_bytes_max=1 << 20), leader_id=1)
+        fetcher = ReplicaFetcher(SimpleNamespace(node_id=0, fetch_wait_ms=0, fetch_bytes_max=1 << 20, storage_zxid=None), leader_id=1)
         await fetcher.close()  # only its fetch step is driven here
         fetcher.followed[("t", 0)] = Followed(partition, 2, truncated=True)
         await until_done(asyncio.ensure_future(fetcher._fetch(LeaderPastRetention())), writer)

@@ -27,7 +27,7 @@ from txlog.v1 import common_pb2 as txlog_dot_v1_dot_common__pb2
 from txlog.v1 import errors_pb2 as txlog_dot_v1_dot_errors__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1atxlog/v1/replication.proto\x12\x08txlog.v1\x1a\x15txlog/v1/common.proto\x1a\x15txlog/v1/errors.proto\"\xb7\x01\n\x0ePartitionState\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x0e\n\x06leader\x18\x03 \x01(\x05\x12\x14\n\x0cleader_epoch\x18\x04 \x01(\x05\x12\x0b\n\x03isr\x18\x05 \x03(\x05\x12\x10\n\x08replicas\x18\x06 \x03(\x05\x12\x12\n\nzk_version\x18\x07 \x01(\x05\x12\x18\n\x10\x63ontroller_epoch\x18\x08 \x01(\x05\x12\x10\n\x08zk_mzxid\x18\t \x01(\x03\"t\n\x13LeaderAndIsrRequest\x12\x15\n\rcontroller_id\x18\x01 \x01(\x05\x12\x18\n\x10\x63ontroller_epoch\x18\x02 \x01(\x05\x12,\n\npartitions\x18\x03 \x03(\x0b\x32\x18.txlog.v1.PartitionState\"B\n\x14LeaderAndIsrResponse\x12*\n\x07results\x18\x01 \x03(\x0b\x32\x19.txlog.v1.PartitionResult\"\xb5\x01\n\x15ReplicaFetchPartition\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x14\n\x0cleader_epoch\x18\x03 \x01(\x05\x12\x14\n\x0c\x66\x65tch_offset\x18\x04 \x01(\x03\x12\x1a\n\x12last_fetched_epoch\x18\x05 \x01(\x05\x12\x1d\n\x10log_start_offset\x18\x06 \x01(\x03H\x00\x88\x01\x01\x42\x13\n\x11_log_start_offset\"\x86\x01\n\x13ReplicaFetchRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\x05\x12\x13\n\x0bmax_wait_ms\x18\x02 \x01(\x05\x12\x11\n\tmax_bytes\x18\x03 \x01(\x05\x12\x33\n\npartitions\x18\x04 \x03(\x0b\x32\x1f.txlog.v1.ReplicaFetchPartition\"G\n\x0bStoredBatch\x12\x13\n\x0b\x62\x61se_offset\x18\x01 \x01(\x03\x12\x14\n\x0cleader_epoch\x18\x02 \x01(\x05\x12\r\n\x05value\x18\x03 \x01(\x0c\"3\n\x0e\x45pochEndOffset\x12\r\n\x05\x65poch\x18\x01 \x01(\x05\x12\x12\n\nend_offset\x18\x02 \x01(\x03\"\x85\x02\n\x1bReplicaFetchPartitionResult\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x1e\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x0f.txlog.v1.Error\x12\x16\n\x0ehigh_watermark\x18\x04 \x01(\x03\x12\x18\n\x10log_start_offset\x18\x05 \x01(\x03\x12&\n\x07\x62\x61tches\x18\x06 \x03(\x0b\x32\x15.txlog.v1.StoredBatch\x12\x36\n\x0f\x64iverging_epoch\x18\x07 \x01(\x0b\x32\x18.txlog.v1.EpochEndOffsetH\x00\x88\x01\x01\x42\x12\n\x10_diverging_epoch\"N\n\x14ReplicaFetchResponse\x12\x36\n\x07results\x18\x01 \x03(\x0b\x32%.txlog.v1.ReplicaFetchPartitionResult\"u\n\x1dOffsetForLeaderEpochPartition\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x1c\n\x14\x63urrent_leader_epoch\x18\x03 \x01(\x05\x12\x14\n\x0cleader_epoch\x18\x04 \x01(\x05\"n\n\x1bOffsetForLeaderEpochRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\x05\x12;\n\npartitions\x18\x02 \x03(\x0b\x32\'.txlog.v1.OffsetForLeaderEpochPartition\"\x88\x01\n\x1aOffsetForLeaderEpochResult\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x1e\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x0f.txlog.v1.Error\x12\x14\n\x0cleader_epoch\x18\x04 \x01(\x05\x12\x12\n\nend_offset\x18\x05 \x01(\x03\"U\n\x1cOffsetForLeaderEpochResponse\x12\x35\n\x07results\x18\x01 \x03(\x0b\x32$.txlog.v1.OffsetForLeaderEpochResult2\x99\x02\n\x12ReplicationService\x12M\n\x0cLeaderAndIsr\x12\x1d.txlog.v1.LeaderAndIsrRequest\x1a\x1e.txlog.v1.LeaderAndIsrResponse\x12M\n\x0cReplicaFetch\x12\x1d.txlog.v1.ReplicaFetchRequest\x1a\x1e.txlog.v1.ReplicaFetchResponse\x12\x65\n\x14OffsetForLeaderEpoch\x12%.txlog.v1.OffsetForLeaderEpochRequest\x1a&.txlog.v1.OffsetForLeaderEpochResponseB\x0f\n\x0bio.txlog.v1P\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1atxlog/v1/replication.proto\x12\x08txlog.v1\x1a\x15txlog/v1/common.proto\x1a\x15txlog/v1/errors.proto\"\xb9\x02\n\x0ePartitionState\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x0e\n\x06leader\x18\x03 \x01(\x05\x12\x14\n\x0cleader_epoch\x18\x04 \x01(\x05\x12\x0b\n\x03isr\x18\x05 \x03(\x05\x12\x10\n\x08replicas\x18\x06 \x03(\x05\x12\x12\n\nzk_version\x18\x07 \x01(\x05\x12\x18\n\x10\x63ontroller_epoch\x18\x08 \x01(\x05\x12\x10\n\x08zk_mzxid\x18\t \x01(\x03\x12H\n\x11isr_storage_zxids\x18\n \x03(\x0b\x32-.txlog.v1.PartitionState.IsrStorageZxidsEntry\x1a\x36\n\x14IsrStorageZxidsEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"t\n\x13LeaderAndIsrRequest\x12\x15\n\rcontroller_id\x18\x01 \x01(\x05\x12\x18\n\x10\x63ontroller_epoch\x18\x02 \x01(\x05\x12,\n\npartitions\x18\x03 \x03(\x0b\x32\x18.txlog.v1.PartitionState\"B\n\x14LeaderAndIsrResponse\x12*\n\x07results\x18\x01 \x03(\x0b\x32\x19.txlog.v1.PartitionResult\"\xb5\x01\n\x15ReplicaFetchPartition\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x14\n\x0cleader_epoch\x18\x03 \x01(\x05\x12\x14\n\x0c\x66\x65tch_offset\x18\x04 \x01(\x03\x12\x1a\n\x12last_fetched_epoch\x18\x05 \x01(\x05\x12\x1d\n\x10log_start_offset\x18\x06 \x01(\x03H\x00\x88\x01\x01\x42\x13\n\x11_log_start_offset\"\xb2\x01\n\x13ReplicaFetchRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\x05\x12\x13\n\x0bmax_wait_ms\x18\x02 \x01(\x05\x12\x11\n\tmax_bytes\x18\x03 \x01(\x05\x12\x33\n\npartitions\x18\x04 \x03(\x0b\x32\x1f.txlog.v1.ReplicaFetchPartition\x12\x19\n\x0cstorage_zxid\x18\x05 \x01(\x03H\x00\x88\x01\x01\x42\x0f\n\r_storage_zxid\"G\n\x0bStoredBatch\x12\x13\n\x0b\x62\x61se_offset\x18\x01 \x01(\x03\x12\x14\n\x0cleader_epoch\x18\x02 \x01(\x05\x12\r\n\x05value\x18\x03 \x01(\x0c\"3\n\x0e\x45pochEndOffset\x12\r\n\x05\x65poch\x18\x01 \x01(\x05\x12\x12\n\nend_offset\x18\x02 \x01(\x03\"\x85\x02\n\x1bReplicaFetchPartitionResult\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x1e\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x0f.txlog.v1.Error\x12\x16\n\x0ehigh_watermark\x18\x04 \x01(\x03\x12\x18\n\x10log_start_offset\x18\x05 \x01(\x03\x12&\n\x07\x62\x61tches\x18\x06 \x03(\x0b\x32\x15.txlog.v1.StoredBatch\x12\x36\n\x0f\x64iverging_epoch\x18\x07 \x01(\x0b\x32\x18.txlog.v1.EpochEndOffsetH\x00\x88\x01\x01\x42\x12\n\x10_diverging_epoch\"N\n\x14ReplicaFetchResponse\x12\x36\n\x07results\x18\x01 \x03(\x0b\x32%.txlog.v1.ReplicaFetchPartitionResult\"u\n\x1dOffsetForLeaderEpochPartition\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x1c\n\x14\x63urrent_leader_epoch\x18\x03 \x01(\x05\x12\x14\n\x0cleader_epoch\x18\x04 \x01(\x05\"n\n\x1bOffsetForLeaderEpochRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\x05\x12;\n\npartitions\x18\x02 \x03(\x0b\x32\'.txlog.v1.OffsetForLeaderEpochPartition\"\x88\x01\n\x1aOffsetForLeaderEpochResult\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x1e\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x0f.txlog.v1.Error\x12\x14\n\x0cleader_epoch\x18\x04 \x01(\x05\x12\x12\n\nend_offset\x18\x05 \x01(\x03\"U\n\x1cOffsetForLeaderEpochResponse\x12\x35\n\x07results\x18\x01 \x03(\x0b\x32$.txlog.v1.OffsetForLeaderEpochResult2\x99\x02\n\x12ReplicationService\x12M\n\x0cLeaderAndIsr\x12\x1d.txlog.v1.LeaderAndIsrRequest\x1a\x1e.txlog.v1.LeaderAndIsrResponse\x12M\n\x0cReplicaFetch\x12\x1d.txlog.v1.ReplicaFetchRequest\x1a\x1e.txlog.v1.ReplicaFetchResponse\x12\x65\n\x14OffsetForLeaderEpoch\x12%.txlog.v1.OffsetForLeaderEpochRequest\x1a&.txlog.v1.OffsetForLeaderEpochResponseB\x0f\n\x0bio.txlog.v1P\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,32 +35,36 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'txlog.v1.replication_pb2', 
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'\n\013io.txlog.v1P\001'
+  _globals['_PARTITIONSTATE_ISRSTORAGEZXIDSENTRY']._loaded_options = None
+  _globals['_PARTITIONSTATE_ISRSTORAGEZXIDSENTRY']._serialized_options = b'8\001'
   _globals['_PARTITIONSTATE']._serialized_start=87
-  _globals['_PARTITIONSTATE']._serialized_end=270
-  _globals['_LEADERANDISRREQUEST']._serialized_start=272
-  _globals['_LEADERANDISRREQUEST']._serialized_end=388
-  _globals['_LEADERANDISRRESPONSE']._serialized_start=390
-  _globals['_LEADERANDISRRESPONSE']._serialized_end=456
-  _globals['_REPLICAFETCHPARTITION']._serialized_start=459
-  _globals['_REPLICAFETCHPARTITION']._serialized_end=640
-  _globals['_REPLICAFETCHREQUEST']._serialized_start=643
-  _globals['_REPLICAFETCHREQUEST']._serialized_end=777
-  _globals['_STOREDBATCH']._serialized_start=779
-  _globals['_STOREDBATCH']._serialized_end=850
-  _globals['_EPOCHENDOFFSET']._serialized_start=852
-  _globals['_EPOCHENDOFFSET']._serialized_end=903
-  _globals['_REPLICAFETCHPARTITIONRESULT']._serialized_start=906
-  _globals['_REPLICAFETCHPARTITIONRESULT']._serialized_end=1167
-  _globals['_REPLICAFETCHRESPONSE']._serialized_start=1169
-  _globals['_REPLICAFETCHRESPONSE']._serialized_end=1247
-  _globals['_OFFSETFORLEADEREPOCHPARTITION']._serialized_start=1249
-  _globals['_OFFSETFORLEADEREPOCHPARTITION']._serialized_end=1366
-  _globals['_OFFSETFORLEADEREPOCHREQUEST']._serialized_start=1368
-  _globals['_OFFSETFORLEADEREPOCHREQUEST']._serialized_end=1478
-  _globals['_OFFSETFORLEADEREPOCHRESULT']._serialized_start=1481
-  _globals['_OFFSETFORLEADEREPOCHRESULT']._serialized_end=1617
-  _globals['_OFFSETFORLEADEREPOCHRESPONSE']._serialized_start=1619
-  _globals['_OFFSETFORLEADEREPOCHRESPONSE']._serialized_end=1704
-  _globals['_REPLICATIONSERVICE']._serialized_start=1707
-  _globals['_REPLICATIONSERVICE']._serialized_end=1988
+  _globals['_PARTITIONSTATE']._serialized_end=400
+  _globals['_PARTITIONSTATE_ISRSTORAGEZXIDSENTRY']._serialized_start=346
+  _globals['_PARTITIONSTATE_ISRSTORAGEZXIDSENTRY']._serialized_end=400
+  _globals['_LEADERANDISRREQUEST']._serialized_start=402
+  _globals['_LEADERANDISRREQUEST']._serialized_end=518
+  _globals['_LEADERANDISRRESPONSE']._serialized_start=520
+  _globals['_LEADERANDISRRESPONSE']._serialized_end=586
+  _globals['_REPLICAFETCHPARTITION']._serialized_start=589
+  _globals['_REPLICAFETCHPARTITION']._serialized_end=770
+  _globals['_REPLICAFETCHREQUEST']._serialized_start=773
+  _globals['_REPLICAFETCHREQUEST']._serialized_end=951
+  _globals['_STOREDBATCH']._serialized_start=953
+  _globals['_STOREDBATCH']._serialized_end=1024
+  _globals['_EPOCHENDOFFSET']._serialized_start=1026
+  _globals['_EPOCHENDOFFSET']._serialized_end=1077
+  _globals['_REPLICAFETCHPARTITIONRESULT']._serialized_start=1080
+  _globals['_REPLICAFETCHPARTITIONRESULT']._serialized_end=1341
+  _globals['_REPLICAFETCHRESPONSE']._serialized_start=1343
+  _globals['_REPLICAFETCHRESPONSE']._serialized_end=1421
+  _globals['_OFFSETFORLEADEREPOCHPARTITION']._serialized_start=1423
+  _globals['_OFFSETFORLEADEREPOCHPARTITION']._serialized_end=1540
+  _globals['_OFFSETFORLEADEREPOCHREQUEST']._serialized_start=1542
+  _globals['_OFFSETFORLEADEREPOCHREQUEST']._serialized_end=1652
+  _globals['_OFFSETFORLEADEREPOCHRESULT']._serialized_start=1655
+  _globals['_OFFSETFORLEADEREPOCHRESULT']._serialized_end=1791
+  _globals['_OFFSETFORLEADEREPOCHRESPONSE']._serialized_start=1793
+  _globals['_OFFSETFORLEADEREPOCHRESPONSE']._serialized_end=1878
+  _globals['_REPLICATIONSERVICE']._serialized_start=1881
+  _globals['_REPLICATIONSERVICE']._serialized_end=2162
 # @@protoc_insertion_point(module_scope)

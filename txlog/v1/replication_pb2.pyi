@@ -10,7 +10,14 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class PartitionState(_message.Message):
-    __slots__ = ("topic", "partition", "leader", "leader_epoch", "isr", "replicas", "zk_version", "controller_epoch", "zk_mzxid")
+    __slots__ = ("topic", "partition", "leader", "leader_epoch", "isr", "replicas", "zk_version", "controller_epoch", "zk_mzxid", "isr_storage_zxids")
+    class IsrStorageZxidsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: int
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[int] = ...) -> None: ...
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     LEADER_FIELD_NUMBER: _ClassVar[int]
@@ -20,6 +27,7 @@ class PartitionState(_message.Message):
     ZK_VERSION_FIELD_NUMBER: _ClassVar[int]
     CONTROLLER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     ZK_MZXID_FIELD_NUMBER: _ClassVar[int]
+    ISR_STORAGE_ZXIDS_FIELD_NUMBER: _ClassVar[int]
     topic: str
     partition: int
     leader: int
@@ -29,7 +37,8 @@ class PartitionState(_message.Message):
     zk_version: int
     controller_epoch: int
     zk_mzxid: int
-    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., leader: _Optional[int] = ..., leader_epoch: _Optional[int] = ..., isr: _Optional[_Iterable[int]] = ..., replicas: _Optional[_Iterable[int]] = ..., zk_version: _Optional[int] = ..., controller_epoch: _Optional[int] = ..., zk_mzxid: _Optional[int] = ...) -> None: ...
+    isr_storage_zxids: _containers.ScalarMap[int, int]
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., leader: _Optional[int] = ..., leader_epoch: _Optional[int] = ..., isr: _Optional[_Iterable[int]] = ..., replicas: _Optional[_Iterable[int]] = ..., zk_version: _Optional[int] = ..., controller_epoch: _Optional[int] = ..., zk_mzxid: _Optional[int] = ..., isr_storage_zxids: _Optional[_Mapping[int, int]] = ...) -> None: ...
 
 class LeaderAndIsrRequest(_message.Message):
     __slots__ = ("controller_id", "controller_epoch", "partitions")
@@ -64,16 +73,18 @@ class ReplicaFetchPartition(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., leader_epoch: _Optional[int] = ..., fetch_offset: _Optional[int] = ..., last_fetched_epoch: _Optional[int] = ..., log_start_offset: _Optional[int] = ...) -> None: ...
 
 class ReplicaFetchRequest(_message.Message):
-    __slots__ = ("replica_id", "max_wait_ms", "max_bytes", "partitions")
+    __slots__ = ("replica_id", "max_wait_ms", "max_bytes", "partitions", "storage_zxid")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     MAX_WAIT_MS_FIELD_NUMBER: _ClassVar[int]
     MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    STORAGE_ZXID_FIELD_NUMBER: _ClassVar[int]
     replica_id: int
     max_wait_ms: int
     max_bytes: int
     partitions: _containers.RepeatedCompositeFieldContainer[ReplicaFetchPartition]
-    def __init__(self, replica_id: _Optional[int] = ..., max_wait_ms: _Optional[int] = ..., max_bytes: _Optional[int] = ..., partitions: _Optional[_Iterable[_Union[ReplicaFetchPartition, _Mapping]]] = ...) -> None: ...
+    storage_zxid: int
+    def __init__(self, replica_id: _Optional[int] = ..., max_wait_ms: _Optional[int] = ..., max_bytes: _Optional[int] = ..., partitions: _Optional[_Iterable[_Union[ReplicaFetchPartition, _Mapping]]] = ..., storage_zxid: _Optional[int] = ...) -> None: ...
 
 class StoredBatch(_message.Message):
     __slots__ = ("base_offset", "leader_epoch", "value")
