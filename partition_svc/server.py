@@ -29,6 +29,8 @@ from partition_svc.group_servicer import GroupServicer
 from partition_svc.log_store import GroupCommitWriter, LogStore
 from partition_svc.maintenance import Maintenance
 from partition_svc.partition_metrics import PartitionMetrics
+from partition_svc.quota_servicer import QuotaServicer, Throttling
+from partition_svc.quota_store import QuotaStore
 from partition_svc.replica_manager import ReplicaManager
 from partition_svc.replication import ReplicationServicer
 from partition_svc.topic_deletion import TopicDeletion
@@ -120,8 +122,12 @@ class Instance:
                                       refresh_ms=cfg.partition_state_refresh_ms)
         self.maintenance = Maintenance(self.replicas.partitions, store, cfg.producer_id_expiration_ms)
         verifier = TransactionVerifier(self.view.transaction_coordinator, self.peers)
-        self.routes = Routes(DataServicer(self.view, verifier, self.metrics), TransactionServicer(self.view, verifier, self.groups),
-                             GroupServicer(self.view, self.groups), AdminServicer(self.view, self.deletion))
+        self.quotas = QuotaStore(runtime.zookeeper, cfg.zookeeper_root)
+        data = DataServicer(self.view, verifier, self.metrics)
+        Throttling(self.quotas, runtime.authorizer).throttle(data)
+        self.routes = Routes(data, TransactionServicer(self.view, verifier, self.groups),
+                             GroupServicer(self.view, self.groups), AdminServicer(self.view, self.deletion),
+                             QuotaServicer(self.quotas))
 
 
 async def build(runtime: server.ServiceRuntime) -> Instance:
@@ -133,6 +139,7 @@ async def build(runtime: server.ServiceRuntime) -> Instance:
         runtime.registration_details["rack"] = cfg.rack
     instance.replicas.storage_zxid = await storage_zxid(runtime.zookeeper, cfg.zookeeper_root, KIND, cfg.node_id, store)
     runtime.registration_details["storage_zxid"] = str(instance.replicas.storage_zxid)
+    await instance.quotas.start()
     await instance.deletion.start()  # before recovery: a topic marked for deletion is not loaded again
     await instance.replicas.recover()
     runtime.add_servicer(instance.routes, partition_pb2.DESCRIPTOR.services_by_name["PartitionService"])

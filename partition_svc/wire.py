@@ -37,6 +37,7 @@ ENCODED_BATCHES_TAG = field_tag(partition_pb2.FetchPartitionResult, "encoded_bat
 REPLICA_RESULTS_TAG = field_tag(replication_pb2.ReplicaFetchResponse, "results")
 REPLICA_BATCHES_TAG = field_tag(replication_pb2.ReplicaFetchPartitionResult, "batches")
 STORED_VALUE_TAG = field_tag(replication_pb2.StoredBatch, "value")
+THROTTLE_TIME_TAG = field_tag(partition_pb2.FetchResponse, "throttle_time_ms")
 
 
 class Encoded(NamedTuple):
@@ -80,6 +81,11 @@ def partition_result(result: partition_pb2.FetchPartitionResult, batches: Iterab
 
 def fetch_response(results: Iterable[Encoded]) -> bytes:
     return b"".join(embedded(b"", RESULTS_TAG, results).parts)
+
+
+def throttle_time(held_ms: int) -> bytes:
+    """A FetchResponse's throttle_time_ms field, to append to an encoded one."""
+    return THROTTLE_TIME_TAG + varint(held_ms)
 
 
 def stored_batch(base_offset: int, leader_epoch: int, value: bytes) -> Encoded:

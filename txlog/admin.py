@@ -149,6 +149,7 @@ class Admin:
         tls_cert: str | None = None,
         tls_key: str | None = None,
         token_file: str | None = None,
+        client_id: str = "",
     ):
         self.tls_options = {"tls_ca": tls_ca, "tls_cert": tls_cert, "tls_key": tls_key, "token_file": token_file}  # for clients made on its behalf
         self._request_timeout_ms = request_timeout_ms
@@ -156,7 +157,8 @@ class Admin:
         self._retry_backoff_ms = retry_backoff_ms
         self._transport = transport or Transport(request_timeout_ms=int(request_timeout_ms),
                                                  tracer_provider=tracer_provider,
-                                                 tls_files=tls_files(tls_ca, tls_cert, tls_key, token_file))
+                                                 tls_files=tls_files(tls_ca, tls_cert, tls_key, token_file),
+                                                 client_id=client_id)
         self._metadata = Metadata(self._transport, bootstrap, refresh_backoff_ms=retry_backoff_ms)
         self._closed = False
         self._loop = LoopThread("txlog-admin")
@@ -349,6 +351,34 @@ class Admin:
         request = partition_pb2.DeleteAclsRequest(filters=[acls.filter_to_proto(f) for f in filters])
         response = self._call_any("DeleteAcls", request, timeout_s, "delete_acls")
         return [acls.binding_from_proto(b) for b in response.bindings]
+
+    def alter_client_quotas(self, entity: Mapping[str, str | None], quotas: Mapping[str, float | None], *,
+                            validate_only: bool = False, timeout_s: float | None = None) -> None:
+        """Sets (a None value: removes) client quotas of ``entity`` (Kafka's
+        alterClientQuotas; needs AlterConfigs on the Cluster). ``entity``:
+        ``{"user": NAME}``, ``{"client-id": NAME}`` or both; a None name is
+        that type's default. ``quotas``: ``producer_byte_rate`` and
+        ``consumer_byte_rate``, bytes per second. Every instance applies them
+        within moments (a ZooKeeper watch); a client over its quota is held
+        back, not failed. INVALID_REQUEST or INVALID_CONFIG names what was
+        wrong, and then nothing changed."""
+        alteration = partition_pb2.ClientQuotaAlteration(
+            entity=[partition_pb2.ClientQuotaEntityPart(entity_type=kind, name=name) for kind, name in entity.items()],
+            values=[partition_pb2.ClientQuotaValue(key=key, value=0 if value is None else float(value), remove=value is None)
+                    for key, value in quotas.items()])
+        request = partition_pb2.AlterClientQuotasRequest(alterations=[alteration], validate_only=validate_only)
+        response = self._call_any("AlterClientQuotas", request, timeout_s, "alter_client_quotas")
+        for result in response.results:
+            if result.error.code != NONE:
+                raise from_proto(result.error)
+
+    def describe_client_quotas(self, *, timeout_s: float | None = None) -> list[dict]:
+        """Every client quota set: ``[{"entity": {"client-id": "flood"}, "quotas": {"producer_byte_rate": 1048576.0}}]``
+        (a None name: the default); needs DescribeConfigs on the Cluster."""
+        response = self._call_any("DescribeClientQuotas", partition_pb2.DescribeClientQuotasRequest(), timeout_s,
+                                  "describe_client_quotas")
+        return [{"entity": {p.entity_type: p.name if p.HasField("name") else None for p in entry.entity},
+                 "quotas": dict(sorted(entry.values.items()))} for entry in response.entries]
 
     def alter_topic_configs(self, topic: str, configs: Mapping[str, str] | None = None, delete: Iterable[str] = (), *,
                             validate_only: bool = False, timeout_s: float | None = None) -> dict[str, str]:

@@ -104,6 +104,7 @@ class Consumer:
         key_deserializer: str | serde.Deserializer | None = None,
         value_deserializer: str | serde.Deserializer | None = None,
         include_transaction_outcomes: bool = False,
+        client_id: str = "",
     ):
         self._key_deserializer = serde.deserializer(key_deserializer, "key_deserializer")
         self._value_deserializer = serde.deserializer(value_deserializer, "value_deserializer")
@@ -118,7 +119,8 @@ class Consumer:
         )
         self._transport = transport or Transport(request_timeout_ms=int(request_timeout_ms),
                                                  tracer_provider=tracer_provider,
-                                                 tls_files=tls_files(tls_ca, tls_cert, tls_key, token_file))
+                                                 tls_files=tls_files(tls_ca, tls_cert, tls_key, token_file),
+                                                 client_id=client_id)
         self._metadata = Metadata(self._transport, bootstrap, refresh_backoff_ms=retry_backoff_ms,
                                   max_age_ms=metadata_max_age_ms)
         self._fetcher = Fetcher(self._metadata, self._transport, self.config)

@@ -141,6 +141,9 @@ class Producer:
     are added at the coordinator by their leaders, with the first batch there
     (Transactions V2, KIP-890 part 2), saving a round trip per transaction;
     False: AddPartitionsToTxn first, for clusters older than this release.
+    ``client_id``: names this client to the servers (Kafka's client.id), what
+    client quotas are set on; a client over its quota gets its answers late
+    (``throttle_time_ms``), never an error.
     ``fault_injection``: test-only (see ``transport.FaultInjection``); ``transport``:
     a test seam replacing the gRPC transport."""
 
@@ -177,6 +180,7 @@ class Producer:
         key_serializer: str | serde.Serializer | None = None,
         value_serializer: str | serde.Serializer | None = None,
         implicit_partition_adds: bool = True,
+        client_id: str = "",
     ):
         self._key_serializer = serde.serializer(key_serializer, "key_serializer")
         self._value_serializer = serde.serializer(value_serializer, "value_serializer")
@@ -204,7 +208,7 @@ class Producer:
         self._partitioner = partitioner or DefaultPartitioner()
         self._transport = transport or Transport(
             request_timeout_ms=int(request_timeout_ms), fault_injection=fault_injection,
-            tracer_provider=tracer_provider, tls_files=tls_files(tls_ca, tls_cert, tls_key, token_file))
+            tracer_provider=tracer_provider, tls_files=tls_files(tls_ca, tls_cert, tls_key, token_file), client_id=client_id)
         self._metadata = Metadata(self._transport, bootstrap, refresh_backoff_ms=retry_backoff_ms,
                                   max_age_ms=metadata_max_age_ms)
         self._accumulator = RecordAccumulator(

@@ -114,6 +114,9 @@ class SenderStats:
     bytes_sent: int = 0  # of acknowledged batches
     producer_id_inits: int = 0
     producer_id_resets: int = 0
+    throttled_requests: int = 0  # answered late because this client is over a quota
+    throttle_time_ms_total: float = 0.0
+    throttle_time_ms_max: float = 0.0
 
     def snapshot(self) -> dict[str, float]:
         answered = self.requests_sent - self.request_errors
@@ -126,6 +129,9 @@ class SenderStats:
             "batch_size_avg_bytes": round(self.bytes_sent / self.batches_sent, 1) if self.batches_sent else 0.0,
             "records_per_request_avg": round(self.records_sent / answered, 1) if answered else 0.0,
             "producer_id_inits": self.producer_id_inits, "producer_id_resets": self.producer_id_resets,
+            "throttled_requests": self.throttled_requests,
+            "produce_throttle_time_avg_ms": round(self.throttle_time_ms_total / answered, 3) if answered else 0.0,
+            "produce_throttle_time_max_ms": self.throttle_time_ms_max,
         }
 
 
@@ -366,6 +372,10 @@ class Sender:
             now_ms = self._clock_ms()
             self.stats.request_latency_ms_total += now_ms - started_ms
             self.stats.request_latency_ms_max = max(self.stats.request_latency_ms_max, now_ms - started_ms)
+            if response.throttle_time_ms:  # the leader held the answer that long: this client is over a quota
+                self.stats.throttled_requests += 1
+                self.stats.throttle_time_ms_total += response.throttle_time_ms
+                self.stats.throttle_time_ms_max = max(self.stats.throttle_time_ms_max, response.throttle_time_ms)
             results = {(r.topic, r.partition): r for r in response.results}
             for batch, _ in entries:
                 result = results.get((batch.tp.topic, batch.tp.partition))

@@ -27,13 +27,24 @@ from dataclasses import dataclass, field
 import grpc
 from google.protobuf import message_factory
 
-from txlog.errors import ClientError, error_for, from_exception
+from txlog.errors import ClientError, ConfigError, error_for, from_exception
 from txlog.net.channels import ChannelCache
 from txlog.net.tls import TlsFiles
 from txlog.protocol.errors import ErrorCode
 from txlog.v1 import coordinator_pb2, coordinator_pb2_grpc, partition_pb2, partition_pb2_grpc
 
 REQUEST_TIMEOUT_MS_DEFAULT = 30_000
+CLIENT_ID_METADATA = "txlog-client-id"
+CLIENT_ID_LENGTH_MAX = 255
+
+
+def checked_client_id(client_id: str) -> str:
+    """``client_id`` if a server can take it (printable ASCII, at most 255 characters); else ConfigError."""
+    if not isinstance(client_id, str) or len(client_id) > CLIENT_ID_LENGTH_MAX or not all(
+            " " <= c <= "~" for c in client_id):
+        raise ConfigError(f"client_id must be printable ASCII of at most {CLIENT_ID_LENGTH_MAX} characters, "
+                          f"got {client_id!r}")
+    return client_id
 MAX_MESSAGE_BYTES_DEFAULT = 64 * 1024 * 1024
 
 # rpc name -> which service's stub serves it (from the service descriptors, so a new rpc needs no edit here)
@@ -114,10 +125,15 @@ class Transport:
         tracer_provider=None,
         max_message_bytes: int = MAX_MESSAGE_BYTES_DEFAULT,
         tls_files: TlsFiles | None = None,
+        client_id: str = "",
     ):
         """``tls_files``: the CA that verifies the servers and, for mutual
-        TLS, this client's certificate and key (None: plaintext)."""
+        TLS, this client's certificate and key (None: plaintext).
+        ``client_id``: sent with every call (``txlog-client-id`` metadata),
+        what client quotas are set on; empty: none."""
         self.request_timeout_ms = request_timeout_ms
+        self.client_id = checked_client_id(client_id)
+        self._call_metadata = ((CLIENT_ID_METADATA, client_id),) if client_id else None
         self.fault_injection = fault_injection
         self._channels = ChannelCache(timeout_s=request_timeout_ms / 1000, tracer_provider=tracer_provider,
                                       max_message_bytes=max_message_bytes, tls_files=tls_files)
@@ -170,7 +186,7 @@ class Transport:
         if self.fault_injection is not None:
             self.fault_injection.before_call(rpc, address)
         try:
-            response = await method(request, timeout=timeout_s)
+            response = await method(request, timeout=timeout_s, metadata=self._call_metadata)
         except grpc.RpcError as exc:
             raise from_exception(exc) from None
         if self.fault_injection is not None:
@@ -189,7 +205,8 @@ class Transport:
         timeout_s = (timeout_ms if timeout_ms is not None else self.request_timeout_ms) / 1000
         if self.fault_injection is not None:
             self.fault_injection.before_call("FetchStream", address)
-        call = self._stub(address, "FetchStream")(partition_pb2.FetchStreamRequest(fetch=request), timeout=timeout_s)
+        call = self._stub(address, "FetchStream")(partition_pb2.FetchStreamRequest(fetch=request), timeout=timeout_s,
+                                                  metadata=self._call_metadata)
         answered = False
         try:
             async for response in call:

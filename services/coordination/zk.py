@@ -368,6 +368,43 @@ class WatchedNode:
         return self.value
 
 
+class ReloadOnChange:
+    """Runs ``reload`` (a coroutine) on the event loop at each change of the
+    data of ``path`` (a ZooKeeper data watch), one at a time: a change while
+    one runs runs one more after it, since it may have read before the change.
+    A failed reload is logged; the next change tries again."""
+
+    def __init__(self, client: KazooClient, path: str, reload: Callable[[], Awaitable[None]], what: str):
+        self.client = client
+        self.path = path
+        self.reload = reload
+        self.what = what
+        self._running: asyncio.Task | None = None
+        self._again = False
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        await call(self.client, "ensure_path", self.path)
+        self.client.DataWatch(self.path, lambda *_: loop.call_soon_threadsafe(self.changed))
+
+    def changed(self) -> None:
+        """A change (or a late or repeated notice of one): a reload soon."""
+        if self._running is not None and not self._running.done():
+            self._again = True
+            return
+        self._running = asyncio.ensure_future(self._reload_until_settled())
+
+    async def _reload_until_settled(self) -> None:
+        while True:
+            self._again = False
+            try:
+                await self.reload()
+            except Exception:
+                log.exception("reloading %s failed; the next change tries again", self.what)
+            if not self._again:
+                return
+
+
 def add_state_listener(client: KazooClient, on_change: Callable[[bool], None]) -> None:
     """Calls ``on_change(connected)`` (from kazoo's thread) on every session change."""
     client.add_listener(lambda state: on_change(state == KazooState.CONNECTED))

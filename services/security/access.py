@@ -138,6 +138,8 @@ CHECKS: dict[str, Callable[[object, Permissions], list[Need]]] = {
     "CreateAcls": lambda r, caller: cluster("Alter"),
     "DescribeAcls": lambda r, caller: cluster("Describe"),
     "DeleteAcls": lambda r, caller: cluster("Alter"),
+    "AlterClientQuotas": lambda r, caller: cluster("AlterConfigs"),
+    "DescribeClientQuotas": lambda r, caller: cluster("DescribeConfigs"),
     "ConsumerGroupHeartbeat": lambda r, caller: [(GROUP, r.group_id, "Read"),
                                                  *topics(r.subscribed_topics.names, "Describe")],
     "ListGroups": lambda r, caller: [],  # filtered, below

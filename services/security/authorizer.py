@@ -179,30 +179,11 @@ class AclCache:
         # produce at 0.71 of plaintext with every check walking 102 bindings)
         self.decisions: dict[tuple[str, str, str, str, str], bool] = {}
         self.loads = 0
-        self._reloading: asyncio.Task | None = None
-        self._again = False
+        self.on_change = zk.ReloadOnChange(store.client, store.changes, self.reload, "the ACLs")
 
     async def start(self) -> None:
         await self.reload()
-        loop = asyncio.get_running_loop()
-        await zk.call(self.store.client, "ensure_path", self.store.changes)
-        self.store.client.DataWatch(self.store.changes, lambda *_: loop.call_soon_threadsafe(self._changed))
-
-    def _changed(self) -> None:
-        if self._reloading is not None and not self._reloading.done():
-            self._again = True  # one more load after the running one: it may have read before this change
-            return
-        self._reloading = asyncio.ensure_future(self._reload_until_settled())
-
-    async def _reload_until_settled(self) -> None:
-        while True:
-            self._again = False
-            try:
-                await self.reload()
-            except Exception:
-                log.exception("reloading the ACLs failed; the next change tries again")
-            if not self._again:
-                return
+        await self.on_change.start()
 
     async def reload(self) -> None:
         bindings = await asyncio.to_thread(self.store.load)

@@ -120,7 +120,7 @@ class AclStoreModel(RuleBasedStateMachine):
         """A late or duplicated change notification: extra wake-ups of the cache."""
         instance = self.instances[which]
         for _ in range(times):
-            instance.loop.call_soon(instance.cache._changed)
+            instance.loop.call_soon(instance.cache.on_change.changed)
 
     @invariant()
     def zookeeper_holds_the_model_and_every_cache_converges(self):

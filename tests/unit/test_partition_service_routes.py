@@ -10,11 +10,12 @@ import pytest
 from partition_svc.admin_servicer import AdminServicer
 from partition_svc.data_servicer import DataServicer
 from partition_svc.group_servicer import GroupServicer
+from partition_svc.quota_servicer import QuotaServicer
 from partition_svc.server import Routes
 from partition_svc.txn_servicer import TransactionServicer
 from txlog.v1 import partition_pb2
 
-SERVICERS = (DataServicer, TransactionServicer, GroupServicer, AdminServicer)
+SERVICERS = (DataServicer, TransactionServicer, GroupServicer, AdminServicer, QuotaServicer)
 
 
 def test_every_rpc_of_the_contract_is_served_by_exactly_one_servicer():

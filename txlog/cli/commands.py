@@ -649,6 +649,22 @@ def _rewind(consumer: Consumer, unprinted: list) -> None:
         consumer.seek(tp, offset)
 
 
+def quotas_alter(bootstrap: str | Target, entity: dict[str, str | None], quotas: dict[str, float | None], out: TextIO, *,
+                 dry_run: bool = False, timeout_s: float = TIMEOUT_S_DEFAULT) -> None:
+    """Sets or removes one entity's quotas; prints the entity's quotas after (JSON)."""
+    with _admin(bootstrap, timeout_s) as admin:
+        admin.alter_client_quotas(entity, quotas, validate_only=dry_run)
+        after = next((e["quotas"] for e in admin.describe_client_quotas() if e["entity"] == entity), {})
+    if dry_run:
+        after = {k: v for k, v in {**after, **quotas}.items() if v is not None}
+    out.write(json.dumps({"entity": entity, "quotas": after, "dry_run": dry_run}) + "\n")
+
+
+def quotas_describe(bootstrap: str | Target, out: TextIO, *, timeout_s: float = TIMEOUT_S_DEFAULT) -> None:
+    with _admin(bootstrap, timeout_s) as admin:
+        out.write(json.dumps(admin.describe_client_quotas(), indent=2) + "\n")
+
+
 def acls_add(bootstrap: str | Target, bindings: list[AclBinding], out: TextIO, *, timeout_s: float = TIMEOUT_S_DEFAULT) -> None:
     with _admin(bootstrap, timeout_s) as admin:
         admin.create_acls(bindings)

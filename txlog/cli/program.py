@@ -56,6 +56,11 @@ its admin's):
                          --to-offset N | --shift-by N | --to-timestamp-ms T | --to-datetime D) [--execute]
     txlog groups reset-offsets G --from-file F [--execute]
     txlog groups delete-offsets G --topic T[:P,P...] [--topic ...]
+    txlog quotas alter (--user U | --user-default) (--client-id C | --client-id-default)
+                       [--add KEY=VALUE[,KEY=VALUE]] [--delete KEY[,KEY]] [--dry-run]
+                          KEY is producer_byte_rate or consumer_byte_rate (bytes per second);
+                          prints the entity's quotas after (JSON)
+    txlog quotas describe              every client quota set (JSON)
     txlog acls add (--allow P | --deny P)... --operation OP... RESOURCE [--prefixed] [--host IP]
     txlog acls list [RESOURCE [--prefixed]] [--allow P | --deny P]... [--operation OP]...
     txlog acls remove RESOURCE [--prefixed] [--allow P | --deny P]... [--operation OP]...
@@ -666,6 +671,56 @@ def _add_group_commands(commands) -> None:
     groups.set_defaults(run=_groups)
 
 
+def _quotas(args) -> int:
+    bootstrap = _bootstrap(args)
+    if args.action == "describe":
+        console.quotas_describe(bootstrap, sys.stdout, timeout_s=args.timeout_s)
+        return 0
+    entity: dict[str, str | None] = {}
+    for kind, name, default in (("user", args.user, args.user_default), ("client-id", args.client_id, args.client_id_default)):
+        if name is not None and default:
+            raise console.invalid(f"--{kind} and --{kind}-default name the same part of the entity: give one")
+        if name is not None or default:
+            entity[kind] = name
+    if not entity:
+        raise console.invalid("quotas alter names an entity: --user, --client-id (or their -default), or both")
+    quotas: dict[str, float | None] = {}
+    for item in ",".join(args.add or []).split(","):
+        if item:
+            key, sep, value = item.partition("=")
+            try:
+                quotas[key] = float(value) if sep and key else float("nan")
+            except ValueError:
+                quotas[key] = float("nan")
+            if quotas[key] != quotas[key]:
+                raise console.invalid(f"--add takes KEY=NUMBER, not {item!r}")
+    for key in ",".join(args.delete or []).split(","):
+        if key:
+            quotas[key] = None
+    if not quotas:
+        raise console.invalid("quotas alter takes --add KEY=VALUE or --delete KEY")
+    console.quotas_alter(bootstrap, entity, quotas, sys.stdout, dry_run=args.dry_run, timeout_s=args.timeout_s)
+    return 0
+
+
+def _add_quota_commands(commands) -> None:
+    quota_command = commands.add_parser("quotas", help="client quotas (Kafka's kafka-configs.sh --entity-type users/clients)")
+    quota_actions = quota_command.add_subparsers(dest="action", required=True)
+    alter = quota_actions.add_parser("alter", help="set or remove one entity's quotas; prints its quotas after (JSON)")
+    alter.add_argument("--user", help="a user principal's name (without User:)")
+    alter.add_argument("--user-default", action="store_true", help="the default user")
+    alter.add_argument("--client-id", help="a client id (what clients send as client_id)")
+    alter.add_argument("--client-id-default", action="store_true", help="the default client id")
+    alter.add_argument("--add", action="append", metavar="KEY=VALUE[,KEY=VALUE]",
+                       help="quotas to set: producer_byte_rate, consumer_byte_rate (bytes per second); repeatable")
+    alter.add_argument("--delete", action="append", metavar="KEY[,KEY]", help="quotas to remove; repeatable")
+    alter.add_argument("--dry-run", action="store_true", help="check only; change nothing")
+    _add_bootstrap(alter)
+    describe = quota_actions.add_parser("describe", help="every client quota set (JSON)")
+    _add_bootstrap(describe)
+    quota_command.set_defaults(run=_quotas)
+
+
 def _add_acl_commands(commands) -> None:
     acl_command = commands.add_parser("acls", help="access control lists (clusters with --authorizer acl)")
     acl_actions = acl_command.add_subparsers(dest="action", required=True)
@@ -796,6 +851,7 @@ def parser() -> argparse.ArgumentParser:
                            help="workers whose transactions only the check-back decides (default 1; 0: none)")
     chaos.set_defaults(run=_chaos)
     _add_client_commands(commands)
+    _add_quota_commands(commands)
     _add_acl_commands(commands)
     _add_group_commands(commands)
     return top

@@ -263,10 +263,12 @@ class ProducePartitionResult(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., error: _Optional[_Union[_errors_pb2.Error, _Mapping]] = ..., base_offset: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., log_append_time_ms: _Optional[int] = ...) -> None: ...
 
 class ProduceResponse(_message.Message):
-    __slots__ = ("results",)
+    __slots__ = ("results", "throttle_time_ms")
     RESULTS_FIELD_NUMBER: _ClassVar[int]
+    THROTTLE_TIME_MS_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[ProducePartitionResult]
-    def __init__(self, results: _Optional[_Iterable[_Union[ProducePartitionResult, _Mapping]]] = ...) -> None: ...
+    throttle_time_ms: int
+    def __init__(self, results: _Optional[_Iterable[_Union[ProducePartitionResult, _Mapping]]] = ..., throttle_time_ms: _Optional[int] = ...) -> None: ...
 
 class FetchPartition(_message.Message):
     __slots__ = ("topic", "partition", "fetch_offset", "partition_max_bytes", "leader_epoch")
@@ -365,10 +367,12 @@ class OpenTransaction(_message.Message):
     def __init__(self, producer_id: _Optional[int] = ..., first_offset: _Optional[int] = ...) -> None: ...
 
 class FetchResponse(_message.Message):
-    __slots__ = ("results",)
+    __slots__ = ("results", "throttle_time_ms")
     RESULTS_FIELD_NUMBER: _ClassVar[int]
+    THROTTLE_TIME_MS_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[FetchPartitionResult]
-    def __init__(self, results: _Optional[_Iterable[_Union[FetchPartitionResult, _Mapping]]] = ...) -> None: ...
+    throttle_time_ms: int
+    def __init__(self, results: _Optional[_Iterable[_Union[FetchPartitionResult, _Mapping]]] = ..., throttle_time_ms: _Optional[int] = ...) -> None: ...
 
 class ListOffsetsPartition(_message.Message):
     __slots__ = ("topic", "partition", "spec", "timestamp_ms")
@@ -1017,3 +1021,76 @@ class DeleteRecordsResponse(_message.Message):
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[DeleteRecordsPartitionResult]
     def __init__(self, results: _Optional[_Iterable[_Union[DeleteRecordsPartitionResult, _Mapping]]] = ...) -> None: ...
+
+class ClientQuotaEntityPart(_message.Message):
+    __slots__ = ("entity_type", "name")
+    ENTITY_TYPE_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    entity_type: str
+    name: str
+    def __init__(self, entity_type: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
+
+class ClientQuotaValue(_message.Message):
+    __slots__ = ("key", "value", "remove")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    REMOVE_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    value: float
+    remove: bool
+    def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ..., remove: _Optional[bool] = ...) -> None: ...
+
+class ClientQuotaAlteration(_message.Message):
+    __slots__ = ("entity", "values")
+    ENTITY_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    entity: _containers.RepeatedCompositeFieldContainer[ClientQuotaEntityPart]
+    values: _containers.RepeatedCompositeFieldContainer[ClientQuotaValue]
+    def __init__(self, entity: _Optional[_Iterable[_Union[ClientQuotaEntityPart, _Mapping]]] = ..., values: _Optional[_Iterable[_Union[ClientQuotaValue, _Mapping]]] = ...) -> None: ...
+
+class AlterClientQuotasRequest(_message.Message):
+    __slots__ = ("alterations", "validate_only")
+    ALTERATIONS_FIELD_NUMBER: _ClassVar[int]
+    VALIDATE_ONLY_FIELD_NUMBER: _ClassVar[int]
+    alterations: _containers.RepeatedCompositeFieldContainer[ClientQuotaAlteration]
+    validate_only: bool
+    def __init__(self, alterations: _Optional[_Iterable[_Union[ClientQuotaAlteration, _Mapping]]] = ..., validate_only: _Optional[bool] = ...) -> None: ...
+
+class AlterClientQuotasResult(_message.Message):
+    __slots__ = ("entity", "error")
+    ENTITY_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    entity: _containers.RepeatedCompositeFieldContainer[ClientQuotaEntityPart]
+    error: _errors_pb2.Error
+    def __init__(self, entity: _Optional[_Iterable[_Union[ClientQuotaEntityPart, _Mapping]]] = ..., error: _Optional[_Union[_errors_pb2.Error, _Mapping]] = ...) -> None: ...
+
+class AlterClientQuotasResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[AlterClientQuotasResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[AlterClientQuotasResult, _Mapping]]] = ...) -> None: ...
+
+class DescribeClientQuotasRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ClientQuotaEntry(_message.Message):
+    __slots__ = ("entity", "values")
+    class ValuesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    ENTITY_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    entity: _containers.RepeatedCompositeFieldContainer[ClientQuotaEntityPart]
+    values: _containers.ScalarMap[str, float]
+    def __init__(self, entity: _Optional[_Iterable[_Union[ClientQuotaEntityPart, _Mapping]]] = ..., values: _Optional[_Mapping[str, float]] = ...) -> None: ...
+
+class DescribeClientQuotasResponse(_message.Message):
+    __slots__ = ("entries",)
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    entries: _containers.RepeatedCompositeFieldContainer[ClientQuotaEntry]
+    def __init__(self, entries: _Optional[_Iterable[_Union[ClientQuotaEntry, _Mapping]]] = ...) -> None: ...

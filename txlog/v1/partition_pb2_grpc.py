@@ -165,6 +165,16 @@ class PartitionServiceStub:
                 request_serializer=txlog_dot_v1_dot_partition__pb2.DeleteRecordsRequest.SerializeToString,
                 response_deserializer=txlog_dot_v1_dot_partition__pb2.DeleteRecordsResponse.FromString,
                 _registered_method=True)
+        self.AlterClientQuotas = channel.unary_unary(
+                '/txlog.v1.PartitionService/AlterClientQuotas',
+                request_serializer=txlog_dot_v1_dot_partition__pb2.AlterClientQuotasRequest.SerializeToString,
+                response_deserializer=txlog_dot_v1_dot_partition__pb2.AlterClientQuotasResponse.FromString,
+                _registered_method=True)
+        self.DescribeClientQuotas = channel.unary_unary(
+                '/txlog.v1.PartitionService/DescribeClientQuotas',
+                request_serializer=txlog_dot_v1_dot_partition__pb2.DescribeClientQuotasRequest.SerializeToString,
+                response_deserializer=txlog_dot_v1_dot_partition__pb2.DescribeClientQuotasResponse.FromString,
+                _registered_method=True)
 
 
 class PartitionServiceServicer:
@@ -391,6 +401,23 @@ class PartitionServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AlterClientQuotas(self, request, context):
+        """Sets or removes client quotas (Kafka's alterClientQuotas): per user
+        principal and per client id, with defaults; kept in ZooKeeper and applied
+        by every instance. Each entry is checked whole (INVALID_REQUEST or
+        INVALID_CONFIG naming what was wrong; nothing of a refused entry changes).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DescribeClientQuotas(self, request, context):
+        """Every client quota set.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PartitionServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -523,6 +550,16 @@ def add_PartitionServiceServicer_to_server(servicer, server):
                     servicer.DeleteRecords,
                     request_deserializer=txlog_dot_v1_dot_partition__pb2.DeleteRecordsRequest.FromString,
                     response_serializer=txlog_dot_v1_dot_partition__pb2.DeleteRecordsResponse.SerializeToString,
+            ),
+            'AlterClientQuotas': grpc.unary_unary_rpc_method_handler(
+                    servicer.AlterClientQuotas,
+                    request_deserializer=txlog_dot_v1_dot_partition__pb2.AlterClientQuotasRequest.FromString,
+                    response_serializer=txlog_dot_v1_dot_partition__pb2.AlterClientQuotasResponse.SerializeToString,
+            ),
+            'DescribeClientQuotas': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeClientQuotas,
+                    request_deserializer=txlog_dot_v1_dot_partition__pb2.DescribeClientQuotasRequest.FromString,
+                    response_serializer=txlog_dot_v1_dot_partition__pb2.DescribeClientQuotasResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1227,6 +1264,60 @@ class PartitionService:
             '/txlog.v1.PartitionService/DeleteRecords',
             txlog_dot_v1_dot_partition__pb2.DeleteRecordsRequest.SerializeToString,
             txlog_dot_v1_dot_partition__pb2.DeleteRecordsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AlterClientQuotas(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/txlog.v1.PartitionService/AlterClientQuotas',
+            txlog_dot_v1_dot_partition__pb2.AlterClientQuotasRequest.SerializeToString,
+            txlog_dot_v1_dot_partition__pb2.AlterClientQuotasResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeClientQuotas(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/txlog.v1.PartitionService/DescribeClientQuotas',
+            txlog_dot_v1_dot_partition__pb2.DescribeClientQuotasRequest.SerializeToString,
+            txlog_dot_v1_dot_partition__pb2.DescribeClientQuotasResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,91 @@
+"""Client quotas' pure rules (partition_svc/client_quotas.py): entities and
+their names, which configured entity applies and who shares it, the sampled
+rate and the hold it calls for, and, on a simulated clock, that holding the
+answers keeps a greedy client to its quota."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from partition_svc.client_quotas import (
+    SAMPLES,
+    THROTTLE_MAX_MS,
+    WINDOW_MS,
+    QuotaTracker,
+    Rate,
+    applying,
+    checked_values,
+    entity_of,
+    entity_of_node,
+    node_name,
+    throttle_ms,
+)
+from txlog.protocol.errors import TxlogError
+
+P = "producer_byte_rate"
+
+
+def test_entities_are_checked_and_named_for_zookeeper_whatever_their_names_hold():
+    entity = entity_of({"client-id": "a/b,c=d", "user": "alice"})
+    assert entity == (("user", "alice"), ("client-id", "a/b,c=d")), "users first"
+    assert entity_of_node(node_name(entity)) == entity
+    default = entity_of({"user": None})
+    assert node_name(default) == "user=<default>" and entity_of_node(node_name(default)) == default
+    for bad in ({}, {"host": "x"}, {"user": ""}, {"user": "<default>"}, {"client-id": "x" * 256}):
+        with pytest.raises(TxlogError):
+            entity_of(bad)
+
+
+def test_values_are_positive_byte_rates_of_known_keys_and_none_removes():
+    assert checked_values({P: 10, "consumer_byte_rate": None}) == {P: 10.0, "consumer_byte_rate": None}
+    for bad in ({"request_rate": 1}, {P: 0}, {P: -5}, {P: 0.5}, {P: float("inf")}, {P: True}, {P: "5"}):
+        with pytest.raises(TxlogError):
+            checked_values(bad)
+
+
+def test_the_most_specific_entity_applies_and_defaults_are_each_names_own():
+    configs = {(("client-id", None),): {P: 10.0},
+               (("user", "alice"),): {P: 20.0},
+               (("user", "alice"), ("client-id", "batch")): {P: 30.0},
+               (("user", None), ("client-id", "batch")): {P: 40.0}}
+    assert applying(configs, "alice", "batch", P) == ((("user", "alice"), ("client-id", "batch")), 30.0)
+    assert applying(configs, "alice", "web", P) == ((("user", "alice"),), 20.0), "alice's clients share her quota"
+    assert applying(configs, "bob", "batch", P) == ((("user", "bob"), ("client-id", "batch")), 40.0)
+    assert applying(configs, "bob", "web", P) == ((("client-id", "web"),), 10.0), "the default client-id: each id its own"
+    assert applying(configs, "bob", "web", "consumer_byte_rate") is None
+
+
+def test_a_rate_is_over_the_windows_kept_and_the_hold_is_kafkas():
+    rate = Rate(started_ms=0)
+    rate.record(5_000, 100)
+    assert rate.per_second(500) == 5_000, "a young rate is over one window at least"
+    assert throttle_ms(rate, 5_000, 500) == 0
+    rate.record(5_000, 900)
+    assert throttle_ms(rate, 5_000, 900) == 1_000, "(10000 - 5000) / 5000 * 1000 ms"
+    assert throttle_ms(rate, 1, 900) == THROTTLE_MAX_MS
+    later = SAMPLES * WINDOW_MS + 2_000
+    rate.record(0, later)
+    assert rate.per_second(later) == 0 and throttle_ms(rate, 1, later) == 0, "windows older than the span are dropped"
+
+
+@settings(max_examples=50, deadline=None)
+@given(quota=st.integers(10_000, 10_000_000), share=st.floats(0.001, 1.0), gap_ms=st.integers(0, 50))
+def test_holding_answers_keeps_a_greedy_client_within_a_fifth_of_its_quota(quota, share, gap_ms):
+    """A client that sends its next request as soon as the last is answered
+    (held or not), on a simulated clock, for two minutes, each request at most
+    a second of its quota: what it got through over the last minute is within
+    20% of its quota (or it sends less than its quota anyway)."""
+    request_bytes = max(1, int(quota * share))
+    configs = {(("client-id", "greedy"),): {P: float(quota)}}
+    tracker = QuotaTracker()
+    now, sent = 0.0, []
+    while now < 120_000:
+        held = tracker.record(configs, "ANONYMOUS", "greedy", [(P, request_bytes)], now)
+        sent.append((now, request_bytes))
+        now += held + gap_ms + 1
+    last_minute = sum(size for at, size in sent if at >= 60_000) / 60
+    assert last_minute <= quota * 1.2 + request_bytes / 60
+    if request_bytes * 1000 / (gap_ms + 1) > quota * 2:  # it could send at least twice its quota unheld
+        assert last_minute >= quota * 0.8 - request_bytes / 60, (last_minute, quota)
