@@ -33,6 +33,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -249,7 +250,12 @@ class ClusterState:
 class LocalCluster:
     """The processes of one local cluster, described by ``DIR/cluster.json``."""
 
-    def __init__(self, directory: str | Path, *, env: dict[str, str] | None = None):
+    def __init__(self, directory: str | Path, *, env: dict[str, str] | None = None,
+                 zookeeper_route: Callable[[str, str], str] | None = None):
+        """``zookeeper_route(name, zookeeper)``: the ZooKeeper connection string
+        the process ``name`` is given instead of the cluster's (a chaos run's
+        own proxy on that path); None: the cluster's."""
+        self.zookeeper_route = zookeeper_route
         self.dir = Path(directory).resolve()
         self.env = {**os.environ, **(env or {})}
         self._children: dict[int, subprocess.Popen] = {}
@@ -289,7 +295,7 @@ class LocalCluster:
             "--listen", address,
             "--metrics-listen", metrics_address,
             "--node-id", str(node_id),
-            "--zookeeper", self.state.zookeeper,
+            "--zookeeper", self.zookeeper_route(name, self.state.zookeeper) if self.zookeeper_route else self.state.zookeeper,
             "--zookeeper-root", self.state.zookeeper_root,
             *self._tls_args(name),
             *(extra or []),

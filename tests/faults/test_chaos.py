@@ -17,7 +17,7 @@ from services.tooling.chaos.history import REPLAY_KINDS
 from services.tooling.chaos.run import run
 
 SEED = 20240611
-WORKLOAD_S = 100  # the run goes on until each of the 13 fault kinds was injected once (one every ~6 s; pauses last 8 s, replays ~3 s)
+WORKLOAD_S = 100  # the run goes on until each of the 14 fault kinds was injected once (one every ~6 s; pauses and cuts last 8 s, replays ~3 s)
 
 
 def test_no_anomaly_under_every_kind_of_fault(tmp_path):

@@ -24,6 +24,11 @@ Kinds (``FAULT_KINDS``):
     replay_end_txn      transaction N's EndTxn delivered again to its coordinator while N+1 is open
     replay_produce      a Produce of transaction N delivered again to its leader seconds later,
                         while N is still open (a duplicate) or while N+1 is open (a stale epoch)
+    partition_zookeeper a busy partition's leader, a coordinator or the controller cut off from
+                        ZooKeeper (its own path there goes dark: proxy.py) past its session, while
+                        clients and the other instances still reach it; then healed. The classic
+                        split brain: it must stop acknowledging acks=all writes and completing
+                        transactions once another instance has taken over
 
 A replay is an order the nemesis writes for one producer worker, which captures
 the request and delivers its copy itself (``replay.py``); the nemesis waits a
@@ -43,7 +48,9 @@ partition is down at a time (the condition replication is built for).
 
 from __future__ import annotations
 
+import json
 import os
+import posixpath
 import random
 import shutil
 import signal
@@ -53,11 +60,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoNodeError
+from kazoo.handlers.threading import KazooTimeoutError
+
+from services.tooling.chaos.proxy import ZookeeperRoutes
 from services.tooling.chaos.replay import REPLAY_KINDS, Order, wait_done, write_order
 from services.tooling.cluster import LocalCluster, pid_alive
 from txlog import Admin
 
-REPLICA_KINDS = ("kill_partition", "kill_leader", "wipe_replica", "pause_leader")
+REPLICA_KINDS = ("kill_partition", "kill_leader", "wipe_replica", "pause_leader", "partition_zookeeper")
 FAULT_KINDS = (*REPLICA_KINDS, "kill_coordinator", "kill_producer_id", "kill_zookeeper",
                "pause_coordinator", "pause_producer", "kill_member", *REPLAY_KINDS)
 REPLICATED_WAIT_S = 90.0  # how long the nemesis waits for every partition to be in sync before a replica fault
@@ -103,6 +115,8 @@ class Nemesis:
     kinds: tuple[str, ...] = FAULT_KINDS  # the kinds to inject (a run limited to some)
     replay_wait_s: float = REPLAY_WAIT_S
     members: Members | None = None  # the consume-transform-produce members, for kill_member
+    routes: ZookeeperRoutes | None = None  # each process's path to ZooKeeper, for partition_zookeeper
+    zookeeper_cut_s: float = 8.0  # longer than the cut process's ZooKeeper session
     log: list[FaultEvent] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -159,6 +173,7 @@ class Nemesis:
             "replay_marker": lambda: self.rng.choice(sorted(self.producer_pids)),
             "replay_end_txn": lambda: self.rng.choice(sorted(self.producer_pids)),
             "replay_produce": lambda: self.rng.choice(sorted(self.producer_pids)),
+            "partition_zookeeper": self._split_brain_target,
         }[kind]()
         event = FaultEvent(kind, target, time.time(), detail=waited)
         self.log.append(event)
@@ -181,6 +196,8 @@ class Nemesis:
                 self._pause(self.producer_pids[target], self.producer_pause_s)
             elif kind in REPLAY_KINDS:
                 self._replay(event)
+            elif kind == "partition_zookeeper":
+                self._cut_from_zookeeper(target)
         except Exception as exc:  # noqa: BLE001 - recorded; heal() repairs what is left broken
             event.error = repr(exc)[:300]
         event.end_s = time.time()
@@ -198,6 +215,39 @@ class Nemesis:
         if not leaders:
             raise RuntimeError(f"no partition of {self.topics} has a leader")
         return f"partition_svc-{self.rng.choice(leaders)}"
+
+    def _split_brain_target(self) -> str:
+        """A busy partition's leader, a coordinator or the controller, drawn at random."""
+        choice = self.rng.choice(("leader", "coordinator", "controller"))
+        if choice == "coordinator":
+            return self.rng.choice(self.names("coordinator_svc"))
+        if choice == "controller":
+            controller = self._controller()
+            if controller is not None:
+                return controller
+        return self._busy_leader()
+
+    def _controller(self) -> str | None:
+        """The partition_svc that is the controller now (read from ZooKeeper), if any."""
+        zookeeper = KazooClient(hosts=self.cluster.state.zookeeper)
+        try:
+            zookeeper.start(timeout=20)
+            data, _ = zookeeper.get(posixpath.join(self.cluster.state.zookeeper_root, "controller"))
+            return f"partition_svc-{json.loads(data)['node_id']}"
+        except (NoNodeError, KazooTimeoutError):
+            return None
+        finally:
+            zookeeper.stop()
+            zookeeper.close()
+
+    def _cut_from_zookeeper(self, target: str) -> None:
+        if self.routes is None:
+            raise RuntimeError("partition_zookeeper needs the run's ZooKeeper routes")
+        self.routes.cut(target)
+        try:
+            self._stop.wait(self.zookeeper_cut_s)
+        finally:
+            self.routes.heal(target)
 
     def _wait_replicated(self) -> str:
         """Waits (bounded) until no partition is under-replicated; what it saw."""
@@ -241,6 +291,8 @@ class Nemesis:
         first); the names it started."""
         for pid in list(self._paused):
             send_signal(pid, signal.SIGCONT)
+        if self.routes is not None:
+            self.routes.heal()
         started = []
         ordered = sorted(self.cluster.state.services.items(), key=lambda item: item[1].kind != "zookeeper")
         for name, info in ordered:

@@ -38,6 +38,7 @@ from pathlib import Path
 from services.tooling.chaos import checker, security, silent
 from services.tooling.chaos.faults import FAULT_KINDS, Nemesis
 from services.tooling.chaos.history import read_events
+from services.tooling.chaos.proxy import ZookeeperRoutes
 from services.tooling.chaos.worker import CHECKER_STOP_FILE
 from services.tooling.cluster import LocalCluster
 from txlog import Admin, Consumer
@@ -240,7 +241,8 @@ def run(duration_s: float, *, seed: int | None = None, directory: str | Path | N
     (directory / "stop").unlink(missing_ok=True)
     (directory / CHECKER_STOP_FILE).unlink(missing_ok=True)
     started_s = time.monotonic()
-    cluster = LocalCluster(directory / "cluster")
+    routes = ZookeeperRoutes()  # each process's own path to ZooKeeper, which partition_zookeeper cuts
+    cluster = LocalCluster(directory / "cluster", zookeeper_route=routes.route)
     workers: Workers | None = None
     nemesis = None
     nemesis_started_s = time.time()
@@ -258,7 +260,8 @@ def run(duration_s: float, *, seed: int | None = None, directory: str | Path | N
         nemesis = Nemesis(cluster, random.Random(seed), fault_interval_s,
                           workers.producer_pids(), members=workers,
                           producer_pause_s=TXN_TIMEOUT_MS / 1000 + 2, directory=directory, kinds=kinds,
-                          leader_pause_s=PARTITION_SESSION_S + 2, topics=tuple(TOPICS))
+                          leader_pause_s=PARTITION_SESSION_S + 2, topics=tuple(TOPICS), routes=routes,
+                          zookeeper_cut_s=PARTITION_SESSION_S + 3)
         nemesis_started_s = time.time()
         nemesis.start()
         time.sleep(duration_s)
@@ -289,6 +292,7 @@ def run(duration_s: float, *, seed: int | None = None, directory: str | Path | N
         if nemesis is not None:
             nemesis.stop()
         cluster.down(grace_s=5)
+        routes.close()
     events = read_events(directory)
     result = checker.check(events, final)
     numbers = checker.figures(events, final)

@@ -1,0 +1,128 @@
+"""The chaos run's own network paths: a TCP proxy per service process on its
+way to ZooKeeper, which the nemesis can cut (``partition_zookeeper``) while
+clients and the other instances still reach the process directly.
+
+A cut is a black hole, as a partition is: bytes either way are read and
+dropped, new connections are accepted and hear nothing, so the process's
+ZooKeeper client times out rather than being told the connection closed.
+Healing closes the connections that were cut (their streams lost bytes) and
+forwards new ones again. Only the run's own loopback ports are touched.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+BUFFER_BYTES = 65536
+
+
+class CuttableProxy:
+    """Forwards 127.0.0.1:``port`` to ``target`` (host:port) until cut."""
+
+    def __init__(self, target: str):
+        host, _, port = target.rpartition(":")
+        self.target = (host, int(port))
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._cut = threading.Event()
+        self._lock = threading.Lock()
+        self._pairs: list[tuple[socket.socket, socket.socket | None]] = []
+        self._closed = False
+        threading.Thread(target=self._accept, name=f"proxy-{self.port}", daemon=True).start()
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def is_cut(self) -> bool:
+        return self._cut.is_set()
+
+    def cut(self) -> None:
+        self._cut.set()
+
+    def heal(self) -> None:
+        """Forwards again; the connections open during the cut are closed."""
+        with self._lock:
+            pairs, self._pairs = self._pairs, []
+            self._cut.clear()
+        for pair in pairs:
+            _close(*pair)
+
+    def close(self) -> None:
+        self._closed = True
+        self._listener.close()
+        self.heal()
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            upstream = None
+            if not self._cut.is_set():
+                try:
+                    upstream = socket.create_connection(self.target, timeout=5)
+                    upstream.settimeout(None)
+                except OSError:
+                    client.close()  # ZooKeeper itself is down (a kill_zookeeper fault): refused, as it would be
+                    continue
+            with self._lock:
+                self._pairs.append((client, upstream))
+            for source, sink in ((client, upstream), (upstream, client)):
+                if source is not None:
+                    threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket | None) -> None:
+        try:
+            while True:
+                data = source.recv(BUFFER_BYTES)
+                if not data:
+                    break
+                if sink is not None and not self._cut.is_set():
+                    sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            if not self._cut.is_set():  # cut: the other side hears nothing, not a close
+                _close(source, sink)
+
+
+def _close(*sockets: socket.socket | None) -> None:
+    for sock in sockets:
+        if sock is None:
+            continue
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        sock.close()
+
+
+class ZookeeperRoutes:
+    """One CuttableProxy per service process, made when its command is built."""
+
+    def __init__(self):
+        self.proxies: dict[str, CuttableProxy] = {}
+
+    def route(self, name: str, zookeeper: str) -> str:
+        """The connection string ``name`` is given: its proxy's address (a chroot kept)."""
+        hosts, slash, chroot = zookeeper.partition("/")
+        proxy = self.proxies.get(name)
+        if proxy is None:
+            proxy = self.proxies[name] = CuttableProxy(hosts.split(",")[0])
+        return proxy.address + slash + chroot
+
+    def cut(self, name: str) -> None:
+        self.proxies[name].cut()
+
+    def heal(self, name: str | None = None) -> None:
+        for proxy_name, proxy in self.proxies.items():
+            if name is None or proxy_name == name:
+                proxy.heal()
+
+    def close(self) -> None:
+        for proxy in self.proxies.values():
+            proxy.close()
