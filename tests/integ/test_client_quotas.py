@@ -5,7 +5,7 @@ acknowledged, its answers held (throttle_time_ms), while another client id
 is not held; a fetch over consumer_byte_rate is answered, held, too.
 
 How closely a quota holds a client to its rate is measured by a benchmark
-(bench/overload.py), not asserted here."""
+(bench/quotas.py), not asserted here."""
 
 from __future__ import annotations
 
