@@ -14,7 +14,8 @@ Invariants
 * To each instance the announcements are delivered in the order the passes
   made them: one still in flight holds back the next one for that instance
   (and only for that instance), so an older state never overtakes a newer one
-  on the way."""
+  on the way. An instance gone from the registrations, or back at another
+  address, has what was on its way to it cancelled."""
 
 from __future__ import annotations
 
@@ -41,7 +42,8 @@ class Announcer:
         self.node_id = node_id
         self.peers = peers
         self.wait_s = wait_s
-        self._last: dict[int, asyncio.Task] = {}  # node -> its latest delivery (the one the next must follow)
+        # node -> (the address it was sent to, its latest delivery: the one the next to that address must follow)
+        self._last: dict[int, tuple[str, asyncio.Task]] = {}
 
     async def announce(self, controller_epoch: int, addresses: dict[int, str], changed: PartitionStates, newcomers: set[int],
                        everything: PartitionStates) -> set[int]:
@@ -72,13 +74,21 @@ class Announcer:
                 log.warning("LeaderAndIsr refused in part", extra=fields(node=node, first=refused[0].error.message))
             return True
 
-        self._last = {node: task for node, task in self._last.items() if not task.done()}
+        for node, (address, task) in list(self._last.items()):
+            if task.done():
+                del self._last[node]
+            elif addresses.get(node) != address:  # gone, or back at another address: what was on its way is moot
+                task.cancel()
+                del self._last[node]
         deliveries: dict[int, asyncio.Task] = {}
         for node, address in addresses.items():
             states = everything if node in newcomers else changed
             if states:
-                deliveries[node] = self._last[node] = asyncio.create_task(
-                    tell(node, address, states, self._last.get(node)))
+                before = self._last.get(node, (address, None))[1]
+                task = asyncio.create_task(tell(node, address, states, before))
+                task.add_done_callback(_retrieved)
+                deliveries[node] = task
+                self._last[node] = (address, task)
         if deliveries:
             await asyncio.wait(deliveries.values(), timeout=self.wait_s)
             # connected but slow (a loaded instance, a large first announcement): waited for, not sent everything again
@@ -88,3 +98,9 @@ class Announcer:
                 await asyncio.wait(connected)
         return {node for node, task in deliveries.items()
                 if not task.done() or task.cancelled() or task.exception() is not None or not task.result()}
+
+
+def _retrieved(task: asyncio.Task) -> None:
+    """Marks a delivery's outcome as seen (one that ends after its pass has returned is nobody's to await)."""
+    if not task.cancelled():
+        task.exception()

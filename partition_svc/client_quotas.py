@@ -16,19 +16,21 @@ default part standing for each name it matches: a ``{"user": "alice"}`` quota
 is shared by all of alice's clients, a default client-id quota is each
 client id's own.
 
-Throttling (Kafka's): each (shared entity, key) has a rate over
+Throttling (Kafka's, KIP-219): each (shared entity, key) has a rate over
 ``SAMPLES`` windows of ``WINDOW_MS``. A call that takes the rate past the
-quota is answered, but held for ``(rate - quota) / quota * span`` ms (span:
-the windows measured, at most ``SAMPLES * WINDOW_MS``), at most
-``THROTTLE_MAX_MS``; held answers keep a client to its quota whatever it
-does, and the answer says how long it was held (``throttle_time_ms``).
+quota is answered at once with ``throttle_time_ms``: ``(rate - quota) /
+quota * span`` ms (span: the windows measured, at most ``SAMPLES *
+WINDOW_MS``), at most ``THROTTLE_MAX_MS``; until then the entity is
+throttled. A call of a throttled entity waits before it is applied (a
+compliant client waits before sending it), so however many calls a client
+keeps in flight, what it gets applied stays at its quota.
 """
 
 from __future__ import annotations
 
 import math
 import urllib.parse
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -44,7 +46,7 @@ WINDOW_MS = 1_000
 SAMPLES = 11
 THROTTLE_MAX_MS = SAMPLES * WINDOW_MS
 NAME_LENGTH_MAX = 255
-TRACKED_MAX = 100_000  # (entity, key) rates kept; idle ones go first
+TRACKED_MAX = 100_000  # (entity, key) rates kept, the least recently used going first
 
 # An entity: (entity type, name or None for the default) per part, users first.
 Entity = tuple[tuple[str, str | None], ...]
@@ -154,32 +156,47 @@ def throttle_ms(rate: Rate, quota: float, now_ms: float) -> int:
 
 
 class QuotaTracker:
-    """The rates of the entities that have quotas, on one instance."""
+    """The rates of the entities that have quotas, on one instance, and until
+    when each is throttled. At most ``TRACKED_MAX`` are kept, the least
+    recently used going first (client ids are the callers' to choose)."""
 
-    def __init__(self):
-        self.rates: dict[tuple[Entity, str], Rate] = {}
+    def __init__(self, tracked_max: int = TRACKED_MAX):
+        self.tracked_max = tracked_max
+        self.rates: OrderedDict[tuple[Entity, str], Rate] = OrderedDict()
+        self.throttled_until: dict[tuple[Entity, str], float] = {}
+
+    def throttled_ms(self, configs: Mapping[Entity, Mapping[str, float]], user: str, client_id: str, key: str,
+                     now_ms: float) -> tuple[tuple[Entity, str] | None, float]:
+        """The (entity, key) whose quota applies, and how long it is still throttled (0: not)."""
+        found = applying(configs, user, client_id, key)
+        if found is None:
+            return None, 0.0
+        tracked = (found[0], key)
+        return tracked, max(0.0, self.throttled_until.get(tracked, 0.0) - now_ms)
 
     def record(self, configs: Mapping[Entity, Mapping[str, float]], user: str, client_id: str,
                amounts: Iterable[tuple[str, float]], now_ms: float) -> int:
         """Counts a call's ``amounts`` (quota key, amount) against the quotas
-        that apply; the longest hold they call for (0: none)."""
+        that apply; the longest throttle they call for (0: none), from which
+        on the entity is throttled."""
         held = 0
         for key, amount in amounts:
             found = applying(configs, user, client_id, key)
             if found is None:
                 continue
             entity, quota = found
-            rate = self.rates.get((entity, key))
+            tracked = (entity, key)
+            rate = self.rates.get(tracked)
             if rate is None:
-                if len(self.rates) >= TRACKED_MAX:
-                    self.forget_idle(now_ms)
-                rate = self.rates[(entity, key)] = Rate(now_ms)
+                rate = self.rates[tracked] = Rate(now_ms)
+                while len(self.rates) > self.tracked_max:
+                    evicted, _ = self.rates.popitem(last=False)
+                    self.throttled_until.pop(evicted, None)
+            else:
+                self.rates.move_to_end(tracked)
             rate.record(amount, now_ms)
-            held = max(held, throttle_ms(rate, quota, now_ms))
+            throttle = throttle_ms(rate, quota, now_ms)
+            if throttle:
+                self.throttled_until[tracked] = max(self.throttled_until.get(tracked, 0.0), now_ms + throttle)
+            held = max(held, throttle)
         return held
-
-    def forget_idle(self, now_ms: float) -> None:
-        """Drops the rates with nothing in their windows (recorded longer ago than the span)."""
-        for key in [k for k, rate in self.rates.items()
-                    if not rate.windows or rate.windows[-1][0] <= now_ms - SAMPLES * WINDOW_MS]:
-            del self.rates[key]

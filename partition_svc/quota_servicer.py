@@ -7,6 +7,7 @@ held for the throttle time and says so in ``throttle_time_ms``."""
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 
 from partition_svc import wire
@@ -22,11 +23,14 @@ from partition_svc.quota_store import QuotaStore
 from partition_svc.rpc_errors import error_of
 from services.runtime import server
 from services.security.authorizer import Authorizer
+from txlog.net.identity import CLIENT_ID_LENGTH_MAX, CLIENT_ID_METADATA
+from txlog.protocol import errors
 from txlog.protocol.errors import ErrorCode, TxlogError
 from txlog.v1 import partition_pb2
 
-CLIENT_ID_METADATA = "txlog-client-id"
 USER_PREFIX = "User:"
+WAITERS_MAX = 4  # calls of one throttled entity waiting on one instance; more are refused
+DEADLINE_MARGIN_S = 0.5  # a call waits its turn only if this much of its deadline is left after
 
 
 def parts_of(entity) -> dict[str, str | None]:
@@ -75,61 +79,102 @@ class QuotaServicer:
 
 
 class Throttling:
-    """Holds the answers of Produce, Fetch and FetchStream of callers over
-    their quotas (nothing to do, and no cost beyond one check, while no quota
-    is set)."""
+    """Throttles Produce, Fetch and FetchStream by the quotas that apply to
+    the caller (Kafka's KIP-219): an answer says ``throttle_time_ms`` at once;
+    a call of an entity still throttled waits before it is applied, at most
+    until its deadline nears (then, and when ``WAITERS_MAX`` of the entity's
+    calls wait already, it is refused LIMIT_EXCEEDED with the throttle left
+    as its RetryInfo: nothing of it was applied). Nothing to do, beyond one
+    check, while no quota is set. The cluster's own calls are never throttled."""
 
     def __init__(self, store: QuotaStore, authorizer: Authorizer):
         self.store = store
         self.authorizer = authorizer
         self.tracker = QuotaTracker()
+        self.waiting: dict[tuple, int] = {}  # (entity, key) -> its calls waiting here
 
     def throttle(self, data_servicer) -> None:
         """Replaces the servicer's Produce, Fetch and FetchStream by throttled ones."""
-        data_servicer.Produce = self._produce(data_servicer.Produce)
-        data_servicer.Fetch = self._fetch(data_servicer.Fetch)
+        data_servicer.Produce = self._unary(data_servicer.Produce, PRODUCER_BYTE_RATE)
+        data_servicer.Fetch = self._unary(data_servicer.Fetch, CONSUMER_BYTE_RATE)
         data_servicer.FetchStream = self._fetch_stream(data_servicer.FetchStream)
 
-    def held_ms(self, context, key: str, amount: int) -> int:
+    def caller(self, context) -> tuple[str, str] | None:
+        """(user, client id) of a call quotas apply to; None when none do (no quota
+        set, the cluster's own call, a caller the guard refuses anyway)."""
         if not self.store.configs:
-            return 0
-        principal = self.authorizer.caller(context).principal
-        user = principal.removeprefix(USER_PREFIX)
-        client_id = next((v for k, v in context.invocation_metadata() or () if k == CLIENT_ID_METADATA), "")
-        return self.tracker.record(self.store.configs, user, client_id, [(key, amount)], time.monotonic() * 1000)
+            return None
+        if self.authorizer.is_cluster_call(context):
+            return None
+        metadata = dict(context.invocation_metadata() or ())
+        try:
+            principal = self.authorizer.caller(context).principal
+        except TxlogError:
+            return None
+        return principal.removeprefix(USER_PREFIX), metadata.get(CLIENT_ID_METADATA, "")[:CLIENT_ID_LENGTH_MAX]
 
-    def _produce(self, handler):
-        async def produce(request, context):
+    async def wait_turn(self, who: tuple[str, str] | None, key: str, context) -> None:
+        """Returns once the caller's entity is not throttled; or ends the call refused."""
+        if who is None:
+            return
+        tracked, left_ms = self.tracker.throttled_ms(self.store.configs, *who, key, _now_ms())
+        if not left_ms:
+            return
+        time_left_s = context.time_remaining()
+        if self.waiting.get(tracked, 0) >= WAITERS_MAX or (
+                time_left_s is not None and time_left_s - DEADLINE_MARGIN_S < left_ms / 1000):
+            await errors.abort(context, TxlogError(
+                ErrorCode.Value("LIMIT_EXCEEDED"), f"over its {key} quota: throttled for {left_ms:.0f} ms more",
+                retry_delay_ms=math.ceil(left_ms)))
+        self.waiting[tracked] = self.waiting.get(tracked, 0) + 1
+        try:
+            await asyncio.sleep(left_ms / 1000)
+        finally:
+            self.waiting[tracked] -= 1
+            if not self.waiting[tracked]:
+                del self.waiting[tracked]
+
+    def counted(self, who: tuple[str, str] | None, key: str, amount: int) -> int:
+        if who is None:
+            return 0
+        return self.tracker.record(self.store.configs, *who, [(key, amount)], _now_ms())
+
+    def _unary(self, handler, key: str):
+        async def throttled(request, context):
+            who = self.caller(context)
+            await self.wait_turn(who, key, context)
             reply = await handler(request, context)
-            held = self.held_ms(context, PRODUCER_BYTE_RATE, request.ByteSize() if hasattr(request, "ByteSize") else 0)
+            if isinstance(reply, bytes):  # an encoded FetchResponse
+                held = self.counted(who, key, len(reply))
+                return reply + wire.throttle_time(held) if held else reply
+            held = self.counted(who, key, request.ByteSize())
             if held:
                 reply.throttle_time_ms = held
-                await asyncio.sleep(held / 1000)
             return reply
 
-        return produce
-
-    async def _held_reply(self, reply: bytes, context) -> bytes:
-        held = self.held_ms(context, CONSUMER_BYTE_RATE, len(reply))
-        if held:
-            await asyncio.sleep(held / 1000)
-            return reply + wire.throttle_time(held)
-        return reply
-
-    def _fetch(self, handler):
-        async def fetch(request, context):
-            return await self._held_reply(await handler(request, context), context)
-
-        return fetch
+        return throttled
 
     def _fetch_stream(self, handler):
         async def fetch_stream(request, context):
+            who = self.caller(context)
+            await self.wait_turn(who, CONSUMER_BYTE_RATE, context)
             chunks = await handler(request, context)
 
-            async def held():
-                async for chunk in chunks:
-                    yield await self._held_reply(chunk, context)
+            async def counted_chunks():
+                try:
+                    async for chunk in chunks:
+                        held = self.counted(who, CONSUMER_BYTE_RATE, len(chunk))
+                        if held:
+                            yield chunk + wire.throttle_time(held)
+                            return  # throttled: the client's next fetch waits its turn
+                        yield chunk
+                finally:
+                    await chunks.aclose()
 
-            return held()
+            return counted_chunks()
 
         return fetch_stream
+
+
+def _now_ms() -> float:
+    return time.monotonic() * 1000

@@ -16,6 +16,7 @@ from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 from partition_svc.client_quotas import Entity, entity_of_node, node_name
 from services.coordination import zk
 from services.runtime.logs import fields
+from txlog.protocol.errors import TxlogError
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,10 @@ class QuotaStore:
                 data, _ = await zk.call(self.client, "get", posixpath.join(self.base, child))
             except NoNodeError:
                 continue
-            configs[entity_of_node(child)] = {k: float(v) for k, v in json.loads(data).items()}
+            try:
+                configs[entity_of_node(child)] = {k: float(v) for k, v in json.loads(data).items()}
+            except (TxlogError, ValueError, TypeError, AttributeError) as exc:  # a newer version's entity, a bad value
+                log.warning("client quota entity skipped", extra=fields(node=child, error=str(exc)))
         return configs
 
     async def alter(self, entity: Entity, changes: dict[str, float | None]) -> dict[str, float]:

@@ -27,24 +27,15 @@ from dataclasses import dataclass, field
 import grpc
 from google.protobuf import message_factory
 
-from txlog.errors import ClientError, ConfigError, error_for, from_exception
+from txlog.errors import ClientError, error_for, from_exception
 from txlog.net.channels import ChannelCache
+from txlog.net.identity import CLIENT_ID_METADATA, checked_client_id
 from txlog.net.tls import TlsFiles
 from txlog.protocol.errors import ErrorCode
 from txlog.v1 import coordinator_pb2, coordinator_pb2_grpc, partition_pb2, partition_pb2_grpc
 
 REQUEST_TIMEOUT_MS_DEFAULT = 30_000
-CLIENT_ID_METADATA = "txlog-client-id"
-CLIENT_ID_LENGTH_MAX = 255
 
-
-def checked_client_id(client_id: str) -> str:
-    """``client_id`` if a server can take it (printable ASCII, at most 255 characters); else ConfigError."""
-    if not isinstance(client_id, str) or len(client_id) > CLIENT_ID_LENGTH_MAX or not all(
-            " " <= c <= "~" for c in client_id):
-        raise ConfigError(f"client_id must be printable ASCII of at most {CLIENT_ID_LENGTH_MAX} characters, "
-                          f"got {client_id!r}")
-    return client_id
 MAX_MESSAGE_BYTES_DEFAULT = 64 * 1024 * 1024
 
 # rpc name -> which service's stub serves it (from the service descriptors, so a new rpc needs no edit here)

@@ -24,6 +24,7 @@ import grpc
 
 from services.coordination.zk import ServiceRegistry
 from txlog.net.channels import CALL_TIMEOUT_S_DEFAULT, ChannelCache
+from txlog.net.identity import PEER_METADATA
 from txlog.net.tls import TlsFiles
 from txlog.protocol import errors
 from txlog.protocol.errors import ErrorCode, TxlogError
@@ -54,7 +55,8 @@ class PeerClient:
         --tls-* settings): other instances see it as the client of their calls."""
         self.registry = registry
         self.timeout_s = timeout_s
-        self._channels = ChannelCache(timeout_s=timeout_s, tls_files=tls_files)
+        # marked as the cluster's own calls (admission's reserved share, no client quota: txlog.net.identity)
+        self._channels = ChannelCache(timeout_s=timeout_s, tls_files=tls_files, metadata=((PEER_METADATA, "1"),))
         # Servers applications run (transaction checkers) are dialled with this instance's certificate but never
         # its bearer token: whoever registered the address would otherwise hold a service's (super user's) token.
         self._application_channels = ChannelCache(

@@ -23,14 +23,17 @@ Invariants
 * grpc.health.v1 and reflection are not admitted here: a probe is answered
   however loaded the process is.
 
-Internal calls are recognized by method, not by caller: without an authorizer
-any client can call them, as any client can call anything.
+Internal calls are recognized by method (replication, markers, producer-id
+blocks) or by the peer mark the services put on their calls to one another
+(the coordinators' transaction-log reads and writes, the leaders'
+transaction checks), trusted from a super user only when an authorizer runs
+(txlog.net.identity).
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from services.runtime import config as config_mod
@@ -98,8 +101,13 @@ class Admission:
     """The bounds of one process and what is in flight under them (all on the
     event loop's thread: no lock)."""
 
-    def __init__(self, limits: Limits, rng: random.Random | None = None):
+    def __init__(self, limits: Limits, rng: random.Random | None = None,
+                 cluster_call: Callable[[object], bool] | None = None):
+        """``cluster_call(context)``: whether a call is another instance's (its
+        peer mark, trusted: services.security.authorizer.is_cluster_call), which
+        takes the internal share whatever its method."""
         self.limits = limits
+        self.cluster_call = cluster_call
         self.in_flight = 0
         self.in_flight_bytes = 0
         self.refused = 0
@@ -164,6 +172,7 @@ class Admission:
 
     async def _enter(self, internal: bool, request, context) -> int:
         """Takes a slot for the call of ``request`` (returning its size) or ends the call refused."""
+        internal = internal or (self.cluster_call is not None and self.cluster_call(context))
         size = _size_of(request)
         refused = self.admit(internal, size)
         if refused is not None:

@@ -241,6 +241,7 @@ class ServiceRuntime:
         self.authorizer = authorizer.Authorizer(cfg)  # bad rules or super users stop the process, naming the setting
         self.metrics = metrics.ServiceMetrics(kind, cfg, lambda: None if self._zookeeper is None else self._zookeeper.connected)
         self.admission = admission_mod.Admission.from_config(cfg)
+        self.admission.cluster_call = self.authorizer.is_cluster_call
         self.metrics.observe_admission(self.admission)
         auth_file = getattr(cfg, "zookeeper_auth_file", "")
         try:

@@ -46,6 +46,7 @@ from services.coordination import zk
 from services.runtime.logs import fields
 from services.security import access, tokens
 from txlog.net import tls
+from txlog.net.identity import PEER_METADATA, metadata_value
 from txlog.protocol import acls, errors
 from txlog.protocol.acls import AclBinding, AclFilter
 from txlog.protocol.errors import ErrorCode, TxlogError
@@ -276,6 +277,19 @@ class Authorizer:
             raise TxlogError(ErrorCode.Value("AUTHENTICATION_FAILED"),
                              "the call carries neither a client certificate nor a bearer token (authorization: Bearer <JWT>)")
         return Caller(tls.ANONYMOUS, host, self)
+
+    def is_cluster_call(self, context: grpc.aio.ServicerContext) -> bool:
+        """A call another instance made (txlog.net.identity's peer mark) by a
+        caller that may do anything; with neither authorizer nor tokens,
+        any marked call (any caller could be anyone)."""
+        if metadata_value(context, PEER_METADATA) is None:
+            return False
+        if not self.enabled and self.tokens is None:
+            return True
+        try:
+            return self.caller(context).principal in self.super_users
+        except TxlogError:
+            return False
 
     def guard(self, method: str, implementation, unchecked: type):
         """``implementation`` checked first (and its answer filtered, for the

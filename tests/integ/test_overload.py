@@ -11,7 +11,6 @@ its max_wait_ms, so the bound is reached without racing the clock."""
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 
 import grpc
@@ -27,7 +26,7 @@ from txlog.protocol import errors
 from txlog.v1 import partition_pb2, partition_pb2_grpc
 
 BOUND = 8  # clients get 6 of them (reserved_internal_share 0.25)
-POLL_MS = 6_000
+POLL_MS = 9_000
 
 
 @pytest.fixture
@@ -43,20 +42,17 @@ def poll_request(topic: str, offset: int) -> partition_pb2.FetchRequest:
 
 
 async def fill(address: str, topic: str, end: int = 0) -> tuple[list[asyncio.Future], grpc.aio.AioRpcError, grpc.aio.Channel]:
-    """Long polls at the log's ``end`` started one by one until the leader
-    refuses one: the polls it holds and the refusal."""
+    """More long polls at the log's ``end`` than the leader's bound, all at once:
+    the polls it holds (an admitted poll waits its max_wait_ms with nothing
+    arriving) and one of its refusals (they come at once)."""
     channel = grpc.aio.insecure_channel(address)
     stub = partition_pb2_grpc.PartitionServiceStub(channel)
-    held: list[asyncio.Future] = []
-    for _ in range(BOUND + 1):
-        call = stub.Fetch(poll_request(topic, end), timeout=60)
-        done, _ = await asyncio.wait([asyncio.ensure_future(call)], timeout=0.5)
-        if done:
-            failure = done.pop().exception()
-            assert isinstance(failure, grpc.aio.AioRpcError), f"a poll at the log's end ended early: {failure}"
-            return held, failure, channel
-        held.append(call)
-    raise AssertionError(f"{BOUND + 1} long polls were all admitted by a process bounded at {BOUND} calls")
+    calls = [asyncio.ensure_future(stub.Fetch(poll_request(topic, end), timeout=60)) for _ in range(BOUND + 1)]
+    done, held = await asyncio.wait(calls, timeout=POLL_MS / 1000 / 3)
+    refusals = [call.exception() for call in done]
+    assert refusals and all(isinstance(r, grpc.aio.AioRpcError) for r in refusals), \
+        f"{BOUND + 1} long polls at once: {len(done)} ended early, as {refusals}"
+    return list(held), refusals[0], channel
 
 
 def test_the_excess_is_refused_at_once_and_served_again_when_calls_end(cluster):
@@ -79,9 +75,8 @@ def test_the_excess_is_refused_at_once_and_served_again_when_calls_end(cluster):
                 topic=topic, partition=0, batch=plain_batch([b"refused"]))]), timeout=10)
         assert produce_refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
 
-        asked = time.monotonic()
         answer = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
-        assert answer.status == health_pb2.HealthCheckResponse.SERVING and time.monotonic() - asked < 1.0
+        assert answer.status == health_pb2.HealthCheckResponse.SERVING, "health is never refused"
 
         for poll in held:
             ended = (await poll).results[0]  # each ends at its max_wait_ms, nothing having arrived

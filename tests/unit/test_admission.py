@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from services.runtime import server
 from services.runtime.admission import REFUSAL_RETRY_MS, Admission, Limits, is_internal
+from txlog.net.identity import PEER_METADATA, metadata_value
 from txlog.protocol import errors
 from txlog.protocol.errors import ErrorCode
 from txlog.v1 import partition_pb2, partition_pb2_grpc
@@ -210,5 +211,23 @@ def test_a_call_that_fails_gives_its_slot_back():
                 await fetch(b"\xff\xff\xff", timeout=5)
             assert failed.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert bounds.in_flight == 0 and bounds.refused == 0
+
+    asyncio.run(served(bounds, scenario))
+
+
+def test_a_call_the_cluster_makes_to_itself_takes_the_reserved_share_whatever_its_method():
+    bounds = admission(max_rpcs=4)  # clients: 3
+    bounds.cluster_call = lambda context: metadata_value(context, PEER_METADATA) is not None
+
+    async def scenario(servicer, stub, _):
+        held = [asyncio.ensure_future(stub.Fetch(partition_pb2.FetchRequest(), timeout=20)) for _ in range(3)]
+        await until(lambda: servicer.started == 3)
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await stub.Fetch(partition_pb2.FetchRequest(), timeout=5)
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        peer = asyncio.ensure_future(stub.Fetch(partition_pb2.FetchRequest(), timeout=20, metadata=((PEER_METADATA, "1"),)))
+        await until(lambda: servicer.started == 4)
+        servicer.release.set()
+        await asyncio.gather(*held, peer)
 
     asyncio.run(served(bounds, scenario))

@@ -70,10 +70,10 @@ def test_an_unreachable_instance_does_not_hold_the_pass_and_is_untold():
             untold = await announcer.announce(1, {1: address, 2: dead}, states(1), set(), states(1))
             assert untold == {2}
             assert live.told == [1]
-            assert not announcer._last[2].done(), \
+            assert not announcer._last[2][1].done(), \
                 f"the pass returned while its LeaderAndIsr to the dead instance still waits (up to {LEADER_AND_ISR_TIMEOUT_S} s)"
         finally:
-            for task in announcer._last.values():
+            for _, task in announcer._last.values():
                 task.cancel()
             await peers.close()
             await instance.stop(None)

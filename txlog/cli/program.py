@@ -56,8 +56,9 @@ its admin's):
                          --to-offset N | --shift-by N | --to-timestamp-ms T | --to-datetime D) [--execute]
     txlog groups reset-offsets G --from-file F [--execute]
     txlog groups delete-offsets G --topic T[:P,P...] [--topic ...]
-    txlog quotas alter (--user U | --user-default) (--client-id C | --client-id-default)
+    txlog quotas alter [--user U | --user-default] [--client-id C | --client-id-default]
                        [--add KEY=VALUE[,KEY=VALUE]] [--delete KEY[,KEY]] [--dry-run]
+                          the entity: a user, a client id, or both (at least one)
                           KEY is producer_byte_rate or consumer_byte_rate (bytes per second);
                           prints the entity's quotas after (JSON)
     txlog quotas describe              every client quota set (JSON)

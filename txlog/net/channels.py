@@ -63,16 +63,20 @@ class _DefaultDeadline(
     grpc.aio.StreamUnaryClientInterceptor,
     grpc.aio.StreamStreamClientInterceptor,
 ):
-    """Gives every call without a timeout the channel's default one."""
+    """Gives every call without a timeout the channel's default one, and the
+    channel's own metadata (a service's peer mark) beside the call's."""
 
-    def __init__(self, timeout_s: float):
+    def __init__(self, timeout_s: float, metadata: tuple[tuple[str, str], ...] = ()):
         self.timeout_s = timeout_s
+        self.metadata = metadata
 
     def _details(self, details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
-        if details.timeout is not None:
+        if details.timeout is not None and not self.metadata:
             return details
+        metadata = grpc.aio.Metadata(*(details.metadata or ()), *self.metadata) if self.metadata else details.metadata
         return grpc.aio.ClientCallDetails(
-            details.method, self.timeout_s, details.metadata, details.credentials, details.wait_for_ready
+            details.method, self.timeout_s if details.timeout is None else details.timeout, metadata,
+            details.credentials, details.wait_for_ready
         )
 
     async def intercept_unary_unary(self, continuation, details, request):
@@ -95,6 +99,7 @@ def open_channel(
     tracer_provider: TracerProvider | None = None,
     max_message_bytes: int = 64 * 1024 * 1024,
     credentials: grpc.ChannelCredentials | None = None,
+    metadata: tuple[tuple[str, str], ...] = (),
 ) -> grpc.aio.Channel:
     """An aio channel with default deadlines, safe retries and tracing; TLS
     with ``credentials`` (txlog.net.tls.ChannelCredentials.get()), else plaintext.
@@ -106,7 +111,7 @@ def open_channel(
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.max_send_message_length", max_message_bytes),
     ]
-    interceptors = [_DefaultDeadline(timeout_s), *telemetry.client_interceptors(tracer_provider)]
+    interceptors = [_DefaultDeadline(timeout_s, metadata), *telemetry.client_interceptors(tracer_provider)]
     if credentials is not None:
         return grpc.aio.secure_channel(address, credentials, options=options, interceptors=interceptors)
     return grpc.aio.insecure_channel(address, options=options, interceptors=interceptors)
@@ -120,9 +125,11 @@ class ChannelCache:
     CLOSE_GRACE_S = 30.0
 
     def __init__(self, *, timeout_s: float = CALL_TIMEOUT_S_DEFAULT, tracer_provider: TracerProvider | None = None,
-                 max_message_bytes: int = 64 * 1024 * 1024, tls_files: tls.TlsFiles | None = None):
+                 max_message_bytes: int = 64 * 1024 * 1024, tls_files: tls.TlsFiles | None = None,
+                 metadata: tuple[tuple[str, str], ...] = ()):
+        """``metadata``: sent with every call on these channels."""
         self._open = functools.partial(open_channel, timeout_s=timeout_s, tracer_provider=tracer_provider,
-                                       max_message_bytes=max_message_bytes)
+                                       max_message_bytes=max_message_bytes, metadata=metadata)
         self._credentials = tls.ChannelCredentials(tls_files) if tls_files is not None and tls_files.enabled else None
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._closing: set[asyncio.Task] = set()

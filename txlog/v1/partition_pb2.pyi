@@ -315,10 +315,12 @@ class FetchStreamRequest(_message.Message):
     def __init__(self, fetch: _Optional[_Union[FetchRequest, _Mapping]] = ..., chunk_bytes: _Optional[int] = ...) -> None: ...
 
 class FetchStreamResponse(_message.Message):
-    __slots__ = ("results",)
+    __slots__ = ("results", "throttle_time_ms")
     RESULTS_FIELD_NUMBER: _ClassVar[int]
+    THROTTLE_TIME_MS_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[FetchPartitionResult]
-    def __init__(self, results: _Optional[_Iterable[_Union[FetchPartitionResult, _Mapping]]] = ...) -> None: ...
+    throttle_time_ms: int
+    def __init__(self, results: _Optional[_Iterable[_Union[FetchPartitionResult, _Mapping]]] = ..., throttle_time_ms: _Optional[int] = ...) -> None: ...
 
 class FetchPartitionResult(_message.Message):
     __slots__ = ("topic", "partition", "error", "high_watermark", "last_stable_offset", "log_start_offset", "batches", "next_fetch_offset", "next_fetch_epoch", "aborted_transactions", "open_transactions", "encoded_batches")

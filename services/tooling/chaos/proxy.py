@@ -43,17 +43,27 @@ class CuttableProxy:
         self._cut.set()
 
     def heal(self) -> None:
-        """Forwards again; the connections open during the cut are closed."""
+        """Forwards again; the connections open during the cut are closed
+        first (their streams lost bytes). A proxy not cut is left alone."""
+        if not self._cut.is_set():
+            return
         with self._lock:
             pairs, self._pairs = self._pairs, []
+            for pair in pairs:
+                _close(*pair)
             self._cut.clear()
-        for pair in pairs:
-            _close(*pair)
 
     def close(self) -> None:
         self._closed = True
+        try:
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept() (close alone does not, on Linux)
+        except OSError:
+            pass
         self._listener.close()
-        self.heal()
+        with self._lock:
+            pairs, self._pairs = self._pairs, []
+        for pair in pairs:
+            _close(*pair)
 
     def _accept(self) -> None:
         while not self._closed:
@@ -70,6 +80,10 @@ class CuttableProxy:
                     client.close()  # ZooKeeper itself is down (a kill_zookeeper fault): refused, as it would be
                     continue
             with self._lock:
+                if upstream is None and not self._cut.is_set():  # healed meanwhile: this one would stay dark
+                    client.close()
+                    continue
+                self._pairs = [pair for pair in self._pairs if pair[0].fileno() != -1]  # closed ones go
                 self._pairs.append((client, upstream))
             for source, sink in ((client, upstream), (upstream, client)):
                 if source is not None:
