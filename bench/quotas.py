@@ -27,9 +27,11 @@ services/tooling/cluster.py) and a topic of two partitions, with 1 KB records
   second - request bytes, what the quota counts (the server's
   ProduceRequest.ByteSize()), and payload - the flood's steady rate against
   its quota, the calm client's against its baseline (what the flood took from
-  it, against the quota), and the throttle_time_ms the flood's answers
-  carried. The flood's several connections share one client id: the quota is
-  the client id's, whatever connection a call comes on;
+  it, against the quota), the throttle_time_ms the flood's answers carried
+  and how many of its calls were refused (more of them waiting their turn
+  than the server lets wait: each is sent again after its RetryInfo, as a
+  compliant client does). The flood's several connections share one client
+  id: the quota is the client id's, whatever connection a call comes on;
 * consumers (skip with ``--skip-consumer``): the same with Fetch loops (max_bytes
   1 MiB, read_uncommitted, each partition in turn from offset 0 to its high
   watermark and round again, the encoded batch format): ``calm-reader`` (one
@@ -68,8 +70,10 @@ processes kept busy (a neighbour on a shared box moves the figures by tens of
 percent from one second to the next: ``mb_per_s_by_second``); ``cpu`` says
 whether the machine was the bound in the producer quota phase or, with CPUs to
 spare, the partition_svc (about one CPU and a tenth when nothing else runs)
-was. Holding a client costs nothing but its held answers: the flood at its
-quota is a fifth of the load.
+was. A throttled client's calls wait their turn on the server before they
+are applied (KIP-219: its answers come at once and say throttle_time_ms), so
+the flood at its quota is a fifth of the load, plus what its waiting and
+refused calls cost.
 
 Prints one JSON object to stdout; progress goes to stderr. Run it as
 ``python -m bench.quotas [--duration-s S] [--quota-bytes N]`` (about 2 minutes
@@ -88,6 +92,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import grpc
+
 from bench.measure import MB, Phase, latency_summary, mean_of, progress
 from bench.produce_fetch import (
     CALL_TIMEOUT_S,
@@ -102,7 +108,8 @@ from bench.produce_fetch import (
 from partition_svc.client_quotas import SAMPLES, WINDOW_MS
 from services.tooling.cluster import LocalCluster
 from txlog import Admin, Producer
-from txlog.transport import CLIENT_ID_METADATA
+from txlog.net.identity import CLIENT_ID_METADATA
+from txlog.protocol import errors
 from txlog.v1 import common_pb2, partition_pb2
 
 TOPIC = "quotas"
@@ -160,6 +167,7 @@ class Tenant:
         self.metadata = ((CLIENT_ID_METADATA, client_id),)
         self.workers = connections * in_flight
         self.answers: list[tuple[float, int, int, int]] = []
+        self.refused = 0  # calls refused LIMIT_EXCEEDED (sent again after their RetryInfo)
         self.tasks: list[asyncio.Task] = []
 
     async def call(self, worker: int) -> tuple[int, int, int]:
@@ -171,7 +179,16 @@ class Tenant:
 
     async def _loop(self, worker: int) -> None:
         while True:
-            answer = await self.call(worker)
+            try:
+                answer = await self.call(worker)
+            except grpc.aio.AioRpcError as exc:
+                # over the quota with too many calls already waiting their turn: nothing was applied; the
+                # refusal's RetryInfo says when to send it again (what a compliant client does)
+                if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    raise
+                self.refused += 1
+                await asyncio.sleep((errors.from_rpc_error(exc).retry_delay_ms or 100) / 1000)
+                continue
             self.answers.append((time.monotonic(), *answer))
 
     async def stop(self) -> None:
@@ -210,7 +227,8 @@ class Tenant:
             "bytes_per_s": round(sum(a[1] for a in steady) / seconds),  # what its quota counts
             "payload_mb_per_s": round(sum(a[2] for a in steady) / MB / seconds, 2),
             "throttled_answers": len(throttled),
-            # latency_summary takes seconds and answers in ms: the held times, as the answers said
+            "refused_calls": self.refused,  # over the quota with its waiting calls at the bound: sent again
+            # latency_summary takes seconds and answers in ms: the throttle times, as the answers said
             "throttle_time_ms": latency_summary([ms / 1000 for ms in throttled]) if throttled else None,
             "mb_per_s_by_second": [round(mb, 2) for mb in by_second],
         }

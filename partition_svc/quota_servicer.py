@@ -29,7 +29,7 @@ from txlog.protocol.errors import ErrorCode, TxlogError
 from txlog.v1 import partition_pb2
 
 USER_PREFIX = "User:"
-WAITERS_MAX = 4  # calls of one throttled entity waiting on one instance; more are refused
+WAITERS_MAX = 16  # calls of one throttled entity waiting on one instance; more are refused (each holds an admission slot)
 DEADLINE_MARGIN_S = 0.5  # a call waits its turn only if this much of its deadline is left after
 
 
