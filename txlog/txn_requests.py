@@ -432,5 +432,6 @@ class CoordinatorClient:
                     raise
                 if action is TxnAction.FIND_COORDINATOR:
                     self._forget(handler)
-                delay_ms = self._backoff.delay_after(attempt, exc)
+                delay_ms = max(self._backoff.delay_ms(attempt), min(exc.retry_delay_ms or 0,
+                                                                    self._backoff.backoff_max_ms))
                 await asyncio.sleep(delay_ms / 1000)

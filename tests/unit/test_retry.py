@@ -2,6 +2,7 @@ import asyncio
 
 import pytest
 
+from txlog.protocol.errors import ErrorCode
 from txlog.protocol.retry import RetryPolicy
 
 
@@ -61,23 +62,28 @@ def test_jitter_stays_within_bounds():
     assert min(delays) >= 80 and max(delays) <= 120 and max(delays) > min(delays)
 
 
+LIMIT_EXCEEDED = ErrorCode.Value("LIMIT_EXCEEDED")
+
+
 class Refused(Exception):
     """A retriable refusal whose server asked for a delay (RetryInfo), as an overloaded one does."""
 
-    def __init__(self, retry_delay_ms):
+    def __init__(self, retry_delay_ms, code=LIMIT_EXCEEDED):
         super().__init__("refused")
         self.retry_delay_ms = retry_delay_ms
+        self.code = code
 
 
-def test_a_delay_the_server_asks_for_is_waited_up_to_the_policys_maximum():
+def test_a_delay_an_overloaded_server_asks_for_is_waited_up_to_the_policys_maximum():
     policy, slept = _policy(attempts_max=10, backoff_initial_ms=10, backoff_max_ms=500)
-    asked = iter([120, 2_000, 0, None])
+    asked = iter([Refused(120), Refused(2_000), Refused(0), Refused(None), Refused(300, ErrorCode.Value("NOT_LEADER"))])
 
     async def operation():
-        delay = next(asked, "done")
-        if delay == "done":
+        refusal = next(asked, None)
+        if refusal is None:
             return "ok"
-        raise Refused(delay)
+        raise refusal
 
     assert asyncio.run(policy.run(operation, lambda exc: True)) == "ok"
-    assert slept == [0.12, 0.5, 0.04, 0.08], "the server's delay when longer (capped), else the policy's own"
+    assert slept == [0.12, 0.5, 0.04, 0.08, 0.16], \
+        "the server's delay when longer (capped); the policy's own for other errors, whatever their RetryInfo"

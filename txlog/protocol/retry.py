@@ -10,6 +10,10 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from txlog.protocol.errors import ErrorCode
+
+LIMIT_EXCEEDED = ErrorCode.Value("LIMIT_EXCEEDED")
+
 
 @dataclass
 class RetryPolicy:
@@ -29,10 +33,15 @@ class RetryPolicy:
         return base * self.rng.uniform(1 - self.jitter, 1 + self.jitter)
 
     def delay_after(self, attempt: int, error: BaseException | None) -> float:
-        """Delay before retry number ``attempt`` after ``error``: the policy's, or
-        longer when the server asked for longer (a RetryInfo, as an overloaded
-        server's refusal carries), up to ``backoff_max_ms``."""
+        """Delay before retry number ``attempt`` after ``error``: the policy's, or,
+        after a refusal for load (LIMIT_EXCEEDED: an overloaded server, a client
+        over its quota), longer when its RetryInfo asks for longer, up to
+        ``backoff_max_ms``. The RetryInfo every other retriable error carries
+        (100 ms unless the server says more) does not slow the policy's own
+        retries."""
         asked = getattr(error, "retry_delay_ms", None) or 0
+        if getattr(error, "code", None) != LIMIT_EXCEEDED:
+            asked = 0
         return max(self.delay_ms(attempt), min(asked, self.backoff_max_ms))
 
     async def run(self, operation: Callable[[], Awaitable], retriable: Callable[[BaseException], bool]):
