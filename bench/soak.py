@@ -56,12 +56,12 @@ a trend). Otherwise it ``grows`` (or ``shrinks``) when the slope is at least
 the noise's chance slope). A series that grows over the fitted span ``grows``
 only if it grows over the second half of the span too (by the same rule);
 otherwise it ``settles`` (a warm-up longer than the one left out, or a level
-that rose once and stays: bounded as far as the run shows). ``not_flat`` lists every series that is not flat with its
-verdict; ``targets``: no series of a txlog service grows, nor of ZooKeeper,
-nor of the workers (the SDK), and the throughput stays flat. ZooKeeper is a
-JVM: its RSS rises until it has touched the heap it committed (-Xmx512m), so
-its heap, committed, used and old generation (``jstat -gc``), is sampled
-beside it.
+that rose once and stays: bounded as far as the run shows). ``not_flat``
+lists every series that is not flat with its verdict; ``targets``: no series
+of a txlog service grows, nor of ZooKeeper, nor of the workers (the SDK), and
+the throughput stays flat. ZooKeeper is a JVM: its RSS rises until it has
+touched the heap it committed (-Xmx512m), so its heap, committed, used and
+old generation (``jstat -gc``), is sampled beside it.
 
 Prints one JSON object to stdout; progress goes to stderr. Run it as
 ``python -m bench.soak --minutes N [--sample-s S] [--fault-interval-s S] [--dir D]``
