@@ -25,7 +25,8 @@ from txlog import Producer
 from txlog.protocol import errors
 from txlog.v1 import partition_pb2, partition_pb2_grpc
 
-BOUND = 8  # clients get 6 of them (reserved_internal_share 0.25)
+BOUND = 8
+CLIENT_SHARE = 6  # of them, what clients may take (reserved_internal_share 0.25)
 POLL_MS = 9_000
 
 
@@ -63,7 +64,8 @@ def test_the_excess_is_refused_at_once_and_served_again_when_calls_end(cluster):
 
     async def scenario():
         held, refusal, channel = await fill(address, topic)
-        assert 1 <= len(held) <= BOUND * 3 // 4, "clients may not take the internal share"
+        assert len(held) >= 1, "the leader admitted no client call at all"
+        assert len(held) <= CLIENT_SHARE, f"{len(held)} client calls admitted: clients took the internal share"
         assert refusal.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         decoded = errors.from_rpc_error(refusal)
         assert decoded.name == "LIMIT_EXCEEDED" and "max_concurrent_rpcs" in decoded.message
