@@ -11,6 +11,7 @@ from coordinator_svc.coordinator_config import CoordinatorConfig
 from coordinator_svc.state_manager import ANSWERS_FROM_STATE
 from coordinator_svc.transaction_state import Handle, TransactionMetadata, TransactionState
 from services.coordination import coordinators
+from services.coordination.peer_routes import PEER_ROUTES_SETTING, PeerRoutes
 from services.coordination.producer_ids import ProducerIdSource, named_producer, previous_producer
 from services.coordination.rpc import PeerClient, answer_of
 from services.runtime import server
@@ -33,6 +34,7 @@ SETTINGS = (
     Setting("transaction_check_interval_ms", 1_000, "how often timed-out transactions are aborted, idle ids expired and prepared transactions due a check-back checked, ms (the groups' own transaction.check.interval.ms is how long a prepared transaction waits for a check)", positive_int),
     Setting("transaction_checks_in_flight_max", 16, "most check-backs (CheckTransaction calls to applications) in flight at once on this coordinator; the due ones beyond wait", positive_int),
     Setting("ownership_check_interval_ms", 1_000, "how often partition ownership is checked against the live coordinators, ms", positive_int),
+    PEER_ROUTES_SETTING,
 )
 
 
@@ -258,7 +260,7 @@ async def run_every(interval_ms: int, step, what: str) -> None:
 
 async def build(runtime: server.ServiceRuntime) -> CoordinatorServicer:
     cfg = runtime.config
-    client = PeerClient(runtime.registry, tls_files=runtime.tls_files)
+    client = PeerClient(runtime.registry, tls_files=runtime.tls_files, routes=PeerRoutes(cfg.peer_routes_file))
     coordinator = TransactionCoordinator(
         CoordinatorConfig(
             cfg.node_id, cfg.zookeeper_root, cfg.transaction_state_partitions, cfg.transaction_timeout_ms_max,

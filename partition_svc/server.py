@@ -37,6 +37,7 @@ from partition_svc.topic_deletion import TopicDeletion
 from partition_svc.topics import TopicRegistry
 from partition_svc.txn_servicer import TransactionServicer
 from partition_svc.txn_verification import TransactionVerifier
+from services.coordination.peer_routes import PEER_ROUTES_SETTING, PeerRoutes
 from services.coordination.producer_ids import ProducerIdSource
 from services.coordination.rpc import PeerClient
 from services.runtime import malloc, server
@@ -82,6 +83,7 @@ SETTINGS = (
             "responses were faulted in page by page; up to twice this of freed heap stays resident", non_negative_int),
     Setting("partition_state_refresh_ms", 5_000, "how often an instance reads its topics and a share "
             "of its own partitions' states again (all within 6 reads; missed controller messages), ms", positive_int),
+    PEER_ROUTES_SETTING,
 )
 
 
@@ -107,7 +109,7 @@ class Instance:
         limits = validation.BatchLimits(cfg.records_per_batch_max, cfg.batch_bytes_max)
         live = LiveNodes(runtime.registry, cfg.live_nodes_cache_ms)
         # coordinators (verification), producer_id_svc, other replicas
-        self.peers = PeerClient(runtime.registry, tls_files=runtime.tls_files)
+        self.peers = PeerClient(runtime.registry, tls_files=runtime.tls_files, routes=PeerRoutes(cfg.peer_routes_file))
         self.replicas = ReplicaManager(cfg.node_id, store, self.writer, topics, self.peers, live.get,
                                        runtime.registry.path(KIND, cfg.node_id), lag_max_ms=cfg.replica_lag_time_max_ms,
                                        fetch_wait_ms=cfg.replica_fetch_wait_ms, fetch_bytes_max=cfg.replica_fetch_bytes_max)

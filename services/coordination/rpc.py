@@ -22,6 +22,7 @@ from typing import TypeVar
 
 import grpc
 
+from services.coordination.peer_routes import PeerRoutes
 from services.coordination.zk import ServiceRegistry
 from txlog.net.channels import CALL_TIMEOUT_S_DEFAULT, ChannelCache
 from txlog.net.identity import PEER_METADATA
@@ -50,10 +51,13 @@ async def answer_of(call: Callable[[], Awaitable[Reply]]) -> Reply:
 
 
 class PeerClient:
-    def __init__(self, registry: ServiceRegistry, timeout_s: float = CALL_TIMEOUT_S_DEFAULT, tls_files: TlsFiles | None = None):
+    def __init__(self, registry: ServiceRegistry, timeout_s: float = CALL_TIMEOUT_S_DEFAULT, tls_files: TlsFiles | None = None,
+                 routes: PeerRoutes | None = None):
         """``tls_files``: this instance's own certificate, key and CA (its
-        --tls-* settings): other instances see it as the client of their calls."""
+        --tls-* settings): other instances see it as the client of their calls.
+        ``routes``: where each registered address is dialled (its --peer-routes-file)."""
         self.registry = registry
+        self.routes = routes or PeerRoutes("")
         self.timeout_s = timeout_s
         # marked as the cluster's own calls (admission's reserved share, no client quota: txlog.net.identity)
         self._channels = ChannelCache(timeout_s=timeout_s, tls_files=tls_files, metadata=((PEER_METADATA, "1"),))
@@ -67,7 +71,7 @@ class PeerClient:
     # --- channels and stubs ------------------------------------------------------------
 
     def channel(self, address: str) -> grpc.aio.Channel:
-        return self._channels.get(address)
+        return self._channels.get(self.routes.dialled(address))
 
     def application_channel(self, address: str) -> grpc.aio.Channel:
         """A channel to a server an application runs (no bearer token on it)."""

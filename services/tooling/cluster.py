@@ -49,6 +49,7 @@ STATE_FILE = "cluster.json"
 READY_TIMEOUT_S = 60.0
 STOP_GRACE_S = 10.0
 DATA_DIR_KINDS = ("partition_svc",)  # services that keep data: each gets DIR/<name> as --data-dir
+PEER_CALLER_KINDS = ("partition_svc", "coordinator_svc")  # services that call other instances (--peer-routes-file)
 ADMIN = "admin"  # the local cluster's super user (User:admin)
 SERVICE_PRINCIPAL_NAME = "txlog-service"  # every service's certificate names it: they call one another as super users
 
@@ -251,11 +252,15 @@ class LocalCluster:
     """The processes of one local cluster, described by ``DIR/cluster.json``."""
 
     def __init__(self, directory: str | Path, *, env: dict[str, str] | None = None,
-                 zookeeper_route: Callable[[str, str], str] | None = None):
+                 zookeeper_route: Callable[[str, str], str] | None = None,
+                 peer_routes_file: Callable[[str], str] | None = None):
         """``zookeeper_route(name, zookeeper)``: the ZooKeeper connection string
         the process ``name`` is given instead of the cluster's (a chaos run's
-        own proxy on that path); None: the cluster's."""
+        own proxy on that path); None: the cluster's. ``peer_routes_file(name)``:
+        the --peer-routes-file of the process ``name``, for the kinds that call
+        other instances (a chaos run's own proxies between instances)."""
         self.zookeeper_route = zookeeper_route
+        self.peer_routes_file = peer_routes_file
         self.dir = Path(directory).resolve()
         self.env = {**os.environ, **(env or {})}
         self._children: dict[int, subprocess.Popen] = {}
@@ -298,6 +303,7 @@ class LocalCluster:
             "--zookeeper", self.zookeeper_route(name, self.state.zookeeper) if self.zookeeper_route else self.state.zookeeper,
             "--zookeeper-root", self.state.zookeeper_root,
             *self._tls_args(name),
+            *(["--peer-routes-file", self.peer_routes_file(name)] if self.peer_routes_file and kind in PEER_CALLER_KINDS else []),
             *(extra or []),
         ]
         return ProcessInfo(name, kind, address, command, str(self.dir / "logs" / f"{name}.log"), metrics_address=metrics_address)

@@ -6,7 +6,8 @@ recorded before preparing), on three partition_svc with every partition replicat
 three times, under every fault kind (kill -9 and restart of each service and
 ZooKeeper, of a busy partition's leader, a replica's data directory wiped,
 SIGSTOP/SIGCONT of a leader, of a coordinator and of a producer,
-connection cuts, and a producer's COMMIT/ABORT markers, EndTxn and Produce
+connection cuts, an instance cut off from ZooKeeper, from its peers, or both
+as a minority side, and a producer's COMMIT/ABORT markers, EndTxn and Produce
 delivered again seconds later, into the next transaction). The seed is fixed:
 a failure replays with
 ``txlog chaos run --minutes 2.7 --seed 20240611 --fault-interval-s 6 --keep``."""
@@ -17,7 +18,7 @@ from services.tooling.chaos.history import REPLAY_KINDS
 from services.tooling.chaos.run import run
 
 SEED = 20240611
-WORKLOAD_S = 100  # the run goes on until each of the 14 fault kinds was injected once (one every ~6 s; pauses and cuts last 8 s, replays ~3 s)
+WORKLOAD_S = 100  # the run goes on until each of the 16 fault kinds was injected once (one every ~6 s; pauses and cuts last 8 s, replays ~3 s)
 
 
 def test_no_anomaly_under_every_kind_of_fault(tmp_path):

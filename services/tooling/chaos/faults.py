@@ -29,6 +29,13 @@ Kinds (``FAULT_KINDS``):
                         clients and the other instances still reach it; then healed. The classic
                         split brain: it must stop acknowledging acks=all writes and completing
                         transactions once another instance has taken over
+    partition_peers     a busy partition's leader, a coordinator or the controller cut off from the other
+                        instances (every path between it and them goes dark, both ways: proxy.PeerPaths)
+                        while ZooKeeper and clients still reach it; then healed. A leader cut from its
+                        followers shrinks its ISR; a follower cut from its leader leaves it
+    partition_minority  a minority side (one partition_svc, a busy leader or the controller, and at random a
+                        coordinator) cut off from the majority's instances and from ZooKeeper past their
+                        sessions, while clients still reach both sides; then healed
 
 A replay is an order the nemesis writes for one producer worker, which captures
 the request and delivers its copy itself (``replay.py``); the nemesis waits a
@@ -41,7 +48,7 @@ the workers by their FaultInjection; the run adds up their counts.
 
 Every fault is recorded (kind, target, start, end) in ``Nemesis.log``; ``heal()``
 resumes and restarts whatever a fault left stopped or dead. Before a fault that
-takes a replica away (the four partition_svc kinds), the nemesis waits until
+takes a replica away (the partition_svc kinds and the network partitions), the nemesis waits until
 every partition is fully replicated again, so that at most one replica of each
 partition is down at a time (the condition replication is built for).
 """
@@ -64,12 +71,13 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
 
-from services.tooling.chaos.proxy import ZookeeperRoutes
+from services.tooling.chaos.proxy import PeerPaths, ZookeeperRoutes
 from services.tooling.chaos.replay import REPLAY_KINDS, Order, wait_done, write_order
 from services.tooling.cluster import LocalCluster, pid_alive
 from txlog import Admin
 
-REPLICA_KINDS = ("kill_partition", "kill_leader", "wipe_replica", "pause_leader", "partition_zookeeper")
+PARTITION_KINDS = ("partition_zookeeper", "partition_peers", "partition_minority")  # network partitions (proxy.py)
+REPLICA_KINDS = ("kill_partition", "kill_leader", "wipe_replica", "pause_leader", *PARTITION_KINDS)
 FAULT_KINDS = (*REPLICA_KINDS, "kill_coordinator", "kill_producer_id", "kill_zookeeper",
                "pause_coordinator", "pause_producer", "kill_member", *REPLAY_KINDS)
 REPLICATED_WAIT_S = 90.0  # how long the nemesis waits for every partition to be in sync before a replica fault
@@ -117,6 +125,8 @@ class Nemesis:
     members: Members | None = None  # the consume-transform-produce members, for kill_member
     routes: ZookeeperRoutes | None = None  # each process's path to ZooKeeper, for partition_zookeeper
     zookeeper_cut_s: float = 8.0  # longer than the cut process's ZooKeeper session
+    peers: PeerPaths | None = None  # the paths between the processes, for partition_peers and partition_minority
+    peer_cut_s: float = 8.0  # longer than the replica lag time and the cut side's ZooKeeper session
     log: list[FaultEvent] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -174,6 +184,8 @@ class Nemesis:
             "replay_end_txn": lambda: self.rng.choice(sorted(self.producer_pids)),
             "replay_produce": lambda: self.rng.choice(sorted(self.producer_pids)),
             "partition_zookeeper": self._split_brain_target,
+            "partition_peers": self._split_brain_target,
+            "partition_minority": self._minority_side,
         }[kind]()
         event = FaultEvent(kind, target, time.time(), detail=waited)
         self.log.append(event)
@@ -198,6 +210,8 @@ class Nemesis:
                 self._replay(event)
             elif kind == "partition_zookeeper":
                 self._cut_from_zookeeper(target)
+            elif kind in ("partition_peers", "partition_minority"):
+                self._cut_from_peers(target.split(","), from_zookeeper=kind == "partition_minority")
         except Exception as exc:  # noqa: BLE001 - recorded; heal() repairs what is left broken
             event.error = repr(exc)[:300]
         event.end_s = time.time()
@@ -227,6 +241,13 @@ class Nemesis:
                 return controller
         return self._busy_leader()
 
+    def _minority_side(self) -> str:
+        """One partition_svc (a busy leader or the controller) and, at random, a coordinator: comma-joined."""
+        side = [(self._controller() if self.rng.random() < 0.5 else None) or self._busy_leader()]
+        if self.rng.random() < 0.5:
+            side.append(self.rng.choice(self.names("coordinator_svc")))
+        return ",".join(side)
+
     def _controller(self) -> str | None:
         """The partition_svc that is the controller now (read from ZooKeeper), if any."""
         zookeeper = KazooClient(hosts=self.cluster.state.zookeeper)
@@ -248,6 +269,21 @@ class Nemesis:
             self._stop.wait(self.zookeeper_cut_s)
         finally:
             self.routes.heal(target)
+
+    def _cut_from_peers(self, side: list[str], *, from_zookeeper: bool) -> None:
+        if self.peers is None or (from_zookeeper and self.routes is None):
+            raise RuntimeError("network partitions need the run's paths between processes (and to ZooKeeper)")
+        self.peers.cut(side)
+        try:
+            if from_zookeeper:
+                for name in side:
+                    self.routes.cut(name)
+            self._stop.wait(self.peer_cut_s)
+        finally:
+            self.peers.heal()
+            if from_zookeeper:
+                for name in side:
+                    self.routes.heal(name)
 
     def _wait_replicated(self) -> str:
         """Waits (bounded) until no partition is under-replicated; what it saw."""
@@ -293,6 +329,8 @@ class Nemesis:
             send_signal(pid, signal.SIGCONT)
         if self.routes is not None:
             self.routes.heal()
+        if self.peers is not None:
+            self.peers.heal()
         started = []
         ordered = sorted(self.cluster.state.services.items(), key=lambda item: item[1].kind != "zookeeper")
         for name, info in ordered:

@@ -38,7 +38,7 @@ from pathlib import Path
 from services.tooling.chaos import checker, security, silent
 from services.tooling.chaos.faults import FAULT_KINDS, Nemesis
 from services.tooling.chaos.history import read_events
-from services.tooling.chaos.proxy import ZookeeperRoutes
+from services.tooling.chaos.proxy import PeerPaths, ZookeeperRoutes
 from services.tooling.chaos.worker import CHECKER_STOP_FILE
 from services.tooling.cluster import LocalCluster
 from txlog import Admin, Consumer
@@ -242,12 +242,17 @@ def run(duration_s: float, *, seed: int | None = None, directory: str | Path | N
     (directory / CHECKER_STOP_FILE).unlink(missing_ok=True)
     started_s = time.monotonic()
     routes = ZookeeperRoutes()  # each process's own path to ZooKeeper, which partition_zookeeper cuts
-    cluster = LocalCluster(directory / "cluster", zookeeper_route=routes.route)
+    # the paths between processes, which partition_peers and partition_minority cut (proxied only when drawn)
+    peers = PeerPaths(directory / "peer-routes") if {"partition_peers", "partition_minority"} & set(kinds) else None
+    cluster = LocalCluster(directory / "cluster", zookeeper_route=routes.route,
+                           peer_routes_file=peers.routes_file if peers is not None else None)
     workers: Workers | None = None
     nemesis = None
     nemesis_started_s = time.time()
     try:
         cluster.up(partition_svcs=3, service_args={"coordinator_svc": COORDINATOR_ARGS, "partition_svc": PARTITION_ARGS})
+        if peers is not None:
+            peers.connect(cluster.state.services)
         cluster.wait_until_coordinators_settle()
         with Admin(cluster.state.bootstrap) as admin:
             admin.create_topics(list(TOPICS.items()))
@@ -261,7 +266,7 @@ def run(duration_s: float, *, seed: int | None = None, directory: str | Path | N
                           workers.producer_pids(), members=workers,
                           producer_pause_s=TXN_TIMEOUT_MS / 1000 + 2, directory=directory, kinds=kinds,
                           leader_pause_s=PARTITION_SESSION_S + 2, topics=tuple(TOPICS), routes=routes,
-                          zookeeper_cut_s=PARTITION_SESSION_S + 3)
+                          zookeeper_cut_s=PARTITION_SESSION_S + 3, peers=peers, peer_cut_s=PARTITION_SESSION_S + 3)
         nemesis_started_s = time.time()
         nemesis.start()
         time.sleep(duration_s)
@@ -293,6 +298,8 @@ def run(duration_s: float, *, seed: int | None = None, directory: str | Path | N
             nemesis.stop()
         cluster.down(grace_s=5)
         routes.close()
+        if peers is not None:
+            peers.close()
     events = read_events(directory)
     result = checker.check(events, final)
     numbers = checker.figures(events, final)
