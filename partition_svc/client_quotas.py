@@ -16,6 +16,12 @@ default part standing for each name it matches: a ``{"user": "alice"}`` quota
 is shared by all of alice's clients, a default client-id quota is each
 client id's own.
 
+Quotas: ``producer_byte_rate`` (the bytes of the batches a client produces,
+per second), ``consumer_byte_rate`` (the bytes of the answers it fetches, per
+second) and ``request_percentage`` (Kafka's KIP-124: the time its calls'
+handlers take on the instance's one request-handling thread, its event loop,
+as a percentage of that thread: 50 is half a second per second).
+
 Throttling (Kafka's, KIP-219): each (shared entity, key) has a rate over
 ``SAMPLES`` windows of ``WINDOW_MS``. A call that takes the rate past the
 quota is answered at once with ``throttle_time_ms``: ``(rate - quota) /
@@ -40,7 +46,11 @@ USER, CLIENT_ID = "user", "client-id"
 ENTITY_TYPES = (USER, CLIENT_ID)
 PRODUCER_BYTE_RATE = "producer_byte_rate"
 CONSUMER_BYTE_RATE = "consumer_byte_rate"
-QUOTA_KEYS = (PRODUCER_BYTE_RATE, CONSUMER_BYTE_RATE)
+# Kafka's KIP-124: the share of one request-handling thread a client may take, in percent (a handler thread here is
+# the instance's event loop: the time its calls' handlers run on it, between their waits; request_seconds)
+REQUEST_PERCENTAGE = "request_percentage"
+BYTE_RATE_KEYS = (PRODUCER_BYTE_RATE, CONSUMER_BYTE_RATE)
+QUOTA_KEYS = (*BYTE_RATE_KEYS, REQUEST_PERCENTAGE)
 DEFAULT = "<default>"
 WINDOW_MS = 1_000
 SAMPLES = 11
@@ -95,7 +105,7 @@ def checked_values(values: Mapping[str, float | None]) -> dict[str, float | None
         if value is not None:
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
                 raise TxlogError(ErrorCode.Value("INVALID_CONFIG"), f"{key} must be a positive number, got {value!r}")
-            if value < 1:
+            if key in BYTE_RATE_KEYS and value < 1:
                 raise TxlogError(ErrorCode.Value("INVALID_CONFIG"), f"{key} is bytes per second: at least 1, got {value!r}")
         checked[key] = None if value is None else float(value)
     return checked
@@ -144,6 +154,12 @@ class Rate:
 
     def per_second(self, now_ms: float) -> float:
         return sum(amount for _, amount in self.windows) * 1000 / self.span_ms(now_ms)
+
+
+def request_amount(handler_seconds: float) -> float:
+    """What a call that ran ``handler_seconds`` on the handler thread counts against request_percentage: its
+    time in hundredths of a second, so that a rate per second of it is the percentage of the thread taken."""
+    return handler_seconds * 100
 
 
 def throttle_ms(rate: Rate, quota: float, now_ms: float) -> int:

@@ -1,8 +1,10 @@
 """Client quotas on partition_svc: AlterClientQuotas and DescribeClientQuotas
 (the authorizer checks Alter or Describe on the Cluster first), and the
 throttling of Produce, Fetch and FetchStream by the quotas that apply to the
-caller (client_quotas.py): an answer that takes its client past a quota is
-held for the throttle time and says so in ``throttle_time_ms``."""
+caller (client_quotas.py): their bytes, and their handlers' time on the event
+loop (handler_time.py) for request_percentage. An answer that takes its client
+past a quota says so in ``throttle_time_ms``, and the client's next calls wait
+their turn."""
 
 from __future__ import annotations
 
@@ -14,11 +16,14 @@ from partition_svc import wire
 from partition_svc.client_quotas import (
     CONSUMER_BYTE_RATE,
     PRODUCER_BYTE_RATE,
+    REQUEST_PERCENTAGE,
     QuotaTracker,
     checked_values,
     entity_of,
     entity_parts,
+    request_amount,
 )
+from partition_svc.handler_time import Stopwatch, timed
 from partition_svc.quota_store import QuotaStore
 from partition_svc.rpc_errors import error_of
 from services.runtime import server
@@ -114,12 +119,16 @@ class Throttling:
         return principal.removeprefix(USER_PREFIX), metadata.get(CLIENT_ID_METADATA, "")[:CLIENT_ID_LENGTH_MAX]
 
     async def wait_turn(self, who: tuple[str, str] | None, key: str, context) -> None:
-        """Returns once the caller's entity is not throttled; or ends the call refused."""
+        """Returns once the caller's entity is not throttled, by ``key`` or by its request_percentage; or ends
+        the call refused."""
         if who is None:
             return
-        tracked, left_ms = self.tracker.throttled_ms(self.store.configs, *who, key, _now_ms())
+        now_ms = _now_ms()
+        tracked, left_ms = max((self.tracker.throttled_ms(self.store.configs, *who, k, now_ms)
+                                for k in (key, REQUEST_PERCENTAGE)), key=lambda found: found[1])
         if not left_ms:
             return
+        key = tracked[1]
         time_left_s = context.time_remaining()
         if self.waiting.get(tracked, 0) >= WAITERS_MAX or (
                 time_left_s is not None and time_left_s - DEADLINE_MARGIN_S < left_ms / 1000):
@@ -134,20 +143,25 @@ class Throttling:
             if not self.waiting[tracked]:
                 del self.waiting[tracked]
 
-    def counted(self, who: tuple[str, str] | None, key: str, amount: int) -> int:
+    def counted(self, who: tuple[str, str] | None, key: str, amount: int, watch: Stopwatch | None) -> int:
+        """Counts a call's bytes and its handler's time; the throttle they call for (0: none)."""
         if who is None:
             return 0
-        return self.tracker.record(self.store.configs, *who, [(key, amount)], _now_ms())
+        return self.tracker.record(self.store.configs, *who,
+                                   [(key, amount), (REQUEST_PERCENTAGE, request_amount(watch.seconds))], _now_ms())
 
     def _unary(self, handler, key: str):
         async def throttled(request, context):
             who = self.caller(context)
             await self.wait_turn(who, key, context)
-            reply = await handler(request, context)
+            if who is None:
+                return await handler(request, context)
+            watch = Stopwatch()
+            reply = await timed(handler(request, context), watch)
             if isinstance(reply, bytes):  # an encoded FetchResponse
-                held = self.counted(who, key, len(reply))
+                held = self.counted(who, key, len(reply), watch)
                 return reply + wire.throttle_time(held) if held else reply
-            held = self.counted(who, key, request.ByteSize())
+            held = self.counted(who, key, request.ByteSize(), watch)
             if held:
                 reply.throttle_time_ms = held
             return reply
@@ -158,12 +172,20 @@ class Throttling:
         async def fetch_stream(request, context):
             who = self.caller(context)
             await self.wait_turn(who, CONSUMER_BYTE_RATE, context)
-            chunks = await handler(request, context)
+            if who is None:
+                return await handler(request, context)
+            watch = Stopwatch()
+            chunks = await timed(handler(request, context), watch)
 
             async def counted_chunks():
                 try:
-                    async for chunk in chunks:
-                        held = self.counted(who, CONSUMER_BYTE_RATE, len(chunk))
+                    while True:
+                        try:
+                            chunk = await timed(chunks.__anext__(), watch)
+                        except StopAsyncIteration:
+                            return
+                        held = self.counted(who, CONSUMER_BYTE_RATE, len(chunk), watch)
+                        watch.seconds = 0.0  # each chunk counts the time that made it
                         if held:
                             yield chunk + wire.throttle_time(held)
                             return  # throttled: the client's next fetch waits its turn

@@ -358,7 +358,10 @@ class Admin:
         alterClientQuotas; needs AlterConfigs on the Cluster). ``entity``:
         ``{"user": NAME}``, ``{"client-id": NAME}`` or both; a None name is
         that type's default. ``quotas``: ``producer_byte_rate`` and
-        ``consumer_byte_rate``, bytes per second. Every instance applies them
+        ``consumer_byte_rate``, bytes per second, and ``request_percentage``,
+        the share of an instance's request-handling thread (its event loop)
+        the client's Produce and Fetch handlers may take, in percent (Kafka's
+        KIP-124). Every instance applies them
         within moments (a ZooKeeper watch); a client over its quota is held
         back, not failed. INVALID_REQUEST or INVALID_CONFIG names what was
         wrong, and then nothing changed."""

@@ -2,7 +2,9 @@
 refused whole on bad input through the Admin client and the `txlog quotas`
 command; a producer over its producer_byte_rate gets every record
 acknowledged, its answers held (throttle_time_ms), while another client id
-is not held; a fetch over consumer_byte_rate is answered, held, too.
+is not held; a fetch over consumer_byte_rate is answered, held, too; a client
+whose calls' handlers take more than its request_percentage of the instance's
+handler thread is held, another not.
 
 How closely a quota holds a client to its rate is measured by a benchmark
 (bench/quotas.py), not asserted here."""
@@ -21,8 +23,9 @@ from tests.conftest import STORAGE_ONLY, fresh_chroot, running
 from tests.integ.raw import Raw
 from tests.support.errors import failure_name
 from txlog import Admin, Producer
+from txlog.protocol import errors
 from txlog.two_phase import wait_until
-from txlog.v1 import partition_pb2, partition_pb2_grpc
+from txlog.v1 import common_pb2, partition_pb2, partition_pb2_grpc
 
 RATE = 100_000  # bytes per second
 VALUE = b"q" * 10_000
@@ -117,4 +120,35 @@ def test_a_fetch_over_the_consumer_quota_is_answered_and_held(cluster):
     wait_until(reader_held, 60, "the reader's fetches held back")
     unheld = stub.Fetch(request, timeout=60, metadata=(("txlog-client-id", "other-reader"),))
     assert unheld.throttle_time_ms == 0 and unheld.results[0].batches
+    raw.close()
+
+
+def test_a_client_over_its_request_percentage_is_held_by_its_handlers_time_and_another_is_not(cluster):
+    """0.001 % of the handler thread is 10 µs a second: any Produce's handler takes longer, whatever its bytes."""
+    topic = f"quota-time-{uuid.uuid4().hex[:8]}"
+    raw = Raw(cluster)
+    raw.create_topic(topic, 1)
+    with Admin(cluster.state.bootstrap) as admin:
+        admin.alter_client_quotas({"client-id": "busy"}, {"request_percentage": 0.001})
+        assert {"entity": {"client-id": "busy"}, "quotas": {"request_percentage": 0.001}} in admin.describe_client_quotas()
+    stub = raw.stub(raw.leaders(topic)[0])
+    request = partition_pb2.ProduceRequest(acks=-1, batches=[partition_pb2.PartitionBatch(
+        topic=topic, partition=0, batch=common_pb2.RecordBatch(records=[common_pb2.Record(value=b"t")]))])
+    held = []
+
+    def busy_held() -> bool:  # applied within moments of the change (a watch); a refused call is sent again
+        try:
+            reply = stub.Produce(request, timeout=60, metadata=(("txlog-client-id", "busy"),))
+        except grpc.RpcError as exc:
+            assert errors.from_rpc_error(exc).name == "LIMIT_EXCEEDED", exc
+            return False
+        assert reply.results[0].error.code == 0, reply
+        held.append(reply.throttle_time_ms)
+        return reply.throttle_time_ms > 0
+
+    wait_until(busy_held, 60, "the busy client's answers held")
+    other = stub.Produce(request, timeout=60, metadata=(("txlog-client-id", "idle"),))
+    assert other.results[0].error.code == 0 and other.throttle_time_ms == 0
+    with Admin(cluster.state.bootstrap) as admin:
+        admin.alter_client_quotas({"client-id": "busy"}, {"request_percentage": None})
     raw.close()

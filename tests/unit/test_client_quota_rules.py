@@ -22,6 +22,7 @@ from partition_svc.client_quotas import (
     entity_of,
     entity_of_node,
     node_name,
+    request_amount,
     throttle_ms,
 )
 from txlog.protocol.errors import TxlogError
@@ -45,6 +46,25 @@ def test_values_are_positive_byte_rates_of_known_keys_and_none_removes():
     for bad in ({"request_rate": 1}, {P: 0}, {P: -5}, {P: 0.5}, {P: float("inf")}, {P: True}, {P: "5"}):
         with pytest.raises(TxlogError):
             checked_values(bad)
+
+
+def test_a_request_percentage_is_any_positive_share_of_the_handler_thread():
+    assert checked_values({"request_percentage": 0.5}) == {"request_percentage": 0.5}, "half a percent: 5 ms a second"
+    for bad in ({"request_percentage": 0}, {"request_percentage": -1}, {"request_percentage": float("nan")}):
+        with pytest.raises(TxlogError, match="request_percentage"):
+            checked_values(bad)
+
+
+def test_handler_time_over_its_request_percentage_is_throttled_as_bytes_are():
+    """A client whose handlers took 300 ms of the loop within a second has taken 30 % of it: under a 10 %
+    quota it is held (30 - 10) / 10 of the second."""
+    tracker = QuotaTracker()
+    configs = {(("client-id", "busy"),): {"request_percentage": 10.0}}
+    assert request_amount(0.3) == pytest.approx(30)
+    held = tracker.record(configs, "", "busy", [(P, 100), ("request_percentage", request_amount(0.3))], 500)
+    assert held == 2_000
+    assert tracker.throttled_ms(configs, "", "busy", "request_percentage", 600)[1] == 1_900
+    assert tracker.record(configs, "", "calm", [("request_percentage", request_amount(0.3))], 500) == 0, "no quota"
 
 
 def test_the_most_specific_entity_applies_and_defaults_are_each_names_own():

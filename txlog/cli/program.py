@@ -59,7 +59,8 @@ its admin's):
     txlog quotas alter [--user U | --user-default] [--client-id C | --client-id-default]
                        [--add KEY=VALUE[,KEY=VALUE]] [--delete KEY[,KEY]] [--dry-run]
                           the entity: a user, a client id, or both (at least one)
-                          KEY is producer_byte_rate or consumer_byte_rate (bytes per second);
+                          KEY is producer_byte_rate or consumer_byte_rate (bytes per second),
+                          or request_percentage (percent of an instance's handler thread);
                           prints the entity's quotas after (JSON)
     txlog quotas describe              every client quota set (JSON)
     txlog acls add (--allow P | --deny P)... --operation OP... RESOURCE [--prefixed] [--host IP]
@@ -713,7 +714,8 @@ def _add_quota_commands(commands) -> None:
     alter.add_argument("--client-id", help="a client id (what clients send as client_id)")
     alter.add_argument("--client-id-default", action="store_true", help="the default client id")
     alter.add_argument("--add", action="append", metavar="KEY=VALUE[,KEY=VALUE]",
-                       help="quotas to set: producer_byte_rate, consumer_byte_rate (bytes per second); repeatable")
+                       help="quotas to set: producer_byte_rate, consumer_byte_rate (bytes per second), request_percentage "
+                            "(percent of an instance's handler thread); repeatable")
     alter.add_argument("--delete", action="append", metavar="KEY[,KEY]", help="quotas to remove; repeatable")
     alter.add_argument("--dry-run", action="store_true", help="check only; change nothing")
     _add_bootstrap(alter)
