@@ -279,6 +279,9 @@ class LocalCluster:
             f"dataDir={data}\nclientPort={port}\nclientPortAddress=127.0.0.1\n"
             "tickTime=500\ninitLimit=10\nsyncLimit=5\nmaxSessionTimeout=60000\n"
             "admin.enableServer=false\n4lw.commands.whitelist=*\n"
+            # old snapshots and transaction logs removed every hour (ZooKeeper's shortest interval), three kept:
+            # a long-lived local cluster's data folder grew without bound (bench/soak.py)
+            "autopurge.snapRetainCount=3\nautopurge.purgeInterval=1\n"
         )
         java = shutil.which("java")
         missing = [jar for jar in ZOOKEEPER_JARS if not os.path.exists(jar)]
@@ -288,7 +291,8 @@ class LocalCluster:
                 f"(missing: {missing or 'java'}); install the Debian package: apt-get install -y zookeeper"
             )
         classpath = ":".join([str(conf), *ZOOKEEPER_JARS])
-        command = [java, "-Xmx512m", "-cp", classpath, "org.apache.zookeeper.server.ZooKeeperServerMain", str(conf / "zoo.cfg")]
+        # QuorumPeerMain, not ZooKeeperServerMain: only it runs the autopurge task (then serves standalone)
+        command = [java, "-Xmx512m", "-cp", classpath, "org.apache.zookeeper.server.quorum.QuorumPeerMain", str(conf / "zoo.cfg")]
         return ProcessInfo("zookeeper", "zookeeper", f"127.0.0.1:{port}", command, str(self.dir / "logs" / "zookeeper.log"))
 
     def _service_process(self, kind: str, node_id: int, port: int, extra: list[str] | None = None) -> ProcessInfo:

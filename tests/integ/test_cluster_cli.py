@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 from services.tooling.cluster import health_serving, pid_alive, zookeeper_serving
+from txlog.two_phase import wait_until
 
 
 def txlog(*args, check=True):
@@ -33,6 +34,10 @@ def test_cluster_up_kill_start_down(tmp_path):
                      if "no longer serving transaction log partition" in line and "now owned by node" in line]
         assert all(entry["level"] == "INFO" for entry in handovers), handovers
         zk_address = state["zookeeper"]
+        # its data folder is purged (ZooKeeperServerMain, the class first used, ignored the autopurge settings)
+        zookeeper_log = Path(state["services"]["zookeeper"]["log"])
+        assert "autopurge.purgeInterval set to 1" in zookeeper_log.read_text()
+        wait_until(lambda: "Purge task started" in zookeeper_log.read_text(), 30, "ZooKeeper's purge task")  # its own thread
         pid_address = state["services"]["producer_id_svc-0"]["address"]
         assert zookeeper_serving(zk_address) and health_serving(pid_address)
 
