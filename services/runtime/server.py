@@ -34,7 +34,7 @@ from opentelemetry.sdk.trace.export import SpanExporter
 from services.coordination import zk
 from services.runtime import admission as admission_mod
 from services.runtime import config as config_mod
-from services.runtime import logs, metrics
+from services.runtime import logs, malloc, metrics
 from services.runtime.logs import fields
 from services.security import authorizer
 from txlog.net import telemetry, tls
@@ -75,6 +75,7 @@ SERVER_SETTINGS: tuple[config_mod.Setting, ...] = (
                        "clusters that authenticate by token (with tls_client_auth=none); re-read when it changes"),
     *metrics.METRICS_SETTINGS,
     *admission_mod.ADMISSION_SETTINGS,
+    malloc.ARENA_MAX_SETTING,
 )
 
 
@@ -373,6 +374,7 @@ def run(
     SIGTERM, exit 0."""
     cfg = config_mod.load(description, [*config_mod.COMMON_SETTINGS, *SERVER_SETTINGS, *settings], argv)
     logs.configure(kind, cfg.log_level)
+    malloc.cap_arenas(cfg.malloc_arena_max)  # before the threads (gRPC's, ZooKeeper's) take arenas of their own
 
     async def main() -> None:
         runtime = ServiceRuntime(kind, cfg)

@@ -92,3 +92,38 @@ def test_large_buffers_are_reused_instead_of_faulted_in_each_time():
 
 def test_zero_changes_nothing():
     assert malloc.keep_large_buffers(0) is False
+
+
+ARENAS_CHILD = """
+import ctypes, ctypes.util, sys, threading
+from services.runtime import malloc
+
+libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+libc.malloc.restype = ctypes.c_void_p
+print("capped" if malloc.cap_arenas(int(sys.argv[1])) else "default", flush=True)
+started = threading.Barrier(8)
+held = []
+
+def allocate():
+    started.wait()  # all eight alive at once, each taking the allocator for itself
+    held.append(libc.malloc(4096))
+
+threads = [threading.Thread(target=allocate) for _ in range(8)]
+for thread in threads:
+    thread.start()
+for thread in threads:
+    thread.join()
+libc.malloc_stats()  # one "Arena N:" section per arena, on stderr
+"""
+
+
+def arenas_of_eight_threads(arena_max: int) -> tuple[str, int]:
+    run = subprocess.run([sys.executable, "-c", ARENAS_CHILD, str(arena_max)], capture_output=True, text=True, check=True)
+    return run.stdout.strip(), sum(1 for line in run.stderr.splitlines() if line.startswith("Arena "))
+
+
+def test_the_arena_cap_bounds_the_heaps_threads_take():
+    told, uncapped = arenas_of_eight_threads(0)
+    assert told == "default" and uncapped > 2, "eight threads at once take arenas of their own unless capped"
+    told, capped = arenas_of_eight_threads(2)
+    assert told == "capped" and 1 <= capped <= 2
