@@ -20,6 +20,10 @@ Invariants
   load, never refused for ever.
 * Every admitted call is released exactly once, when it ends (a stream when it
   ends or is cancelled).
+* Since admission never depends on the size of the call itself, a Produce is
+  admitted before its request is read (READ_AFTER_ADMISSION): a refused one
+  costs the process its first flow-control window of bytes at most, not the
+  whole request received and parsed.
 * grpc.health.v1 and reflection are not admitted here: a probe is answered
   however loaded the process is.
 
@@ -73,6 +77,25 @@ INTERNAL_METHODS: dict[str, frozenset[str] | None] = {
     "txlog.v1.PartitionService": frozenset({"WriteTxnMarkers"}),
     "txlog.v1.ProducerIdService": None,
 }
+
+
+# Calls whose request is read only once the call is admitted (served as request-streaming, one message): a refused
+# one is never received whole nor parsed, which a flood of large batches would otherwise cost in memory and CPU.
+READ_AFTER_ADMISSION: frozenset[tuple[str, str]] = frozenset({("txlog.v1.PartitionService", "Produce")})
+
+
+class Unread:
+    """The request of a call that is read only once admitted (READ_AFTER_ADMISSION)."""
+
+    def __init__(self, messages: AsyncIterator, missing: Callable[[], object]):
+        self._messages = messages
+        self._missing = missing
+
+    async def read(self):
+        """The one request the client sent (parsed by the method's deserializer); ``missing()`` if none."""
+        async for message in self._messages:
+            return message
+        return self._missing()
 
 
 def is_internal(service: str, method: str) -> bool:
@@ -153,6 +176,16 @@ class Admission:
         internal = is_internal(service, method)
 
         async def unary(request, context):
+            if isinstance(request, Unread):  # the slot is decided on what is in flight, before the request is read
+                await self._enter(internal, None, context)
+                size = 0
+                try:
+                    request = await request.read()
+                    size = _size_of(request)
+                    self.in_flight_bytes += size
+                    return await handler(request, context)
+                finally:
+                    self.release(size)
             size = await self._enter(internal, request, context)
             try:
                 return await handler(request, context)

@@ -107,6 +107,19 @@ def _serialize(response) -> bytes:
     return response if isinstance(response, bytes) else response.SerializeToString()
 
 
+def _read_when_admitted(implementation, message_name: str):
+    """A unary method served as request-streaming: its one request reaches the chain of wrappers unread
+    (admission_mod.Unread), and admission reads it once the call has a slot. A client that sent no message
+    gets a MalformedRequest, as for one that does not parse."""
+    def missing():
+        return MalformedRequest(message_name, ValueError("no request message"))
+
+    async def behaviour(request_iterator, context):
+        return await implementation(admission_mod.Unread(request_iterator, missing), context)
+
+    return behaviour
+
+
 def _unimplemented(service: str, method: str):
     async def handler(request, context):
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{service}.{method} is not implemented by this server yet")
@@ -145,13 +158,12 @@ def generic_handler(servicer, service_descriptor, guard: authorizer.Authorizer |
         if measured is not None:
             implementation = measured.measured(service_descriptor.full_name, method.name, implementation)
         make = grpc.unary_unary_rpc_method_handler
+        parse = _parser(message_factory.GetMessageClass(method.input_type))
         if method.server_streaming:
             implementation, make = streamed(implementation, method.name), grpc.unary_stream_rpc_method_handler
-        handlers[method.name] = make(
-            implementation,
-            request_deserializer=_parser(message_factory.GetMessageClass(method.input_type)),
-            response_serializer=_serialize,
-        )
+        elif admission is not None and (service_descriptor.full_name, method.name) in admission_mod.READ_AFTER_ADMISSION:
+            implementation, make = _read_when_admitted(implementation, method.input_type.full_name), grpc.stream_unary_rpc_method_handler
+        handlers[method.name] = make(implementation, request_deserializer=parse, response_serializer=_serialize)
     return grpc.method_handlers_generic_handler(service_descriptor.full_name, handlers)
 
 

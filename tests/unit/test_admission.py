@@ -23,7 +23,7 @@ from services.runtime.admission import REFUSAL_RETRY_MS, Admission, Limits, is_i
 from txlog.net.identity import PEER_METADATA, metadata_value
 from txlog.protocol import errors
 from txlog.protocol.errors import ErrorCode
-from txlog.v1 import partition_pb2, partition_pb2_grpc
+from txlog.v1 import common_pb2, partition_pb2, partition_pb2_grpc
 
 LIMIT_EXCEEDED = ErrorCode.Value("LIMIT_EXCEEDED")
 
@@ -105,7 +105,7 @@ def test_any_sequence_of_calls_stays_within_the_bounds(steps, max_rpcs, max_byte
 
 
 class HeldServicer:
-    """Fetch, FetchStream and WriteTxnMarkers wait until ``release`` is set."""
+    """Fetch, FetchStream, Produce and WriteTxnMarkers wait until ``release`` is set."""
 
     def __init__(self):
         self.release = asyncio.Event()
@@ -116,6 +116,12 @@ class HeldServicer:
         self.started += 1
         await self.release.wait()
         return partition_pb2.FetchResponse()
+
+    @server.rpc_handler
+    async def Produce(self, request, context):
+        self.started += 1
+        await self.release.wait()
+        return partition_pb2.ProduceResponse(results=[partition_pb2.ProducePartitionResult(topic=b.topic) for b in request.batches])
 
     @server.rpc_handler
     async def WriteTxnMarkers(self, request, context):
@@ -229,5 +235,37 @@ def test_a_call_the_cluster_makes_to_itself_takes_the_reserved_share_whatever_it
         await until(lambda: servicer.started == 4)
         servicer.release.set()
         await asyncio.gather(*held, peer)
+
+    asyncio.run(served(bounds, scenario))
+
+
+def test_a_produce_is_read_only_once_admitted_so_a_refused_one_is_never_parsed(monkeypatch):
+    bounds = admission(max_rpcs=2)  # clients: 1
+    parsed = []
+    real_parser = server._parser
+
+    def counting_parser(message_class):  # the real parser, its calls counted
+        parse = real_parser(message_class)
+        return lambda data: parsed.append(message_class.DESCRIPTOR.name) or parse(data)
+
+    monkeypatch.setattr(server, "_parser", counting_parser)
+    batch = partition_pb2.PartitionBatch(topic="t", batch=common_pb2.RecordBatch(records=[common_pb2.Record(value=b"v" * 1000)]))
+    request = partition_pb2.ProduceRequest(acks=-1, batches=[batch])
+
+    async def scenario(servicer, stub, _):
+        held = asyncio.ensure_future(stub.Produce(request, timeout=20))
+        await until(lambda: servicer.started == 1)
+        assert (bounds.in_flight, bounds.in_flight_bytes) == (1, request.ByteSize()), "its bytes count once read"
+        produce = servicer.channel.unary_unary("/txlog.v1.PartitionService/Produce")  # raw bytes
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await produce(request.SerializeToString(), timeout=5)
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and bounds.refused == 1
+        assert parsed == ["ProduceRequest"], "the refused request was never parsed"
+        servicer.release.set()
+        assert [r.topic for r in (await held).results] == ["t"]
+        with pytest.raises(grpc.aio.AioRpcError) as malformed:  # admitted, it is read and found malformed
+            await produce(b"\xff\xff\xff", timeout=5)
+        assert malformed.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert (bounds.in_flight, bounds.in_flight_bytes) == (0, 0)
 
     asyncio.run(served(bounds, scenario))
