@@ -3,8 +3,11 @@ between the awaits that suspend it. That is what Kafka's request quota
 (KIP-124, ``request_percentage``) counts of a request-handler thread; this
 instance's one such thread is its event loop, shared by every call in flight,
 so neither the wall time of the call nor the thread's CPU time would do.
-Work a handler hands to other threads (RocksDB's writes and reads) is not
-counted: it holds no other call back."""
+Each step is timed on the thread's CPU clock, so a step is not charged for
+the time the thread waited for the GIL or the CPU. Work done elsewhere is not
+counted: on other threads (RocksDB's writes and reads), and on the loop by
+other tasks for the call (the group commit, gRPC's parsing of the request
+and serializing of the answer)."""
 
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ class Stopwatch:
 
 
 @types.coroutine
-def timed(coroutine: Coroutine[Any, Any, Any], watch: Stopwatch, clock: Callable[[], float] = time.perf_counter):
+def timed(coroutine: Coroutine[Any, Any, Any], watch: Stopwatch, clock: Callable[[], float] = time.thread_time):
     """Awaits ``coroutine`` (or an async generator's ``__anext__()``), adding the time each of its steps runs
     to ``watch``; what it returns or raises is passed on, and what the awaiting task is sent or thrown (a
     cancellation) is passed in."""

@@ -157,7 +157,11 @@ class Throttling:
             if who is None:
                 return await handler(request, context)
             watch = Stopwatch()
-            reply = await timed(handler(request, context), watch)
+            try:
+                reply = await timed(handler(request, context), watch)
+            except BaseException:
+                self.counted(who, key, 0, watch)  # a failed call's handler took the thread too
+                raise
             if isinstance(reply, bytes):  # an encoded FetchResponse
                 held = self.counted(who, key, len(reply), watch)
                 return reply + wire.throttle_time(held) if held else reply
@@ -175,7 +179,11 @@ class Throttling:
             if who is None:
                 return await handler(request, context)
             watch = Stopwatch()
-            chunks = await timed(handler(request, context), watch)
+            try:
+                chunks = await timed(handler(request, context), watch)
+            except BaseException:
+                self.counted(who, CONSUMER_BYTE_RATE, 0, watch)
+                raise
 
             async def counted_chunks():
                 try:
@@ -191,6 +199,8 @@ class Throttling:
                             return  # throttled: the client's next fetch waits its turn
                         yield chunk
                 finally:
+                    if watch.seconds:  # the time since the last chunk: the stream's end, a failure, a cancellation
+                        self.counted(who, CONSUMER_BYTE_RATE, 0, watch)
                     await chunks.aclose()
 
             return counted_chunks()

@@ -12,7 +12,8 @@ never read it: they dial the registered addresses.
 The file is read again when it changes (looked at no more than once per
 :data:`CHECK_INTERVAL_S`), so a harness may write it after the cluster started.
 A file that cannot be read or parsed keeps the routes last read, logged once
-per change.
+per change; a file removed removes its routes (every instance dialled at its
+registered address again).
 """
 
 from __future__ import annotations
@@ -72,6 +73,9 @@ class PeerRoutes:
             stat = os.stat(self.path)
         except FileNotFoundError:
             stat = None
+        except OSError as exc:  # kept: the routes last read
+            log.warning("peer routes file not read", extra=fields(path=self.path, error=str(exc)))
+            return
         seen = (stat.st_mtime_ns, stat.st_size) if stat is not None else None
         if seen == self._seen:
             return

@@ -22,8 +22,11 @@ Invariants
   ends or is cancelled).
 * Since admission never depends on the size of the call itself, a Produce is
   admitted before its request is read (READ_AFTER_ADMISSION): a refused one
-  costs the process its first flow-control window of bytes at most, not the
-  whole request received and parsed.
+  costs the process what its transport took in before the refusal (HTTP/2
+  flow-control windows), not the whole request received and parsed. Until it
+  is read, an admitted one weighs the mean request read so far, so that a
+  burst admitted together still meets the byte bound; it must arrive within
+  REQUEST_READ_TIMEOUT_S.
 * grpc.health.v1 and reflection are not admitted here: a probe is answered
   however loaded the process is.
 
@@ -36,9 +39,12 @@ transaction checks), trusted from a super user only when an authorizer runs
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+
+import grpc
 
 from services.runtime import config as config_mod
 from txlog.protocol import errors
@@ -82,20 +88,35 @@ INTERNAL_METHODS: dict[str, frozenset[str] | None] = {
 # Calls whose request is read only once the call is admitted (served as request-streaming, one message): a refused
 # one is never received whole nor parsed, which a flood of large batches would otherwise cost in memory and CPU.
 READ_AFTER_ADMISSION: frozenset[tuple[str, str]] = frozenset({("txlog.v1.PartitionService", "Produce")})
+# How long an admitted call's request may take to arrive: a client that sends it slowly, or never, holds a slot
+# meanwhile (answered REQUEST_TIMED_OUT, nothing applied, so a retry is safe).
+REQUEST_READ_TIMEOUT_S = 10.0
+# What an unread request is taken to weigh until it is read: the mean of those read (exponentially weighted), so
+# that a burst of calls admitted before any is read still counts towards the byte bound.
+UNREAD_WEIGHT = 0.1
+UNREAD_SIZE_INITIAL = 1024 * 1024  # the mean assumed before any request was read
 
 
 class Unread:
     """The request of a call that is read only once admitted (READ_AFTER_ADMISSION)."""
 
-    def __init__(self, messages: AsyncIterator, missing: Callable[[], object]):
-        self._messages = messages
+    def __init__(self, context, missing: Callable[[], object]):
+        self._context = context
         self._missing = missing
 
-    async def read(self):
-        """The one request the client sent (parsed by the method's deserializer); ``missing()`` if none."""
-        async for message in self._messages:
-            return message
-        return self._missing()
+    async def read(self, timeout_s: float):
+        """The one request the client sent (parsed by the method's deserializer); ``missing()`` if it sent
+        none. CancelledError when the call ended meanwhile; REQUEST_TIMED_OUT after ``timeout_s``."""
+        try:
+            message = await asyncio.wait_for(self._context.read(), timeout_s)
+        except TimeoutError:
+            raise TxlogError(ErrorCode.Value("REQUEST_TIMED_OUT"),
+                             f"the request did not arrive within {timeout_s:.0f} s of the call's start") from None
+        if message is grpc.aio.EOF:
+            if self._context.cancelled() or self._context.done():  # the client went, or the message was refused
+                raise asyncio.CancelledError()
+            return self._missing()
+        return message
 
 
 def is_internal(service: str, method: str) -> bool:
@@ -134,6 +155,7 @@ class Admission:
         self.in_flight = 0
         self.in_flight_bytes = 0
         self.refused = 0
+        self.unread_size = float(UNREAD_SIZE_INITIAL)  # what an unread request weighs until read (UNREAD_WEIGHT)
         self._rng = rng or random.Random()
 
     @classmethod
@@ -177,15 +199,7 @@ class Admission:
 
         async def unary(request, context):
             if isinstance(request, Unread):  # the slot is decided on what is in flight, before the request is read
-                await self._enter(internal, None, context)
-                size = 0
-                try:
-                    request = await request.read()
-                    size = _size_of(request)
-                    self.in_flight_bytes += size
-                    return await handler(request, context)
-                finally:
-                    self.release(size)
+                return await self._admitted_unread(internal, request, handler, context)
             size = await self._enter(internal, request, context)
             try:
                 return await handler(request, context)
@@ -203,10 +217,28 @@ class Admission:
 
         return stream if streaming else unary
 
-    async def _enter(self, internal: bool, request, context) -> int:
+    async def _admitted_unread(self, internal: bool, unread: Unread, handler, context):
+        """Takes a slot weighing the mean request, reads the request, weighs it as it is, runs the handler."""
+        size = max(0, round(self.unread_size))
+        await self._enter(internal, None, context, size)
+        try:
+            remaining = context.time_remaining()
+            try:
+                request = await unread.read(REQUEST_READ_TIMEOUT_S if remaining is None else min(REQUEST_READ_TIMEOUT_S, remaining))
+            except TxlogError as exc:
+                await errors.abort(context, exc)
+            read = _size_of(request)
+            self.unread_size += UNREAD_WEIGHT * (read - self.unread_size)
+            self.in_flight_bytes += read - size
+            size = read
+            return await handler(request, context)
+        finally:
+            self.release(size)
+
+    async def _enter(self, internal: bool, request, context, size: int | None = None) -> int:
         """Takes a slot for the call of ``request`` (returning its size) or ends the call refused."""
         internal = internal or (self.cluster_call is not None and self.cluster_call(context))
-        size = _size_of(request)
+        size = _size_of(request) if size is None else size
         refused = self.admit(internal, size)
         if refused is not None:
             await errors.abort(context, refused)

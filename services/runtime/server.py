@@ -114,8 +114,8 @@ def _read_when_admitted(implementation, message_name: str):
     def missing():
         return MalformedRequest(message_name, ValueError("no request message"))
 
-    async def behaviour(request_iterator, context):
-        return await implementation(admission_mod.Unread(request_iterator, missing), context)
+    async def behaviour(request_iterator, context):  # the request is read through the context, once
+        return await implementation(admission_mod.Unread(context, missing), context)
 
     return behaviour
 

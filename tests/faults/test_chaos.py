@@ -12,6 +12,8 @@ delivered again seconds later, into the next transaction). The seed is fixed:
 a failure replays with
 ``txlog chaos run --minutes 2.7 --seed 20240611 --fault-interval-s 6 --keep``."""
 
+import pytest
+
 from services.tooling.chaos.checker import ANOMALIES
 from services.tooling.chaos.faults import FAULT_KINDS
 from services.tooling.chaos.history import REPLAY_KINDS
@@ -21,6 +23,7 @@ SEED = 20240611
 WORKLOAD_S = 100  # the run goes on until each of the 16 fault kinds was injected once (one every ~6 s; pauses and cuts last 8 s, replays ~3 s)
 
 
+@pytest.mark.timeout(600)  # about 3.5 min alone; longer beside the suite's other workers, each fault waiting to heal
 def test_no_anomaly_under_every_kind_of_fault(tmp_path):
     summary = run(WORKLOAD_S, seed=SEED, directory=tmp_path / "chaos", keep=True, fault_interval_s=6, silent_owners=1)
     print(summary)

@@ -18,8 +18,9 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from hypothesis import given
 from hypothesis import strategies as st
 
+from services.runtime import admission as admission_module
 from services.runtime import server
-from services.runtime.admission import REFUSAL_RETRY_MS, Admission, Limits, is_internal
+from services.runtime.admission import REFUSAL_RETRY_MS, UNREAD_SIZE_INITIAL, Admission, Limits, is_internal
 from txlog.net.identity import PEER_METADATA, metadata_value
 from txlog.protocol import errors
 from txlog.protocol.errors import ErrorCode
@@ -256,6 +257,8 @@ def test_a_produce_is_read_only_once_admitted_so_a_refused_one_is_never_parsed(m
         held = asyncio.ensure_future(stub.Produce(request, timeout=20))
         await until(lambda: servicer.started == 1)
         assert (bounds.in_flight, bounds.in_flight_bytes) == (1, request.ByteSize()), "its bytes count once read"
+        assert bounds.unread_size == pytest.approx(0.9 * UNREAD_SIZE_INITIAL + 0.1 * request.ByteSize()), \
+            "the next unread one is taken to weigh the mean read"
         produce = servicer.channel.unary_unary("/txlog.v1.PartitionService/Produce")  # raw bytes
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await produce(request.SerializeToString(), timeout=5)
@@ -266,6 +269,44 @@ def test_a_produce_is_read_only_once_admitted_so_a_refused_one_is_never_parsed(m
         with pytest.raises(grpc.aio.AioRpcError) as malformed:  # admitted, it is read and found malformed
             await produce(b"\xff\xff\xff", timeout=5)
         assert malformed.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert (bounds.in_flight, bounds.in_flight_bytes) == (0, 0)
+        await until(lambda: (bounds.in_flight, bounds.in_flight_bytes) == (0, 0))  # released after the status went
+
+    asyncio.run(served(bounds, scenario))
+
+
+def test_an_unread_produce_weighs_the_mean_request_so_a_burst_meets_the_byte_bound():
+    bounds = admission(max_rpcs=100, max_bytes=4 * UNREAD_SIZE_INITIAL)  # clients: 3 MiB
+
+    async def scenario(servicer, stub, _):
+        produce = servicer.channel.stream_unary("/txlog.v1.PartitionService/Produce")
+        silent = [produce() for _ in range(3)]  # opened, their requests not sent: each taken to weigh 1 MiB
+        await until(lambda: bounds.in_flight == 3)
+        assert bounds.in_flight_bytes == 3 * UNREAD_SIZE_INITIAL
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await stub.Produce(partition_pb2.ProduceRequest(), timeout=5)
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        for call in silent:
+            call.cancel()
+        await until(lambda: (bounds.in_flight, bounds.in_flight_bytes) == (0, 0))
+
+    asyncio.run(served(bounds, scenario))
+
+
+def test_a_request_that_does_not_arrive_in_time_or_at_all_gives_its_slot_back(monkeypatch):
+    monkeypatch.setattr(admission_module, "REQUEST_READ_TIMEOUT_S", 0.2)
+    bounds = admission(max_rpcs=4)
+
+    async def scenario(servicer, stub, _):
+        produce = servicer.channel.stream_unary("/txlog.v1.PartitionService/Produce")
+        with pytest.raises(grpc.aio.AioRpcError) as slow:
+            await produce(timeout=10)  # the request never written
+        assert errors.from_rpc_error(slow.value).name == "REQUEST_TIMED_OUT", slow.value
+        empty = produce(timeout=10)
+        await empty.done_writing()  # the call's end, with no request at all
+        with pytest.raises(grpc.aio.AioRpcError) as missing:
+            await empty
+        assert errors.from_rpc_error(missing.value).name == "INVALID_REQUEST" and "no request" in missing.value.details()
+        await until(lambda: (bounds.in_flight, bounds.in_flight_bytes) == (0, 0))
+        assert servicer.started == 0
 
     asyncio.run(served(bounds, scenario))

@@ -12,6 +12,7 @@ depends on the process's earlier frees, so the comparison with the default
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -118,7 +119,10 @@ libc.malloc_stats()  # one "Arena N:" section per arena, on stderr
 
 
 def arenas_of_eight_threads(arena_max: int) -> tuple[str, int]:
-    run = subprocess.run([sys.executable, "-c", ARENAS_CHILD, str(arena_max)], capture_output=True, text=True, check=True)
+    # glibc's own settings from the environment (a container image's) would decide the uncapped count
+    env = {k: v for k, v in os.environ.items() if k not in ("MALLOC_ARENA_MAX", "GLIBC_TUNABLES")}
+    run = subprocess.run([sys.executable, "-c", ARENAS_CHILD, str(arena_max)], capture_output=True, text=True,
+                         check=True, env=env)
     return run.stdout.strip(), sum(1 for line in run.stderr.splitlines() if line.startswith("Arena "))
 
 

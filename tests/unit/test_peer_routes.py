@@ -68,3 +68,16 @@ def test_a_file_that_cannot_be_used_keeps_the_routes_last_read(tmp_path, text):
 def test_parse_routes_says_what_is_wrong(text, wrong):
     with pytest.raises(ValueError, match=wrong):
         parse_routes(text)
+
+
+def test_a_routes_file_that_cannot_even_be_looked_at_keeps_the_routes_last_read(tmp_path):
+    folder, clock = tmp_path / "routes", Clock()
+    folder.mkdir()
+    write(folder / "peers.json", {"127.0.0.1:7001": "127.0.0.1:9001"}, 1_000_000_000)
+    routes = PeerRoutes(str(folder / "peers.json"), clock)
+    assert routes.dialled("127.0.0.1:7001") == "127.0.0.1:9001"
+    (folder / "peers.json").unlink()
+    folder.rmdir()
+    folder.write_text("a file where the folder was")  # stat: NotADirectoryError, not FileNotFoundError
+    clock.now += CHECK_INTERVAL_S
+    assert routes.dialled("127.0.0.1:7001") == "127.0.0.1:9001"

@@ -126,7 +126,7 @@ class Nemesis:
     routes: ZookeeperRoutes | None = None  # each process's path to ZooKeeper, for partition_zookeeper
     zookeeper_cut_s: float = 8.0  # longer than the cut process's ZooKeeper session
     peers: PeerPaths | None = None  # the paths between the processes, for partition_peers and partition_minority
-    peer_cut_s: float = 8.0  # longer than the replica lag time and the cut side's ZooKeeper session
+    peer_cut_s: float = 8.0  # the run sets it longer than the replica lag time and the cut side's ZooKeeper session
     log: list[FaultEvent] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None

@@ -53,7 +53,7 @@ SILENT_OWNERS = 1  # workers whose transactions only the check-back decides
 # would abort a transaction decided commit).
 SILENT_GROUP_CONFIG = {"transaction.check.interval.ms": "1000", "transaction.check.max": "1000"}
 SILENT_DECIDED_TIMEOUT_S = 60.0
-FIRST_ROUND_GRACE_S = 120.0  # at least this long past the duration for the nemesis to try every kind once
+FIRST_ROUND_GRACE_S = 240.0  # at least this long past the duration for the nemesis to try every kind once
 TXN_TIMEOUT_MS = 6000
 COORDINATOR_ARGS = ["--transaction-check-interval-ms", "200", "--ownership-check-interval-ms", "300",
                     "--zookeeper-session-timeout-s", "5"]
