@@ -117,6 +117,9 @@ def _admin(bootstrap: str | Target, timeout_s: float) -> Admin:
     return Admin(target.bootstrap, default_api_timeout_ms=timeout_s * 1000, **target.client_options())
 
 
+admin_for = _admin  # for commands that keep an Admin open (txlog console); the caller closes it
+
+
 def topics_create(bootstrap: str | Target, name: str, partitions: int, configs: dict[str, str], out: TextIO, *,
                   replication_factor: int | None = None, timeout_s: float = TIMEOUT_S_DEFAULT) -> None:
     with _admin(bootstrap, timeout_s) as admin:

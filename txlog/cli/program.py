@@ -63,6 +63,9 @@ its admin's):
                           or request_percentage (percent of an instance's handler thread);
                           prints the entity's quotas after (JSON)
     txlog quotas describe              every client quota set (JSON)
+    txlog console [--listen HOST:PORT] [--read-only]
+                          a web console: the cluster, topics, transactions and groups
+                          (http://127.0.0.1:8080/ by default)
     txlog acls add (--allow P | --deny P)... --operation OP... RESOURCE [--prefixed] [--host IP]
     txlog acls list [RESOURCE [--prefixed]] [--allow P | --deny P]... [--operation OP]...
     txlog acls remove RESOURCE [--prefixed] [--allow P | --deny P]... [--operation OP]...
@@ -705,6 +708,32 @@ def _quotas(args) -> int:
     return 0
 
 
+def _console(args) -> int:
+    """Serves the web console until interrupted (txlog/console)."""
+    target = _bootstrap(args)
+    host, _, port = args.listen.rpartition(":")
+    if not host or not port.isdigit():
+        raise console.invalid(f"--listen takes HOST:PORT, not {args.listen!r}")
+    import uvicorn  # the console's own dependencies, loaded only for it
+
+    from txlog.console.app import create_app
+
+    with console.admin_for(target, args.timeout_s) as admin:
+        app = create_app(admin, read_only=args.read_only, cluster_name=getattr(args, "dir", None) or target.bootstrap)
+        print(f"txlog console on http://{args.listen}/ (Ctrl-C stops it)", file=sys.stderr, flush=True)
+        uvicorn.run(app, host=host.strip("[]"), port=int(port), log_level="warning")
+    return 0
+
+
+def _add_console_command(commands) -> None:
+    web = commands.add_parser("console", help="a web console for operators: the cluster, topics, transactions, groups")
+    _add_bootstrap(web)
+    web.add_argument("--listen", default="127.0.0.1:8080",
+                     help="HOST:PORT the console serves on (default: %(default)s, loopback only)")
+    web.add_argument("--read-only", action="store_true", help="no action on any page, whatever the cluster's ACLs allow")
+    web.set_defaults(run=_console)
+
+
 def _add_quota_commands(commands) -> None:
     quota_command = commands.add_parser("quotas", help="client quotas (Kafka's kafka-configs.sh --entity-type users/clients)")
     quota_actions = quota_command.add_subparsers(dest="action", required=True)
@@ -855,6 +884,7 @@ def parser() -> argparse.ArgumentParser:
     chaos.set_defaults(run=_chaos)
     _add_client_commands(commands)
     _add_quota_commands(commands)
+    _add_console_command(commands)
     _add_acl_commands(commands)
     _add_group_commands(commands)
     return top

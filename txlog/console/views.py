@@ -1,0 +1,159 @@
+"""What each console page shows, from the Admin client's answers: plain
+dicts and lists the templates render, no HTML here and no I/O beyond the
+Admin calls. Each function takes an Admin (or anything with its methods)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+from txlog.structs import TopicPartition
+
+OPEN_STATES = ("Ongoing", "Prepared", "PrepareCommit", "PrepareAbort", "PrepareEpochFence")
+# A Prepared transaction waiting longer than this is marked on the transactions page (its check-back may be stuck).
+LONG_PREPARED_MS = 60_000
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def age_ms(since_ms: int, now: int) -> int | None:
+    return now - since_ms if since_ms >= 0 else None
+
+
+def partition_rows(admin, topics) -> list[dict]:
+    """One row per partition of ``topics`` (TopicDescriptions): its replicas and offsets; the last stable
+    offset's lag is how many offsets an open transaction holds back from read_committed consumers."""
+    tps = [TopicPartition(t.name, p.partition) for t in topics for p in t.partitions if p.leader_id >= 0]
+    latest = admin.list_offsets({tp: "latest" for tp in tps}) if tps else {}
+    stable = admin.list_offsets({tp: "last_stable" for tp in tps}) if tps else {}
+    earliest = admin.list_offsets({tp: "earliest" for tp in tps}) if tps else {}
+    rows = []
+    for topic in topics:
+        for p in topic.partitions:
+            tp = TopicPartition(topic.name, p.partition)
+            high = latest[tp].offset if tp in latest else None
+            lso = stable[tp].offset if tp in stable else None
+            rows.append({
+                "topic": topic.name, "partition": p.partition, "leader": p.leader_id, "leader_epoch": p.leader_epoch,
+                "replicas": list(p.replicas), "isr": list(p.isr), "error": p.error,
+                "offline": p.leader_id < 0, "under_replicated": len(p.isr) < len(p.replicas),
+                "log_start": earliest[tp].offset if tp in earliest else None,
+                "high_watermark": high, "last_stable": lso,
+                "lso_lag": high - lso if high is not None and lso is not None else None,
+            })
+    return rows
+
+
+def overview(admin) -> dict:
+    """The cluster at a glance: live instances, partitions not fully served, open and hanging transactions."""
+    topics = admin.describe_topics()
+    partitions = [(t, p) for t in topics for p in t.partitions]
+    transactions = admin.list_transactions(states=OPEN_STATES)
+    hanging = admin.find_hanging()
+    leaders: dict[int, int] = {}
+    for _, p in partitions:
+        if p.leader_id >= 0:
+            leaders[p.leader_id] = leaders.get(p.leader_id, 0) + 1
+    live = set(admin.live_partition_nodes())
+    nodes = sorted(live | {n for _, p in partitions for n in p.replicas})
+    return {
+        "nodes": [{"id": n, "live": n in live, "leads": leaders.get(n, 0)} for n in nodes],
+        "topics": len([t for t in topics if not t.is_internal]),
+        "partitions": len(partitions),
+        "offline": [f"{t.name}-{p.partition}" for t, p in partitions if p.leader_id < 0],
+        "under_replicated": [f"{t.name}-{p.partition}" for t, p in partitions if p.leader_id >= 0 and len(p.isr) < len(p.replicas)],
+        "open_transactions": len(transactions),
+        "prepared": len([t for t in transactions if t.state == "Prepared"]),
+        "hanging": [h._asdict() for h in hanging],
+    }
+
+
+def topic_list(admin) -> list[dict]:
+    rows = []
+    for topic in sorted(admin.describe_topics(), key=lambda t: (t.is_internal, t.name)):
+        rows.append({"name": topic.name, "internal": topic.is_internal, "partitions": len(topic.partitions),
+                     "replication_factor": max((len(p.replicas) for p in topic.partitions), default=0),
+                     "under_replicated": sum(1 for p in topic.partitions if len(p.isr) < len(p.replicas)),
+                     "offline": sum(1 for p in topic.partitions if p.leader_id < 0)})
+    return rows
+
+
+def topic_detail(admin, name: str) -> dict:
+    """A topic's partitions and configs; UNKNOWN_TOPIC_OR_PARTITION (raised by the Admin) when there is none."""
+    (topic,) = admin.describe_topics([name])
+    return {"name": topic.name, "internal": topic.is_internal, "configs": dict(sorted(topic.configs.items())),
+            "partitions": partition_rows(admin, [topic])}
+
+
+def transaction_list(admin, states: Iterable[str] = ()) -> dict:
+    """The coordinators' transactions (``states``: only those), described, ages from now; hanging and
+    long-prepared ones marked."""
+    listings = admin.list_transactions(states=list(states) or None)
+    hanging_ids = {h.producer_id for h in admin.find_hanging()}
+    described = {}
+    ids = [t.transactional_id for t in listings]
+    for start in range(0, len(ids), 100):
+        described.update({d.transactional_id: d for d in admin.describe_transactions(ids[start:start + 100])})
+    now = now_ms()
+    rows = []
+    for listing in listings:
+        d = described.get(listing.transactional_id)
+        prepared_age = age_ms(d.prepared_time_ms, now) if d is not None else None
+        rows.append({
+            "transactional_id": listing.transactional_id, "state": listing.state, "producer_id": listing.producer_id,
+            "producer_epoch": listing.producer_epoch,
+            "age_ms": age_ms(d.transaction_start_time_ms, now) if d is not None else None,
+            "partitions": len(d.partitions) if d is not None else 0,
+            "timeout_ms": d.transaction_timeout_ms if d is not None else None,
+            "hanging": listing.producer_id in hanging_ids,
+            "long_prepared": listing.state == "Prepared" and prepared_age is not None and prepared_age > LONG_PREPARED_MS,
+            "checks_done": d.checks_done if d is not None else 0,
+            "last_check_answer": d.last_check_answer if d is not None else "",
+        })
+    return {"rows": rows, "states": list(states)}
+
+
+def transaction_detail(admin, transactional_id: str) -> dict:
+    """One transactional id: its state and, on each of its partitions, what the leader knows of its producer."""
+    (d,) = admin.describe_transactions([transactional_id])
+    now = now_ms()
+    producers = admin.describe_producers(d.partitions) if d.partitions else {}
+    partitions = []
+    for tp in d.partitions:
+        mine = [p for p in producers.get(tp, []) if p.producer_id == d.producer_id]
+        partitions.append({"topic": tp.topic, "partition": tp.partition,
+                           "producer": mine[0]._asdict() if mine else None})
+    return {
+        "transactional_id": d.transactional_id, "state": d.state, "producer_id": d.producer_id,
+        "producer_epoch": d.producer_epoch, "timeout_ms": d.transaction_timeout_ms,
+        "age_ms": age_ms(d.transaction_start_time_ms, now), "partitions": partitions,
+        "prepared_age_ms": age_ms(d.prepared_time_ms, now), "prepared_timeout_ms": d.prepared_timeout_ms,
+        "checks_done": d.checks_done, "last_check_answer": d.last_check_answer,
+        "next_check_in_ms": d.next_check_time_ms - now if d.next_check_time_ms >= 0 else None,
+        "handle": (d.transactional_id, d.producer_id, d.producer_epoch) if d.state == "Prepared" else None,
+    }
+
+
+def group_list(admin) -> list[dict]:
+    """Each consumer group: its members and, per partition it committed, the committed offset and the lag."""
+    groups = []
+    for listing in sorted(admin.list_groups()):
+        described = admin.describe_group(listing.group_id)
+        committed = admin.list_group_offsets(listing.group_id)
+        ends = admin.list_offsets({tp: "latest" for tp in committed}) if committed else {}
+        offsets = []
+        for tp in sorted(committed):
+            offset = committed[tp]
+            offset = getattr(offset, "offset", offset)
+            end = ends[tp].offset if tp in ends else None
+            offsets.append({"topic": tp.topic, "partition": tp.partition, "committed": offset, "end": end,
+                            "lag": end - offset if end is not None and offset is not None and offset >= 0 else None,
+                            "owner": described.owner(tp)})
+        groups.append({"group_id": listing.group_id, "state": described.state, "epoch": described.group_epoch,
+                       "members": [{"member_id": m.member_id, "state": m.state,
+                                    "assigned": sorted(f"{tp.topic}-{tp.partition}" for tp in m.assigned)}
+                                   for m in described.members],
+                       "offsets": offsets})
+    return groups
