@@ -1,11 +1,16 @@
-"""`txlog console` through the real services (issue 37, first part: the
-pages): a local cluster with a topic, an open transaction and a consumer
-group made by the test, the console started as a user starts it, each page
-fetched over HTTP and checked for the cluster's real state. Tests in a real
-browser, and the actions, come with the rest of the issue."""
+"""`txlog console` through the real services (issue 37): a local cluster with
+a topic, an open transaction and a consumer group made by the test, the
+console started as a user starts it, each page fetched over HTTP (cookies
+kept, as a browser keeps them) and checked for the cluster's real state; the
+actions confirmed and done, refused without the confirmation's token, on bad
+input and by a read-only console. Pages in a real browser: test_console_browser.py."""
 
 from __future__ import annotations
 
+import html
+import http.cookiejar
+import json
+import re
 import subprocess
 import sys
 import urllib.error
@@ -26,23 +31,66 @@ def cluster(tmp_path_factory, shared_zookeeper):
     yield from running(tmp_path_factory.mktemp("console"), fresh_chroot(shared_zookeeper), FULL)
 
 
-@pytest.fixture(scope="module")
-def console(cluster):
+def started_console(cluster, log_path, *flags):
+    """`txlog console` on a free port, as a user starts it: (its URL, its process)."""
     address = f"127.0.0.1:{free_port()}"
+    log_file = open(log_path, "wb")  # noqa: SIM115 - the process writes it until the fixture ends
     process = subprocess.Popen([sys.executable, "-m", "txlog.cli", "console", "--bootstrap", cluster.state.bootstrap,
-                                "--listen", address, "--read-only"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                                "--listen", address, *flags], stdout=log_file, stderr=subprocess.STDOUT)
 
     def serving() -> bool:
-        assert process.poll() is None, process.stdout.read().decode()
+        assert process.poll() is None, log_path.read_text()
         try:
             return get(f"http://{address}", "/")[0] == 200
         except OSError:
             return False
 
     wait_until(serving, 60, "the console serving")
-    yield f"http://{address}"
+    return f"http://{address}", process
+
+
+@pytest.fixture(scope="module")
+def console(cluster, tmp_path_factory):
+    url, process = started_console(cluster, tmp_path_factory.mktemp("console-ro") / "console.log", "--read-only")
+    yield url
     process.terminate()
     process.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def acting(cluster, tmp_path_factory):
+    """A console that acts, for which an open transaction is hanging after 100 ms; (its URL, its log)."""
+    log_path = tmp_path_factory.mktemp("console-rw") / "console.log"
+    url, process = started_console(cluster, log_path, "--hanging-after-ms", "100")
+    yield url, log_path
+    process.terminate()
+    process.wait(timeout=30)
+
+
+class Browser:
+    """An HTTP client that keeps cookies, as a browser does (the actions' CSRF token is one)."""
+
+    def __init__(self, base: str):
+        self.base = base
+        self.opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar()))
+
+    def open(self, path: str, form: dict | None = None) -> tuple[int, str]:
+        data = urllib.parse.urlencode(form).encode() if form is not None else None
+        try:
+            with self.opener.open(self.base + path, data=data, timeout=60) as answer:
+                return answer.status, answer.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+
+def hidden_fields(page: str) -> dict:
+    return dict(re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)">', page))
+
+
+def action_link(page: str, name: str) -> str:
+    found = re.search(rf'href="(/actions/{name}\?[^"]+)"', page)
+    assert found, f"no {name} action on the page"
+    return html.unescape(found.group(1))
 
 
 def get(base: str, path: str) -> tuple[int, str]:
@@ -127,3 +175,87 @@ def test_a_listen_address_without_a_port_is_refused_before_anything_starts(clust
     result = subprocess.run([sys.executable, "-m", "txlog.cli", "console", "--bootstrap", cluster.state.bootstrap,
                              "--listen", "127.0.0.1"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 1 and "--listen takes HOST:PORT" in result.stderr, result.stderr
+
+
+def test_a_hanging_transaction_is_aborted_from_the_page_in_two_clicks_and_its_lso_moves(cluster, acting):
+    url, log_path = acting
+    topic = f"console-hang-{uuid.uuid4().hex[:6]}"
+    with Admin(cluster.state.bootstrap) as admin:
+        admin.create_topics([(topic, 1)])
+    producer = Producer(cluster.state.bootstrap, transactional_id=f"console-hang-{uuid.uuid4().hex[:6]}")
+    producer.init_transactions()
+    producer.begin_transaction()
+    producer.send(topic, value=b"left open", partition=0).result(timeout=60)
+    browser = Browser(url)
+    try:
+        pages = []
+        wait_until(lambda: pages.append(browser.open("/")[1]) or f"{topic}-0" in pages[-1], 60, "the page showing it hanging")
+        row = next(r for r in pages[-1].split('id="hanging"')[1].split("<tr>") if f"{topic}-0" in r)
+        status, confirm = browser.open(action_link(row, "abort-hanging"))  # click 1
+        assert status == 200 and f"ABORT marker on {topic}-0" in confirm
+        assert 'class="warn">1</td>' in browser.open(f"/topics/{topic}")[1], "the LSO held back by one record"
+        status, done = browser.open("/actions/abort-hanging", hidden_fields(confirm))  # click 2: Confirm
+        assert status == 200 and 'id="done"' in done, done
+        # the last stable offset moved past the aborted record and its marker: nothing held back any more
+        row = browser.open(f"/topics/{topic}")[1].split("<tbody>")[1]
+        assert "<td>2</td><td>2</td>" in row and 'class="warn"' not in row, row
+        audit = [json.loads(line) for line in log_path.read_text().splitlines() if line.startswith("{")]
+        assert any(a["action"] == "abort-hanging" and a["outcome"] == "done" and a["params"]["topic"] == topic
+                   for a in audit), audit
+    finally:
+        producer.close()
+
+
+def test_an_action_is_taken_only_with_the_confirmations_token(cluster, acting, state):
+    url, log_path = acting
+    reset = {"group_id": state["group"], "topic": state["topic"], "to": "earliest"}
+    status, page = Browser(url).open("/actions/reset-offsets", reset)  # a POST no confirmation page gave a token
+    assert status == 403 and "CSRF" in page
+    with Admin(cluster.state.bootstrap) as admin:
+        assert admin.list_group_offsets(state["group"])[(state["topic"], 0)] == 1, "nothing changed"
+
+
+def test_a_groups_offsets_are_reset_after_a_dry_run(cluster, acting, state):
+    url, _ = acting
+    browser = Browser(url)
+    status, dry_run = browser.open("/actions/reset-offsets?" + urllib.parse.urlencode(
+        {"group_id": state["group"], "topic": state["topic"], "to": "earliest"}))
+    assert status == 200 and f"{state['topic']}-0: 1 -&gt; 0" in dry_run, dry_run
+    with Admin(cluster.state.bootstrap) as admin:
+        assert admin.list_group_offsets(state["group"])[(state["topic"], 0)] == 1, "a dry run changes nothing"
+        status, done = browser.open("/actions/reset-offsets", hidden_fields(dry_run))
+        assert status == 200 and 'id="done"' in done, done
+        assert admin.list_group_offsets(state["group"])[(state["topic"], 0)] == 0
+        admin.alter_group_offsets(state["group"], {(state["topic"], 0): 1})  # as the other tests expect it
+
+
+def test_a_prepared_transaction_is_committed_from_its_page(cluster, acting):
+    url, _ = acting
+    topic, transactional_id = f"console-2pc-{uuid.uuid4().hex[:6]}", f"console-2pc-{uuid.uuid4().hex[:6]}"
+    with Admin(cluster.state.bootstrap) as admin:
+        admin.create_topics([(topic, 1)])
+    with Producer(cluster.state.bootstrap, transactional_id=transactional_id) as producer:
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.send(topic, value=b"prepared", partition=0)
+        producer.prepare_transaction()
+    browser = Browser(url)
+    status, page = browser.open("/transactions/" + urllib.parse.quote(transactional_id))
+    assert status == 200 and 'id="state">Prepared<' in page
+    status, confirm = browser.open(action_link(page, "complete-prepared"))  # Commit comes first
+    assert status == 200 and "Commit the prepared transaction" in confirm
+    status, done = browser.open("/actions/complete-prepared", hidden_fields(confirm))
+    assert status == 200 and 'id="done"' in done, done
+    wait_until(lambda: 'id="state">CompleteCommit<' in browser.open("/transactions/" + urllib.parse.quote(transactional_id))[1],
+               60, "the transaction committed")
+
+
+def test_bad_input_and_a_read_only_console_change_nothing(console, acting):
+    url, _ = acting
+    status, page = Browser(url).open("/actions/abort-hanging?topic=t&partition=x&producer_id=1&producer_epoch=0&coordinator_epoch=0")
+    assert status == 400 and "partition must be an integer" in page
+    status, page = Browser(url).open("/actions/no-such-action")
+    assert status == 404
+    status, page = Browser(console).open("/actions/abort-hanging?topic=t&partition=0&producer_id=1&producer_epoch=0&coordinator_epoch=0")
+    assert status == 403 and "read-only" in page
+    assert "/actions/" not in get(console, "/groups")[1], "no action offered"

@@ -87,6 +87,7 @@ import datetime
 import difflib
 import importlib
 import json
+import logging
 import os
 import sys
 from pathlib import Path
@@ -719,7 +720,11 @@ def _console(args) -> int:
     from txlog.console.app import create_app
 
     with console.admin_for(target, args.timeout_s) as admin:
-        app = create_app(admin, read_only=args.read_only, cluster_name=getattr(args, "dir", None) or target.bootstrap)
+        app = create_app(admin, read_only=args.read_only, cluster_name=getattr(args, "dir", None) or target.bootstrap,
+                         hanging_after_ms=args.hanging_after_ms)
+        audit = logging.getLogger("txlog.console.audit")  # one JSON line per action, on stderr
+        audit.addHandler(logging.StreamHandler(sys.stderr))
+        audit.setLevel(logging.INFO)
         print(f"txlog console on http://{args.listen}/ (Ctrl-C stops it)", file=sys.stderr, flush=True)
         uvicorn.run(app, host=host.strip("[]"), port=int(port), log_level="warning")
     return 0
@@ -731,6 +736,9 @@ def _add_console_command(commands) -> None:
     web.add_argument("--listen", default="127.0.0.1:8080",
                      help="HOST:PORT the console serves on (default: %(default)s, loopback only)")
     web.add_argument("--read-only", action="store_true", help="no action on any page, whatever the cluster's ACLs allow")
+    web.add_argument("--hanging-after-ms", type=int, default=900_000,
+                     help="an open transaction no coordinator will end counts as hanging once older than this "
+                          "(default: %(default)s, the coordinators' largest transaction timeout)")
     web.set_defaults(run=_console)
 
 

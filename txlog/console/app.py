@@ -1,7 +1,8 @@
 """The console's web application: one route per page, each rendering a
-template from what ``views.py`` made of the Admin client's answers. The pages
-are read-only; an error the cluster answers is shown on the page with its code,
-never a stack trace.
+template from what ``views.py`` made of the Admin client's answers, and one
+for the actions (``actions.py``): a GET shows what an action will do, the
+confirmation's POST (with its CSRF token, csrf.py) does it. An error the
+cluster answers is shown on the page with its code, never a stack trace.
 
 The Admin client is synchronous: Starlette runs each page's function in its
 thread pool, and one lock keeps the client to one call at a time (an operator's
@@ -22,7 +23,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
-from txlog.console import views
+from txlog.console import actions, csrf, views
 from txlog.protocol.errors import TxlogError
 
 log = logging.getLogger(__name__)
@@ -30,8 +31,9 @@ HERE = Path(__file__).parent
 NOT_FOUND_CODES = ("UNKNOWN_TOPIC_OR_PARTITION", "TRANSACTIONAL_ID_NOT_FOUND", "GROUP_ID_NOT_FOUND")
 
 
-def create_app(admin, *, read_only: bool = True, cluster_name: str = "") -> Starlette:
-    """The console over ``admin`` (a txlog.Admin)."""
+def create_app(admin, *, read_only: bool = True, cluster_name: str = "",
+               hanging_after_ms: int = views.HANGING_AFTER_MS) -> Starlette:
+    """The console over ``admin`` (a txlog.Admin); ``read_only``: no action shown or taken."""
     templates = Jinja2Templates(directory=str(HERE / "templates"))
     templates.env.filters["duration"] = duration
     lock = threading.Lock()
@@ -53,7 +55,7 @@ def create_app(admin, *, read_only: bool = True, cluster_name: str = "") -> Star
     common = {"read_only": read_only, "cluster_name": cluster_name}
 
     async def overview(request):
-        return await page(request, "overview.html", views.overview, active="overview")
+        return await page(request, "overview.html", views.overview, hanging_after_ms, active="overview")
 
     async def topics(request):
         return await page(request, "topics.html", views.topic_list, active="topics")
@@ -63,8 +65,8 @@ def create_app(admin, *, read_only: bool = True, cluster_name: str = "") -> Star
 
     async def transactions(request):
         states = [s for s in request.query_params.getlist("state") if s]
-        return await page(request, "transactions.html", views.transaction_list, states, active="transactions",
-                          all_states=ALL_STATES)
+        return await page(request, "transactions.html", views.transaction_list, states, hanging_after_ms,
+                          active="transactions", all_states=ALL_STATES)
 
     async def transaction(request):
         return await page(request, "transaction.html", views.transaction_detail, request.path_params["transactional_id"],
@@ -73,6 +75,50 @@ def create_app(admin, *, read_only: bool = True, cluster_name: str = "") -> Star
     async def groups(request):
         return await page(request, "groups.html", views.group_list, active="groups")
 
+    def refused(request, status: int, code: str, message: str, action: str = "", params: dict | None = None):
+        if action:
+            actions.audit(action, params or {}, client_of(request), "refused", f"{code}: {message}")
+        return templates.TemplateResponse(request, "error.html", {"code": code, "message": message, **common},
+                                          status_code=status)
+
+    async def act(request):
+        """GET: the confirmation (a dry run for an offset reset); POST: the action, once confirmed."""
+        name = request.path_params["name"]
+        action = actions.ACTIONS.get(name)
+        if action is None:
+            return refused(request, 404, "NOT_FOUND", f"no action {name!r}; the actions are {sorted(actions.ACTIONS)}")
+        form = dict(request.query_params) if request.method == "GET" else dict(await request.form())
+        if read_only:
+            return refused(request, 403, "READ_ONLY", "this console was started with --read-only: it takes no action",
+                           name if request.method == "POST" else "", form)
+        try:
+            params = action.parse(form)
+        except ValueError as exc:
+            return refused(request, 400, "INVALID_REQUEST", str(exc), name if request.method == "POST" else "", form)
+        if request.method == "POST":
+            if not csrf.valid(request, form.get(csrf.FIELD, "")):
+                return refused(request, 403, "CSRF", "the form's token does not match this browser's: "
+                               "open the action again from its page", name, params)
+            try:
+                done = await run_in_threadpool(asked, action.run, params)
+            except TxlogError as exc:
+                actions.audit(name, params, client_of(request), "failed", str(exc))
+                return templates.TemplateResponse(request, "action.html", {
+                    "action": action, "params": params, "error": str(exc), "code": getattr(exc, "name", ""),
+                    **common}, status_code=502)
+            actions.audit(name, params, client_of(request), "done")
+            return templates.TemplateResponse(request, "action.html", {"action": action, "params": params,
+                                                                       "done": done, **common})
+        try:
+            lines = await run_in_threadpool(asked, action.preview, params)
+        except TxlogError as exc:
+            return refused(request, 502, getattr(exc, "name", "") or "ERROR", str(exc))
+        token = csrf.token_of(request)
+        response = templates.TemplateResponse(request, "action.html", {
+            "action": action, "params": params, "preview": lines, "csrf_field": csrf.FIELD, "csrf": token, **common})
+        csrf.remember(response, token)
+        return response
+
     return Starlette(routes=[
         Route("/", overview),
         Route("/topics", topics),
@@ -80,12 +126,17 @@ def create_app(admin, *, read_only: bool = True, cluster_name: str = "") -> Star
         Route("/transactions", transactions),
         Route("/transactions/{transactional_id:path}", transaction),
         Route("/groups", groups),
+        Route("/actions/{name}", act, methods=["GET", "POST"]),
         Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static"),
     ])
 
 
 ALL_STATES = ("Empty", "Ongoing", "Prepared", "PrepareCommit", "PrepareAbort", "CompleteCommit", "CompleteAbort",
               "PrepareEpochFence", "Dead")
+
+
+def client_of(request: Request) -> str:
+    return request.client.host if request.client else ""
 
 
 def duration(ms) -> str:

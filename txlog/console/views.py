@@ -12,6 +12,9 @@ from txlog.structs import TopicPartition
 OPEN_STATES = ("Ongoing", "Prepared", "PrepareCommit", "PrepareAbort", "PrepareEpochFence")
 # A Prepared transaction waiting longer than this is marked on the transactions page (its check-back may be stuck).
 LONG_PREPARED_MS = 60_000
+# An open transaction older than this that no coordinator will end is hanging: the coordinators' largest timeout
+# (transaction_timeout_ms_max), as Kafka's find-hanging assumes.
+HANGING_AFTER_MS = 900_000
 
 
 def now_ms() -> int:
@@ -46,12 +49,13 @@ def partition_rows(admin, topics) -> list[dict]:
     return rows
 
 
-def overview(admin) -> dict:
-    """The cluster at a glance: live instances, partitions not fully served, open and hanging transactions."""
+def overview(admin, hanging_after_ms: int = HANGING_AFTER_MS) -> dict:
+    """The cluster at a glance: live instances, partitions not fully served, open and hanging transactions
+    (open longer than ``hanging_after_ms`` with no coordinator to end them: Admin.find_hanging)."""
     topics = admin.describe_topics()
     partitions = [(t, p) for t in topics for p in t.partitions]
     transactions = admin.list_transactions(states=OPEN_STATES)
-    hanging = admin.find_hanging()
+    hanging = admin.find_hanging(max_transaction_timeout_ms=hanging_after_ms)
     leaders: dict[int, int] = {}
     for _, p in partitions:
         if p.leader_id >= 0:
@@ -87,11 +91,11 @@ def topic_detail(admin, name: str) -> dict:
             "partitions": partition_rows(admin, [topic])}
 
 
-def transaction_list(admin, states: Iterable[str] = ()) -> dict:
+def transaction_list(admin, states: Iterable[str] = (), hanging_after_ms: int = HANGING_AFTER_MS) -> dict:
     """The coordinators' transactions (``states``: only those), described, ages from now; hanging and
     long-prepared ones marked."""
     listings = admin.list_transactions(states=list(states) or None)
-    hanging_ids = {h.producer_id for h in admin.find_hanging()}
+    hanging_ids = {h.producer_id for h in admin.find_hanging(max_transaction_timeout_ms=hanging_after_ms)}
     described = {}
     ids = [t.transactional_id for t in listings]
     for start in range(0, len(ids), 100):
