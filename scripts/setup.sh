@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs everything txlog needs on a fresh Debian machine: Java, ZooKeeper,
-# Node.js, promtool, podman and mmdebstrap from Debian (apt-get, when missing), the Python packages into .venv,
+# Node.js, promtool, podman, mmdebstrap and Chromium from Debian (apt-get, when missing), the Python packages into .venv,
 # and the Node client's packages into clients/node/node_modules.
 # Idempotent: a second run only checks.
 set -euo pipefail
@@ -16,6 +16,9 @@ command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)  # promtool checks
 # their base from Debian's packages where no registry is reachable
 command -v podman >/dev/null 2>&1 || need_apt+=(podman runc uidmap slirp4netns fuse-overlayfs)
 command -v mmdebstrap >/dev/null 2>&1 || need_apt+=(mmdebstrap)
+# headless Chromium and its WebDriver: tests/integ/test_console_browser.py drives the web console in it
+command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || need_apt+=(chromium-driver)
 if [ ${#need_apt[@]} -gt 0 ]; then
   sudo=""
   [ "$(id -u)" -eq 0 ] || sudo="sudo"

@@ -64,7 +64,8 @@ def overview(admin, hanging_after_ms: int = HANGING_AFTER_MS) -> dict:
     nodes = sorted(live | {n for _, p in partitions for n in p.replicas})
     return {
         "nodes": [{"id": n, "live": n in live, "leads": leaders.get(n, 0)} for n in nodes],
-        "topics": len([t for t in topics if not t.is_internal]),
+        "topics": len(topics),
+        "internal_topics": len([t for t in topics if t.is_internal]),
         "partitions": len(partitions),
         "offline": [f"{t.name}-{p.partition}" for t, p in partitions if p.leader_id < 0],
         "under_replicated": [f"{t.name}-{p.partition}" for t, p in partitions if p.leader_id >= 0 and len(p.isr) < len(p.replicas)],

@@ -1,0 +1,189 @@
+"""The web console in a real browser (issue 37): Debian's headless Chromium,
+driven through chromium-driver by Selenium, against a real local cluster with a
+topic, an open transaction and a consumer group the test made. Each page loads
+without an error in the browser's console and shows the cluster's state; a
+hanging transaction is aborted in two clicks and its partition's last stable
+offset moves; a read-only console offers no action; an action the cluster's
+ACLs refuse shows the cluster's error. A screenshot of each page is saved
+under $TXLOG_TEST_ARTIFACTS (default: the test's temporary folder)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+
+from services.tooling.cluster import LocalCluster, free_port
+from tests.conftest import FULL, fresh_chroot, running
+from txlog import Admin, Consumer, Producer
+from txlog.two_phase import wait_until
+
+CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
+pytestmark = pytest.mark.skipif(CHROMIUM is None or CHROMEDRIVER is None,
+                                reason="Debian's chromium and chromium-driver (scripts/setup.sh installs them)")
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory) -> Path:
+    folder = Path(os.environ.get("TXLOG_TEST_ARTIFACTS") or tmp_path_factory.mktemp("artifacts")) / "console"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1280,1000"):
+        options.add_argument(argument)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
+    driver.set_page_load_timeout(60)
+    yield driver
+    driver.quit()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory, shared_zookeeper):
+    yield from running(tmp_path_factory.mktemp("console-browser"), fresh_chroot(shared_zookeeper), FULL)
+
+
+def console_of(bootstrap: str, log_path: Path, *flags, env: dict | None = None):
+    address = f"127.0.0.1:{free_port()}"
+    log_file = open(log_path, "wb")  # noqa: SIM115 - the process writes it until it ends
+    process = subprocess.Popen([sys.executable, "-m", "txlog.cli", "console", *bootstrap.split(" "), "--listen", address,
+                                *flags], stdout=log_file, stderr=subprocess.STDOUT, env=env)
+
+    def serving() -> bool:
+        assert process.poll() is None, log_path.read_text()
+        return _answers(f"http://{address}/")
+
+    wait_until(serving, 60, "the console serving")
+    return f"http://{address}", process
+
+
+def _answers(url: str) -> bool:
+    """Whether the console answers at all (a page the cluster refuses to a caller without ACLs is an answer too)."""
+    try:
+        with urllib.request.urlopen(url, timeout=30):
+            return True
+    except urllib.error.HTTPError:
+        return True
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def state(cluster):
+    topic, group = f"browser-{uuid.uuid4().hex[:6]}", f"browser-group-{uuid.uuid4().hex[:6]}"
+    bootstrap = cluster.state.bootstrap
+    with Admin(bootstrap) as admin:
+        admin.create_topics([(topic, 2)])
+    with Producer(bootstrap) as plain:
+        for partition in range(2):
+            plain.send(topic, value=b"committed", partition=partition).result(timeout=60)
+    with Consumer(bootstrap, group_id=group, auto_offset_reset="earliest") as consumer:
+        consumer.assign([(topic, 0)])
+        wait_until(lambda: bool(consumer.poll(0.5)), 60, "a record polled")
+        consumer.commit()
+    transactional_id = f"browser-txn-{uuid.uuid4().hex[:6]}"
+    producer = Producer(bootstrap, transactional_id=transactional_id)
+    producer.init_transactions()
+    producer.begin_transaction()
+    producer.send(topic, value=b"left open", partition=1).result(timeout=60)
+    yield {"topic": topic, "group": group, "transactional_id": transactional_id}
+    producer.close()
+
+
+@pytest.fixture(scope="module")
+def consoles(cluster, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("consoles")
+    bootstrap = f"--bootstrap {cluster.state.bootstrap}"
+    acting, acting_process = console_of(bootstrap, folder / "acting.log", "--hanging-after-ms", "100")
+    read_only, read_only_process = console_of(bootstrap, folder / "read-only.log", "--read-only")
+    yield {"acting": acting, "read_only": read_only}
+    for process in (acting_process, read_only_process):
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def visit(driver, url: str, artifacts: Path, name: str) -> str:
+    """Loads ``url``; its page text, once the browser's console logged no error; a screenshot saved."""
+    driver.get_log("browser")  # what earlier pages logged
+    driver.get(url)
+    severe = [entry for entry in driver.get_log("browser") if entry["level"] == "SEVERE"]
+    assert severe == [], f"{url}: errors in the browser's console: {severe}"
+    driver.save_screenshot(str(artifacts / f"{name}.png"))
+    return driver.find_element("tag name", "body").text
+
+
+def test_every_page_loads_cleanly_and_shows_the_clusters_state(browser, consoles, state, artifacts):
+    base = consoles["read_only"]
+    text = visit(browser, base + "/", artifacts, "overview")
+    assert "Overview" in text and "1 open" in text
+    text = visit(browser, base + "/topics", artifacts, "topics")
+    assert state["topic"] in text
+    text = visit(browser, f"{base}/topics/{state['topic']}", artifacts, "topic")
+    rows = [r.text for r in browser.find_elements("css selector", "#partitions tbody tr")]
+    assert len(rows) == 2 and rows[1].split()[-3:] == ["2", "1", "1"], rows  # high watermark, LSO, held back
+    text = visit(browser, base + "/transactions", artifacts, "transactions")
+    assert state["transactional_id"] in text and "Ongoing" in text
+    text = visit(browser, f"{base}/transactions/{state['transactional_id']}", artifacts, "transaction")
+    assert browser.find_element("id", "state").text == "Ongoing" and "open since offset 1" in text
+    text = visit(browser, base + "/groups", artifacts, "groups")
+    assert state["group"] in text
+    assert browser.find_elements("css selector", "a.action, form.reset") == [], "a read-only console offers no action"
+
+
+def test_a_hanging_transaction_is_aborted_in_two_clicks(browser, consoles, state, artifacts):
+    base = consoles["acting"]
+    wait_until(lambda: state["topic"] in visit(browser, base + "/", artifacts, "overview-hanging"), 60,
+               "the open transaction shown hanging")
+    row = next(r for r in browser.find_elements("css selector", "#hanging tbody tr") if f"{state['topic']}-1" in r.text)
+    row.find_element("link text", "Abort").click()  # click 1
+    assert "ABORT marker" in browser.find_element("id", "preview").text
+    browser.save_screenshot(str(artifacts / "abort-confirm.png"))
+    browser.find_element("css selector", "#confirm button").click()  # click 2
+    assert browser.find_element("id", "done").text.startswith("Done")
+    visit(browser, f"{base}/topics/{state['topic']}", artifacts, "topic-after-abort")
+    row = browser.find_elements("css selector", "#partitions tbody tr")[1].text.split()
+    assert row[-2:] == ["3", "3"] or row[-3:] == ["3", "3", "0"], row  # the LSO moved past the record and its marker
+
+
+def test_an_action_the_clusters_acls_refuse_shows_the_clusters_error(browser, tmp_path_factory, artifacts):
+    """A TLS cluster with ACLs, the console acting as User:viewer, who may describe but not write markers."""
+    directory = tmp_path_factory.mktemp("secured")
+    secured = LocalCluster(directory / "cluster")
+    secured.up(producer_id_svcs=1, partition_svcs=1, coordinator_svcs=1, tls=True)
+    try:
+        secured.wait_until_coordinators_settle()
+        issued = subprocess.run([sys.executable, "-m", "txlog.cli", "tls", "issue", "--dir", str(secured.dir), "viewer"],
+                                capture_output=True, text=True, timeout=60)
+        assert issued.returncode == 0, issued.stderr
+        tls = secured.client_tls()
+        viewer = [f"--bootstrap {secured.state.bootstrap}", "--tls-ca", tls["tls_ca"],
+                  "--tls-cert", str(secured.dir / "tls" / "viewer.pem"), "--tls-key", str(secured.dir / "tls" / "viewer-key.pem")]
+        with Admin(secured.state.bootstrap, **tls) as admin:
+            admin.create_topics([("guarded", 1)])
+        url, process = console_of(viewer[0], directory / "viewer.log", *viewer[1:])
+        try:
+            browser.get(url + "/actions/abort-hanging?topic=guarded&partition=0&producer_id=1&producer_epoch=0&coordinator_epoch=0")
+            browser.find_element("css selector", "#confirm button").click()
+            error = browser.find_element("id", "error").text
+            browser.save_screenshot(str(artifacts / "refused.png"))
+            assert "AUTHORIZATION_FAILED" in error, error
+        finally:
+            process.terminate()
+            process.wait(timeout=30)
+    finally:
+        secured.down(grace_s=5)
