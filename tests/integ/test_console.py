@@ -20,9 +20,9 @@ import uuid
 
 import pytest
 
-from services.tooling.cluster import free_port
 from tests.conftest import FULL, fresh_chroot, running
-from txlog import Admin, Consumer, Producer
+from tests.integ.console_support import answered, made_state, started_console, stopped
+from txlog import Admin, Producer
 from txlog.two_phase import wait_until
 
 
@@ -31,40 +31,21 @@ def cluster(tmp_path_factory, shared_zookeeper):
     yield from running(tmp_path_factory.mktemp("console"), fresh_chroot(shared_zookeeper), FULL)
 
 
-def started_console(cluster, log_path, *flags):
-    """`txlog console` on a free port, as a user starts it: (its URL, its process)."""
-    address = f"127.0.0.1:{free_port()}"
-    log_file = open(log_path, "wb")  # noqa: SIM115 - the process writes it until the fixture ends
-    process = subprocess.Popen([sys.executable, "-m", "txlog.cli", "console", "--bootstrap", cluster.state.bootstrap,
-                                "--listen", address, *flags], stdout=log_file, stderr=subprocess.STDOUT)
-
-    def serving() -> bool:
-        assert process.poll() is None, log_path.read_text()
-        try:
-            return get(f"http://{address}", "/")[0] == 200
-        except OSError:
-            return False
-
-    wait_until(serving, 60, "the console serving")
-    return f"http://{address}", process
-
-
 @pytest.fixture(scope="module")
 def console(cluster, tmp_path_factory):
-    url, process = started_console(cluster, tmp_path_factory.mktemp("console-ro") / "console.log", "--read-only")
+    url, process = started_console(["--bootstrap", cluster.state.bootstrap],
+                                   tmp_path_factory.mktemp("console-ro") / "console.log", "--read-only")
     yield url
-    process.terminate()
-    process.wait(timeout=30)
+    stopped(process)
 
 
 @pytest.fixture(scope="module")
 def acting(cluster, tmp_path_factory):
     """A console that acts, for which an open transaction is hanging after 100 ms; (its URL, its log)."""
     log_path = tmp_path_factory.mktemp("console-rw") / "console.log"
-    url, process = started_console(cluster, log_path, "--hanging-after-ms", "100")
+    url, process = started_console(["--bootstrap", cluster.state.bootstrap], log_path, "--hanging-after-ms", "100")
     yield url, log_path
-    process.terminate()
-    process.wait(timeout=30)
+    stopped(process)
 
 
 class Browser:
@@ -94,33 +75,16 @@ def action_link(page: str, name: str) -> str:
 
 
 def get(base: str, path: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(base + path, timeout=60) as answer:
-            return answer.status, answer.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
+    page = answered(base + path)
+    assert page is not None, f"the console at {base} does not answer"
+    return page
 
 
 @pytest.fixture(scope="module")
 def state(cluster):
     """A topic of 3 partitions with records, a transaction left open on partition 1, a group with offsets."""
-    topic, transactional_id, group = (f"console-{uuid.uuid4().hex[:6]}", f"console-txn-{uuid.uuid4().hex[:6]}",
-                                      f"console-group-{uuid.uuid4().hex[:6]}")
-    bootstrap = cluster.state.bootstrap
-    with Admin(bootstrap) as admin:
-        admin.create_topics([(topic, 3)])
-    with Producer(bootstrap) as plain:
-        for partition in range(3):
-            plain.send(topic, value=b"committed", partition=partition).result(timeout=60)
-    with Consumer(bootstrap, group_id=group, auto_offset_reset="earliest") as consumer:
-        consumer.assign([(topic, 0)])
-        wait_until(lambda: bool(consumer.poll(0.5)), 60, "a record polled")
-        consumer.commit()
-    producer = Producer(bootstrap, transactional_id=transactional_id)
-    producer.init_transactions()
-    producer.begin_transaction()
-    producer.send(topic, value=b"open", partition=1).result(timeout=60)
-    yield {"topic": topic, "transactional_id": transactional_id, "group": group}
+    made, producer = made_state(cluster.state.bootstrap, "console", 3)
+    yield made
     producer.abort_transaction()
     producer.close()
 

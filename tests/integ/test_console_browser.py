@@ -13,16 +13,14 @@ import os
 import shutil
 import subprocess
 import sys
-import urllib.error
-import urllib.request
-import uuid
 from pathlib import Path
 
 import pytest
 
-from services.tooling.cluster import LocalCluster, free_port
+from services.tooling.cluster import LocalCluster
 from tests.conftest import FULL, fresh_chroot, running
-from txlog import Admin, Consumer, Producer
+from tests.integ.console_support import made_state, started_console, stopped
+from txlog import Admin
 from txlog.two_phase import wait_until
 
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
@@ -58,63 +56,22 @@ def cluster(tmp_path_factory, shared_zookeeper):
     yield from running(tmp_path_factory.mktemp("console-browser"), fresh_chroot(shared_zookeeper), FULL)
 
 
-def console_of(bootstrap: str, log_path: Path, *flags, env: dict | None = None):
-    address = f"127.0.0.1:{free_port()}"
-    log_file = open(log_path, "wb")  # noqa: SIM115 - the process writes it until it ends
-    process = subprocess.Popen([sys.executable, "-m", "txlog.cli", "console", *bootstrap.split(" "), "--listen", address,
-                                *flags], stdout=log_file, stderr=subprocess.STDOUT, env=env)
-
-    def serving() -> bool:
-        assert process.poll() is None, log_path.read_text()
-        return _answers(f"http://{address}/")
-
-    wait_until(serving, 60, "the console serving")
-    return f"http://{address}", process
-
-
-def _answers(url: str) -> bool:
-    """Whether the console answers at all (a page the cluster refuses to a caller without ACLs is an answer too)."""
-    try:
-        with urllib.request.urlopen(url, timeout=30):
-            return True
-    except urllib.error.HTTPError:
-        return True
-    except OSError:
-        return False
-
-
 @pytest.fixture(scope="module")
 def state(cluster):
-    topic, group = f"browser-{uuid.uuid4().hex[:6]}", f"browser-group-{uuid.uuid4().hex[:6]}"
-    bootstrap = cluster.state.bootstrap
-    with Admin(bootstrap) as admin:
-        admin.create_topics([(topic, 2)])
-    with Producer(bootstrap) as plain:
-        for partition in range(2):
-            plain.send(topic, value=b"committed", partition=partition).result(timeout=60)
-    with Consumer(bootstrap, group_id=group, auto_offset_reset="earliest") as consumer:
-        consumer.assign([(topic, 0)])
-        wait_until(lambda: bool(consumer.poll(0.5)), 60, "a record polled")
-        consumer.commit()
-    transactional_id = f"browser-txn-{uuid.uuid4().hex[:6]}"
-    producer = Producer(bootstrap, transactional_id=transactional_id)
-    producer.init_transactions()
-    producer.begin_transaction()
-    producer.send(topic, value=b"left open", partition=1).result(timeout=60)
-    yield {"topic": topic, "group": group, "transactional_id": transactional_id}
+    made, producer = made_state(cluster.state.bootstrap, "browser", 2)
+    yield made
     producer.close()
 
 
 @pytest.fixture(scope="module")
 def consoles(cluster, tmp_path_factory):
     folder = tmp_path_factory.mktemp("consoles")
-    bootstrap = f"--bootstrap {cluster.state.bootstrap}"
-    acting, acting_process = console_of(bootstrap, folder / "acting.log", "--hanging-after-ms", "100")
-    read_only, read_only_process = console_of(bootstrap, folder / "read-only.log", "--read-only")
+    connection = ["--bootstrap", cluster.state.bootstrap]
+    acting, acting_process = started_console(connection, folder / "acting.log", "--hanging-after-ms", "100")
+    read_only, read_only_process = started_console(connection, folder / "read-only.log", "--read-only")
     yield {"acting": acting, "read_only": read_only}
     for process in (acting_process, read_only_process):
-        process.terminate()
-        process.wait(timeout=30)
+        stopped(process)
 
 
 def visit(driver, url: str, artifacts: Path, name: str) -> str:
@@ -171,11 +128,11 @@ def test_an_action_the_clusters_acls_refuse_shows_the_clusters_error(browser, tm
                                 capture_output=True, text=True, timeout=60)
         assert issued.returncode == 0, issued.stderr
         tls = secured.client_tls()
-        viewer = [f"--bootstrap {secured.state.bootstrap}", "--tls-ca", tls["tls_ca"],
+        viewer = ["--bootstrap", secured.state.bootstrap, "--tls-ca", tls["tls_ca"],
                   "--tls-cert", str(secured.dir / "tls" / "viewer.pem"), "--tls-key", str(secured.dir / "tls" / "viewer-key.pem")]
         with Admin(secured.state.bootstrap, **tls) as admin:
             admin.create_topics([("guarded", 1)])
-        url, process = console_of(viewer[0], directory / "viewer.log", *viewer[1:])
+        url, process = started_console(viewer, directory / "viewer.log")
         try:
             browser.get(url + "/actions/abort-hanging?topic=guarded&partition=0&producer_id=1&producer_epoch=0&coordinator_epoch=0")
             browser.find_element("css selector", "#confirm button").click()
@@ -183,7 +140,6 @@ def test_an_action_the_clusters_acls_refuse_shows_the_clusters_error(browser, tm
             browser.save_screenshot(str(artifacts / "refused.png"))
             assert "AUTHORIZATION_FAILED" in error, error
         finally:
-            process.terminate()
-            process.wait(timeout=30)
+            stopped(process)
     finally:
         secured.down(grace_s=5)
