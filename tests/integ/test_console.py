@@ -223,3 +223,11 @@ def test_bad_input_and_a_read_only_console_change_nothing(console, acting):
     status, page = Browser(console).open("/actions/abort-hanging?topic=t&partition=0&producer_id=1&producer_epoch=0&coordinator_epoch=0")
     assert status == 403 and "read-only" in page
     assert "/actions/" not in get(console, "/groups")[1], "no action offered"
+
+
+def test_the_security_page_shows_the_client_quotas(cluster, console):
+    with Admin(cluster.state.bootstrap) as admin:
+        admin.alter_client_quotas({"client-id": "console-shown"}, {"producer_byte_rate": 2048})
+    status, page = get(console, "/security")
+    assert status == 200 and "<td>console-shown</td>" in page and "producer_byte_rate=2048" in page
+    assert "runs without an authorizer" in page, page.split("<h1>ACLs</h1>")[1][:600]

@@ -99,6 +99,8 @@ def test_every_page_loads_cleanly_and_shows_the_clusters_state(browser, consoles
     assert browser.find_element("id", "state").text == "Ongoing" and "open since offset 1" in text
     text = visit(browser, base + "/groups", artifacts, "groups")
     assert state["group"] in text
+    text = visit(browser, base + "/security", artifacts, "security")
+    assert "ACLs" in text and "Client quotas" in text
     assert browser.find_elements("css selector", "a.action, form.reset") == [], "a read-only console offers no action"
 
 
@@ -139,6 +141,8 @@ def test_an_action_the_clusters_acls_refuse_shows_the_clusters_error(browser, tm
             error = browser.find_element("id", "error").text
             browser.save_screenshot(str(artifacts / "refused.png"))
             assert "AUTHORIZATION_FAILED" in error, error
+            browser.get(url + "/security")  # User:viewer may not describe the ACLs either: said, not a crash
+            assert "AUTHORIZATION_FAILED" in browser.find_element("id", "acls-error").text
         finally:
             stopped(process)
     finally:

@@ -75,6 +75,9 @@ def create_app(admin, *, read_only: bool = True, cluster_name: str = "",
     async def groups(request):
         return await page(request, "groups.html", views.group_list, active="groups")
 
+    async def security(request):
+        return await page(request, "security.html", views.security, active="security")
+
     def refused(request, status: int, code: str, message: str, action: str = "", params: dict | None = None):
         if action:
             actions.audit(action, params or {}, client_of(request), "refused", f"{code}: {message}")
@@ -126,6 +129,7 @@ def create_app(admin, *, read_only: bool = True, cluster_name: str = "",
         Route("/transactions", transactions),
         Route("/transactions/{transactional_id:path}", transaction),
         Route("/groups", groups),
+        Route("/security", security),
         Route("/actions/{name}", act, methods=["GET", "POST"]),
         Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static"),
     ])

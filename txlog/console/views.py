@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 
+from txlog.protocol.errors import TxlogError
 from txlog.structs import TopicPartition
 
 OPEN_STATES = ("Ongoing", "Prepared", "PrepareCommit", "PrepareAbort", "PrepareEpochFence")
@@ -162,3 +163,18 @@ def group_list(admin) -> list[dict]:
                                    for m in described.members],
                        "offsets": offsets})
     return groups
+
+
+def security(admin) -> dict:
+    """The ACL bindings and the client quotas, as the cluster keeps them. Either may be refused to the
+    console's principal (no Describe on the Cluster): then that part says so with the cluster's code."""
+    shown: dict = {}
+    for part, ask in (("acls", lambda: sorted((vars(b) for b in admin.describe_acls()), key=lambda b: sorted(b.items()))),
+                      ("quotas", admin.describe_client_quotas)):
+        try:
+            shown[part] = ask()
+        except TxlogError as exc:
+            disabled = getattr(exc, "name", "") == "SECURITY_DISABLED"  # no authorizer: no ACL, every call let through
+            shown[part] = [] if disabled else None
+            shown[f"{part}_disabled" if disabled else f"{part}_error"] = str(exc)
+    return shown
