@@ -68,7 +68,9 @@ def consoles(cluster, tmp_path_factory):
     folder = tmp_path_factory.mktemp("consoles")
     connection = ["--bootstrap", cluster.state.bootstrap]
     acting, acting_process = started_console(connection, folder / "acting.log", "--hanging-after-ms", "100")
-    read_only, read_only_process = started_console(connection, folder / "read-only.log", "--read-only")
+    metrics = ",".join(p.metrics_address for p in cluster.state.services.values() if p.metrics_address)
+    read_only, read_only_process = started_console(connection, folder / "read-only.log", "--read-only",
+                                                   "--metrics", metrics)
     yield {"acting": acting, "read_only": read_only}
     for process in (acting_process, read_only_process):
         stopped(process)
@@ -88,6 +90,11 @@ def test_every_page_loads_cleanly_and_shows_the_clusters_state(browser, consoles
     base = consoles["read_only"]
     text = visit(browser, base + "/", artifacts, "overview")
     assert "Overview" in text and "1 open" in text
+    # the live rates: Chart.js, served with the console, plots what /rates.json gets from the services' /metrics
+    wait_until(lambda: browser.execute_script("return Chart.getChart('rates-chart').data.labels.length") > 0, 60,
+               "a point of the live rates plotted")
+    assert [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE"] == []
+    browser.save_screenshot(str(artifacts / "overview.png"))
     text = visit(browser, base + "/topics", artifacts, "topics")
     assert state["topic"] in text
     text = visit(browser, f"{base}/topics/{state['topic']}", artifacts, "topic")

@@ -721,7 +721,7 @@ def _console(args) -> int:
 
     with console.admin_for(target, args.timeout_s) as admin:
         app = create_app(admin, read_only=args.read_only, cluster_name=getattr(args, "dir", None) or target.bootstrap,
-                         hanging_after_ms=args.hanging_after_ms)
+                         hanging_after_ms=args.hanging_after_ms, metrics_urls=_metrics_urls(args))
         audit = logging.getLogger("txlog.console.audit")  # one JSON line per action, on stderr
         audit.addHandler(logging.StreamHandler(sys.stderr))
         audit.setLevel(logging.INFO)
@@ -730,12 +730,25 @@ def _console(args) -> int:
     return 0
 
 
+def _metrics_urls(args) -> list[str]:
+    """The services' Prometheus endpoints: --metrics, else a local cluster's (--dir) from its cluster.json."""
+    if args.metrics:
+        return [url if "://" in url else f"http://{url}/metrics" for url in args.metrics.split(",") if url]
+    if getattr(args, "dir", None):
+        cluster = _local_cluster(args.dir)
+        return [f"http://{p.metrics_address}/metrics" for p in cluster.state.services.values() if p.metrics_address]
+    return []
+
+
 def _add_console_command(commands) -> None:
     web = commands.add_parser("console", help="a web console for operators: the cluster, topics, transactions, groups")
     _add_bootstrap(web)
     web.add_argument("--listen", default="127.0.0.1:8080",
                      help="HOST:PORT the console serves on (default: %(default)s, loopback only)")
     web.add_argument("--read-only", action="store_true", help="no action on any page, whatever the cluster's ACLs allow")
+    web.add_argument("--metrics", metavar="HOST:PORT[,...]",
+                     help="the services' metrics endpoints (their --metrics-listen), for the overview's live rates "
+                          "(default with --dir: the local cluster's; else none)")
     web.add_argument("--hanging-after-ms", type=int, default=900_000,
                      help="an open transaction no coordinator will end counts as hanging once older than this "
                           "(default: %(default)s, the coordinators' largest transaction timeout)")

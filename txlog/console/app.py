@@ -18,12 +18,13 @@ from pathlib import Path
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import HTMLResponse
+from starlette.responses import HTMLResponse, JSONResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 from txlog.console import actions, csrf, views
+from txlog.console.rates import Rates
 from txlog.protocol.errors import TxlogError
 
 log = logging.getLogger(__name__)
@@ -32,8 +33,11 @@ NOT_FOUND_CODES = ("UNKNOWN_TOPIC_OR_PARTITION", "TRANSACTIONAL_ID_NOT_FOUND", "
 
 
 def create_app(admin, *, read_only: bool = True, cluster_name: str = "",
-               hanging_after_ms: int = views.HANGING_AFTER_MS) -> Starlette:
-    """The console over ``admin`` (a txlog.Admin); ``read_only``: no action shown or taken."""
+               hanging_after_ms: int = views.HANGING_AFTER_MS, metrics_urls: list[str] | None = None) -> Starlette:
+    """The console over ``admin`` (a txlog.Admin); ``read_only``: no action shown or taken; ``metrics_urls``:
+    the services' Prometheus endpoints the overview's live rates come from (none: no rates shown)."""
+    rates = Rates(metrics_urls or [])
+    rates_lock = threading.Lock()
     templates = Jinja2Templates(directory=str(HERE / "templates"))
     templates.env.filters["duration"] = duration
     lock = threading.Lock()
@@ -52,7 +56,15 @@ def create_app(admin, *, read_only: bool = True, cluster_name: str = "",
                                               status_code=404 if code in NOT_FOUND_CODES else 502)
         return templates.TemplateResponse(request, template, {"view": shown, **context, **common})
 
-    common = {"read_only": read_only, "cluster_name": cluster_name}
+    common = {"read_only": read_only, "cluster_name": cluster_name, "rates_shown": bool(metrics_urls)}
+
+    def sampled():
+        with rates_lock:
+            return rates.sample()
+
+    async def rates_now(request):
+        """The rates since the last ask (the overview's chart polls it)."""
+        return JSONResponse(await run_in_threadpool(sampled))
 
     async def overview(request):
         return await page(request, "overview.html", views.overview, hanging_after_ms, active="overview")
@@ -130,6 +142,7 @@ def create_app(admin, *, read_only: bool = True, cluster_name: str = "",
         Route("/transactions/{transactional_id:path}", transaction),
         Route("/groups", groups),
         Route("/security", security),
+        Route("/rates.json", rates_now),
         Route("/actions/{name}", act, methods=["GET", "POST"]),
         Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static"),
     ])

@@ -1,0 +1,47 @@
+"""txlog/console/rates.py: the overview's live rates from the services'
+Prometheus text, on a clock and endpoints the test controls."""
+
+from __future__ import annotations
+
+import pytest
+
+from txlog.console.rates import Rates, totals_of
+
+
+def exposition(produced: float, committed: float, internal: float = 0.0) -> str:
+    return (
+        "# TYPE txlog_produce_bytes_total counter\n"
+        f'txlog_produce_bytes_total{{topic="orders"}} {produced}\n'
+        f'txlog_produce_bytes_total{{topic="__transaction_state"}} {internal}\n'
+        "# TYPE txlog_transactions_completed_total counter\n"
+        f'txlog_transactions_completed_total{{outcome="committed"}} {committed}\n'
+        'txlog_transactions_completed_total{outcome="aborted"} 3\n'
+    )
+
+
+def test_the_workloads_counters_are_summed_and_internal_topics_left_out():
+    assert totals_of(exposition(1000, 7, internal=500)) == {"produce_bytes": 1000, "fetch_bytes": 0, "committed": 7,
+                                                             "aborted": 3}
+
+
+def test_rates_are_per_second_since_the_last_sample_and_a_restart_counts_from_zero():
+    pages = {"a": exposition(1000, 10), "b": exposition(0, 0)}
+    clock = [100.0]
+    rates = Rates(["a", "b"], read=lambda url: pages[url], clock=lambda: clock[0])
+    assert rates.sample()["rates"]["produce_bytes"] is None, "one sample is no rate"
+    pages["a"], pages["b"] = exposition(3000, 14), exposition(500, 2)
+    clock[0] = 102.0
+    assert rates.sample()["rates"] == {"produce_bytes": pytest.approx(1250), "fetch_bytes": 0, "committed": 3,
+                                       "aborted": 0}
+    pages["b"] = exposition(100, 1)  # b restarted: its counters began again
+    clock[0] = 104.0
+    assert rates.sample()["rates"]["produce_bytes"] == pytest.approx(50)
+
+
+def test_an_endpoint_that_does_not_answer_is_named():
+    def read(url):
+        if url == "down":
+            raise OSError("connection refused")
+        return exposition(0, 0)
+
+    assert Rates(["up", "down"], read=read).sample()["unreachable"] == ["down"]

@@ -1,0 +1,70 @@
+"""Live rates for the console's overview, from the services' Prometheus
+endpoints (each service's /metrics): bytes produced and fetched a second
+(the workload's topics, internal ones left out) and transactions committed
+and aborted a second. Each sample reads every endpoint's counters and gives
+the rates since the previous sample; a counter that went down (a restarted
+service) counts from zero again, and an endpoint that does not answer is
+named, not fatal."""
+
+from __future__ import annotations
+
+import time
+import urllib.request
+from collections.abc import Callable, Iterable
+
+from prometheus_client.parser import text_string_to_metric_families
+
+SCRAPE_TIMEOUT_S = 2.0
+# rate name -> (counter family, which of its samples count)
+SERIES: dict[str, tuple[str, Callable[[dict], bool]]] = {
+    "produce_bytes": ("txlog_produce_bytes", lambda labels: not labels.get("topic", "").startswith("__")),
+    "fetch_bytes": ("txlog_fetch_bytes", lambda labels: not labels.get("topic", "").startswith("__")),
+    "committed": ("txlog_transactions_completed", lambda labels: labels.get("outcome") == "committed"),
+    "aborted": ("txlog_transactions_completed", lambda labels: labels.get("outcome") == "aborted"),
+}
+
+
+def totals_of(text: str) -> dict[str, float]:
+    """The counters' sums a Prometheus text exposition holds, by rate name."""
+    totals = dict.fromkeys(SERIES, 0.0)
+    for family in text_string_to_metric_families(text):
+        for name, (wanted, counted) in SERIES.items():
+            if family.name == wanted:
+                totals[name] += sum(s.value for s in family.samples if s.name.endswith("_total") and counted(s.labels))
+    return totals
+
+
+def scrape(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=SCRAPE_TIMEOUT_S) as answer:
+        return answer.read().decode()
+
+
+class Rates:
+    """Rates since the previous ``sample()`` over ``urls`` (http://host:port/metrics)."""
+
+    def __init__(self, urls: Iterable[str], read: Callable[[str], str] = scrape, clock: Callable[[], float] = time.monotonic):
+        self.urls = list(urls)
+        self._read = read
+        self._clock = clock
+        self._last: dict[str, tuple[float, dict[str, float]]] = {}
+
+    def sample(self) -> dict:
+        """{"rates": {name: per second, None before two samples}, "unreachable": [url, ...]}."""
+        rates: dict[str, float | None] = dict.fromkeys(SERIES)
+        unreachable = []
+        for url in self.urls:
+            try:
+                totals = totals_of(self._read(url))
+            except (OSError, ValueError):
+                unreachable.append(url)
+                continue
+            now = self._clock()
+            previous = self._last.get(url)
+            self._last[url] = (now, totals)
+            if previous is None or now <= previous[0]:
+                continue
+            for name, total in totals.items():
+                gained = total - previous[1][name]
+                gained = total if gained < 0 else gained  # the service restarted: its counter began again
+                rates[name] = (rates[name] or 0.0) + gained / (now - previous[0])
+        return {"rates": rates, "unreachable": unreachable}

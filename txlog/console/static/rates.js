@@ -1,0 +1,37 @@
+// The overview's live rates: /rates.json every 2 s into four lines of a Chart.js chart (static/vendor).
+(function () {
+  const canvas = document.getElementById("rates-chart");
+  if (!canvas || typeof Chart === "undefined") { return; }
+  const series = [["produce_bytes", "produced B/s", "#0969da", "y"], ["fetch_bytes", "fetched B/s", "#8250df", "y"],
+                  ["committed", "committed/s", "#1a7f37", "y1"], ["aborted", "aborted/s", "#cf222e", "y1"]];
+  const chart = new Chart(canvas, {
+    type: "line",
+    data: {labels: [], datasets: series.map(([, label, color, axis]) => ({label, data: [], borderColor: color,
+                                                                          yAxisID: axis, pointRadius: 0}))},
+    options: {animation: false, responsive: true, maintainAspectRatio: false,
+              scales: {y: {beginAtZero: true, position: "left", title: {display: true, text: "bytes/s"}},
+                       y1: {beginAtZero: true, position: "right", title: {display: true, text: "transactions/s"},
+                            grid: {drawOnChartArea: false}}}},
+  });
+  const status = document.getElementById("rates-status");
+  async function poll() {
+    try {
+      const answer = await fetch("/rates.json", {headers: {"Accept": "application/json"}});
+      const sample = await answer.json();
+      if (sample.rates.produce_bytes !== null) {
+        chart.data.labels.push(new Date().toLocaleTimeString());
+        series.forEach(([name], i) => chart.data.datasets[i].data.push(sample.rates[name]));
+        if (chart.data.labels.length > 90) {
+          chart.data.labels.shift();
+          chart.data.datasets.forEach((d) => d.data.shift());
+        }
+        chart.update();
+      }
+      status.textContent = sample.unreachable.length ? "not answering: " + sample.unreachable.join(", ") : "";
+    } catch (failure) {
+      status.textContent = "the console does not answer";
+    }
+  }
+  poll();
+  setInterval(poll, 2000);
+})();
