@@ -62,7 +62,8 @@ def made_state(bootstrap: str, prefix: str, partitions: int) -> tuple[dict, Prod
         consumer.assign([(topic, 0)])
         wait_until(lambda: bool(consumer.poll(0.5)), 60, "a record polled")
         consumer.commit()
-    producer = Producer(bootstrap, transactional_id=transactional_id)
+    # open for as long as the tests look at it: the coordinators' largest timeout, not the 60 s default
+    producer = Producer(bootstrap, transactional_id=transactional_id, transaction_timeout_ms=900_000)
     producer.init_transactions()
     producer.begin_transaction()
     producer.send(topic, value=b"left open", partition=1).result(timeout=60)

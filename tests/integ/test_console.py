@@ -93,7 +93,7 @@ def test_the_overview_shows_the_instances_and_the_open_transaction(console, stat
     status, page = get(console, "/")
     assert status == 200
     assert 'id="nodes"' in page and page.count("<td>live</td>") == 2, "two live partition_svc"
-    assert "<b>1</b> open" in page
+    assert re.search(r"<b>[1-9][0-9]*</b> open", page), "the test's transaction is open"
 
 
 def test_the_topics_pages_show_the_partitions_and_the_lso_held_back(console, state):
@@ -112,6 +112,8 @@ def test_the_transactions_pages_show_the_open_transaction_and_its_producer_state
     assert status == 200 and state["transactional_id"] in page and "<td>Ongoing</td>" in page
     status, page = get(console, "/transactions?state=Prepared")
     assert status == 200 and state["transactional_id"] not in page
+    status, page = get(console, "/transactions?state=Bogus")
+    assert status == 400 and "unknown transaction state" in page
     status, page = get(console, "/transactions/" + urllib.parse.quote(state["transactional_id"]))
     assert status == 200 and 'id="state">Ongoing<' in page
     assert f"{state['topic']}-1" in page and "open since offset 1" in page
@@ -214,12 +216,19 @@ def test_a_prepared_transaction_is_committed_from_its_page(cluster, acting):
                60, "the transaction committed")
 
 
-def test_bad_input_and_a_read_only_console_change_nothing(console, acting):
+def test_bad_input_and_a_read_only_console_change_nothing(console, acting, state):
     url, _ = acting
     status, page = Browser(url).open("/actions/abort-hanging?topic=t&partition=x&producer_id=1&producer_epoch=0&coordinator_epoch=0")
     assert status == 400 and "partition must be an integer" in page
     status, page = Browser(url).open("/actions/no-such-action")
     assert status == 404
+    status, page = Browser(url).open("/actions/abort-hanging?topic=t&partition=0&producer_id=1&producer_epoch=0&coordinator_epoch=99999999999")
+    assert status == 400 and "coordinator_epoch must be from -1 to 2147483647" in page
+    status, page = Browser(url).open(f"/actions/abort-hanging?topic={state['topic']}&partition=0&producer_id=1"
+                                     "&producer_epoch=0&coordinator_epoch=0")
+    assert status == 400 and "no hanging transaction" in page, "only a hanging transaction is offered for abort"
+    status, page = Browser(url).open("/actions/reset-offsets?group_id=no-such-group&topic=t&to=earliest")
+    assert status == 400 and "there is no group" in page, "a typo would make a group"
     status, page = Browser(console).open("/actions/abort-hanging?topic=t&partition=0&producer_id=1&producer_epoch=0&coordinator_epoch=0")
     assert status == 403 and "read-only" in page
     assert "/actions/" not in get(console, "/groups")[1], "no action offered"
@@ -231,3 +240,26 @@ def test_the_security_page_shows_the_client_quotas(cluster, console):
     status, page = get(console, "/security")
     assert status == 200 and "<td>console-shown</td>" in page and "producer_byte_rate=2048" in page
     assert "runs without an authorizer" in page, page.split("<h1>ACLs</h1>")[1][:600]
+
+
+def test_pages_answer_only_to_their_own_host_name_and_refuse_framing(acting):
+    url, _ = acting
+    request = urllib.request.Request(url + "/", headers={"Host": "rebound.example"})
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=60)
+    assert refused.value.code == 400, "a page served under another name would be that origin's to read"
+    with urllib.request.urlopen(url + "/", timeout=60) as answer:
+        assert answer.headers["X-Frame-Options"] == "DENY"
+
+
+def test_a_post_from_another_origin_is_refused_even_with_a_token(cluster, acting, state):
+    url, _ = acting
+    browser = Browser(url)
+    status, dry_run = browser.open("/actions/reset-offsets?" + urllib.parse.urlencode(
+        {"group_id": state["group"], "topic": state["topic"], "to": "earliest"}))
+    assert status == 200
+    browser.opener.addheaders = [("Origin", "http://evil.example")]
+    status, page = browser.open("/actions/reset-offsets", hidden_fields(dry_run))
+    assert status == 403 and "CSRF" in page
+    with Admin(cluster.state.bootstrap) as admin:
+        assert admin.list_group_offsets(state["group"])[(state["topic"], 0)] == 1, "nothing changed"

@@ -76,6 +76,14 @@ def consoles(cluster, tmp_path_factory):
         stopped(process)
 
 
+def shown(driver, element_id: str):
+    """The element once the page that has it loaded (after a click, the next page may take a moment)."""
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(driver, 60).until(expected_conditions.presence_of_element_located(("id", element_id)))
+
+
 def visit(driver, url: str, artifacts: Path, name: str) -> str:
     """Loads ``url``; its page text, once the browser's console logged no error; a screenshot saved."""
     driver.get_log("browser")  # what earlier pages logged
@@ -91,8 +99,9 @@ def test_every_page_loads_cleanly_and_shows_the_clusters_state(browser, consoles
     text = visit(browser, base + "/", artifacts, "overview")
     assert "Overview" in text and "1 open" in text
     # the live rates: Chart.js, served with the console, plots what /rates.json gets from the services' /metrics
-    wait_until(lambda: browser.execute_script("return Chart.getChart('rates-chart').data.labels.length") > 0, 60,
-               "a point of the live rates plotted")
+    wait_until(lambda: browser.execute_script(
+        "const chart = window.Chart && Chart.getChart('rates-chart'); return chart ? chart.data.labels.length : 0") > 0,
+        60, "a point of the live rates plotted")
     assert [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE"] == []
     browser.save_screenshot(str(artifacts / "overview.png"))
     text = visit(browser, base + "/topics", artifacts, "topics")
@@ -117,17 +126,18 @@ def test_a_hanging_transaction_is_aborted_in_two_clicks(browser, consoles, state
                "the open transaction shown hanging")
     row = next(r for r in browser.find_elements("css selector", "#hanging tbody tr") if f"{state['topic']}-1" in r.text)
     row.find_element("link text", "Abort").click()  # click 1
-    assert "ABORT marker" in browser.find_element("id", "preview").text
+    assert "ABORT marker" in shown(browser, "preview").text
     browser.save_screenshot(str(artifacts / "abort-confirm.png"))
     browser.find_element("css selector", "#confirm button").click()  # click 2
-    assert browser.find_element("id", "done").text.startswith("Done")
+    assert shown(browser, "done").text.startswith("Done")
     visit(browser, f"{base}/topics/{state['topic']}", artifacts, "topic-after-abort")
     row = browser.find_elements("css selector", "#partitions tbody tr")[1].text.split()
     assert row[-2:] == ["3", "3"] or row[-3:] == ["3", "3", "0"], row  # the LSO moved past the record and its marker
 
 
 def test_an_action_the_clusters_acls_refuse_shows_the_clusters_error(browser, tmp_path_factory, artifacts):
-    """A TLS cluster with ACLs, the console acting as User:viewer, who may describe but not write markers."""
+    """A TLS cluster with ACLs, the console acting as User:viewer, who has no ACL: completing a prepared
+    transaction is refused by the cluster, and shown so."""
     directory = tmp_path_factory.mktemp("secured")
     secured = LocalCluster(directory / "cluster")
     secured.up(producer_id_svcs=1, partition_svcs=1, coordinator_svcs=1, tls=True)
@@ -143,9 +153,9 @@ def test_an_action_the_clusters_acls_refuse_shows_the_clusters_error(browser, tm
             admin.create_topics([("guarded", 1)])
         url, process = started_console(viewer, directory / "viewer.log")
         try:
-            browser.get(url + "/actions/abort-hanging?topic=guarded&partition=0&producer_id=1&producer_epoch=0&coordinator_epoch=0")
+            browser.get(url + "/actions/complete-prepared?transactional_id=guarded&producer_id=1&producer_epoch=0&outcome=abort")
             browser.find_element("css selector", "#confirm button").click()
-            error = browser.find_element("id", "error").text
+            error = shown(browser, "error").text
             browser.save_screenshot(str(artifacts / "refused.png"))
             assert "AUTHORIZATION_FAILED" in error, error
             browser.get(url + "/security")  # User:viewer may not describe the ACLs either: said, not a crash

@@ -715,13 +715,19 @@ def _console(args) -> int:
     host, _, port = args.listen.rpartition(":")
     if not host or not port.isdigit():
         raise console.invalid(f"--listen takes HOST:PORT, not {args.listen!r}")
+    if args.hanging_after_ms <= 0:
+        raise console.invalid(f"--hanging-after-ms must be positive, not {args.hanging_after_ms}")
+    if host.strip("[]") not in ("127.0.0.1", "localhost", "::1") and not args.read_only:
+        print(f"warning: the console on {args.listen} lets anyone who reaches it act as its principal (no login, no "
+              "TLS); keep it on loopback, or add --read-only", file=sys.stderr, flush=True)
     import uvicorn  # the console's own dependencies, loaded only for it
 
     from txlog.console.app import create_app
 
     with console.admin_for(target, args.timeout_s) as admin:
         app = create_app(admin, read_only=args.read_only, cluster_name=getattr(args, "dir", None) or target.bootstrap,
-                         hanging_after_ms=args.hanging_after_ms, metrics_urls=_metrics_urls(args))
+                         hanging_after_ms=args.hanging_after_ms, metrics_urls=_metrics_urls(args),
+                         listen_host=host.strip("[]"))
         audit = logging.getLogger("txlog.console.audit")  # one JSON line per action, on stderr
         audit.addHandler(logging.StreamHandler(sys.stderr))
         audit.setLevel(logging.INFO)

@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import logging
 import threading
+import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.middleware import Middleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse
 from starlette.routing import Mount, Route
@@ -29,10 +32,9 @@ from txlog.protocol.errors import TxlogError
 
 log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
-NOT_FOUND_CODES = ("UNKNOWN_TOPIC_OR_PARTITION", "TRANSACTIONAL_ID_NOT_FOUND", "GROUP_ID_NOT_FOUND")
 
 
-def create_app(admin, *, read_only: bool = True, cluster_name: str = "",
+def create_app(admin, *, read_only: bool = True, cluster_name: str = "", listen_host: str = "127.0.0.1",
                hanging_after_ms: int = views.HANGING_AFTER_MS, metrics_urls: list[str] | None = None) -> Starlette:
     """The console over ``admin`` (a txlog.Admin); ``read_only``: no action shown or taken; ``metrics_urls``:
     the services' Prometheus endpoints the overview's live rates come from (none: no rates shown)."""
@@ -40,23 +42,37 @@ def create_app(admin, *, read_only: bool = True, cluster_name: str = "",
     rates_lock = threading.Lock()
     templates = Jinja2Templates(directory=str(HERE / "templates"))
     templates.env.filters["duration"] = duration
+    templates.env.filters["path_part"] = lambda text: urllib.parse.quote(str(text), safe="")  # '/' and '.' too
     lock = threading.Lock()
 
     def asked(view: Callable, *args):
         with lock:
             return view(admin, *args)
 
+    def failure(request: Request, exc: BaseException) -> HTMLResponse:
+        """The page for what a view raised: not found (404), a bad ask (400), the cluster's refusal (502), or
+        anything else (500, logged with its stack); never a stack trace on the page."""
+        if isinstance(exc, views.NotFound):
+            status, code = 404, exc.code
+        elif isinstance(exc, TxlogError):  # the SDK's errors (ClientError) too
+            status, code = 502, getattr(exc, "name", None) or type(exc).__name__
+        elif isinstance(exc, (ValueError, TypeError)):
+            status, code = 400, "INVALID_REQUEST"
+        else:
+            log.error("console page failed: %s", request.url.path, exc_info=exc)
+            status, code = 500, "INTERNAL_ERROR"
+        return templates.TemplateResponse(request, "error.html", {"code": code, "message": str(exc), **common},
+                                          status_code=status)
+
     async def page(request: Request, template: str, view: Callable, *args, **context) -> HTMLResponse:
         try:
             shown = await run_in_threadpool(asked, view, *args)
-        except TxlogError as exc:  # the SDK's errors (ClientError) too
-            code = getattr(exc, "name", None) or type(exc).__name__
-            log.warning("console page failed", extra={"fields": {"path": request.url.path, "error": str(exc)}})
-            return templates.TemplateResponse(request, "error.html", {"code": code, "message": str(exc), **common},
-                                              status_code=404 if code in NOT_FOUND_CODES else 502)
+        except Exception as exc:  # noqa: BLE001 - shown on the page (failure says how)
+            return failure(request, exc)
         return templates.TemplateResponse(request, template, {"view": shown, **context, **common})
 
     common = {"read_only": read_only, "cluster_name": cluster_name, "rates_shown": bool(metrics_urls)}
+    settings = {"hanging_after_ms": hanging_after_ms}
 
     def sampled():
         with rates_lock:
@@ -76,7 +92,10 @@ def create_app(admin, *, read_only: bool = True, cluster_name: str = "",
         return await page(request, "topic.html", views.topic_detail, request.path_params["name"], active="topics")
 
     async def transactions(request):
-        states = [s for s in request.query_params.getlist("state") if s]
+        states = [s for s in request.query_params.getlist("state") if s] or list(views.OPEN_STATES)
+        unknown = sorted(set(states) - set(ALL_STATES))
+        if unknown:
+            return failure(request, ValueError(f"unknown transaction state {unknown[0]!r}; the states are {list(ALL_STATES)}"))
         return await page(request, "transactions.html", views.transaction_list, states, hanging_after_ms,
                           active="transactions", all_states=ALL_STATES)
 
@@ -92,7 +111,8 @@ def create_app(admin, *, read_only: bool = True, cluster_name: str = "",
 
     def refused(request, status: int, code: str, message: str, action: str = "", params: dict | None = None):
         if action:
-            actions.audit(action, params or {}, client_of(request), "refused", f"{code}: {message}")
+            shown = {k: v for k, v in (params or {}).items() if k != csrf.FIELD}  # the token stays out of the log
+            actions.audit(action, shown, client_of(request), "refused", f"{code}: {message}")
         return templates.TemplateResponse(request, "error.html", {"code": code, "message": message, **common},
                                           status_code=status)
 
@@ -115,9 +135,11 @@ def create_app(admin, *, read_only: bool = True, cluster_name: str = "",
                 return refused(request, 403, "CSRF", "the form's token does not match this browser's: "
                                "open the action again from its page", name, params)
             try:
-                done = await run_in_threadpool(asked, action.run, params)
-            except TxlogError as exc:
-                actions.audit(name, params, client_of(request), "failed", str(exc))
+                done = await run_in_threadpool(asked, action.run, params, settings)
+            except Exception as exc:  # noqa: BLE001 - audited, and shown as failure() says
+                actions.audit(name, params, client_of(request), "failed", f"{type(exc).__name__}: {exc}")
+                if not isinstance(exc, TxlogError):
+                    return failure(request, exc)
                 return templates.TemplateResponse(request, "action.html", {
                     "action": action, "params": params, "error": str(exc), "code": getattr(exc, "name", ""),
                     **common}, status_code=502)
@@ -125,16 +147,22 @@ def create_app(admin, *, read_only: bool = True, cluster_name: str = "",
             return templates.TemplateResponse(request, "action.html", {"action": action, "params": params,
                                                                        "done": done, **common})
         try:
-            lines = await run_in_threadpool(asked, action.preview, params)
-        except TxlogError as exc:
-            return refused(request, 502, getattr(exc, "name", "") or "ERROR", str(exc))
+            lines, confirmed = await run_in_threadpool(asked, action.preview, params, settings)
+        except Exception as exc:  # noqa: BLE001 - shown as failure() says
+            return failure(request, exc)
+        params = {**params, **confirmed}  # what the confirmation applies exactly (a reset's planned offsets)
         token = csrf.token_of(request)
         response = templates.TemplateResponse(request, "action.html", {
             "action": action, "params": params, "preview": lines, "csrf_field": csrf.FIELD, "csrf": token, **common})
         csrf.remember(response, token)
         return response
 
-    return Starlette(routes=[
+    allowed_hosts = sorted({listen_host, "localhost", "127.0.0.1", "::1"} - {""})
+    return Starlette(middleware=[
+        # a page served under another name (DNS rebinding) would be another origin's to read and post from
+        Middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts if listen_host not in WILDCARD_HOSTS else ["*"]),
+        Middleware(SecurityHeaders),
+    ], routes=[
         Route("/", overview),
         Route("/topics", topics),
         Route("/topics/{name:path}", topic),
@@ -150,6 +178,30 @@ def create_app(admin, *, read_only: bool = True, cluster_name: str = "",
 
 ALL_STATES = ("Empty", "Ongoing", "Prepared", "PrepareCommit", "PrepareAbort", "CompleteCommit", "CompleteAbort",
               "PrepareEpochFence", "Dead")
+
+
+WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+
+
+class SecurityHeaders:
+    """Pages that no other site may frame, nor learn where they were reached from."""
+
+    HEADERS = [(b"x-frame-options", b"DENY"), (b"content-security-policy", b"frame-ancestors 'none'"),
+               (b"referrer-policy", b"same-origin"), (b"x-content-type-options", b"nosniff")]
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def with_headers(message):
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), *self.HEADERS]}
+            await send(message)
+
+        return await self.app(scope, receive, with_headers)
 
 
 def client_of(request: Request) -> str:

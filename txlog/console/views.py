@@ -16,6 +16,38 @@ LONG_PREPARED_MS = 60_000
 # An open transaction older than this that no coordinator will end is hanging: the coordinators' largest timeout
 # (transaction_timeout_ms_max), as Kafka's find-hanging assumes.
 HANGING_AFTER_MS = 900_000
+DESCRIBED_PER_CALL = 1000
+
+
+SECONDARY_TIMEOUT_S = 5.0  # a page's secondary asks (hanging transactions, producer states) wait this long at most
+NOT_FOUND = {"UNKNOWN_TOPIC_OR_PARTITION", "TRANSACTIONAL_ID_NOT_FOUND"}
+
+
+class NotFound(Exception):
+    """What a page is about does not exist (the app answers 404 with ``code``)."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+def looked_up(ask):
+    """``ask()``'s answer; a not-found answer of the cluster as NotFound."""
+    try:
+        return ask()
+    except TxlogError as exc:
+        if getattr(exc, "name", "") in NOT_FOUND:
+            raise NotFound(exc.name, str(exc)) from None
+        raise
+
+
+def partly(ask, default):
+    """``ask()``'s answer, or ``(default, the error)`` when the cluster could not answer it in time: a page shows
+    what it has (a partition without a leader makes the hanging-transaction scan fail, for one) and says what not."""
+    try:
+        return ask(), ""
+    except TxlogError as exc:
+        return default, str(exc)
 
 
 def now_ms() -> int:
@@ -30,9 +62,12 @@ def partition_rows(admin, topics) -> list[dict]:
     """One row per partition of ``topics`` (TopicDescriptions): its replicas and offsets; the last stable
     offset's lag is how many offsets an open transaction holds back from read_committed consumers."""
     tps = [TopicPartition(t.name, p.partition) for t in topics for p in t.partitions if p.leader_id >= 0]
-    latest = admin.list_offsets({tp: "latest" for tp in tps}) if tps else {}
-    stable = admin.list_offsets({tp: "last_stable" for tp in tps}) if tps else {}
-    earliest = admin.list_offsets({tp: "earliest" for tp in tps}) if tps else {}
+
+    def offsets(spec):
+        return partly(lambda: admin.list_offsets({tp: spec for tp in tps}, timeout_s=SECONDARY_TIMEOUT_S) if tps else {},
+                      {})[0]
+
+    latest, stable, earliest = offsets("latest"), offsets("last_stable"), offsets("earliest")
     rows = []
     for topic in topics:
         for p in topic.partitions:
@@ -56,7 +91,8 @@ def overview(admin, hanging_after_ms: int = HANGING_AFTER_MS) -> dict:
     topics = admin.describe_topics()
     partitions = [(t, p) for t in topics for p in t.partitions]
     transactions = admin.list_transactions(states=OPEN_STATES)
-    hanging = admin.find_hanging(max_transaction_timeout_ms=hanging_after_ms)
+    hanging, hanging_error = partly(lambda: admin.find_hanging(max_transaction_timeout_ms=hanging_after_ms,
+                                                               timeout_s=SECONDARY_TIMEOUT_S), [])
     leaders: dict[int, int] = {}
     for _, p in partitions:
         if p.leader_id >= 0:
@@ -73,6 +109,7 @@ def overview(admin, hanging_after_ms: int = HANGING_AFTER_MS) -> dict:
         "open_transactions": len(transactions),
         "prepared": len([t for t in transactions if t.state == "Prepared"]),
         "hanging": [h._asdict() for h in hanging],
+        "hanging_error": hanging_error,
     }
 
 
@@ -88,7 +125,7 @@ def topic_list(admin) -> list[dict]:
 
 def topic_detail(admin, name: str) -> dict:
     """A topic's partitions and configs; UNKNOWN_TOPIC_OR_PARTITION (raised by the Admin) when there is none."""
-    (topic,) = admin.describe_topics([name])
+    (topic,) = looked_up(lambda: admin.describe_topics([name]))
     return {"name": topic.name, "internal": topic.is_internal, "configs": dict(sorted(topic.configs.items())),
             "partitions": partition_rows(admin, [topic])}
 
@@ -97,11 +134,19 @@ def transaction_list(admin, states: Iterable[str] = (), hanging_after_ms: int = 
     """The coordinators' transactions (``states``: only those), described, ages from now; hanging and
     long-prepared ones marked."""
     listings = admin.list_transactions(states=list(states) or None)
-    hanging_ids = {h.producer_id for h in admin.find_hanging(max_transaction_timeout_ms=hanging_after_ms)}
+    hanging, hanging_error = partly(lambda: admin.find_hanging(max_transaction_timeout_ms=hanging_after_ms,
+                                                               timeout_s=SECONDARY_TIMEOUT_S), [])
+    hanging_ids = {h.producer_id for h in hanging}
     described = {}
     ids = [t.transactional_id for t in listings]
-    for start in range(0, len(ids), 100):
-        described.update({d.transactional_id: d for d in admin.describe_transactions(ids[start:start + 100])})
+    for start in range(0, len(ids), DESCRIBED_PER_CALL):
+        chunk = ids[start:start + DESCRIBED_PER_CALL]
+        try:
+            described.update({d.transactional_id: d for d in admin.describe_transactions(chunk)})
+        except TxlogError:  # one of them expired since it was listed: the others one by one
+            for transactional_id in chunk:
+                found, _ = partly(lambda t=transactional_id: admin.describe_transactions([t]), [])
+                described.update({d.transactional_id: d for d in found})
     now = now_ms()
     rows = []
     for listing in listings:
@@ -118,14 +163,15 @@ def transaction_list(admin, states: Iterable[str] = (), hanging_after_ms: int = 
             "checks_done": d.checks_done if d is not None else 0,
             "last_check_answer": d.last_check_answer if d is not None else "",
         })
-    return {"rows": rows, "states": list(states)}
+    return {"rows": rows, "states": list(states), "hanging_error": hanging_error}
 
 
 def transaction_detail(admin, transactional_id: str) -> dict:
     """One transactional id: its state and, on each of its partitions, what the leader knows of its producer."""
-    (d,) = admin.describe_transactions([transactional_id])
+    (d,) = looked_up(lambda: admin.describe_transactions([transactional_id]))
     now = now_ms()
-    producers = admin.describe_producers(d.partitions) if d.partitions else {}
+    producers, producers_error = partly(
+        lambda: admin.describe_producers(d.partitions, timeout_s=SECONDARY_TIMEOUT_S) if d.partitions else {}, {})
     partitions = []
     for tp in d.partitions:
         mine = [p for p in producers.get(tp, []) if p.producer_id == d.producer_id]
@@ -139,6 +185,7 @@ def transaction_detail(admin, transactional_id: str) -> dict:
         "checks_done": d.checks_done, "last_check_answer": d.last_check_answer,
         "next_check_in_ms": d.next_check_time_ms - now if d.next_check_time_ms >= 0 else None,
         "handle": (d.transactional_id, d.producer_id, d.producer_epoch) if d.state == "Prepared" else None,
+        "producers_error": producers_error,
     }
 
 
@@ -148,7 +195,9 @@ def group_list(admin) -> list[dict]:
     for listing in sorted(admin.list_groups()):
         described = admin.describe_group(listing.group_id)
         committed = admin.list_group_offsets(listing.group_id)
-        ends = admin.list_offsets({tp: "latest" for tp in committed}) if committed else {}
+        # the lag as `txlog groups describe` gives it: up to the last stable offset, what read_committed can read
+        ends, _ = partly(lambda c=committed: admin.list_offsets({tp: "last_stable" for tp in c},
+                                                                timeout_s=SECONDARY_TIMEOUT_S) if c else {}, {})
         offsets = []
         for tp in sorted(committed):
             offset = committed[tp]

@@ -32,6 +32,9 @@
       status.textContent = "the console does not answer";
     }
   }
-  poll();
-  setInterval(poll, 2000);
+  async function every2s() {  // the next ask only once the last is answered: slow answers do not pile up
+    await poll();
+    setTimeout(every2s, 2000);
+  }
+  every2s();
 })();
