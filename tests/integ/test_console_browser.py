@@ -98,6 +98,7 @@ def test_every_page_loads_cleanly_and_shows_the_clusters_state(browser, consoles
     base = consoles["read_only"]
     text = visit(browser, base + "/", artifacts, "overview")
     assert "Overview" in text and "1 open" in text
+    assert browser.find_elements("css selector", "#alerts li"), "the chart's alerts, as one scrape shows them"
     # the live rates: Chart.js, served with the console, plots what /rates.json gets from the services' /metrics
     wait_until(lambda: browser.execute_script(
         "const chart = window.Chart && Chart.getChart('rates-chart'); return chart ? chart.data.labels.length : 0") > 0,

@@ -45,3 +45,26 @@ def test_an_endpoint_that_does_not_answer_is_named():
         return exposition(0, 0)
 
     assert Rates(["up", "down"], read=read).sample()["unreachable"] == ["down"]
+
+
+def test_the_charts_alerts_fire_on_what_one_scrape_shows():
+    from txlog.console.rates import alerts_now, firing
+
+    calm = ("# TYPE txlog_partitions_offline gauge\ntxlog_partitions_offline 0\n"
+            "# TYPE txlog_zookeeper_connected gauge\ntxlog_zookeeper_connected 1\n"
+            "# TYPE txlog_rocksdb gauge\ntxlog_rocksdb{property=\"write_stopped\"} 0\n"
+            "txlog_rocksdb{property=\"pending_compaction_bytes\"} 5000\n")
+    assert firing([calm]) == []
+    troubled = ("# TYPE txlog_partitions_offline gauge\ntxlog_partitions_offline 2\n"
+                "# TYPE txlog_zookeeper_connected gauge\ntxlog_zookeeper_connected 0\n"
+                "# TYPE txlog_transactions_oldest_open_age_seconds gauge\ntxlog_transactions_oldest_open_age_seconds 1500\n")
+    fired = {a["alert"]: a for a in firing([calm, troubled])}
+    assert set(fired) == {"TxlogOfflinePartitions", "TxlogZooKeeperSessionLost", "TxlogHangingTransaction"}
+    assert fired["TxlogOfflinePartitions"]["summary"] == "2 partitions have no live leader"
+
+    def read(url):
+        if url == "down":
+            raise OSError("refused")
+        return calm
+
+    assert alerts_now(["up", "down"], read=read) == {"alerts": [], "unreachable": ["down"]}

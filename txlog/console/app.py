@@ -27,7 +27,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 from txlog.console import actions, csrf, views
-from txlog.console.rates import Rates
+from txlog.console.rates import Rates, alerts_now
 from txlog.protocol.errors import TxlogError
 
 log = logging.getLogger(__name__)
@@ -83,7 +83,8 @@ def create_app(admin, *, read_only: bool = True, cluster_name: str = "", listen_
         return JSONResponse(await run_in_threadpool(sampled))
 
     async def overview(request):
-        return await page(request, "overview.html", views.overview, hanging_after_ms, active="overview")
+        alerts = await run_in_threadpool(alerts_now, metrics_urls) if metrics_urls else None
+        return await page(request, "overview.html", views.overview, hanging_after_ms, active="overview", alerts=alerts)
 
     async def topics(request):
         return await page(request, "topics.html", views.topic_list, active="topics")

@@ -68,3 +68,48 @@ class Rates:
                 gained = total if gained < 0 else gained  # the service restarted: its counter began again
                 rates[name] = (rates[name] or 0.0) + gained / (now - previous[0])
         return {"rates": rates, "unreachable": unreachable}
+
+
+# The chart's PrometheusRule alerts whose condition one scrape shows (helm/txlog/templates/prometheusrule.yaml),
+# with its default thresholds: (alert, severity, family, which samples, how they combine, firing when, summary).
+# TxlogStuckLSO and TxlogServerErrors need the history only Prometheus keeps; their `for:` durations likewise:
+# these fire at once.
+ALERTS = (
+    ("TxlogOfflinePartitions", "critical", "txlog_partitions_offline", max, lambda v: v > 0,
+     "{value:.0f} partitions have no live leader"),
+    ("TxlogUnderReplicatedPartitions", "warning", "txlog_partitions_under_replicated", sum, lambda v: v > 0,
+     "{value:.0f} partitions have fewer in-sync replicas than replicas"),
+    ("TxlogZooKeeperSessionLost", "critical", "txlog_zookeeper_connected", min, lambda v: v == 0,
+     "a service has lost its ZooKeeper session"),
+    ("TxlogHangingTransaction", "warning", "txlog_transactions_oldest_open_age_seconds", max, lambda v: v > 1200,
+     "a transaction has been open for {value:.0f} s (more than 1200 s)"),
+    ("TxlogRocksDBWritesStopped", "critical", "txlog_rocksdb", max, lambda v: v > 0,
+     "RocksDB has stopped writes on an instance"),
+)
+
+
+def firing(texts: Iterable[str]) -> list[dict]:
+    """The ALERTS whose condition the expositions ``texts`` meet now."""
+    values: dict[str, list[float]] = {}
+    for text in texts:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if family.name == "txlog_rocksdb" and sample.labels.get("property") != "write_stopped":
+                    continue
+                values.setdefault(family.name, []).append(sample.value)
+    fired = []
+    for name, severity, family, combine, fires, summary in ALERTS:
+        if values.get(family) and fires(combine(values[family])):
+            fired.append({"alert": name, "severity": severity, "summary": summary.format(value=combine(values[family]))})
+    return fired
+
+
+def alerts_now(urls: Iterable[str], read: Callable[[str], str] = scrape) -> dict:
+    """{"alerts": firing now, "unreachable": [url, ...]} over the services' endpoints."""
+    texts, unreachable = [], []
+    for url in urls:
+        try:
+            texts.append(read(url))
+        except OSError:
+            unreachable.append(url)
+    return {"alerts": firing(texts), "unreachable": unreachable}
