@@ -4,10 +4,10 @@ processes, started by the same LocalCluster code that `txlog cluster` uses."""
 from __future__ import annotations
 
 import collections
-import itertools
 import os
 import random
 import tempfile
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -32,7 +32,6 @@ STARTS_FIRST = ("tests/deploy/test_compose_podman.py", "tests/deploy/test_chart_
                 "tests/hostile/test_fuzz_rpcs.py hostile=0", "spark-jobs", "tests/faults/test_chaos.py",
                 "tests/integ/test_client_wheel.py")
 JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
-CHROOTS = (f"cluster-{n}" for n in itertools.count())  # this worker's clusters on its shared ZooKeeper
 
 # Tests run several at a time (scripts/test.sh), so an example may take longer
 # than hypothesis's 200 ms deadline without being wrong: speed is bench/'s concern.
@@ -144,8 +143,11 @@ def zookeeper_for(request):
 
 
 def fresh_chroot(zookeeper: str) -> str:
-    """A connection string for a cluster of its own on ``zookeeper``: one chroot of this worker's not used yet."""
-    return f"{zookeeper}/{next(CHROOTS)}"
+    """A connection string for a cluster of its own on ``zookeeper``: a chroot no other cluster uses. Named at
+    random, not by a counter: test modules that import this file as ``tests.conftest`` get a second copy of
+    it beside pytest's ``conftest``, and two counters handed out the same names, so two clusters shared a
+    chroot (each saw the other's topics, registrations and quotas)."""
+    return f"{zookeeper}/cluster-{uuid.uuid4().hex[:12]}"
 
 
 @pytest.fixture

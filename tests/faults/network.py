@@ -12,7 +12,10 @@ from txlog.protocol import errors
 from txlog.two_phase import wait_until
 from txlog.v1 import common_pb2, partition_pb2
 
-SESSION = ["--zookeeper-session-timeout-s", "4", "--replica-lag-time-max-ms", "2000",
+# A short session, so that a cut instance is replaced within seconds; a replica lag time long enough that a
+# loaded machine does not drop the followers from the ISR between a test's check that all are in sync and its
+# cut (a leader then dies alone in its ISR, and rightly no other may lead: the scenario is gone).
+SESSION = ["--zookeeper-session-timeout-s", "4", "--replica-lag-time-max-ms", "10000",
            "--controller-pass-interval-ms", "1000", "--partition-state-refresh-ms", "1000", "--min-insync-replicas", "2"]
 
 

@@ -39,7 +39,11 @@ def started_console(connection: list[str], log_path: Path, *flags: str) -> tuple
         assert process.poll() is None, log_path.read_text()
         return answered(f"http://{address}/") is not None
 
-    wait_until(serving, 60, "the console serving")
+    try:
+        wait_until(serving, 60, "the console serving")
+    except BaseException:
+        stopped(process)  # not left running after the test
+        raise
     return f"http://{address}", process
 
 
