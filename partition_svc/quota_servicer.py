@@ -18,6 +18,7 @@ from partition_svc.client_quotas import (
     PRODUCER_BYTE_RATE,
     REQUEST_PERCENTAGE,
     QuotaTracker,
+    applying,
     checked_values,
     entity_of,
     entity_parts,
@@ -143,25 +144,34 @@ class Throttling:
             if not self.waiting[tracked]:
                 del self.waiting[tracked]
 
-    def counted(self, who: tuple[str, str] | None, key: str, amount: int, watch: Stopwatch | None) -> int:
-        """Counts a call's bytes and its handler's time; the throttle they call for (0: none)."""
+    def counted(self, who: tuple[str, str], key: str, amount: int, watch: Stopwatch | None) -> int:
+        """Counts a call's bytes and, when timed, its handler's time; the throttle they call for (0: none)."""
+        amounts = [(key, amount)] if watch is None else [(key, amount), (REQUEST_PERCENTAGE, request_amount(watch.seconds))]
+        return self.tracker.record(self.store.configs, *who, amounts, _now_ms())
+
+    async def _handled(self, handler, request, context, key: str):
+        """(caller, its Stopwatch, the handler's answer) once the caller's turn came. The caller is None when no
+        quota applies, and the Stopwatch None unless a request_percentage does: driving a handler step by step
+        costs every call, so only those it counts for are timed. A failed handler's time is charged before its
+        error goes on."""
+        who = self.caller(context)
+        await self.wait_turn(who, key, context)
         if who is None:
-            return 0
-        return self.tracker.record(self.store.configs, *who,
-                                   [(key, amount), (REQUEST_PERCENTAGE, request_amount(watch.seconds))], _now_ms())
+            return None, None, await handler(request, context)
+        if applying(self.store.configs, *who, REQUEST_PERCENTAGE) is None:
+            return who, None, await handler(request, context)
+        watch = Stopwatch()
+        try:
+            return who, watch, await timed(handler(request, context), watch)
+        except BaseException:
+            self.counted(who, key, 0, watch)
+            raise
 
     def _unary(self, handler, key: str):
         async def throttled(request, context):
-            who = self.caller(context)
-            await self.wait_turn(who, key, context)
+            who, watch, reply = await self._handled(handler, request, context, key)
             if who is None:
-                return await handler(request, context)
-            watch = Stopwatch()
-            try:
-                reply = await timed(handler(request, context), watch)
-            except BaseException:
-                self.counted(who, key, 0, watch)  # a failed call's handler took the thread too
-                raise
+                return reply
             if isinstance(reply, bytes):  # an encoded FetchResponse
                 held = self.counted(who, key, len(reply), watch)
                 return reply + wire.throttle_time(held) if held else reply
@@ -174,32 +184,29 @@ class Throttling:
 
     def _fetch_stream(self, handler):
         async def fetch_stream(request, context):
-            who = self.caller(context)
-            await self.wait_turn(who, CONSUMER_BYTE_RATE, context)
+            who, watch, chunks = await self._handled(handler, request, context, CONSUMER_BYTE_RATE)
             if who is None:
-                return await handler(request, context)
-            watch = Stopwatch()
-            try:
-                chunks = await timed(handler(request, context), watch)
-            except BaseException:
-                self.counted(who, CONSUMER_BYTE_RATE, 0, watch)
-                raise
+                return chunks
+
+            async def next_chunk():
+                return await (chunks.__anext__() if watch is None else timed(chunks.__anext__(), watch))
 
             async def counted_chunks():
                 try:
                     while True:
                         try:
-                            chunk = await timed(chunks.__anext__(), watch)
+                            chunk = await next_chunk()
                         except StopAsyncIteration:
                             return
                         held = self.counted(who, CONSUMER_BYTE_RATE, len(chunk), watch)
-                        watch.seconds = 0.0  # each chunk counts the time that made it
+                        if watch is not None:
+                            watch.seconds = 0.0  # each chunk counts the time that made it
                         if held:
                             yield chunk + wire.throttle_time(held)
                             return  # throttled: the client's next fetch waits its turn
                         yield chunk
                 finally:
-                    if watch.seconds:  # the time since the last chunk: the stream's end, a failure, a cancellation
+                    if watch is not None and watch.seconds:  # the time since the last chunk: the end, a failure
                         self.counted(who, CONSUMER_BYTE_RATE, 0, watch)
                     await chunks.aclose()
 
