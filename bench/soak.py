@@ -102,7 +102,7 @@ SIGNIFICANT_T = 3.0  # grows: above the bound and the slope >= 3 standard errors
 ZOOKEEPER_COUNTERS = {"znodes": "zk_znode_count", "data_kb": "zk_approximate_data_size",
                       "ephemerals": "zk_ephemerals_count", "watches": "zk_watch_count",
                       "connections": "zk_num_alive_connections", "outstanding": "zk_outstanding_requests"}
-ROCKSDB_PROPERTIES = ("sst_bytes", "blob_bytes", "memtable_bytes")
+ROCKSDB_PROPERTIES = ("sst_bytes", "blob_bytes", "memtable_bytes", "block_cache_bytes", "table_readers_bytes")
 JVM_HEAP = {"heap_committed_mb": ("S0C", "S1C", "EC", "OC"), "heap_used_mb": ("S0U", "S1U", "EU", "OU"), "old_used_mb": ("OU",)}
 COUNT_STEP = 1  # integer series (fds, threads, znodes...): a fitted change of one unit is a step, not a trend
 OUTCOMES = ("committed", "aborted", "indefinite")
@@ -196,6 +196,12 @@ def metrics_figures(address: str) -> dict:
             for name in ROCKSDB_PROPERTIES:
                 if f'property="{name}"' in labels:
                     found[f"rocksdb_{name[:-6]}_mb"] = round(found.get(f"rocksdb_{name[:-6]}_mb", 0) + float(value) / MB, 2)
+        elif line.startswith("txlog_process_malloc_bytes{"):
+            labels, _, value = line.rpartition(" ")
+            state = labels.partition('state="')[2].partition('"')[0]
+            found[f"malloc_{state}_mb"] = round(float(value) / MB, 2)
+        elif line.startswith("txlog_python_allocated_blocks"):
+            found["python_blocks_k"] = round(float(line.rpartition(" ")[2]) / 1000, 1)
     return found
 
 
@@ -392,7 +398,8 @@ def fitted(values: list, times_h: list[float], warmup: int, groups: list[int] | 
 
 
 PROCESS_SERIES = ("rss_mb", "anon_mb", "anon_less_memtable_mb", "fds", "threads", "cpu", "metrics_series", "data_dir_mb", "rocksdb_sst_mb",
-                  "rocksdb_blob_mb", "rocksdb_memtable_mb", *JVM_HEAP)
+                  "rocksdb_blob_mb", "rocksdb_memtable_mb", "rocksdb_block_cache_mb", "rocksdb_table_readers_mb",
+                  "malloc_in_use_mb", "malloc_free_mb", "python_blocks_k", *JVM_HEAP)
 COUNT_SERIES = {"fds", "threads", "metrics_series", *ZOOKEEPER_COUNTERS}
 
 

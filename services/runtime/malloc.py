@@ -62,3 +62,32 @@ def keep_large_buffers(mmap_threshold_bytes: int) -> bool:
     log.info("allocator tuned for large buffers" if done else "the allocator refused the large-buffer settings",
              extra=fields(mmap_threshold_bytes=mmap_threshold_bytes, trim_threshold_bytes=trim_bytes))
     return done
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def _mallinfo2():
+    try:
+        function = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallinfo2
+    except (OSError, AttributeError):  # not glibc, or glibc before 2.33
+        return None
+    function.restype = _MallInfo2
+    return function
+
+
+_MALLINFO2 = _mallinfo2()
+
+
+def heap_bytes() -> dict[str, int]:
+    """The C allocator's bytes over all its arenas: ``in_use`` by the program
+    (RocksDB's memtables and caches, gRPC's buffers, large Python objects;
+    not pymalloc's small objects, which live in arenas of their own) and
+    ``free`` kept for reuse; {} where the C library is not glibc >= 2.33.
+    A leak in native code shows as in_use rising; fragmentation as free rising."""
+    if _MALLINFO2 is None:
+        return {}
+    info = _MALLINFO2()
+    return {"in_use": info.uordblks + info.hblkhd, "free": info.fordblks}

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import time
 from collections.abc import Callable, Iterable
 
@@ -26,6 +27,7 @@ from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetr
 from opentelemetry.sdk.resources import Resource
 
 from services.runtime import config as config_mod
+from services.runtime import malloc
 from txlog.net.telemetry import otlp_options
 from txlog.protocol.errors import call_error, spec_of
 
@@ -71,6 +73,12 @@ class ServiceMetrics:
 
         self.meter.create_observable_gauge("txlog.zookeeper.connected", [zookeeper_session],
                                            description="1 while this process's ZooKeeper session is connected, else 0")
+        self.meter.create_observable_gauge(
+            "txlog.process.malloc", [lambda _: [Observation(value, {"state": state}) for state, value in malloc.heap_bytes().items()]],
+            unit="By", description="the C allocator's bytes, in_use by the process or free and kept for reuse (glibc only)")
+        self.meter.create_observable_gauge(
+            "txlog.python.allocated_blocks", [lambda _: [Observation(sys.getallocatedblocks())]],
+            description="Python objects' memory blocks allocated now (a leak of Python objects shows here)")
 
     def observe_admission(self, admission) -> None:
         """Gauges of what ``admission`` (services.runtime.admission) holds, and

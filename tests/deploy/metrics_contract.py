@@ -21,6 +21,8 @@ EVERY_SERVICE = {
     "txlog_rpc_in_flight_bytes": set(),
     "txlog_rpc_refused_total": set(),
     "txlog_zookeeper_connected": set(),
+    "txlog_process_malloc_bytes": {"state"},
+    "txlog_python_allocated_blocks": set(),
 }
 EXPOSED: dict[str, dict[str, set[str]]] = {
     "producer_id_svc": {
