@@ -44,6 +44,12 @@ class AdminServicer:
         reply = partition_pb2.MetadataResponse(
             brokers=[partition_pb2.NodeInfo(node_id=n, address=a) for n, a in sorted(live.items())]
         )
+        if request.describe_cluster:
+            reply.controller_id, reply.controller_epoch = await self.view.controller.current()
+            for kind, node_id, details in await self.view.instances():
+                reply.instances.add(kind=kind, node_id=node_id, address=details.get("address", ""),
+                                    version=details.get("version", ""), rack=details.get("rack", ""),
+                                    metrics_address=details.get("metrics_address", ""))
         names = await self.view.topics.names() if request.all_topics else list(dict.fromkeys(request.topics))
         for name in names:
             topic = reply.topics.add(name=name)

@@ -25,6 +25,7 @@ from txlog.protocol.names import is_topic_name
 from txlog.v1 import coordinator_pb2
 
 KIND = "partition_svc"
+SERVICE_KINDS = (KIND, "coordinator_svc", "producer_id_svc")
 
 
 class LiveNodes:
@@ -64,6 +65,14 @@ class ClusterView:
 
     async def live_nodes(self, kind: str = KIND) -> dict[int, str]:
         return await self.live.get(kind)
+
+    async def instances(self) -> list[tuple[str, int, dict]]:
+        """(kind, node id, registration) of every live instance of every service, by kind and node id."""
+        found = []
+        for kind in SERVICE_KINDS:
+            details = await asyncio.to_thread(self.runtime.registry.live_details, kind)
+            found.extend((kind, node_id, details[node_id]) for node_id in sorted(details))
+        return found
 
     async def transaction_coordinator(self, transactional_id: str) -> str:
         """The address of the coordinator of a transactional id."""

@@ -374,6 +374,19 @@ class Controller:
         self.cache.clear()
         log.info("elected controller", extra=fields(controller_epoch=self.epoch))
 
+    async def current(self) -> tuple[int, int]:
+        """(node id, controller epoch) of the controller ZooKeeper records now; node id -1 while none is elected."""
+        try:
+            data, _ = await zk.call(self.client, "get", self.controller_path)
+            node_id = int(json.loads(data)["node_id"])
+        except NoNodeError:
+            node_id = -1
+        try:
+            epoch = int((await zk.call(self.client, "get", self.epoch_path))[0])
+        except NoNodeError:
+            epoch = 0
+        return node_id, epoch
+
     async def _still_controller(self) -> bool:
         try:
             data, stat = await zk.call(self.client, "get", self.controller_path)

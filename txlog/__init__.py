@@ -36,6 +36,8 @@ one error-sorting table), ``config``, ``structs`` (value types),
 ``checker`` (``TransactionChecker``: an application's answers to transaction check-back).
 """
 
+from importlib import metadata as _metadata
+
 from txlog.admin import Admin
 from txlog.aio import AIOConsumer, AIOProducer
 from txlog.checker import TransactionChecker
@@ -67,6 +69,7 @@ from txlog.producer import Producer
 from txlog.protocol.acls import AclBinding, AclFilter
 from txlog.serde import RecordDeserializationError, SerializationError
 from txlog.structs import (
+    ClusterDescription,
     ConsumerRecord,
     HangingTransaction,
     OffsetAndMetadata,
@@ -74,6 +77,7 @@ from txlog.structs import (
     ProducerDescription,
     RecordMetadata,
     RegisteredChecker,
+    ServiceInstance,
     TopicDescription,
     TopicPartition,
     TransactionDescription,
@@ -83,6 +87,11 @@ from txlog.structs import (
 )
 from txlog.transactions import TxnState
 from txlog.transport import FaultInjection
+
+try:
+    __version__ = _metadata.version("txlog")
+except _metadata.PackageNotFoundError:  # run from a checkout that was never installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "AIOConsumer",
@@ -99,6 +108,7 @@ __all__ = [
     "ClientTimeoutError",
     "ConcurrentTransactionsError",
     "Consumer",
+    "ClusterDescription",
     "ConsumerRecord",
     "DefaultPartitioner",
     "DeliveryTimeoutError",
@@ -118,6 +128,7 @@ __all__ = [
     "RecordMetadata",
     "RecordTooLargeError",
     "RegisteredChecker",
+    "ServiceInstance",
     "RetriableError",
     "TopicDescription",
     "TopicPartition",

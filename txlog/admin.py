@@ -45,6 +45,7 @@ from txlog.protocol.acls import AclBinding, AclFilter
 from txlog.protocol.errors import ErrorCode
 from txlog.requests import call_leaders, retry_policy, with_retries
 from txlog.structs import (
+    ClusterDescription,
     GroupDescription,
     GroupListing,
     GroupMemberDescription,
@@ -53,6 +54,7 @@ from txlog.structs import (
     PartitionDescription,
     PartitionReassignment,
     ProducerDescription,
+    ServiceInstance,
     TopicDescription,
     TopicPartition,
     TransactionDescription,
@@ -572,6 +574,21 @@ class Admin:
         response = self._run(with_retries(attempt, metadata=self._metadata, policy=self._policy(timeout_ms)), timeout_ms,
                              "live_partition_nodes")
         return sorted(b.node_id for b in response.brokers)
+
+    def describe_cluster(self, *, timeout_s: float | None = None) -> ClusterDescription:
+        """The controller and every live instance of every service with its version (Kafka's describeCluster).
+        Needs Describe on the Cluster on a secured cluster."""
+        timeout_ms = self._timeout_ms(timeout_s)
+
+        async def attempt():
+            return await self._metadata.fetch((), describe_cluster=True)
+
+        response = self._run(with_retries(attempt, metadata=self._metadata, policy=self._policy(timeout_ms)), timeout_ms,
+                             "describe_cluster")
+        return ClusterDescription(
+            controller_id=response.controller_id, controller_epoch=response.controller_epoch,
+            instances=tuple(ServiceInstance(i.kind, i.node_id, i.address, i.version, i.rack, i.metrics_address)
+                            for i in response.instances))
 
     def under_replicated_partitions(self, *, timeout_s: float | None = None) -> list[tuple[TopicPartition, PartitionDescription]]:
         """Every partition whose ISR is smaller than its replica list (or that has no leader)."""

@@ -229,10 +229,11 @@ class Metadata:
         return response
 
     async def fetch(self, topics: Sequence[str] = (), *, all_topics: bool = False,
-                    group_ids: Sequence[str] = (), transactional_ids: Sequence[str] = ()) -> partition_pb2.MetadataResponse:
+                    group_ids: Sequence[str] = (), transactional_ids: Sequence[str] = (),
+                    describe_cluster: bool = False) -> partition_pb2.MetadataResponse:
         """One Metadata call (to the first known server that answers); updates the cache."""
         request = partition_pb2.MetadataRequest(topics=list(topics), all_topics=all_topics, group_ids=list(group_ids),
-                                                transactional_ids=list(transactional_ids))
+                                                transactional_ids=list(transactional_ids), describe_cluster=describe_cluster)
         response = await self.call_any("Metadata", request)
         self._apply(response)
         return response

@@ -82,6 +82,25 @@ class PartitionDescription:
     isr: tuple[int, ...] = ()  # node ids of the in-sync replicas
 
 
+class ServiceInstance(NamedTuple):
+    """A live instance of one of the services (Admin.describe_cluster)."""
+
+    kind: str  # "partition_svc", "coordinator_svc" or "producer_id_svc"
+    node_id: int
+    address: str
+    version: str  # the txlog release it runs, "" if it registered none
+    rack: str = ""
+    metrics_address: str = ""  # host:port of its /metrics, "" without one
+
+
+class ClusterDescription(NamedTuple):
+    """Admin.describe_cluster: the controller (-1 while none is elected) and the live instances."""
+
+    controller_id: int
+    controller_epoch: int
+    instances: tuple[ServiceInstance, ...]
+
+
 @dataclass(frozen=True)
 class TopicDescription:
     name: str

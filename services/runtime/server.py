@@ -31,6 +31,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from opentelemetry.sdk.trace.export import SpanExporter
 
+import txlog
 from services.coordination import zk
 from services.runtime import admission as admission_mod
 from services.runtime import config as config_mod
@@ -309,11 +310,13 @@ class ServiceRuntime:
         self.metrics.start()
         if self.metrics.address:
             self.registration_details["metrics_address"] = self.metrics.address
+        self.registration_details["version"] = txlog.__version__
         await self.server.start()
         zk.add_state_listener(self.zookeeper, self._on_zookeeper_state)
         self.registry.register(self.kind, self.config.node_id, self.address, self.registration_details)
         await self.set_serving(self.zookeeper.connected)
         log.info("serving", extra=fields(address=self.address, services=self.service_names, tls=self.tls_files.enabled,
+                                         version=txlog.__version__,
                                          metrics_address=self.metrics.address or None))
         return self.port
 

@@ -120,7 +120,8 @@ def _handles(handles, operation: str) -> list[Need]:
 CHECKS: dict[str, Callable[[object, Permissions], list[Need]]] = {
     # PartitionService
     "Metadata": lambda r, caller: ([(TRANSACTIONAL_ID, t, "Describe") for t in r.transactional_ids]
-                                + [(GROUP, g, "Describe") for g in r.group_ids]),  # topics: filtered, below
+                                + [(GROUP, g, "Describe") for g in r.group_ids]
+                                + (cluster("Describe") if r.describe_cluster else [])),  # topics: filtered, below
     "CreateTopics": _create_topics,
     "Produce": _produce,
     "Fetch": lambda r, caller: topics((p.topic for p in r.partitions), "Read"),

@@ -9,6 +9,7 @@ import pytest
 
 from services.tooling.cluster import LocalCluster
 from txlog import Admin, Consumer, Producer, TopicPartition
+from txlog import __version__ as txlog_version
 from txlog.errors import ClientError
 from txlog.two_phase import wait_until
 
@@ -138,6 +139,12 @@ def test_offsets_at_a_time_the_clusters_health_and_records_with_their_fields(clu
 
     described = json.loads(txlog("cluster", "describe", *where).stdout)
     assert [n["node_id"] for n in described["partition_svcs"]] == [0, 1] and described["offline"] == 0
+    assert described["controller_id"] in (0, 1) and described["controller_epoch"] >= 1
+    registered = sorted((i["kind"], i["node_id"], i["address"]) for i in described["instances"])
+    running = sorted((info.kind, int(name.rpartition("-")[2]), info.address)
+                     for name, info in LocalCluster(cluster_dir).state.services.items() if info.kind != "zookeeper")
+    assert registered == running, "every live instance of every service, as registered"
+    assert {i["version"] for i in described["instances"]} == {txlog_version}
     assert described["partitions"] >= 2 and sum(n["leaders"] for n in described["partition_svcs"]) == described["partitions"]
 
 

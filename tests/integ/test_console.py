@@ -20,6 +20,7 @@ import uuid
 
 import pytest
 
+import txlog
 from tests.conftest import FULL, fresh_chroot, running
 from tests.integ.console_support import answered, made_state, started_console, stopped
 from txlog import Admin, Producer
@@ -54,11 +55,13 @@ class Browser:
     def __init__(self, base: str):
         self.base = base
         self.opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar()))
+        self.at = ""  # the path of the last page opened, after any redirect
 
     def open(self, path: str, form: dict | None = None) -> tuple[int, str]:
         data = urllib.parse.urlencode(form).encode() if form is not None else None
         try:
             with self.opener.open(self.base + path, data=data, timeout=60) as answer:
+                self.at = answer.url.removeprefix(self.base)
                 return answer.status, answer.read().decode()
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read().decode()
@@ -89,10 +92,21 @@ def state(cluster):
     producer.close()
 
 
-def test_the_overview_shows_the_instances_and_the_open_transaction(console, state):
+def test_the_overview_shows_the_instances_and_the_open_transaction(console, state, cluster):
     status, page = get(console, "/")
     assert status == 200
-    assert 'id="nodes"' in page and page.count("<td>live</td>") == 2, "two live partition_svc"
+    rows = re.findall(r'<tr data-kind="([a-z_]+)" data-node="(\d+)"><td>[a-z_]+</td><td>\d+</td><td>([^<]*)</td>\s*'
+                      r'<td>live</td><td>([^<]*)</td>\s*<td>([^<]*)</td>', page)
+    shown = sorted((kind, int(node), address) for kind, node, address, _, _ in rows)
+    running = sorted((info.kind, int(name.rpartition("-")[2]), info.address)
+                     for name, info in cluster.state.services.items() if info.kind != "zookeeper")
+    assert shown == running, "every instance of every service, live, with its address"
+    assert {version for *_, version in rows} == {txlog.__version__}
+    controller = re.search(r'id="controller">Controller: <b>partition_svc (\d+)</b>, epoch (\d+)', page)
+    assert controller and int(controller.group(2)) >= 1, "the controller and its epoch"
+    roles = {(kind, int(node)): roles for kind, node, _, roles, _ in rows}
+    assert roles[("partition_svc", int(controller.group(1)))].startswith("controller, leads ")
+    assert [key for key, r in roles.items() if "controller" in r.split(", ")] == [("partition_svc", int(controller.group(1)))]
     assert re.search(r"<b>[1-9][0-9]*</b> open", page), "the test's transaction is open"
 
 
@@ -162,12 +176,20 @@ def test_a_hanging_transaction_is_aborted_from_the_page_in_two_clicks_and_its_ls
         assert 'class="warn">1</td>' in browser.open(f"/topics/{topic}")[1], "the LSO held back by one record"
         status, done = browser.open("/actions/abort-hanging", hidden_fields(confirm))  # click 2: Confirm
         assert status == 200 and 'id="done"' in done, done
+        result = browser.at
+        assert result.startswith("/actions/abort-hanging/done/"), "the POST redirected to its result (Post/Redirect/Get)"
+        assert f'href="/topics/{topic}" id="back"' in done
         # the last stable offset moved past the aborted record and its marker: nothing held back any more
         row = browser.open(f"/topics/{topic}")[1].split("<tbody>")[1]
         assert "<td>2</td><td>2</td>" in row and 'class="warn"' not in row, row
-        audit = [json.loads(line) for line in log_path.read_text().splitlines() if line.startswith("{")]
-        assert any(a["action"] == "abort-hanging" and a["outcome"] == "done" and a["params"]["topic"] == topic
-                   for a in audit), audit
+        status, again = browser.open(result)  # a reload shows the result and does not act again
+        assert status == 200 and 'id="done"' in again
+
+        def done_lines():
+            audit = [json.loads(line) for line in log_path.read_text().splitlines() if line.startswith("{")]
+            return [a for a in audit if a["action"] == "abort-hanging" and a["outcome"] == "done" and a["params"]["topic"] == topic]
+        assert len(done_lines()) == 1, done_lines()
+        assert browser.open("/actions/abort-hanging/done/not-a-result")[0] == 404
     finally:
         producer.close()
 
@@ -263,3 +285,42 @@ def test_a_post_from_another_origin_is_refused_even_with_a_token(cluster, acting
     assert status == 403 and "CSRF" in page
     with Admin(cluster.state.bootstrap) as admin:
         assert admin.list_group_offsets(state["group"])[(state["topic"], 0)] == 1, "nothing changed"
+
+
+@pytest.fixture
+def lonely_cluster(tmp_path, shared_zookeeper):
+    """Two partition_svc and one coordinator, of this test's own (it stops an instance)."""
+    yield from running(tmp_path / "cluster", fresh_chroot(shared_zookeeper),
+                       {"partition_svcs": 2, "coordinator_svcs": 1, "service_args": FULL["service_args"]})
+
+
+def test_an_offline_partition_is_shown_and_every_page_still_loads(lonely_cluster, tmp_path):
+    """A topic whose partitions have one replica each, the instance holding one of them stopped: the overview
+    names the partition offline and the instance down, its topic page marks it, and no page fails or hangs on it."""
+    topic = "lonely"
+    with Admin(lonely_cluster.state.bootstrap) as admin:
+        admin.create_topics([(topic, 2, 1)])
+        (described,) = admin.describe_topics([topic])
+    stranded = next(p for p in described.partitions if p.replicas == (1,)) if any(
+        p.replicas == (1,) for p in described.partitions) else None
+    assert stranded is not None, f"two partitions of one replica each are placed on both instances: {described}"
+    lonely_cluster.kill("partition_svc-1")
+    url, process = started_console(["--bootstrap", lonely_cluster.state.services["partition_svc-0"].address],
+                                   tmp_path / "console.log", "--read-only")
+    try:
+        pages = []
+        wait_until(lambda: pages.append(get(url, "/")) or f"{topic}-{stranded.partition}: offline" in pages[-1][1],
+                   60, "the overview naming the partition offline")
+        status, page = pages[-1]
+        assert status == 200 and 'class="card bad" id="health"' in page
+        down = re.search(r'<tr data-kind="partition_svc" data-node="1">.*?</tr>', page, re.S)
+        assert down and '<span class="bad">down</span>' in down.group(0), "the stopped instance, named by its replicas"
+        status, page = get(url, f"/topics/{topic}")
+        rows = page.split("<tbody>")[1].split("</tbody>")[0].split("<tr class=")[1:]
+        assert status == 200 and len(rows) == 2
+        assert rows[stranded.partition].startswith('"bad"') and "<td>none</td>" in rows[stranded.partition]
+        assert not rows[1 - stranded.partition].startswith('"bad"'), "the other partition is served"
+        for path in ("/topics", "/transactions", "/groups", "/security"):
+            assert get(url, path)[0] == 200, path
+    finally:
+        stopped(process)

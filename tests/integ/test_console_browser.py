@@ -10,6 +10,7 @@ under $TXLOG_TEST_ARTIFACTS (default: the test's temporary folder)."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -98,6 +99,9 @@ def test_every_page_loads_cleanly_and_shows_the_clusters_state(browser, consoles
     base = consoles["read_only"]
     text = visit(browser, base + "/", artifacts, "overview")
     assert "Overview" in text and "1 open" in text
+    assert re.search(r"Controller: partition_svc \d, epoch \d+", text), "the controller, read from ZooKeeper"
+    kinds = [row.get_attribute("data-kind") for row in browser.find_elements("css selector", "#instances tbody tr")]
+    assert sorted(set(kinds)) == ["coordinator_svc", "partition_svc", "producer_id_svc"], kinds
     assert browser.find_elements("css selector", "#alerts li"), "the chart's alerts, as one scrape shows them"
     # the live rates: Chart.js, served with the console, plots what /rates.json gets from the services' /metrics
     wait_until(lambda: browser.execute_script(

@@ -210,6 +210,13 @@ def test_metadata_leaves_out_or_marks_what_the_caller_may_not_describe():
     assert "User:alice may not Describe Topic 'theirs'" in named.topics[1].error.message
 
 
+def test_describing_the_cluster_needs_describe_on_the_cluster():
+    cluster = partition_pb2.MetadataRequest(describe_cluster=True)
+    assert refused("Metadata", cluster, Grants((TOPIC, "t", "Describe"))) == "CLUSTER_AUTHORIZATION_FAILED"
+    assert refused("Metadata", cluster, Grants((CLUSTER, CLUSTER_NAME, "Describe"))) is None
+    assert refused("Metadata", partition_pb2.MetadataRequest(all_topics=True), Grants()) is None, "topics alone are filtered"
+
+
 def test_every_rpc_of_every_service_has_its_line():
     from txlog.v1 import producer_id_pb2, replication_pb2
     methods = {m.name for module in (partition_pb2, coordinator_pb2, replication_pb2, producer_id_pb2)

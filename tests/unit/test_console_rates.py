@@ -4,8 +4,13 @@ Prometheus text, on a clock and endpoints the test controls."""
 from __future__ import annotations
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
-from txlog.console.rates import Rates, totals_of
+from txlog.console.rates import Rates, firing, totals_of
+
+
+def parsed(text: str) -> list:
+    return list(text_string_to_metric_families(text))
 
 
 def exposition(produced: float, committed: float, internal: float = 0.0) -> str:
@@ -20,7 +25,7 @@ def exposition(produced: float, committed: float, internal: float = 0.0) -> str:
 
 
 def test_the_workloads_counters_are_summed_and_internal_topics_left_out():
-    assert totals_of(exposition(1000, 7, internal=500)) == {"produce_bytes": 1000, "fetch_bytes": 0, "committed": 7,
+    assert totals_of(parsed(exposition(1000, 7, internal=500))) == {"produce_bytes": 1000, "fetch_bytes": 0, "committed": 7,
                                                              "aborted": 3}
 
 
@@ -48,23 +53,29 @@ def test_an_endpoint_that_does_not_answer_is_named():
 
 
 def test_the_charts_alerts_fire_on_what_one_scrape_shows():
-    from txlog.console.rates import alerts_now, firing
-
     calm = ("# TYPE txlog_partitions_offline gauge\ntxlog_partitions_offline 0\n"
             "# TYPE txlog_zookeeper_connected gauge\ntxlog_zookeeper_connected 1\n"
             "# TYPE txlog_rocksdb gauge\ntxlog_rocksdb{property=\"write_stopped\"} 0\n"
             "txlog_rocksdb{property=\"pending_compaction_bytes\"} 5000\n")
-    assert firing([calm]) == []
+    assert firing([parsed(calm)]) == []
     troubled = ("# TYPE txlog_partitions_offline gauge\ntxlog_partitions_offline 2\n"
                 "# TYPE txlog_zookeeper_connected gauge\ntxlog_zookeeper_connected 0\n"
                 "# TYPE txlog_transactions_oldest_open_age_seconds gauge\ntxlog_transactions_oldest_open_age_seconds 1500\n")
-    fired = {a["alert"]: a for a in firing([calm, troubled])}
+    fired = {a["alert"]: a for a in firing([parsed(calm), parsed(troubled)])}
     assert set(fired) == {"TxlogOfflinePartitions", "TxlogZooKeeperSessionLost", "TxlogHangingTransaction"}
     assert fired["TxlogOfflinePartitions"]["summary"] == "2 partitions have no live leader"
 
+    pages = {"up": calm, "troubled": troubled}
+    reads = []
+
     def read(url):
+        reads.append(url)
         if url == "down":
             raise OSError("refused")
-        return calm
+        return pages[url]
 
-    assert alerts_now(["up", "down"], read=read) == {"alerts": [], "unreachable": ["down"]}
+    rates = Rates(["up", "down"], read=read)
+    sample = rates.sample()
+    assert (sample["alerts"], sample["unreachable"]) == ([], ["down"])
+    assert reads == ["up", "down"], "one sample reads each endpoint once, for its rates and its alerts"
+    assert {a["alert"] for a in Rates(["up", "troubled"], read=read).sample()["alerts"]} == set(fired)

@@ -173,16 +173,20 @@ def partitions_add(bootstrap: str | Target, topic: str, total: int, validate_onl
 
 
 def cluster_describe(bootstrap: str | Target, out: TextIO, *, timeout_s: float = TIMEOUT_S_DEFAULT) -> None:
-    """The live partition_svc instances with what each leads and holds, and
-    the partitions' health, as one JSON object."""
+    """The controller, every live instance of every service with its version,
+    the partition_svc instances with what each leads and holds, and the
+    partitions' health, as one JSON object."""
     with _admin(bootstrap, timeout_s) as admin:
-        nodes = admin.live_partition_nodes()
+        cluster = admin.describe_cluster()
         topics = admin.describe_topics(None)
     partitions = [p for t in topics for p in t.partitions]
-    addresses = {p.leader_id: p.leader_address for p in partitions if p.leader_address}
+    nodes = {i.node_id: i.address for i in cluster.instances if i.kind == "partition_svc"}
     out.write(json.dumps({
-        "partition_svcs": [{"node_id": n, "address": addresses.get(n), "leaders": sum(p.leader_id == n for p in partitions),
-                            "replicas": sum(n in p.replicas for p in partitions)} for n in nodes],
+        "controller_id": cluster.controller_id,
+        "controller_epoch": cluster.controller_epoch,
+        "instances": [i._asdict() for i in cluster.instances],
+        "partition_svcs": [{"node_id": n, "address": address, "leaders": sum(p.leader_id == n for p in partitions),
+                            "replicas": sum(n in p.replicas for p in partitions)} for n, address in sorted(nodes.items())],
         "topics": len(topics),
         "internal_topics": sum(t.is_internal for t in topics),
         "partitions": len(partitions),

@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from urllib.parse import quote
 
 from txlog.structs import TopicPartition, TransactionHandle
 
@@ -52,6 +56,7 @@ class Action:
     parse: Callable[[Mapping[str, str]], dict]  # the form's fields, checked (ValueError saying what is wrong)
     preview: Callable[[object, dict, dict], tuple[list[str], dict]]
     run: Callable[[object, dict, dict], str]  # does it; what was done
+    page: Callable[[dict], str]  # the console page showing what it acted on (linked from its result)
 
 
 def parse_abort(form) -> dict:
@@ -164,10 +169,37 @@ def run_reset(admin, p: dict, settings: dict) -> str:
 
 
 ACTIONS: dict[str, Action] = {action.name: action for action in (
-    Action("abort-hanging", "Abort a hanging transaction", parse_abort, preview_abort, run_abort),
-    Action("complete-prepared", "Complete a prepared transaction", parse_complete, preview_complete, run_complete),
-    Action("reset-offsets", "Reset a group's offsets", parse_reset, preview_reset, run_reset),
+    Action("abort-hanging", "Abort a hanging transaction", parse_abort, preview_abort, run_abort,
+           lambda p: "/topics/" + quote(p["topic"], safe="")),
+    Action("complete-prepared", "Complete a prepared transaction", parse_complete, preview_complete, run_complete,
+           lambda p: "/transactions/" + quote(p["transactional_id"], safe="")),
+    Action("reset-offsets", "Reset a group's offsets", parse_reset, preview_reset, run_reset, lambda p: "/groups"),
 )}
+
+
+class Results:
+    """What the last actions did, kept for their result pages: a confirmed POST
+    that succeeds answers with a redirect to its result (Post/Redirect/Get), so
+    reloading the page or going back shows the result again and never acts twice.
+    Each result is named by a random id (a result page is not guessable) and
+    the oldest are forgotten past ``kept``."""
+
+    def __init__(self, kept: int = 100):
+        self.kept = kept
+        self._results: OrderedDict[str, tuple[str, dict, str]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def add(self, action: str, params: dict, done: str) -> str:
+        result_id = secrets.token_urlsafe(16)
+        with self._lock:
+            self._results[result_id] = (action, params, done)
+            while len(self._results) > self.kept:
+                self._results.popitem(last=False)
+        return result_id
+
+    def get(self, result_id: str) -> tuple[str, dict, str] | None:
+        with self._lock:
+            return self._results.get(result_id)
 
 
 def audit(action: str, params: dict, client: str, outcome: str, error: str = "") -> None:

@@ -21,13 +21,13 @@ from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 from txlog.console import actions, csrf, views
-from txlog.console.rates import Rates, alerts_now
+from txlog.console.rates import Rates
 from txlog.protocol.errors import TxlogError
 
 log = logging.getLogger(__name__)
@@ -44,6 +44,7 @@ def create_app(admin, *, read_only: bool = True, cluster_name: str = "", listen_
     templates.env.filters["duration"] = duration
     templates.env.filters["path_part"] = lambda text: urllib.parse.quote(str(text), safe="")  # '/' and '.' too
     lock = threading.Lock()
+    results = actions.Results()
 
     def asked(view: Callable, *args):
         with lock:
@@ -79,11 +80,11 @@ def create_app(admin, *, read_only: bool = True, cluster_name: str = "", listen_
             return rates.sample()
 
     async def rates_now(request):
-        """The rates since the last ask (the overview's chart polls it)."""
+        """The rates since the last ask and the alerts firing now (the overview polls it)."""
         return JSONResponse(await run_in_threadpool(sampled))
 
     async def overview(request):
-        alerts = await run_in_threadpool(alerts_now, metrics_urls) if metrics_urls else None
+        alerts = await run_in_threadpool(sampled) if metrics_urls else None  # one scrape a load: rates and alerts
         return await page(request, "overview.html", views.overview, hanging_after_ms, active="overview", alerts=alerts)
 
     async def topics(request):
@@ -145,8 +146,7 @@ def create_app(admin, *, read_only: bool = True, cluster_name: str = "", listen_
                     "action": action, "params": params, "error": str(exc), "code": getattr(exc, "name", ""),
                     **common}, status_code=502)
             actions.audit(name, params, client_of(request), "done")
-            return templates.TemplateResponse(request, "action.html", {"action": action, "params": params,
-                                                                       "done": done, **common})
+            return RedirectResponse(f"/actions/{name}/done/{results.add(name, params, done)}", status_code=303)
         try:
             lines, confirmed = await run_in_threadpool(asked, action.preview, params, settings)
         except Exception as exc:  # noqa: BLE001 - shown as failure() says
@@ -157,6 +157,17 @@ def create_app(admin, *, read_only: bool = True, cluster_name: str = "", listen_
             "action": action, "params": params, "preview": lines, "csrf_field": csrf.FIELD, "csrf": token, **common})
         csrf.remember(response, token)
         return response
+
+    async def action_result(request):
+        """What a confirmed action did (where its POST redirected to)."""
+        found = results.get(request.path_params["result_id"])
+        if found is None or found[0] != request.path_params["name"]:
+            return refused(request, 404, "NOT_FOUND", "no such action result (results are kept until the console "
+                                                      f"restarts, the last {results.kept} of them)")
+        name, params, done = found
+        action = actions.ACTIONS[name]
+        return templates.TemplateResponse(request, "action.html", {"action": action, "params": params, "done": done,
+                                                                   "page": action.page(params), **common})
 
     allowed_hosts = sorted({listen_host, "localhost", "127.0.0.1", "::1"} - {""})
     return Starlette(middleware=[
@@ -173,6 +184,7 @@ def create_app(admin, *, read_only: bool = True, cluster_name: str = "", listen_
         Route("/security", security),
         Route("/rates.json", rates_now),
         Route("/actions/{name}", act, methods=["GET", "POST"]),
+        Route("/actions/{name}/done/{result_id}", action_result),
         Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static"),
     ])
 

@@ -1,10 +1,11 @@
-"""Live rates for the console's overview, from the services' Prometheus
-endpoints (each service's /metrics): bytes produced and fetched a second
-(the workload's topics, internal ones left out) and transactions committed
-and aborted a second. Each sample reads every endpoint's counters and gives
-the rates since the previous sample; a counter that went down (a restarted
-service) counts from zero again, and an endpoint that does not answer is
-named, not fatal."""
+"""Live rates and alerts for the console's overview, from the services'
+Prometheus endpoints (each service's /metrics): bytes produced and fetched a
+second (the workload's topics, internal ones left out), transactions
+committed and aborted a second, and the chart's alerts one scrape shows.
+Each sample reads every endpoint once, parses it once, and gives both: the
+rates since the previous sample (a counter that went down, a restarted
+service, counts from zero again) and the alerts firing now. An endpoint that
+does not answer is named, not fatal."""
 
 from __future__ import annotations
 
@@ -24,10 +25,10 @@ SERIES: dict[str, tuple[str, Callable[[dict], bool]]] = {
 }
 
 
-def totals_of(text: str) -> dict[str, float]:
-    """The counters' sums a Prometheus text exposition holds, by rate name."""
+def totals_of(families: list) -> dict[str, float]:
+    """The counters' sums one endpoint's parsed exposition holds, by rate name."""
     totals = dict.fromkeys(SERIES, 0.0)
-    for family in text_string_to_metric_families(text):
+    for family in families:
         for name, (wanted, counted) in SERIES.items():
             if family.name == wanted:
                 totals[name] += sum(s.value for s in family.samples if s.name.endswith("_total") and counted(s.labels))
@@ -40,7 +41,7 @@ def scrape(url: str) -> str:
 
 
 class Rates:
-    """Rates since the previous ``sample()`` over ``urls`` (http://host:port/metrics)."""
+    """Rates since the previous ``sample()``, and the alerts firing, over ``urls`` (http://host:port/metrics)."""
 
     def __init__(self, urls: Iterable[str], read: Callable[[str], str] = scrape, clock: Callable[[], float] = time.monotonic):
         self.urls = list(urls)
@@ -49,15 +50,18 @@ class Rates:
         self._last: dict[str, tuple[float, dict[str, float]]] = {}
 
     def sample(self) -> dict:
-        """{"rates": {name: per second, None before two samples}, "unreachable": [url, ...]}."""
+        """{"rates": {name: per second, None before two samples}, "alerts": [firing now, ...],
+        "unreachable": [url, ...]}."""
         rates: dict[str, float | None] = dict.fromkeys(SERIES)
-        unreachable = []
+        unreachable, scraped = [], []
         for url in self.urls:
             try:
-                totals = totals_of(self._read(url))
+                families = list(text_string_to_metric_families(self._read(url)))
             except (OSError, ValueError):
                 unreachable.append(url)
                 continue
+            scraped.append(families)
+            totals = totals_of(families)
             now = self._clock()
             previous = self._last.get(url)
             self._last[url] = (now, totals)
@@ -67,7 +71,7 @@ class Rates:
                 gained = total - previous[1][name]
                 gained = total if gained < 0 else gained  # the service restarted: its counter began again
                 rates[name] = (rates[name] or 0.0) + gained / (now - previous[0])
-        return {"rates": rates, "unreachable": unreachable}
+        return {"rates": rates, "alerts": firing(scraped), "unreachable": unreachable}
 
 
 # The chart's PrometheusRule alerts whose condition one scrape shows (helm/txlog/templates/prometheusrule.yaml),
@@ -88,11 +92,11 @@ ALERTS = (
 )
 
 
-def firing(texts: Iterable[str]) -> list[dict]:
-    """The ALERTS whose condition the expositions ``texts`` meet now."""
+def firing(scraped: Iterable[list]) -> list[dict]:
+    """The ALERTS whose condition the endpoints' parsed expositions meet now."""
     values: dict[str, list[float]] = {}
-    for text in texts:
-        for family in text_string_to_metric_families(text):
+    for families in scraped:
+        for family in families:
             for sample in family.samples:
                 if family.name == "txlog_rocksdb" and sample.labels.get("property") != "write_stopped":
                     continue
@@ -102,14 +106,3 @@ def firing(texts: Iterable[str]) -> list[dict]:
         if values.get(family) and fires(combine(values[family])):
             fired.append({"alert": name, "severity": severity, "summary": summary.format(value=combine(values[family]))})
     return fired
-
-
-def alerts_now(urls: Iterable[str], read: Callable[[str], str] = scrape) -> dict:
-    """{"alerts": firing now, "unreachable": [url, ...]} over the services' endpoints."""
-    texts, unreachable = [], []
-    for url in urls:
-        try:
-            texts.append(read(url))
-        except OSError:
-            unreachable.append(url)
-    return {"alerts": firing(texts), "unreachable": unreachable}

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 
+from txlog.protocol import CONSUMER_OFFSETS_TOPIC
 from txlog.protocol.errors import TxlogError
 from txlog.structs import TopicPartition
 
@@ -58,10 +59,15 @@ def age_ms(since_ms: int, now: int) -> int | None:
     return now - since_ms if since_ms >= 0 else None
 
 
+def offline(p) -> bool:
+    """No live leader: none elected, or the one ZooKeeper names is down (until the controller elects another)."""
+    return p.leader_id < 0 or p.error == "LEADER_NOT_AVAILABLE"
+
+
 def partition_rows(admin, topics) -> list[dict]:
     """One row per partition of ``topics`` (TopicDescriptions): its replicas and offsets; the last stable
     offset's lag is how many offsets an open transaction holds back from read_committed consumers."""
-    tps = [TopicPartition(t.name, p.partition) for t in topics for p in t.partitions if p.leader_id >= 0]
+    tps = [TopicPartition(t.name, p.partition) for t in topics for p in t.partitions if not offline(p)]
 
     def offsets(spec):
         return partly(lambda: admin.list_offsets({tp: spec for tp in tps}, timeout_s=SECONDARY_TIMEOUT_S) if tps else {},
@@ -77,11 +83,40 @@ def partition_rows(admin, topics) -> list[dict]:
             rows.append({
                 "topic": topic.name, "partition": p.partition, "leader": p.leader_id, "leader_epoch": p.leader_epoch,
                 "replicas": list(p.replicas), "isr": list(p.isr), "error": p.error,
-                "offline": p.leader_id < 0, "under_replicated": len(p.isr) < len(p.replicas),
+                "offline": offline(p), "under_replicated": len(p.isr) < len(p.replicas),
                 "log_start": earliest[tp].offset if tp in earliest else None,
                 "high_watermark": high, "last_stable": lso,
                 "lso_lag": high - lso if high is not None and lso is not None else None,
             })
+    return rows
+
+
+ROLES_OF_KIND = {"coordinator_svc": "transaction coordinator", "producer_id_svc": "producer id blocks"}
+
+
+def instance_rows(cluster, partitions, live: set[int]) -> list[dict]:
+    """Every instance of every service with its roles: the controller, what a
+    partition_svc leads (group coordination is leading __consumer_offsets
+    partitions), and a partition_svc that replicas name but that is not live."""
+    leads: dict[int, int] = {}
+    groups: dict[int, int] = {}
+    for topic, p in partitions:
+        if not offline(p):
+            leads[p.leader_id] = leads.get(p.leader_id, 0) + 1
+            if topic.name == CONSUMER_OFFSETS_TOPIC:
+                groups[p.leader_id] = groups.get(p.leader_id, 0) + 1
+    rows = []
+    for i in cluster.instances:
+        roles = [ROLES_OF_KIND[i.kind]] if i.kind in ROLES_OF_KIND else []
+        if i.kind == "partition_svc":
+            roles = (["controller"] if i.node_id == cluster.controller_id else []) + [f"leads {leads.get(i.node_id, 0)}"]
+            if groups.get(i.node_id):
+                roles.append(f"group coordinator ({groups[i.node_id]} of {CONSUMER_OFFSETS_TOPIC})")
+        rows.append({**i._asdict(), "live": True, "roles": roles})
+    registered = {i.node_id for i in cluster.instances if i.kind == "partition_svc"}
+    for n in sorted({r for _, p in partitions for r in p.replicas} - registered - live):
+        rows.append({"kind": "partition_svc", "node_id": n, "address": "", "version": "", "rack": "", "metrics_address": "",
+                     "live": False, "roles": []})
     return rows
 
 
@@ -95,17 +130,22 @@ def overview(admin, hanging_after_ms: int = HANGING_AFTER_MS) -> dict:
                                                                timeout_s=SECONDARY_TIMEOUT_S), [])
     leaders: dict[int, int] = {}
     for _, p in partitions:
-        if p.leader_id >= 0:
+        if not offline(p):
             leaders[p.leader_id] = leaders.get(p.leader_id, 0) + 1
+    cluster, cluster_error = partly(lambda: admin.describe_cluster(timeout_s=SECONDARY_TIMEOUT_S), None)
     live = set(admin.live_partition_nodes())
     nodes = sorted(live | {n for _, p in partitions for n in p.replicas})
     return {
         "nodes": [{"id": n, "live": n in live, "leads": leaders.get(n, 0)} for n in nodes],
+        "instances": instance_rows(cluster, partitions, live) if cluster else [],
+        "controller_id": cluster.controller_id if cluster else None,
+        "controller_epoch": cluster.controller_epoch if cluster else None,
+        "cluster_error": cluster_error,
         "topics": len(topics),
         "internal_topics": len([t for t in topics if t.is_internal]),
         "partitions": len(partitions),
-        "offline": [f"{t.name}-{p.partition}" for t, p in partitions if p.leader_id < 0],
-        "under_replicated": [f"{t.name}-{p.partition}" for t, p in partitions if p.leader_id >= 0 and len(p.isr) < len(p.replicas)],
+        "offline": [f"{t.name}-{p.partition}" for t, p in partitions if offline(p)],
+        "under_replicated": [f"{t.name}-{p.partition}" for t, p in partitions if not offline(p) and len(p.isr) < len(p.replicas)],
         "open_transactions": len(transactions),
         "prepared": len([t for t in transactions if t.state == "Prepared"]),
         "hanging": [h._asdict() for h in hanging],
@@ -119,7 +159,7 @@ def topic_list(admin) -> list[dict]:
         rows.append({"name": topic.name, "internal": topic.is_internal, "partitions": len(topic.partitions),
                      "replication_factor": max((len(p.replicas) for p in topic.partitions), default=0),
                      "under_replicated": sum(1 for p in topic.partitions if len(p.isr) < len(p.replicas)),
-                     "offline": sum(1 for p in topic.partitions if p.leader_id < 0)})
+                     "offline": sum(1 for p in topic.partitions if offline(p))})
     return rows
 
 

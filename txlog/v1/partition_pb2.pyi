@@ -91,16 +91,18 @@ ACL_PERMISSION_ALLOW: AclPermission
 ACL_PERMISSION_DENY: AclPermission
 
 class MetadataRequest(_message.Message):
-    __slots__ = ("topics", "all_topics", "transactional_ids", "group_ids")
+    __slots__ = ("topics", "all_topics", "transactional_ids", "group_ids", "describe_cluster")
     TOPICS_FIELD_NUMBER: _ClassVar[int]
     ALL_TOPICS_FIELD_NUMBER: _ClassVar[int]
     TRANSACTIONAL_IDS_FIELD_NUMBER: _ClassVar[int]
     GROUP_IDS_FIELD_NUMBER: _ClassVar[int]
+    DESCRIBE_CLUSTER_FIELD_NUMBER: _ClassVar[int]
     topics: _containers.RepeatedScalarFieldContainer[str]
     all_topics: bool
     transactional_ids: _containers.RepeatedScalarFieldContainer[str]
     group_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, topics: _Optional[_Iterable[str]] = ..., all_topics: _Optional[bool] = ..., transactional_ids: _Optional[_Iterable[str]] = ..., group_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    describe_cluster: bool
+    def __init__(self, topics: _Optional[_Iterable[str]] = ..., all_topics: _Optional[bool] = ..., transactional_ids: _Optional[_Iterable[str]] = ..., group_ids: _Optional[_Iterable[str]] = ..., describe_cluster: _Optional[bool] = ...) -> None: ...
 
 class NodeInfo(_message.Message):
     __slots__ = ("node_id", "address")
@@ -162,16 +164,38 @@ class CoordinatorMetadata(_message.Message):
     def __init__(self, key: _Optional[str] = ..., error: _Optional[_Union[_errors_pb2.Error, _Mapping]] = ..., node_id: _Optional[int] = ..., address: _Optional[str] = ...) -> None: ...
 
 class MetadataResponse(_message.Message):
-    __slots__ = ("brokers", "topics", "transaction_coordinators", "group_coordinators")
+    __slots__ = ("brokers", "topics", "transaction_coordinators", "group_coordinators", "controller_id", "controller_epoch", "instances")
     BROKERS_FIELD_NUMBER: _ClassVar[int]
     TOPICS_FIELD_NUMBER: _ClassVar[int]
     TRANSACTION_COORDINATORS_FIELD_NUMBER: _ClassVar[int]
     GROUP_COORDINATORS_FIELD_NUMBER: _ClassVar[int]
+    CONTROLLER_ID_FIELD_NUMBER: _ClassVar[int]
+    CONTROLLER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    INSTANCES_FIELD_NUMBER: _ClassVar[int]
     brokers: _containers.RepeatedCompositeFieldContainer[NodeInfo]
     topics: _containers.RepeatedCompositeFieldContainer[TopicMetadata]
     transaction_coordinators: _containers.RepeatedCompositeFieldContainer[CoordinatorMetadata]
     group_coordinators: _containers.RepeatedCompositeFieldContainer[CoordinatorMetadata]
-    def __init__(self, brokers: _Optional[_Iterable[_Union[NodeInfo, _Mapping]]] = ..., topics: _Optional[_Iterable[_Union[TopicMetadata, _Mapping]]] = ..., transaction_coordinators: _Optional[_Iterable[_Union[CoordinatorMetadata, _Mapping]]] = ..., group_coordinators: _Optional[_Iterable[_Union[CoordinatorMetadata, _Mapping]]] = ...) -> None: ...
+    controller_id: int
+    controller_epoch: int
+    instances: _containers.RepeatedCompositeFieldContainer[ServiceInstance]
+    def __init__(self, brokers: _Optional[_Iterable[_Union[NodeInfo, _Mapping]]] = ..., topics: _Optional[_Iterable[_Union[TopicMetadata, _Mapping]]] = ..., transaction_coordinators: _Optional[_Iterable[_Union[CoordinatorMetadata, _Mapping]]] = ..., group_coordinators: _Optional[_Iterable[_Union[CoordinatorMetadata, _Mapping]]] = ..., controller_id: _Optional[int] = ..., controller_epoch: _Optional[int] = ..., instances: _Optional[_Iterable[_Union[ServiceInstance, _Mapping]]] = ...) -> None: ...
+
+class ServiceInstance(_message.Message):
+    __slots__ = ("kind", "node_id", "address", "version", "rack", "metrics_address")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    RACK_FIELD_NUMBER: _ClassVar[int]
+    METRICS_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    node_id: int
+    address: str
+    version: str
+    rack: str
+    metrics_address: str
+    def __init__(self, kind: _Optional[str] = ..., node_id: _Optional[int] = ..., address: _Optional[str] = ..., version: _Optional[str] = ..., rack: _Optional[str] = ..., metrics_address: _Optional[str] = ...) -> None: ...
 
 class CreatableTopic(_message.Message):
     __slots__ = ("name", "partition_count", "configs", "replication_factor")

@@ -1,4 +1,5 @@
-// The overview's live rates: /rates.json every 2 s into four lines of a Chart.js chart (static/vendor).
+// The overview's live rates: /rates.json every 2 s into four lines of a Chart.js chart (static/vendor),
+// and its alerts list kept current from the same answer.
 (function () {
   const canvas = document.getElementById("rates-chart");
   if (!canvas || typeof Chart === "undefined") { return; }
@@ -28,9 +29,35 @@
         chart.update();
       }
       status.textContent = sample.unreachable.length ? "not answering: " + sample.unreachable.join(", ") : "";
+      showAlerts(sample);
     } catch (failure) {
       status.textContent = "the console does not answer";
     }
+  }
+  function showAlerts(sample) {  // the alerts list kept current with each sample (text only, never HTML)
+    const list = document.getElementById("alerts");
+    if (!list) { return; }
+    const items = sample.alerts.map((a) => {
+      const item = document.createElement("li");
+      item.className = a.severity === "critical" ? "bad" : "warn";
+      const name = document.createElement("b");
+      name.textContent = a.alert;
+      item.append(name, " (" + a.severity + "): " + a.summary);
+      return item;
+    });
+    if (!items.length) {
+      const calm = document.createElement("li");
+      calm.className = "good";
+      calm.textContent = "None of the chart's alerts would fire now.";
+      items.push(calm);
+    }
+    sample.unreachable.forEach((url) => {
+      const item = document.createElement("li");
+      item.className = "warn";
+      item.textContent = url + " does not answer";
+      items.push(item);
+    });
+    list.replaceChildren(...items);
   }
   async function every2s() {  // the next ask only once the last is answered: slow answers do not pile up
     await poll();
