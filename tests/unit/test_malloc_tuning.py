@@ -11,6 +11,8 @@ depends on the process's earlier frees, so the comparison with the default
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import json
 import os
 import subprocess
@@ -131,3 +133,18 @@ def test_the_arena_cap_bounds_the_heaps_threads_take():
     assert told == "default" and uncapped > 2, "eight threads at once take arenas of their own unless capped"
     told, capped = arenas_of_eight_threads(2)
     assert told == "capped" and 1 <= capped <= 2
+
+
+def test_the_heap_figures_count_what_the_process_holds_and_frees():
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    libc.malloc.restype = ctypes.c_void_p
+    libc.free.argtypes = [ctypes.c_void_p]
+    before = malloc.heap_bytes()
+    assert set(before) == {"in_use", "free"} and min(before.values()) >= 0
+    held = [libc.malloc(1 << 20) for _ in range(32)]  # 32 MiB held, whether from the heap or mmap
+    try:
+        assert malloc.heap_bytes()["in_use"] - before["in_use"] >= 32 << 20
+    finally:
+        for block in held:
+            libc.free(block)
+    assert malloc.heap_bytes()["in_use"] < before["in_use"] + (32 << 20), "what was freed no longer counts as in use"
