@@ -45,7 +45,11 @@ memtable for minutes). A partition_svc's memory is a sawtooth by design:
 RocksDB fills a 64 MB memtable, flushes it and starts another, so beside
 its RSS and anonymous memory comes ``anon_less_memtable_mb`` (anonymous
 memory less RocksDB's own count of its memtables), the memory a leak would
-show in. Criterion: a series is ``flat`` when its relative growth is within
+show in, and ``anon_less_rocksdb_mb``, less RocksDB's block cache (bounded,
+8 MB, filling as reads touch older blocks) and table readers too. What a
+leak would be made of shows beside them: ``malloc_in_use_mb`` and
+``malloc_free_mb`` (the C allocator's bytes, native code's), and
+``python_blocks_k`` (thousands of Python objects' memory blocks). Criterion: a series is ``flat`` when its relative growth is within
 +-10% an hour (growth of 10%/h doubles a process in ten hours: a leak that
 would stop a service within days; smaller slopes are within what the
 allocator and the workload's fluctuations produce in a short run), or, for a
@@ -274,6 +278,8 @@ class Sampler:
                 figures |= metrics_figures(metrics_address)
                 if "rocksdb_memtable_mb" in figures:  # the memory RocksDB fills to write_buffer_size and flushes, left out
                     figures["anon_less_memtable_mb"] = round(figures["anon_mb"] - figures["rocksdb_memtable_mb"], 2)
+                    figures["anon_less_rocksdb_mb"] = round(figures["anon_less_memtable_mb"] - figures.get("rocksdb_block_cache_mb", 0)
+                                                            - figures.get("rocksdb_table_readers_mb", 0), 2)
             elif name == "zookeeper":
                 figures |= jvm_heap(pid)
             found[name] = figures
@@ -397,7 +403,7 @@ def fitted(values: list, times_h: list[float], warmup: int, groups: list[int] | 
             "second_half": second_half, "flat": whole["verdict"] == "flat", "grows": whole["verdict"] == "grows"}
 
 
-PROCESS_SERIES = ("rss_mb", "anon_mb", "anon_less_memtable_mb", "fds", "threads", "cpu", "metrics_series", "data_dir_mb", "rocksdb_sst_mb",
+PROCESS_SERIES = ("rss_mb", "anon_mb", "anon_less_memtable_mb", "anon_less_rocksdb_mb", "fds", "threads", "cpu", "metrics_series", "data_dir_mb", "rocksdb_sst_mb",
                   "rocksdb_blob_mb", "rocksdb_memtable_mb", "rocksdb_block_cache_mb", "rocksdb_table_readers_mb",
                   "malloc_in_use_mb", "malloc_free_mb", "python_blocks_k", *JVM_HEAP)
 COUNT_SERIES = {"fds", "threads", "metrics_series", *ZOOKEEPER_COUNTERS}

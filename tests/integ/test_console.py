@@ -17,6 +17,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -108,6 +109,15 @@ def test_the_overview_shows_the_instances_and_the_open_transaction(console, stat
     assert roles[("partition_svc", int(controller.group(1)))].startswith("controller, leads ")
     assert [key for key, r in roles.items() if "controller" in r.split(", ")] == [("partition_svc", int(controller.group(1)))]
     assert re.search(r"<b>[1-9][0-9]*</b> open", page), "the test's transaction is open"
+
+
+def test_pages_load_side_by_side_on_one_admin_client(console, state):
+    paths = ["/", "/topics", f"/topics/{state['topic']}", "/transactions", "/groups", "/security"] * 2
+    with ThreadPoolExecutor(len(paths)) as pool:
+        answers = list(pool.map(lambda path: get(console, path), paths))
+    assert [status for status, _ in answers] == [200] * len(paths)
+    assert all(page.count("<tr class=") == 3 for _, page in answers[2::6]), "each answer is its own page's"
+    assert all(state["transactional_id"] in page for _, page in answers[3::6])
 
 
 def test_the_topics_pages_show_the_partitions_and_the_lso_held_back(console, state):

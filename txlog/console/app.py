@@ -4,9 +4,10 @@ for the actions (``actions.py``): a GET shows what an action will do, the
 confirmation's POST (with its CSRF token, csrf.py) does it. An error the
 cluster answers is shown on the page with its code, never a stack trace.
 
-The Admin client is synchronous: Starlette runs each page's function in its
-thread pool, and one lock keeps the client to one call at a time (an operator's
-console, not a load)."""
+The Admin client is synchronous and safe to call from any thread (its calls
+all run on its own event loop): Starlette runs each page's function in its
+thread pool, so pages load side by side and a slow one (a scan waiting on an
+offline partition) holds up no other."""
 
 from __future__ import annotations
 
@@ -43,12 +44,10 @@ def create_app(admin, *, read_only: bool = True, cluster_name: str = "", listen_
     templates = Jinja2Templates(directory=str(HERE / "templates"))
     templates.env.filters["duration"] = duration
     templates.env.filters["path_part"] = lambda text: urllib.parse.quote(str(text), safe="")  # '/' and '.' too
-    lock = threading.Lock()
     results = actions.Results()
 
     def asked(view: Callable, *args):
-        with lock:
-            return view(admin, *args)
+        return view(admin, *args)
 
     def failure(request: Request, exc: BaseException) -> HTMLResponse:
         """The page for what a view raised: not found (404), a bad ask (400), the cluster's refusal (502), or
