@@ -109,6 +109,10 @@ def test_the_overview_shows_the_instances_and_the_open_transaction(console, stat
     assert roles[("partition_svc", int(controller.group(1)))].startswith("controller, leads ")
     assert [key for key, r in roles.items() if "controller" in r.split(", ")] == [("partition_svc", int(controller.group(1)))]
     assert re.search(r"<b>[1-9][0-9]*</b> open", page), "the test's transaction is open"
+    # started with --bootstrap alone: the rates and alerts come from the metrics endpoints the instances registered
+    assert 'id="alerts"' in page and "does not answer" not in page and 'id="rates-chart"' in page
+    status, rates = get(console, "/rates.json")
+    assert status == 200 and json.loads(rates)["unreachable"] == []
 
 
 def test_pages_load_side_by_side_on_one_admin_client(console, state):

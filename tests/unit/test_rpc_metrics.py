@@ -60,3 +60,11 @@ def test_a_handler_that_fails_unexpectedly_is_unknown_and_one_that_answers_is_ok
         asyncio.run(metrics.measured("s", "Broken", broken)(None, Context()))
     assert asyncio.run(metrics.measured("s", "Fine", fine)(None, Context())) == "answer"
     assert recorded_statuses(metrics) == {str(grpc.StatusCode.UNKNOWN.value[0]): 1.0, str(grpc.StatusCode.OK.value[0]): 1.0}
+
+
+def test_a_metrics_endpoint_on_a_wildcard_host_is_registered_at_the_advertised_host():
+    from services.runtime.server import dialable_metrics_address
+
+    assert dialable_metrics_address("0.0.0.0:9464", "txlog-partition-svc-0.txlog:7001") == "txlog-partition-svc-0.txlog:9464"
+    assert dialable_metrics_address("[::]:9464", "10.0.0.7:7001") == "10.0.0.7:9464"
+    assert dialable_metrics_address("127.0.0.1:9464", "10.0.0.7:7001") == "127.0.0.1:9464", "a host that can be dialled stays"

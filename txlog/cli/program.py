@@ -96,7 +96,7 @@ import grpc
 
 from txlog.admin import group_config_change
 from txlog.cli import commands as console
-from txlog.errors import LocalSetupError
+from txlog.errors import ClientError, LocalSetupError
 from txlog.net.channels import open_channel
 from txlog.net.tls import ChannelCredentials, TlsFiles
 from txlog.protocol import acls, compression, errors
@@ -726,7 +726,7 @@ def _console(args) -> int:
 
     with console.admin_for(target, args.timeout_s) as admin:
         app = create_app(admin, read_only=args.read_only, cluster_name=getattr(args, "dir", None) or target.bootstrap,
-                         hanging_after_ms=args.hanging_after_ms, metrics_urls=_metrics_urls(args),
+                         hanging_after_ms=args.hanging_after_ms, metrics_urls=_metrics_urls(args, admin),
                          listen_host=host.strip("[]"))
         audit = logging.getLogger("txlog.console.audit")  # one JSON line per action, on stderr
         audit.addHandler(logging.StreamHandler(sys.stderr))
@@ -736,14 +736,21 @@ def _console(args) -> int:
     return 0
 
 
-def _metrics_urls(args) -> list[str]:
-    """The services' Prometheus endpoints: --metrics, else a local cluster's (--dir) from its cluster.json."""
+def _metrics_urls(args, admin) -> list[str]:
+    """The services' Prometheus endpoints: --metrics, else a local cluster's (--dir) from its cluster.json, else
+    those the instances registered (Admin.describe_cluster; none when the console may not describe the cluster)."""
     if args.metrics:
         return [url if "://" in url else f"http://{url}/metrics" for url in args.metrics.split(",") if url]
     if getattr(args, "dir", None):
         cluster = _local_cluster(args.dir)
         return [f"http://{p.metrics_address}/metrics" for p in cluster.state.services.values() if p.metrics_address]
-    return []
+    try:
+        instances = admin.describe_cluster().instances
+    except ClientError as exc:
+        print(f"warning: no live rates or alerts: the cluster's instances could not be described ({exc}); "
+              "name their metrics endpoints with --metrics", file=sys.stderr, flush=True)
+        return []
+    return [f"http://{i.metrics_address}/metrics" for i in instances if i.metrics_address]
 
 
 def _add_console_command(commands) -> None:
@@ -754,7 +761,7 @@ def _add_console_command(commands) -> None:
     web.add_argument("--read-only", action="store_true", help="no action on any page, whatever the cluster's ACLs allow")
     web.add_argument("--metrics", metavar="HOST:PORT[,...]",
                      help="the services' metrics endpoints (their --metrics-listen), for the overview's live rates "
-                          "(default with --dir: the local cluster's; else none)")
+                          "and alerts (default with --dir: the local cluster's; else those the instances registered)")
     web.add_argument("--hanging-after-ms", type=int, default=900_000,
                      help="an open transaction no coordinator will end counts as hanging once older than this "
                           "(default: %(default)s, the coordinators' largest transaction timeout)")
