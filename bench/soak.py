@@ -46,7 +46,7 @@ RocksDB fills a 64 MB memtable, flushes it and starts another, so beside
 its RSS and anonymous memory comes ``anon_less_memtable_mb`` (anonymous
 memory less RocksDB's own count of its memtables), the memory a leak would
 show in, and ``anon_less_rocksdb_mb``, less RocksDB's block cache (bounded,
-8 MB, filling as reads touch older blocks) and table readers too. What a
+32 MiB by default, filling as reads touch older blocks) and table readers too. What a
 leak would be made of shows beside them: ``malloc_in_use_mb`` and
 ``malloc_free_mb`` (the C allocator's bytes, native code's), and
 ``python_blocks_k`` (thousands of Python objects' memory blocks). Criterion: a series is ``flat`` when its relative growth is within

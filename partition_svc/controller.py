@@ -104,6 +104,9 @@ log = logging.getLogger(__name__)
 STATE_WRITES_PER_TRANSACTION = 200  # partition-state sets per ZooKeeper transaction (~200 bytes each, far below jute.maxbuffer)
 SWEEP_PASSES = 12  # passes within which every state and topic node kept is read again anyway (60 s at the default interval)
 READS_CONCURRENT_MAX = 1_000  # ZooKeeper reads one pass has outstanding at once
+# Metadata's describe_cluster reads the controller and its epoch again while a newly elected one has not bumped
+# the epoch yet: this many times, this far apart, at most.
+CURRENT_READS_MAX, CURRENT_READ_PAUSE_S = 20, 0.05
 
 
 PartitionStates = list[tuple[TopicInfo, int, LeaderAndIsr]]
@@ -375,16 +378,24 @@ class Controller:
         log.info("elected controller", extra=fields(controller_epoch=self.epoch))
 
     async def current(self) -> tuple[int, int]:
-        """(node id, controller epoch) of the controller ZooKeeper records now; node id -1 while none is elected."""
-        try:
-            data, _ = await zk.call(self.client, "get", self.controller_path)
-            node_id = int(json.loads(data)["node_id"])
-        except NoNodeError:
-            node_id = -1
-        try:
-            epoch = int((await zk.call(self.client, "get", self.epoch_path))[0])
-        except NoNodeError:
-            epoch = 0
+        """(node id, controller epoch) of the controller ZooKeeper records now; node id -1 while none is elected.
+        An elected controller creates its node, then bumps the epoch: while the epoch was last written before the
+        node was created, the new controller has not bumped it yet, and the pair is read again (for a moment), so a
+        new controller is not shown with its predecessor's epoch."""
+        for _ in range(CURRENT_READS_MAX):
+            try:
+                data, node = await zk.call(self.client, "get", self.controller_path)
+                node_id = int(json.loads(data)["node_id"])
+            except NoNodeError:
+                node_id, node = -1, None
+            try:
+                raw, stat = await zk.call(self.client, "get", self.epoch_path)
+                epoch = int(raw)
+            except NoNodeError:
+                epoch, stat = 0, None
+            if node is None or (stat is not None and stat.mzxid > node.czxid):
+                break
+            await asyncio.sleep(CURRENT_READ_PAUSE_S)
         return node_id, epoch
 
     async def _still_controller(self) -> bool:

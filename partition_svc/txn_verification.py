@@ -59,13 +59,15 @@ class TransactionVerifier:
             future = asyncio.get_running_loop().create_future()
             for tp in ask:
                 self._in_flight[(producer_id, producer_epoch, *tp)] = future
+            answer = {tp: error_proto(ErrorCode.Value("UNKNOWN_SERVER_ERROR"), "the verification was cancelled") for tp in ask}
             try:
                 answer = await self._ask(transactional_id, producer_id, producer_epoch, ask, add)
-            except BaseException as exc:
+            except Exception as exc:  # noqa: BLE001 - the batches waiting on this ask get it as their answer
                 answer = {tp: error_proto(ErrorCode.Value("UNKNOWN_SERVER_ERROR"), str(exc)) for tp in ask}
-            for tp in ask:
-                self._in_flight.pop((producer_id, producer_epoch, *tp), None)
-            future.set_result(answer)
+            finally:  # cancelled too: the batches coalesced onto this ask are answered, and the cancellation goes on
+                for tp in ask:
+                    self._in_flight.pop((producer_id, producer_epoch, *tp), None)
+                future.set_result(answer)
             refused.update(answer)
         for wait in waits:
             answer = await asyncio.shield(wait)
@@ -89,10 +91,15 @@ class TransactionVerifier:
             ))
         except TxlogError as error:
             return {tp: error_proto(error.code, f"verifying with the coordinator: {error.message}") for tp in unknown}
-        refused = {}
+        # a partition the answer does not name is not confirmed: refused, retriably
+        refused = {tp: error_proto(ErrorCode.Value("COORDINATOR_NOT_AVAILABLE"), "the coordinator's answer left this partition out")
+                   for tp in unknown}
         for result in reply.results:
             tp = (result.partition.topic, result.partition.partition)
+            if tp not in refused:
+                continue
             if result.error.code == NONE:
+                del refused[tp]
                 self._remember(producer_id, producer_epoch, tp)
             else:
                 refused[tp] = result.error

@@ -585,6 +585,9 @@ class Admin:
 
         response = self._run(with_retries(attempt, metadata=self._metadata, policy=self._policy(timeout_ms)), timeout_ms,
                              "describe_cluster")
+        if not response.instances:  # a server that knows describe_cluster lists itself at least
+            raise ClientError(ErrorCode.Value("INVALID_REQUEST"), "the server that answered does not describe the cluster "
+                                                                  "(a release before describe_cluster)")
         return ClusterDescription(
             controller_id=response.controller_id, controller_epoch=response.controller_epoch,
             instances=tuple(ServiceInstance(i.kind, i.node_id, i.address, i.version, i.rack, i.metrics_address)

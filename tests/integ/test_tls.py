@@ -115,6 +115,12 @@ def test_the_cli_issues_a_client_certificate_that_connects(cluster):
         assert cli.main(["acls", "add", "--dir", cluster.state.dir, "--allow", "User:alice", "--operation", "Describe",
                          "--topic", "__transaction_state"]) == 0
     wait_until(lambda: listed_by_alice() == "__transaction_state\n", 30, "alice allowed to describe __transaction_state")
+    # describing the controller and the instances needs Describe on the Cluster: without it, the rest is printed
+    with contextlib.redirect_stdout(io.StringIO()) as described:
+        assert cli.main(["cluster", "describe", *alice]) == 0
+    cluster_view = json.loads(described.getvalue())
+    assert cluster_view["controller_id"] is None and cluster_view["instances"] is None
+    assert cluster_view["cluster_error"].startswith("CLUSTER_AUTHORIZATION_FAILED") and cluster_view["partition_svcs"]
 
 
 def test_a_rotated_server_certificate_serves_new_connections_without_a_restart(cluster, tmp_path):

@@ -76,6 +76,19 @@ def test_the_charts_alerts_fire_on_what_one_scrape_shows():
 
     rates = Rates(["up", "down"], read=read)
     sample = rates.sample()
-    assert (sample["alerts"], sample["unreachable"]) == ([], ["down"])
+    assert (sample["alerts"], sample["unreachable"], sample["answered"]) == ([], ["down"], 1)
     assert reads == ["up", "down"], "one sample reads each endpoint once, for its rates and its alerts"
     assert {a["alert"] for a in Rates(["up", "troubled"], read=read).sample()["alerts"]} == set(fired)
+
+
+def test_endpoints_are_read_side_by_side():
+    import threading
+
+    started = threading.Barrier(3, timeout=10)  # three reads at once, or none finishes
+
+    def read(url):
+        started.wait()
+        return "# TYPE txlog_partitions_offline gauge\ntxlog_partitions_offline 0\n"
+
+    sample = Rates(["a", "b", "c"], read=read).sample()
+    assert (sample["answered"], sample["unreachable"]) == (3, [])

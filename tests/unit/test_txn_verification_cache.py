@@ -83,3 +83,37 @@ def test_the_producers_remembered_are_bounded(monkeypatch):
         assert verifier.remembered() == 10
 
     asyncio.run(run())
+
+
+def test_a_late_answer_for_an_earlier_transaction_does_not_replace_the_later_ones():
+    verifier, coordinator = verifier_and_coordinator()
+
+    async def run():
+        assert await verifier.verify("app", 7, 3, PARTITIONS[:1]) == {}
+        verifier._remember(7, 2, PARTITIONS[1])  # the coordinator's answer about epoch 2, arriving late
+        assert verifier.remembered() == 1
+        assert await verifier.verify("app", 7, 3, PARTITIONS[:1]) == {} and coordinator.asks == 1
+        assert await verifier.verify("app", 7, 2, PARTITIONS[1:2]) == {} and coordinator.asks == 2, \
+            "epoch 2 is asked about again, never answered from another transaction's confirmation"
+
+    asyncio.run(run())
+
+
+class ForgetfulCoordinator(ConfirmingCoordinator):
+    """Answers about the first partition asked only."""
+
+    async def AddPartitionsToTxn(self, request):
+        reply = await super().AddPartitionsToTxn(request)
+        del reply.results[1:]
+        return reply
+
+
+def test_a_partition_the_coordinator_does_not_answer_for_is_refused():
+    verifier = TransactionVerifier(address_of, Peers(ForgetfulCoordinator()))
+
+    async def run():
+        refused = await verifier.verify("app", 7, 0, PARTITIONS[:2])
+        assert list(refused) == [PARTITIONS[1]], "no answer is no confirmation"
+        assert verifier.remembered() == 1
+
+    asyncio.run(run())

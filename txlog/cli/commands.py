@@ -175,16 +175,28 @@ def partitions_add(bootstrap: str | Target, topic: str, total: int, validate_onl
 def cluster_describe(bootstrap: str | Target, out: TextIO, *, timeout_s: float = TIMEOUT_S_DEFAULT) -> None:
     """The controller, every live instance of every service with its version,
     the partition_svc instances with what each leads and holds, and the
-    partitions' health, as one JSON object."""
+    partitions' health, as one JSON object. Describing the controller and the
+    instances needs Describe on the Cluster: without it (or from a server
+    older than describe_cluster) they are null, ``cluster_error`` says why,
+    and the rest is printed as before."""
     with _admin(bootstrap, timeout_s) as admin:
-        cluster = admin.describe_cluster()
+        try:
+            cluster, cluster_error = admin.describe_cluster(), None
+        except ClientError as exc:
+            cluster, cluster_error = None, str(exc)
+        live = admin.live_partition_nodes() if cluster is None else None
         topics = admin.describe_topics(None)
     partitions = [p for t in topics for p in t.partitions]
-    nodes = {i.node_id: i.address for i in cluster.instances if i.kind == "partition_svc"}
+    if cluster is not None:
+        nodes = {i.node_id: i.address for i in cluster.instances if i.kind == "partition_svc"}
+    else:
+        leaders = {p.leader_id: p.leader_address for p in partitions if p.leader_address}
+        nodes = {n: leaders.get(n) for n in live}
     out.write(json.dumps({
-        "controller_id": cluster.controller_id,
-        "controller_epoch": cluster.controller_epoch,
-        "instances": [i._asdict() for i in cluster.instances],
+        "controller_id": cluster.controller_id if cluster else None,
+        "controller_epoch": cluster.controller_epoch if cluster else None,
+        "instances": [i._asdict() for i in cluster.instances] if cluster else None,
+        **({"cluster_error": cluster_error} if cluster_error else {}),
         "partition_svcs": [{"node_id": n, "address": address, "leaders": sum(p.leader_id == n for p in partitions),
                             "replicas": sum(n in p.replicas for p in partitions)} for n, address in sorted(nodes.items())],
         "topics": len(topics),

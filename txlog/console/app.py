@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
@@ -45,6 +46,11 @@ def create_app(admin, *, read_only: bool = True, cluster_name: str = "", listen_
     templates.env.filters["duration"] = duration
     templates.env.filters["path_part"] = lambda text: urllib.parse.quote(str(text), safe="")  # '/' and '.' too
     results = actions.Results()
+    acting = threading.Lock()  # one action at a time: two confirmations of one abort both check, then both act
+
+    def acted(action, params):
+        with acting:
+            return action.run(admin, params, settings)
 
     def asked(view: Callable, *args):
         return view(admin, *args)
@@ -74,16 +80,26 @@ def create_app(admin, *, read_only: bool = True, cluster_name: str = "", listen_
     common = {"read_only": read_only, "cluster_name": cluster_name, "rates_shown": bool(metrics_urls)}
     settings = {"hanging_after_ms": hanging_after_ms}
 
+    last_sample: list = [float("-inf"), None]  # (when, what) of the last sample
+
     def sampled():
         with rates_lock:
-            return rates.sample()
+            last_sample[:] = [time.monotonic(), rates.sample()]
+            return last_sample[1]
+
+    def recent_sample():
+        """The last sample if the page's poll took one in the last seconds, else a new one: an overview load does
+        not queue behind the polls of every open tab."""
+        if time.monotonic() - last_sample[0] <= RECENT_SAMPLE_S:
+            return last_sample[1]
+        return sampled()
 
     async def rates_now(request):
         """The rates since the last ask and the alerts firing now (the overview polls it)."""
         return JSONResponse(await run_in_threadpool(sampled))
 
     async def overview(request):
-        alerts = await run_in_threadpool(sampled) if metrics_urls else None  # one scrape a load: rates and alerts
+        alerts = await run_in_threadpool(recent_sample) if metrics_urls else None
         return await page(request, "overview.html", views.overview, hanging_after_ms, active="overview", alerts=alerts)
 
     async def topics(request):
@@ -136,7 +152,7 @@ def create_app(admin, *, read_only: bool = True, cluster_name: str = "", listen_
                 return refused(request, 403, "CSRF", "the form's token does not match this browser's: "
                                "open the action again from its page", name, params)
             try:
-                done = await run_in_threadpool(asked, action.run, params, settings)
+                done = await run_in_threadpool(acted, action, params)
             except Exception as exc:  # noqa: BLE001 - audited, and shown as failure() says
                 actions.audit(name, params, client_of(request), "failed", f"{type(exc).__name__}: {exc}")
                 if not isinstance(exc, TxlogError):
@@ -193,6 +209,7 @@ ALL_STATES = ("Empty", "Ongoing", "Prepared", "PrepareCommit", "PrepareAbort", "
 
 
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+RECENT_SAMPLE_S = 3.0
 
 
 class SecurityHeaders:

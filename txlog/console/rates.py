@@ -12,10 +12,12 @@ from __future__ import annotations
 import time
 import urllib.request
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 
 from prometheus_client.parser import text_string_to_metric_families
 
 SCRAPE_TIMEOUT_S = 2.0
+SCRAPES_AT_ONCE = 16
 # rate name -> (counter family, which of its samples count)
 SERIES: dict[str, tuple[str, Callable[[dict], bool]]] = {
     "produce_bytes": ("txlog_produce_bytes", lambda labels: not labels.get("topic", "").startswith("__")),
@@ -49,15 +51,22 @@ class Rates:
         self._clock = clock
         self._last: dict[str, tuple[float, dict[str, float]]] = {}
 
+    def _parsed(self, url: str) -> list | None:
+        try:
+            return list(text_string_to_metric_families(self._read(url)))
+        except (OSError, ValueError):
+            return None
+
     def sample(self) -> dict:
         """{"rates": {name: per second, None before two samples}, "alerts": [firing now, ...],
-        "unreachable": [url, ...]}."""
+        "unreachable": [url, ...], "answered": how many endpoints answered}. The endpoints are read side by
+        side, so one that does not answer costs its timeout once, not once per endpoint."""
         rates: dict[str, float | None] = dict.fromkeys(SERIES)
         unreachable, scraped = [], []
-        for url in self.urls:
-            try:
-                families = list(text_string_to_metric_families(self._read(url)))
-            except (OSError, ValueError):
+        with ThreadPoolExecutor(max(1, min(len(self.urls), SCRAPES_AT_ONCE))) as pool:
+            answers = list(pool.map(self._parsed, self.urls))
+        for url, families in zip(self.urls, answers, strict=True):
+            if families is None:
                 unreachable.append(url)
                 continue
             scraped.append(families)
@@ -71,7 +80,7 @@ class Rates:
                 gained = total - previous[1][name]
                 gained = total if gained < 0 else gained  # the service restarted: its counter began again
                 rates[name] = (rates[name] or 0.0) + gained / (now - previous[0])
-        return {"rates": rates, "alerts": firing(scraped), "unreachable": unreachable}
+        return {"rates": rates, "alerts": firing(scraped), "unreachable": unreachable, "answered": len(scraped)}
 
 
 # The chart's PrometheusRule alerts whose condition one scrape shows (helm/txlog/templates/prometheusrule.yaml),

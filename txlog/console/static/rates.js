@@ -47,8 +47,9 @@
     });
     if (!items.length) {
       const calm = document.createElement("li");
-      calm.className = "good";
-      calm.textContent = "None of the chart's alerts would fire now.";
+      calm.className = sample.answered ? "good" : "warn";
+      calm.textContent = sample.answered ? "None of the chart's alerts would fire now."
+        : "No metrics endpoint answered: what the alerts would say is unknown.";
       items.push(calm);
     }
     sample.unreachable.forEach((url) => {
