@@ -6,8 +6,10 @@
 #   docker build -t txlog-spark:dev --target spark .
 #   docker run --rm txlog:dev python -m partition_svc --zookeeper zk:2181
 #
-# Stages: `deps` installs the `service` extra's dependencies into a virtualenv
-# (no PySpark, pandas or pyarrow: about 800 MB less), `spark-deps` adds the
+# Stages: `deps` installs the `service` and `console` extras' dependencies
+# into a virtualenv (no PySpark, pandas or pyarrow: about 800 MB less; the
+# console's web server and templates, a few MB, so the chart can run
+# `txlog console` from this image), `spark-deps` adds the
 # `spark` extra's to a copy of it; `builder` and `spark-builder` install the
 # package itself into each; `base` is the slim runtime with the
 # service virtualenv and a non-root user; `spark` swaps in the Spark virtualenv
@@ -30,7 +32,7 @@ COPY docker/requirements.py ./docker/requirements.py
 # a secret is mounted for this step only and lands in no layer.
 RUN --mount=type=secret,id=ca-bundle \
     if [ -s /run/secrets/ca-bundle ]; then export PIP_CERT=/run/secrets/ca-bundle; fi \
-    && python docker/requirements.py service > /tmp/requirements.txt \
+    && python docker/requirements.py service console > /tmp/requirements.txt \
     && pip install -r /tmp/requirements.txt "setuptools>=68" wheel
 
 FROM deps AS spark-deps
@@ -50,7 +52,7 @@ COPY partition_svc ./partition_svc
 COPY coordinator_svc ./coordinator_svc
 COPY spark_jobs ./spark_jobs
 RUN pip install --no-deps --no-build-isolation . \
-    && python -c "import txlog, producer_id_svc.server, partition_svc.server, coordinator_svc.server"
+    && python -c "import txlog, txlog.console.app, producer_id_svc.server, partition_svc.server, coordinator_svc.server"
 
 FROM spark-deps AS spark-builder
 COPY --from=builder /src /src

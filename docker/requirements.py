@@ -2,8 +2,8 @@
 from pyproject.toml (the Dockerfile installs them in a layer of their own,
 before the code is copied, so a code change does not reinstall them):
 
-    python docker/requirements.py service        # the base install + `service`
-    python docker/requirements.py service spark
+    python docker/requirements.py service console   # the service image: the base install, `service` and `console`
+    python docker/requirements.py spark             # what the Spark image adds
 """
 
 import re

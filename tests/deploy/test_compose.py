@@ -238,18 +238,24 @@ def requirements(extras: list[str]) -> list[str]:
     return done.stdout.split()
 
 
-def test_the_service_image_installs_the_service_extra_and_only_the_spark_image_pyspark():
+def test_the_service_image_installs_the_service_and_console_extras_and_only_the_spark_image_pyspark():
+    stages = dockerfile_stages()
     installs = {stage: " ".join(a for i, a in steps if i == "RUN" and "requirements.py" in a)
-                for stage, steps in dockerfile_stages().items()}
-    assert "requirements.py service " in installs["deps"] and "spark" not in installs["deps"]
+                for stage, steps in stages.items()}
+    assert "requirements.py service console " in installs["deps"] and "spark" not in installs["deps"]
     assert "requirements.py spark " in installs["spark-deps"]
-    service = requirements(["service"])
+    service = requirements(["service", "console"])
     names = {re.split(r"[<>=\[ ]", r)[0] for r in service}
     assert {"grpcio", "kazoo", "rocksdict", "protobuf"} <= names
+    # the chart runs `txlog console` from the service image: its web server, framework, templates and forms
+    assert {"starlette", "uvicorn", "jinja2", "python-multipart"} <= names
     assert not names & {"pyspark", "pandas", "pyarrow", "grpcio-tools", "pytest"}, names
     assert {"pyspark", "pandas", "pyarrow"} <= {re.split(r"[<>=\[ ]", r)[0] for r in requirements(["spark"])}
     dev = requirements(["dev"])  # what the README's commands install: everything
     assert set(service) | set(requirements(["spark"])) <= set(dev) and not any(r.startswith("txlog") for r in dev)
+    # the build imports the console too, so an image without its dependencies fails to build
+    [check] = [a for i, a in stages["builder"] if i == "RUN" and "python -c" in a]
+    assert "txlog.console.app" in check and "partition_svc.server" in check
 
 
 def test_runnable_stages_run_as_a_non_root_user_with_a_health_check():

@@ -28,6 +28,7 @@ from chart_render import (
     NO_TLS,
     POD_MONITOR_VALUES,
     PRODUCTION_VALUES,
+    REPO,
     VALUE_SETS,
     Rendered,
     acl_bindings,
@@ -1085,4 +1086,373 @@ def test_chart_refuses_metrics_values_that_would_render_but_not_work(values, mes
 ])
 def test_values_schema_refuses_bad_metrics_values(values, message):
     with pytest.raises(helm_python.HelmValuesError, match=re.escape(message)):
+        render(values)
+
+
+# --- the web console ------------------------------------------------------------------------------------
+
+CONSOLE = {"console": {"enabled": True}}
+CONSOLE_ALLOW_FROM = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ingress"}},
+                       "podSelector": {"matchLabels": {"app.kubernetes.io/name": "ingress-nginx"}}}]
+# Writable, on another port, let in from an ingress controller, with the production values (the operator's
+# issuer, pull secrets, node selector and tolerations, narrowed metrics scrapers).
+CONSOLE_PRODUCTION = {**PRODUCTION_VALUES, "console": {
+    "enabled": True, "readOnly": False, "port": 9090, "hangingAfterMs": 600000, "allowFrom": CONSOLE_ALLOW_FROM,
+    "extraArgs": ["--timeout-s", "10"], "extraEnv": [{"name": "TZ", "value": "UTC"}],
+    "resources": {"requests": {"cpu": "50m", "memory": "96Mi"}, "limits": {"cpu": "500m", "memory": "256Mi"}}}}
+CONSOLE_NO_TLS = {**NO_TLS, **CONSOLE, "networkPolicy": {"enabled": False}, "metrics": {"enabled": False}}
+CONSOLE_VALUE_SETS = {"console": CONSOLE, "console-production": CONSOLE_PRODUCTION, "console-no-tls": CONSOLE_NO_TLS}
+CONSOLE_STATIC = REPO / "txlog" / "console" / "static"
+
+
+@pytest.fixture(scope="module")
+def console() -> Rendered:
+    return render(CONSOLE)
+
+
+@pytest.fixture(scope="module")
+def console_production() -> Rendered:
+    return render(CONSOLE_PRODUCTION)
+
+
+def console_argv(rendered: Rendered, prefix: str = "txlog") -> list[str]:
+    c = container(rendered.get("Deployment", f"{prefix}-console"))
+    return [*c["command"], *c.get("args", [])]
+
+
+def console_args(rendered: Rendered, prefix: str = "txlog"):
+    """The rendered command line as the `txlog` command parses it."""
+    from txlog.cli import program as cli
+
+    argv = console_argv(rendered, prefix)
+    assert argv[:2] == ["txlog", "console"], argv  # the image's `txlog` entry point
+    return cli.parse(argv[1:])
+
+
+def console_bindings(rendered: Rendered) -> list[tuple[str, ...]]:
+    return [b for b in acl_bindings(rendered.get("Job", "txlog-acls")) if b[1] == "User:txlog-console"]
+
+
+def test_nothing_of_the_console_is_rendered_by_default(defaults, production, minimal):
+    for rendered in (defaults, production, minimal):
+        assert not [d["metadata"]["name"] for d in rendered.docs if "console" in d["metadata"]["name"]]
+        assert "port-forward" not in rendered.notes
+    assert [b for b in acl_bindings(defaults.get("Job", "txlog-acls")) if "console" in b[1]] == []
+    assert yaml.safe_load((CHART_DIR / "values.yaml").read_text())["console"]["enabled"] is False
+
+
+@pytest.mark.parametrize("value_set", CONSOLE_VALUE_SETS)
+def test_helm_lint_and_the_kubernetes_schemas_accept_the_console(value_set):
+    values = CONSOLE_VALUE_SETS[value_set]
+    report = helm_python.lint(CHART_DIR, values, strict=True, namespace=NAMESPACE, kube_version=f"v{KUBE_VERSION}")
+    assert report["errors"] == [] and [m for m in report["messages"] if m["severity"] >= 2] == []
+    rendered = render(values)
+    assert rendered.get("Deployment", "txlog-console")
+    for doc in rendered.docs:
+        if doc["apiVersion"].startswith("cert-manager.io/"):
+            cert_manager_schema.validate(doc)
+        elif doc["apiVersion"].startswith("monitoring.coreos.com/"):
+            prometheus_operator_schema.validate(doc)
+        else:
+            kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
+
+
+def test_the_console_runs_txlog_console_on_the_charts_bootstrap_read_only(console, console_production):
+    from txlog.cli import program as cli
+    from txlog.console.app import WILDCARD_HOSTS
+
+    deployment = console.get("Deployment", "txlog-console")
+    assert deployment["spec"]["replicas"] == 1
+    args = console_args(console)
+    assert args.run is cli._console
+    assert args.bootstrap == bootstrap_for("txlog", 3, NAMESPACE, "cluster.local")
+    # the same list the Spark job starts from
+    assert args.bootstrap == env_of(container(console.get("CronJob", "txlog-windowed-counts")))["TXLOG_BOOTSTRAP"]["value"]
+    assert args.listen == "0.0.0.0:8080"
+    # every Host header is accepted on a wildcard address: the probes' (the pod IP) and a port-forward's (localhost)
+    assert args.listen.rpartition(":")[0] in WILDCARD_HOSTS
+    assert args.read_only is True and "--read-only" in console_argv(console)
+    assert args.hanging_after_ms == 900000
+    assert container(deployment)["image"] == "txlog:0.1.0"  # the service image: it has the console extra
+
+    args = console_args(console_production)
+    assert args.bootstrap == bootstrap_for("txlog", 5, NAMESPACE, "corp.internal")
+    assert args.listen == "0.0.0.0:9090"
+    assert args.read_only is False and "--read-only" not in console_argv(console_production)
+    assert args.hanging_after_ms == 600000
+    assert args.timeout_s == 10  # console.extraArgs
+    c = container(console_production.get("Deployment", "txlog-console"))
+    assert c["image"] == "registry.example.com/txlog:1.2.3" and c["imagePullPolicy"] == "Always"
+    assert env_of(c)["TZ"]["value"] == "UTC"
+    assert c["resources"] == CONSOLE_PRODUCTION["console"]["resources"]
+
+
+def test_the_console_reads_the_rates_from_the_statefulset_pods_metrics_ports(console, console_production):
+    from txlog.cli import program as cli
+
+    for rendered, port in ((console, 9464), (console_production, 9500)):
+        expected = []
+        for component in ("partition-svc", "coordinator-svc"):
+            sts = rendered.get("StatefulSet", f"txlog-{component}")
+            assert {"name": "metrics", "containerPort": port, "protocol": "TCP"} in container(sts)["ports"]
+            domain = "corp.internal" if rendered is console_production else "cluster.local"
+            expected += [f"http://txlog-{component}-{i}.{sts['spec']['serviceName']}.{NAMESPACE}.svc.{domain}:{port}/metrics"
+                         for i in range(sts["spec"]["replicas"])]
+        assert cli._metrics_urls(console_args(rendered), admin=None) == expected
+    assert "--metrics" not in console_argv(render(CONSOLE_NO_TLS))  # no metrics endpoints to read
+
+
+def test_the_console_pod_follows_the_charts_pod_conventions(console, console_production):
+    deployment = console.get("Deployment", "txlog-console")
+    pod, c = pod_spec(deployment), container(deployment)
+    assert deployment["metadata"]["labels"]["app.kubernetes.io/component"] == "console"
+    assert "txlog-metrics" not in deployment["spec"]["template"]["metadata"]["labels"]  # it serves no /metrics
+    assert pod["serviceAccountName"] == "txlog" and pod["automountServiceAccountToken"] is False
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] == 10001
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert c["securityContext"]["allowPrivilegeEscalation"] is False and c["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    [tmp] = [m for m in c["volumeMounts"] if m["mountPath"] == "/tmp"]
+    assert "emptyDir" in next(v for v in pod["volumes"] if v["name"] == tmp["name"])
+    assert env_of(c)["HOME"]["value"] == "/tmp"
+    assert set(c["resources"]["requests"]) >= {"cpu", "memory"} and set(c["resources"]["limits"]) >= {"cpu", "memory"}
+    pod = pod_spec(console_production.get("Deployment", "txlog-console"))
+    assert pod["imagePullSecrets"] == [{"name": "registry-credentials"}]
+    assert pod["nodeSelector"] == {"pool": "streaming"}
+    assert pod["tolerations"] == PRODUCTION_VALUES["tolerations"]
+
+
+def test_the_console_service_selects_the_console_pods_and_exposes_its_port(console, console_production):
+    for rendered, port in ((console, 8080), (console_production, 9090)):
+        service = rendered.get("Service", "txlog-console")
+        assert service["spec"]["type"] == "ClusterIP"
+        workloads = [d for d in rendered.docs if d["kind"] in ("StatefulSet", "Deployment")]
+        selected = [w["metadata"]["name"] for w in workloads
+                    if selects(service["spec"]["selector"], w["spec"]["template"]["metadata"]["labels"])]
+        assert selected == ["txlog-console"]
+        [service_port] = service["spec"]["ports"]
+        assert service_port["port"] == port
+        [container_port] = container(rendered.get("Deployment", "txlog-console"))["ports"]
+        assert container_port == {"name": service_port["targetPort"], "containerPort": port, "protocol": "TCP"}
+        assert console_args(rendered).listen == f"0.0.0.0:{port}"
+    assert "port-forward svc/txlog-console 8080" in console.notes and "read-only" in console.notes
+    assert "NOT read-only" in console_production.notes and "User:txlog-console" in console_production.notes
+
+
+def _asgi_get(app, path: str, host: str) -> int:
+    """One GET through the ASGI app, as uvicorn would pass it: the status answered."""
+    import asyncio
+
+    sent = []
+
+    async def receive():
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET", "scheme": "http",
+             "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
+             "headers": [(b"host", host.encode()), (b"user-agent", b"kube-probe/1.33")],
+             "client": ("10.0.0.1", 40000), "server": ("10.1.2.3", 8080)}
+    asyncio.run(app(scope, receive, send))
+    return next(m["status"] for m in sent if m["type"] == "http.response.start")
+
+
+def test_the_console_probes_fetch_a_static_file_that_asks_nothing_of_the_cluster(console):
+    from txlog.console.app import create_app
+
+    class NoCluster:
+        def __getattr__(self, name):
+            raise AssertionError(f"a probe asked the cluster ({name})")
+
+    c = container(console.get("Deployment", "txlog-console"))
+    host = console_args(console).listen.rpartition(":")[0]
+    app = create_app(NoCluster(), read_only=True, listen_host=host)
+    for probe in PROBES:
+        get = c[probe]["httpGet"]
+        assert get["port"] == "http" and [p["name"] for p in c["ports"]] == ["http"]
+        assert get["path"].startswith("/static/") and (CONSOLE_STATIC / get["path"].removeprefix("/static/")).is_file()
+        # the kubelet's Host header is the pod's IP: answered on the wildcard address
+        assert _asgi_get(app, get["path"], "10.1.2.3:8080") == 200, probe
+        assert c[probe]["failureThreshold"] >= 1
+    # on a loopback address the same probe would be refused (the console's DNS-rebinding guard)
+    assert _asgi_get(create_app(NoCluster(), listen_host="127.0.0.1"), c["readinessProbe"]["httpGet"]["path"],
+                     "10.1.2.3:8080") == 400
+
+
+def test_with_tls_the_console_has_its_own_client_certificate_and_passes_it_as_flags(console, console_production):
+    """The CLI reads no TLS setting from the environment: the mounted files must be its flags."""
+    from txlog.cli import program as cli
+
+    for rendered in (console, console_production):
+        deployment = rendered.get("Deployment", "txlog-console")
+        c = container(deployment)
+        assert {"name": "tls", "mountPath": "/etc/txlog/tls", "readOnly": True} in c["volumeMounts"]
+        volumes = {v["name"]: v for v in pod_spec(deployment)["volumes"]}
+        assert volumes["tls"]["secret"]["secretName"] == "txlog-console-tls"
+        target = cli._bootstrap(console_args(rendered))
+        assert (target.tls_ca, target.tls_cert, target.tls_key) == (
+            "/etc/txlog/tls/ca.crt", "/etc/txlog/tls/tls.crt", "/etc/txlog/tls/tls.key")
+        certificate = rendered.get("Certificate", "txlog-console")["spec"]
+        assert certificate["secretName"] == "txlog-console-tls" and certificate["commonName"] == "txlog-console"
+        assert certificate["usages"] == ["digital signature", "key encipherment", "client auth"]
+        # signed by the issuer that signs the services' certificate, so they accept it
+        assert certificate["issuerRef"] == rendered.get("Certificate", "txlog-services")["spec"]["issuerRef"]
+    assert "TXLOG_TLS_CA" not in env_of(container(console.get("Deployment", "txlog-console")))
+
+    off = render(CONSOLE_NO_TLS)
+    c = container(off.get("Deployment", "txlog-console"))
+    target = cli._bootstrap(console_args(off))
+    assert (target.tls_ca, target.tls_cert, target.tls_key) == (None, None, None)
+    assert all(m["name"] != "tls" for m in c["volumeMounts"]) and off.of_kind("Certificate") == []
+
+    existing = render({**CONSOLE, "tls": {"existingSecret": "corp-txlog-tls", "sparkJobSecret": "corp-spark-tls",
+                                          "consoleSecret": "corp-console-tls"},
+                       "authorizer": {"servicesPrincipal": "User:corp-txlog", "sparkJobPrincipal": "User:corp-spark",
+                                      "consolePrincipal": "User:corp-console"}})
+    volumes = {v["name"]: v for v in pod_spec(existing.get("Deployment", "txlog-console"))["volumes"]}
+    assert volumes["tls"]["secret"]["secretName"] == "corp-console-tls"
+    assert existing.of_kind("Certificate") == []
+    assert {b[1] for b in acl_bindings(existing.get("Job", "txlog-acls"))} == {"User:corp-spark", "User:corp-console"}
+
+
+class _Caller:
+    """A principal's permissions under some bindings, as services/security/authorizer.py answers them."""
+
+    def __init__(self, bindings: list[tuple[str, ...]], principal: str):
+        from txlog.protocol import acls
+
+        self.principal = principal
+        self.bindings = [acls.AclBinding(kind, pattern, name, who, host, operation, permission).check()
+                         for permission, who, operation, kind, pattern, name, host in bindings]
+
+    def may(self, resource_type: str, name: str, operation: str) -> bool:
+        from txlog.protocol import acls
+
+        return acls.authorized(self.bindings, self.principal, "10.0.0.1", resource_type, name, operation)
+
+    def may_on_any(self, resource_type: str, operation: str) -> bool:
+        from txlog.protocol import acls
+
+        return acls.allowed_on_any(self.bindings, self.principal, "10.0.0.1", resource_type, operation)
+
+
+def _console_calls() -> dict[str, object]:
+    """The RPCs the console's pages make (views.py through txlog.Admin), with requests naming a topic, group and
+    transactional id of the workload's: what each needs is services/security/access.py's table."""
+    from types import SimpleNamespace as Request
+
+    from txlog.v1 import coordinator_pb2
+
+    partitions = [Request(topic="events")]
+    return {
+        "Metadata": Request(transactional_ids=["orders-1"], group_ids=["billing"], describe_cluster=True),
+        "DescribeAcls": Request(),
+        "ListOffsets": Request(partitions=partitions),
+        "DescribeProducers": Request(partitions=partitions),  # find_hanging
+        "OffsetFetch": Request(group_id="billing", partitions=partitions),
+        "DescribeGroups": Request(group_ids=["billing"]),
+        "FindCoordinator": Request(key_type=coordinator_pb2.COORDINATOR_KEY_TYPE_TRANSACTION, key="orders-1"),
+        "DescribeTransactions": Request(transactional_ids=["orders-1"]),
+    }
+
+
+def _action_calls() -> dict[str, object]:
+    """The RPCs of the console's actions (actions.py): reset offsets, complete a prepared transaction."""
+    from types import SimpleNamespace as Request
+
+    return {"OffsetCommit": Request(group_id="billing", offsets=[Request(topic="events")]),
+            "CompleteTransaction": Request(handle=Request(transactional_id="orders-1"))}
+
+
+def test_the_acl_hook_job_grants_the_console_what_its_pages_read_and_no_more_when_read_only(console):
+    from services.security import access
+
+    principal = "User:txlog-console"
+    every = "*"
+    assert sorted(console_bindings(console)) == sorted([
+        ("Allow", principal, "Describe", "Cluster", "LITERAL", "txlog-cluster", "*"),
+        ("Allow", principal, "Describe", "Topic", "LITERAL", every, "*"),
+        ("Allow", principal, "Read", "Topic", "LITERAL", every, "*"),  # DescribeProducers needs Read
+        ("Allow", principal, "Describe", "Group", "LITERAL", every, "*"),
+        ("Allow", principal, "Describe", "TransactionalId", "LITERAL", every, "*"),
+    ])
+    caller = _Caller(console_bindings(console), principal)
+    for rpc, request in _console_calls().items():
+        assert access.first_refused(caller, access.CHECKS[rpc](request, caller)) is None, rpc
+    for rpc, request in _action_calls().items():
+        assert access.first_refused(caller, access.CHECKS[rpc](request, caller)) is not None, rpc
+    assert not caller.may("Cluster", "txlog-cluster", "Alter") and not caller.may("Topic", "events", "Write")
+    # the certificate's subject maps to the principal granted
+    assert f"User:{console.get('Certificate', 'txlog-console')['spec']['commonName']}" == principal
+
+
+def test_a_writable_console_is_granted_its_actions_but_not_cluster_action(console_production):
+    from services.security import access
+
+    principal = "User:txlog-console"
+    caller = _Caller(console_bindings(console_production), principal)
+    for rpc, request in {**_console_calls(), **_action_calls()}.items():
+        assert access.first_refused(caller, access.CHECKS[rpc](request, caller)) is None, rpc
+    # aborting a hanging transaction is ClusterAction (the services' own right): left to authorizer.acls
+    assert access.first_refused(caller, access.CHECKS["AbortTransaction"](None, caller)) == ("Cluster", "txlog-cluster", "ClusterAction")
+    assert not caller.may("Topic", "events", "Write")
+    # grantConsole=false: the operator grants it
+    assert console_bindings(render({**CONSOLE, "authorizer": {"grantConsole": False}})) == []
+
+
+def test_the_network_policies_let_the_console_reach_the_services_and_only_the_allowed_peers_reach_it(
+        console, console_production):
+    labels = console.get("Deployment", "txlog-console")["spec"]["template"]["metadata"]["labels"]
+    grpc_rule, _, metrics_rule = console.get("NetworkPolicy", "txlog-services")["spec"]["ingress"]
+    # the services' gRPC ports: the console is one of the release's pods, as the Spark job is
+    assert any(selects(peer["podSelector"].get("matchLabels", {}), labels) and "namespaceSelector" not in peer
+               for peer in grpc_rule["from"])
+    # their metrics ports (the overview's rates), even when metrics.allowFrom is narrowed to Prometheus
+    _, _, narrowed = console_production.get("NetworkPolicy", "txlog-services")["spec"]["ingress"]
+    assert narrowed["from"][0] == PRODUCTION_VALUES["metrics"]["allowFrom"]
+    for rule in (metrics_rule, narrowed):
+        assert any(set(peer) == {"podSelector"} and selects(peer["podSelector"]["matchLabels"], labels)
+                   for peer in rule["from"])
+    without = render({"metrics": {"allowFrom": PRODUCTION_VALUES["metrics"]["allowFrom"]}})
+    assert without.get("NetworkPolicy", "txlog-services")["spec"]["ingress"][2]["from"] == [
+        PRODUCTION_VALUES["metrics"]["allowFrom"]]
+
+    # the console's own port: no pod by default (port-forwarding and the kubelet's probes are not filtered)
+    policy = console.get("NetworkPolicy", "txlog-console")["spec"]
+    workloads = {d["metadata"]["name"]: d["spec"]["template"]["metadata"]["labels"]
+                 for d in console.docs if d["kind"] in ("StatefulSet", "Deployment")}
+    assert [name for name, pod in workloads.items() if selects(policy["podSelector"]["matchLabels"], pod)] == ["txlog-console"]
+    assert policy["policyTypes"] == ["Ingress"] and policy["ingress"] == []
+    policy = console_production.get("NetworkPolicy", "txlog-console")["spec"]
+    assert policy["ingress"] == [{"from": CONSOLE_ALLOW_FROM, "ports": [{"port": 9090, "protocol": "TCP"}]}]
+    assert "txlog-console" not in [p["metadata"]["name"] for p in render(CONSOLE_NO_TLS).of_kind("NetworkPolicy")]
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"console": {"enable": True}}, "additional properties 'enable' not allowed"),
+    ({"console": {"enabled": True, "readonly": False}}, "additional properties 'readonly' not allowed"),
+    ({"console": {"port": 0}}, "/console/port"),
+    ({"console": {"readOnly": "no"}}, "/console/readOnly"),
+    ({"console": {"hangingAfterMs": 0}}, "/console/hangingAfterMs"),
+    ({"console": {"allowFrom": [{}]}}, "/console/allowFrom/0"),
+    ({"console": {"allowFrom": [{"podSelector": {"matchLabel": {"a": "b"}}}]}}, "matchLabel"),
+    ({"console": {"allowFrom": [{"ipBlock": {"cidr": "10.0.0.0/8"}, "podSelector": {}}]}}, "/console/allowFrom/0"),
+    ({"authorizer": {"consolePrincipal": "txlog-console"}}, "/authorizer/consolePrincipal"),
+])
+def test_values_schema_refuses_bad_console_values(values, message):
+    with pytest.raises(helm_python.HelmValuesError, match=re.escape(message)):
+        render(values)
+
+
+@pytest.mark.parametrize("values, message", [
+    ({**CONSOLE, "tls": {"existingSecret": "corp-tls", "sparkJobSecret": "corp-spark"},
+      "authorizer": {"servicesPrincipal": "User:corp", "sparkJobPrincipal": "User:corp-spark"}},
+     "tls.consoleSecret is required"),
+    ({**CONSOLE, "tls": {"existingSecret": "corp-tls", "sparkJobSecret": "corp-spark", "consoleSecret": "corp-console"},
+      "authorizer": {"servicesPrincipal": "User:corp", "sparkJobPrincipal": "User:corp-spark"}},
+     "authorizer.consolePrincipal is required"),
+])
+def test_chart_refuses_console_values_that_would_render_but_not_work(values, message):
+    with pytest.raises(helm_python.HelmError, match=re.escape(message)):
         render(values)

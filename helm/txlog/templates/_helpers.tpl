@@ -225,6 +225,11 @@ the `bootstrap` clients and jobs start from.
 {{- default (printf "User:%s-spark-job" (include "txlog.fullname" .)) .Values.authorizer.sparkJobPrincipal }}
 {{- end }}
 
+{{/* The principal of the console's certificate. */}}
+{{- define "txlog.consolePrincipal" -}}
+{{- default (printf "User:%s-console" (include "txlog.fullname" .)) .Values.authorizer.consolePrincipal }}
+{{- end }}
+
 {{/* TXLOG_SUPER_USERS: the services' principal, then authorizer.superUsers, ';'-separated. */}}
 {{- define "txlog.superUsers" -}}
 {{- prepend .Values.authorizer.superUsers (include "txlog.servicesPrincipal" .) | uniq | join ";" }}
@@ -282,6 +287,11 @@ the `bootstrap` clients and jobs start from.
 {{/* The Secret of the Spark job's client certificate. */}}
 {{- define "txlog.sparkJobTlsSecret" -}}
 {{- if .Values.tls.existingSecret }}{{ .Values.tls.sparkJobSecret }}{{ else }}{{ printf "%s-spark-job-tls" (include "txlog.fullname" .) }}{{ end }}
+{{- end }}
+
+{{/* The Secret of the console's client certificate. */}}
+{{- define "txlog.consoleTlsSecret" -}}
+{{- if .Values.tls.existingSecret }}{{ .Values.tls.consoleSecret }}{{ else }}{{ printf "%s-console-tls" (include "txlog.fullname" .) }}{{ end }}
 {{- end }}
 
 {{/* A volume of a certificate Secret: (dict "secret" NAME) */}}
@@ -370,6 +380,9 @@ securityContext:
 {{- if and .Values.tls.enabled .Values.tls.existingSecret .Values.sparkJob.enabled (not .Values.tls.sparkJobSecret) }}
 {{- fail "tls.sparkJobSecret is required with tls.existingSecret while sparkJob.enabled: the job needs a client certificate" }}
 {{- end }}
+{{- if and .Values.tls.enabled .Values.tls.existingSecret .Values.console.enabled (not .Values.tls.consoleSecret) }}
+{{- fail "tls.consoleSecret is required with tls.existingSecret while console.enabled: the console needs a client certificate" }}
+{{- end }}
 {{- if and .Values.authorizer.enabled (not .Values.tls.enabled) }}
 {{- fail "authorizer.enabled needs tls.enabled: a caller's principal is its client certificate's subject (set authorizer.enabled=false to run without TLS)" }}
 {{- end }}
@@ -378,6 +391,9 @@ securityContext:
 {{- end }}
 {{- if and .Values.authorizer.enabled .Values.tls.enabled .Values.tls.existingSecret .Values.authorizer.grantSparkJob .Values.sparkJob.enabled (not .Values.authorizer.sparkJobPrincipal) }}
 {{- fail "authorizer.sparkJobPrincipal is required with tls.existingSecret while authorizer.grantSparkJob: the principal of tls.sparkJobSecret's certificate (User:<its CN>)" }}
+{{- end }}
+{{- if and .Values.authorizer.enabled .Values.tls.enabled .Values.tls.existingSecret .Values.authorizer.grantConsole .Values.console.enabled (not .Values.authorizer.consolePrincipal) }}
+{{- fail "authorizer.consolePrincipal is required with tls.existingSecret while authorizer.grantConsole: the principal of tls.consoleSecret's certificate (User:<its CN>)" }}
 {{- end }}
 {{- range $i, $acl := .Values.authorizer.acls }}
 {{- if and $acl.cluster $acl.prefixed }}
