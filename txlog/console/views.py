@@ -94,7 +94,7 @@ def partition_rows(admin, topics) -> list[dict]:
 ROLES_OF_KIND = {"coordinator_svc": "transaction coordinator", "producer_id_svc": "producer id blocks"}
 
 
-def instance_rows(cluster, partitions, live: set[int]) -> list[dict]:
+def instance_rows(cluster, partitions) -> list[dict]:
     """Every instance of every service with its roles: the controller, what a
     partition_svc leads (group coordination is leading __consumer_offsets
     partitions), and a partition_svc that replicas name but that is not live."""
@@ -114,7 +114,8 @@ def instance_rows(cluster, partitions, live: set[int]) -> list[dict]:
                 roles.append(f"group coordinator ({groups[i.node_id]} of {CONSUMER_OFFSETS_TOPIC})")
         rows.append({**i._asdict(), "live": True, "roles": roles})
     registered = {i.node_id for i in cluster.instances if i.kind == "partition_svc"}
-    for n in sorted({r for _, p in partitions for r in p.replicas} - registered - live):
+    # down: named by replicas, not registered (the registrations are the one source: Metadata's live list is cached)
+    for n in sorted({r for _, p in partitions for r in p.replicas} - registered):
         rows.append({"kind": "partition_svc", "node_id": n, "address": "", "version": "", "rack": "", "metrics_address": "",
                      "live": False, "roles": []})
     return rows
@@ -137,7 +138,7 @@ def overview(admin, hanging_after_ms: int = HANGING_AFTER_MS) -> dict:
     nodes = sorted(live | {n for _, p in partitions for n in p.replicas})
     return {
         "nodes": [{"id": n, "live": n in live, "leads": leaders.get(n, 0)} for n in nodes],
-        "instances": instance_rows(cluster, partitions, live) if cluster else [],
+        "instances": instance_rows(cluster, partitions) if cluster else [],
         "controller_id": cluster.controller_id if cluster else None,
         "controller_epoch": cluster.controller_epoch if cluster else None,
         "cluster_error": cluster_error,
