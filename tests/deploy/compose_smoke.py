@@ -121,8 +121,13 @@ class Stack:
         self.compose("down", "--volumes", "--timeout", "10", check=False)
 
     def healthy(self, service: str) -> bool:
-        """The container's own health check (the compose file's), run as podman would run it."""
-        return run(["podman", "healthcheck", "run", self.container(service)], check=False, timeout=60).returncode == 0
+        """The container's own health check (the compose file's), run as podman would run it. A check that
+        does not end within a minute (podman itself stalls on a loaded machine) counts as not healthy yet:
+        wait_ready asks again until its own deadline."""
+        try:
+            return run(["podman", "healthcheck", "run", self.container(service)], check=False, timeout=60).returncode == 0
+        except subprocess.TimeoutExpired:
+            return False
 
     def wait_ready(self, services: tuple[str, ...] = SERVICES, timeout_s: float = READY_TIMEOUT_S) -> list[str]:
         """Until every one of ``services`` passes its health check; those that do, in order."""
