@@ -46,10 +46,14 @@ RocksDB fills a 64 MB memtable, flushes it and starts another, so beside
 its RSS and anonymous memory comes ``anon_less_memtable_mb`` (anonymous
 memory less RocksDB's own count of its memtables), the memory a leak would
 show in, and ``anon_less_rocksdb_mb``, less RocksDB's block cache (bounded,
-32 MiB by default, filling as reads touch older blocks) and table readers too. What a
+8 MB as built here, filling as reads touch older blocks) and table readers too. What a
 leak would be made of shows beside them: ``malloc_in_use_mb`` and
 ``malloc_free_mb`` (the C allocator's bytes, native code's), and
-``python_blocks_k`` (thousands of Python objects' memory blocks). Criterion: a series is ``flat`` when its relative growth is within
+``python_blocks_k`` (thousands of Python objects' memory blocks), and
+``native_less_rocksdb_mb`` (the allocator's bytes in use less RocksDB's
+memtables, block cache and table readers: without the freed memtables the
+allocator keeps for the next one, which anonymous memory carries as a
+sawtooth of up to a memtable's size). Criterion: a series is ``flat`` when its relative growth is within
 +-10% an hour (growth of 10%/h doubles a process in ten hours: a leak that
 would stop a service within days; smaller slopes are within what the
 allocator and the workload's fluctuations produce in a short run), or, for a
@@ -405,14 +409,24 @@ def fitted(values: list, times_h: list[float], warmup: int, groups: list[int] | 
 
 PROCESS_SERIES = ("rss_mb", "anon_mb", "anon_less_memtable_mb", "anon_less_rocksdb_mb", "fds", "threads", "cpu", "metrics_series", "data_dir_mb", "rocksdb_sst_mb",
                   "rocksdb_blob_mb", "rocksdb_memtable_mb", "rocksdb_block_cache_mb", "rocksdb_table_readers_mb",
-                  "malloc_in_use_mb", "malloc_free_mb", "python_blocks_k", *JVM_HEAP)
+                  "malloc_in_use_mb", "malloc_free_mb", "native_less_rocksdb_mb", "python_blocks_k", *JVM_HEAP)
 COUNT_SERIES = {"fds", "threads", "metrics_series", *ZOOKEEPER_COUNTERS}
+
+
+def with_derived(row: dict) -> dict:
+    """The row with ``native_less_rocksdb_mb``: the C allocator's bytes in use less what RocksDB holds by design
+    (memtables, block cache, table readers): native memory a leak would show in, without the sawtooth of the
+    freed memtables the allocator keeps for the next one (which anonymous memory carries)."""
+    parts = ("malloc_in_use_mb", "rocksdb_memtable_mb", "rocksdb_block_cache_mb", "rocksdb_table_readers_mb")
+    if any(row.get(part) is None for part in parts):
+        return row
+    return {**row, "native_less_rocksdb_mb": round(row[parts[0]] - sum(row[part] for part in parts[1:]), 2)}
 
 
 def process_report(samples: list[dict], name: str, times_h: list[float], warmup: int, fresh_s: float) -> dict:
     """One process's series, fitted within each incarnation, its samples younger
     than ``fresh_s`` left out (but for its data directory, which a restart keeps)."""
-    rows = [s["processes"].get(name, {"down": True}) for s in samples]
+    rows = [with_derived(s["processes"].get(name, {"down": True})) for s in samples]
     pids = [row.get("pid") for row in rows]
     fresh = [row.get("age_s", 0.0) < fresh_s for row in rows]
     report: dict = {"pids": pids, "age_s": [row.get("age_s") for row in rows], "fresh": fresh,
