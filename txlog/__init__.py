@@ -36,8 +36,6 @@ one error-sorting table), ``config``, ``structs`` (value types),
 ``checker`` (``TransactionChecker``: an application's answers to transaction check-back).
 """
 
-from importlib import metadata as _metadata
-
 from txlog.admin import Admin
 from txlog.aio import AIOConsumer, AIOProducer
 from txlog.checker import TransactionChecker
@@ -67,6 +65,7 @@ from txlog.membership import GroupMetadata
 from txlog.partitioner import DefaultPartitioner
 from txlog.producer import Producer
 from txlog.protocol.acls import AclBinding, AclFilter
+from txlog.release import VERSION as __version__  # noqa: F401 - txlog.__version__, not in __all__ (a str)
 from txlog.serde import RecordDeserializationError, SerializationError
 from txlog.structs import (
     ClusterDescription,
@@ -87,11 +86,6 @@ from txlog.structs import (
 )
 from txlog.transactions import TxnState
 from txlog.transport import FaultInjection
-
-try:
-    __version__ = _metadata.version("txlog")
-except _metadata.PackageNotFoundError:  # run from a checkout that was never installed
-    __version__ = "0+unknown"
 
 __all__ = [
     "AIOConsumer",

@@ -31,7 +31,6 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from opentelemetry.sdk.trace.export import SpanExporter
 
-import txlog
 from services.coordination import zk
 from services.runtime import admission as admission_mod
 from services.runtime import config as config_mod
@@ -42,6 +41,7 @@ from txlog.net import telemetry, tls
 from txlog.net.addresses import WILDCARD_HOSTS, advertised
 from txlog.protocol import errors
 from txlog.protocol.errors import ErrorCode, TxlogError
+from txlog.release import VERSION
 
 log = logging.getLogger(__name__)
 
@@ -319,13 +319,13 @@ class ServiceRuntime:
         self.metrics.start()
         if self.metrics.address:
             self.registration_details["metrics_address"] = dialable_metrics_address(self.metrics.address, self.address)
-        self.registration_details["version"] = txlog.__version__
+        self.registration_details["version"] = VERSION
         await self.server.start()
         zk.add_state_listener(self.zookeeper, self._on_zookeeper_state)
         self.registry.register(self.kind, self.config.node_id, self.address, self.registration_details)
         await self.set_serving(self.zookeeper.connected)
         log.info("serving", extra=fields(address=self.address, services=self.service_names, tls=self.tls_files.enabled,
-                                         version=txlog.__version__,
+                                         version=VERSION,
                                          metrics_address=self.metrics.address or None))
         return self.port
 

@@ -28,7 +28,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("txlog", "services", "coordinator_svc", "partition_svc", "producer_id_svc", "spark_jobs")
 SERVICES = ("coordinator_svc", "partition_svc", "producer_id_svc")
-SHARED_WITH_SDK = ("txlog.protocol", "txlog.v1", "txlog.net", "txlog.errors")
+SHARED_WITH_SDK = ("txlog.protocol", "txlog.v1", "txlog.net", "txlog.errors", "txlog.release")
 NOT_IN_A_CORE = ("asyncio", "threading", "time", "random", "grpc", "kazoo", "rocksdict")
 
 
