@@ -38,7 +38,7 @@ from services.runtime import logs, malloc, metrics
 from services.runtime.logs import fields
 from services.security import authorizer
 from txlog.net import telemetry, tls
-from txlog.net.addresses import WILDCARD_HOSTS, advertised
+from txlog.net.addresses import advertised, reachable
 from txlog.protocol import errors
 from txlog.protocol.errors import ErrorCode, TxlogError
 from txlog.release import VERSION
@@ -218,15 +218,6 @@ async def _end_failed_call(context, exc: BaseException, name: str):
     await errors.abort(context, TxlogError(ErrorCode.Value("UNKNOWN_SERVER_ERROR"), f"{type(exc).__name__} in {name}"))
 
 
-def dialable_metrics_address(metrics_address: str, advertised_address: str) -> str:
-    """The metrics endpoint as others dial it: bound to a wildcard host (0.0.0.0, ::), it is reached at the
-    host this instance advertises for gRPC (its pod's name or address), with the metrics port."""
-    host, _, port = metrics_address.rpartition(":")
-    if host not in WILDCARD_HOSTS:
-        return metrics_address
-    return f"{advertised_address.rpartition(':')[0]}:{port}"
-
-
 class ServiceRuntime:
     """Hosts the gRPC servicers of one service process."""
 
@@ -318,7 +309,7 @@ class ServiceRuntime:
         await self._start_health_server()
         self.metrics.start()
         if self.metrics.address:
-            self.registration_details["metrics_address"] = dialable_metrics_address(self.metrics.address, self.address)
+            self.registration_details["metrics_address"] = reachable(self.metrics.address, self.address)
         self.registration_details["version"] = VERSION
         await self.server.start()
         zk.add_state_listener(self.zookeeper, self._on_zookeeper_state)

@@ -63,8 +63,8 @@ def test_a_handler_that_fails_unexpectedly_is_unknown_and_one_that_answers_is_ok
 
 
 def test_a_metrics_endpoint_on_a_wildcard_host_is_registered_at_the_advertised_host():
-    from services.runtime.server import dialable_metrics_address
+    from txlog.net.addresses import reachable
 
-    assert dialable_metrics_address("0.0.0.0:9464", "txlog-partition-svc-0.txlog:7001") == "txlog-partition-svc-0.txlog:9464"
-    assert dialable_metrics_address("[::]:9464", "10.0.0.7:7001") == "10.0.0.7:9464"
-    assert dialable_metrics_address("127.0.0.1:9464", "10.0.0.7:7001") == "127.0.0.1:9464", "a host that can be dialled stays"
+    assert reachable("0.0.0.0:9464", "txlog-partition-svc-0.txlog:7001") == "txlog-partition-svc-0.txlog:9464"
+    assert reachable("[::]:9464", "10.0.0.7:7001") == "10.0.0.7:9464"
+    assert reachable("127.0.0.1:9464", "10.0.0.7:7001") == "127.0.0.1:9464", "a host that can be dialled stays"

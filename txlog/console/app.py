@@ -30,6 +30,7 @@ from starlette.templating import Jinja2Templates
 
 from txlog.console import actions, csrf, views
 from txlog.console.rates import Rates
+from txlog.net.addresses import WILDCARD_HOSTS
 from txlog.protocol.errors import TxlogError
 
 log = logging.getLogger(__name__)
@@ -208,7 +209,6 @@ ALL_STATES = ("Empty", "Ongoing", "Prepared", "PrepareCommit", "PrepareAbort", "
               "PrepareEpochFence", "Dead")
 
 
-WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 RECENT_SAMPLE_S = 3.0
 
 

@@ -1,6 +1,6 @@
 """The address a server registers for others to dial: a service instance in
-ZooKeeper (services/runtime/server.py), an application's transaction checker at its
-coordinator (txlog/checker.py)."""
+ZooKeeper (services/runtime/server.py), its metrics endpoint beside it, an
+application's transaction checker at its coordinator (txlog/checker.py)."""
 
 from __future__ import annotations
 
@@ -23,3 +23,12 @@ def advertised(listen: str, port: int, advertised_address: str | None) -> str:
     if host in WILDCARD_HOSTS:
         host = socket.gethostname()
     return f"{host}:{port}"
+
+
+def reachable(bound: str, advertised_address: str) -> str:
+    """Another endpoint of this process (its metrics) as others dial it: bound to a wildcard host, it is
+    reached at the host the process advertises for gRPC (its pod's name or address), with its own port."""
+    host, _, port = bound.rpartition(":")
+    if host not in WILDCARD_HOSTS:
+        return bound
+    return f"{advertised_address.rpartition(':')[0]}:{port}"
