@@ -5,6 +5,7 @@ Admin calls. Each function takes an Admin (or anything with its methods)."""
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Iterable
 
 from txlog.protocol import CONSUMER_OFFSETS_TOPIC
@@ -94,23 +95,24 @@ def partition_rows(admin, topics) -> list[dict]:
 ROLES_OF_KIND = {"coordinator_svc": "transaction coordinator", "producer_id_svc": "producer id blocks"}
 
 
-def instance_rows(cluster, partitions) -> list[dict]:
+def led(partitions) -> tuple[Counter, Counter]:
+    """How many partitions each live leader leads, and how many of them are __consumer_offsets partitions
+    (whose leaders are the group coordinators)."""
+    leads = Counter(p.leader_id for _, p in partitions if not offline(p))
+    groups = Counter(p.leader_id for t, p in partitions if not offline(p) and t.name == CONSUMER_OFFSETS_TOPIC)
+    return leads, groups
+
+
+def instance_rows(cluster, partitions, leads: Counter, groups: Counter) -> list[dict]:
     """Every instance of every service with its roles: the controller, what a
     partition_svc leads (group coordination is leading __consumer_offsets
     partitions), and a partition_svc that replicas name but that is not live."""
-    leads: dict[int, int] = {}
-    groups: dict[int, int] = {}
-    for topic, p in partitions:
-        if not offline(p):
-            leads[p.leader_id] = leads.get(p.leader_id, 0) + 1
-            if topic.name == CONSUMER_OFFSETS_TOPIC:
-                groups[p.leader_id] = groups.get(p.leader_id, 0) + 1
     rows = []
     for i in cluster.instances:
         roles = [ROLES_OF_KIND[i.kind]] if i.kind in ROLES_OF_KIND else []
         if i.kind == "partition_svc":
-            roles = (["controller"] if i.node_id == cluster.controller_id else []) + [f"leads {leads.get(i.node_id, 0)}"]
-            if groups.get(i.node_id):
+            roles = (["controller"] if i.node_id == cluster.controller_id else []) + [f"leads {leads[i.node_id]}"]
+            if groups[i.node_id]:
                 roles.append(f"group coordinator ({groups[i.node_id]} of {CONSUMER_OFFSETS_TOPIC})")
         rows.append({**i._asdict(), "live": True, "roles": roles})
     registered = {i.node_id for i in cluster.instances if i.kind == "partition_svc"}
@@ -129,16 +131,15 @@ def overview(admin, hanging_after_ms: int = HANGING_AFTER_MS) -> dict:
     transactions = admin.list_transactions(states=OPEN_STATES)
     hanging, hanging_error = partly(lambda: admin.find_hanging(max_transaction_timeout_ms=hanging_after_ms,
                                                                timeout_s=SECONDARY_TIMEOUT_S), [])
-    leaders: dict[int, int] = {}
-    for _, p in partitions:
-        if not offline(p):
-            leaders[p.leader_id] = leaders.get(p.leader_id, 0) + 1
+    leads, groups = led(partitions)
     cluster, cluster_error = partly(lambda: admin.describe_cluster(timeout_s=SECONDARY_TIMEOUT_S), None)
-    live = set(admin.live_partition_nodes())
-    nodes = sorted(live | {n for _, p in partitions for n in p.replicas})
+    nodes = []
+    if cluster is None:  # what Metadata alone says, without the cluster's description
+        live = set(admin.live_partition_nodes())
+        nodes = [{"id": n, "live": n in live, "leads": leads[n]} for n in sorted(live | {r for _, p in partitions for r in p.replicas})]
     return {
-        "nodes": [{"id": n, "live": n in live, "leads": leaders.get(n, 0)} for n in nodes],
-        "instances": instance_rows(cluster, partitions) if cluster else [],
+        "nodes": nodes,
+        "instances": instance_rows(cluster, partitions, leads, groups) if cluster else [],
         "controller_id": cluster.controller_id if cluster else None,
         "controller_epoch": cluster.controller_epoch if cluster else None,
         "cluster_error": cluster_error,
