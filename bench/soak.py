@@ -282,8 +282,6 @@ class Sampler:
                 figures |= metrics_figures(metrics_address)
                 if "rocksdb_memtable_mb" in figures:  # the memory RocksDB fills to write_buffer_size and flushes, left out
                     figures["anon_less_memtable_mb"] = round(figures["anon_mb"] - figures["rocksdb_memtable_mb"], 2)
-                    figures["anon_less_rocksdb_mb"] = round(figures["anon_less_memtable_mb"] - figures.get("rocksdb_block_cache_mb", 0)
-                                                            - figures.get("rocksdb_table_readers_mb", 0), 2)
             elif name == "zookeeper":
                 figures |= jvm_heap(pid)
             found[name] = figures
@@ -413,14 +411,21 @@ PROCESS_SERIES = ("rss_mb", "anon_mb", "anon_less_memtable_mb", "anon_less_rocks
 COUNT_SERIES = {"fds", "threads", "metrics_series", *ZOOKEEPER_COUNTERS}
 
 
+ROCKSDB_HELD = ("rocksdb_memtable_mb", "rocksdb_block_cache_mb", "rocksdb_table_readers_mb")  # by design, bounded
+
+
 def with_derived(row: dict) -> dict:
-    """The row with ``native_less_rocksdb_mb``: the C allocator's bytes in use less what RocksDB holds by design
-    (memtables, block cache, table readers): native memory a leak would show in, without the sawtooth of the
-    freed memtables the allocator keeps for the next one (which anonymous memory carries)."""
-    parts = ("malloc_in_use_mb", "rocksdb_memtable_mb", "rocksdb_block_cache_mb", "rocksdb_table_readers_mb")
-    if any(row.get(part) is None for part in parts):
+    """The row with what is derived at report time (so a run's samples can be reported again):
+    ``anon_less_rocksdb_mb``, anonymous memory less what RocksDB holds by design, and
+    ``native_less_rocksdb_mb``, the C allocator's bytes in use less the same: native memory a leak would show
+    in, without the sawtooth of the freed memtables the allocator keeps for the next one (which anonymous
+    memory carries)."""
+    if any(row.get(part) is None for part in ROCKSDB_HELD):
         return row
-    return {**row, "native_less_rocksdb_mb": round(row[parts[0]] - sum(row[part] for part in parts[1:]), 2)}
+    held = sum(row[part] for part in ROCKSDB_HELD)
+    derived = {f"{whole}_less_rocksdb_mb": round(row[source] - held, 2)
+               for whole, source in (("anon", "anon_mb"), ("native", "malloc_in_use_mb")) if row.get(source) is not None}
+    return {**row, **derived}
 
 
 def process_report(samples: list[dict], name: str, times_h: list[float], warmup: int, fresh_s: float) -> dict:
