@@ -27,7 +27,11 @@ the client spends almost no CPU on the two shared cores:
     Records/s count every acknowledged record over the wall time to the last
     EndTxn's answer; a per-transaction breakdown (AddPartitionsToTxn with its
     CONCURRENT_TRANSACTIONS retries, producing, the part of it spent re-sending
-    refused requests, EndTxn) shows where the time goes.
+    refused requests, EndTxn) shows where the time goes, and
+    ``transaction_log_records_per_transaction`` the transaction-log writes each
+    transaction cost (3: Ongoing, PrepareCommit, CompleteCommit; 2 when the next
+    transaction's add came while the markers were written and its record carried
+    the completion).
     overhead = 1 - transactional / idempotent records/s.
   A request refused with a sequencing error because a later one overtook it
   (gRPC does not order the calls of a channel) is recovered as a real client
@@ -118,7 +122,8 @@ from bench.produce_fetch import (
     send_pipelined,
 )
 from partition_svc.wire import field_tag, varint
-from txlog.protocol import batch_format, errors
+from txlog.protocol import TRANSACTION_STATE_TOPIC, batch_format, errors
+from txlog.protocol.hashing import partition_for_id
 from txlog.v1 import (
     common_pb2,
     coordinator_pb2,
@@ -408,9 +413,7 @@ async def placement(cluster: Cluster, producer: TxnProducer, data_topic: str) ->
     """Which processes a transactional id's work touches: its coordinator and
     the leader of its __transaction_state partition (where every state change is
     a synced write), beside the data's leaders."""
-    from txlog.protocol.hashing import partition_for_id
-
-    log_leaders = await cluster.leaders("__transaction_state")
+    log_leaders = await cluster.leaders(TRANSACTION_STATE_TOPIC)
     log_partition = partition_for_id(producer.transactional_id, len(log_leaders))
     data = await cluster.leaders(data_topic)
     return {
@@ -511,6 +514,7 @@ class TransactionalMode(ThroughputMode):
         self.times: dict[str, list[float]] = defaultdict(list)
         self.first_latencies: list[float] = []
         self.transactions = 0
+        self.log_records = 0  # records this producer's transactions added to its __transaction_state partition
 
     def make(self) -> bytes:
         p = self.producer
@@ -543,7 +547,19 @@ class TransactionalMode(ThroughputMode):
         await self.transaction(count_of(self.make, self.args.batch_records, self.args.warmup_batches))
         self.producer.retries.clear()
 
+    async def transaction_log_end(self) -> int:
+        """The high watermark of the producer's __transaction_state partition (no other id writes it in a slice)."""
+        leaders = await self.cluster.leaders(TRANSACTION_STATE_TOPIC)
+        index = partition_for_id(self.producer.transactional_id, len(leaders))
+        return (await self.cluster.offsets({leaders[index]: [index]}, TRANSACTION_STATE_TOPIC))[index][1]
+
     async def produce_until(self, deadline: float) -> None:
+        log_start = await self.transaction_log_end()
+        await self._transactions_until(deadline)
+        # the slice's last Complete* may land after this: counted or not, it moves the mean by 1/transactions at most
+        self.log_records += await self.transaction_log_end() - log_start
+
+    async def _transactions_until(self, deadline: float) -> None:
         while True:
             sent, times = await self.transaction(None)
             self.count(sent)
@@ -572,6 +588,8 @@ class TransactionalMode(ThroughputMode):
             "first_request_of_transaction_latency_ms": latency_summary(self.first_latencies) if self.first_latencies else None,
             "coordinator_retries": dict(self.producer.retries),
             "coordinator_retries_per_transaction": round(sum(self.producer.retries.values()) / txns, 2),
+            # Ongoing, PrepareCommit, CompleteCommit: 3; 2 when the next transaction's add carries the completion
+            "transaction_log_records_per_transaction": round(self.log_records / txns, 2),
             **base,
         }
 

@@ -72,6 +72,12 @@ ADD_WAIT_S_MAX = 5.0  # an add waits this long at most for the id's completion o
 error = core.error
 
 
+def _retrieved(future: asyncio.Future) -> None:
+    """Marks an add's outcome seen even when its caller left (no "exception never retrieved")."""
+    if not future.cancelled():
+        future.exception()
+
+
 class TransactionCoordinator:
     def __init__(
         self,
@@ -204,6 +210,8 @@ class TransactionCoordinator:
                 raise verified.error
             return verified
         unknown = await self._unknown_partitions(partitions)
+        if transactional_id in loaded.next_adds:
+            return await self._add_with_completion(loaded, transactional_id, core.NextAdd(producer_id, producer_epoch, tuple(partitions), unknown))
         await self._until_ready_to_add(loaded, transactional_id)
         return await self.carry_out(loaded, transactional_id, lambda meta, _: core.decide_add_partitions(
             meta, transactional_id, producer_id, producer_epoch, partitions, unknown, self.clock_ms()))
@@ -231,6 +239,24 @@ class TransactionCoordinator:
                 return
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(wait.wait(), left)
+
+    @staticmethod
+    async def _add_with_completion(loaded: LoadedPartition, transactional_id: str, add: core.NextAdd) -> dict:
+        """An add of the id's next transaction while the markers of its last one
+        are written: decided with that completion, whose record it then shares
+        (one transaction-log write instead of Complete* and then Ongoing). Waits
+        ADD_WAIT_S_MAX at most for the markers, then CONCURRENT_TRANSACTIONS."""
+        waiting = loaded.next_adds[transactional_id]
+        future = asyncio.get_running_loop().create_future()
+        future.add_done_callback(_retrieved)
+        waiting.append((add, future))
+        try:
+            return await asyncio.wait_for(asyncio.shield(future), ADD_WAIT_S_MAX)
+        except TimeoutError:
+            if (add, future) in waiting:  # not taken yet: leave; once taken, its record is being written
+                waiting.remove((add, future))
+                raise error("CONCURRENT_TRANSACTIONS", f"the last transaction of {transactional_id!r} is still completing; retry") from None
+            return await future
 
     async def _unknown_partitions(self, partitions) -> dict:
         """The partitions that do not exist; metadata is asked again only on a miss."""
@@ -268,9 +294,13 @@ class TransactionCoordinator:
     async def _complete(self, loaded: LoadedPartition, meta: TransactionMetadata) -> None:
         committed = meta.state is S.PREPARE_COMMIT
         producer_id, producer_epoch = ts.marker_producer(meta)
+        loaded.next_adds[meta.transactional_id] = []
         try:
             await self._complete_inner(loaded, meta, committed, producer_id, producer_epoch)
         finally:
+            for _, future in loaded.next_adds.pop(meta.transactional_id, ()):  # the markers were not all written
+                if not future.done():
+                    future.set_exception(error("CONCURRENT_TRANSACTIONS", f"the last transaction of {meta.transactional_id!r} did not complete here; retry"))
             done = loaded.completing.pop(meta.transactional_id, None)
             if done is not None:
                 done.set()
@@ -280,12 +310,40 @@ class TransactionCoordinator:
             await self.markers.write(
                 meta.transactional_id, producer_id, producer_epoch, committed, loaded.owner.coordinator_epoch, meta.partitions
             )
-            await self._transition(loaded, meta, S.COMPLETE_COMMIT if committed else S.COMPLETE_ABORT, **COMPLETED)
+            next_adds = loaded.next_adds.pop(meta.transactional_id, [])
+            if next_adds:
+                await self._complete_into_next(loaded, meta, next_adds)
+            else:
+                await self._transition(loaded, meta, S.COMPLETE_COMMIT if committed else S.COMPLETE_ABORT, **COMPLETED)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a decided transaction must be finished: reload the partition, which finishes it
             loaded.log.broken = f"completing {meta.transactional_id!r} failed: {exc}"
             log.warning("could not complete a transaction; reloading its partition", extra=fields(transactional_id=meta.transactional_id, error=str(exc)))
+
+    async def _complete_into_next(self, loaded: LoadedPartition, meta: TransactionMetadata, next_adds: list) -> None:
+        """Every marker is written: one record completes the transaction and, if
+        an add of the next one opened it, opens that one too
+        (core.decide_completion_into_next); each add is answered once it is durable."""
+        changes, outcomes = core.decide_completion_into_next(meta, [add for add, _ in next_adds], self.clock_ms())
+        try:
+            if changes is None:
+                await self._transition(loaded, meta, S.COMPLETE_COMMIT if meta.state is S.PREPARE_COMMIT else S.COMPLETE_ABORT, **COMPLETED)
+            else:
+                await self._transition(loaded, meta, S.ONGOING, **changes)
+        except BaseException as exc:
+            failed = exc if isinstance(exc, TxlogError) else error("NOT_COORDINATOR", f"the transaction log write failed: {exc}; retry")
+            for _, future in next_adds:
+                if not future.done():
+                    future.set_exception(failed)
+            raise
+        for (_, future), outcome in zip(next_adds, outcomes, strict=True):
+            if future.done():
+                continue
+            if isinstance(outcome, core.Refuse):
+                future.set_exception(outcome.error)
+            else:
+                future.set_result(outcome.value if isinstance(outcome, core.Reply) else outcome.reply)
 
     # --- two-phase: PrepareTransaction, CompleteTransaction, CommitTransactionGroup ------------
 

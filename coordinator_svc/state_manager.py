@@ -152,6 +152,9 @@ class LoadedPartition:
     tasks: set = field(default_factory=set)
     completing: dict = field(default_factory=dict)  # transactional id -> asyncio.Event set when its completion ends
     writing: dict = field(default_factory=dict)  # transactional id -> asyncio.Event set when its record in flight is written (or not)
+    # transactional id -> [(core.NextAdd, asyncio.Future)]: while the markers of its decided transaction are written, the
+    # adds of its next one, decided with the completion (Coordinator._complete_inner)
+    next_adds: dict = field(default_factory=dict)
     decisions: dict[str, GroupDecision] = field(default_factory=dict)  # group decisions not finished yet
     group_configs: dict[str, GroupCheckConfig] = field(default_factory=dict)  # groups whose check-back settings were changed
     config_changes: asyncio.Lock = field(default_factory=asyncio.Lock)  # one group-config write at a time: no lost update

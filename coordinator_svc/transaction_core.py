@@ -28,7 +28,7 @@ table and the epoch arithmetic are transaction_state.py's.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from coordinator_svc import transaction_state as ts
 from coordinator_svc.transaction_state import Handle, TransactionMetadata, TransactionState
@@ -244,6 +244,43 @@ def decide_add_partitions(meta: TransactionMetadata | None, transactional_id: st
         return Reply(answer)
     start = meta.txn_start_ms if meta.state is S.ONGOING else now_ms
     return Transit(S.ONGOING, {"partitions": meta.partitions | wanted, "txn_start_ms": start}, reply=answer)
+
+
+
+@dataclass(frozen=True)
+class NextAdd:
+    """An AddPartitionsToTxn of an id's next transaction that arrived while the
+    markers of its last one were being written."""
+    producer_id: int
+    producer_epoch: int
+    partitions: tuple[TopicPartition, ...]
+    unknown: dict[TopicPartition, TxlogError]
+
+
+def decide_completion_into_next(meta: TransactionMetadata, adds: list[NextAdd], now_ms: int) -> tuple[dict | None, list[Outcome]]:
+    """A decided transaction whose markers are all written, and the adds of the
+    next transaction that waited for them, decided in arrival order on the
+    completed state. Returns the changes of one Ongoing record that both
+    completes the transaction and opens the next (None when no add opened it:
+    Complete* is written as usual) and each add's outcome (Refuse, Reply, or
+    Transit whose reply is answered once that record is durable).
+
+    Folding is safe because the record is written only after every marker was
+    acknowledged: what it says of the last transaction (finished on every
+    partition) is what Complete* would say, and a coordinator loading it finds
+    the next transaction open, to be ended or timed out like any other."""
+    completed = replace(meta, state=S.COMPLETE_COMMIT if meta.state is S.PREPARE_COMMIT else S.COMPLETE_ABORT,
+                        pending_state=None, last_update_ms=now_ms, **COMPLETED)
+    outcomes: list[Outcome] = []
+    for add in adds:
+        outcome = decide_add_partitions(completed, meta.transactional_id, add.producer_id, add.producer_epoch,
+                                        list(add.partitions), add.unknown, now_ms)
+        if isinstance(outcome, Transit):
+            completed = replace(completed, state=S.ONGOING, **outcome.changes)
+        outcomes.append(outcome)
+    if completed.state is not S.ONGOING:
+        return None, outcomes
+    return {**COMPLETED, "partitions": completed.partitions, "txn_start_ms": completed.txn_start_ms}, outcomes
 
 
 # --- EndTxn -------------------------------------------------------------------------------

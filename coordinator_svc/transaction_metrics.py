@@ -16,6 +16,7 @@ from coordinator_svc.transaction_state import TransactionState as S
 from txlog.protocol import OPEN_TRANSACTION_STATES
 
 COMPLETED = {S.COMPLETE_COMMIT: {"outcome": "committed"}, S.COMPLETE_ABORT: {"outcome": "aborted"}}
+FOLDED = {S.PREPARE_COMMIT: S.COMPLETE_COMMIT, S.PREPARE_ABORT: S.COMPLETE_ABORT}
 
 
 class TransactionMetrics:
@@ -37,6 +38,8 @@ class TransactionMetrics:
     def transitioned(self, before: S, after: S) -> None:
         if after is S.ONGOING and before is not S.ONGOING:
             self.begun.add(1)
+            if before in FOLDED:  # the completion folded into the next transaction's first add
+                self.completed.add(1, COMPLETED[FOLDED[before]])
         elif after in COMPLETED:
             self.completed.add(1, COMPLETED[after])
 

@@ -72,7 +72,9 @@ class IllegalStateError(RuntimeError):
 S = TransactionState
 VALID_PREVIOUS_STATES: dict[TransactionState, frozenset[TransactionState]] = {
     S.EMPTY: frozenset({S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT}),
-    S.ONGOING: frozenset({S.EMPTY, S.ONGOING, S.COMPLETE_COMMIT, S.COMPLETE_ABORT}),
+    # From Prepare*: the completion folded into the next transaction's first add, written only once every
+    # marker of the decided transaction was acknowledged (transaction_core.decide_completion_into_next).
+    S.ONGOING: frozenset({S.EMPTY, S.ONGOING, S.COMPLETE_COMMIT, S.COMPLETE_ABORT, S.PREPARE_COMMIT, S.PREPARE_ABORT}),
     S.PREPARED: frozenset({S.ONGOING, S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT, S.PREPARED}),
     S.PREPARE_COMMIT: frozenset({S.ONGOING, S.PREPARED}),
     S.PREPARE_ABORT: frozenset({S.ONGOING, S.PREPARE_EPOCH_FENCE, S.PREPARED, S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT}),

@@ -9,19 +9,22 @@ Coordinators here run with a 5 s ZooKeeper session (instead of 10 s) so that a
 paused or killed one is replaced sooner; every wait polls with a deadline."""
 
 import asyncio
+import concurrent.futures
 import json
 import re
 import signal
 import time
+import urllib.request
 from dataclasses import dataclass
 
 import grpc
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from support.errors import error_name
 from support.reads import COMMITTED, UNCOMMITTED, values
 from support.waiting import wait_until
 
-from coordinator_svc.transaction_state import TransactionState
+from coordinator_svc.transaction_state import TransactionRecord, TransactionState
 from services.coordination import coordinators, zk
 from services.tooling.cluster import LocalCluster, health_serving
 from tests.integ.raw import Raw, plain_batch
@@ -164,6 +167,22 @@ def tid_in(prefix, wanted) -> str:
     return next(f"{prefix}-{i}" for i in range(10_000) if wanted(f"{prefix}-{i}"))
 
 
+def open_transaction_logged_apart(raw, topic, prefix) -> tuple[TxnProducer, int, str]:
+    """A transaction with record "t1" in a new one-partition ``topic``, of an id
+    whose transaction log the other partition_svc leads, so the data's leader can
+    be stopped while the log is written: (its producer, its __transaction_state
+    partition, the data's leader)."""
+    raw.create_topic(topic, 1)
+    data_leader = raw.leaders(topic)[0]
+    state_leaders = raw.leaders(STATE_TOPIC)
+    count = len(state_leaders)
+    tid = tid_in(prefix, lambda t: state_leaders[partition_for_id(t, count)] != data_leader)
+    producer = TxnProducer(raw, tid).init()
+    producer.add((topic, 0))
+    assert producer.send(topic, 0, "t1").error.code == 0
+    return producer, partition_for_id(tid, count), data_leader
+
+
 def committed_or_none(raw, topic, partition=0) -> list[str] | None:
     """The committed values, or None while the partition answers a (retriable) error: a restarted leader
     leads again only once the controller has elected it again."""
@@ -243,16 +262,8 @@ def unloads(cluster, name, index) -> int:
 
 def test_a_paused_coordinator_replaced_by_the_other_cannot_change_anything_when_it_resumes(raw, fault_cluster, zk_client):
     cluster = fault_cluster
-    raw.create_topic("paused", 1)
-    data_leader = raw.leaders("paused")[0]
-    state_leaders = raw.leaders(STATE_TOPIC)
-    count = len(state_leaders)
-    # the id's transaction log lives on the other partition_svc, so the data leader can be down while the log is written
-    tid = tid_in("pz", lambda t: state_leaders[partition_for_id(t, count)] != data_leader)
-    index = partition_for_id(tid, count)
-    zombie = TxnProducer(raw, tid).init()
-    zombie.add(("paused", 0))
-    assert zombie.send("paused", 0, "t1").error.code == 0
+    zombie, index, data_leader = open_transaction_logged_apart(raw, "paused", "pz")
+    tid = zombie.transactional_id
     old = owner(zk_client, cluster, index)
     old_name = coordinator_name(cluster, old.node_id)
     old_address = cluster.address(old_name)
@@ -676,3 +687,44 @@ def test_a_coordinator_still_loading_a_partition_answers_load_in_progress_never_
         f"ListTransactions while {STATE_TOPIC} partition {index} was loading answered {listed_while_loading!r}, "
         f"a list without {tid!r} (Ongoing), instead of COORDINATOR_LOAD_IN_PROGRESS"
     )
+
+
+def rpcs_in_flight(cluster, name) -> float:
+    """The calls a service is handling now (its txlog_rpc_in_flight gauge)."""
+    with urllib.request.urlopen(f"http://{cluster.state.services[name].metrics_address}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == "txlog_rpc_in_flight")
+
+
+def test_the_next_transactions_add_waits_for_the_markers_and_one_record_completes_the_last_and_opens_it(raw, fault_cluster, zk_client):
+    cluster = fault_cluster
+    producer, index, data_leader = open_transaction_logged_apart(raw, "carried", "carry")
+    tid = producer.transactional_id
+    coordinator = coordinator_name(cluster, owner(zk_client, cluster, index).node_id)
+    data_leader_name = name_of(cluster, data_leader)
+
+    stub = producer.coordinator()  # found before the stop: the stopped instance may be the one Metadata would ask
+    cluster.kill(data_leader_name, signal.SIGSTOP)  # the COMMIT marker cannot land
+    try:
+        producer.end(committed=True)  # answered once PrepareCommit is durable
+        add = coordinator_pb2.AddPartitionsToTxnRequest(transactional_id=tid, producer_id=producer.producer_id, producer_epoch=producer.producer_epoch,
+                                                        partitions=[common_pb2.TopicPartition(topic="carried", partition=0)])
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            adding = pool.submit(stub.AddPartitionsToTxn, add, timeout=30)  # the next transaction's first add
+            wait_until(lambda: adding.done() or rpcs_in_flight(cluster, coordinator) >= 1, 20, "the add to wait at the coordinator")
+            assert not adding.done(), adding.result()
+            cluster.kill(data_leader_name, signal.SIGCONT)
+            assert [r.error.code for r in adding.result(timeout=30).results] == [0]
+    finally:
+        cluster.kill(data_leader_name, signal.SIGCONT)
+
+    described = producer.describe()
+    assert described.state == ONGOING and [(p.topic, p.partition) for p in described.partitions] == [("carried", 0)], described
+    records = [r for r in raw.read_all(STATE_TOPIC, index) if r.key == tid.encode() and r.HasField("value")]
+    logged = [TransactionRecord.decode(tid, r.value).state for r in records]
+    # the commit's markers were acknowledged before the next transaction's record, which completes it: no CompleteCommit between
+    assert logged[-2:] == [TransactionState.PREPARE_COMMIT, TransactionState.ONGOING], logged
+    wait_until(lambda: raw.leaders("carried")[0], 30, "carried-0 to have a leader again (the stop may have cost its session)")
+    assert producer.send("carried", 0, "t2").error.code == 0
+    producer.end(committed=True)
+    wait_until(lambda: values(raw, "carried", 0, COMMITTED) == ["t1", "t2"], 30, "both transactions committed, once each")

@@ -25,7 +25,9 @@ order of the two, each possibly answered CONCURRENT_TRANSACTIONS with no effect
 
 Guarantees checked after every step, each failing with the rule's name:
 - every record written for an id, in order, is an edge of :data:`TV2_VALID_PREVIOUS_STATES`,
-  and memory equals the last durable record (write, then apply);
+  and memory equals the last durable record (write, then apply); a decision (Prepare*)
+  followed straight by Ongoing (its completion carried by the next transaction's add)
+  only once the decision's markers were all acknowledged;
 - one producer id per transactional id in the log (no orphaned InitProducerId record);
 - every decision (Prepare*) bumps the epoch; markers are asked only once it is
   durable, carry its bumped epoch, strictly above the epoch the data was written with
@@ -88,7 +90,9 @@ S = TransactionState
 # fenced like Ongoing, and a check-back that decided nothing rewrites it with its
 # count (Prepared -> Prepared).
 TV2_VALID_PREVIOUS_STATES: dict[TransactionState, frozenset[TransactionState]] = {
-    S.ONGOING: frozenset({S.EMPTY, S.ONGOING, S.COMPLETE_COMMIT, S.COMPLETE_ABORT}),
+    # From Prepare*: the completion carried by the next transaction's first add, only once every marker
+    # of the decision was acknowledged (Checker._check_log)
+    S.ONGOING: frozenset({S.EMPTY, S.ONGOING, S.COMPLETE_COMMIT, S.COMPLETE_ABORT, S.PREPARE_COMMIT, S.PREPARE_ABORT}),
     S.PREPARE_COMMIT: frozenset({S.ONGOING, S.PREPARED}),
     S.PREPARE_ABORT: frozenset({S.ONGOING, S.PREPARE_EPOCH_FENCE, S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT, S.PREPARED}),
     S.COMPLETE_COMMIT: frozenset({S.PREPARE_COMMIT}),
@@ -222,6 +226,7 @@ class RecordingMarkers:
     def __init__(self, log: InMemoryTransactionLog):
         self.log = log
         self.asked: list[AskedMarker] = []
+        self.acknowledged: list[AskedMarker] = []  # durable_entries: the log entries when the acknowledgement came
         self.seals: list[AskedMarker] = []
         self.held = False
         self.waiting = 0
@@ -246,6 +251,8 @@ class RecordingMarkers:
                 await self._released.wait()
             finally:
                 self.waiting -= 1
+        self.acknowledged += [AskedMarker(t.transactional_id, t.producer_id, t.producer_epoch, committed, frozenset(t.partitions),
+                                          len(self.log.entries)) for t in transactions]
 
     def release(self) -> None:
         self.held = False
@@ -952,6 +959,7 @@ class Checker:
     def _check_log(self) -> None:
         records = self.h.log.records()
         by_tid: dict[str, list[TransactionRecord]] = {}
+        decided_at: dict[str, int] = {}  # an id's last record's index in the log
         for index, record in records:
             history = by_tid.setdefault(record.transactional_id, [])
             if index >= self.seen_entries:
@@ -962,10 +970,13 @@ class Checker:
                 if previous is not None and record.producer_id != previous.producer_id:
                     raise RuleViolation(f"{record.transactional_id}: two producer ids in the log ({previous.producer_id}, then {record.producer_id}): "
                                         f"an orphaned InitProducerId record (log: {[(r.state.value, r.producer_id, r.producer_epoch) for r in history + [record]]})")
+                if record.state is S.ONGOING and previous.state in (S.PREPARE_COMMIT, S.PREPARE_ABORT):
+                    self._check_carried_completion(previous, decided_at[record.transactional_id], record, index)
                 if record.state in (S.PREPARE_COMMIT, S.PREPARE_ABORT) and record.producer_epoch <= previous.producer_epoch:
                     raise RuleViolation(f"{record.transactional_id}: {record.state.value} at epoch {record.producer_epoch} does not bump "
                                         f"the epoch {previous.producer_epoch} of {previous.state.value}")
             history.append(record)
+            decided_at[record.transactional_id] = index
         self.seen_entries = len(self.h.log.entries)
         for tid in TIDS:
             meta, logged = self.h.meta(tid), by_tid.get(tid)
@@ -978,6 +989,16 @@ class Checker:
                     last.state, last.producer_id, last.producer_epoch, last.partitions, last.checks_done, last.last_check_ms):
                 raise RuleViolation(f"{tid}: memory ({meta.state.value}, {meta.producer_id}/{meta.producer_epoch}) differs from the last "
                                     f"durable record ({last.state.value}, {last.producer_id}/{last.producer_epoch}): write, then apply")
+
+    def _check_carried_completion(self, decision: TransactionRecord, decision_index: int, record: TransactionRecord, index: int) -> None:
+        """Ongoing straight after Prepare*: every marker of that decision was asked
+        for after it was durable and acknowledged before this record was written."""
+        committed = decision.state is S.PREPARE_COMMIT
+        acknowledged = [m for m in self.h.markers.acknowledged if m.transactional_id == decision.transactional_id and m.committed == committed
+                        and m.partitions == decision.partitions and decision_index < m.durable_entries <= index]
+        if not acknowledged:
+            raise RuleViolation(f"{record.transactional_id}: Ongoing at epoch {record.producer_epoch} written straight after "
+                                f"{decision.state.value} without that decision's markers acknowledged first")
 
     def _check_markers(self) -> None:
         records = self.h.log.records()

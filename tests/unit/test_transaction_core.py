@@ -98,6 +98,27 @@ def test_add_partitions_refuses_strangers_zombies_prepared_and_completing_transa
     assert refused(core.decide_add_partitions(meta(S.PREPARE_COMMIT), TID, 7, 3, [TP], {}, NOW)) == "CONCURRENT_TRANSACTIONS"
 
 
+
+def test_the_next_transactions_adds_are_decided_on_the_completed_state_and_open_it_in_one_record():
+    decided = meta(S.PREPARE_COMMIT, epoch=4, last_producer_epoch=3, partitions=frozenset({TP}), txn_start_ms=NOW - 50)
+    other = ("events", 1)
+    adds = [core.NextAdd(7, 4, (TP,), {}), core.NextAdd(7, 4, (TP, other), {}), core.NextAdd(7, 3, (other,), {})]
+    changes, outcomes = core.decide_completion_into_next(decided, adds, NOW)
+    assert changes["partitions"] == frozenset({TP, other}) and changes["txn_start_ms"] == NOW  # the next transaction, begun now
+    assert changes["prepared_ms"] == -1 and changes["checks_done"] == 0  # and the last one's completion resets
+    assert [type(o) for o in outcomes[:2]] == [Transit, Transit] and outcomes[0].reply == {TP: None}
+    assert refused(outcomes[2]) == "PRODUCER_FENCED"  # a late add of the decided transaction's epoch
+    assert decided.state is S.PREPARE_COMMIT and decided.partitions == frozenset({TP})  # nothing applied: written first
+
+
+def test_without_an_add_that_opens_the_next_transaction_the_completion_is_written_alone():
+    decided = meta(S.PREPARE_ABORT, epoch=4, last_producer_epoch=3, partitions=frozenset({TP}))
+    assert core.decide_completion_into_next(decided, [], NOW) == (None, [])
+    zombie_and_unknown = [core.NextAdd(7, 3, (TP,), {}), core.NextAdd(7, 4, (("gone", 0),), {("gone", 0): core.error("UNKNOWN_TOPIC_OR_PARTITION", "x")})]
+    changes, outcomes = core.decide_completion_into_next(decided, zombie_and_unknown, NOW)
+    assert changes is None and refused(outcomes[0]) == "PRODUCER_FENCED"
+    assert isinstance(outcomes[1], Reply) and ErrorCode.Name(outcomes[1].value[("gone", 0)].code) == "UNKNOWN_TOPIC_OR_PARTITION"
+
 def test_verification_answers_per_partition_and_fences_a_zombie():
     ongoing = meta(S.ONGOING, partitions=frozenset({TP}))
     answer = core.verify_partitions(ongoing, 7, 3, [TP, ("events", 1)])
