@@ -49,7 +49,10 @@ show in, and ``anon_less_rocksdb_mb``, less RocksDB's block cache (bounded,
 8 MB as built here, filling as reads touch older blocks) and table readers too. What a
 leak would be made of shows beside them: ``malloc_in_use_mb`` and
 ``malloc_free_mb`` (the C allocator's bytes, native code's), and
-``python_blocks_k`` (thousands of Python objects' memory blocks), and
+``python_blocks_k`` (thousands of Python objects' memory blocks),
+``producer_ids`` (the producer ids a partition_svc's partitions remember: they
+grow with every new producer until ``--producer-id-expiration-ms`` after its
+last append, a day by default, and so does the memory that holds them), and
 ``native_less_rocksdb_mb`` (the allocator's bytes in use less RocksDB's
 memtables, block cache and table readers: without the freed memtables the
 allocator keeps for the next one, which anonymous memory carries as a
@@ -135,6 +138,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "(default: %(default)s)")
     parser.add_argument("--cut-probability", type=float, default=0.01, help="the workers' client connection cuts "
                         "per call (default: %(default)s)")
+    parser.add_argument("--producer-id-expiration-ms", type=int, help="partition_svc's --producer-id-expiration-ms "
+                        "(default: the service's, a day; shorter shows whether what grows with producers levels off once "
+                        "they expire), checked every tenth of it")
     parser.add_argument("--seed", type=int, help="the nemesis's and the workers' seed (default: random)")
     parser.add_argument("--from-samples", metavar="FILE", help="no run: the report of a run's DIR/soak-samples.json "
                         "again, with this --warmup-fraction and --fresh-s")
@@ -145,6 +151,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error(f"unknown fault kinds {unknown}; known: {', '.join(FAULT_KINDS)}")
     if args.minutes <= 0 or args.sample_s <= 0 or not 0 <= args.warmup_fraction < 1 or args.retention_s <= 0:
         parser.error("--minutes, --sample-s and --retention-s must be > 0, --warmup-fraction in [0, 1)")
+    if args.producer_id_expiration_ms is not None and args.producer_id_expiration_ms < 1000:
+        parser.error("--producer-id-expiration-ms must be at least 1000")
     if args.seed is None:
         args.seed = random.SystemRandom().randrange(2**31)
     return args
@@ -210,6 +218,8 @@ def metrics_figures(address: str) -> dict:
             found[f"malloc_{state}_mb"] = round(float(value) / MB, 2)
         elif line.startswith("txlog_python_allocated_blocks"):
             found["python_blocks_k"] = round(float(line.rpartition(" ")[2]) / 1000, 1)
+        elif line.startswith("txlog_producer_ids"):
+            found["producer_ids"] = int(float(line.rpartition(" ")[2]))
     return found
 
 
@@ -407,8 +417,8 @@ def fitted(values: list, times_h: list[float], warmup: int, groups: list[int] | 
 
 PROCESS_SERIES = ("rss_mb", "anon_mb", "anon_less_memtable_mb", "anon_less_rocksdb_mb", "fds", "threads", "cpu", "metrics_series", "data_dir_mb", "rocksdb_sst_mb",
                   "rocksdb_blob_mb", "rocksdb_memtable_mb", "rocksdb_block_cache_mb", "rocksdb_table_readers_mb",
-                  "malloc_in_use_mb", "malloc_free_mb", "native_less_rocksdb_mb", "python_blocks_k", *JVM_HEAP)
-COUNT_SERIES = {"fds", "threads", "metrics_series", *ZOOKEEPER_COUNTERS}
+                  "malloc_in_use_mb", "malloc_free_mb", "native_less_rocksdb_mb", "python_blocks_k", "producer_ids", *JVM_HEAP)
+COUNT_SERIES = {"fds", "threads", "metrics_series", "producer_ids", *ZOOKEEPER_COUNTERS}
 
 
 ROCKSDB_HELD = ("rocksdb_memtable_mb", "rocksdb_block_cache_mb", "rocksdb_table_readers_mb")  # by design, bounded
@@ -506,6 +516,13 @@ def report(samples: list[dict], args: argparse.Namespace, faults: list[dict], fa
 # --- the run -------------------------------------------------------------------------------
 
 
+def expiration_args(args: argparse.Namespace) -> list[str]:
+    if args.producer_id_expiration_ms is None:
+        return []
+    return ["--producer-id-expiration-ms", str(args.producer_id_expiration_ms),
+            "--producer-id-expiration-check-interval-ms", str(max(args.producer_id_expiration_ms // 10, 1000))]
+
+
 def soak(directory: Path, args: argparse.Namespace) -> dict:
     routes = ZookeeperRoutes()  # partition_zookeeper cuts a process's own path to ZooKeeper
     cluster = LocalCluster(directory / "cluster", zookeeper_route=routes.route)
@@ -513,7 +530,7 @@ def soak(directory: Path, args: argparse.Namespace) -> dict:
     try:
         progress(f"cluster in {directory}")
         cluster.up(producer_id_svcs=1, partition_svcs=3, coordinator_svcs=2,
-                   service_args={"coordinator_svc": chaos.COORDINATOR_ARGS, "partition_svc": chaos.PARTITION_ARGS})
+                   service_args={"coordinator_svc": chaos.COORDINATOR_ARGS, "partition_svc": chaos.PARTITION_ARGS + expiration_args(args)})
         cluster.wait_until_coordinators_settle()
         with Admin(cluster.state.bootstrap) as admin:
             admin.create_topics(list(chaos.TOPICS.items()), {"retention.ms": str(int(args.retention_s * 1000))})

@@ -3,7 +3,7 @@ and fetched per topic (counters, recorded on the hot path with one cached
 attribute set per topic); per led partition its high watermark, LSO lag
 (high watermark - LSO: a stuck LSO is a hanging transaction) and in-sync
 replicas; under-replicated and (on the active controller) offline partitions;
-and RocksDB's size, pending compaction and write stalls. Gauges are read at
+the producer ids remembered; and RocksDB's size, pending compaction and write stalls. Gauges are read at
 each scrape, never kept up to date on the hot path."""
 
 from __future__ import annotations
@@ -45,6 +45,9 @@ class PartitionMetrics:
             "txlog.partitions.led": ("partitions this instance leads", self._led),
             "txlog.partitions.under_replicated": ("led partitions with fewer in-sync replicas than replicas", self._under_replicated),
             "txlog.partitions.offline": ("partitions without a live leader (reported by the active controller only)", self._offline_count),
+            "txlog.producer_ids": ("producer ids the partitions here remember (as leader or follower) for idempotence and "
+                                   "transactions; each is kept until producer_id_expiration_ms after its last append "
+                                   "(Kafka's ProducerIdCount)", self._producer_ids),
             "txlog.rocksdb": ("RocksDB figures by property: sst_bytes, blob_bytes, blob_garbage_bytes, memtable_bytes, "
                               "pending_compaction_bytes, delayed_write_rate, write_stopped", self._rocksdb),
         }
@@ -113,6 +116,9 @@ class PartitionMetrics:
     def _offline_count(self, _: CallbackOptions) -> Iterable[Observation]:
         offline = self._offline()
         return [] if offline is None else [Observation(offline)]
+
+    def _producer_ids(self, _: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(sum(len(p.producers) for p in self._partitions()))]
 
     def _rocksdb(self, _: CallbackOptions) -> Iterable[Observation]:
         return [Observation(value, {"property": name}) for name, value in self._store_properties().items()]

@@ -55,6 +55,7 @@ EXPOSED: dict[str, dict[str, set[str]]] = {
         "txlog_partitions_under_replicated": set(),
         "txlog_partitions_offline": set(),
         "txlog_rocksdb": {"property"},
+        "txlog_producer_ids": set(),
     },
 }
 METRICS: dict[str, set[str]] = {}
@@ -125,7 +126,7 @@ def expositions() -> dict[str, str]:
             pass
 
     def partition_svc(meter) -> None:
-        partition = SimpleNamespace(is_leader=True, topic="events", index=0, high_watermark=10, last_stable_offset=7,
+        partition = SimpleNamespace(is_leader=True, topic="events", index=0, high_watermark=10, last_stable_offset=7, producers={7: None},
                                     replica_set=SimpleNamespace(isr=[0]), replicas=[0, 1])
         recorder = PartitionMetrics(meter, lambda: [partition], lambda: 0,
                                     lambda: {"sst_bytes": 1, "pending_compaction_bytes": 0}, lambda: [("readers", "events", 0, 5)])

@@ -101,6 +101,8 @@ def test_the_numbers_match_what_was_done(cluster):
     assert total(cluster, "partition_svc", "txlog_partition_high_watermark", topic="measured") == records + (COMMITTED + ABORTED) * PARTITIONS
     assert total(cluster, "partition_svc", "txlog_partition_lso_lag", topic="measured") == 0
     assert total(cluster, "producer_id_svc", "txlog_producer_id_blocks_total") >= 1
+    # the producer is remembered by each replica of each partition it wrote to (leader and follower)
+    wait_until(lambda: total(cluster, "partition_svc", "txlog_producer_ids") >= PARTITIONS * 2, 30, "the producer remembered")
 
 
 def test_the_sdk_consumer_reads_by_fetch_stream(cluster):
