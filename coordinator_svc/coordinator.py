@@ -253,10 +253,10 @@ class TransactionCoordinator:
         try:
             return await asyncio.wait_for(asyncio.shield(future), ADD_WAIT_S_MAX)
         except TimeoutError:
-            if (add, future) in waiting:  # not taken yet: leave; once taken, its record is being written
+            if loaded.next_adds.get(transactional_id) is waiting:  # not taken yet: leave
                 waiting.remove((add, future))
                 raise error("CONCURRENT_TRANSACTIONS", f"the last transaction of {transactional_id!r} is still completing; retry") from None
-            return await future
+            return await future  # taken with the completion: its record is being written
 
     async def _unknown_partitions(self, partitions) -> dict:
         """The partitions that do not exist; metadata is asked again only on a miss."""
@@ -294,13 +294,15 @@ class TransactionCoordinator:
     async def _complete(self, loaded: LoadedPartition, meta: TransactionMetadata) -> None:
         committed = meta.state is S.PREPARE_COMMIT
         producer_id, producer_epoch = ts.marker_producer(meta)
-        loaded.next_adds[meta.transactional_id] = []
+        next_adds = loaded.next_adds[meta.transactional_id] = []
         try:
             await self._complete_inner(loaded, meta, committed, producer_id, producer_epoch)
         finally:
-            for _, future in loaded.next_adds.pop(meta.transactional_id, ()):  # the markers were not all written
+            if loaded.next_adds.get(meta.transactional_id) is next_adds:
+                del loaded.next_adds[meta.transactional_id]
+            for _, future in next_adds:  # not answered: the completion failed or stopped here (the partition is reloaded or left)
                 if not future.done():
-                    future.set_exception(error("CONCURRENT_TRANSACTIONS", f"the last transaction of {meta.transactional_id!r} did not complete here; retry"))
+                    future.set_exception(error("NOT_COORDINATOR", f"the last transaction of {meta.transactional_id!r} did not complete here; retry"))
             done = loaded.completing.pop(meta.transactional_id, None)
             if done is not None:
                 done.set()
@@ -310,9 +312,9 @@ class TransactionCoordinator:
             await self.markers.write(
                 meta.transactional_id, producer_id, producer_epoch, committed, loaded.owner.coordinator_epoch, meta.partitions
             )
-            next_adds = loaded.next_adds.pop(meta.transactional_id, [])
+            next_adds = loaded.next_adds.pop(meta.transactional_id, [])  # from here on an add waits for the record below
             if next_adds:
-                await self._complete_into_next(loaded, meta, next_adds)
+                await self._complete_into_next(loaded, meta, list(next_adds))
             else:
                 await self._transition(loaded, meta, S.COMPLETE_COMMIT if committed else S.COMPLETE_ABORT, **COMPLETED)
         except asyncio.CancelledError:

@@ -7,8 +7,11 @@ from; :func:`prepare_transition` refuses any other move with IllegalStateError.
 
     EMPTY                 <- EMPTY, COMPLETE_COMMIT, COMPLETE_ABORT
         InitProducerId: a producer registered (new id, or epoch bumped).
-    ONGOING               <- EMPTY, ONGOING, COMPLETE_COMMIT, COMPLETE_ABORT
+    ONGOING               <- EMPTY, ONGOING, COMPLETE_COMMIT, COMPLETE_ABORT, PREPARE_COMMIT, PREPARE_ABORT
         AddPartitionsToTxn / AddOffsetsToTxn: the transaction started or grew.
+        From PREPARE_*: the next transaction's first add came while the
+        decided one's markers were written; written once every marker is
+        acknowledged, the record completes that one and opens this one.
     PREPARED              <- ONGOING, EMPTY, COMPLETE_COMMIT, COMPLETE_ABORT, PREPARED
         PrepareTransaction: every record is written; the outcome waits for
         whoever holds the handle (from Empty/Complete*: a prepared transaction

@@ -59,6 +59,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule, run_state_machine_as_test
 
 from coordinator_svc import check_rules
+from coordinator_svc import coordinator as coordinator_module
+from coordinator_svc import transaction_state as ts
 from coordinator_svc.check_back import ANSWER_PROTOS
 from coordinator_svc.check_rules import CheckAnswer
 from coordinator_svc.coordinator import TransactionCoordinator
@@ -140,6 +142,8 @@ class InMemoryTransactionLog:
 
     def __init__(self):
         self.entries: list[tuple[bytes, bytes | None]] = []
+        self.begun = 0  # writes begun so far
+        self.began: list[int] = []  # for each entry, how many writes had begun before its own
         self.broken: str | None = None
         self.held: set[str] = set()
         self.waiting = 0
@@ -148,6 +152,7 @@ class InMemoryTransactionLog:
     async def append(self, key: bytes, value: bytes | None) -> None:
         if self.broken:
             raise TxlogError(ErrorCode.Value("NOT_COORDINATOR"), f"the log is broken: {self.broken}")
+        began, self.begun = self.begun, self.begun + 1
         await asyncio.sleep(0)
         while self._is_held(key, value):
             self.waiting += 1
@@ -156,6 +161,7 @@ class InMemoryTransactionLog:
             finally:
                 self.waiting -= 1
         self.entries.append((key, value))
+        self.began.append(began)
 
     async def write(self, record: TransactionRecord) -> None:
         await self.append(record.transactional_id.encode(), record.encode())
@@ -186,9 +192,13 @@ class InMemoryTransactionLog:
         return records, decisions, group_configs
 
     def _is_held(self, key: bytes, value: bytes | None) -> bool:
+        """A completion of a held id: Complete*, or Ongoing straight after Prepare* (which carries one)."""
         if value is None or not is_transaction_key(key) or key.decode() not in self.held:
             return False
-        return TransactionRecord.decode(key.decode(), value).state in (S.COMPLETE_COMMIT, S.COMPLETE_ABORT)
+        state = TransactionRecord.decode(key.decode(), value).state
+        last = next((r for _, r in reversed(self.records()) if r.transactional_id == key.decode()), None)
+        carried = state is S.ONGOING and last is not None and last.state in (S.PREPARE_COMMIT, S.PREPARE_ABORT)
+        return state in (S.COMPLETE_COMMIT, S.COMPLETE_ABORT) or carried
 
     def release(self) -> None:
         self.held.clear()
@@ -226,7 +236,7 @@ class RecordingMarkers:
     def __init__(self, log: InMemoryTransactionLog):
         self.log = log
         self.asked: list[AskedMarker] = []
-        self.acknowledged: list[AskedMarker] = []  # durable_entries: the log entries when the acknowledgement came
+        self.acknowledged: list[tuple[AskedMarker, int]] = []  # each with the log writes begun when it came
         self.seals: list[AskedMarker] = []
         self.held = False
         self.waiting = 0
@@ -251,8 +261,8 @@ class RecordingMarkers:
                 await self._released.wait()
             finally:
                 self.waiting -= 1
-        self.acknowledged += [AskedMarker(t.transactional_id, t.producer_id, t.producer_epoch, committed, frozenset(t.partitions),
-                                          len(self.log.entries)) for t in transactions]
+        self.acknowledged += [(AskedMarker(t.transactional_id, t.producer_id, t.producer_epoch, committed, frozenset(t.partitions),
+                                           len(self.log.entries)), self.log.begun) for t in transactions]
 
     def release(self) -> None:
         self.held = False
@@ -991,11 +1001,15 @@ class Checker:
                                     f"durable record ({last.state.value}, {last.producer_id}/{last.producer_epoch}): write, then apply")
 
     def _check_carried_completion(self, decision: TransactionRecord, decision_index: int, record: TransactionRecord, index: int) -> None:
-        """Ongoing straight after Prepare*: every marker of that decision was asked
-        for after it was durable and acknowledged before this record was written."""
+        """Ongoing straight after Prepare*: every marker of that decision (its
+        partitions, at ts.marker_producer's id and epoch) was asked for after the
+        decision was durable and acknowledged before this record's write began."""
         committed = decision.state is S.PREPARE_COMMIT
-        acknowledged = [m for m in self.h.markers.acknowledged if m.transactional_id == decision.transactional_id and m.committed == committed
-                        and m.partitions == decision.partitions and decision_index < m.durable_entries <= index]
+        producer = ts.marker_producer(decision)
+        acknowledged = [m for m, begun in self.h.markers.acknowledged
+                        if m.transactional_id == decision.transactional_id and m.committed == committed and m.partitions == decision.partitions
+                        and (m.producer_id, m.producer_epoch) == producer and decision_index < m.durable_entries
+                        and begun <= self.h.log.began[index]]
         if not acknowledged:
             raise RuleViolation(f"{record.transactional_id}: Ongoing at epoch {record.producer_epoch} written straight after "
                                 f"{decision.state.value} without that decision's markers acknowledged first")
@@ -1445,6 +1459,61 @@ def test_late_requests_of_an_old_epoch_never_touch_the_next_transaction(checked)
     meta = checked.h.meta("g/a")
     assert (meta.state, meta.producer_epoch, meta.partitions) == (S.ONGOING, epoch + 1, frozenset({TOPIC_PARTITIONS[1]}))
 
+
+
+def states_logged(harness: Harness, tid: str) -> list[S]:
+    return [r.state for _, r in harness.log.records() if r.transactional_id == tid]
+
+
+def test_an_add_of_the_next_transaction_while_the_markers_are_written_is_carried_by_one_record(checked):
+    pid, epoch = ok(checked, init("g/a"))
+    ok(checked, add("g/a", pid, epoch))
+    checked.hold(markers=True)
+    assert ok(checked, end("g/a", pid, epoch, True)) == (pid, epoch + 1)
+    ok(checked, add("g/a", pid, epoch + 1, TOPIC_PARTITIONS[1]))  # released while it waits
+    assert states_logged(checked.h, "g/a")[-3:] == [S.ONGOING, S.PREPARE_COMMIT, S.ONGOING]  # no CompleteCommit between
+    meta = checked.h.meta("g/a")
+    assert (meta.state, meta.producer_epoch, meta.partitions) == (S.ONGOING, epoch + 1, frozenset({TOPIC_PARTITIONS[1]}))
+
+
+def test_an_add_that_outwaits_the_markers_leaves_and_the_completion_is_written_alone(checked, monkeypatch):
+    monkeypatch.setattr(coordinator_module, "ADD_WAIT_S_MAX", 0.01)
+    h = checked.h
+    pid, epoch = ok(checked, init("g/a"))
+    ok(checked, add("g/a", pid, epoch))
+    checked.hold(markers=True)
+    ok(checked, end("g/a", pid, epoch, True))
+    assert h.loop.run_until_complete(h.call(add("g/a", pid, epoch + 1))) == ("err", BUSY)  # the markers are held past its wait
+    checked.release()
+    assert states_logged(h, "g/a")[-2:] == [S.PREPARE_COMMIT, S.COMPLETE_COMMIT]
+    ok(checked, add("g/a", pid, epoch + 1))  # the retry opens the next transaction with a record of its own
+    assert states_logged(h, "g/a")[-3:] == [S.PREPARE_COMMIT, S.COMPLETE_COMMIT, S.ONGOING]
+
+
+def test_an_add_taken_with_the_completion_is_answered_once_its_record_is_written_however_long_that_takes(checked, monkeypatch):
+    monkeypatch.setattr(coordinator_module, "ADD_WAIT_S_MAX", 0.01)
+    h = checked.h
+    pid, epoch = ok(checked, init("g/a"))
+    ok(checked, add("g/a", pid, epoch))
+    checked.hold(markers=True)
+    ok(checked, end("g/a", pid, epoch, True))
+    h.log.held.add("g/a")  # the record that will carry the completion waits
+
+    async def go():
+        adding = asyncio.ensure_future(h.call(add("g/a", pid, epoch + 1)))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        h.markers.release()  # the add is taken with the completion; its record is held
+        await asyncio.sleep(0.05)  # asyncio fires timers in order: the add's 0.01 s wait has run out by now
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert not adding.done() and h.log.waiting == 1
+        h.log.release()
+        return await adding
+
+    assert h.loop.run_until_complete(go())[0] == "ok"
+    assert states_logged(h, "g/a")[-2:] == [S.PREPARE_COMMIT, S.ONGOING]
+    assert h.meta("g/a").state is S.ONGOING
 
 def test_two_concurrent_inits_of_a_new_id_log_one_producer_id(checked):
     outcomes = checked.h.send_together([init("g/a"), init("g/a")])  # unchecked: the assertions below say why
