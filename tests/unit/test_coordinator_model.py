@@ -1465,11 +1465,17 @@ def states_logged(harness: Harness, tid: str) -> list[S]:
     return [r.state for _, r in harness.log.records() if r.transactional_id == tid]
 
 
-def test_an_add_of_the_next_transaction_while_the_markers_are_written_is_carried_by_one_record(checked):
+def committed_with_markers_held(checked) -> tuple[int, int]:
+    """g/a's transaction committed (PrepareCommit durable), its markers held: (producer id, the epoch it ended with)."""
     pid, epoch = ok(checked, init("g/a"))
     ok(checked, add("g/a", pid, epoch))
     checked.hold(markers=True)
     assert ok(checked, end("g/a", pid, epoch, True)) == (pid, epoch + 1)
+    return pid, epoch
+
+
+def test_an_add_of_the_next_transaction_while_the_markers_are_written_is_carried_by_one_record(checked):
+    pid, epoch = committed_with_markers_held(checked)
     ok(checked, add("g/a", pid, epoch + 1, TOPIC_PARTITIONS[1]))  # released while it waits
     assert states_logged(checked.h, "g/a")[-3:] == [S.ONGOING, S.PREPARE_COMMIT, S.ONGOING]  # no CompleteCommit between
     meta = checked.h.meta("g/a")
@@ -1479,10 +1485,7 @@ def test_an_add_of_the_next_transaction_while_the_markers_are_written_is_carried
 def test_an_add_that_outwaits_the_markers_leaves_and_the_completion_is_written_alone(checked, monkeypatch):
     monkeypatch.setattr(coordinator_module, "ADD_WAIT_S_MAX", 0.01)
     h = checked.h
-    pid, epoch = ok(checked, init("g/a"))
-    ok(checked, add("g/a", pid, epoch))
-    checked.hold(markers=True)
-    ok(checked, end("g/a", pid, epoch, True))
+    pid, epoch = committed_with_markers_held(checked)
     assert h.loop.run_until_complete(h.call(add("g/a", pid, epoch + 1))) == ("err", BUSY)  # the markers are held past its wait
     checked.release()
     assert states_logged(h, "g/a")[-2:] == [S.PREPARE_COMMIT, S.COMPLETE_COMMIT]
@@ -1493,10 +1496,7 @@ def test_an_add_that_outwaits_the_markers_leaves_and_the_completion_is_written_a
 def test_an_add_taken_with_the_completion_is_answered_once_its_record_is_written_however_long_that_takes(checked, monkeypatch):
     monkeypatch.setattr(coordinator_module, "ADD_WAIT_S_MAX", 0.01)
     h = checked.h
-    pid, epoch = ok(checked, init("g/a"))
-    ok(checked, add("g/a", pid, epoch))
-    checked.hold(markers=True)
-    ok(checked, end("g/a", pid, epoch, True))
+    pid, epoch = committed_with_markers_held(checked)
     h.log.held.add("g/a")  # the record that will carry the completion waits
 
     async def go():
