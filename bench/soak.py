@@ -417,7 +417,8 @@ def fitted(values: list, times_h: list[float], warmup: int, groups: list[int] | 
 
 PROCESS_SERIES = ("rss_mb", "anon_mb", "anon_less_memtable_mb", "anon_less_rocksdb_mb", "fds", "threads", "cpu", "metrics_series", "data_dir_mb", "rocksdb_sst_mb",
                   "rocksdb_blob_mb", "rocksdb_memtable_mb", "rocksdb_block_cache_mb", "rocksdb_table_readers_mb",
-                  "malloc_in_use_mb", "malloc_free_mb", "native_less_rocksdb_mb", "python_blocks_k", "producer_ids", *JVM_HEAP)
+                  "malloc_in_use_mb", "malloc_free_mb", "native_less_rocksdb_mb", "anon_less_rocksdb_and_free_mb", "python_blocks_k",
+                  "producer_ids", *JVM_HEAP)
 COUNT_SERIES = {"fds", "threads", "metrics_series", "producer_ids", *ZOOKEEPER_COUNTERS}
 
 
@@ -429,12 +430,16 @@ def with_derived(row: dict) -> dict:
     ``anon_less_rocksdb_mb``, anonymous memory less what RocksDB holds by design, and
     ``native_less_rocksdb_mb``, the C allocator's bytes in use less the same: native memory a leak would show
     in, without the sawtooth of the freed memtables the allocator keeps for the next one (which anonymous
-    memory carries)."""
+    memory carries); and ``anon_less_rocksdb_and_free_mb``, anonymous memory less RocksDB's holdings and that
+    free heap (kept up to the trim threshold, services.runtime.malloc), so pymalloc's arenas, stacks and
+    whatever else is anonymous but not the C allocator's are in it too."""
     if any(row.get(part) is None for part in ROCKSDB_HELD):
         return row
     held = sum(row[part] for part in ROCKSDB_HELD)
     derived = {f"{whole}_less_rocksdb_mb": round(row[source] - held, 2)
                for whole, source in (("anon", "anon_mb"), ("native", "malloc_in_use_mb")) if row.get(source) is not None}
+    if row.get("anon_mb") is not None and row.get("malloc_free_mb") is not None:
+        derived["anon_less_rocksdb_and_free_mb"] = round(row["anon_mb"] - held - row["malloc_free_mb"], 2)
     return {**row, **derived}
 
 
