@@ -683,18 +683,24 @@ class Partition:
         return changes
 
     def _compaction_changes(self) -> Changes:
-        """For cleanup.policy=compact, what log_core.compaction_plan lets go; applied in memory."""
+        """For cleanup.policy=compact, what log_core.compaction_plan lets go; applied in memory.
+        The plan removes every aborted transaction's batches below the LSO, so the
+        spans of those transactions go too: the log start of a compacted log stays
+        at its first marker, so they would otherwise be kept (and loaded at every
+        start) for ever."""
         if self.configs.get("cleanup.policy") != "compact":
             return []
+        lso = self.last_stable_offset
         stored = ((log_format.decode_header(base_offset, value), value)
                   for base_offset, value in self.store.batches_holding(self.pkey, self.log_start_offset))
-        doomed, log_start = log_core.compaction_plan(stored, self.last_stable_offset, self.derived.is_aborted)
-        if not doomed:
+        doomed, log_start = log_core.compaction_plan(stored, lso, self.derived.is_aborted)
+        changes: Changes = partition_core.forget_aborted_below(self.derived, self.pkey, lso)
+        if not doomed and not changes:
             return []
         self.size_bytes -= sum(h.stored_bytes for h in doomed)
         if log_start is not None:
             self.log_start_offset = log_start
-        changes: Changes = [(log_format.log_key(self.pkey, h.base_offset), None) for h in doomed]
+        changes += [(log_format.log_key(self.pkey, h.base_offset), None) for h in doomed]
         changes.append(self.metadata_change())
         return changes
 

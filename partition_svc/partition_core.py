@@ -312,7 +312,9 @@ def effect_stored(state: DerivedState, pkey: bytes, holds_offsets: bool, base_of
 
 
 def forget_aborted_below(state: DerivedState, pkey: bytes, offset: int) -> Changes:
-    """The aborted spans ending below the new log start ``offset`` are forgotten (no read reaches them)."""
+    """The aborted spans ending below ``offset`` are forgotten: the new log start
+    (no read reaches them), or the LSO a compaction ran to (it removed every
+    aborted batch below it)."""
     changes: Changes = []
     for producer_id, spans in list(state.aborted.items()):
         kept = [(first, last) for first, last in spans if last >= offset]

@@ -42,6 +42,9 @@ class PartitionMetrics:
             "txlog.partition.lso_lag": ("records between the high watermark and the last stable offset, per led "
                                         "partition (an open transaction holds the LSO back)", self._lso_lags),
             "txlog.partition.in_sync_replicas": ("in-sync replicas of each led partition", self._in_sync),
+            "txlog.partition.aborted_transactions": ("aborted transactions in each led partition's aborted index (what "
+                                                     "read_committed reads consult; retention, DeleteRecords and "
+                                                     "compaction trim it)", self._aborted_transactions),
             "txlog.partitions.led": ("partitions this instance leads", self._led),
             "txlog.partitions.under_replicated": ("led partitions with fewer in-sync replicas than replicas", self._under_replicated),
             "txlog.partitions.offline": ("partitions without a live leader (reported by the active controller only)", self._offline_count),
@@ -103,6 +106,9 @@ class PartitionMetrics:
 
     def _lso_lags(self, _: CallbackOptions) -> Iterable[Observation]:
         return [Observation(max(p.high_watermark - p.last_stable_offset, 0), self._labels(p)) for p in self._leaders()]
+
+    def _aborted_transactions(self, _: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(sum(len(spans) for spans in p.aborted.values()), self._labels(p)) for p in self._leaders()]
 
     def _in_sync(self, _: CallbackOptions) -> Iterable[Observation]:
         return [Observation(len(p.replica_set.isr), self._labels(p)) for p in self._leaders()]

@@ -51,6 +51,7 @@ EXPOSED: dict[str, dict[str, set[str]]] = {
         "txlog_partition_errors_total": {"rpc_method", "topic", "error_code"},
         "txlog_group_committed_offset": _PARTITION | {"group"},
         "txlog_partition_in_sync_replicas": _PARTITION,
+        "txlog_partition_aborted_transactions": _PARTITION,
         "txlog_partitions_led": set(),
         "txlog_partitions_under_replicated": set(),
         "txlog_partitions_offline": set(),
@@ -126,7 +127,7 @@ def expositions() -> dict[str, str]:
             pass
 
     def partition_svc(meter) -> None:
-        partition = SimpleNamespace(is_leader=True, topic="events", index=0, high_watermark=10, last_stable_offset=7, producers={7: None},
+        partition = SimpleNamespace(is_leader=True, topic="events", index=0, high_watermark=10, last_stable_offset=7, producers={7: None}, aborted={7: [(1, 2)]},
                                     replica_set=SimpleNamespace(isr=[0]), replicas=[0, 1])
         recorder = PartitionMetrics(meter, lambda: [partition], lambda: 0,
                                     lambda: {"sst_bytes": 1, "pending_compaction_bytes": 0}, lambda: [("readers", "events", 0, 5)])

@@ -3,14 +3,17 @@ commits, aborts, the LSO, fencing, timeouts, coordinator failover, bad input."""
 
 import collections
 import concurrent.futures
+import urllib.request
 
 import grpc
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from support.errors import error_name, failure_name
 from support.reads import COMMITTED, UNCOMMITTED, values
 from support.waiting import wait_until
 
 from coordinator_svc.transaction_state import TransactionState
+from services.tooling.cluster import LocalCluster
 from tests.integ.raw import Raw, plain_batch
 from tests.integ.txn_raw import TxnProducer, retrying
 from txlog import Admin
@@ -271,3 +274,63 @@ def test_transactional_ids_idle_past_their_expiration_are_removed(expiring_clust
         assert again.producer_epoch == 0 and again.producer_id != idle.producer_id
     finally:
         raw.close()
+
+
+@pytest.fixture
+def compacting_cluster(tmp_path, zookeeper_for):
+    """The full cluster, its partition_svc running retention and compaction every 200 ms."""
+    local = LocalCluster(tmp_path / "cluster")
+    local.up(zookeeper=zookeeper_for, service_args={"partition_svc": ["--retention-check-interval-ms", "200"]})
+    try:
+        local.wait_until_coordinators_settle()
+        yield local
+    finally:
+        local.down(grace_s=5)
+
+
+def aborted_transactions_indexed(cluster, topic: str) -> float:
+    """txlog_partition_aborted_transactions of ``topic``'s partitions, over every partition_svc."""
+    found = 0.0
+    for info in cluster.state.services.values():
+        if info.kind != "partition_svc":
+            continue
+        with urllib.request.urlopen(f"http://{info.metrics_address}/metrics", timeout=10) as response:
+            text = response.read().decode()
+        found += sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+                     if s.name == "txlog_partition_aborted_transactions" and s.labels.get("topic") == topic)
+    return found
+
+
+def from_log_start(raw, topic: str, isolation) -> list[str] | None:
+    """The values from the partition's log start (None when compaction moved it in between: asked again)."""
+    start = raw.list_offset(topic, 0, partition_pb2.OFFSET_SPEC_EARLIEST).offset
+    try:
+        return values(raw, topic, 0, isolation, offset=start)
+    except errors.TxlogError as exc:
+        if exc.name != "OFFSET_OUT_OF_RANGE":
+            raise
+        return None
+
+
+def test_compaction_removes_aborted_transactions_with_their_index_entries_for_good(compacting_cluster):
+    """Found by the hour's soak: compaction removed the aborted batches of a compacted topic
+    (__consumer_offsets, with every aborted transaction that committed offsets) but kept
+    their entries in the aborted index, in memory and on disk, for ever."""
+    cluster = compacting_cluster
+    with Raw(cluster) as raw:
+        raw.create_topic("compacted", 1, **{"cleanup.policy": "compact"})
+        raw.create_topic("deleted", 1)  # cleanup.policy=delete, a week's retention: its aborted transaction stays indexed
+        producer = TxnProducer(raw, "compacting").init()
+        for value, committed in (("aborted-1", False), ("aborted-2", False), ("aborted-3", False), ("kept", True)):
+            producer.add(("compacted", 0), ("deleted", 0))
+            assert producer.send("compacted", 0, value).error.code == 0 and producer.send("deleted", 0, value).error.code == 0
+            producer.end(committed=committed)
+        wait_until(lambda: aborted_transactions_indexed(cluster, "deleted") == 3, 30, "the aborted transactions indexed")
+        wait_until(lambda: from_log_start(raw, "compacted", COMMITTED) == ["kept"], 30, "the commit")
+        wait_until(lambda: from_log_start(raw, "compacted", UNCOMMITTED) == ["kept"] and aborted_transactions_indexed(cluster, "compacted") == 0,
+                   30, "the aborted batches compacted away, with their index entries")
+        leader = next(name for name, info in cluster.state.services.items() if info.address == raw.leaders("compacted")[0])
+        cluster.kill(leader)
+        cluster.start(leader)
+        wait_until(lambda: from_log_start(raw, "compacted", COMMITTED) == ["kept"], 60, "the partition led again")
+        assert aborted_transactions_indexed(cluster, "compacted") == 0  # nothing loaded back from disk
