@@ -313,10 +313,7 @@ class TransactionCoordinator:
                 meta.transactional_id, producer_id, producer_epoch, committed, loaded.owner.coordinator_epoch, meta.partitions
             )
             next_adds = loaded.next_adds.pop(meta.transactional_id, [])  # from here on an add waits for the record below
-            if next_adds:
-                await self._complete_into_next(loaded, meta, list(next_adds))
-            else:
-                await self._transition(loaded, meta, S.COMPLETE_COMMIT if committed else S.COMPLETE_ABORT, **COMPLETED)
+            await self._complete_into_next(loaded, meta, list(next_adds))
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a decided transaction must be finished: reload the partition, which finishes it
@@ -326,7 +323,8 @@ class TransactionCoordinator:
     async def _complete_into_next(self, loaded: LoadedPartition, meta: TransactionMetadata, next_adds: list) -> None:
         """Every marker is written: one record completes the transaction and, if
         an add of the next one opened it, opens that one too
-        (core.decide_completion_into_next); each add is answered once it is durable."""
+        (core.decide_completion_into_next; with no add, Complete* alone); each
+        add is answered once it is durable."""
         changes, outcomes = core.decide_completion_into_next(meta, [add for add, _ in next_adds], self.clock_ms())
         try:
             if changes is None:
