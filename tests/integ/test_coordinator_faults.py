@@ -14,12 +14,10 @@ import json
 import re
 import signal
 import time
-import urllib.request
 from dataclasses import dataclass
 
 import grpc
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 from support.errors import error_name
 from support.reads import COMMITTED, UNCOMMITTED, values
 from support.waiting import wait_until
@@ -28,6 +26,7 @@ from coordinator_svc.transaction_state import TransactionRecord, TransactionStat
 from services.coordination import coordinators, zk
 from services.tooling.cluster import LocalCluster, health_serving
 from tests.integ.raw import Raw, plain_batch
+from tests.integ.test_metrics import scrape
 from tests.integ.txn_raw import TxnProducer
 from txlog.protocol import TRANSACTION_STATE_TOPIC, errors
 from txlog.protocol.hashing import partition_for_id
@@ -691,9 +690,7 @@ def test_a_coordinator_still_loading_a_partition_answers_load_in_progress_never_
 
 def rpcs_in_flight(cluster, name) -> float:
     """The calls a service is handling now (its txlog_rpc_in_flight gauge)."""
-    with urllib.request.urlopen(f"http://{cluster.state.services[name].metrics_address}/metrics", timeout=10) as response:
-        text = response.read().decode()
-    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == "txlog_rpc_in_flight")
+    return sum(value for _, value in scrape(cluster.state.services[name].metrics_address)["txlog_rpc_in_flight"])
 
 
 def test_the_next_transactions_add_waits_for_the_markers_and_one_record_completes_the_last_and_opens_it(raw, fault_cluster, zk_client):

@@ -3,11 +3,9 @@ commits, aborts, the LSO, fencing, timeouts, coordinator failover, bad input."""
 
 import collections
 import concurrent.futures
-import urllib.request
 
 import grpc
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 from support.errors import error_name, failure_name
 from support.reads import COMMITTED, UNCOMMITTED, values
 from support.waiting import wait_until
@@ -15,6 +13,7 @@ from support.waiting import wait_until
 from coordinator_svc.transaction_state import TransactionState
 from services.tooling.cluster import LocalCluster
 from tests.integ.raw import Raw, plain_batch
+from tests.integ.test_metrics import total
 from tests.integ.txn_raw import TxnProducer, retrying
 from txlog import Admin
 from txlog.protocol import errors
@@ -288,17 +287,7 @@ def compacting_cluster(tmp_path, zookeeper_for):
         local.down(grace_s=5)
 
 
-def aborted_transactions_indexed(cluster, topic: str) -> float:
-    """txlog_partition_aborted_transactions of ``topic``'s partitions, over every partition_svc."""
-    found = 0.0
-    for info in cluster.state.services.values():
-        if info.kind != "partition_svc":
-            continue
-        with urllib.request.urlopen(f"http://{info.metrics_address}/metrics", timeout=10) as response:
-            text = response.read().decode()
-        found += sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
-                     if s.name == "txlog_partition_aborted_transactions" and s.labels.get("topic") == topic)
-    return found
+INDEXED = "txlog_partition_aborted_transactions"  # a led partition's aborted-index entries
 
 
 def from_log_start(raw, topic: str, isolation) -> list[str] | None:
@@ -325,12 +314,12 @@ def test_compaction_removes_aborted_transactions_with_their_index_entries_for_go
             producer.add(("compacted", 0), ("deleted", 0))
             assert producer.send("compacted", 0, value).error.code == 0 and producer.send("deleted", 0, value).error.code == 0
             producer.end(committed=committed)
-        wait_until(lambda: aborted_transactions_indexed(cluster, "deleted") == 3, 30, "the aborted transactions indexed")
+        wait_until(lambda: total(cluster, "partition_svc", INDEXED, topic="deleted") == 3, 30, "the aborted transactions indexed")
         wait_until(lambda: from_log_start(raw, "compacted", COMMITTED) == ["kept"], 30, "the commit")
-        wait_until(lambda: from_log_start(raw, "compacted", UNCOMMITTED) == ["kept"] and aborted_transactions_indexed(cluster, "compacted") == 0,
+        wait_until(lambda: from_log_start(raw, "compacted", UNCOMMITTED) == ["kept"] and total(cluster, "partition_svc", INDEXED, topic="compacted") == 0,
                    30, "the aborted batches compacted away, with their index entries")
         leader = next(name for name, info in cluster.state.services.items() if info.address == raw.leaders("compacted")[0])
         cluster.kill(leader)
         cluster.start(leader)
         wait_until(lambda: from_log_start(raw, "compacted", COMMITTED) == ["kept"], 60, "the partition led again")
-        assert aborted_transactions_indexed(cluster, "compacted") == 0  # nothing loaded back from disk
+        assert total(cluster, "partition_svc", INDEXED, topic="compacted") == 0  # nothing loaded back from disk
