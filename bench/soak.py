@@ -52,7 +52,9 @@ leak would be made of shows beside them: ``malloc_in_use_mb`` and
 ``python_blocks_k`` (thousands of Python objects' memory blocks),
 ``producer_ids`` (the producer ids a partition_svc's partitions remember: they
 grow with every new producer until ``--producer-id-expiration-ms`` after its
-last append, a day by default, and so does the memory that holds them), and
+last append, a day by default, and so does the memory that holds them),
+``aborted_transactions`` (the aborted-index entries of the partitions it leads,
+which retention and compaction trim), and
 ``native_less_rocksdb_mb`` (the allocator's bytes in use less RocksDB's
 memtables, block cache and table readers: without the freed memtables the
 allocator keeps for the next one, which anonymous memory carries as a
@@ -220,6 +222,8 @@ def metrics_figures(address: str) -> dict:
             found["python_blocks_k"] = round(float(line.rpartition(" ")[2]) / 1000, 1)
         elif line.startswith("txlog_producer_ids"):
             found["producer_ids"] = int(float(line.rpartition(" ")[2]))
+        elif line.startswith("txlog_partition_aborted_transactions{"):
+            found["aborted_transactions"] = found.get("aborted_transactions", 0) + int(float(line.rpartition(" ")[2]))
     return found
 
 
@@ -418,8 +422,8 @@ def fitted(values: list, times_h: list[float], warmup: int, groups: list[int] | 
 PROCESS_SERIES = ("rss_mb", "anon_mb", "anon_less_memtable_mb", "anon_less_rocksdb_mb", "fds", "threads", "cpu", "metrics_series", "data_dir_mb", "rocksdb_sst_mb",
                   "rocksdb_blob_mb", "rocksdb_memtable_mb", "rocksdb_block_cache_mb", "rocksdb_table_readers_mb",
                   "malloc_in_use_mb", "malloc_free_mb", "native_less_rocksdb_mb", "anon_less_rocksdb_and_free_mb", "python_blocks_k",
-                  "producer_ids", *JVM_HEAP)
-COUNT_SERIES = {"fds", "threads", "metrics_series", "producer_ids", *ZOOKEEPER_COUNTERS}
+                  "producer_ids", "aborted_transactions", *JVM_HEAP)
+COUNT_SERIES = {"fds", "threads", "metrics_series", "producer_ids", "aborted_transactions", *ZOOKEEPER_COUNTERS}
 
 
 ROCKSDB_HELD = ("rocksdb_memtable_mb", "rocksdb_block_cache_mb", "rocksdb_table_readers_mb")  # by design, bounded
