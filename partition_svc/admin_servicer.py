@@ -77,7 +77,12 @@ class AdminServicer:
             except TxlogError as exc:
                 entry.error.CopyFrom(error_of(exc))
         if request.group_ids:
-            info = await self.view.offsets_topic()
+            try:
+                info = await self.view.offsets_topic()
+            except TxlogError as exc:  # not created yet (too few instances live): each group says so
+                for group_id in request.group_ids:
+                    reply.group_coordinators.add(key=group_id, node_id=-1).error.CopyFrom(error_of(exc))
+                return reply
             for group_id in request.group_ids:
                 entry = reply.group_coordinators.add(key=group_id)
                 try:

@@ -44,6 +44,25 @@ class LiveNodes:
         return nodes
 
 
+INTERNAL_REPLICATION_FACTOR_AUTO_MAX = 3
+
+
+def internal_replication_factor(configured: int, live: int, topic: str) -> int:
+    """The replication factor an internal topic is created with. ``configured``
+    N: N, or COORDINATOR_NOT_AVAILABLE (retriable) while fewer than N instances
+    are live, as Kafka's offsets.topic.replication.factor: instances that come
+    up one at a time must not leave the transaction log or the groups' offsets
+    on one replica for the cluster's life, where losing that one pod stops
+    every transaction. 0: as many as are live, at most 3."""
+    if configured == 0:
+        return min(INTERNAL_REPLICATION_FACTOR_AUTO_MAX, live)
+    if live < configured:
+        raise TxlogError(ErrorCode.Value("COORDINATOR_NOT_AVAILABLE"),
+                         f"{topic} is created with {configured} replicas (--internal-topic-replication-factor) once "
+                         f"{configured} partition_svc instances are live; {live} are: retry")
+    return configured
+
+
 class ClusterView:
     def __init__(self, runtime: server.ServiceRuntime, store: LogStore, topics: TopicRegistry, replicas: ReplicaManager,
                  live: LiveNodes, controller: Controller, limits: validation.BatchLimits):
@@ -142,9 +161,10 @@ class ClusterView:
         nodes = await asyncio.to_thread(self.runtime.registry.live_details, KIND)
         if not nodes:
             raise TxlogError(ErrorCode.Value("LEADER_NOT_AVAILABLE"), "no partition_svc instance is live to host partitions")
-        if replication_factor is None:
-            wanted = self.config.internal_topic_replication_factor if internal else self.config.default_replication_factor
-            replication_factor = min(wanted, len(nodes))
+        if replication_factor is None and internal:
+            replication_factor = internal_replication_factor(self.config.internal_topic_replication_factor, len(nodes), name)
+        elif replication_factor is None:
+            replication_factor = min(self.config.default_replication_factor, len(nodes))
         if not 1 <= replication_factor <= len(nodes):
             raise TxlogError(ErrorCode.Value("INVALID_REPLICATION_FACTOR"),
                              f"replication factor must be 1..{len(nodes)} (the live partition_svc instances), got {replication_factor}")

@@ -69,8 +69,10 @@ SETTINGS = (
             positive_int),
     Setting("min_insync_replicas", 1, "min.insync.replicas of a topic created without one (capped at its replication "
             "factor - 1, so one instance may be down)", positive_int),
-    Setting("internal_topic_replication_factor", 3, "replication factor of __transaction_state and __consumer_offsets "
-            "(capped at the live instances when they are created)", positive_int),
+    Setting("internal_topic_replication_factor", 0, "replication factor of __transaction_state and __consumer_offsets: "
+            "N, and they are created only once N instances are live (COORDINATOR_NOT_AVAILABLE, which callers retry, "
+            "until then); 0, as many as are live when they are created, at most 3 (for clusters whose size is not "
+            "known: a local one, the tests)", non_negative_int),
     Setting("internal_topic_min_insync_replicas", 2, "min.insync.replicas of the internal topics (capped at their "
             "replication factor - 1, so one instance may be down)", positive_int),
     Setting("replica_lag_time_max_ms", 10_000, "a follower not caught up for this long leaves the ISR, ms", positive_int),
