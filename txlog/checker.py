@@ -78,6 +78,7 @@ import grpc
 from txlog import shutdown
 from txlog.admin import Admin, check_transaction_group
 from txlog.errors import ClientClosedError, ClientError
+from txlog.net import channels
 from txlog.net.addresses import advertised
 from txlog.protocol.retry import RetryPolicy
 from txlog.structs import CHECK_ANSWERS
@@ -142,7 +143,7 @@ def create_server(listen: str, service: _CheckService, max_concurrent_checks: in
     """A gRPC server (not started) serving ``service`` on ``listen``, and its port."""
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_concurrent_checks,
                                                     thread_name_prefix="txlog-checker"),
-                         maximum_concurrent_rpcs=max_concurrent_checks)
+                         maximum_concurrent_rpcs=max_concurrent_checks, options=channels.SERVER_KEEPALIVE_OPTIONS)
     transaction_check_pb2_grpc.add_TransactionCheckServiceServicer_to_server(service, server)
     port = server.add_secure_port(listen, server_credentials) if server_credentials is not None \
         else server.add_insecure_port(listen)

@@ -37,7 +37,7 @@ from services.runtime import config as config_mod
 from services.runtime import logs, malloc, metrics
 from services.runtime.logs import fields
 from services.security import authorizer
-from txlog.net import telemetry, tls
+from txlog.net import channels, telemetry, tls
 from txlog.net.addresses import advertised, reachable
 from txlog.protocol import errors
 from txlog.protocol.errors import ErrorCode, TxlogError
@@ -235,6 +235,7 @@ class ServiceRuntime:
                 ("grpc.max_receive_message_length", max_bytes),
                 ("grpc.max_send_message_length", max_bytes),
                 ("grpc.so_reuseport", 0),
+                *channels.SERVER_KEEPALIVE_OPTIONS,
             ],
         )
         self.health = health.aio.HealthServicer()
