@@ -54,6 +54,12 @@ R = TypeVar("R")
 
 # Failures that mean "ZooKeeper is out of reach right now", as opposed to answers.
 CONNECTION_ERRORS = (ConnectionLoss, SessionExpiredError, ConnectionClosedError, KazooTimeoutError)
+# The longest anything waits for ZooKeeper's answer to one request. kazoo drops
+# the requests still queued when a session expires (KazooClient._reset replaces
+# its queue; no one is told), so a wait without a deadline can last for ever,
+# holding what the waiter holds: a thread of the event loop's default executor
+# (a pool of a few), a lock every other reader of the same view then waits on.
+REPLY_TIMEOUT_S = 15.0
 
 
 def unavailable(detail: str) -> TxlogError:
@@ -151,9 +157,17 @@ async def _awaited(client: KazooClient, target, method: str, *args, **kwargs):
 
     try:
         getattr(target, method + "_async")(*args, **kwargs).rawlink(done)
-        return await future
+        return await asyncio.wait_for(future, REPLY_TIMEOUT_S)
     except CONNECTION_ERRORS as exc:
         raise unavailable(type(exc).__name__) from exc
+    except TimeoutError:
+        raise unavailable(f"no answer to {method} in {REPLY_TIMEOUT_S:.0f} s") from None
+
+
+def reply(async_result):
+    """The answer to a kazoo ``*_async`` request, for a thread that blocks on
+    it: REPLY_TIMEOUT_S at most, then KazooTimeoutError (one of CONNECTION_ERRORS)."""
+    return async_result.get(timeout=REPLY_TIMEOUT_S)
 
 
 async def gather_in_chunks(read: Callable[[K], Awaitable[R]], keys: Sequence[K], chunk_size: int, *,
@@ -303,15 +317,15 @@ class LiveInstances:
     def _read(self) -> dict[int, dict]:
         try:
             try:
-                children = self.client.get_children(self.base, watch=self.changed)
+                children = reply(self.client.get_children_async(self.base, watch=self.changed))
             except NoNodeError:
-                if self.client.exists(self.base, watch=self.changed) is not None:  # created in between
+                if reply(self.client.exists_async(self.base, watch=self.changed)) is not None:  # created in between
                     self.stale = True
                 return {}
             instances = {}
             for child in children:
                 try:
-                    data, _ = self.client.get(posixpath.join(self.base, child), watch=self.changed)
+                    data, _ = reply(self.client.get_async(posixpath.join(self.base, child), watch=self.changed))
                 except NoNodeError:
                     continue
                 info = json.loads(data)

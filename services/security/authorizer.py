@@ -110,12 +110,12 @@ class AclStore:
             for pattern_type in acls.PATTERN_TYPES:
                 folder = posixpath.join(self.base, resource_type, pattern_type)
                 try:
-                    children = self.client.get_children(folder)
+                    children = zk.reply(self.client.get_children_async(folder))
                 except NoNodeError:
                     continue
                 for child in children:
                     try:
-                        data, _ = self.client.get(posixpath.join(folder, child))
+                        data, _ = zk.reply(self.client.get_async(posixpath.join(folder, child)))
                     except NoNodeError:
                         continue
                     found += acls.decode_entries(resource_type, pattern_type, unquote(child), data)

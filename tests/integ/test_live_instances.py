@@ -4,11 +4,16 @@ coming, going, registering again with another address) seen through watches."""
 
 from __future__ import annotations
 
+import asyncio
+import signal
+import threading
+
 import pytest
 from kazoo.client import KazooState
 
 from services.coordination import zk
 from services.tooling.cluster import LocalCluster, zookeeper_counters
+from txlog.protocol.errors import ErrorCode, TxlogError
 from txlog.two_phase import wait_until
 
 ROOT = "/live-instances"
@@ -115,3 +120,43 @@ def test_callers_during_a_read_wait_for_it_instead_of_taking_the_value_before_it
     writer.set(ROOT + "-concurrent/owner", b"two")
     wait_until(lambda: node.stale, 30, "the change's watch")
     assert [value[0] for value in asyncio.run(both())] == [b"two"] * 3
+
+
+def test_a_read_zookeeper_does_not_answer_gives_up_at_its_deadline_instead_of_waiting_for_ever(tmp_path, monkeypatch):
+    """kazoo drops the requests still queued when a session expires, without a
+    word to their waiters: every wait for an answer is bounded (zk.REPLY_TIMEOUT_S),
+    or a reader would hold its thread and the view's lock for ever. Here the
+    answer never comes because ZooKeeper is stopped (SIGSTOP) under a session
+    long enough that kazoo itself would wait 40 s before it gave up."""
+    local = LocalCluster(tmp_path / "cluster")
+    local.up(producer_id_svcs=0, partition_svcs=0, coordinator_svcs=0)
+    client = zk.connect(local.state.zookeeper, session_timeout_s=60)
+    try:
+        zk.ServiceRegistry(client, ROOT + "-stopped").register("kind", 1, "10.0.0.1:1")
+        monkeypatch.setattr(zk, "REPLY_TIMEOUT_S", 1.0)
+        local.kill("zookeeper", signal.SIGSTOP)
+        try:
+            outcomes: list[BaseException | dict] = []
+
+            def read() -> None:
+                try:
+                    outcomes.append(zk.ServiceRegistry(client, ROOT + "-stopped").live("kind"))
+                except BaseException as exc:  # what the caller would get
+                    outcomes.append(exc)
+
+            reader = threading.Thread(target=read, daemon=True)
+            reader.start()
+            reader.join(timeout=10)  # kazoo's own ping timeout would be 40 s
+            assert not reader.is_alive(), "the read still waits for ZooKeeper"
+            assert isinstance(outcomes[0], TxlogError) and outcomes[0].code == ErrorCode.Value("ZOOKEEPER_UNAVAILABLE"), outcomes
+            with pytest.raises(TxlogError) as awaited:
+                asyncio.run(zk.call(client, "get", ROOT + "-stopped"))
+            assert awaited.value.code == ErrorCode.Value("ZOOKEEPER_UNAVAILABLE")
+        finally:
+            local.kill("zookeeper", signal.SIGCONT)
+        wait_until(lambda: zk.ServiceRegistry(client, ROOT + "-stopped").live("kind") == {1: "10.0.0.1:1"}, 60,
+                   "read again once ZooKeeper answers")
+    finally:
+        client.stop()
+        client.close()
+        local.down(grace_s=5)
