@@ -98,6 +98,20 @@ class _DefaultDeadline(
 # 38-55 s after it was up (measured with two containers on a podman network; a
 # 1 s interval brought that to 2-4 s, and nothing is looked up while connected).
 DNS_RESOLUTION_INTERVAL_MIN_MS = 1000
+# A channel that failed to connect tries again at most this long after (gRPC
+# backs off up to 120 s): each failure is what makes it look the name up again,
+# so a backoff grown while the name still gave the old IP (DNS follows a new pod
+# a little late) kept the peer out of reach for 25 s and more after it served
+# (two containers on a podman network, beside the chart smoke). Kafka's clients reconnect
+# at most 1 s apart (reconnect.backoff.max.ms).
+RECONNECT_BACKOFF_MAX_MS = 2_000
+# How long one connection attempt may take (gRPC's default is 20 s, its
+# GRPC_ARG_MIN_RECONNECT_BACKOFF_MS): to an address that no longer answers (the
+# old IP), the channel is otherwise stuck connecting for 20 s before it looks
+# the name up again (seen there: calls failing with "ipv4:<old IP>: Connection
+# timed out" for 25 s and more after the peer served). bench/peer_moves.py
+# measures all of this against gRPC's defaults.
+CONNECT_TIMEOUT_MS = 5_000
 # A peer gone without closing its connections (a pod killed: its IP vanished, no
 # reset came) was otherwise still "connected" for 20 s and more, each call on it
 # timing out, before the channel gave up and looked the name up again: pings now
@@ -136,6 +150,8 @@ def open_channel(
         ("grpc.enable_retries", 1),
         ("grpc.dns_min_time_between_resolutions_ms", DNS_RESOLUTION_INTERVAL_MIN_MS),
         *KEEPALIVE_OPTIONS,
+        ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MAX_MS),
+        ("grpc.min_reconnect_backoff_ms", CONNECT_TIMEOUT_MS),
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.max_send_message_length", max_message_bytes),
     ]
