@@ -157,7 +157,8 @@ class ClusterView:
                            internal: bool = False) -> TopicInfo:
         """Creates the topic with its replicas placed over the live instances
         (placement.py, rack-aware), or returns it if it exists. Without a
-        replication factor: the cluster's default, capped at the live instances."""
+        replication factor: the cluster's default, capped at the live instances;
+        an internal topic's, internal_replication_factor."""
         nodes = await asyncio.to_thread(self.runtime.registry.live_details, KIND)
         if not nodes:
             raise TxlogError(ErrorCode.Value("LEADER_NOT_AVAILABLE"), "no partition_svc instance is live to host partitions")

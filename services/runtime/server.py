@@ -327,7 +327,7 @@ class ServiceRuntime:
         listen = getattr(self.config, "health_listen", "")
         if not listen:
             return
-        self.health_server = grpc.aio.server()
+        self.health_server = grpc.aio.server(options=channels.SERVER_KEEPALIVE_OPTIONS)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.health_server)
         self.health_port = self.health_server.add_insecure_port(listen)
         if self.health_port == 0:
