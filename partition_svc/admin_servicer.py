@@ -211,10 +211,10 @@ class AdminServicer:
         both = sorted(set(change.set) & set(change.delete))
         if both:
             raise validation.invalid(f"config {both[0][:100]!r} is both set and deleted", "INVALID_CONFIG")
-        unknown = sorted(set(change.delete) - set(validation.TOPIC_CONFIG_DEFAULTS))
+        unknown = sorted(set(change.delete) - validation.TOPIC_CONFIG_KEYS)
         if unknown:
             raise validation.invalid(f"unknown topic config {unknown[0][:100]!r} to delete; known: "
-                                     f"{sorted(validation.TOPIC_CONFIG_DEFAULTS)}", "INVALID_CONFIG")
+                                     f"{sorted(validation.TOPIC_CONFIG_KEYS)}", "INVALID_CONFIG")
 
         async def attempt(info: TopicInfo, version: int) -> dict[str, str] | None:
             kept = {key: value for key, value in info.configs.items() if key not in change.delete}

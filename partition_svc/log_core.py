@@ -245,22 +245,33 @@ def retention_end(headers: Iterable[StoredBatchHeader], now_ms: int, retention_m
 
 
 def compaction_plan(batches: Iterable[tuple[StoredBatchHeader, bytes]], lso: int,
-                    is_aborted: Callable[[int, int], bool]) -> tuple[list[StoredBatchHeader], int | None]:
+                    is_aborted: Callable[[int, int], bool], now_ms: int = 0, delete_retention_ms: int = -1,
+                    marker_end: int = 0) -> tuple[list[StoredBatchHeader], int | None]:
     """cleanup.policy=compact over the stored batches (from the log start, in offset
     order): every batch below the LSO all of whose records have a newer record with
     the same key (the newest record of every key stays), and the batches of aborted
     transactions. Only records read_committed readers see count as newer: an aborted
     record never hides a committed one, and markers (all keyed b"") never hide each
-    other; markers are kept. Returns the doomed batches and the new log start (the
-    first batch kept; None when it does not move)."""
+    other.
+
+    A transaction's markers (its COMMIT or ABORT, and a PREPARED before it) go once
+    no batch of the transaction is left (removed now or before), the completing
+    marker is below ``marker_end`` (the high watermark: every in-sync replica holds
+    it) and at least ``delete_retention_ms`` old (Kafka's delete.retention.ms; -1
+    keeps every marker): a replica that copied the transaction's batches before
+    they went has had that long to copy its marker too, without which it would
+    hold the transaction open. A marker whose transaction still has a batch stays:
+    it is what ends that transaction for whoever reads the log. Returns the doomed
+    batches and the new log start (the first batch kept; None when it does not
+    move)."""
     latest: dict[bytes, int] = {}
     kept_records: list[tuple[StoredBatchHeader, list[tuple[bytes, int]]]] = []
     aborted: list[StoredBatchHeader] = []
-    scanned: list[StoredBatchHeader] = []  # every batch in offset order, markers included
+    scanned: list[tuple[StoredBatchHeader, bytes]] = []  # every batch in offset order, markers included
     for header, value in batches:
         if header.last_offset >= lso:
             break
-        scanned.append(header)
+        scanned.append((header, value))
         if header.is_control:
             continue
         if header.is_transactional and is_aborted(header.producer_id, header.base_offset):
@@ -272,9 +283,35 @@ def compaction_plan(batches: Iterable[tuple[StoredBatchHeader, bytes]], lso: int
             latest[key] = offset
     doomed = aborted + [h for h, records in kept_records if all(latest[key] > offset for key, offset in records)]
     gone = {h.base_offset for h in doomed}
+    if delete_retention_ms >= 0:
+        doomed += _markers_without_batches(scanned, gone, now_ms - delete_retention_ms, marker_end)
+        gone = {h.base_offset for h in doomed}
     log_start = None
-    for header in scanned:  # the log starts at the first batch kept
+    for header, _ in scanned:  # the log starts at the first batch kept
         if header.base_offset not in gone:
             break
         log_start = header.last_offset + 1
     return doomed, log_start
+
+
+def _markers_without_batches(scanned: list[tuple[StoredBatchHeader, bytes]], gone: set[int], written_by_ms: int,
+                             marker_end: int) -> list[StoredBatchHeader]:
+    """The markers of the completed transactions in ``scanned`` (offset order) none
+    of whose batches is left (all ``gone``), completed by ``written_by_ms`` and
+    below ``marker_end`` (compaction_plan)."""
+    doomed: list[StoredBatchHeader] = []
+    open_txns: dict[int, list[StoredBatchHeader]] = {}  # producer id -> its transaction's batches and PREPARED marker so far
+    for header, value in scanned:
+        if not header.is_control:
+            if header.is_transactional:
+                open_txns.setdefault(header.producer_id, []).append(header)
+            continue
+        members = open_txns.setdefault(header.producer_id, [])
+        if message_of(value).control_type == common_pb2.CONTROL_TYPE_PREPARED:
+            members.append(header)
+            continue
+        del open_txns[header.producer_id]
+        batches_left = any(not h.is_control and h.base_offset not in gone for h in members)
+        if not batches_left and header.max_timestamp_ms <= written_by_ms and header.last_offset < marker_end:
+            doomed += [h for h in members if h.is_control] + [header]
+    return doomed

@@ -14,10 +14,12 @@ log = logging.getLogger(__name__)
 
 
 class Maintenance:
-    def __init__(self, partitions: dict[tuple[str, int], Partition], store: LogStore, producer_id_expiration_ms: int):
+    def __init__(self, partitions: dict[tuple[str, int], Partition], store: LogStore, producer_id_expiration_ms: int,
+                 delete_retention_ms: int):
         self.partitions = partitions  # the replica manager's, kept current by it
         self.store = store
         self.producer_id_expiration_ms = producer_id_expiration_ms
+        self.delete_retention_ms = delete_retention_ms  # a compacted topic's delete.retention.ms unless it sets its own
 
     @staticmethod
     async def every(interval_ms: int, one_pass, what: str) -> None:
@@ -42,7 +44,7 @@ class Maintenance:
     async def enforce_retention(self) -> None:
         now = now_ms()
         for partition in list(self.partitions.values()):
-            written = partition.enforce_retention(now)
+            written = partition.enforce_retention(now, self.delete_retention_ms)
             if written is not None:
                 await written
                 log.info("retention", extra=fields(topic=partition.topic, partition=partition.index, log_start_offset=partition.log_start_offset))

@@ -304,9 +304,11 @@ class Partition:
         effect = partition_core.effect_txn_offsets(self.derived, self.pkey, producer_id, producer_epoch, outcome.offsets, base, now_ms)
         return self._take(self._appended(encoded, effect))[1]
 
-    def enforce_retention(self, now_ms: int) -> asyncio.Future | None:
-        """Deletes what retention.ms/bytes and compaction let go; None when nothing."""
-        changes = self._retention_changes(now_ms) + self._compaction_changes()
+    def enforce_retention(self, now_ms: int, delete_retention_ms: int = validation.DELETE_RETENTION_MS_DEFAULT
+                          ) -> asyncio.Future | None:
+        """Deletes what retention.ms/bytes and compaction let go; None when nothing.
+        ``delete_retention_ms``: the instance's default for a topic without delete.retention.ms."""
+        changes = self._retention_changes(now_ms) + self._compaction_changes(now_ms, delete_retention_ms)
         return self.queue.submit(changes) if changes else None
 
     def expire_producers(self, now_ms: int, expiration_ms: int) -> asyncio.Future | None:
@@ -682,18 +684,21 @@ class Partition:
         changes.append(self.metadata_change())
         return changes
 
-    def _compaction_changes(self) -> Changes:
+    def _compaction_changes(self, now_ms: int, delete_retention_ms: int) -> Changes:
         """For cleanup.policy=compact, what log_core.compaction_plan lets go; applied in memory.
         The plan removes every aborted transaction's batches below the LSO, so the
-        spans of those transactions go too: the log start of a compacted log stays
-        at its first marker, so they would otherwise be kept (and loaded at every
-        start) for ever."""
+        spans of those transactions go too (they were kept, and loaded at every
+        start, for ever while markers were: the log start of a compacted log stayed
+        at its first marker). Markers go below the high watermark once their
+        transaction's batches are gone and delete.retention.ms has passed."""
         if self.configs.get("cleanup.policy") != "compact":
             return []
         lso = self.last_stable_offset
         stored = ((log_format.decode_header(base_offset, value), value)
                   for base_offset, value in self.store.batches_holding(self.pkey, self.log_start_offset))
-        doomed, log_start = log_core.compaction_plan(stored, lso, self.derived.is_aborted)
+        doomed, log_start = log_core.compaction_plan(stored, lso, self.derived.is_aborted, now_ms,
+                                                     int(self.configs.get("delete.retention.ms", delete_retention_ms)),
+                                                     self.high_watermark)
         changes: Changes = partition_core.forget_aborted_below(self.derived, self.pkey, lso)
         if not doomed and not changes:
             return []

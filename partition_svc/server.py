@@ -61,6 +61,10 @@ SETTINGS = (
     Setting("producer_id_expiration_ms", 86_400_000, "a producer that appended nothing to a partition for this long, "
             "and has no transaction open there, is forgotten by it (Kafka's producer.id.expiration.ms): its next batch "
             "must start at sequence 0, as a new producer's; internal topics keep theirs, ms", positive_int),
+    Setting("log_cleaner_delete_retention_ms", validation.DELETE_RETENTION_MS_DEFAULT, "how long a compacted topic "
+            "keeps a transaction's markers once none of its batches is left, unless the topic sets delete.retention.ms "
+            "(Kafka's log.cleaner.delete.retention.ms): a replica that copied the transaction's batches before they went "
+            "has this long to copy its marker, ms", non_negative_int),
     Setting("producer_id_expiration_check_interval_ms", 600_000, "how often producers are checked for expiry, ms",
             positive_int),
     Setting("live_nodes_cache_ms", 1_000, "how long the list of live instances is reused, ms", positive_int),
@@ -124,7 +128,8 @@ class Instance:
                                         store.properties, self.view.coordinated_group_offsets)
         self.deletion = TopicDeletion(cfg.node_id, topics, self.replicas, store, limits, self.metrics.forget_topic,
                                       refresh_ms=cfg.partition_state_refresh_ms)
-        self.maintenance = Maintenance(self.replicas.partitions, store, cfg.producer_id_expiration_ms)
+        self.maintenance = Maintenance(self.replicas.partitions, store, cfg.producer_id_expiration_ms,
+                                       cfg.log_cleaner_delete_retention_ms)
         verifier = TransactionVerifier(self.view.transaction_coordinator, self.peers)
         self.quotas = QuotaStore(runtime.zookeeper, cfg.zookeeper_root)
         data = DataServicer(self.view, verifier, self.metrics)

@@ -28,6 +28,13 @@ TOPIC_CONFIG_DEFAULTS = {
     "compression.type": "producer",
 }
 TOPIC_COMPRESSION_TYPES = ("producer", "uncompressed", "gzip", "zstd", "lz4")
+# Keys a topic may set whose default is the instance's setting (not stored with the topic, so a
+# changed setting reaches every topic that does not set its own):
+# delete.retention.ms: how long a compacted topic keeps a transaction's markers once none of its
+# batches is left (partition_svc's --log-cleaner-delete-retention-ms, Kafka's log.cleaner.delete.retention.ms).
+TOPIC_CONFIGS_DEFAULTED_BY_INSTANCE = ("delete.retention.ms",)
+DELETE_RETENTION_MS_DEFAULT = 86_400_000  # a day, as Kafka's
+TOPIC_CONFIG_KEYS = frozenset(TOPIC_CONFIG_DEFAULTS) | frozenset(TOPIC_CONFIGS_DEFAULTED_BY_INSTANCE)
 
 
 def invalid(message: str, code: str = "INVALID_REQUEST") -> TxlogError:
@@ -52,11 +59,13 @@ def _int_config(key: str, value: str, low: int, high: int) -> int:
 
 def topic_configs(configs: dict[str, str], record_bytes_max: int, replication_factor: int = 1) -> dict[str, str]:
     """The full configuration of a new topic: defaults overlaid with ``configs``, checked."""
-    unknown = sorted(set(configs) - set(TOPIC_CONFIG_DEFAULTS))
+    unknown = sorted(set(configs) - TOPIC_CONFIG_KEYS)
     if unknown:
-        raise invalid(f"unknown topic config {unknown[0][:100]!r}; known: {sorted(TOPIC_CONFIG_DEFAULTS)}", "INVALID_CONFIG")
+        raise invalid(f"unknown topic config {unknown[0][:100]!r}; known: {sorted(TOPIC_CONFIG_KEYS)}", "INVALID_CONFIG")
     merged = {**TOPIC_CONFIG_DEFAULTS, **configs}
     _int_config("retention.ms", merged["retention.ms"], -1, 2**62)
+    if "delete.retention.ms" in merged:
+        _int_config("delete.retention.ms", merged["delete.retention.ms"], 0, 2**62)
     _int_config("retention.bytes", merged["retention.bytes"], -1, 2**62)
     _int_config("max.record.bytes", merged["max.record.bytes"], 1, record_bytes_max)
     if merged["cleanup.policy"] not in ("delete", "compact"):

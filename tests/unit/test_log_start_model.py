@@ -13,7 +13,9 @@ protos/txlog/v1/partition.proto and the module docstring of partition.py.
 Compaction (cleanup.policy=compact, each record keyed by its unique value, so it
 removes only aborted transactions' batches below the LSO) moves the log start
 past the batches it removed up to the first kept one, and forgets those
-transactions' aborted spans.
+transactions' aborted spans. It also removes the markers of transactions none
+of whose batches is left (here: aborted ones) once they are delete.retention.ms
+old on the model's clock, which the machine moves forward.
 
 Checked after every step:
 - the log start never moves backward, never past the LSO, and is what the
@@ -27,7 +29,9 @@ Checked after every step:
 CI runs a fixed, short search (derandomized, 60 examples of up to 40 steps).
 Put back by hand, each of these fails it: DeleteRecords past the LSO, a
 straddling batch deleted, the aborted index not trimmed, retention ignoring a
-log start inside a batch, compaction keeping the spans of what it removed.
+log start inside a batch, compaction keeping the spans of what it removed,
+compaction removing a marker whose transaction has a batch left or one younger
+than delete.retention.ms, and compaction keeping every marker.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ CONFIGS = validation.topic_configs({}, 1 << 20)
 LIMITS = validation.BatchLimits(10_000, 1 << 24)
 NOW = 1_700_000_000_000
 PIDS = (1, 2)
+DELETE_RETENTION_MS = 60_000
 
 
 @dataclass
@@ -60,6 +65,8 @@ class Batch:
     last: int
     values: tuple[str, ...]  # empty for a marker
     pid: int = -1
+    txn: int = -1  # the transaction a transactional batch or a marker belongs to
+    written_ms: int = NOW
 
 
 @dataclass
@@ -71,14 +78,17 @@ class Model:
     epochs: dict[int, int] = field(default_factory=lambda: dict.fromkeys(PIDS, 0))
     sequences: dict[int, int] = field(default_factory=lambda: dict.fromkeys(PIDS, 0))
     aborted: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+    now: int = NOW
+    open_txn: dict[int, int] = field(default_factory=dict)  # producer id -> its open transaction
+    txns: int = 0
 
     @property
     def lso(self) -> int:
         return min([self.next_offset, *self.open_first.values()])
 
-    def append(self, values: tuple[str, ...], pid: int = -1) -> None:
+    def append(self, values: tuple[str, ...], pid: int = -1, txn: int = -1) -> None:
         count = max(len(values), 1)
-        self.batches.append(Batch(self.next_offset, self.next_offset + count - 1, values, pid))
+        self.batches.append(Batch(self.next_offset, self.next_offset + count - 1, values, pid, txn, self.now))
         self.next_offset += count
 
     def move_log_start(self, offset: int) -> None:
@@ -142,7 +152,7 @@ class LogStartMachine(RuleBasedStateMachine):
         values = self._values(count)
         batch = common_pb2.RecordBatch(producer_id=-1, producer_epoch=-1, base_sequence=-1,
                                        records=records_of(values))
-        produced = self._door(lambda: self.partition.produce(batch, NOW, LIMITS))
+        produced = self._door(lambda: self.partition.produce(batch, self.model.now, LIMITS))
         assert not isinstance(produced, Reject), produced
         self._durable(produced.durable)
         self.model.append(values)
@@ -152,24 +162,28 @@ class LogStartMachine(RuleBasedStateMachine):
         values = self._values(count)
         batch = common_pb2.RecordBatch(producer_id=pid, producer_epoch=self.model.epochs[pid], base_sequence=self.model.sequences[pid],
                                        is_transactional=True, records=records_of(values))
-        produced = self._door(lambda: self.partition.produce(batch, NOW, LIMITS))
+        produced = self._door(lambda: self.partition.produce(batch, self.model.now, LIMITS))
         assert not isinstance(produced, Reject), produced
         self._durable(produced.durable)
         self.model.open_first.setdefault(pid, self.model.next_offset)
+        if pid not in self.model.open_txn:
+            self.model.txns += 1
+            self.model.open_txn[pid] = self.model.txns
         self.model.sequences[pid] += count
-        self.model.append(values, pid)
+        self.model.append(values, pid, self.model.open_txn[pid])
 
     @precondition(lambda self: self.model.open_first)
     @rule(data=st.data(), commit=st.booleans())
     def end_transaction(self, data, commit):
         pid = data.draw(st.sampled_from(sorted(self.model.open_first)))
         self.model.epochs[pid] += 1  # Transactions V2: the marker carries the bumped epoch
-        self._durable(self._door(lambda: self.partition.write_marker(pid, self.model.epochs[pid], 0, commit, NOW)))
+        self._durable(self._door(lambda: self.partition.write_marker(pid, self.model.epochs[pid], 0, commit, self.model.now)))
         first = self.model.open_first.pop(pid)
         if not commit:
             self.model.aborted.setdefault(pid, []).append((first, self.model.next_offset))
         self.model.sequences[pid] = 0
-        self.model.append((), pid)
+        self.model.append((), pid, self.model.open_txn.pop(pid))
+
 
     # --- moving the log start -------------------------------------------------------------
 
@@ -195,7 +209,7 @@ class LogStartMachine(RuleBasedStateMachine):
     @rule()
     def retention(self):
         self.partition.configs = dict(CONFIGS, **{"retention.bytes": "0"})
-        self._durable(self._door(lambda: self.partition.enforce_retention(NOW)))
+        self._durable(self._door(lambda: self.partition.enforce_retention(self.model.now)))
         self.partition.configs = dict(CONFIGS)
         lso, start = self.model.lso, self.model.log_start
         for batch in self.model.batches:  # every whole batch below the LSO, from the log start
@@ -205,17 +219,23 @@ class LogStartMachine(RuleBasedStateMachine):
         if start > self.model.log_start:
             self.model.move_log_start(start)
 
-    @rule()
-    def compaction(self):
+    @rule(elapsed_ms=st.sampled_from([0, DELETE_RETENTION_MS // 2, DELETE_RETENTION_MS]))
+    def compaction(self, elapsed_ms):
+        self.model.now += elapsed_ms  # the clock moves on, by as long as delete.retention.ms at most
         self.partition.configs = dict(CONFIGS, **{"cleanup.policy": "compact"})
-        self._durable(self._door(lambda: self.partition.enforce_retention(NOW)))
+        self._durable(self._door(lambda: self.partition.enforce_retention(self.model.now, DELETE_RETENTION_MS)))
         self.partition.configs = dict(CONFIGS)
         model = self.model
         lso = model.lso
         below = [b for b in model.batches if b.last < lso]
         doomed = {b.base for b in below if b.values and b.pid >= 0 and any(first <= b.base <= last for first, last in model.aborted.get(b.pid, []))}
+        # a marker goes once no batch of its transaction is left and it is delete.retention.ms old (the sole
+        # replica's high watermark is the log end: every marker is below it)
+        left = {b.txn for b in model.batches if b.values and b.base not in doomed}
+        doomed |= {b.base for b in below if not b.values and b.pid >= 0 and b.txn not in left
+                   and b.written_ms + DELETE_RETENTION_MS <= model.now}
         start = model.log_start
-        for batch in model.batches:  # the log starts at the first batch kept (markers are kept)
+        for batch in model.batches:  # the log starts at the first batch kept
             if batch.last >= lso or batch.base not in doomed:
                 break
             start = batch.last + 1

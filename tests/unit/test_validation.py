@@ -44,6 +44,13 @@ def test_topic_configs_fill_defaults_and_reject_unknown_keys_and_bad_values():
     assert code(validation.topic_configs, {"cleanup.policy": "shred"}, 1 << 20) == "INVALID_CONFIG"
 
 
+def test_delete_retention_is_a_topics_own_only_when_it_sets_one():
+    assert "delete.retention.ms" not in validation.topic_configs({}, 1 << 20)  # the instance's setting applies
+    assert validation.topic_configs({"delete.retention.ms": "0"}, 1 << 20)["delete.retention.ms"] == "0"
+    for bad in ("-1", "a day", str(2**63)):
+        assert code(validation.topic_configs, {"delete.retention.ms": bad}, 1 << 20) == "INVALID_CONFIG"
+
+
 def batch(**fields):
     defaults = dict(producer_id=1, producer_epoch=0, base_sequence=0, records=[common_pb2.Record(value=b"v")])
     return common_pb2.RecordBatch(**{**defaults, **fields})

@@ -496,7 +496,8 @@ def _add_client_commands(commands) -> None:
                         "cluster's default.replication.factor, capped at the live instances)")
     create.add_argument("--config", action="append", metavar="KEY=VALUE",
                         help="a topic config (retention.ms, retention.bytes, max.record.bytes, cleanup.policy, "
-                             "min.insync.replicas, unclean.leader.election.enable)")
+                             "min.insync.replicas, unclean.leader.election.enable, compression.type, "
+                             "delete.retention.ms)")
     describe = topic_actions.add_parser("describe", help="partitions, leaders and configs as JSON")
     describe.add_argument("name")
     alter = topic_actions.add_parser("alter-configs", help="change a topic's configs (every replica takes them within "
