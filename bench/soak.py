@@ -91,6 +91,7 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -102,12 +103,14 @@ from pathlib import Path
 
 from bench.measure import CLOCK_TICKS, MB, cpu_seconds, machine_cpu_seconds, progress
 from bench.produce_fetch import memory_status
+from bench.soak_bounds import WORKLOAD_LABELS, bound_verdict, design_bounds, process_caps, zookeeper_disk_caps
 from services.tooling.chaos import run as chaos
 from services.tooling.chaos.faults import FAULT_KINDS, Nemesis
 from services.tooling.chaos.history import HISTORY_DIR
 from services.tooling.chaos.proxy import ZookeeperRoutes
 from services.tooling.cluster import LocalCluster, pid_alive, zookeeper_counters
 from txlog import Admin
+from txlog.protocol import CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC
 
 DEFAULT_FAULTS = ("kill_leader", "pause_coordinator", "partition_zookeeper", "kill_coordinator")
 GROWTH_PER_HOUR_MAX = 0.10  # flat: within +-10% of the warm-up mean an hour
@@ -115,10 +118,12 @@ SIGNIFICANT_T = 3.0  # grows: above the bound and the slope >= 3 standard errors
 ZOOKEEPER_COUNTERS = {"znodes": "zk_znode_count", "data_kb": "zk_approximate_data_size",
                       "ephemerals": "zk_ephemerals_count", "watches": "zk_watch_count",
                       "connections": "zk_num_alive_connections", "outstanding": "zk_outstanding_requests"}
-ROCKSDB_PROPERTIES = ("sst_bytes", "blob_bytes", "memtable_bytes", "block_cache_bytes", "table_readers_bytes")
+ROCKSDB_PROPERTIES = ("sst_bytes", "blob_bytes", "memtable_bytes", "block_cache_bytes", "block_cache_capacity_bytes",
+                      "table_readers_bytes")
 JVM_HEAP = {"heap_committed_mb": ("S0C", "S1C", "EC", "OC"), "heap_used_mb": ("S0U", "S1U", "EU", "OU"), "old_used_mb": ("OU",)}
 COUNT_STEP = 1  # integer series (fds, threads, znodes...): a fitted change of one unit is a step, not a trend
 OUTCOMES = ("committed", "aborted", "indefinite")
+LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 SAMPLES_FILE = "soak-samples.json"  # the raw samples, in --dir: --from-samples reports them again
 
 
@@ -143,6 +148,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--producer-id-expiration-ms", type=int, help="partition_svc's --producer-id-expiration-ms "
                         "(default: the service's, a day; shorter shows whether what grows with producers levels off once "
                         "they expire), checked every tenth of it")
+    parser.add_argument("--delete-retention-ms", type=int, help="partition_svc's --log-cleaner-delete-retention-ms "
+                        "(default: the service's, a day): how long a compacted topic (__consumer_offsets) keeps the "
+                        "markers of transactions none of whose batches is left; shorter shows them level off")
     parser.add_argument("--seed", type=int, help="the nemesis's and the workers' seed (default: random)")
     parser.add_argument("--from-samples", metavar="FILE", help="no run: the report of a run's DIR/soak-samples.json "
                         "again, with this --warmup-fraction and --fresh-s")
@@ -155,6 +163,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error("--minutes, --sample-s and --retention-s must be > 0, --warmup-fraction in [0, 1)")
     if args.producer_id_expiration_ms is not None and args.producer_id_expiration_ms < 1000:
         parser.error("--producer-id-expiration-ms must be at least 1000")
+    if args.delete_retention_ms is not None and args.delete_retention_ms < 0:
+        parser.error("--delete-retention-ms must be at least 0")
     if args.seed is None:
         args.seed = random.SystemRandom().randrange(2**31)
     return args
@@ -208,7 +218,11 @@ def metrics_figures(address: str) -> dict:
     except OSError:
         return {}
     found: dict = {"metrics_series": len(lines)}
+    label_values: dict[str, set[str]] = {}
     for line in lines:
+        _, brace, rest = line.partition("{")
+        for key, value in LABEL.findall(rest.rpartition("}")[0]) if brace else ():
+            label_values.setdefault(key, set()).add(value)
         if line.startswith("txlog_rocksdb{"):
             labels, _, value = line.rpartition(" ")
             for name in ROCKSDB_PROPERTIES:
@@ -224,6 +238,9 @@ def metrics_figures(address: str) -> dict:
             found["producer_ids"] = int(float(line.rpartition(" ")[2]))
         elif line.startswith("txlog_partition_aborted_transactions{"):
             found["aborted_transactions"] = found.get("aborted_transactions", 0) + int(float(line.rpartition(" ")[2]))
+    # what makes the series (soak_bounds.labels_within_domains): every label key, and the workload's names among the values
+    found["metrics_label_keys"] = sorted(label_values)
+    found |= {f"metrics_{plural}": sorted(label_values.get(key, ())) for key, plural in WORKLOAD_LABELS.items()}
     return found
 
 
@@ -393,7 +410,7 @@ def judged(points: list[tuple[float, float, int]], mean: float | None, step: flo
 
 
 def fitted(values: list, times_h: list[float], warmup: int, groups: list[int] | None = None,
-           left_out: list[bool] | None = None, step: float = 0.0) -> dict:
+           left_out: list[bool] | None = None, step: float = 0.0, caps: list[float | None] | None = None) -> dict:
     """A series' samples, and after the warm-up its slope per hour, its growth
     per hour against the warm-up mean, the change the slope makes over the
     fitted span, and the verdict (module docstring): ``flat``, ``grows`` (over
@@ -401,13 +418,18 @@ def fitted(values: list, times_h: list[float], warmup: int, groups: list[int] | 
     span, but its second half does not: a warm-up longer than the one left
     out, or a level that rose and stays), ``shrinks``, or ``unclear``
     (beyond the bound, but not 3 standard errors from 0). A fitted change of
-    at most ``step`` (one fd, thread or znode more, once) is flat."""
+    at most ``step`` (one fd, thread or znode more, once) is flat. With
+    ``caps`` (each sample's limit by design, bench.soak_bounds), a series
+    that is not flat is ``bounded`` when every fitted sample is within its
+    limit; ``over_bound`` counts those that are not."""
     groups = groups or [0] * len(values)
     left_out = left_out or [False] * len(values)
+    caps = caps or [None] * len(values)
     base = [v for v in values[:warmup] if v is not None]
     mean = sum(base) / len(base) if base else None
-    points = [(t, v, g) for t, v, g, out in zip(times_h[warmup:], values[warmup:], groups[warmup:], left_out[warmup:], strict=True)
-              if v is not None and not out]
+    kept = [(t, v, g, cap) for t, v, g, out, cap in zip(times_h[warmup:], values[warmup:], groups[warmup:], left_out[warmup:],
+                                                          caps[warmup:], strict=True) if v is not None and not out]
+    points = [(t, v, g) for t, v, g, _ in kept]
     whole = judged(points, mean, step)
     if whole is None:
         return {"values": values, "fitted_samples": len(points), "verdict": "too few samples", "flat": None, "grows": None}
@@ -415,6 +437,11 @@ def fitted(values: list, times_h: list[float], warmup: int, groups: list[int] | 
     second_half = judged([p for p in points if p[0] >= middle], mean, step)
     if whole["verdict"] == "grows" and (second_half is None or second_half["verdict"] != "grows"):
         whole["verdict"] = "settles"  # it grew, but does not go on growing in the second half
+    within = bound_verdict([v for _, v, _, _ in kept], [cap for *_, cap in kept])
+    if within is not None:
+        whole |= within
+        if whole["verdict"] != "flat" and not within["over_bound"]:
+            whole["verdict"] = "bounded"  # it fills towards a limit the design sets, and stayed within it
     return {"values": values, "warmup_mean": None if mean is None else round(mean, 3), **whole,
             "second_half": second_half, "flat": whole["verdict"] == "flat", "grows": whole["verdict"] == "grows"}
 
@@ -447,9 +474,11 @@ def with_derived(row: dict) -> dict:
     return {**row, **derived}
 
 
-def process_report(samples: list[dict], name: str, times_h: list[float], warmup: int, fresh_s: float) -> dict:
+def process_report(samples: list[dict], name: str, times_h: list[float], warmup: int, fresh_s: float,
+                   bounds: dict, workload: dict) -> dict:
     """One process's series, fitted within each incarnation, its samples younger
-    than ``fresh_s`` left out (but for its data directory, which a restart keeps)."""
+    than ``fresh_s`` left out (but for its data directory, which a restart keeps);
+    the series with a limit by design judged against it too (bench.soak_bounds)."""
     rows = [with_derived(s["processes"].get(name, {"down": True})) for s in samples]
     pids = [row.get("pid") for row in rows]
     fresh = [row.get("age_s", 0.0) < fresh_s for row in rows]
@@ -464,7 +493,8 @@ def process_report(samples: list[dict], name: str, times_h: list[float], warmup:
         if key == "data_dir_mb":
             report[key] = fitted(values, times_h, warmup)
         else:
-            report[key] = fitted(values, times_h, warmup, groups=[p or 0 for p in pids], left_out=fresh, step=step)
+            report[key] = fitted(values, times_h, warmup, groups=[p or 0 for p in pids], left_out=fresh, step=step,
+                                 caps=None if name.startswith("worker-") else process_caps(key, rows, pids, bounds, workload))
     return report
 
 
@@ -475,14 +505,22 @@ def verdicts(reports: dict[str, dict]) -> dict[str, str]:
 
 
 def report(samples: list[dict], args: argparse.Namespace, faults: list[dict], fault_counts: dict, extra: dict) -> dict:
+    """The fits and verdicts of a run's samples. ``extra`` carries the run's design
+    bounds and workload (both recorded by the run; a run recorded before them gets
+    the bounds the code and its cluster folder give, and no workload: its
+    /metrics series are judged by their slope alone)."""
+    bounds, workload = extra.get("bounds") or design_bounds(Path(args.dir or ".") / "cluster"), extra.get("workload", {})
     times_h = [s["t_s"] / 3600 for s in samples]
     warmup = min(max(2, math.ceil(args.warmup_fraction * len(samples))), len(samples))
     names = list(dict.fromkeys(name for s in samples for name in s["processes"]))
-    services = {name: process_report(samples, name, times_h, warmup, args.fresh_s) for name in names
+    services = {name: process_report(samples, name, times_h, warmup, args.fresh_s, bounds, workload) for name in names
                 if not name.startswith("worker-")}
-    clients = {name: process_report(samples, name, times_h, warmup, args.fresh_s) for name in names if name.startswith("worker-")}
+    clients = {name: process_report(samples, name, times_h, warmup, args.fresh_s, bounds, workload)
+               for name in names if name.startswith("worker-")}
     zookeeper = {key: fitted([s["zookeeper"].get(key) for s in samples], times_h, warmup,
-                             step=COUNT_STEP if key in COUNT_SERIES else 0.0) for key in ("disk_mb", *ZOOKEEPER_COUNTERS)}
+                             step=COUNT_STEP if key in COUNT_SERIES else 0.0,
+                             caps=zookeeper_disk_caps([s["zookeeper"].get("data_kb") for s in samples], bounds)
+                             if key == "disk_mb" else None) for key in ("disk_mb", *ZOOKEEPER_COUNTERS)}
     throughput = {key: fitted([s["transactions"][key] for s in samples], times_h, warmup)
                   for key in ("committed_per_minute", "committed_per_run_cpu_s")}
     throughput |= {key: fitted([s["machine"].get(key) for s in samples], times_h, warmup) for key in ("run_cpus", "others_cpus")}
@@ -491,6 +529,8 @@ def report(samples: list[dict], args: argparse.Namespace, faults: list[dict], fa
                                       for before, s in zip([-math.inf] + [s["t_s"] for s in samples[:-1]], samples, strict=True)]
     not_flat = verdicts({**services, "zookeeper_data": zookeeper, **clients})
     grows = [name for name, verdict in not_flat.items() if verdict == "grows"]
+    over_bound = {f"{owner}.{key}": series["over_bound"] for owner, part in {**services, "zookeeper_data": zookeeper, **clients}.items()
+                  for key, series in part.items() if isinstance(series, dict) and series.get("over_bound")}
     txlog_grows = [g for g in grows if g.split(".", 1)[0] in services and not g.startswith("zookeeper.")]
     return {
         "benchmark": "soak: a cluster under steady transactional load with faults; does any service's memory, "
@@ -513,7 +553,10 @@ def report(samples: list[dict], args: argparse.Namespace, faults: list[dict], fa
         "clients": clients,
         "not_flat": not_flat,
         "grows": grows,
-        "targets": {"no_txlog_service_series_grows": not txlog_grows,
+        "over_bound": over_bound,
+        "bounds": bounds,
+        "targets": {"no_series_over_its_bound": not over_bound,
+                    "no_txlog_service_series_grows": not txlog_grows,
                     "zookeeper_flat": not [g for g in grows if g.startswith(("zookeeper.", "zookeeper_data."))],
                     "throughput_flat": throughput["committed_per_minute"]["flat"],
                     "throughput_per_run_cpu_flat": throughput["committed_per_run_cpu_s"]["flat"],
@@ -526,10 +569,21 @@ def report(samples: list[dict], args: argparse.Namespace, faults: list[dict], fa
 
 
 def expiration_args(args: argparse.Namespace) -> list[str]:
-    if args.producer_id_expiration_ms is None:
-        return []
-    return ["--producer-id-expiration-ms", str(args.producer_id_expiration_ms),
-            "--producer-id-expiration-check-interval-ms", str(max(args.producer_id_expiration_ms // 10, 1000))]
+    """partition_svc's flags for how long producers and compacted markers are kept (the service's defaults unless given)."""
+    found = []
+    if args.producer_id_expiration_ms is not None:
+        found += ["--producer-id-expiration-ms", str(args.producer_id_expiration_ms),
+                  "--producer-id-expiration-check-interval-ms", str(max(args.producer_id_expiration_ms // 10, 1000))]
+    if getattr(args, "delete_retention_ms", None) is not None:
+        found += ["--log-cleaner-delete-retention-ms", str(args.delete_retention_ms)]
+    return found
+
+
+def workload_names(cluster: LocalCluster) -> dict[str, list[str]]:
+    """The topics and groups the run made: the values its /metrics labels may name (soak_bounds)."""
+    with Admin(cluster.state.bootstrap) as admin:
+        return {"topics": sorted({*admin.list_topics(), TRANSACTION_STATE_TOPIC, CONSUMER_OFFSETS_TOPIC}),
+                "groups": sorted(group.group_id for group in admin.list_groups())}
 
 
 def soak(directory: Path, args: argparse.Namespace) -> dict:
@@ -559,6 +613,8 @@ def soak(directory: Path, args: argparse.Namespace) -> dict:
             time.sleep(max(0.0, sampler.started + index * args.sample_s - time.monotonic()))
             progress(progress_line(sampler.take()))
         extra["load_s"] = round(time.monotonic() - sampler.started, 1)
+        extra["bounds"] = design_bounds(directory / "cluster")
+        extra["workload"] = workload_names(cluster)
     finally:
         if nemesis is not None:
             nemesis.stop()

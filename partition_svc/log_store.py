@@ -87,7 +87,7 @@ class LogStore:
     PROPERTIES = {"sst_bytes": "rocksdb.total-sst-files-size", "blob_bytes": "rocksdb.total-blob-file-size",
                   "blob_garbage_bytes": "rocksdb.live-blob-file-garbage-size",
                   "memtable_bytes": "rocksdb.cur-size-all-mem-tables",
-                  "block_cache_bytes": "rocksdb.block-cache-usage",
+                  "block_cache_bytes": "rocksdb.block-cache-usage", "block_cache_capacity_bytes": "rocksdb.block-cache-capacity",
                   "table_readers_bytes": "rocksdb.estimate-table-readers-mem",
                   "pending_compaction_bytes": "rocksdb.estimate-pending-compaction-bytes",
                   "delayed_write_rate": "rocksdb.actual-delayed-write-rate", "write_stopped": "rocksdb.is-write-stopped"}

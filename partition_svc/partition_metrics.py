@@ -52,6 +52,7 @@ class PartitionMetrics:
                                    "transactions; each is kept until producer_id_expiration_ms after its last append "
                                    "(Kafka's ProducerIdCount)", self._producer_ids),
             "txlog.rocksdb": ("RocksDB figures by property: sst_bytes, blob_bytes, blob_garbage_bytes, memtable_bytes, "
+                              "block_cache_bytes, block_cache_capacity_bytes, table_readers_bytes, "
                               "pending_compaction_bytes, delayed_write_rate, write_stopped", self._rocksdb),
         }
         for name, (description, callback) in gauges.items():
