@@ -45,8 +45,9 @@ memtable for minutes). A partition_svc's memory is a sawtooth by design:
 RocksDB fills a 64 MB memtable, flushes it and starts another, so beside
 its RSS and anonymous memory comes ``anon_less_memtable_mb`` (anonymous
 memory less RocksDB's own count of its memtables), the memory a leak would
-show in, and ``anon_less_rocksdb_mb``, less RocksDB's block cache (bounded,
-8 MB as built here, filling as reads touch older blocks) and table readers too. What a
+show in, and ``anon_less_rocksdb_mb``, less RocksDB's block cache (bounded
+by its capacity, 32 MiB as built here, and by the SST files, whose blocks alone
+it holds: it fills as reads touch older blocks) and table readers too. What a
 leak would be made of shows beside them: ``malloc_in_use_mb`` and
 ``malloc_free_mb`` (the C allocator's bytes, native code's), and
 ``python_blocks_k`` (thousands of Python objects' memory blocks),
@@ -70,7 +71,11 @@ the noise's chance slope). A series that grows over the fitted span ``grows``
 only if it grows over the second half of the span too (by the same rule);
 otherwise it ``settles`` (a warm-up longer than the one left out, or a level
 that rose once and stays: bounded as far as the run shows). ``not_flat``
-lists every series that is not flat with its verdict; ``targets``: no series
+lists every series that is not flat with its verdict. A series that fills
+to a limit the design sets (bench/soak_bounds.py: threads, the block cache,
+/metrics series, ZooKeeper's disk) and is not flat is ``bounded`` when every
+fitted sample is within that limit; ``over_bound`` counts those past it.
+``targets``: no series over its limit, no series
 of a txlog service grows, nor of ZooKeeper, nor of the workers (the SDK), and
 the throughput stays flat. ZooKeeper is a JVM: its RSS rises until it has
 touched the heap it committed (-Xmx512m), so its heap, committed, used and

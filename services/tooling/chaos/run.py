@@ -62,6 +62,9 @@ PARTITION_SESSION_S = 5
 PARTITION_ARGS = ["--zookeeper-session-timeout-s", str(PARTITION_SESSION_S), "--min-insync-replicas", "2",
                   "--replica-lag-time-max-ms", "4000", "--controller-pass-interval-ms", "1000",
                   "--partition-state-refresh-ms", "2000"]
+# Compaction runs every 5 s and removes the markers of emptied transactions 5 s old: __consumer_offsets' markers
+# (one per consume-transform-produce transaction) go within the run, under its faults, not a day later.
+COMPACTION_ARGS = ["--retention-check-interval-ms", "5000", "--log-cleaner-delete-retention-ms", "5000"]
 WORKER_STOP_TIMEOUT_S = 90.0
 FINAL_READ_TIMEOUT_S = 60.0
 OPEN_STATES = ("Ongoing", "PrepareCommit", "PrepareAbort", "PrepareEpochFence")
@@ -250,7 +253,8 @@ def run(duration_s: float, *, seed: int | None = None, directory: str | Path | N
     nemesis = None
     nemesis_started_s = time.time()
     try:
-        cluster.up(partition_svcs=3, service_args={"coordinator_svc": COORDINATOR_ARGS, "partition_svc": PARTITION_ARGS})
+        cluster.up(partition_svcs=3, service_args={"coordinator_svc": COORDINATOR_ARGS,
+                                                   "partition_svc": PARTITION_ARGS + COMPACTION_ARGS})
         if peers is not None:
             peers.connect(cluster.state.services)
         cluster.wait_until_coordinators_settle()
