@@ -80,6 +80,13 @@ class ReplicaSet:
         return min([leader_log_start] + [self.followers[n].log_start_offset if n in self.followers else 0
                                          for n in self.isr if n != self.leader])
 
+    def replicated_end(self, replicas: tuple[int, ...]) -> int:
+        """Below it every replica in ``replicas`` holds the log, as far as this leader knows: the
+        high watermark, and each follower's last fetch offset (0 for one that has not fetched,
+        since this leader's start, or at all). A follower out of the ISR holds it back too."""
+        return min([self.high_watermark] + [self.followers[n].log_end_offset if n in self.followers else 0
+                                            for n in replicas if n != self.leader])
+
     def isr_change(self, leader_log_end: int, now_ms: int, lag_max_ms: int) -> frozenset[int] | None:
         """The ISR as it should be now, or None when it stays. The new ISR must be
         written (a conditional ZooKeeper write) before it takes effect."""

@@ -256,12 +256,12 @@ def compaction_plan(batches: Iterable[tuple[StoredBatchHeader, bytes]], lso: int
 
     A transaction's markers (its COMMIT or ABORT, and a PREPARED before it) go once
     no batch of the transaction is left (removed now or before), the completing
-    marker is below ``marker_end`` (the high watermark: every in-sync replica holds
-    it) and at least ``delete_retention_ms`` old (Kafka's delete.retention.ms; -1
-    keeps every marker): a replica that copied the transaction's batches before
-    they went has had that long to copy its marker too, without which it would
-    hold the transaction open. A marker whose transaction still has a batch stays:
-    it is what ends that transaction for whoever reads the log. Returns the doomed
+    marker is below ``marker_end`` (every replica holds the log below it:
+    Partition.marker_end; a replica that copied the transaction's batches but
+    not its marker would hold the transaction open for good) and at least
+    ``delete_retention_ms`` old (Kafka's delete.retention.ms; -1 keeps every
+    marker). A marker whose transaction still has a batch stays: it is what ends
+    that transaction for whoever reads the log. Returns the doomed
     batches and the new log start (the first batch kept; None when it does not
     move)."""
     latest: dict[bytes, int] = {}

@@ -107,6 +107,7 @@ class Partition:
         self.leader_epoch = 0 if sole_replica else -1
         self.replica_set: ReplicaSet | None = ReplicaSet(node_id, frozenset({node_id})) if sole_replica else None
         self.leader_high_watermark = 0  # a follower's: the leader's, as its last fetch answered
+        self.leader_replicated_end = 0  # a follower's: the leader's replicated end (marker_end), as its last fetch answered
         self._data_arrived = Signal()  # the high watermark moved
         self._log_end_moved = Signal()  # durable_end moved
         self._written_end_moved = Signal()  # written_end moved: what followers wait on
@@ -404,7 +405,8 @@ class Partition:
 
     # --- a follower's log ------------------------------------------------------------
 
-    def append_replicated(self, batches: list[tuple[int, int, bytes]], leader_high_watermark: int) -> asyncio.Future | None:
+    def append_replicated(self, batches: list[tuple[int, int, bytes]], leader_high_watermark: int,
+                          leader_replicated_end: int = 0) -> asyncio.Future | None:
         """Stores the leader's batches ((base offset, leader epoch, stored
         value), in offset order from this replica's log end) at the leader's
         offsets, with their effects; the future completes once they are
@@ -412,6 +414,7 @@ class Partition:
         the log end: compaction on the leader removed the batches between
         (offsets are never reused, so the gap stays a gap)."""
         self.leader_high_watermark = max(self.leader_high_watermark, leader_high_watermark)
+        self.leader_replicated_end = leader_replicated_end  # not max: a follower of the leader's may have truncated
         changes: Changes = []
         for base_offset, _, value in batches:  # all proven before any is taken: a damaged one leaves the log end where it was
             stored = log_format.decode_header(base_offset, value)
@@ -587,6 +590,15 @@ class Partition:
             self._advance_high_watermark()
 
     @property
+    def marker_end(self) -> int:
+        """Below it every replica holds the log, as far as is known here (the leader's
+        ReplicaSet.replicated_end; a follower's, as the leader last said it): compaction
+        removes a transaction's markers only below it."""
+        if self.replica_set is not None:
+            return self.replica_set.replicated_end(self.replicas)
+        return min(self.leader_replicated_end, self.high_watermark)
+
+    @property
     def low_watermark(self) -> int:
         """The lowest log start offset among the in-sync replicas (as far as
         this leader knows its followers'); a follower's own log start."""
@@ -689,8 +701,8 @@ class Partition:
         The plan removes every aborted transaction's batches below the LSO, so the
         spans of those transactions go too (they were kept, and loaded at every
         start, for ever while markers were: the log start of a compacted log stayed
-        at its first marker). Markers go below the high watermark once their
-        transaction's batches are gone and delete.retention.ms has passed."""
+        at its first marker). Markers go once their transaction's batches are gone,
+        below marker_end (every replica holds them), delete.retention.ms after."""
         if self.configs.get("cleanup.policy") != "compact":
             return []
         lso = self.last_stable_offset
@@ -698,7 +710,7 @@ class Partition:
                   for base_offset, value in self.store.batches_holding(self.pkey, self.log_start_offset))
         doomed, log_start = log_core.compaction_plan(stored, lso, self.derived.is_aborted, now_ms,
                                                      int(self.configs.get("delete.retention.ms", delete_retention_ms)),
-                                                     self.high_watermark)
+                                                     self.marker_end)
         changes: Changes = partition_core.forget_aborted_below(self.derived, self.pkey, lso)
         if not doomed and not changes:
             return []

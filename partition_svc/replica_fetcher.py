@@ -183,7 +183,8 @@ class ReplicaFetcher:
                 continue
             try:
                 durable = followed.partition.append_replicated(
-                    [(b.base_offset, b.leader_epoch, b.value) for b in result.batches], result.high_watermark)
+                    [(b.base_offset, b.leader_epoch, b.value) for b in result.batches], result.high_watermark,
+                    result.replicated_end_offset)
             except ValueError as exc:  # the logs disagree where they should not: find where again
                 log.error("replica log out of step with the leader", extra=fields(topic=key[0], partition=key[1], error=str(exc)))
                 followed.truncated = False

@@ -156,6 +156,7 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServiceServicer):
                     result.log_start_offset = partition.log_start_offset
             else:
                 result.high_watermark, result.log_start_offset = partition.high_watermark, partition.log_start_offset
+                result.replicated_end_offset = partition.marker_end
                 if outcome is not None:
                     result.diverging_epoch.CopyFrom(outcome)
                 elif wanted.fetch_offset < partition.written_end:  # caught up: no batch to read (a read would load the last one)

@@ -62,9 +62,8 @@ SETTINGS = (
             "and has no transaction open there, is forgotten by it (Kafka's producer.id.expiration.ms): its next batch "
             "must start at sequence 0, as a new producer's; internal topics keep theirs, ms", positive_int),
     Setting("log_cleaner_delete_retention_ms", validation.DELETE_RETENTION_MS_DEFAULT, "how long a compacted topic "
-            "keeps a transaction's markers once none of its batches is left, unless the topic sets delete.retention.ms "
-            "(Kafka's log.cleaner.delete.retention.ms): a replica that copied the transaction's batches before they went "
-            "has this long to copy its marker, ms", non_negative_int),
+            "keeps a transaction's markers once none of its batches is left (and every replica has copied them), unless "
+            "the topic sets delete.retention.ms (Kafka's log.cleaner.delete.retention.ms), ms", non_negative_int),
     Setting("producer_id_expiration_check_interval_ms", 600_000, "how often producers are checked for expiry, ms",
             positive_int),
     Setting("live_nodes_cache_ms", 1_000, "how long the list of live instances is reused, ms", positive_int),

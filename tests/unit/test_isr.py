@@ -90,3 +90,16 @@ def test_a_follower_on_other_storage_is_caught_up_only_by_what_it_says_now_and_i
     assert replicas.storage_of({2}) == {2: 100}, "a fetch that does not say leaves what was said"
     replicas.on_fetch(2, 4, 10, now_ms=3_000, storage_zxid=300)
     assert replicas.storage_of({2}) == {2: 300} and replicas.followers[2].last_caught_up_ms == -1
+
+
+def test_the_replicated_end_waits_for_every_assigned_replica_in_the_isr_or_not():
+    replicas = ReplicaSet(leader=0, isr=frozenset({0, 1}), high_watermark=0)
+    replicas.on_fetch(1, 10, leader_log_end=10, now_ms=1)
+    replicas.advance_high_watermark(10)
+    assert replicas.high_watermark == 10
+    assert replicas.replicated_end((0, 1, 2)) == 0  # replica 2, out of the ISR, has not fetched from this leader
+    replicas.on_fetch(2, 4, leader_log_end=10, now_ms=2)
+    assert replicas.replicated_end((0, 1, 2)) == 4
+    assert replicas.replicated_end((0, 1)) == 10  # 2 is no replica any more (reassigned): the high watermark
+    replicas.on_fetch(2, 0, leader_log_end=10, now_ms=3)  # its disk wiped: it holds nothing now
+    assert replicas.replicated_end((0, 1, 2)) == 0

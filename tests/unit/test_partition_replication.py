@@ -242,3 +242,39 @@ def test_the_storage_mark_survives_a_reopen_and_only_an_empty_store_is_new(tmp_p
     legacy.write([(log_format.meta_key(log_format.partition_key("t", 0)), b"{}")])
     assert not legacy.is_empty() and legacy.storage_zxid() is None
     legacy.close()
+
+
+def test_markers_are_removed_only_below_what_every_replica_holds(tmp_path):
+    """A follower out of the ISR that copied a transaction's batch but not yet its marker would hold the
+    transaction open for good if the marker went first (its LSO stuck, and a hanging transaction once it
+    leads): compaction removes a marker only below the offsets every replica fetched from, and a follower
+    only below what its leader last said of them."""
+    async def scenario():
+        configs = validation.topic_configs({"cleanup.policy": "compact", "delete.retention.ms": "0"}, 1 << 20)
+        leader, follower = replica(tmp_path, "leader", LEADER), replica(tmp_path, "follower", FOLLOWER)
+        leader.configs = follower.configs = configs
+        leader.replicas = follower.replicas = (LEADER, FOLLOWER)
+        leader.become_leader(1, frozenset({LEADER}), NOW)  # the follower is out of the ISR
+        follower.become_follower(1)
+
+        def keyed(value: str, pid: int = -1, transactional: bool = False) -> common_pb2.RecordBatch:
+            return common_pb2.RecordBatch(producer_id=pid, producer_epoch=0 if pid >= 0 else -1, base_sequence=0 if pid >= 0 else -1,
+                                          is_transactional=transactional, records=[common_pb2.Record(key=b"k", value=value.encode())])
+
+        await leader.produce(keyed("v1", 8, transactional=True), NOW, LIMITS).durable
+        await ship(leader, follower)  # the follower holds the transaction's batch, not its marker
+        await leader.write_marker(8, 1, 1, True, NOW)
+        await leader.produce(keyed("v2"), NOW, LIMITS).durable  # supersedes v1: the transaction has no batch left
+        await leader.enforce_retention(NOW + 1)
+        assert [h.base_offset for h in leader.headers(0)] == [1, 2]  # v1 gone; its marker kept for the follower
+        await ship(leader, follower)
+        assert follower.last_stable_offset == follower.high_watermark == 3  # the marker ended the transaction there
+        await leader.enforce_retention(NOW + 1)
+        assert [h.base_offset for h in leader.headers(0)] == [2]  # every replica has fetched past it: it goes
+        await follower.enforce_retention(NOW + 1)
+        assert [h.base_offset for h in follower.headers(0)] == [1, 2]  # the leader has not said so to the follower yet
+        assert follower.append_replicated([], leader.high_watermark, leader.marker_end) is None
+        await follower.enforce_retention(NOW + 1)
+        assert [h.base_offset for h in follower.headers(0)] == [2]
+        await drained(leader, follower)
+    asyncio.run(scenario())

@@ -105,7 +105,7 @@ class EpochEndOffset(_message.Message):
     def __init__(self, epoch: _Optional[int] = ..., end_offset: _Optional[int] = ...) -> None: ...
 
 class ReplicaFetchPartitionResult(_message.Message):
-    __slots__ = ("topic", "partition", "error", "high_watermark", "log_start_offset", "batches", "diverging_epoch")
+    __slots__ = ("topic", "partition", "error", "high_watermark", "log_start_offset", "batches", "diverging_epoch", "replicated_end_offset")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
@@ -113,6 +113,7 @@ class ReplicaFetchPartitionResult(_message.Message):
     LOG_START_OFFSET_FIELD_NUMBER: _ClassVar[int]
     BATCHES_FIELD_NUMBER: _ClassVar[int]
     DIVERGING_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    REPLICATED_END_OFFSET_FIELD_NUMBER: _ClassVar[int]
     topic: str
     partition: int
     error: _errors_pb2.Error
@@ -120,7 +121,8 @@ class ReplicaFetchPartitionResult(_message.Message):
     log_start_offset: int
     batches: _containers.RepeatedCompositeFieldContainer[StoredBatch]
     diverging_epoch: EpochEndOffset
-    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., error: _Optional[_Union[_errors_pb2.Error, _Mapping]] = ..., high_watermark: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., batches: _Optional[_Iterable[_Union[StoredBatch, _Mapping]]] = ..., diverging_epoch: _Optional[_Union[EpochEndOffset, _Mapping]] = ...) -> None: ...
+    replicated_end_offset: int
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., error: _Optional[_Union[_errors_pb2.Error, _Mapping]] = ..., high_watermark: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., batches: _Optional[_Iterable[_Union[StoredBatch, _Mapping]]] = ..., diverging_epoch: _Optional[_Union[EpochEndOffset, _Mapping]] = ..., replicated_end_offset: _Optional[int] = ...) -> None: ...
 
 class ReplicaFetchResponse(_message.Message):
     __slots__ = ("results",)
