@@ -267,11 +267,12 @@ def compaction_plan(batches: Iterable[tuple[StoredBatchHeader, bytes]], lso: int
     latest: dict[bytes, int] = {}
     kept_records: list[tuple[StoredBatchHeader, list[tuple[bytes, int]]]] = []
     aborted: list[StoredBatchHeader] = []
-    scanned: list[tuple[StoredBatchHeader, bytes]] = []  # every batch in offset order, markers included
+    # every batch in offset order, markers with their control type (a marker's value is read once, the others' kept not)
+    scanned: list[tuple[StoredBatchHeader, int | None]] = []
     for header, value in batches:
         if header.last_offset >= lso:
             break
-        scanned.append((header, value))
+        scanned.append((header, message_of(value).control_type if header.is_control and delete_retention_ms >= 0 else None))
         if header.is_control:
             continue
         if header.is_transactional and is_aborted(header.producer_id, header.base_offset):
@@ -294,20 +295,20 @@ def compaction_plan(batches: Iterable[tuple[StoredBatchHeader, bytes]], lso: int
     return doomed, log_start
 
 
-def _markers_without_batches(scanned: list[tuple[StoredBatchHeader, bytes]], gone: set[int], written_by_ms: int,
+def _markers_without_batches(scanned: list[tuple[StoredBatchHeader, int | None]], gone: set[int], written_by_ms: int,
                              marker_end: int) -> list[StoredBatchHeader]:
     """The markers of the completed transactions in ``scanned`` (offset order) none
     of whose batches is left (all ``gone``), completed by ``written_by_ms`` and
     below ``marker_end`` (compaction_plan)."""
     doomed: list[StoredBatchHeader] = []
     open_txns: dict[int, list[StoredBatchHeader]] = {}  # producer id -> its transaction's batches and PREPARED marker so far
-    for header, value in scanned:
+    for header, control_type in scanned:
         if not header.is_control:
             if header.is_transactional:
                 open_txns.setdefault(header.producer_id, []).append(header)
             continue
         members = open_txns.setdefault(header.producer_id, [])
-        if message_of(value).control_type == common_pb2.CONTROL_TYPE_PREPARED:
+        if control_type == common_pb2.CONTROL_TYPE_PREPARED:
             members.append(header)
             continue
         del open_txns[header.producer_id]

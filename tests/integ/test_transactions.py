@@ -3,6 +3,8 @@ commits, aborts, the LSO, fencing, timeouts, coordinator failover, bad input."""
 
 import collections
 import concurrent.futures
+import json
+import signal
 
 import grpc
 import pytest
@@ -358,3 +360,58 @@ def test_compaction_removes_the_markers_of_transactions_it_emptied_once_delete_r
         wait_until(lambda: from_log_start(raw, "markers", COMMITTED) == ["v4"], 60, "the partition led again")
         last = transaction("v5")
         wait_until(lambda: from_log_start(raw, "markers", COMMITTED) == ["v5"] and earliest() == last, 60, "v5 committed and alone")
+
+
+@pytest.fixture
+def three_replica_cluster(tmp_path, zookeeper_for):
+    """Three partition_svc, compaction every 200 ms, a follower out of the ISR 2 s after it stops fetching."""
+    local = LocalCluster(tmp_path / "cluster")
+    local.up(zookeeper=zookeeper_for, partition_svcs=3,
+             service_args={"partition_svc": ["--retention-check-interval-ms", "200", "--replica-lag-time-max-ms", "2000"]})
+    try:
+        local.wait_until_coordinators_settle()
+        yield local
+    finally:
+        local.down(grace_s=5)
+
+
+def compaction_passes(cluster, name: str, topic: str) -> list[int]:
+    """The log starts an instance's compaction passes on ``topic`` left, from its log."""
+    with open(cluster.state.services[name].log) as lines:
+        found = [json.loads(line) for line in lines if '"msg": "retention"' in line]
+    return [entry["log_start_offset"] for entry in found if entry.get("topic") == topic]
+
+
+def test_a_follower_keeps_the_markers_a_paused_replica_has_not_fetched_and_leads_with_them(three_replica_cluster):
+    """A follower compacts its own copy, below what its leader says every replica holds
+    (ReplicaFetch's replicated_end_offset): with a third replica paused before a transaction's
+    marker, the other follower keeps the marker, and still has it once it leads."""
+    cluster = three_replica_cluster
+    with Raw(cluster) as raw:
+        raw.create_topic("kept-markers", 1, **{"cleanup.policy": "compact", "delete.retention.ms": "0",
+                                               "min.insync.replicas": "2"})
+        by_address = {info.address: name for name, info in cluster.state.services.items()}
+        leader = by_address[raw.leaders("kept-markers")[0]]
+        paused, follower = sorted(n for n, i in cluster.state.services.items() if i.kind == "partition_svc" and n != leader)
+        cluster.kill(paused, signal.SIGSTOP)
+        try:
+            producer = TxnProducer(raw, "kept-markers").init()
+            producer.add(("kept-markers", 0))
+            assert producer.send("kept-markers", 0, "v1").error.code == 0  # keyless: v2 supersedes it
+            producer.end(committed=True)  # its marker at offset 1
+            producer.add(("kept-markers", 0))
+            assert producer.send("kept-markers", 0, "v2").error.code == 0
+            producer.end(committed=True)
+            # v1 compacted away on the follower: its log start at v1's marker, which it keeps
+            wait_until(lambda: compaction_passes(cluster, follower, "kept-markers"), 30, "the follower's compaction of v1")
+            assert compaction_passes(cluster, follower, "kept-markers") == [1]  # 2 had it dropped the marker too
+            cluster.kill(leader)
+            wait_until(lambda: raw.leaders("kept-markers")[0] == cluster.state.services[follower].address, 60, "the follower leading")
+            assert raw.list_offset("kept-markers", 0, partition_pb2.OFFSET_SPEC_EARLIEST).offset == 1
+        finally:
+            cluster.kill(paused, signal.SIGCONT)
+        # the paused replica and the old leader, started again, catch up from the new leader, markers
+        # included; then they go (a replica that is down holds their removal back)
+        cluster.start(leader)
+        wait_until(lambda: raw.list_offset("kept-markers", 0, partition_pb2.OFFSET_SPEC_EARLIEST).offset == 2
+                   and from_log_start(raw, "kept-markers", COMMITTED) == ["v2"], 60, "the markers gone once every live replica has them")
