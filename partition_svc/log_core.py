@@ -244,9 +244,20 @@ def retention_end(headers: Iterable[StoredBatchHeader], now_ms: int, retention_m
     return end
 
 
+@dataclass(frozen=True)
+class CompactionPlan:
+    """What one compaction pass does: the batches it removes, the new log start
+    (None when it does not move), and the markers it marks FLAG_EMPTIED now
+    (log_format.emptied_marker), with their stored values."""
+
+    doomed: list[StoredBatchHeader]
+    log_start: int | None
+    emptied: list[tuple[StoredBatchHeader, bytes]]
+
+
 def compaction_plan(batches: Iterable[tuple[StoredBatchHeader, bytes]], lso: int,
                     is_aborted: Callable[[int, int], bool], now_ms: int = 0, delete_retention_ms: int = -1,
-                    marker_end: int = 0) -> tuple[list[StoredBatchHeader], int | None]:
+                    marker_end: int = 0) -> CompactionPlan:
     """cleanup.policy=compact over the stored batches (from the log start, in offset
     order): every batch below the LSO all of whose records have a newer record with
     the same key (the newest record of every key stays), and the batches of aborted
@@ -254,27 +265,30 @@ def compaction_plan(batches: Iterable[tuple[StoredBatchHeader, bytes]], lso: int
     record never hides a committed one, and markers (all keyed b"") never hide each
     other.
 
-    A transaction's markers (its COMMIT or ABORT, and a PREPARED before it) go once
-    no batch of the transaction is left (removed now or before), the completing
-    marker is below ``marker_end`` (every replica holds the log below it:
+    A transaction's markers (its COMMIT or ABORT, and a PREPARED before it) stay
+    while a batch of the transaction is left: they are what ends it for whoever
+    reads the log. The pass that finds none left marks the completing marker
+    emptied, since now (``delete_retention_ms`` -1: markers are kept, unmarked);
+    a later pass removes the markers once that is ``delete_retention_ms`` ago
+    (Kafka's delete.retention.ms, counted as its delete horizon is, KIP-534) and
+    the marker is below ``marker_end`` (every replica holds the log below it:
     Partition.marker_end; a replica that copied the transaction's batches but
-    not its marker would hold the transaction open for good) and at least
-    ``delete_retention_ms`` old (Kafka's delete.retention.ms; -1 keeps every
-    marker). A marker whose transaction still has a batch stays: it is what ends
-    that transaction for whoever reads the log. Returns the doomed
-    batches and the new log start (the first batch kept; None when it does not
-    move)."""
+    not its marker would hold the transaction open for good). Counting from
+    when this replica found the transaction empty, not from the marker's write,
+    leaves a replica that is slower to compact a day to hand the marker on
+    with the batches it still has."""
     latest: dict[bytes, int] = {}
     kept_records: list[tuple[StoredBatchHeader, list[tuple[bytes, int]]]] = []
     aborted: list[StoredBatchHeader] = []
-    # every batch in offset order, markers with their control type (a marker's value is read once, the others' kept not)
-    scanned: list[tuple[StoredBatchHeader, int | None]] = []
+    # every batch in offset order; a marker with its control type and value (kept for markers only: they are small)
+    scanned: list[tuple[StoredBatchHeader, int | None, bytes | None]] = []
     for header, value in batches:
         if header.last_offset >= lso:
             break
-        scanned.append((header, message_of(value).control_type if header.is_control and delete_retention_ms >= 0 else None))
         if header.is_control:
+            scanned.append((header, message_of(value).control_type, value) if delete_retention_ms >= 0 else (header, None, None))
             continue
+        scanned.append((header, None, None))
         if header.is_transactional and is_aborted(header.producer_id, header.base_offset):
             aborted.append(header)
             continue
@@ -283,26 +297,30 @@ def compaction_plan(batches: Iterable[tuple[StoredBatchHeader, bytes]], lso: int
         for key, offset in records:
             latest[key] = offset
     doomed = aborted + [h for h, records in kept_records if all(latest[key] > offset for key, offset in records)]
-    gone = {h.base_offset for h in doomed}
+    emptied: list[tuple[StoredBatchHeader, bytes]] = []
     if delete_retention_ms >= 0:
-        doomed += _markers_without_batches(scanned, gone, now_ms - delete_retention_ms, marker_end)
         gone = {h.base_offset for h in doomed}
+        for members, marker, value in _transactions_without_batches(scanned, gone):
+            if not marker.is_emptied:
+                emptied.append((marker, value))
+            elif marker.max_timestamp_ms + delete_retention_ms <= now_ms and marker.last_offset < marker_end:
+                doomed += [h for h in members if h.is_control] + [marker]
+    gone = {h.base_offset for h in doomed}
     log_start = None
-    for header, _ in scanned:  # the log starts at the first batch kept
+    for header, _, _ in scanned:  # the log starts at the first batch kept
         if header.base_offset not in gone:
             break
         log_start = header.last_offset + 1
-    return doomed, log_start
+    return CompactionPlan(doomed, log_start, emptied)
 
 
-def _markers_without_batches(scanned: list[tuple[StoredBatchHeader, int | None]], gone: set[int], written_by_ms: int,
-                             marker_end: int) -> list[StoredBatchHeader]:
-    """The markers of the completed transactions in ``scanned`` (offset order) none
-    of whose batches is left (all ``gone``), completed by ``written_by_ms`` and
-    below ``marker_end`` (compaction_plan)."""
-    doomed: list[StoredBatchHeader] = []
+def _transactions_without_batches(scanned: list[tuple[StoredBatchHeader, int | None, bytes | None]], gone: set[int]):
+    """The completed transactions in ``scanned`` (offset order) none of whose batches is
+    left (all ``gone``), each as (its batches and PREPARED markers, its completing marker,
+    that marker's stored value): a producer's transaction is its transactional batches
+    since its last completing marker (one transaction at a time, producer_state)."""
     open_txns: dict[int, list[StoredBatchHeader]] = {}  # producer id -> its transaction's batches and PREPARED marker so far
-    for header, control_type in scanned:
+    for header, control_type, value in scanned:
         if not header.is_control:
             if header.is_transactional:
                 open_txns.setdefault(header.producer_id, []).append(header)
@@ -312,7 +330,5 @@ def _markers_without_batches(scanned: list[tuple[StoredBatchHeader, int | None]]
             members.append(header)
             continue
         del open_txns[header.producer_id]
-        batches_left = any(not h.is_control and h.base_offset not in gone for h in members)
-        if not batches_left and header.max_timestamp_ms <= written_by_ms and header.last_offset < marker_end:
-            doomed += [h for h in members if h.is_control] + [header]
-    return doomed
+        if not any(not h.is_control and h.base_offset not in gone for h in members):
+            yield members, header, value

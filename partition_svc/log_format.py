@@ -45,6 +45,9 @@ COMPRESSION_MASK = 3
 # The payload is a batch in the encoded format (txlog.protocol.batch_format), as its producer sent it
 # with the base offset and append time written; without it, a RecordBatch message.
 FLAG_ENCODED = 32
+# A marker whose transaction has no batch left on this replica: its max_timestamp_ms is then the time
+# compaction found it so (its delete horizon starts there; the marker's own time is in its record).
+FLAG_EMPTIED = 64
 
 
 STORAGE_KEY = b"S"
@@ -150,6 +153,10 @@ class StoredBatchHeader:
         return bool(self.flags & FLAG_ENCODED)
 
     @property
+    def is_emptied(self) -> bool:
+        return bool(self.flags & FLAG_EMPTIED)
+
+    @property
     def compression(self) -> int:
         """The RecordBatch.compression the batch is stored with (0: uncompressed)."""
         return self.flags >> COMPRESSION_SHIFT & COMPRESSION_MASK
@@ -196,6 +203,13 @@ def prove_encoded(stored: StoredBatchHeader, value) -> None:
     if said != holds:
         raise DamagedBatch(f"the batch stored at offset {base_offset} is damaged: its stored header says (base offset, last "
                            f"offset, producer, epoch, records, transactional, codec) {said}, the batch {holds}")
+
+
+def emptied_marker(value: bytes, emptied_ms: int) -> bytes:
+    """A stored marker's value, marked FLAG_EMPTIED since ``emptied_ms``."""
+    last_offset, _, producer_id, producer_epoch, flags, record_count = BATCH_HEADER.unpack_from(value)
+    return encode_batch(last_offset, emptied_ms, producer_id, producer_epoch, flags | FLAG_EMPTIED, record_count,
+                        bytes(payload_of(value)))
 
 
 def payload_of(value: bytes) -> memoryview:

@@ -701,23 +701,25 @@ class Partition:
         The plan removes every aborted transaction's batches below the LSO, so the
         spans of those transactions go too (they were kept, and loaded at every
         start, for ever while markers were: the log start of a compacted log stayed
-        at its first marker). Markers go once their transaction's batches are gone,
-        below marker_end (every replica holds them), delete.retention.ms after."""
+        at its first marker). A marker is marked emptied by the pass that finds its
+        transaction's batches gone, and goes delete.retention.ms later, below
+        marker_end (every replica holds it)."""
         if self.configs.get("cleanup.policy") != "compact":
             return []
         lso = self.last_stable_offset
         stored = ((log_format.decode_header(base_offset, value), value)
                   for base_offset, value in self.store.batches_holding(self.pkey, self.log_start_offset))
-        doomed, log_start = log_core.compaction_plan(stored, lso, self.derived.is_aborted, now_ms,
-                                                     int(self.configs.get("delete.retention.ms", delete_retention_ms)),
-                                                     self.marker_end)
+        plan = log_core.compaction_plan(stored, lso, self.derived.is_aborted, now_ms,
+                                        int(self.configs.get("delete.retention.ms", delete_retention_ms)), self.marker_end)
         changes: Changes = partition_core.forget_aborted_below(self.derived, self.pkey, lso)
-        if not doomed and not changes:
+        if not plan.doomed and not plan.emptied and not changes:
             return []
-        self.size_bytes -= sum(h.stored_bytes for h in doomed)
-        if log_start is not None:
-            self.log_start_offset = log_start
-        changes += [(log_format.log_key(self.pkey, h.base_offset), None) for h in doomed]
+        self.size_bytes -= sum(h.stored_bytes for h in plan.doomed)
+        if plan.log_start is not None:
+            self.log_start_offset = plan.log_start
+        changes += [(log_format.log_key(self.pkey, h.base_offset), None) for h in plan.doomed]
+        changes += [(log_format.log_key(self.pkey, h.base_offset), log_format.emptied_marker(value, now_ms))
+                    for h, value in plan.emptied]
         changes.append(self.metadata_change())
         return changes
 

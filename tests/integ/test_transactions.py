@@ -330,8 +330,8 @@ def test_compaction_removes_aborted_transactions_with_their_index_entries_for_go
 def test_compaction_removes_the_markers_of_transactions_it_emptied_once_delete_retention_has_passed(compacting_cluster):
     """Found by the hour's soak: a compacted topic kept every transaction's marker for good (37,531 markers
     in the consume-transform-produce group's __consumer_offsets partition after an hour, beside about 300
-    batches, its log start stuck at the first marker). A marker goes once none of its transaction's
-    batches is left and delete.retention.ms has passed; the transaction whose batch is kept keeps its marker."""
+    batches, its log start stuck at the first marker). A marker goes delete.retention.ms after compaction
+    found none of its transaction's batches left; the transaction whose batch is kept keeps its marker."""
     cluster = compacting_cluster
     with Raw(cluster) as raw:
         raw.create_topic("markers", 1, **{"cleanup.policy": "compact", "delete.retention.ms": "1000"})
@@ -404,7 +404,7 @@ def test_a_follower_keeps_the_markers_a_paused_replica_has_not_fetched_and_leads
             producer.end(committed=True)
             # v1 compacted away on the follower: its log start at v1's marker, which it keeps
             wait_until(lambda: compaction_passes(cluster, follower, "kept-markers"), 30, "the follower's compaction of v1")
-            assert compaction_passes(cluster, follower, "kept-markers") == [1]  # 2 had it dropped the marker too
+            assert set(compaction_passes(cluster, follower, "kept-markers")) == {1}  # 2 had it dropped the marker too
             cluster.kill(leader)
             wait_until(lambda: raw.leaders("kept-markers")[0] == cluster.state.services[follower].address, 60, "the follower leading")
             assert raw.list_offset("kept-markers", 0, partition_pb2.OFFSET_SPEC_EARLIEST).offset == 1

@@ -13,9 +13,9 @@ protos/txlog/v1/partition.proto and the module docstring of partition.py.
 Compaction (cleanup.policy=compact, each record keyed by its unique value, so it
 removes only aborted transactions' batches below the LSO) moves the log start
 past the batches it removed up to the first kept one, and forgets those
-transactions' aborted spans. It also removes the markers of transactions none
-of whose batches is left (here: aborted ones) once they are delete.retention.ms
-old on the model's clock, which the machine moves forward.
+transactions' aborted spans. It also marks the markers of transactions none of
+whose batches is left (here: aborted ones) emptied, and removes them in a pass
+delete.retention.ms later on the model's clock, which the machine moves forward.
 
 Checked after every step:
 - the log start never moves backward, never past the LSO, and is what the
@@ -30,8 +30,8 @@ CI runs a fixed, short search (derandomized, 60 examples of up to 40 steps).
 Put back by hand, each of these fails it: DeleteRecords past the LSO, a
 straddling batch deleted, the aborted index not trimmed, retention ignoring a
 log start inside a batch, compaction keeping the spans of what it removed,
-compaction removing a marker whose transaction has a batch left or one younger
-than delete.retention.ms, and compaction keeping every marker.
+compaction removing a marker whose transaction has a batch left or one emptied
+less than delete.retention.ms ago, and compaction keeping every marker.
 """
 
 from __future__ import annotations
@@ -67,6 +67,7 @@ class Batch:
     pid: int = -1
     txn: int = -1  # the transaction a transactional batch or a marker belongs to
     written_ms: int = NOW
+    emptied_ms: int | None = None  # a marker: when a compaction found its transaction without a batch
 
 
 @dataclass
@@ -219,9 +220,20 @@ class LogStartMachine(RuleBasedStateMachine):
         if start > self.model.log_start:
             self.model.move_log_start(start)
 
+    @rule(elapsed_ms=st.sampled_from([DELETE_RETENTION_MS // 2, DELETE_RETENTION_MS]))
+    def time_passes(self, elapsed_ms):
+        """Time passes with no compaction: a transaction is found empty later than its marker was written."""
+        self.model.now += elapsed_ms
+
     @rule(elapsed_ms=st.sampled_from([0, DELETE_RETENTION_MS // 2, DELETE_RETENTION_MS]))
     def compaction(self, elapsed_ms):
-        self.model.now += elapsed_ms  # the clock moves on, by as long as delete.retention.ms at most
+        """Two passes, the clock moved on between them by up to delete.retention.ms (a marker the
+        first marks emptied may go in the second)."""
+        self._compaction_pass()
+        self.model.now += elapsed_ms
+        self._compaction_pass()
+
+    def _compaction_pass(self):
         self.partition.configs = dict(CONFIGS, **{"cleanup.policy": "compact"})
         self._durable(self._door(lambda: self.partition.enforce_retention(self.model.now, DELETE_RETENTION_MS)))
         self.partition.configs = dict(CONFIGS)
@@ -229,11 +241,16 @@ class LogStartMachine(RuleBasedStateMachine):
         lso = model.lso
         below = [b for b in model.batches if b.last < lso]
         doomed = {b.base for b in below if b.values and b.pid >= 0 and any(first <= b.base <= last for first, last in model.aborted.get(b.pid, []))}
-        # a marker goes once no batch of its transaction is left and it is delete.retention.ms old (the sole
-        # replica's high watermark is the log end: every marker is below it)
+        # the pass that finds a transaction without a batch marks its marker emptied; a pass delete.retention.ms
+        # later removes it (the sole replica's high watermark is the log end: every marker is below it)
         left = {b.txn for b in model.batches if b.values and b.base not in doomed}
-        doomed |= {b.base for b in below if not b.values and b.pid >= 0 and b.txn not in left
-                   and b.written_ms + DELETE_RETENTION_MS <= model.now}
+        for b in below:
+            if b.values or b.pid < 0 or b.txn in left:
+                continue
+            if b.emptied_ms is None:
+                b.emptied_ms = model.now
+            elif b.emptied_ms + DELETE_RETENTION_MS <= model.now:
+                doomed.add(b.base)
         start = model.log_start
         for batch in model.batches:  # the log starts at the first batch kept
             if batch.last >= lso or batch.base not in doomed:

@@ -210,49 +210,65 @@ def keyed(base: int, *keys: bytes, producer_id: int = -1, transactional: bool = 
 def test_compaction_keeps_the_newest_record_of_each_key_and_drops_aborted_batches():
     stored = [keyed(0, b"a", b"b"), keyed(2, b"a"), keyed(3, b"c", producer_id=4, transactional=True), keyed(4, b"b"),
               keyed(5, b"a")]
-    doomed, log_start = log_core.compaction_plan(stored, lso=10, is_aborted=lambda pid, offset: pid == 4)
-    assert sorted(h.base_offset for h in doomed) == [0, 2, 3]
-    assert log_start == 4
-    doomed, log_start = log_core.compaction_plan(stored, lso=2, is_aborted=lambda pid, offset: False)
-    assert doomed == [] and log_start is None  # nothing below the LSO has a newer copy below it
+    plan = log_core.compaction_plan(stored, lso=10, is_aborted=lambda pid, offset: pid == 4)
+    assert sorted(h.base_offset for h in plan.doomed) == [0, 2, 3]
+    assert plan.log_start == 4
+    plan = log_core.compaction_plan(stored, lso=2, is_aborted=lambda pid, offset: False)
+    assert plan.doomed == [] and plan.log_start is None  # nothing below the LSO has a newer copy below it
 
 
-def marker(base: int, producer_id: int, control_type: int = common_pb2.CONTROL_TYPE_COMMIT, written_ms: int = NOW):
+def marker(base: int, producer_id: int, control_type: int = common_pb2.CONTROL_TYPE_COMMIT, written_ms: int = NOW,
+           emptied_ms: int | None = None):
     control, flags = log_core.control_batch(producer_id, 0, 0, control_type, written_ms)
     value = log_core.encode_internal(control, base, flags, written_ms).value
+    if emptied_ms is not None:
+        value = log_format.emptied_marker(value, emptied_ms)
     return log_format.decode_header(base, value), value
 
 
 DAY_MS = validation.DELETE_RETENTION_MS_DEFAULT
 
 
-def test_compaction_removes_a_transactions_markers_once_none_of_its_batches_is_left_and_delete_retention_has_passed():
+def offsets(headers) -> list[int]:
+    return sorted(h.base_offset for h in headers)
+
+
+def test_compaction_marks_a_transactions_marker_emptied_once_none_of_its_batches_is_left_and_removes_it_a_retention_later():
     # producer 4 commits a (superseded later) and prepares then commits b (superseded); producer 5 commits c, kept
-    stored = [keyed(0, b"a", producer_id=4, transactional=True), marker(1, 4),
-              keyed(2, b"b", producer_id=4, transactional=True), marker(3, 4, common_pb2.CONTROL_TYPE_PREPARED), marker(4, 4),
-              keyed(5, b"c", producer_id=5, transactional=True), marker(6, 5), keyed(7, b"a", b"b")]
-    later = NOW + DAY_MS
-    doomed, log_start = log_core.compaction_plan(stored, lso=9, is_aborted=lambda pid, offset: False, now_ms=later,
-                                                 delete_retention_ms=DAY_MS, marker_end=9)
-    assert sorted(h.base_offset for h in doomed) == [0, 1, 2, 3, 4]  # c's marker stays: c is still there
-    assert log_start == 5
-    # the markers stay while younger than delete.retention.ms, or at or above the high watermark
-    for now_ms, marker_end in ((later - 1, 9), (later, 4)):
-        doomed, log_start = log_core.compaction_plan(stored, lso=9, is_aborted=lambda pid, offset: False, now_ms=now_ms,
-                                                     delete_retention_ms=DAY_MS, marker_end=marker_end)
-        assert sorted(h.base_offset for h in doomed) == ([0, 1, 2] if marker_end == 4 else [0, 2])
-    # -1 keeps every marker, as compaction did before delete.retention.ms
-    doomed, _ = log_core.compaction_plan(stored, lso=9, is_aborted=lambda pid, offset: False, now_ms=later * 2)
-    assert sorted(h.base_offset for h in doomed) == [0, 2]
+    def log(emptied_ms=None):
+        return [keyed(0, b"a", producer_id=4, transactional=True), marker(1, 4, emptied_ms=emptied_ms),
+                keyed(2, b"b", producer_id=4, transactional=True), marker(3, 4, common_pb2.CONTROL_TYPE_PREPARED),
+                marker(4, 4, emptied_ms=emptied_ms), keyed(5, b"c", producer_id=5, transactional=True), marker(6, 5),
+                keyed(7, b"a", b"b")]
+    never = lambda pid, offset: False  # noqa: E731
+    # the pass that finds the transactions empty marks their completing markers, however old, and removes none
+    plan = log_core.compaction_plan(log(), lso=9, is_aborted=never, now_ms=NOW + 10 * DAY_MS, delete_retention_ms=DAY_MS,
+                                    marker_end=9)
+    assert offsets(plan.doomed) == [0, 2] and plan.log_start == 1
+    assert offsets(h for h, _ in plan.emptied) == [1, 4]  # c's marker is not: c is still there
+    emptied = [log_format.decode_header(h.base_offset, log_format.emptied_marker(v, NOW)) for h, v in plan.emptied]
+    assert all(h.is_emptied and h.max_timestamp_ms == NOW and h.is_control for h in emptied)
+    # a retention after they were marked, below the replicated end, they go with the PREPARED marker before them
+    plan = log_core.compaction_plan(log(emptied_ms=NOW), lso=9, is_aborted=never, now_ms=NOW + DAY_MS,
+                                    delete_retention_ms=DAY_MS, marker_end=9)
+    assert offsets(plan.doomed) == [0, 1, 2, 3, 4] and plan.log_start == 5 and plan.emptied == []
+    # not before, and not at or above the replicated end (then the PREPARED one stays too)
+    for now_ms, marker_end, gone in ((NOW + DAY_MS - 1, 9, [0, 2]), (NOW + DAY_MS, 4, [0, 1, 2])):
+        plan = log_core.compaction_plan(log(emptied_ms=NOW), lso=9, is_aborted=never, now_ms=now_ms,
+                                        delete_retention_ms=DAY_MS, marker_end=marker_end)
+        assert offsets(plan.doomed) == gone
+    # -1 keeps every marker, unmarked, as compaction did before delete.retention.ms
+    plan = log_core.compaction_plan(log(emptied_ms=NOW), lso=9, is_aborted=never, now_ms=NOW * 2)
+    assert offsets(plan.doomed) == [0, 2] and plan.emptied == []
 
 
 def test_compaction_keeps_a_marker_whose_transaction_ends_past_the_lso_or_still_has_a_batch():
-    # producer 4's aborted batch went in an earlier pass (nothing left before its marker): the marker goes;
+    # producer 4's aborted batch went in an earlier pass (nothing left before its marker): its marker goes;
     # producer 6's transaction is committed past the LSO, so its batch below it stays, with no marker in view;
-    # producer 7 committed a batch with a key nothing supersedes: its marker stays
-    stored = [keyed(0, b"x", producer_id=6, transactional=True), marker(1, 4, common_pb2.CONTROL_TYPE_ABORT),
+    # producer 7 committed a batch with a key nothing supersedes: its marker stays, unmarked
+    stored = [keyed(0, b"x", producer_id=6, transactional=True), marker(1, 4, common_pb2.CONTROL_TYPE_ABORT, emptied_ms=NOW),
               keyed(2, b"k", producer_id=7, transactional=True), marker(3, 7), keyed(4, b"x")]
-    doomed, log_start = log_core.compaction_plan(stored, lso=5, is_aborted=lambda pid, offset: False,
-                                                 now_ms=NOW + DAY_MS, delete_retention_ms=DAY_MS, marker_end=5)
-    assert sorted(h.base_offset for h in doomed) == [0, 1]
-    assert log_start == 2
+    plan = log_core.compaction_plan(stored, lso=5, is_aborted=lambda pid, offset: False,
+                                    now_ms=NOW + DAY_MS, delete_retention_ms=DAY_MS, marker_end=5)
+    assert offsets(plan.doomed) == [0, 1] and plan.emptied == []
+    assert plan.log_start == 2

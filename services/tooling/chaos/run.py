@@ -62,9 +62,10 @@ PARTITION_SESSION_S = 5
 PARTITION_ARGS = ["--zookeeper-session-timeout-s", str(PARTITION_SESSION_S), "--min-insync-replicas", "2",
                   "--replica-lag-time-max-ms", "4000", "--controller-pass-interval-ms", "1000",
                   "--partition-state-refresh-ms", "2000"]
-# Compaction runs every 5 s and removes the markers of emptied transactions 5 s old: __consumer_offsets' markers
-# (one per consume-transform-produce transaction) go within the run, under its faults, not a day later.
-COMPACTION_ARGS = ["--retention-check-interval-ms", "5000", "--log-cleaner-delete-retention-ms", "5000"]
+# Compaction runs every 5 s and removes a transaction's markers 30 s after it found none of its batches left:
+# __consumer_offsets' markers (one per consume-transform-produce transaction) go within the run, under its faults,
+# not a day later.
+COMPACTION_ARGS = ["--retention-check-interval-ms", "5000", "--log-cleaner-delete-retention-ms", "30000"]
 WORKER_STOP_TIMEOUT_S = 90.0
 FINAL_READ_TIMEOUT_S = 60.0
 OPEN_STATES = ("Ongoing", "PrepareCommit", "PrepareAbort", "PrepareEpochFence")
