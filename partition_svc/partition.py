@@ -414,7 +414,7 @@ class Partition:
         the log end: compaction on the leader removed the batches between
         (offsets are never reused, so the gap stays a gap)."""
         self.leader_high_watermark = max(self.leader_high_watermark, leader_high_watermark)
-        self.leader_replicated_end = leader_replicated_end  # not max: a follower of the leader's may have truncated
+        self.leader_replicated_end = leader_replicated_end  # not max: it falls when a replica holds less (a wiped disk)
         changes: Changes = []
         for base_offset, _, value in batches:  # all proven before any is taken: a damaged one leaves the log end where it was
             stored = log_format.decode_header(base_offset, value)
