@@ -55,7 +55,8 @@ leak would be made of shows beside them: ``malloc_in_use_mb`` and
 grow with every new producer until ``--producer-id-expiration-ms`` after its
 last append, a day by default, and so does the memory that holds them),
 ``aborted_transactions`` (the aborted-index entries of the partitions it leads,
-which retention and compaction trim), and
+which retention and compaction trim; it moves with ``partitions_led``, as the
+instance's CPU does, when faults move leadership), and
 ``native_less_rocksdb_mb`` (the allocator's bytes in use less RocksDB's
 memtables, block cache and table readers: without the freed memtables the
 allocator keeps for the next one, which anonymous memory carries as a
@@ -241,6 +242,8 @@ def metrics_figures(address: str) -> dict:
             found["python_blocks_k"] = round(float(line.rpartition(" ")[2]) / 1000, 1)
         elif line.startswith("txlog_producer_ids"):
             found["producer_ids"] = int(float(line.rpartition(" ")[2]))
+        elif line.startswith("txlog_partitions_led"):  # what an instance's load and leader-side sums move with
+            found["partitions_led"] = int(float(line.rpartition(" ")[2]))
         elif line.startswith("txlog_partition_aborted_transactions{"):
             found["aborted_transactions"] = found.get("aborted_transactions", 0) + int(float(line.rpartition(" ")[2]))
     # what makes the series (soak_bounds.labels_within_domains): every label key, and the workload's names among the values
@@ -454,8 +457,9 @@ def fitted(values: list, times_h: list[float], warmup: int, groups: list[int] | 
 PROCESS_SERIES = ("rss_mb", "anon_mb", "anon_less_memtable_mb", "anon_less_rocksdb_mb", "fds", "threads", "cpu", "metrics_series", "data_dir_mb", "rocksdb_sst_mb",
                   "rocksdb_blob_mb", "rocksdb_memtable_mb", "rocksdb_block_cache_mb", "rocksdb_table_readers_mb",
                   "malloc_in_use_mb", "malloc_free_mb", "native_less_rocksdb_mb", "anon_less_rocksdb_and_free_mb", "python_blocks_k",
-                  "producer_ids", "aborted_transactions", *JVM_HEAP)
-COUNT_SERIES = {"fds", "threads", "metrics_series", "producer_ids", "aborted_transactions", *ZOOKEEPER_COUNTERS}
+                  "producer_ids", "aborted_transactions", "partitions_led", *JVM_HEAP)
+COUNT_SERIES = {"fds", "threads", "metrics_series", "producer_ids", "aborted_transactions", "partitions_led",
+                *ZOOKEEPER_COUNTERS}
 
 
 ROCKSDB_HELD = ("rocksdb_memtable_mb", "rocksdb_block_cache_mb", "rocksdb_table_readers_mb")  # by design, bounded
