@@ -150,8 +150,8 @@ def test_a_damaged_batch_is_its_partitions_answer_in_a_replica_fetch_not_the_who
     store.write([(log_format.log_key(good, 0), encoded_value(0)), (log_format.log_key(bad, 0), flipped(encoded_value(0), 4000))])
 
     def partition(pkey: bytes, index: int) -> SimpleNamespace:
-        return SimpleNamespace(store=store, pkey=pkey, topic="t", index=index, written_end=5, high_watermark=5, log_start_offset=0,
-                               epochs=LeaderEpochCache([(0, 0)]))
+        return SimpleNamespace(store=store, pkey=pkey, topic="t", index=index, written_end=5, high_watermark=5, marker_end=5,
+                               log_start_offset=0, epochs=LeaderEpochCache([(0, 0)]))
 
     try:
         leading = [(replication_pb2.ReplicaFetchPartition(topic="t", partition=i, fetch_offset=0), partition(pkey, i), None)
