@@ -36,8 +36,6 @@ from pathlib import Path
 from bench.measure import MB
 from partition_svc.log_store import LogStore
 
-# concurrent.futures.ThreadPoolExecutor's default size, asyncio's default executor
-EXECUTOR_THREADS = min(32, (os.cpu_count() or 1) + 4)
 # Label keys whose values come from enumerations in the code (otel's resource
 # and scope labels carry one value per process).
 ENUMERATED_LABELS = frozenset({
@@ -72,9 +70,10 @@ def zookeeper_retained(config: Path) -> int:
     return int(values.get("autopurge.snapRetainCount", ZOOKEEPER_RETAINED_DEFAULT))
 
 
-def design_bounds(cluster_dir: Path, cpus: int | None = None) -> dict:
-    """The limits that do not change within a run, from the code and the cluster's configuration."""
-    return {"executor_threads": min(32, (cpus or os.cpu_count() or 1) + 4),
+def design_bounds(cluster_dir: Path) -> dict:
+    """The limits that do not change within a run, from the code and the cluster's configuration
+    (executor_threads: concurrent.futures.ThreadPoolExecutor's default size, asyncio's default executor's)."""
+    return {"executor_threads": min(32, (os.cpu_count() or 1) + 4),
             "block_cache_capacity_mb": block_cache_capacity_mb(),
             "zookeeper_retained": zookeeper_retained(cluster_dir / "zookeeper" / "conf" / "zoo.cfg")}
 

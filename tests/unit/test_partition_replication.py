@@ -52,6 +52,14 @@ async def drained(*partitions: Partition) -> None:
         await partition.queue.writer.drain()
 
 
+async def compacted(partition: Partition, passes: int = 1) -> None:
+    """Retention and compaction run ``passes`` times, each waited for (a pass that changes nothing writes nothing)."""
+    for _ in range(passes):
+        written = partition.enforce_retention(NOW + 1)
+        if written is not None:
+            await written
+
+
 def derived(partition: Partition) -> tuple:
     return (partition.producers, partition.aborted, partition.pending_offsets, partition.next_offset,
             list(partition.store.items(b"G")), partition.epochs.entries)
@@ -265,22 +273,16 @@ def test_markers_are_removed_only_below_what_every_replica_holds(tmp_path):
         await ship(leader, follower)  # the follower holds the transaction's batch, not its marker
         await leader.write_marker(8, 1, 1, True, NOW)
         await leader.produce(keyed("v2"), NOW, LIMITS).durable  # supersedes v1: the transaction has no batch left
-        for _ in range(2):  # the first pass marks the marker emptied, the second would remove it
-            written = leader.enforce_retention(NOW + 1)
-            if written is not None:
-                await written
+        await compacted(leader, passes=2)  # the first pass marks the marker emptied, the second would remove it
         assert [h.base_offset for h in leader.headers(0)] == [1, 2]  # v1 gone; its marker kept for the follower
         await ship(leader, follower)
         assert follower.last_stable_offset == follower.high_watermark == 3  # the marker ended the transaction there
-        await leader.enforce_retention(NOW + 1)
+        await compacted(leader)
         assert [h.base_offset for h in leader.headers(0)] == [2]  # every replica has fetched past it: it goes
-        for _ in range(2):  # the first pass marks the marker emptied, the second would remove it
-            written = follower.enforce_retention(NOW + 1)
-            if written is not None:
-                await written
+        await compacted(follower, passes=2)
         assert [h.base_offset for h in follower.headers(0)] == [1, 2]  # the leader has not said so to the follower yet
         assert follower.append_replicated([], leader.high_watermark, leader.marker_end) is None
-        await follower.enforce_retention(NOW + 1)
+        await compacted(follower)
         assert [h.base_offset for h in follower.headers(0)] == [2]
         await drained(leader, follower)
     asyncio.run(scenario())
