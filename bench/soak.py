@@ -56,7 +56,10 @@ grow with every new producer until ``--producer-id-expiration-ms`` after its
 last append, a day by default, and so does the memory that holds them),
 ``aborted_transactions`` (the aborted-index entries of the partitions it leads,
 which retention and compaction trim; it moves with ``partitions_led``, as the
-instance's CPU does, when faults move leadership), and
+instance's CPU does, when faults move leadership: both are fitted on time and
+``partitions_led`` together, so that their slope is the drift left once what
+follows leadership is taken out, ``per_covariate_unit`` what one more partition
+led adds, and ``uncontrolled`` the fit on time alone), and
 ``native_less_rocksdb_mb`` (the allocator's bytes in use less RocksDB's
 memtables, block cache and table readers: without the freed memtables the
 allocator keeps for the next one, which anonymous memory carries as a
@@ -378,33 +381,47 @@ def progress_line(sample: dict) -> str:
 # --- the fits ------------------------------------------------------------------------------
 
 
-def within_slope(points: list[tuple[float, float, int]]) -> dict | None:
+def within_slope(points: list[tuple[float, float, int]], covariate: list[float] | None = None) -> dict | None:
     """One least-squares slope shared by groups (t in hours, value, group):
     each group's points centred on their own means, so that a restarted
-    process's lower start does not pass for a trend; None with too few points."""
-    groups: dict[int, list[tuple[float, float]]] = {}
-    for t, value, group in points:
-        groups.setdefault(group, []).append((t, value))
+    process's lower start does not pass for a trend; None with too few points.
+    With ``covariate`` (one value per point, centred the same way), the slope
+    is the time's coefficient of a fit on both: the drift left once what moves
+    with the covariate is taken out (``covariate_coefficient``, per unit)."""
+    groups: dict[int, list[tuple[float, float, float]]] = {}
+    for index, (t, value, group) in enumerate(points):
+        groups.setdefault(group, []).append((t, value, covariate[index] if covariate else 0.0))
     centred = []
     for members in groups.values():
-        mean_t = sum(t for t, _ in members) / len(members)
-        mean_v = sum(v for _, v in members) / len(members)
-        centred += [(t - mean_t, v - mean_v) for t, v in members]
-    spread = sum(dt * dt for dt, _ in centred)
-    freedom = len(centred) - len(groups) - 1
-    if spread <= 0 or freedom < 1:
+        means = [sum(member[i] for member in members) / len(members) for i in range(3)]
+        centred += [tuple(member[i] - means[i] for i in range(3)) for member in members]
+    s_tt = sum(dt * dt for dt, _, _ in centred)
+    s_cc = sum(dc * dc for _, _, dc in centred)
+    s_tc = sum(dt * dc for dt, _, dc in centred)
+    s_tv = sum(dt * dv for dt, dv, _ in centred)
+    s_cv = sum(dc * dv for _, dv, dc in centred)
+    controlled = covariate is not None and s_cc > 0 and s_tt * s_cc - s_tc * s_tc > 1e-12 * s_tt * s_cc
+    freedom = len(centred) - len(groups) - (2 if controlled else 1)
+    if s_tt <= 0 or freedom < 1:
         return None
-    slope = sum(dt * dv for dt, dv in centred) / spread
-    residual = sum((dv - slope * dt) ** 2 for dt, dv in centred) / freedom
-    error = math.sqrt(residual / spread)
+    if controlled:
+        determinant = s_tt * s_cc - s_tc * s_tc
+        slope, coefficient = (s_tv * s_cc - s_cv * s_tc) / determinant, (s_cv * s_tt - s_tv * s_tc) / determinant
+        slope_spread = determinant / s_cc  # the time's spread left once the covariate is taken out
+    else:
+        slope, coefficient, slope_spread = s_tv / s_tt, 0.0, s_tt
+    residual = sum((dv - slope * dt - coefficient * dc) ** 2 for dt, dv, dc in centred) / freedom
+    error = math.sqrt(residual / slope_spread)
     t_value = slope / error if error > 0 else (math.inf if slope else 0.0)
-    return {"slope": slope, "t": t_value, "points": len(centred), "incarnations": len(groups)}
+    fit = {"slope": slope, "t": t_value, "points": len(centred), "incarnations": len(groups)}
+    return fit | {"covariate_coefficient": coefficient} if controlled else fit
 
 
-def judged(points: list[tuple[float, float, int]], mean: float | None, step: float) -> dict | None:
-    """The fit of ``points`` (within_slope) against the warm-up ``mean``: slope and
-    growth per hour, the change over the fitted span, and the verdict."""
-    fit = within_slope(points)
+def judged(points: list[tuple[float, float, int]], mean: float | None, step: float,
+           covariate: list[float] | None = None) -> dict | None:
+    """The fit of ``points`` (within_slope, with ``covariate`` if given) against the warm-up
+    ``mean``: slope and growth per hour, the change over the fitted span, and the verdict."""
+    fit = within_slope(points, covariate)
     if fit is None:
         return None
     growth = fit["slope"] / mean if mean else None
@@ -414,11 +431,13 @@ def judged(points: list[tuple[float, float, int]], mean: float | None, step: flo
     return {"slope_per_hour": round(fit["slope"], 4), "growth_per_hour": None if growth is None else round(growth, 4),
             "fitted_change": round(change, 3), "slope_t": round(fit["t"], 2) if math.isfinite(fit["t"]) else None,
             "fitted_samples": fit["points"], "incarnations": fit["incarnations"],
+            **({"per_covariate_unit": round(fit["covariate_coefficient"], 4)} if "covariate_coefficient" in fit else {}),
             "verdict": "flat" if not beyond else ("unclear" if not significant else "grows" if fit["slope"] > 0 else "shrinks")}
 
 
 def fitted(values: list, times_h: list[float], warmup: int, groups: list[int] | None = None,
-           left_out: list[bool] | None = None, step: float = 0.0, caps: list[float | None] | None = None) -> dict:
+           left_out: list[bool] | None = None, step: float = 0.0, caps: list[float | None] | None = None,
+           covariate: list[float | None] | None = None, covariate_name: str | None = None) -> dict:
     """A series' samples, and after the warm-up its slope per hour, its growth
     per hour against the warm-up mean, the change the slope makes over the
     fitted span, and the verdict (module docstring): ``flat``, ``grows`` (over
@@ -429,27 +448,36 @@ def fitted(values: list, times_h: list[float], warmup: int, groups: list[int] | 
     at most ``step`` (one fd, thread or znode more, once) is flat. With
     ``caps`` (each sample's limit by design, bench.soak_bounds), a series
     that is not flat is ``bounded`` when every fitted sample is within its
-    limit; ``over_bound`` counts those that are not."""
+    limit; ``over_bound`` counts those that are not. With ``covariate`` (a
+    series the value moves with by design, ``covariate_name``), the slope is
+    the drift left once that is taken out (within_slope); the samples
+    without it are left out, and ``uncontrolled`` is the fit without it."""
     groups = groups or [0] * len(values)
     left_out = left_out or [False] * len(values)
     caps = caps or [None] * len(values)
+    controls = covariate or [0.0] * len(values)
     base = [v for v in values[:warmup] if v is not None]
     mean = sum(base) / len(base) if base else None
-    kept = [(t, v, g, cap) for t, v, g, out, cap in zip(times_h[warmup:], values[warmup:], groups[warmup:], left_out[warmup:],
-                                                          caps[warmup:], strict=True) if v is not None and not out]
-    points = [(t, v, g) for t, v, g, _ in kept]
-    whole = judged(points, mean, step)
+    kept = [(t, v, g, cap, c) for t, v, g, out, cap, c in zip(times_h[warmup:], values[warmup:], groups[warmup:], left_out[warmup:],
+                                                             caps[warmup:], controls[warmup:], strict=True)
+            if v is not None and c is not None and not out]
+    points = [(t, v, g) for t, v, g, *_ in kept]
+    against = [c for *_, c in kept] if covariate else None
+    whole = judged(points, mean, step, against)
     if whole is None:
         return {"values": values, "fitted_samples": len(points), "verdict": "too few samples", "flat": None, "grows": None}
     middle = (points[0][0] + points[-1][0]) / 2
-    second_half = judged([p for p in points if p[0] >= middle], mean, step)
+    later = [i for i, p in enumerate(points) if p[0] >= middle]
+    second_half = judged([points[i] for i in later], mean, step, [against[i] for i in later] if against else None)
     if whole["verdict"] == "grows" and (second_half is None or second_half["verdict"] != "grows"):
         whole["verdict"] = "settles"  # it grew, but does not go on growing in the second half
-    within = bound_verdict([v for _, v, _, _ in kept], [cap for *_, cap in kept])
+    within = bound_verdict([v for _, v, _, cap, _ in kept], [cap for _, _, _, cap, _ in kept])
     if within is not None:
         whole |= within
         if whole["verdict"] != "flat" and not within["over_bound"]:
             whole["verdict"] = "bounded"  # it fills towards a limit the design sets, and stayed within it
+    if against:
+        whole |= {"controlled_for": covariate_name, "uncontrolled": judged(points, mean, step)}
     return {"values": values, "warmup_mean": None if mean is None else round(mean, 3), **whole,
             "second_half": second_half, "flat": whole["verdict"] == "flat", "grows": whole["verdict"] == "grows"}
 
@@ -462,6 +490,9 @@ COUNT_SERIES = {"fds", "threads", "metrics_series", "producer_ids", "aborted_tra
                 *ZOOKEEPER_COUNTERS}
 
 
+# A partition_svc's leader does the appends, markers and reads of what it leads and keeps its aborted
+# index: these follow its partitions_led when faults move leadership, so their drift is fitted with it.
+MOVES_WITH_LEADERSHIP = ("cpu", "aborted_transactions")
 ROCKSDB_HELD = ("rocksdb_memtable_mb", "rocksdb_block_cache_mb", "rocksdb_table_readers_mb")  # by design, bounded
 
 
@@ -502,8 +533,11 @@ def process_report(samples: list[dict], name: str, times_h: list[float], warmup:
         if key == "data_dir_mb":
             report[key] = fitted(values, times_h, warmup)
         else:
+            led = [row.get("partitions_led") for row in rows] if key in MOVES_WITH_LEADERSHIP else None
             report[key] = fitted(values, times_h, warmup, groups=[p or 0 for p in pids], left_out=fresh, step=step,
-                                 caps=None if name.startswith("worker-") else process_caps(key, rows, pids, bounds, workload))
+                                 caps=None if name.startswith("worker-") else process_caps(key, rows, pids, bounds, workload),
+                                 covariate=led if led and any(v is not None for v in led) else None,
+                                 covariate_name="partitions_led")
     return report
 
 
