@@ -160,8 +160,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--delete-retention-ms", type=int, help="partition_svc's --log-cleaner-delete-retention-ms "
                         "(default: the service's, a day): how long a compacted topic (__consumer_offsets) keeps the "
                         "markers of transactions none of whose batches is left; shorter shows them level off")
-    parser.add_argument("--malloc-trim-interval-ms", type=int, help="partition_svc's --malloc-trim-interval-ms "
-                        "(default: the service's, a minute; 0 keeps the allocator's free pages, to compare)")
     parser.add_argument("--seed", type=int, help="the nemesis's and the workers' seed (default: random)")
     parser.add_argument("--from-samples", metavar="FILE", help="no run: the report of a run's DIR/soak-samples.json "
                         "again, with this --warmup-fraction and --fresh-s")
@@ -176,8 +174,6 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error("--producer-id-expiration-ms must be at least 1000")
     if args.delete_retention_ms is not None and args.delete_retention_ms < 0:
         parser.error("--delete-retention-ms must be at least 0")
-    if args.malloc_trim_interval_ms is not None and args.malloc_trim_interval_ms < 0:
-        parser.error("--malloc-trim-interval-ms must be at least 0")
     if args.seed is None:
         args.seed = random.SystemRandom().randrange(2**31)
     return args
@@ -615,17 +611,14 @@ def report(samples: list[dict], args: argparse.Namespace, faults: list[dict], fa
 # --- the run -------------------------------------------------------------------------------
 
 
-def partition_svc_args(args: argparse.Namespace) -> list[str]:
-    """partition_svc's flags the soak sets: how long producers and compacted markers are kept, and how often its
-    allocator's free pages go back (the service's defaults unless given)."""
+def expiration_args(args: argparse.Namespace) -> list[str]:
+    """partition_svc's flags for how long producers and compacted markers are kept (the service's defaults unless given)."""
     found = []
     if args.producer_id_expiration_ms is not None:
         found += ["--producer-id-expiration-ms", str(args.producer_id_expiration_ms),
                   "--producer-id-expiration-check-interval-ms", str(max(args.producer_id_expiration_ms // 10, 1000))]
     if getattr(args, "delete_retention_ms", None) is not None:
         found += ["--log-cleaner-delete-retention-ms", str(args.delete_retention_ms)]
-    if getattr(args, "malloc_trim_interval_ms", None) is not None:
-        found += ["--malloc-trim-interval-ms", str(args.malloc_trim_interval_ms)]
     return found
 
 
@@ -643,7 +636,7 @@ def soak(directory: Path, args: argparse.Namespace) -> dict:
     try:
         progress(f"cluster in {directory}")
         cluster.up(producer_id_svcs=1, partition_svcs=3, coordinator_svcs=2,
-                   service_args={"coordinator_svc": chaos.COORDINATOR_ARGS, "partition_svc": chaos.PARTITION_ARGS + partition_svc_args(args)})
+                   service_args={"coordinator_svc": chaos.COORDINATOR_ARGS, "partition_svc": chaos.PARTITION_ARGS + expiration_args(args)})
         cluster.wait_until_coordinators_settle()
         with Admin(cluster.state.bootstrap) as admin:
             admin.create_topics(list(chaos.TOPICS.items()), {"retention.ms": str(int(args.retention_s * 1000))})

@@ -1,6 +1,5 @@
 """This instance's periodic work on its partitions: producers expired,
-retention and compaction enforced (then RocksDB's blob GC tuned); and the
-C allocator's free pages given back."""
+retention and compaction enforced (then RocksDB's blob GC tuned)."""
 
 from __future__ import annotations
 
@@ -9,7 +8,6 @@ import logging
 
 from partition_svc.log_store import LogStore
 from partition_svc.partition import Partition, now_ms
-from services.runtime import malloc
 from services.runtime.logs import fields
 
 log = logging.getLogger(__name__)
@@ -52,8 +50,3 @@ class Maintenance:
                 log.info("retention", extra=fields(topic=partition.topic, partition=partition.index, log_start_offset=partition.log_start_offset))
         # after retention, and after whatever else deleted batches since the last pass (deleted topics, DeleteRecords)
         await asyncio.to_thread(self.store.tune_blob_gc)
-
-    @staticmethod
-    async def release_free_pages() -> None:
-        # a thread: the trim walks every arena under its lock, and RocksDB's threads keep running meanwhile
-        await asyncio.to_thread(malloc.release_free_pages)

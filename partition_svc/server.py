@@ -87,10 +87,6 @@ SETTINGS = (
             "allocator's reused heap instead of a fresh mmap each (glibc; 0 keeps its default): batches and fetch "
             "responses were faulted in page by page; freed heap at the top of an arena is kept up to twice this before "
             "it is trimmed (freed blocks below live ones stay too: an hour's soak saw up to 81 MB free)", non_negative_int),
-    Setting("malloc_trim_interval_ms", 60_000, "how often the C allocator gives the kernel back its whole free "
-            "pages, ms; 0 never (glibc's malloc_trim): freed blocks pinned between live ones by fragmentation are "
-            "otherwise resident for good (an hour's soak saw an instance's resident memory rise by about 4 MB an hour "
-            "while the memory it had in use was flat); between passes the large buffers above are reused as before", non_negative_int),
     Setting("partition_state_refresh_ms", 5_000, "how often an instance reads its topics and a share "
             "of its own partitions' states again (all within 6 reads; missed controller messages), ms", positive_int),
     PEER_ROUTES_SETTING,
@@ -164,8 +160,6 @@ async def build(runtime: server.ServiceRuntime) -> Instance:
     background = [asyncio.ensure_future(work) for work in (
         maintenance.every(cfg.retention_check_interval_ms, maintenance.enforce_retention, "retention"),
         maintenance.every(cfg.producer_id_expiration_check_interval_ms, maintenance.expire_producers, "producer expiry"),
-        *([maintenance.every(cfg.malloc_trim_interval_ms, maintenance.release_free_pages, "heap trim")]
-          if cfg.malloc_trim_interval_ms else []),
         instance.controller.run_forever(),
         instance.replicas.maintain_forever(cfg.partition_state_refresh_ms),
         instance.groups.expire_forever(),

@@ -32,23 +32,17 @@ ARENA_MAX_SETTING = config_mod.Setting(
     "of requests gRPC's threads held tens of MB each beyond the admission bounds", config_mod.non_negative_int)
 
 
-def _glibc(name: str, restype=None, argtypes: list | None = None):
-    """The C library's function ``name``; None where it has none (not glibc, or an older one)."""
+def _mallopt():
     try:
-        function = getattr(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6"), name)
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
     except (OSError, AttributeError):
         return None
-    if restype is not None:
-        function.restype = restype
-    if argtypes is not None:
-        function.argtypes = argtypes
-    return function
 
 
 def cap_arenas(arena_max: int) -> bool:
     """At most ``arena_max`` arenas (0: glibc's default, unchanged); False where the C library is not glibc.
     Called before the process starts its threads: an arena a thread already has stays."""
-    mallopt = _glibc("mallopt") if arena_max > 0 else None
+    mallopt = _mallopt() if arena_max > 0 else None
     if mallopt is None:
         return False
     done = mallopt(M_ARENA_MAX, arena_max) == 1
@@ -60,7 +54,7 @@ def keep_large_buffers(mmap_threshold_bytes: int) -> bool:
     """Serves allocations up to ``mmap_threshold_bytes`` from the reused heap
     (0: glibc's adaptive default, unchanged); False where the C library is
     not glibc (nothing is changed there)."""
-    mallopt = _glibc("mallopt") if mmap_threshold_bytes > 0 else None
+    mallopt = _mallopt() if mmap_threshold_bytes > 0 else None
     if mallopt is None:
         return False
     trim_bytes = mmap_threshold_bytes * TRIM_THRESHOLD_FACTOR
@@ -75,20 +69,16 @@ class _MallInfo2(ctypes.Structure):
                 ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
 
 
-_MALLINFO2 = _glibc("mallinfo2", restype=_MallInfo2)  # glibc >= 2.33
-_MALLOC_TRIM = _glibc("malloc_trim", restype=ctypes.c_int, argtypes=[ctypes.c_size_t])
-
-
-def release_free_pages() -> bool | None:
-    """Gives the kernel back every whole free page of every arena (glibc's
-    malloc_trim(0): the heap's top and, with madvise, the free blocks between
-    live ones, which no trim threshold reaches). True if memory was released,
-    None where the C library is not glibc. The next allocation that reuses
-    those pages faults them in again: call it every so often, not per request.
-    It walks the arenas under their locks (ctypes lets go of the GIL)."""
-    if _MALLOC_TRIM is None:
+def _mallinfo2():
+    try:
+        function = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallinfo2
+    except (OSError, AttributeError):  # not glibc, or glibc before 2.33
         return None
-    return _MALLOC_TRIM(0) == 1
+    function.restype = _MallInfo2
+    return function
+
+
+_MALLINFO2 = _mallinfo2()
 
 
 def heap_bytes() -> dict[str, int]:

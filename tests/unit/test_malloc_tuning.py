@@ -148,38 +148,3 @@ def test_the_heap_figures_count_what_the_process_holds_and_frees():
         for block in held:
             libc.free(block)
     assert malloc.heap_bytes()["in_use"] < before["in_use"] + (32 << 20), "what was freed no longer counts as in use"
-
-
-TRIM_CHILD = """
-import ctypes, ctypes.util, json
-from services.runtime import malloc
-
-libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-libc.malloc.restype = ctypes.c_void_p
-libc.free.argtypes = [ctypes.c_void_p]
-
-def anon_kib():
-    for line in open("/proc/self/status"):
-        if line.startswith("RssAnon:"):
-            return int(line.split()[1])
-
-malloc.keep_large_buffers(32 << 20)  # partition_svc's default: 1 MiB blocks from the heap, 64 MiB of free top kept
-blocks = [libc.malloc(1 << 20) for _ in range(48)]
-for block in blocks:
-    ctypes.memset(block, 1, 1 << 20)  # resident
-pin = libc.malloc(4096)  # a live block above them: no trim of the heap's top can reach what lies below it
-for block in blocks:
-    libc.free(block)
-report = {"freed": anon_kib(), "released": malloc.release_free_pages()}
-report["trimmed"] = anon_kib()
-libc.free(pin)
-print(json.dumps(report))
-"""
-
-
-def test_free_pages_pinned_below_a_live_block_go_back_to_the_kernel():
-    run = json.loads(subprocess.run([sys.executable, "-c", TRIM_CHILD], capture_output=True, text=True,
-                                    check=True).stdout)
-    assert run["released"] is True, run
-    # 48 MiB freed below a live block stayed resident (fragmentation); the trim gives its whole pages back
-    assert run["freed"] - run["trimmed"] >= 40 * 1024, run
