@@ -451,7 +451,7 @@ def fitted(values: list, times_h: list[float], warmup: int, groups: list[int] | 
     limit; ``over_bound`` counts those that are not. With ``covariate`` (a
     series the value moves with by design, ``covariate_name``), the slope is
     the drift left once that is taken out (within_slope); the samples
-    without it are left out, and ``uncontrolled`` is the fit without it."""
+    without it are left out, and ``uncontrolled`` is the judgement without it."""
     groups = groups or [0] * len(values)
     left_out = left_out or [False] * len(values)
     caps = caps or [None] * len(values)
@@ -476,8 +476,9 @@ def fitted(values: list, times_h: list[float], warmup: int, groups: list[int] | 
         whole |= within
         if whole["verdict"] != "flat" and not within["over_bound"]:
             whole["verdict"] = "bounded"  # it fills towards a limit the design sets, and stayed within it
-    if against:
-        whole |= {"controlled_for": covariate_name, "uncontrolled": judged(points, mean, step)}
+    if against:  # the same judgement on time alone (every sample, with or without the covariate)
+        alone = fitted(values, times_h, warmup, groups, left_out, step, caps)
+        whole |= {"controlled_for": covariate_name, "uncontrolled": {k: v for k, v in alone.items() if k != "values"}}
     return {"values": values, "warmup_mean": None if mean is None else round(mean, 3), **whole,
             "second_half": second_half, "flat": whole["verdict"] == "flat", "grows": whole["verdict"] == "grows"}
 

@@ -254,7 +254,6 @@ def test_a_hanging_transaction_the_coordinator_forgot_is_found_and_aborted(raw, 
 
 @pytest.fixture
 def expiring_cluster(tmp_path):
-
     local = LocalCluster(tmp_path / "cluster")
     local.up(coordinator_svcs=1, service_args={"coordinator_svc": [
         "--transaction-check-interval-ms", "200", "--ownership-check-interval-ms", "300", "--transactional-id-expiration-ms", "1500"]})
